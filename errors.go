@@ -1,0 +1,102 @@
+package redlease
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/hashicorp/go-multierror"
+)
+
+// ErrNotObtained means an attempt to take a lock did not succeed: the key is
+// held by someone else, or too few nodes granted it in time. It is safe to
+// try again later. Per-node causes, where there are any, are reachable with
+// errors.As (*NodeError) on the same error.
+var ErrNotObtained = errors.New("redlease: lock not obtained")
+
+// ErrNotHeld means the caller no longer holds the lock it asked to extend or
+// release: the key expired, was taken over, or too few nodes confirmed it.
+// Work done under the lock since its last confirmed validity must be treated
+// as done without it.
+var ErrNotHeld = errors.New("redlease: lock not held")
+
+// ErrLost means a lock was lost while its holder still believed in it: its
+// validity ran out without a successful renewal, or a renewal showed it was
+// no longer held. Lock.Err returns it (wrapping the cause) once Lock.Lost is
+// closed.
+var ErrLost = errors.New("redlease: lock lost")
+
+// ErrInvalid means an argument or option was rejected (an empty key, a
+// non-positive TTL, a nil client, a quorum that cannot be met, ...). The
+// error text names the offending value. Retrying will not help.
+var ErrInvalid = errors.New("redlease: invalid argument")
+
+// Invalid returns an error that errors.Is ErrInvalid and describes what was
+// wrong. Strategies use it to report bad input.
+func Invalid(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrInvalid, fmt.Sprintf(format, args...))
+}
+
+// NodeError is the failure of one node in an operation: a network error, a
+// timeout, a script error, or a reply the node never sent in time.
+type NodeError struct {
+	Node int    // index of the node in the strategy's node list
+	Addr string // the node's address, where the client exposes one
+	Err  error  // the cause; errors.Is(err, context.DeadlineExceeded) for timeouts
+}
+
+func (e *NodeError) Error() string {
+	if e.Addr != "" {
+		return fmt.Sprintf("node %d (%s): %v", e.Node, e.Addr, e.Err)
+	}
+	return fmt.Sprintf("node %d: %v", e.Node, e.Err)
+}
+
+// Unwrap returns the cause.
+func (e *NodeError) Unwrap() error { return e.Err }
+
+// QuorumError reports an operation across several nodes that did not reach
+// its quorum. It unwraps to its sentinel (ErrNotObtained for acquire,
+// ErrNotHeld for extend and release) and to every per-node cause, so both
+// errors.Is(err, ErrNotObtained) and errors.As(err, &nodeErr) work.
+type QuorumError struct {
+	Op      string            // "acquire", "extend" or "release"
+	Votes   int               // nodes that agreed before the decision
+	Quorum  int               // nodes that had to agree
+	Nodes   int               // nodes asked
+	Elapsed time.Duration     // time from the first request to the decision
+	Expired bool              // a quorum agreed, but too late: no validity was left
+	Err     error             // the sentinel
+	Causes  *multierror.Error // one *NodeError per failed node; nil if none failed
+}
+
+func (e *QuorumError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%v: %s: %d of %d nodes agreed, %d needed, after %s",
+		e.Err, e.Op, e.Votes, e.Nodes, e.Quorum, e.Elapsed.Round(time.Microsecond))
+	if e.Expired {
+		b.WriteString(", with no validity left")
+	}
+	if e.Causes != nil {
+		for _, c := range e.Causes.Errors {
+			b.WriteString("; ")
+			b.WriteString(c.Error())
+		}
+	}
+	return b.String()
+}
+
+// Unwrap returns the sentinel followed by every per-node cause.
+func (e *QuorumError) Unwrap() []error {
+	errs := []error{e.Err}
+	if e.Causes != nil {
+		errs = append(errs, e.Causes.Errors...)
+	}
+	return errs
+}
+
+// ErrUnavailable means too few nodes answered in time to decide an extend or
+// release either way. The lock may still be held; its last Until still
+// bounds it. Per-node causes are reachable with errors.As (*NodeError).
+var ErrUnavailable = errors.New("redlease: too few nodes answered")

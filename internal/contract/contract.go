@@ -1,0 +1,200 @@
+// Package contract is the one test suite every redlease.Strategy runs, so the
+// strategies cannot drift apart on what Acquire, Extend and Release mean.
+package contract
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/redlease/redlease"
+)
+
+// Setup is one strategy under test and direct access to its nodes.
+type Setup struct {
+	Strategy redlease.Strategy
+	// Nodes are clients of every node the strategy writes to, used to look at
+	// and tamper with keys behind the strategy's back.
+	Nodes []redis.UniversalClient
+	// Quorum is how many nodes must hold a key for it to count as held.
+	Quorum int
+	// Fencing says whether grants carry fences.
+	Fencing bool
+}
+
+var seq atomic.Int64
+
+// Key returns a key unique to this test run.
+func Key(t *testing.T) string {
+	return fmt.Sprintf("contract:%s:%d:%d", t.Name(), time.Now().UnixNano(), seq.Add(1))
+}
+
+// Run runs the suite; setup is called once per subtest.
+func Run(t *testing.T, setup func(t *testing.T) Setup) {
+	t.Run("AcquireExtendRelease", func(t *testing.T) {
+		s := setup(t)
+		ctx, key := t.Context(), Key(t)
+		before := time.Now()
+		g, err := s.Strategy.Acquire(ctx, key, "tok-a", 5*time.Second)
+		require.NoError(t, err)
+		assert.True(t, g.Until.After(time.Now()), "Until %v must lie in the future", g.Until)
+		assert.False(t, g.Until.After(before.Add(5*time.Second)), "Until %v must not exceed start+ttl", g.Until)
+		assert.GreaterOrEqual(t, holders(t, s, key, "tok-a"), s.Quorum)
+
+		g2, err := s.Strategy.Extend(ctx, key, "tok-a", 10*time.Second)
+		require.NoError(t, err)
+		assert.True(t, g2.Until.After(g.Until), "extended Until %v must pass the first %v", g2.Until, g.Until)
+		assert.Zero(t, g2.Fence, "Extend keeps the acquisition's fence; its Grant carries none")
+		for _, n := range s.Nodes {
+			if pttl := n.PTTL(ctx, key).Val(); pttl > 0 {
+				assert.Greater(t, pttl, 5*time.Second, "extend must reset the TTL on the node")
+			}
+		}
+
+		require.NoError(t, s.Strategy.Release(ctx, key, "tok-a"))
+		assert.Zero(t, holders(t, s, key, "tok-a"), "release leaves no key")
+		assert.ErrorIs(t, s.Strategy.Release(ctx, key, "tok-a"), redlease.ErrNotHeld)
+	})
+
+	t.Run("ExcludesOtherTokens", func(t *testing.T) {
+		s := setup(t)
+		ctx, key := t.Context(), Key(t)
+		_, err := s.Strategy.Acquire(ctx, key, "tok-a", 5*time.Second)
+		require.NoError(t, err)
+		_, err = s.Strategy.Acquire(ctx, key, "tok-b", 5*time.Second)
+		assert.ErrorIs(t, err, redlease.ErrNotObtained)
+		assert.ErrorIs(t, s.Strategy.Release(ctx, key, "tok-b"), redlease.ErrNotHeld)
+		_, err = s.Strategy.Extend(ctx, key, "tok-b", 5*time.Second)
+		assert.ErrorIs(t, err, redlease.ErrNotHeld)
+		assert.GreaterOrEqual(t, holders(t, s, key, "tok-a"), s.Quorum, "a stranger's release or extend must not touch the holder's key")
+		// The failed attempt by tok-b must not have left tok-b anywhere.
+		assert.Zero(t, holders(t, s, key, "tok-b"))
+	})
+
+	t.Run("OwnTokenCountsAsGrant", func(t *testing.T) {
+		s := setup(t)
+		ctx, key := t.Context(), Key(t)
+		g1, err := s.Strategy.Acquire(ctx, key, "tok-a", 5*time.Second)
+		require.NoError(t, err)
+		// A retried request whose first reply was lost finds its own token.
+		g2, err := s.Strategy.Acquire(ctx, key, "tok-a", 5*time.Second)
+		require.NoError(t, err, "an acquire that finds its own token must count as a grant")
+		if s.Fencing {
+			assert.GreaterOrEqual(t, g2.Fence, g1.Fence)
+		}
+	})
+
+	t.Run("ExtendAfterLoss", func(t *testing.T) {
+		s := setup(t)
+		ctx, key := t.Context(), Key(t)
+		_, err := s.Strategy.Acquire(ctx, key, "tok-a", 5*time.Second)
+		require.NoError(t, err)
+		for _, n := range s.Nodes {
+			require.NoError(t, n.Del(ctx, key).Err())
+		}
+		_, err = s.Strategy.Extend(ctx, key, "tok-a", 5*time.Second)
+		assert.ErrorIs(t, err, redlease.ErrNotHeld)
+		assert.Zero(t, holders(t, s, key, "tok-a"), "a failed extend must not recreate the key")
+	})
+
+	t.Run("ExpiresAtTTL", func(t *testing.T) {
+		s := setup(t)
+		ctx, key := t.Context(), Key(t)
+		g, err := s.Strategy.Acquire(ctx, key, "tok-a", 100*time.Millisecond)
+		require.NoError(t, err)
+		time.Sleep(time.Until(g.Until) + 50*time.Millisecond)
+		_, err = s.Strategy.Acquire(ctx, key, "tok-b", time.Second)
+		assert.NoError(t, err, "the key must be free once the first holder's TTL passed")
+	})
+
+	t.Run("FencesRise", func(t *testing.T) {
+		s := setup(t)
+		ctx, key := t.Context(), Key(t)
+		var last uint64
+		for i := range 5 {
+			tok := fmt.Sprintf("tok-%d", i)
+			g, err := s.Strategy.Acquire(ctx, key, tok, 5*time.Second)
+			require.NoError(t, err)
+			if s.Fencing {
+				assert.Greater(t, g.Fence, last, "holder %d", i)
+			} else {
+				assert.Zero(t, g.Fence)
+			}
+			last = g.Fence
+			require.NoError(t, s.Strategy.Release(ctx, key, tok))
+		}
+	})
+
+	t.Run("RejectsBadInput", func(t *testing.T) {
+		s := setup(t)
+		ctx := t.Context()
+		cases := []struct {
+			name, key, token string
+			ttl              time.Duration
+		}{
+			{"empty key", "", "tok", time.Second},
+			{"empty token", "k", "", time.Second},
+			{"zero ttl", "k", "tok", 0},
+			{"negative ttl", "k", "tok", -time.Second},
+			{"sub-millisecond ttl", "k", "tok", 500 * time.Microsecond},
+			{"ttl eaten by drift", "k", "tok", 2 * time.Millisecond},
+			{"brace without hash tag", "a}b", "tok", time.Second},
+		}
+		for _, c := range cases {
+			_, err := s.Strategy.Acquire(ctx, c.key, c.token, c.ttl)
+			assert.ErrorIs(t, err, redlease.ErrInvalid, "Acquire: %s", c.name)
+			_, err = s.Strategy.Extend(ctx, c.key, c.token, c.ttl)
+			assert.ErrorIs(t, err, redlease.ErrInvalid, "Extend: %s", c.name)
+		}
+		assert.ErrorIs(t, s.Strategy.Release(ctx, "", "tok"), redlease.ErrInvalid)
+	})
+
+	t.Run("CanceledContext", func(t *testing.T) {
+		s := setup(t)
+		ctx, cancel := context.WithCancel(t.Context())
+		cancel()
+		key := Key(t)
+		_, err := s.Strategy.Acquire(ctx, key, "tok-a", 5*time.Second)
+		require.Error(t, err)
+		assert.True(t, errors.Is(err, context.Canceled), "ctx cancellation must stay visible: %v", err)
+		assert.Zero(t, holders(t, s, key, "tok-a"), "a cancelled acquire leaves no key")
+	})
+
+	t.Run("ClusterSlotCompanions", func(t *testing.T) {
+		s := setup(t)
+		ctx := t.Context()
+		// Keys with a hash tag keep it; keys without get one.
+		for _, key := range []string{"{order:7}:lock:" + Key(t), Key(t)} {
+			g, err := s.Strategy.Acquire(ctx, key, "tok", 5*time.Second)
+			require.NoError(t, err, key)
+			if s.Fencing {
+				assert.NotZero(t, g.Fence)
+			}
+			require.NoError(t, s.Strategy.Release(ctx, key, "tok"))
+		}
+	})
+}
+
+// holders counts the nodes where key holds token.
+func holders(t *testing.T, s Setup, key, token string) int {
+	t.Helper()
+	n := 0
+	for _, c := range s.Nodes {
+		v, err := c.Get(context.Background(), key).Result()
+		if errors.Is(err, redis.Nil) {
+			continue
+		}
+		require.NoError(t, err)
+		if v == token {
+			n++
+		}
+	}
+	return n
+}

@@ -1,0 +1,93 @@
+package redistest
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/Shopify/toxiproxy/v2"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+	"github.com/rs/zerolog"
+)
+
+// Proxy is an in-process toxiproxy in front of one server, for network
+// faults: latency, silence, refused connections. Clients of the proxy see
+// the faults; clients of the server directly do not, so one node can be cut
+// off from some clients only.
+type Proxy struct {
+	Addr string // where clients connect: 127.0.0.1:port
+
+	tb    TB
+	proxy *toxiproxy.Proxy
+	cut   bool
+}
+
+// NewProxy starts a proxy to upstream on a free loopback port and stops it
+// on cleanup.
+func NewProxy(tb TB, upstream string) *Proxy {
+	tb.Helper()
+	server := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(prometheus.NewRegistry()), zerolog.Nop())
+	p := toxiproxy.NewProxy(server, "redis-"+upstream, "127.0.0.1:0", upstream)
+	if err := p.Start(); err != nil {
+		tb.Fatalf("redistest: start proxy to %s: %v", upstream, err)
+	}
+	tb.Cleanup(p.Stop)
+	return &Proxy{Addr: p.Listen, tb: tb, proxy: p}
+}
+
+// Client returns a client that connects through the proxy, closed on
+// cleanup, with ContextTimeoutEnabled.
+func (p *Proxy) Client() *redis.Client {
+	c := redis.NewClient(&redis.Options{Addr: p.Addr, ContextTimeoutEnabled: true})
+	p.tb.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// Latency delays every reply by ms milliseconds (± jitterMs) (a downstream latency toxic): the server
+// has applied a write before the client sees the answer.
+func (p *Proxy) Latency(name string, ms, jitterMs int) {
+	p.add(fmt.Sprintf(`{"name":%q,"type":"latency","stream":"downstream","attributes":{"latency":%d,"jitter":%d}}`, name, ms, jitterMs))
+}
+
+// Silence holds every connection open and passes nothing in either
+// direction (a timeout toxic with timeout 0): the realistic silent
+// partition, or a node that accepts connections but never answers.
+func (p *Proxy) Silence(name string) {
+	p.add(fmt.Sprintf(`{"name":%q,"type":"timeout","stream":"upstream","attributes":{"timeout":0}}`, name))
+}
+
+// Remove removes one toxic by name.
+func (p *Proxy) Remove(name string) {
+	p.tb.Helper()
+	if err := p.proxy.Toxics.RemoveToxic(context.Background(), name); err != nil {
+		p.tb.Fatalf("redistest: remove toxic %s: %v", name, err)
+	}
+}
+
+// Cut stops the proxy: open connections close and new ones are refused, as
+// for a crashed node.
+// Call Cut and Heal from one goroutine.
+func (p *Proxy) Cut() {
+	p.proxy.Stop()
+	p.cut = true
+}
+
+// Heal removes every toxic and, after a Cut, listens again on the same port.
+func (p *Proxy) Heal() {
+	p.tb.Helper()
+	p.proxy.Toxics.ResetToxics(context.Background())
+	if p.cut {
+		if err := p.proxy.Start(); err != nil {
+			p.tb.Fatalf("redistest: restart proxy %s: %v", p.Addr, err)
+		}
+		p.cut = false
+	}
+}
+
+func (p *Proxy) add(spec string) {
+	p.tb.Helper()
+	if _, err := p.proxy.Toxics.AddToxicJson(strings.NewReader(spec)); err != nil {
+		p.tb.Fatalf("redistest: add toxic %s: %v", spec, err)
+	}
+}

@@ -1,0 +1,297 @@
+// Package redistest starts real redis-server processes on free loopback ports
+// for tests and benchmarks, and stops them when the test ends.
+//
+// Everything here binds to 127.0.0.1 only. Processes are started with
+// Pdeathsig, so they die with the test binary even if cleanup never runs.
+package redistest
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// TB is the part of testing.TB the harness needs; *testing.T and *testing.B
+// satisfy it.
+type TB interface {
+	Helper()
+	Cleanup(func())
+	Fatalf(format string, args ...any)
+	Logf(format string, args ...any)
+	TempDir() string
+}
+
+var _ TB = (testing.TB)(nil)
+
+// Config describes one server. The zero value is a plain in-memory node.
+type Config struct {
+	// Persist turns on an append-only file with fsync on every write, so a
+	// restart keeps every acknowledged write.
+	Persist bool
+	// Cluster starts the node in cluster mode and assigns it every slot: a
+	// one-node cluster, enough to see CROSSSLOT errors a multi-key script
+	// would get on a real cluster.
+	Cluster bool
+	// Args are extra redis-server arguments ("--maxmemory", "1mb", ...).
+	Args []string
+}
+
+// Server is one redis-server process owned by a test.
+type Server struct {
+	Addr string // 127.0.0.1:port
+	Port int
+
+	tb   TB
+	cfg  Config
+	dir  string
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	done chan struct{} // closed when the current process has exited
+}
+
+// Binary returns the redis-server path, or fails the test with a clear
+// message (run `make test`, which installs it, or apt-get install
+// redis-server).
+func Binary(tb TB) string {
+	tb.Helper()
+	p, err := exec.LookPath("redis-server")
+	if err != nil {
+		tb.Fatalf("redis-server not found on PATH: run `make test` (it installs redis-server with apt-get as root) or install it yourself: %v", err)
+	}
+	return p
+}
+
+// Start starts one server and registers its stop with tb.Cleanup.
+func Start(tb TB, cfg Config) *Server {
+	tb.Helper()
+	bin := Binary(tb)
+	s := &Server{tb: tb, cfg: cfg, dir: tb.TempDir()}
+	var lastErr error
+	for range 5 { // a free port can be taken between probe and bind; try a few
+		port, err := freePort()
+		if err != nil {
+			tb.Fatalf("redistest: no free port: %v", err)
+		}
+		s.Port = port
+		s.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+		if lastErr = s.launch(bin); lastErr == nil {
+			break
+		}
+	}
+	if lastErr != nil {
+		tb.Fatalf("redistest: start redis-server: %v", lastErr)
+	}
+	tb.Cleanup(s.Kill)
+	if cfg.Cluster {
+		s.makeCluster()
+	}
+	return s
+}
+
+// StartN starts n plain servers.
+func StartN(tb TB, n int, cfg Config) []*Server {
+	tb.Helper()
+	servers := make([]*Server, n)
+	for i := range servers {
+		servers[i] = Start(tb, cfg)
+	}
+	return servers
+}
+
+func (s *Server) args() []string {
+	a := []string{
+		"--port", strconv.Itoa(s.Port),
+		"--bind", "127.0.0.1",
+		"--dir", s.dir,
+		"--logfile", filepath.Join(s.dir, "redis.log"),
+		"--daemonize", "no",
+		"--protected-mode", "no",
+		"--save", "",
+		"--enable-debug-command", "local",
+	}
+	if s.cfg.Persist {
+		a = append(a, "--appendonly", "yes", "--appendfsync", "always")
+	} else {
+		a = append(a, "--appendonly", "no")
+	}
+	if s.cfg.Cluster {
+		a = append(a, "--cluster-enabled", "yes", "--cluster-config-file", filepath.Join(s.dir, "nodes.conf"))
+	}
+	return append(a, s.cfg.Args...)
+}
+
+// launch starts the process and waits until it answers PING (5 s at most).
+func (s *Server) launch(bin string) error {
+	cmd := exec.Command(bin, s.args()...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	s.mu.Lock()
+	s.cmd, s.done = cmd, done
+	s.mu.Unlock()
+
+	c := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
+	defer c.Close()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		err := c.Ping(ctx).Err()
+		cancel()
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-done:
+			return fmt.Errorf("redis-server on %s exited at start: %s", s.Addr, s.logTail())
+		default:
+		}
+		if time.Now().After(deadline) {
+			s.Kill()
+			return fmt.Errorf("redis-server on %s not answering after 5s: %v", s.Addr, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// makeCluster assigns every slot to this node and waits for cluster_state:ok.
+func (s *Server) makeCluster() {
+	s.tb.Helper()
+	c := redis.NewClient(&redis.Options{Addr: s.Addr})
+	defer c.Close()
+	ctx := context.Background()
+	if err := c.Do(ctx, "CLUSTER", "ADDSLOTSRANGE", 0, 16383).Err(); err != nil {
+		s.tb.Fatalf("redistest: CLUSTER ADDSLOTSRANGE on %s: %v", s.Addr, err)
+	}
+	for range 500 {
+		info, err := c.ClusterInfo(ctx).Result()
+		if err == nil && strings.Contains(info, "cluster_state:ok") {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	s.tb.Fatalf("redistest: cluster on %s never reached cluster_state:ok", s.Addr)
+}
+
+// Client returns a client for this server, closed on cleanup. It has
+// ContextTimeoutEnabled, so context deadlines bound socket reads too, and
+// go-redis's default retries.
+func (s *Server) Client() *redis.Client {
+	c := redis.NewClient(&redis.Options{Addr: s.Addr, ContextTimeoutEnabled: true})
+	s.tb.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// Kill sends SIGKILL (a crash: nothing is flushed) and waits for the
+// process to exit. Killing a dead server does nothing.
+func (s *Server) Kill() {
+	s.mu.Lock()
+	cmd, done := s.cmd, s.done
+	s.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	_ = cmd.Process.Signal(syscall.SIGKILL)
+	<-done
+}
+
+// Pause stops the process with SIGSTOP: it keeps its connections open and
+// its port bound but answers nothing, like a long GC pause or a VM freeze.
+// Key expiry stops too, since it runs on the server's event loop.
+func (s *Server) Pause() { s.signal(syscall.SIGSTOP) }
+
+// Resume continues a paused process with SIGCONT.
+func (s *Server) Resume() { s.signal(syscall.SIGCONT) }
+
+func (s *Server) signal(sig syscall.Signal) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd != nil {
+		_ = s.cmd.Process.Signal(sig)
+	}
+}
+
+// Restart kills the server and starts it again on the same port. Without
+// Persist the new process has lost every key (an amnesiac node); with it,
+// the append-only file brings the acknowledged writes back.
+func (s *Server) Restart() {
+	s.tb.Helper()
+	s.Kill()
+	var err error
+	for range 50 { // the port can linger for a moment after the kill
+		if err = s.launch(Binary(s.tb)); err == nil {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	s.tb.Fatalf("redistest: restart %s: %v", s.Addr, err)
+}
+
+// Alive reports whether the process is running (paused counts as running).
+func (s *Server) Alive() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.done == nil {
+		return false
+	}
+	select {
+	case <-s.done:
+		return false
+	default:
+		return true
+	}
+}
+
+func (s *Server) logTail() string {
+	f, err := os.Open(filepath.Join(s.dir, "redis.log"))
+	if err != nil {
+		return err.Error()
+	}
+	defer f.Close()
+	var lines []string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		lines = append(lines, sc.Text())
+		if len(lines) > 5 {
+			lines = lines[1:]
+		}
+	}
+	return strings.Join(lines, " | ")
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	addr, ok := l.Addr().(*net.TCPAddr)
+	if !ok {
+		return 0, errors.New("not a TCP address")
+	}
+	return addr.Port, nil
+}
+
+// QuietClientLogs silences go-redis's process-wide logger, which otherwise
+// prints a line for every refused dial while a test has nodes down. Call it
+// from TestMain only: it changes global state of go-redis.
+func QuietClientLogs() { redis.SetLogger(quiet{}) }
+
+type quiet struct{}
+
+func (quiet) Printf(context.Context, string, ...any) {}

@@ -1,0 +1,147 @@
+// Package script holds the Lua scripts and key layout shared by the
+// strategies. Every script compares the caller's token before it touches a
+// lock key, and each runs atomically on one Redis node: no GET-then-SET race
+// exists between a check and its action.
+//
+// Keys: a lock is stored at its key with the holder's token as the plain
+// string value (the layout redsync uses too, so a redsync mutex and a redlease
+// lock on the same name exclude each other). The fence counter of a lock lives
+// beside it, at FenceKey(key), without a TTL: fences must never go backwards,
+// and a counter that expired would restart at 1.
+package script
+
+import (
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/redlease/redlease"
+	"github.com/redlease/redlease/internal/drift"
+)
+
+// Modes of the Acquire script (ARGV[3]).
+const (
+	NoFence   = "0" // plain SET NX PX; reply 0 on a grant
+	IncrFence = "1" // on a grant, INCR the fence counter; reply the new value
+	ReadFence = "2" // on a grant, reply the fence counter as it is (phase 1 of quorum fencing)
+)
+
+// Taken is the Acquire script's reply when another token holds the key.
+const Taken = -1
+
+// Acquire places the lock if the key is free, or refreshes its TTL if it
+// already holds our token (a retried request whose first reply was lost).
+//
+//	KEYS[1] lock key, KEYS[2] fence counter key
+//	ARGV[1] token, ARGV[2] ttl in ms, ARGV[3] mode (NoFence, IncrFence, ReadFence)
+//	reply: Taken, or the fence (0 with NoFence)
+var Acquire = redis.NewScript(`
+local held = redis.call('GET', KEYS[1])
+if held == false then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  if ARGV[3] == '1' then
+    return redis.call('INCR', KEYS[2])
+  end
+elseif held == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+else
+  return -1
+end
+if ARGV[3] == '0' then
+  return 0
+end
+return tonumber(redis.call('GET', KEYS[2]) or '0')
+`)
+
+// RaiseFence is phase 2 of quorum fencing: it raises the node's fence counter
+// to at least the chosen fence (counters only ever rise, so raising one on a
+// node we do not hold is harmless), and reports whether the lock key still
+// holds our token here, which is what the grant counts.
+//
+//	KEYS[1] lock key, KEYS[2] fence counter key
+//	ARGV[1] token, ARGV[2] fence
+//	reply: 1 if KEYS[1] holds ARGV[1], else 0
+var RaiseFence = redis.NewScript(`
+local f = tonumber(ARGV[2])
+if f > tonumber(redis.call('GET', KEYS[2]) or '0') then
+  redis.call('SET', KEYS[2], ARGV[2])
+end
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return 1
+end
+return 0
+`)
+
+// Extend resets the TTL of a lock we hold.
+//
+//	KEYS[1] lock key; ARGV[1] token, ARGV[2] ttl in ms
+//	reply: 1 if extended, 0 if the key is gone or not ours
+var Extend = redis.NewScript(`
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+`)
+
+// Release deletes a lock we hold.
+//
+//	KEYS[1] lock key; ARGV[1] token
+//	reply: 1 if deleted, 0 if the key is gone or not ours
+var Release = redis.NewScript(`
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+`)
+
+// FenceKey returns the key of the fence counter that belongs to key, chosen
+// so that both hash to the same Redis Cluster slot (a script may only touch
+// keys of one slot):
+//
+//   - key with a hash tag ("{order:7}:lock"): key + ":fence", which keeps the tag;
+//   - key without braces ("order:7"): "{order:7}:fence", which tags the whole key.
+//
+// A key that contains '}' but no valid hash tag cannot be given a
+// same-slot companion; ok is false and the caller must reject it.
+func FenceKey(key string) (fk string, ok bool) {
+	if hasHashTag(key) {
+		return key + ":fence", true
+	}
+	if strings.IndexByte(key, '}') >= 0 {
+		return "", false
+	}
+	return "{" + key + "}:fence", true
+}
+
+// hasHashTag applies Redis Cluster's rule: a '{' followed later by a '}'
+// with at least one byte between the first such pair.
+func hasHashTag(key string) bool {
+	open := strings.IndexByte(key, '{')
+	if open < 0 {
+		return false
+	}
+	end := strings.IndexByte(key[open+1:], '}')
+	return end > 0
+}
+
+// Check validates the arguments every strategy call shares and returns the
+// key's fence counter key. Errors are redlease.ErrInvalid.
+func Check(key, token string, ttl time.Duration, driftFactor float64) (fenceKey string, err error) {
+	switch {
+	case key == "":
+		return "", redlease.Invalid("empty key")
+	case token == "":
+		return "", redlease.Invalid("empty token")
+	case ttl < time.Millisecond:
+		return "", redlease.Invalid("ttl %v: must be at least 1ms", ttl)
+	case ttl <= drift.Allowance(ttl, driftFactor):
+		return "", redlease.Invalid("ttl %v: no validity left after the drift allowance of %v",
+			ttl, drift.Allowance(ttl, driftFactor))
+	}
+	fk, ok := FenceKey(key)
+	if !ok {
+		return "", redlease.Invalid("key %q: contains '}' without a hash tag, so no fence key can share its cluster slot", key)
+	}
+	return fk, nil
+}

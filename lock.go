@@ -1,0 +1,229 @@
+package redlease
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// Lock is one held lease. Its methods are safe for concurrent use, and safe
+// on a nil *Lock (which holds nothing: Release and Extend return ErrNotHeld,
+// Valid is false).
+//
+// A Lock moves one way: held → released, or held → lost. Once Lost is closed
+// it stays closed and the Lock can no longer be extended; take a new one.
+type Lock struct {
+	strategy Strategy
+	key      string // as the caller gave it
+	fullKey  string // with the Locker's prefix, as sent to Redis
+	token    string
+	ttl      time.Duration
+	fence    uint64
+	lost     chan struct{}
+
+	mu       sync.Mutex
+	until    time.Time
+	expiry   *time.Timer // closes lost when until passes
+	cause    error       // non-nil once lost
+	released bool        // a Release confirmed the key gone (or not ours)
+}
+
+func newLock(s Strategy, key, fullKey, token string, ttl time.Duration, g Grant) *Lock {
+	lk := &Lock{
+		strategy: s,
+		key:      key,
+		fullKey:  fullKey,
+		token:    token,
+		ttl:      ttl,
+		fence:    g.Fence,
+		until:    g.Until,
+		lost:     make(chan struct{}),
+	}
+	lk.expiry = time.AfterFunc(time.Until(g.Until), lk.expire)
+	return lk
+}
+
+// Key returns the key as given to TryLock or Lock (without the Locker's
+// prefix).
+func (lk *Lock) Key() string {
+	if lk == nil {
+		return ""
+	}
+	return lk.key
+}
+
+// Token returns the random token (128 bits from crypto/rand) that identifies
+// this holder in Redis.
+func (lk *Lock) Token() string {
+	if lk == nil {
+		return ""
+	}
+	return lk.token
+}
+
+// Fence returns the fencing token of this acquisition (0 when the strategy
+// has fencing off). Storage that remembers the highest fence it accepted
+// and rejects anything not greater stops a holder that kept working after
+// losing the lock.
+func (lk *Lock) Fence() uint64 {
+	if lk == nil {
+		return 0
+	}
+	return lk.fence
+}
+
+// TTL returns the TTL the lock was taken with.
+func (lk *Lock) TTL() time.Duration {
+	if lk == nil {
+		return 0
+	}
+	return lk.ttl
+}
+
+// Until returns the end of the current validity on the monotonic clock,
+// drift allowance already subtracted. Extend moves it.
+func (lk *Lock) Until() time.Time {
+	if lk == nil {
+		return time.Time{}
+	}
+	lk.mu.Lock()
+	defer lk.mu.Unlock()
+	return lk.until
+}
+
+// Valid reports whether the lock is still held as far as this process can
+// tell: not released, not known lost, and Until not yet passed. A true answer
+// is only as good as the strategy's assumptions (bounded clock drift, nodes
+// that keep their data) and goes stale immediately; use Fence at the
+// storage for anything that must not happen twice.
+func (lk *Lock) Valid() bool {
+	if lk == nil {
+		return false
+	}
+	lk.mu.Lock()
+	defer lk.mu.Unlock()
+	return lk.cause == nil && !lk.released && time.Now().Before(lk.until)
+}
+
+// Lost returns a channel that is closed once the lock is known lost: its
+// validity ran out (Until passed without an extension) or an extension found
+// it no longer held. It is not closed by Release. Err tells why.
+func (lk *Lock) Lost() <-chan struct{} {
+	if lk == nil {
+		c := make(chan struct{})
+		close(c)
+		return c
+	}
+	return lk.lost
+}
+
+// Err returns nil while the lock has not been lost, and afterwards an error
+// that errors.Is ErrLost and wraps the cause.
+func (lk *Lock) Err() error {
+	if lk == nil {
+		return ErrNotHeld
+	}
+	lk.mu.Lock()
+	defer lk.mu.Unlock()
+	return lk.cause
+}
+
+// Extend resets the lock's TTL to ttl on the strategy's nodes and moves
+// Until. If the strategy says the lock is no longer held, the lock is marked
+// lost and the error errors.Is ErrNotHeld. Other failures (ErrUnavailable,
+// ctx) leave the lock as it was: it stays valid until its current Until, and
+// Extend may be tried again.
+func (lk *Lock) Extend(ctx context.Context, ttl time.Duration) error {
+	if lk == nil {
+		return ErrNotHeld
+	}
+	if ttl < time.Millisecond {
+		return Invalid("ttl %v: must be at least 1ms", ttl)
+	}
+	if err := lk.usable(); err != nil {
+		return err
+	}
+	g, err := lk.strategy.Extend(ctx, lk.fullKey, lk.token, ttl)
+	if err != nil {
+		if errors.Is(err, ErrNotHeld) {
+			lk.markLost(err)
+		}
+		return err
+	}
+	lk.mu.Lock()
+	defer lk.mu.Unlock()
+	if lk.cause != nil || lk.released {
+		// Lost or released while the extension was in flight: the earlier
+		// verdict stands.
+		return errors.Join(ErrNotHeld, lk.cause)
+	}
+	lk.until = g.Until
+	lk.expiry.Reset(time.Until(g.Until))
+	return nil
+}
+
+// Release gives the lock up: the key is removed on the strategy's nodes
+// where it is still held under this lock's token. It returns ErrNotHeld if
+// the lock had already expired or been taken over there, which means work
+// done under it may not have been exclusive. After a Release that returned
+// nil or ErrNotHeld, further calls return ErrNotHeld without a round trip;
+// after any other error (ErrUnavailable, ctx) Release may be tried again.
+func (lk *Lock) Release(ctx context.Context) error {
+	if lk == nil {
+		return ErrNotHeld
+	}
+	lk.mu.Lock()
+	if lk.released {
+		lk.mu.Unlock()
+		return ErrNotHeld
+	}
+	lk.mu.Unlock()
+
+	err := lk.strategy.Release(ctx, lk.fullKey, lk.token)
+	if err == nil || errors.Is(err, ErrNotHeld) {
+		lk.mu.Lock()
+		lk.released = true
+		lk.expiry.Stop()
+		lk.mu.Unlock()
+	}
+	return err
+}
+
+// usable returns ErrNotHeld (wrapping the cause) if the lock was released or
+// lost.
+func (lk *Lock) usable() error {
+	lk.mu.Lock()
+	defer lk.mu.Unlock()
+	switch {
+	case lk.released:
+		return fmt.Errorf("%w: released", ErrNotHeld)
+	case lk.cause != nil:
+		return errors.Join(ErrNotHeld, lk.cause)
+	}
+	return nil
+}
+
+// expire runs when the validity timer fires.
+func (lk *Lock) expire() {
+	lk.mu.Lock()
+	late := time.Until(lk.until)
+	lk.mu.Unlock()
+	if late > 0 {
+		return // extended after the timer fired but before we got here
+	}
+	lk.markLost(errors.New("validity ran out without an extension"))
+}
+
+// markLost records cause (the first one wins) and closes Lost.
+func (lk *Lock) markLost(cause error) {
+	lk.mu.Lock()
+	defer lk.mu.Unlock()
+	if lk.cause != nil || lk.released {
+		return
+	}
+	lk.cause = fmt.Errorf("%w: %s: %w", ErrLost, lk.key, cause)
+	lk.expiry.Stop()
+	close(lk.lost)
+}

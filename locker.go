@@ -1,0 +1,142 @@
+package redlease
+
+import (
+	"context"
+	cryptorand "crypto/rand"
+	"encoding/base64"
+	"errors"
+	"math/rand/v2"
+	"time"
+)
+
+// Locker hands out locks on one default Strategy (replaceable per call with
+// WithStrategy). It holds no connections and starts no goroutines; it is safe
+// for concurrent use and meant to be shared by a whole process.
+type Locker struct {
+	defaults lockConfig
+	prefix   string
+}
+
+// New returns a Locker that takes locks through s with the given options.
+// Invalid options (or a nil s) do not panic: every call on the Locker then
+// returns an error that errors.Is ErrInvalid.
+func New(s Strategy, opts ...Option) *Locker {
+	l := &Locker{defaults: lockConfig{
+		strategy: s,
+		ttl:      DefaultTTL,
+		minDelay: DefaultMinRetryDelay,
+		maxDelay: DefaultMaxRetryDelay,
+	}}
+	if s == nil {
+		l.defaults.fail(Invalid("nil Strategy"))
+	}
+	for _, o := range opts {
+		if o != nil {
+			o.applyLocker(l)
+		}
+	}
+	return l
+}
+
+func (l *Locker) config(key string, opts []LockOption) (lockConfig, error) {
+	if l == nil {
+		return lockConfig{}, Invalid("nil Locker")
+	}
+	c := l.defaults
+	for _, o := range opts {
+		if o != nil {
+			o.applyLock(&c)
+		}
+	}
+	if c.err != nil {
+		return c, c.err
+	}
+	if key == "" {
+		return c, Invalid("empty key")
+	}
+	return c, nil
+}
+
+// TryLock makes one attempt to take key. It returns ErrNotObtained (possibly
+// with per-node causes) if the key is held or too few nodes agreed, and never
+// waits for a holder to let go.
+func (l *Locker) TryLock(ctx context.Context, key string, opts ...LockOption) (*Lock, error) {
+	c, err := l.config(key, opts)
+	if err != nil {
+		return nil, err
+	}
+	return l.attempt(ctx, c, key, newToken())
+}
+
+// Lock takes key, retrying with jittered exponential backoff (WithRetryDelay)
+// until it is obtained, ctx is done, or WithMaxAttempts attempts are spent.
+// When ctx ends the wait, the error errors.Is both ErrNotObtained and ctx's
+// error. All attempts share one token, so an attempt whose reply was lost
+// but which did take the key is recognised as a grant by the next attempt.
+//
+// Without a ctx deadline and WithMaxAttempts, Lock waits as long as the key
+// stays taken, like sync.Mutex.
+func (l *Locker) Lock(ctx context.Context, key string, opts ...LockOption) (*Lock, error) {
+	c, err := l.config(key, opts)
+	if err != nil {
+		return nil, err
+	}
+	token := newToken()
+	var timer *time.Timer
+	for attempt := 1; ; attempt++ {
+		lk, err := l.attempt(ctx, c, key, token)
+		if err == nil || !errors.Is(err, ErrNotObtained) {
+			return lk, err
+		}
+		if ctx.Err() != nil {
+			return nil, errors.Join(err, context.Cause(ctx))
+		}
+		if c.maxAttempts > 0 && attempt >= c.maxAttempts {
+			return nil, err
+		}
+		wait := backoff(attempt, c.minDelay, c.maxDelay)
+		if timer == nil {
+			timer = time.NewTimer(wait)
+			defer timer.Stop()
+		} else {
+			timer.Reset(wait)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, errors.Join(err, context.Cause(ctx))
+		case <-timer.C:
+		}
+	}
+}
+
+func (l *Locker) attempt(ctx context.Context, c lockConfig, key, token string) (*Lock, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, errors.Join(ErrNotObtained, context.Cause(ctx))
+	}
+	full := l.prefix + key
+	g, err := c.strategy.Acquire(ctx, full, token, c.ttl)
+	if err != nil {
+		return nil, err
+	}
+	return newLock(c.strategy, key, full, token, c.ttl, g), nil
+}
+
+// backoff returns the wait before the attempt after attempt n (n >= 1):
+// d = min(minDelay * 2^(n-1), maxDelay), drawn uniformly from [d/2, d].
+func backoff(n int, minDelay, maxDelay time.Duration) time.Duration {
+	d := minDelay
+	for i := 1; i < n && d < maxDelay; i++ {
+		d *= 2
+	}
+	d = min(d, maxDelay)
+	half := d / 2
+	return half + rand.N(d-half+1)
+}
+
+// newToken returns 128 random bits from crypto/rand, base64url-encoded
+// (22 characters).
+func newToken() string {
+	var b [16]byte
+	_, _ = cryptorand.Read(b[:]) // never fails: crypto/rand.Read aborts the program instead
+	return base64.RawURLEncoding.EncodeToString(b[:])
+}

@@ -1,0 +1,115 @@
+package redlease
+
+import "time"
+
+// Defaults, in one place. Each option's documentation repeats its default.
+const (
+	// DefaultTTL is the lock TTL when WithTTL is not given.
+	DefaultTTL = 30 * time.Second
+	// DefaultMinRetryDelay and DefaultMaxRetryDelay bound the jittered,
+	// doubling wait between attempts of Locker.Lock.
+	DefaultMinRetryDelay = 10 * time.Millisecond
+	DefaultMaxRetryDelay = 320 * time.Millisecond
+)
+
+// Option configures a Locker in New. Every LockOption is also an Option:
+// given to New it sets the Locker's default for that setting, given to a
+// call it overrides the default for that call only.
+type Option interface {
+	applyLocker(*Locker)
+}
+
+// LockOption configures one TryLock, Lock or Do call (or, given to New, the
+// Locker's default).
+type LockOption interface {
+	Option
+	applyLock(*lockConfig)
+}
+
+// lockConfig is what a single lock call runs with.
+type lockConfig struct {
+	strategy    Strategy
+	ttl         time.Duration
+	minDelay    time.Duration
+	maxDelay    time.Duration
+	maxAttempts int // 0: until ctx is done
+	err         error
+}
+
+func (c *lockConfig) fail(err error) {
+	if c.err == nil {
+		c.err = err
+	}
+}
+
+// lockOption adapts a function on lockConfig to both option interfaces.
+type lockOption func(*lockConfig)
+
+func (f lockOption) applyLock(c *lockConfig) { f(c) }
+func (f lockOption) applyLocker(l *Locker)   { f(&l.defaults) }
+
+// WithTTL sets how long the lock lives without an extension. Default
+// DefaultTTL (30s). It must be positive and at least a millisecond (Redis
+// expiry resolution); a lock's usable validity is shorter by the strategy's
+// clock-drift allowance.
+func WithTTL(ttl time.Duration) LockOption {
+	return lockOption(func(c *lockConfig) {
+		if ttl < time.Millisecond {
+			c.fail(Invalid("ttl %v: must be at least 1ms", ttl))
+			return
+		}
+		c.ttl = ttl
+	})
+}
+
+// WithStrategy picks the Strategy for one call on a shared Locker (quorum for
+// moving money, single for cheap dedup). Given to New, it replaces the
+// Locker's strategy. A nil Strategy is rejected.
+func WithStrategy(s Strategy) LockOption {
+	return lockOption(func(c *lockConfig) {
+		if s == nil {
+			c.fail(Invalid("nil Strategy"))
+			return
+		}
+		c.strategy = s
+	})
+}
+
+// WithRetryDelay bounds the wait between attempts of Locker.Lock: the first
+// wait is drawn from [min/2, min], each later one from [d/2, d] with d
+// doubling up to max ("equal jitter", so contenders spread out but none
+// starves on an unlucky draw). Defaults DefaultMinRetryDelay (10ms) and
+// DefaultMaxRetryDelay (320ms). Requires 0 < min <= max.
+func WithRetryDelay(min, max time.Duration) LockOption {
+	return lockOption(func(c *lockConfig) {
+		if min <= 0 || max < min {
+			c.fail(Invalid("retry delay [%v, %v]: need 0 < min <= max", min, max))
+			return
+		}
+		c.minDelay, c.maxDelay = min, max
+	})
+}
+
+// WithMaxAttempts makes Locker.Lock give up after n attempts. Default 0:
+// keep trying until the context is done. Negative n is rejected.
+func WithMaxAttempts(n int) LockOption {
+	return lockOption(func(c *lockConfig) {
+		if n < 0 {
+			c.fail(Invalid("max attempts %d: must be >= 0", n))
+			return
+		}
+		c.maxAttempts = n
+	})
+}
+
+// lockerOption is an option that only makes sense for a whole Locker.
+type lockerOption func(*Locker)
+
+func (f lockerOption) applyLocker(l *Locker) { f(l) }
+
+// WithPrefix puts every key of this Locker under a namespace: the key sent
+// to Redis is prefix+key. Default "" (keys are used as given, which is what
+// interoperating with redsync on the same names needs).
+func WithPrefix(prefix string) Option {
+	return lockerOption(func(l *Locker) { l.prefix = prefix })
+}

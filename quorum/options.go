@@ -1,0 +1,86 @@
+package quorum
+
+import (
+	"time"
+
+	"github.com/redlease/redlease"
+	"github.com/redlease/redlease/internal/drift"
+)
+
+// Defaults, in one place.
+const (
+	// DefaultDriftFactor is the share of the TTL subtracted from every
+	// grant's validity for clock-rate differences (plus a fixed 2 ms).
+	DefaultDriftFactor = drift.DefaultFactor
+	// DefaultNodeTimeout bounds each round of requests to the nodes. Keep it
+	// well below the TTL: a round that takes longer than the TTL can never
+	// grant.
+	DefaultNodeTimeout = 100 * time.Millisecond
+)
+
+// Option configures a Strategy in New.
+type Option interface {
+	apply(*Strategy) error
+}
+
+type optionFunc func(*Strategy) error
+
+func (f optionFunc) apply(s *Strategy) error { return f(s) }
+
+// WithDriftFactor sets the share of the TTL allowed for clock-rate
+// differences between this process and the nodes: a grant's validity is
+// ttl − elapsed − (ttl×factor + 2 ms). Default DefaultDriftFactor (0.01).
+// Must be in [0, 1).
+func WithDriftFactor(factor float64) Option {
+	return optionFunc(func(s *Strategy) error {
+		if !(factor >= 0 && factor < 1) {
+			return redlease.Invalid("drift factor %v: must be in [0, 1)", factor)
+		}
+		s.driftFactor = factor
+		return nil
+	})
+}
+
+// WithNodeTimeout bounds each round of requests (acquire, fence, extend,
+// release): the round is decided from whatever answered within d, and nodes
+// that did not count as failed. Default DefaultNodeTimeout (100 ms). Must be
+// positive.
+//
+// The strategy stops waiting at d whatever the client does, but the request
+// itself keeps a goroutine until go-redis gives up on it. Enable
+// ContextTimeoutEnabled on the node clients so that happens at d too,
+// rather than at the client's ReadTimeout.
+func WithNodeTimeout(d time.Duration) Option {
+	return optionFunc(func(s *Strategy) error {
+		if d <= 0 {
+			return redlease.Invalid("node timeout %v: must be positive", d)
+		}
+		s.nodeTimeout = d
+		return nil
+	})
+}
+
+// WithFencing turns fencing tokens on. Default off, because it costs one
+// more round trip to a majority per acquisition (see the package
+// documentation for the design and why it is correct).
+func WithFencing() Option {
+	return optionFunc(func(s *Strategy) error {
+		s.fencing = true
+		return nil
+	})
+}
+
+// WithQuorum sets how many nodes must agree. Default: a majority,
+// len(nodes)/2+1. It must be more than half the nodes (two smaller quorums
+// could both be met at once, and mutual exclusion would be gone) and at most
+// all of them.
+func WithQuorum(k int) Option {
+	return optionFunc(func(s *Strategy) error {
+		n := len(s.nodes)
+		if k <= n/2 || k > n {
+			return redlease.Invalid("quorum %d of %d nodes: must be more than half and at most all", k, n)
+		}
+		s.quorum = k
+		return nil
+	})
+}

@@ -1,0 +1,294 @@
+package quorum
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-multierror"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/redlease/redlease"
+	"github.com/redlease/redlease/internal/drift"
+	"github.com/redlease/redlease/internal/fanout"
+	"github.com/redlease/redlease/internal/nodes"
+	"github.com/redlease/redlease/internal/script"
+)
+
+// Strategy is the Redlock algorithm over N independent Redis nodes. It is
+// safe for concurrent use. It does not own the node clients: closing them is
+// the caller's job, after Close.
+type Strategy struct {
+	nodes       []redis.UniversalClient
+	addrs       []string
+	quorum      int
+	driftFactor float64
+	nodeTimeout time.Duration
+	fencing     bool
+
+	// background counts requests still in flight after their round was
+	// decided (a slow node's late reply, an undo). Close waits for them.
+	background sync.WaitGroup
+}
+
+var _ redlease.Strategy = (*Strategy)(nil)
+
+// New returns a Strategy over nodes, which must be independent Redis
+// primaries (not replicas of each other, not shards of one cluster). The
+// slice is copied. An odd number of nodes is best: four nodes tolerate one
+// failure, like three, at a higher cost.
+func New(nodeClients []redis.UniversalClient, opts ...Option) (*Strategy, error) {
+	if len(nodeClients) == 0 {
+		return nil, redlease.Invalid("quorum: no nodes")
+	}
+	s := &Strategy{
+		nodes:       make([]redis.UniversalClient, len(nodeClients)),
+		addrs:       make([]string, len(nodeClients)),
+		quorum:      len(nodeClients)/2 + 1,
+		driftFactor: DefaultDriftFactor,
+		nodeTimeout: DefaultNodeTimeout,
+	}
+	for i, c := range nodeClients {
+		if nodes.IsNil(c) {
+			return nil, redlease.Invalid("quorum: node %d is nil", i)
+		}
+		s.nodes[i] = c
+		s.addrs[i] = nodes.Addr(c)
+	}
+	for _, o := range opts {
+		if o == nil {
+			continue
+		}
+		if err := o.apply(s); err != nil {
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+// Quorum returns how many nodes must agree for a grant.
+func (s *Strategy) Quorum() int { return s.quorum }
+
+// Close waits for requests that outlived their round (a slow node's late
+// reply, the undo of a failed acquisition) to finish. Each of them is
+// bounded by the node timeout, or by the client's ReadTimeout where the
+// client lacks ContextTimeoutEnabled. It does not close the node clients.
+func (s *Strategy) Close() error {
+	s.background.Wait()
+	return nil
+}
+
+// Acquire makes one attempt to take key on a quorum of the nodes:
+//
+//  1. Note the monotonic start time, then send the acquire script to every
+//     node at once, each bounded by the node timeout.
+//  2. Count replies as they arrive; stop as soon as a quorum granted, or as
+//     soon as a quorum can no longer be reached, or at the node timeout.
+//     A node that finds its own token already there (a retried request whose
+//     reply was lost) counts as a grant.
+//  3. With fencing, run phase 2: fence = max(counters read by the grants) + 1,
+//     raised on the nodes, confirmed by a quorum that still holds our token.
+//  4. Validity = ttl − elapsed − (ttl×driftFactor + 2 ms), i.e. the grant is
+//     good Until start + ttl − allowance; none left is a failure.
+//  5. On failure, release on every node, each only after its own acquire
+//     request has returned, so a late write cannot leave a key behind.
+func (s *Strategy) Acquire(ctx context.Context, key, token string, ttl time.Duration) (redlease.Grant, error) {
+	fenceKey, err := script.Check(key, token, ttl, s.driftFactor)
+	if err != nil {
+		return redlease.Grant{}, err
+	}
+	if err := ctx.Err(); err != nil {
+		return redlease.Grant{}, errors.Join(redlease.ErrNotObtained, context.Cause(ctx))
+	}
+	mode := script.NoFence
+	if s.fencing {
+		mode = script.ReadFence
+	}
+	keys := []string{key, fenceKey}
+	ttlMillis := ttl.Milliseconds()
+
+	// 1. Fan out.
+	start := time.Now()
+	fan := fanout.Start(ctx, &s.background, len(s.nodes), s.nodeTimeout,
+		func(ctx context.Context, i int) (int64, error) {
+			return script.Acquire.Run(ctx, s.nodes[i], keys, token, ttlMillis, mode).Int64()
+		},
+		func(ctx context.Context, i int, r fanout.Result[int64]) {
+			if r.Err == nil && r.Val == script.Taken {
+				return // someone else's key: nothing of ours to undo
+			}
+			_ = script.Release.Run(ctx, s.nodes[i], keys[:1], token).Err()
+		})
+
+	// 2. Count until the outcome is decided.
+	t := s.collect(ctx, fan, func(v int64) bool { return v != script.Taken })
+	fail := func(expired bool, t tally) (redlease.Grant, error) {
+		fan.Decide(true)
+		fan.WaitUndone(t.answered, s.nodeTimeout)
+		return redlease.Grant{}, s.failure(ctx, "acquire", redlease.ErrNotObtained, t, start, expired)
+	}
+	if t.agreed < s.quorum {
+		return fail(false, t)
+	}
+
+	// 3. Fencing, phase 2.
+	var fence uint64
+	if s.fencing {
+		fence = uint64(t.highest) + 1
+		if ft := s.raiseFence(ctx, keys, token, fence); ft.agreed < s.quorum {
+			return fail(false, ft)
+		}
+	}
+
+	// 4. Validity.
+	until := start.Add(ttl - drift.Allowance(ttl, s.driftFactor))
+	if !time.Now().Before(until) {
+		return fail(true, t)
+	}
+	fan.Decide(false)
+	return redlease.Grant{Until: until, Fence: fence}, nil
+}
+
+// raiseFence is phase 2 of fencing: raise every node's counter to at least
+// fence and collect a quorum of nodes that still hold our token. Why this
+// makes fences rise across holders is in the package documentation.
+func (s *Strategy) raiseFence(ctx context.Context, keys []string, token string, fence uint64) tally {
+	f := strconv.FormatUint(fence, 10)
+	fan := fanout.Start(ctx, &s.background, len(s.nodes), s.nodeTimeout,
+		func(ctx context.Context, i int) (int64, error) {
+			return script.RaiseFence.Run(ctx, s.nodes[i], keys, token, f).Int64()
+		}, nil)
+	return s.collect(ctx, fan, isOne)
+}
+
+// Extend resets key's TTL on every node that still holds token, in
+// parallel, and succeeds once a quorum did so with validity left. A partial
+// extension is not undone: those keys are ours and expire on their own.
+func (s *Strategy) Extend(ctx context.Context, key, token string, ttl time.Duration) (redlease.Grant, error) {
+	if _, err := script.Check(key, token, ttl, s.driftFactor); err != nil {
+		return redlease.Grant{}, err
+	}
+	ttlMillis := ttl.Milliseconds()
+	keys := []string{key}
+	start := time.Now()
+	fan := fanout.Start(ctx, &s.background, len(s.nodes), s.nodeTimeout,
+		func(ctx context.Context, i int) (int64, error) {
+			return script.Extend.Run(ctx, s.nodes[i], keys, token, ttlMillis).Int64()
+		}, nil)
+	t := s.collect(ctx, fan, isOne)
+	if t.agreed < s.quorum {
+		return redlease.Grant{}, s.failure(ctx, "extend", s.heldOrUnknown(t), t, start, false)
+	}
+	until := start.Add(ttl - drift.Allowance(ttl, s.driftFactor))
+	if !time.Now().Before(until) {
+		return redlease.Grant{}, s.failure(ctx, "extend", redlease.ErrNotHeld, t, start, true)
+	}
+	return redlease.Grant{Until: until}, nil
+}
+
+// Release deletes key on every node that still holds token, in parallel. It
+// returns once a quorum confirmed the delete, or once a quorum can no longer
+// have held the key, or at the node timeout; stragglers finish in the
+// background, unaffected by ctx's cancellation, within the node timeout.
+func (s *Strategy) Release(ctx context.Context, key, token string) error {
+	if key == "" {
+		return redlease.Invalid("empty key")
+	}
+	keys := []string{key}
+	start := time.Now()
+	fan := fanout.Start(context.WithoutCancel(ctx), &s.background, len(s.nodes), s.nodeTimeout,
+		func(ctx context.Context, i int) (int64, error) {
+			return script.Release.Run(ctx, s.nodes[i], keys, token).Int64()
+		}, nil)
+	t := s.collect(ctx, fan, isOne)
+	if t.agreed >= s.quorum {
+		return nil
+	}
+	return s.failure(ctx, "release", s.heldOrUnknown(t), t, start, false)
+}
+
+// tally is what one round of requests came to.
+type tally struct {
+	agreed   int   // replies that agreed (granted, extended, released, confirmed)
+	refused  int   // replies that definitely did not (taken, not ours)
+	answered int   // replies of any kind, errors included
+	highest  int64 // highest value among agreeing replies (fence counters)
+	causes   *multierror.Error
+}
+
+// isOne is the agreement test of the scripts that answer 1 or 0.
+func isOne(v int64) bool { return v == 1 }
+
+// collect counts replies as they arrive until a quorum agreed, a quorum
+// became impossible, the node timeout passed (every silent node then gets a
+// timeout cause), or ctx was done.
+func (s *Strategy) collect(ctx context.Context, fan *fanout.Fan[int64], agree func(int64) bool) tally {
+	var t tally
+	replied := make([]bool, len(s.nodes))
+	timer := time.NewTimer(s.nodeTimeout)
+	defer timer.Stop()
+	for t.agreed < s.quorum && len(s.nodes)-t.answered+t.agreed >= s.quorum {
+		select {
+		case r := <-fan.Results():
+			t.answered++
+			replied[r.Node] = true
+			switch {
+			case r.Err != nil:
+				t.causes = multierror.Append(t.causes, s.nodeError(r.Node, r.Err))
+			case agree(r.Val):
+				t.agreed++
+				t.highest = max(t.highest, r.Val)
+			default:
+				t.refused++
+			}
+		case <-timer.C:
+			for i, ok := range replied {
+				if !ok {
+					t.causes = multierror.Append(t.causes, s.nodeError(i, errNoReply{s.nodeTimeout}))
+				}
+			}
+			return t
+		case <-ctx.Done():
+			return t
+		}
+	}
+	return t
+}
+
+// heldOrUnknown picks the sentinel of an extend or release that fell short:
+// ErrNotHeld when the nodes that said "not ours" alone rule a quorum out,
+// ErrUnavailable when failures or silence left it open.
+func (s *Strategy) heldOrUnknown(t tally) error {
+	if len(s.nodes)-t.refused < s.quorum {
+		return redlease.ErrNotHeld
+	}
+	return redlease.ErrUnavailable
+}
+
+// failure builds the error of a round that fell short of a quorum; if ctx
+// ended the round, ctx's error is reachable with errors.Is too.
+func (s *Strategy) failure(ctx context.Context, op string, sentinel error, t tally, start time.Time, expired bool) error {
+	qe := &redlease.QuorumError{
+		Op: op, Votes: t.agreed, Quorum: s.quorum, Nodes: len(s.nodes),
+		Elapsed: time.Since(start), Expired: expired, Err: sentinel, Causes: t.causes,
+	}
+	if ctx.Err() != nil {
+		return errors.Join(qe, context.Cause(ctx))
+	}
+	return qe
+}
+
+// errNoReply is the cause recorded for a node that did not answer within
+// the node timeout. It matches context.DeadlineExceeded with errors.Is.
+type errNoReply struct{ timeout time.Duration }
+
+func (e errNoReply) Error() string {
+	return "no reply within the node timeout of " + e.timeout.String()
+}
+func (e errNoReply) Is(target error) bool { return target == context.DeadlineExceeded }
+
+func (s *Strategy) nodeError(i int, err error) *redlease.NodeError {
+	return &redlease.NodeError{Node: i, Addr: s.addrs[i], Err: err}
+}

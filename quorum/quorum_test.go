@@ -1,0 +1,386 @@
+package quorum_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-redsync/redsync/v4"
+	rsredis "github.com/go-redsync/redsync/v4/redis"
+	"github.com/go-redsync/redsync/v4/redis/goredis/v9"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/redlease/redlease"
+	"github.com/redlease/redlease/internal/contract"
+	"github.com/redlease/redlease/internal/redistest"
+	"github.com/redlease/redlease/quorum"
+)
+
+func TestMain(m *testing.M) {
+	redistest.QuietClientLogs()
+	goleak.VerifyTestMain(m)
+}
+
+// nodes starts n real redis-server processes and returns them with one
+// client each.
+func nodes(t *testing.T, n int) ([]*redistest.Server, []redis.UniversalClient) {
+	t.Helper()
+	servers := redistest.StartN(t, n, redistest.Config{})
+	clients := make([]redis.UniversalClient, n)
+	for i, s := range servers {
+		clients[i] = s.Client()
+	}
+	return servers, clients
+}
+
+// strategy builds a Strategy and closes it before the clients and servers
+// go away (cleanups run last-in, first-out).
+func strategy(t *testing.T, clients []redis.UniversalClient, opts ...quorum.Option) *quorum.Strategy {
+	t.Helper()
+	s, err := quorum.New(clients, opts...)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+func TestContract(t *testing.T) {
+	_, clients := nodes(t, 5)
+	s := strategy(t, clients, quorum.WithFencing(), quorum.WithNodeTimeout(time.Second))
+	contract.Run(t, func(t *testing.T) contract.Setup {
+		return contract.Setup{Strategy: s, Nodes: clients, Quorum: 3, Fencing: true}
+	})
+}
+
+func TestContractWithoutFencing(t *testing.T) {
+	_, clients := nodes(t, 3)
+	s := strategy(t, clients, quorum.WithNodeTimeout(time.Second))
+	contract.Run(t, func(t *testing.T) contract.Setup {
+		return contract.Setup{Strategy: s, Nodes: clients, Quorum: 2}
+	})
+}
+
+func TestNewRejectsNonsense(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	t.Cleanup(func() { _ = c.Close() })
+	five := []redis.UniversalClient{c, c, c, c, c}
+	var typedNil *redis.Client
+	cases := []struct {
+		name  string
+		nodes []redis.UniversalClient
+		opts  []quorum.Option
+	}{
+		{"no nodes", nil, nil},
+		{"nil node", []redis.UniversalClient{c, nil, c}, nil},
+		{"typed nil node", []redis.UniversalClient{c, typedNil, c}, nil},
+		{"quorum of half", five, []quorum.Option{quorum.WithQuorum(2)}},
+		{"quorum above node count", five, []quorum.Option{quorum.WithQuorum(6)}},
+		{"negative drift", five, []quorum.Option{quorum.WithDriftFactor(-0.1)}},
+		{"drift of 1", five, []quorum.Option{quorum.WithDriftFactor(1)}},
+		{"zero node timeout", five, []quorum.Option{quorum.WithNodeTimeout(0)}},
+	}
+	for _, c := range cases {
+		_, err := quorum.New(c.nodes, c.opts...)
+		assert.ErrorIs(t, err, redlease.ErrInvalid, c.name)
+	}
+	s, err := quorum.New(five, quorum.WithQuorum(5))
+	require.NoError(t, err)
+	assert.Equal(t, 5, s.Quorum())
+	s, err = quorum.New(five[:4])
+	require.NoError(t, err)
+	assert.Equal(t, 3, s.Quorum(), "four nodes need three")
+}
+
+// interval is one holder's belief: from the grant to the earlier of Until
+// and the start of its release.
+type interval struct {
+	from, to time.Time
+	fence    uint64
+	who      int
+}
+
+// Sixteen goroutines contend on one key across five real nodes. No two
+// holders' intervals may overlap, fences must rise in grant order, and the
+// key must keep changing hands.
+func TestContentionNeverOverlaps(t *testing.T) {
+	_, clients := nodes(t, 5)
+	s := strategy(t, clients, quorum.WithFencing(), quorum.WithNodeTimeout(500*time.Millisecond))
+	locker := redlease.New(s, redlease.WithTTL(2*time.Second), redlease.WithRetryDelay(time.Millisecond, 20*time.Millisecond))
+	key := contract.Key(t)
+
+	const goroutines, wantGrants = 16, 200
+	var (
+		mu        sync.Mutex
+		intervals []interval
+	)
+	ctx, cancel := context.WithTimeout(t.Context(), 15*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	for g := range goroutines {
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				mu.Lock()
+				done := len(intervals) >= wantGrants
+				mu.Unlock()
+				if done {
+					return
+				}
+				lk, err := locker.Lock(ctx, key)
+				if err != nil {
+					continue // ctx ended, or a round fell short; try again while time remains
+				}
+				from := time.Now()
+				time.Sleep(200 * time.Microsecond) // the critical section
+				to := time.Now()
+				_ = lk.Release(context.Background())
+				mu.Lock()
+				intervals = append(intervals, interval{from: from, to: minTime(to, lk.Until()), fence: lk.Fence(), who: g})
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+
+	slices.SortFunc(intervals, func(a, b interval) int { return a.from.Compare(b.from) })
+	holders := map[int]bool{}
+	for i, iv := range intervals {
+		holders[iv.who] = true
+		if i == 0 {
+			continue
+		}
+		prev := intervals[i-1]
+		assert.False(t, iv.from.Before(prev.to), "holder %d (from %v) overlaps holder %d (to %v)",
+			iv.who, iv.from.Format(time.StampMicro), prev.who, prev.to.Format(time.StampMicro))
+		assert.Greater(t, iv.fence, prev.fence, "fences must rise in grant order")
+	}
+	assert.GreaterOrEqual(t, len(intervals), wantGrants, "the lock must keep changing hands")
+	assert.GreaterOrEqual(t, len(holders), goroutines/2, "more than a few contenders must get a turn")
+	t.Logf("%d grants to %d of %d goroutines, fences %d..%d", len(intervals), len(holders), goroutines,
+		intervals[0].fence, intervals[len(intervals)-1].fence)
+}
+
+// heldOn counts the nodes where key holds token.
+func heldOn(clients []redis.UniversalClient, key, token string) int {
+	n := 0
+	for _, c := range clients {
+		if v, err := c.Get(context.Background(), key).Result(); err == nil && v == token {
+			n++
+		}
+	}
+	return n
+}
+
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
+}
+
+func TestMinorityDownStillGrants(t *testing.T) {
+	servers, clients := nodes(t, 5)
+	s := strategy(t, clients, quorum.WithNodeTimeout(500*time.Millisecond))
+	servers[1].Kill()
+	servers[3].Kill()
+	key := contract.Key(t)
+	g, err := s.Acquire(t.Context(), key, "tok", 5*time.Second)
+	require.NoError(t, err, "two of five nodes down must not stop grants")
+	assert.True(t, g.Until.After(time.Now()))
+	require.NoError(t, s.Release(t.Context(), key, "tok"))
+}
+
+func TestMajorityDownFailsFastAndCleansUp(t *testing.T) {
+	servers, clients := nodes(t, 5)
+	const nodeTimeout = 300 * time.Millisecond
+	s := strategy(t, clients, quorum.WithNodeTimeout(nodeTimeout))
+	for _, i := range []int{0, 2, 4} {
+		servers[i].Kill()
+	}
+	key := contract.Key(t)
+	start := time.Now()
+	_, err := s.Acquire(t.Context(), key, "tok", 5*time.Second)
+	elapsed := time.Since(start)
+	require.ErrorIs(t, err, redlease.ErrNotObtained)
+	var qe *redlease.QuorumError
+	require.ErrorAs(t, err, &qe)
+	var ne *redlease.NodeError
+	require.ErrorAs(t, err, &ne, "per-node causes must be reachable")
+	assert.Less(t, elapsed, nodeTimeout+200*time.Millisecond, "must fail within about the node timeout")
+	for _, i := range []int{1, 3} {
+		n, err := clients[i].Exists(context.Background(), key).Result()
+		require.NoError(t, err)
+		assert.Zero(t, n, "node %d keeps a key after a failed acquire", i)
+	}
+}
+
+// A paused node keeps its connections but answers nothing. With clients
+// that lack ContextTimeoutEnabled, go-redis would wait for its 3 s
+// ReadTimeout; the strategy must stop waiting at its node timeout anyway,
+// and undo its grants on the live nodes.
+func TestMajorityPausedFailsWithinNodeTimeout(t *testing.T) {
+	servers := redistest.StartN(t, 5, redistest.Config{})
+	clients := make([]redis.UniversalClient, 5)
+	for i, srv := range servers {
+		c := redis.NewClient(&redis.Options{Addr: srv.Addr, ReadTimeout: 2 * time.Second})
+		t.Cleanup(func() { _ = c.Close() })
+		clients[i] = c
+	}
+	const nodeTimeout = 200 * time.Millisecond
+	s := strategy(t, clients, quorum.WithNodeTimeout(nodeTimeout))
+	key := contract.Key(t)
+	// Warm the connection pools so the pause hits established connections.
+	_, err := s.Acquire(t.Context(), key+":warm", "tok", time.Second)
+	require.NoError(t, err)
+
+	for _, i := range []int{0, 1, 2} {
+		servers[i].Pause()
+	}
+	t.Cleanup(func() {
+		for _, i := range []int{0, 1, 2} {
+			servers[i].Resume()
+		}
+	})
+	start := time.Now()
+	_, err = s.Acquire(t.Context(), key, "tok", 5*time.Second)
+	elapsed := time.Since(start)
+	require.ErrorIs(t, err, redlease.ErrNotObtained)
+	assert.ErrorIs(t, err, context.DeadlineExceeded, "silent nodes are reported as timeouts: %v", err)
+	assert.Less(t, elapsed, 2*nodeTimeout+200*time.Millisecond, "a silent majority must not hold the call beyond the node timeout")
+	for _, i := range []int{3, 4} {
+		n, err := clients[i].Exists(context.Background(), key).Result()
+		require.NoError(t, err)
+		assert.Zero(t, n, "live node %d keeps a key after a failed acquire", i)
+	}
+}
+
+func TestExtendAndReleaseVerdicts(t *testing.T) {
+	servers, clients := nodes(t, 5)
+	s := strategy(t, clients, quorum.WithNodeTimeout(300*time.Millisecond))
+	ctx := t.Context()
+
+	// Keys gone on three of five: definitely not held.
+	key := contract.Key(t)
+	_, err := s.Acquire(ctx, key, "tok", 5*time.Second)
+	require.NoError(t, err)
+	// Acquire returns at a majority; let the other nodes' replies land
+	// before tampering, so the deletes are not overtaken by a late SET.
+	require.Eventually(t, func() bool { return heldOn(clients, key, "tok") == 5 }, time.Second, time.Millisecond)
+	for _, i := range []int{0, 1, 2} {
+		require.NoError(t, clients[i].Del(ctx, key).Err())
+	}
+	_, err = s.Extend(ctx, key, "tok", 5*time.Second)
+	assert.ErrorIs(t, err, redlease.ErrNotHeld)
+	assert.ErrorIs(t, s.Release(ctx, key, "tok"), redlease.ErrNotHeld)
+
+	// Three of five unreachable: cannot tell, and must say so.
+	key = contract.Key(t)
+	_, err = s.Acquire(ctx, key, "tok", 5*time.Second)
+	require.NoError(t, err)
+	for _, i := range []int{0, 1, 2} {
+		servers[i].Kill()
+	}
+	_, err = s.Extend(ctx, key, "tok", 5*time.Second)
+	assert.ErrorIs(t, err, redlease.ErrUnavailable)
+	assert.NotErrorIs(t, err, redlease.ErrNotHeld)
+	err = s.Release(ctx, key, "tok")
+	assert.ErrorIs(t, err, redlease.ErrUnavailable)
+	var ne *redlease.NodeError
+	assert.ErrorAs(t, err, &ne)
+}
+
+// Fences must rise for successive holders even when each reached a
+// different majority. Counters are first skewed (nodes 0, 1, 3 see five
+// holders while 2 and 4 are cut off), then A reaches {0,1,2} and B reaches
+// {2,3,4}. Taking the max of per-node INCRs would give B a fence no greater
+// than A's here; the two-phase design must not.
+func TestFencesRiseAcrossDifferentMajorities(t *testing.T) {
+	servers := redistest.StartN(t, 5, redistest.Config{})
+	proxies := make([]*redistest.Proxy, 5)
+	clients := make([]redis.UniversalClient, 5)
+	for i, srv := range servers {
+		proxies[i] = redistest.NewProxy(t, srv.Addr)
+		clients[i] = proxies[i].Client()
+	}
+	s := strategy(t, clients, quorum.WithFencing(), quorum.WithNodeTimeout(500*time.Millisecond))
+	ctx, key := t.Context(), contract.Key(t)
+
+	holdOn := func(tok string, reach ...int) uint64 {
+		t.Helper()
+		for i, p := range proxies {
+			if !slices.Contains(reach, i) {
+				p.Cut()
+			}
+		}
+		defer func() {
+			for _, p := range proxies {
+				p.Heal()
+			}
+		}()
+		g, err := s.Acquire(ctx, key, tok, 5*time.Second)
+		require.NoError(t, err, "%s on %v", tok, reach)
+		require.NoError(t, s.Release(ctx, key, tok))
+		return g.Fence
+	}
+
+	var last uint64
+	for i := range 5 {
+		f := holdOn(fmt.Sprintf("skew-%d", i), 0, 1, 3)
+		require.Greater(t, f, last)
+		last = f
+	}
+	fA := holdOn("A", 0, 1, 2)
+	fB := holdOn("B", 2, 3, 4)
+	fC := holdOn("C", 0, 3, 4)
+	t.Logf("fences: skew ..%d, A %d on {0,1,2}, B %d on {2,3,4}, C %d on {0,3,4}", last, fA, fB, fC)
+	assert.Greater(t, fA, last)
+	assert.Greater(t, fB, fA)
+	assert.Greater(t, fC, fB)
+}
+
+// A redsync mutex and a redlease lock on the same name and nodes exclude
+// each other, both ways, so a fleet can move from one to the other.
+func TestRedsyncInterop(t *testing.T) {
+	_, clients := nodes(t, 5)
+	s := strategy(t, clients, quorum.WithFencing())
+	pools := make([]rsredis.Pool, len(clients))
+	for i, c := range clients {
+		pools[i] = goredis.NewPool(c)
+	}
+	rs := redsync.New(pools...)
+	locker := redlease.New(s, redlease.WithTTL(5*time.Second))
+	ctx := t.Context()
+
+	t.Run("redsync holds, redlease waits", func(t *testing.T) {
+		name := contract.Key(t)
+		m := rs.NewMutex(name, redsync.WithExpiry(5*time.Second), redsync.WithTries(1))
+		require.NoError(t, m.LockContext(ctx))
+		_, err := locker.TryLock(ctx, name)
+		assert.ErrorIs(t, err, redlease.ErrNotObtained)
+		ok, err := m.UnlockContext(ctx)
+		require.NoError(t, err)
+		require.True(t, ok)
+		lk, err := locker.TryLock(ctx, name)
+		require.NoError(t, err, "free once redsync unlocked")
+		require.NoError(t, lk.Release(ctx))
+	})
+
+	t.Run("redlease holds, redsync waits", func(t *testing.T) {
+		name := contract.Key(t)
+		lk, err := locker.TryLock(ctx, name)
+		require.NoError(t, err)
+		m := rs.NewMutex(name, redsync.WithExpiry(5*time.Second), redsync.WithTries(1))
+		err = m.LockContext(ctx)
+		var taken *redsync.ErrTaken
+		assert.True(t, errors.As(err, &taken), "redsync must see the lock taken: %v", err)
+		require.NoError(t, lk.Release(ctx))
+		require.NoError(t, m.LockContext(ctx), "free once redlease released")
+		_, err = m.UnlockContext(ctx)
+		require.NoError(t, err)
+	})
+}

@@ -1,0 +1,49 @@
+package redlease
+
+import (
+	"context"
+	"time"
+)
+
+// Strategy places, extends and removes one lock key on some arrangement of
+// Redis nodes. Implementations live in the single, quorum and failover
+// packages; Locker turns one into locks with retries, tokens and fences.
+//
+// A Strategy makes exactly one attempt per call and never retries on its own,
+// so the caller's retry policy is the only one in play. Every method must be
+// safe for concurrent use.
+//
+// Tokens are opaque to a Strategy: it compares them byte for byte. An Acquire
+// that finds key already held under the same token counts that as a grant (a
+// retried request whose first reply was lost must not see its own lock as
+// taken).
+type Strategy interface {
+	// Acquire makes ONE attempt to place key for ttl under token.
+	// It returns a Grant whose Until lies in the future, or an error that
+	// errors.Is ErrNotObtained (taken, or too few nodes agreed in time),
+	// ErrInvalid (bad input) or the ctx error.
+	Acquire(ctx context.Context, key, token string, ttl time.Duration) (Grant, error)
+	// Extend resets the ttl of key where it is still held under token.
+	// It fails with an error that errors.Is ErrNotHeld when the strategy can
+	// no longer vouch that token holds key. The returned Grant's Fence is 0:
+	// an extension keeps the fence of the acquisition.
+	Extend(ctx context.Context, key, token string, ttl time.Duration) (Grant, error)
+	// Release removes key where it is still held under token. It returns nil
+	// when the strategy confirmed the removal, and an error that errors.Is
+	// ErrNotHeld when key was not (or not confirmably) held under token.
+	Release(ctx context.Context, key, token string) error
+}
+
+// Grant is what a Strategy vouches for after a successful Acquire or Extend.
+type Grant struct {
+	// Until is the end of validity on the caller's monotonic clock, with the
+	// allowance for clock drift already subtracted: before Until no other
+	// holder can be granted the same key, under the strategy's assumptions.
+	// Compare it only with time.Now() from the same process.
+	Until time.Time
+	// Fence is the fencing token: strictly greater than the fence of every
+	// earlier holder of the same key, under the strategy's assumptions. Pass
+	// it to storage so the storage can reject a holder that woke up too late.
+	// It is 0 when the strategy has fencing off, and on extensions.
+	Fence uint64
+}
