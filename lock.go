@@ -21,17 +21,20 @@ type Lock struct {
 	token    string
 	ttl      time.Duration
 	fence    uint64
-	lost     chan struct{}
 
 	mu       sync.Mutex
 	until    time.Time
-	expiry   *time.Timer // closes lost when until passes
-	cause    error       // non-nil once lost
-	released bool        // a Release confirmed the key gone (or not ours)
+	cause    error         // non-nil once lost
+	released bool          // a Release confirmed the key gone (or not ours)
+	lost     chan struct{} // made by the first Lost call; closed once lost
+	expiry   *time.Timer   // started by the first Lost call; marks the lock lost at until
 }
 
 func newLock(s Strategy, key, fullKey, token string, ttl time.Duration, g Grant) *Lock {
-	lk := &Lock{
+	// Lost's channel and the expiry timer are made on the first Lost call:
+	// most locks are taken and released without anyone selecting on Lost,
+	// and Valid and Err check the clock themselves.
+	return &Lock{
 		strategy: s,
 		key:      key,
 		fullKey:  fullKey,
@@ -39,10 +42,7 @@ func newLock(s Strategy, key, fullKey, token string, ttl time.Duration, g Grant)
 		ttl:      ttl,
 		fence:    g.Fence,
 		until:    g.Until,
-		lost:     make(chan struct{}),
 	}
-	lk.expiry = time.AfterFunc(time.Until(g.Until), lk.expire)
-	return lk
 }
 
 // Key returns the key as given to TryLock or Lock (without the Locker's
@@ -104,7 +104,8 @@ func (lk *Lock) Valid() bool {
 	}
 	lk.mu.Lock()
 	defer lk.mu.Unlock()
-	return lk.cause == nil && !lk.released && time.Now().Before(lk.until)
+	lk.checkExpiryLocked()
+	return lk.cause == nil && !lk.released
 }
 
 // Lost returns a channel that is closed once the lock is known lost: its
@@ -115,6 +116,18 @@ func (lk *Lock) Lost() <-chan struct{} {
 		c := make(chan struct{})
 		close(c)
 		return c
+	}
+	lk.mu.Lock()
+	defer lk.mu.Unlock()
+	if lk.lost == nil {
+		lk.lost = make(chan struct{})
+		lk.checkExpiryLocked()
+		switch {
+		case lk.cause != nil:
+			close(lk.lost)
+		case !lk.released:
+			lk.expiry = time.AfterFunc(time.Until(lk.until), lk.expire)
+		}
 	}
 	return lk.lost
 }
@@ -127,6 +140,7 @@ func (lk *Lock) Err() error {
 	}
 	lk.mu.Lock()
 	defer lk.mu.Unlock()
+	lk.checkExpiryLocked()
 	return lk.cause
 }
 
@@ -160,7 +174,9 @@ func (lk *Lock) Extend(ctx context.Context, ttl time.Duration) error {
 		return errors.Join(ErrNotHeld, lk.cause)
 	}
 	lk.until = g.Until
-	lk.expiry.Reset(time.Until(g.Until))
+	if lk.expiry != nil {
+		lk.expiry.Reset(time.Until(g.Until))
+	}
 	return nil
 }
 
@@ -185,7 +201,9 @@ func (lk *Lock) Release(ctx context.Context) error {
 	if err == nil || errors.Is(err, ErrNotHeld) {
 		lk.mu.Lock()
 		lk.released = true
-		lk.expiry.Stop()
+		if lk.expiry != nil {
+			lk.expiry.Stop()
+		}
 		lk.mu.Unlock()
 	}
 	return err
@@ -196,6 +214,7 @@ func (lk *Lock) Release(ctx context.Context) error {
 func (lk *Lock) usable() error {
 	lk.mu.Lock()
 	defer lk.mu.Unlock()
+	lk.checkExpiryLocked()
 	switch {
 	case lk.released:
 		return fmt.Errorf("%w: released", ErrNotHeld)
@@ -205,25 +224,39 @@ func (lk *Lock) usable() error {
 	return nil
 }
 
-// expire runs when the validity timer fires.
+// errExpired is the cause of a lock whose validity ran out.
+var errExpired = errors.New("validity ran out without an extension")
+
+// checkExpiryLocked marks the lock lost if its validity has run out.
+func (lk *Lock) checkExpiryLocked() {
+	if lk.cause == nil && !lk.released && !time.Now().Before(lk.until) {
+		lk.markLostLocked(errExpired)
+	}
+}
+
+// expire runs when the expiry timer fires.
 func (lk *Lock) expire() {
 	lk.mu.Lock()
-	late := time.Until(lk.until)
-	lk.mu.Unlock()
-	if late > 0 {
-		return // extended after the timer fired but before we got here
-	}
-	lk.markLost(errors.New("validity ran out without an extension"))
+	defer lk.mu.Unlock()
+	lk.checkExpiryLocked() // does nothing if an extension moved until meanwhile
 }
 
 // markLost records cause (the first one wins) and closes Lost.
 func (lk *Lock) markLost(cause error) {
 	lk.mu.Lock()
 	defer lk.mu.Unlock()
+	lk.markLostLocked(cause)
+}
+
+func (lk *Lock) markLostLocked(cause error) {
 	if lk.cause != nil || lk.released {
 		return
 	}
 	lk.cause = fmt.Errorf("%w: %s: %w", ErrLost, lk.key, cause)
-	lk.expiry.Stop()
-	close(lk.lost)
+	if lk.expiry != nil {
+		lk.expiry.Stop()
+	}
+	if lk.lost != nil {
+		close(lk.lost)
+	}
 }

@@ -43,10 +43,15 @@ func (l *Locker) config(key string, opts []LockOption) (lockConfig, error) {
 		return lockConfig{}, Invalid("nil Locker")
 	}
 	c := l.defaults
-	for _, o := range opts {
-		if o != nil {
-			o.applyLock(&c)
+	if len(opts) > 0 {
+		oc := new(lockConfig) // options take a pointer; keep the common no-option call free of it
+		*oc = c
+		for _, o := range opts {
+			if o != nil {
+				o.applyLock(oc)
+			}
 		}
+		c = *oc
 	}
 	if c.err != nil {
 		return c, c.err
@@ -126,9 +131,12 @@ func (l *Locker) attempt(ctx context.Context, c lockConfig, key, token string) (
 func backoff(n int, minDelay, maxDelay time.Duration) time.Duration {
 	d := minDelay
 	for i := 1; i < n && d < maxDelay; i++ {
+		if d > maxDelay/2 {
+			d = maxDelay // doubling would pass max (or overflow)
+			break
+		}
 		d *= 2
 	}
-	d = min(d, maxDelay)
 	half := d / 2
 	return half + rand.N(d-half+1)
 }

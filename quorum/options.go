@@ -16,6 +16,8 @@ const (
 	// well below the TTL: a round that takes longer than the TTL can never
 	// grant.
 	DefaultNodeTimeout = 100 * time.Millisecond
+	// DefaultWorkersPerNode bounds the requests in flight to one node.
+	DefaultWorkersPerNode = 8
 )
 
 // Option configures a Strategy in New.
@@ -81,6 +83,24 @@ func WithQuorum(k int) Option {
 			return redlease.Invalid("quorum %d of %d nodes: must be more than half and at most all", k, n)
 		}
 		s.quorum = k
+		return nil
+	})
+}
+
+// WithWorkersPerNode bounds how many requests may be in flight to one node
+// at a time. Default DefaultWorkersPerNode (8). Workers start as load needs
+// them and stay until Close. For a *redis.Client node each worker holds one
+// of the client's pooled connections, so n must stay below its PoolSize.
+// One node's throughput is at most n / round-trip time; requests beyond
+// what the workers take wait in a queue (up to 4n), and a request still
+// queued at its round's deadline counts as a timeout for that node without
+// being sent. A hung node therefore never holds more than n requests.
+func WithWorkersPerNode(n int) Option {
+	return optionFunc(func(s *Strategy) error {
+		if n < 1 {
+			return redlease.Invalid("workers per node %d: must be at least 1", n)
+		}
+		s.workers = n
 		return nil
 	})
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/hashicorp/go-multierror"
@@ -27,10 +26,9 @@ type Strategy struct {
 	driftFactor float64
 	nodeTimeout time.Duration
 	fencing     bool
+	workers     int
 
-	// background counts requests still in flight after their round was
-	// decided (a slow node's late reply, an undo). Close waits for them.
-	background sync.WaitGroup
+	fan *fanout.Nodes // per-node workers; Close stops them
 }
 
 var _ redlease.Strategy = (*Strategy)(nil)
@@ -49,6 +47,7 @@ func New(nodeClients []redis.UniversalClient, opts ...Option) (*Strategy, error)
 		quorum:      len(nodeClients)/2 + 1,
 		driftFactor: DefaultDriftFactor,
 		nodeTimeout: DefaultNodeTimeout,
+		workers:     DefaultWorkersPerNode,
 	}
 	for i, c := range nodeClients {
 		if nodes.IsNil(c) {
@@ -65,18 +64,25 @@ func New(nodeClients []redis.UniversalClient, opts ...Option) (*Strategy, error)
 			return nil, err
 		}
 	}
+	for i, c := range s.nodes {
+		if c, ok := c.(*redis.Client); ok && s.workers >= c.Options().PoolSize {
+			return nil, redlease.Invalid("quorum: %d workers per node would hold all %d pooled connections of node %d; lower WithWorkersPerNode or raise PoolSize",
+				s.workers, c.Options().PoolSize, i)
+		}
+	}
+	s.fan = fanout.New(s.nodes, s.workers, s.nodeTimeout)
 	return s, nil
 }
 
 // Quorum returns how many nodes must agree for a grant.
 func (s *Strategy) Quorum() int { return s.quorum }
 
-// Close waits for requests that outlived their round (a slow node's late
-// reply, the undo of a failed acquisition) to finish. Each of them is
-// bounded by the node timeout, or by the client's ReadTimeout where the
-// client lacks ContextTimeoutEnabled. It does not close the node clients.
+// Close stops the strategy's per-node workers after their current request
+// (each bounded by the node timeout, or by the client's ReadTimeout where
+// the client lacks ContextTimeoutEnabled) and releases the connections they
+// held. Calls after Close fail. It does not close the node clients.
 func (s *Strategy) Close() error {
-	s.background.Wait()
+	s.fan.Close()
 	return nil
 }
 
@@ -102,31 +108,24 @@ func (s *Strategy) Acquire(ctx context.Context, key, token string, ttl time.Dura
 	if err := ctx.Err(); err != nil {
 		return redlease.Grant{}, errors.Join(redlease.ErrNotObtained, context.Cause(ctx))
 	}
-	mode := script.NoFence
+	mode, fenceArg := any(script.NoFence), any(key) // without fencing KEYS[2] is never touched
 	if s.fencing {
-		mode = script.ReadFence
+		mode, fenceArg = any(script.ReadFence), any(fenceKey)
 	}
-	keys := []string{key, fenceKey}
-	ttlMillis := ttl.Milliseconds()
+	line := script.Acquire.Args(key, fenceArg, token, ttl.Milliseconds(), mode)
 
 	// 1. Fan out.
 	start := time.Now()
-	fan := fanout.Start(ctx, &s.background, len(s.nodes), s.nodeTimeout,
-		func(ctx context.Context, i int) (int64, error) {
-			return script.Acquire.Run(ctx, s.nodes[i], keys, token, ttlMillis, mode).Int64()
-		},
-		func(ctx context.Context, i int, r fanout.Result[int64]) {
-			if r.Err == nil && r.Val == script.Taken {
-				return // someone else's key: nothing of ours to undo
-			}
-			_ = script.Release.Run(ctx, s.nodes[i], keys[:1], token).Err()
-		})
+	round := s.fan.Start(ctx, fanout.Call{Script: script.Acquire, Line: line},
+		fanout.Call{Script: script.Release, Line: script.Release.Args(line[3], line[5])}) // key and token, already boxed
 
 	// 2. Count until the outcome is decided.
-	t := s.collect(ctx, fan, func(v int64) bool { return v != script.Taken })
+	t := s.collect(ctx, round, func(v int64) bool { return v != script.Taken })
 	fail := func(expired bool, t tally) (redlease.Grant, error) {
-		fan.Decide(true)
-		fan.WaitUndone(t.answered, s.nodeTimeout)
+		round.Decide(true)
+		// Wait for the nodes known to hold our key; nodes that failed or
+		// have not answered are undone in the background.
+		round.WaitUndone(func(i int) bool { return t.agreedBy(i) }, s.nodeTimeout)
 		return redlease.Grant{}, s.failure(ctx, "acquire", redlease.ErrNotObtained, t, start, expired)
 	}
 	if t.agreed < s.quorum {
@@ -137,7 +136,7 @@ func (s *Strategy) Acquire(ctx context.Context, key, token string, ttl time.Dura
 	var fence uint64
 	if s.fencing {
 		fence = uint64(t.highest) + 1
-		if ft := s.raiseFence(ctx, keys, token, fence); ft.agreed < s.quorum {
+		if ft := s.raiseFence(ctx, key, fenceKey, token, fence); ft.agreed < s.quorum {
 			return fail(false, ft)
 		}
 	}
@@ -147,20 +146,17 @@ func (s *Strategy) Acquire(ctx context.Context, key, token string, ttl time.Dura
 	if !time.Now().Before(until) {
 		return fail(true, t)
 	}
-	fan.Decide(false)
+	round.Keep(key, token)
 	return redlease.Grant{Until: until, Fence: fence}, nil
 }
 
 // raiseFence is phase 2 of fencing: raise every node's counter to at least
 // fence and collect a quorum of nodes that still hold our token. Why this
 // makes fences rise across holders is in the package documentation.
-func (s *Strategy) raiseFence(ctx context.Context, keys []string, token string, fence uint64) tally {
-	f := strconv.FormatUint(fence, 10)
-	fan := fanout.Start(ctx, &s.background, len(s.nodes), s.nodeTimeout,
-		func(ctx context.Context, i int) (int64, error) {
-			return script.RaiseFence.Run(ctx, s.nodes[i], keys, token, f).Int64()
-		}, nil)
-	return s.collect(ctx, fan, isOne)
+func (s *Strategy) raiseFence(ctx context.Context, key, fenceKey, token string, fence uint64) tally {
+	line := script.RaiseFence.Args(key, fenceKey, token, strconv.FormatUint(fence, 10))
+	round := s.fan.Start(ctx, fanout.Call{Script: script.RaiseFence, Line: line}, fanout.Call{})
+	return s.collect(ctx, round, isOne)
 }
 
 // Extend resets key's TTL on every node that still holds token, in
@@ -170,14 +166,10 @@ func (s *Strategy) Extend(ctx context.Context, key, token string, ttl time.Durat
 	if _, err := script.Check(key, token, ttl, s.driftFactor); err != nil {
 		return redlease.Grant{}, err
 	}
-	ttlMillis := ttl.Milliseconds()
-	keys := []string{key}
+	line := script.Extend.Args(key, token, ttl.Milliseconds())
 	start := time.Now()
-	fan := fanout.Start(ctx, &s.background, len(s.nodes), s.nodeTimeout,
-		func(ctx context.Context, i int) (int64, error) {
-			return script.Extend.Run(ctx, s.nodes[i], keys, token, ttlMillis).Int64()
-		}, nil)
-	t := s.collect(ctx, fan, isOne)
+	round := s.fan.Start(ctx, fanout.Call{Script: script.Extend, Line: line}, fanout.Call{})
+	t := s.collect(ctx, round, isOne)
 	if t.agreed < s.quorum {
 		return redlease.Grant{}, s.failure(ctx, "extend", s.heldOrUnknown(t), t, start, false)
 	}
@@ -196,13 +188,15 @@ func (s *Strategy) Release(ctx context.Context, key, token string) error {
 	if key == "" {
 		return redlease.Invalid("empty key")
 	}
-	keys := []string{key}
+	s.fan.UndoLate(key, token)
+	line := script.Release.Args(key, token)
 	start := time.Now()
-	fan := fanout.Start(context.WithoutCancel(ctx), &s.background, len(s.nodes), s.nodeTimeout,
-		func(ctx context.Context, i int) (int64, error) {
-			return script.Release.Run(ctx, s.nodes[i], keys, token).Int64()
-		}, nil)
-	t := s.collect(ctx, fan, isOne)
+	callCtx := ctx
+	if ctx.Done() != nil {
+		callCtx = context.WithoutCancel(ctx) // stragglers finish even if ctx is cancelled
+	}
+	round := s.fan.Start(callCtx, fanout.Call{Script: script.Release, Line: line}, fanout.Call{})
+	t := s.collect(ctx, round, isOne)
 	if t.agreed >= s.quorum {
 		return nil
 	}
@@ -216,41 +210,75 @@ type tally struct {
 	answered int   // replies of any kind, errors included
 	highest  int64 // highest value among agreeing replies (fence counters)
 	causes   *multierror.Error
+	agreeing uint64 // bit i: node i agreed (nodes 64 and up are not tracked)
+}
+
+// agreedBy reports whether node i agreed; for i >= 64 it answers true, so
+// callers err on the side of waiting.
+func (t *tally) agreedBy(i int) bool {
+	return i >= 64 || t.agreeing&(1<<i) != 0
 }
 
 // isOne is the agreement test of the scripts that answer 1 or 0.
 func isOne(v int64) bool { return v == 1 }
 
 // collect counts replies as they arrive until a quorum agreed, a quorum
-// became impossible, the node timeout passed (every silent node then gets a
-// timeout cause), or ctx was done.
-func (s *Strategy) collect(ctx context.Context, fan *fanout.Fan[int64], agree func(int64) bool) tally {
-	var t tally
-	replied := make([]bool, len(s.nodes))
-	timer := time.NewTimer(s.nodeTimeout)
-	defer timer.Stop()
-	for t.agreed < s.quorum && len(s.nodes)-t.answered+t.agreed >= s.quorum {
-		select {
-		case r := <-fan.Results():
-			t.answered++
-			replied[r.Node] = true
-			switch {
-			case r.Err != nil:
-				t.causes = multierror.Append(t.causes, s.nodeError(r.Node, r.Err))
-			case agree(r.Val):
-				t.agreed++
-				t.highest = max(t.highest, r.Val)
-			default:
-				t.refused++
+// became impossible, the round's deadline passed (every silent node then
+// gets a timeout cause), or ctx was done.
+func (s *Strategy) collect(ctx context.Context, round *fanout.Round, agree func(int64) bool) tally {
+	var (
+		t       tally
+		small   [16]bool // which nodes replied; on the stack for up to 16 nodes
+		replied = small[:0]
+	)
+	if len(s.nodes) <= len(small) {
+		replied = small[:len(s.nodes)]
+	} else {
+		replied = make([]bool, len(s.nodes))
+	}
+	record := func(r fanout.Result) {
+		t.answered++
+		replied[r.Node] = true
+		switch {
+		case r.Err != nil:
+			t.causes = multierror.Append(t.causes, s.nodeError(r.Node, r.Err))
+		case agree(r.Val):
+			t.agreed++
+			t.highest = max(t.highest, r.Val)
+			if r.Node < 64 {
+				t.agreeing |= 1 << r.Node
 			}
-		case <-timer.C:
+		default:
+			t.refused++
+		}
+	}
+	decided := func() bool {
+		return t.agreed >= s.quorum || len(s.nodes)-t.answered+t.agreed < s.quorum
+	}
+	for !decided() {
+		select {
+		case r := <-round.Results():
+			record(r)
+		case <-round.Expired():
+			// Replies that arrived together with the deadline still count.
+			for more := true; more && !decided(); {
+				select {
+				case r := <-round.Results():
+					record(r)
+				default:
+					more = false
+				}
+			}
+			if decided() || ctx.Err() != nil {
+				return t
+			}
 			for i, ok := range replied {
 				if !ok {
 					t.causes = multierror.Append(t.causes, s.nodeError(i, errNoReply{s.nodeTimeout}))
 				}
 			}
 			return t
-		case <-ctx.Done():
+		case <-ctx.Done(): // only differs from Expired for Release, whose calls ignore ctx's cancellation
 			return t
 		}
 	}

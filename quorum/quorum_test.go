@@ -20,6 +20,7 @@ import (
 	"github.com/redlease/redlease"
 	"github.com/redlease/redlease/internal/contract"
 	"github.com/redlease/redlease/internal/redistest"
+	"github.com/redlease/redlease/internal/script"
 	"github.com/redlease/redlease/quorum"
 )
 
@@ -307,7 +308,8 @@ func TestFencesRiseAcrossDifferentMajorities(t *testing.T) {
 		proxies[i] = redistest.NewProxy(t, srv.Addr)
 		clients[i] = proxies[i].Client()
 	}
-	s := strategy(t, clients, quorum.WithFencing(), quorum.WithNodeTimeout(500*time.Millisecond))
+	const nodeTimeout = 200 * time.Millisecond
+	s := strategy(t, clients, quorum.WithFencing(), quorum.WithNodeTimeout(nodeTimeout))
 	ctx, key := t.Context(), contract.Key(t)
 
 	holdOn := func(tok string, reach ...int) uint64 {
@@ -325,6 +327,10 @@ func TestFencesRiseAcrossDifferentMajorities(t *testing.T) {
 		g, err := s.Acquire(ctx, key, tok, 5*time.Second)
 		require.NoError(t, err, "%s on %v", tok, reach)
 		require.NoError(t, s.Release(ctx, key, tok))
+		// Requests to the cut nodes keep retrying until their round's
+		// deadline; healing before it would let them land late (and undo
+		// themselves a moment later). Let them run out first.
+		time.Sleep(nodeTimeout + 50*time.Millisecond)
 		return g.Fence
 	}
 
@@ -383,4 +389,48 @@ func TestRedsyncInterop(t *testing.T) {
 		_, err = m.UnlockContext(ctx)
 		require.NoError(t, err)
 	})
+}
+
+// An acquire request that reaches a node only after the holder released
+// (a slow link, a retry across a healed partition) must not leave the key
+// there until its TTL: the release makes such late writes undo themselves.
+// A client hook holds node 4's acquire requests back until the release has
+// come and gone there.
+func TestLateAcquireWriteAfterReleaseIsUndone(t *testing.T) {
+	servers, clients := nodes(t, 5)
+	released := make(chan struct{})
+	clients[4].AddHook(holdBack{sha: script.Acquire.Hash(), until: released})
+	s := strategy(t, clients, quorum.WithNodeTimeout(2*time.Second))
+	direct := servers[4].Client()
+	ctx, key := t.Context(), contract.Key(t)
+
+	_, err := s.Acquire(ctx, key, "tok", 10*time.Second)
+	require.NoError(t, err, "four prompt nodes grant")
+	require.NoError(t, s.Release(ctx, key, "tok"))
+	require.Eventually(t, func() bool { return heldOn(clients[:4], key, "tok") == 0 }, time.Second, time.Millisecond)
+	close(released) // node 4's acquire now reaches the server, after the release
+	require.Eventually(t, func() bool {
+		v, err := direct.Get(context.Background(), key).Result()
+		return errors.Is(err, redis.Nil) && v == ""
+	}, 3*time.Second, 5*time.Millisecond, "node 4 keeps the released key until its TTL")
+}
+
+// holdBack is a go-redis hook that delays commands running one script until
+// a channel closes.
+type holdBack struct {
+	sha   string
+	until <-chan struct{}
+}
+
+func (h holdBack) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h holdBack) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h holdBack) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if args := cmd.Args(); len(args) > 1 && args[1] == h.sha {
+			<-h.until
+		}
+		return next(ctx, cmd)
+	}
 }

@@ -21,7 +21,7 @@ import (
 type Strategy struct {
 	client      redis.UniversalClient
 	addr        string
-	fenceMode   string
+	fencing     bool
 	driftFactor float64
 	err         error // a rejected argument to New, returned by every call
 }
@@ -43,7 +43,7 @@ func (f optionFunc) apply(s *Strategy) error { return f(s) }
 // dedup keys that are never reused.
 func WithoutFencing() Option {
 	return optionFunc(func(s *Strategy) error {
-		s.fenceMode = script.NoFence
+		s.fencing = false
 		return nil
 	})
 }
@@ -65,7 +65,7 @@ func WithDriftFactor(factor float64) Option {
 // rejected option makes every call return an error that errors.Is
 // redlease.ErrInvalid.
 func New(client redis.UniversalClient, opts ...Option) *Strategy {
-	s := &Strategy{client: client, fenceMode: script.IncrFence, driftFactor: drift.DefaultFactor}
+	s := &Strategy{client: client, fencing: true, driftFactor: drift.DefaultFactor}
 	if nodes.IsNil(client) {
 		s.err = redlease.Invalid("single: nil client")
 		return s
@@ -99,8 +99,12 @@ func (s *Strategy) Acquire(ctx context.Context, key, token string, ttl time.Dura
 	if err := ctx.Err(); err != nil {
 		return redlease.Grant{}, errors.Join(redlease.ErrNotObtained, context.Cause(ctx))
 	}
+	mode, fenceArg := any(script.IncrFence), any(fk)
+	if !s.fencing {
+		mode, fenceArg = any(script.NoFence), any(key) // KEYS[2] is never touched without fencing
+	}
 	start := time.Now()
-	v, err := script.Acquire.Run(ctx, s.client, []string{key, fk}, token, ttl.Milliseconds(), s.fenceMode).Int64()
+	v, err := script.Acquire.Run(ctx, s.client, script.Acquire.Args(key, fenceArg, token, ttl.Milliseconds(), mode))
 	switch {
 	case err != nil:
 		return redlease.Grant{}, s.fail(redlease.ErrNotObtained, err)
@@ -121,7 +125,7 @@ func (s *Strategy) Extend(ctx context.Context, key, token string, ttl time.Durat
 		return redlease.Grant{}, err
 	}
 	start := time.Now()
-	v, err := script.Extend.Run(ctx, s.client, []string{key}, token, ttl.Milliseconds()).Int64()
+	v, err := script.Extend.Run(ctx, s.client, script.Extend.Args(key, token, ttl.Milliseconds()))
 	switch {
 	case err != nil:
 		return redlease.Grant{}, s.fail(redlease.ErrUnavailable, err)
@@ -143,7 +147,7 @@ func (s *Strategy) Release(ctx context.Context, key, token string) error {
 	if key == "" {
 		return redlease.Invalid("empty key")
 	}
-	v, err := script.Release.Run(ctx, s.client, []string{key}, token).Int64()
+	v, err := script.Release.Run(ctx, s.client, script.Release.Args(key, token))
 	switch {
 	case err != nil:
 		return s.fail(redlease.ErrUnavailable, err)

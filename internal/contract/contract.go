@@ -59,7 +59,10 @@ func Run(t *testing.T, setup func(t *testing.T) Setup) {
 		}
 
 		require.NoError(t, s.Strategy.Release(ctx, key, "tok-a"))
-		assert.Zero(t, holders(t, s, key, "tok-a"), "release leaves no key")
+		// A release may return at a quorum and finish on the rest in the
+		// background, within its node timeout.
+		assert.Eventually(t, func() bool { return holders(t, s, key, "tok-a") == 0 }, 2*time.Second, time.Millisecond,
+			"release must leave no key")
 		assert.ErrorIs(t, s.Strategy.Release(ctx, key, "tok-a"), redlease.ErrNotHeld)
 	})
 

@@ -11,6 +11,8 @@
 package script
 
 import (
+	"context"
+	"slices"
 	"strings"
 	"time"
 
@@ -36,7 +38,7 @@ const Taken = -1
 //	KEYS[1] lock key, KEYS[2] fence counter key
 //	ARGV[1] token, ARGV[2] ttl in ms, ARGV[3] mode (NoFence, IncrFence, ReadFence)
 //	reply: Taken, or the fence (0 with NoFence)
-var Acquire = redis.NewScript(`
+var Acquire = newScript(2, `
 local held = redis.call('GET', KEYS[1])
 if held == false then
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
@@ -62,7 +64,7 @@ return tonumber(redis.call('GET', KEYS[2]) or '0')
 //	KEYS[1] lock key, KEYS[2] fence counter key
 //	ARGV[1] token, ARGV[2] fence
 //	reply: 1 if KEYS[1] holds ARGV[1], else 0
-var RaiseFence = redis.NewScript(`
+var RaiseFence = newScript(2, `
 local f = tonumber(ARGV[2])
 if f > tonumber(redis.call('GET', KEYS[2]) or '0') then
   redis.call('SET', KEYS[2], ARGV[2])
@@ -77,7 +79,7 @@ return 0
 //
 //	KEYS[1] lock key; ARGV[1] token, ARGV[2] ttl in ms
 //	reply: 1 if extended, 0 if the key is gone or not ours
-var Extend = redis.NewScript(`
+var Extend = newScript(1, `
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
@@ -88,12 +90,60 @@ return 0
 //
 //	KEYS[1] lock key; ARGV[1] token
 //	reply: 1 if deleted, 0 if the key is gone or not ours
-var Release = redis.NewScript(`
+var Release = newScript(1, `
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('DEL', KEYS[1])
 end
 return 0
 `)
+
+// Script is a Lua script with a fixed number of keys, run with EVALSHA and,
+// when the node does not know the script yet (first use, restart, SCRIPT
+// FLUSH), with EVAL, which also caches it there.
+//
+// It differs from calling redis.Script.Run in one way: the command line is
+// built once per round (Args) and the same slice is sent to every node, so a
+// round over five nodes boxes its arguments once instead of five times.
+// go-redis only reads a command's arguments, so sharing the slice across
+// goroutines is safe.
+type Script struct {
+	script  *redis.Script // computes the SHA1 the same way go-redis does
+	src     string
+	sha     any // pre-boxed for Args
+	numKeys int
+}
+
+func newScript(numKeys int, src string) *Script {
+	s := redis.NewScript(src)
+	return &Script{script: s, src: src, sha: s.Hash(), numKeys: numKeys}
+}
+
+// Hash returns the script's SHA1, as EVALSHA sends it.
+func (s *Script) Hash() string { return s.script.Hash() }
+
+// Args returns the EVALSHA command line for keysThenArgs, which must start
+// with the script's keys.
+func (s *Script) Args(keysThenArgs ...any) []any {
+	line := make([]any, 0, 3+len(keysThenArgs))
+	line = append(line, "evalsha", s.sha, s.numKeys)
+	return append(line, keysThenArgs...)
+}
+
+// Doer is the one client method Run needs; every go-redis client has it.
+type Doer interface {
+	Do(ctx context.Context, args ...any) *redis.Cmd
+}
+
+// Run sends a command line from Args to c and returns the integer reply.
+func (s *Script) Run(ctx context.Context, c Doer, line []any) (int64, error) {
+	v, err := c.Do(ctx, line...).Int64()
+	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+		eval := slices.Clone(line)
+		eval[0], eval[1] = "eval", s.src
+		v, err = c.Do(ctx, eval...).Int64()
+	}
+	return v, err
+}
 
 // FenceKey returns the key of the fence counter that belongs to key, chosen
 // so that both hash to the same Redis Cluster slot (a script may only touch

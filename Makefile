@@ -1,0 +1,42 @@
+# redlease: the commands a fresh machine needs.
+#   make test   vet + every test with -race, against real redis-server processes
+#   make demo   contenders taking turns on a quorum lock (in-process nodes, no servers)
+#   make bench  go test -bench, ours and the peers side by side, with -benchmem
+#   make chaos  fault scenarios (not written yet: says so and fails)
+
+GO    ?= go
+COUNT ?= 6
+BENCH ?= .
+BENCH_OUT ?= .bench
+
+.PHONY: test demo bench chaos redis
+
+# redis is on PATH, or installed here when we are root on Debian.
+redis:
+	@if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-sentinel >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing redis-server and redis-sentinel with apt-get"; \
+	    DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server redis-sentinel >/dev/null; \
+	  else \
+	    echo "redis-server (and redis-sentinel) must be on PATH for the tests: apt-get install redis-server redis-sentinel, then run make test again" >&2; \
+	    exit 1; \
+	  fi; \
+	fi
+	@redis-server --version
+
+test: redis
+	$(GO) vet ./...
+	$(GO) test -race -count=1 ./...
+
+demo:
+	$(GO) run ./examples/turns
+
+bench: redis
+	@mkdir -p $(BENCH_OUT)
+	$(GO) test -run '^$$' -bench '$(BENCH)' -benchmem -count $(COUNT) ./single/ ./quorum/ | tee $(BENCH_OUT)/raw.txt
+	@echo "raw results in $(BENCH_OUT)/raw.txt"
+
+chaos:
+	@echo "make chaos: the chaos scenarios (issue 4) are not written yet; nothing was run." >&2
+	@exit 2

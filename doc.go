@@ -1,0 +1,43 @@
+// Package redlease makes "do this exactly once" safe for services that run
+// many replicas: distributed locks (leases) on Redis, with fencing tokens.
+//
+// A Strategy decides where a lock lives and what a grant is worth:
+//
+//   - single.Strategy: one Redis primary. One round trip per call. Fast and
+//     simple; a lock can be lost (or granted twice) if the primary fails over
+//     before it replicated the lock. Good for cheap deduplication.
+//   - quorum.Strategy: the Redlock algorithm over N independent primaries. A
+//     grant needs a majority and survives the loss of a minority of nodes.
+//     Use it where a double grant costs money.
+//
+// A Locker turns a Strategy into locks: TryLock makes one attempt, Lock
+// retries with jittered backoff until ctx is done. Both return a *Lock that
+// knows its Fence, its Until, and whether it was Lost.
+//
+// # What a grant guarantees, and under which assumptions
+//
+// While time.Now() is before Lock.Until, no other holder can be granted the
+// same key, provided that: the Redis nodes keep their data across restarts
+// (persistence with fsync, or a restarted node stays out of the vote for one
+// maximum TTL); each node's clock runs at the client's rate within the drift
+// factor (default 1%, plus 2 ms); and the holder's process is not paused
+// between checking Valid and acting on it. The last assumption is the one
+// no lock service can make true, which is why grants carry fences.
+//
+// # Fences
+//
+// Lock.Fence is strictly greater than the fence of every earlier holder of
+// the same key (under the same assumptions). Storage that keeps the highest
+// fence it accepted and rejects anything not greater (UPDATE … WHERE
+// fence < ?) turns a holder that woke up too late into a rejected write
+// instead of a double effect. single has fences on by default; quorum needs
+// quorum.WithFencing (one more round trip).
+//
+// # Errors
+//
+// Every failure is checkable with errors.Is against the sentinels
+// (ErrNotObtained, ErrNotHeld, ErrLost, ErrUnavailable, ErrInvalid), and the
+// failures of individual nodes are kept: errors.As(err, &nodeErr) with a
+// *NodeError, errors.As(err, &quorumErr) with a *QuorumError. A cancelled
+// or expired ctx stays visible: errors.Is(err, context.Canceled).
+package redlease

@@ -1,0 +1,309 @@
+package redlease_test
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/hashicorp/go-multierror"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/redlease/redlease"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// fake is an in-memory Strategy: one map, expiry on the caller's clock, and
+// a queue of errors to return from the next calls.
+type fake struct {
+	mu       sync.Mutex
+	held     map[string]holder
+	fence    uint64
+	acquires []string // tokens seen by Acquire, in order
+	keys     []string // keys seen by Acquire, in order
+	failNext []error  // returned (and popped) by the next Acquire/Extend calls
+	releases int
+}
+
+type holder struct {
+	token string
+	until time.Time
+}
+
+func newFake() *fake { return &fake{held: map[string]holder{}} }
+
+func (f *fake) pop() error {
+	if len(f.failNext) == 0 {
+		return nil
+	}
+	err := f.failNext[0]
+	f.failNext = f.failNext[1:]
+	return err
+}
+
+func (f *fake) Acquire(ctx context.Context, key, token string, ttl time.Duration) (redlease.Grant, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.acquires = append(f.acquires, token)
+	f.keys = append(f.keys, key)
+	if err := f.pop(); err != nil {
+		return redlease.Grant{}, err
+	}
+	h, ok := f.held[key]
+	if ok && h.token != token && time.Now().Before(h.until) {
+		return redlease.Grant{}, redlease.ErrNotObtained
+	}
+	f.fence++
+	until := time.Now().Add(ttl)
+	f.held[key] = holder{token, until}
+	return redlease.Grant{Until: until, Fence: f.fence}, nil
+}
+
+func (f *fake) Extend(ctx context.Context, key, token string, ttl time.Duration) (redlease.Grant, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.pop(); err != nil {
+		return redlease.Grant{}, err
+	}
+	h, ok := f.held[key]
+	if !ok || h.token != token || !time.Now().Before(h.until) {
+		return redlease.Grant{}, redlease.ErrNotHeld
+	}
+	until := time.Now().Add(ttl)
+	f.held[key] = holder{token, until}
+	return redlease.Grant{Until: until}, nil
+}
+
+func (f *fake) Release(ctx context.Context, key, token string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.releases++
+	h, ok := f.held[key]
+	if !ok || h.token != token {
+		return redlease.ErrNotHeld
+	}
+	delete(f.held, key)
+	return nil
+}
+
+func TestTryLockHoldsAndExcludes(t *testing.T) {
+	f := newFake()
+	l := redlease.New(f, redlease.WithTTL(time.Minute))
+	ctx := t.Context()
+
+	lk, err := l.TryLock(ctx, "k")
+	require.NoError(t, err)
+	assert.Equal(t, "k", lk.Key())
+	assert.Equal(t, uint64(1), lk.Fence())
+	assert.Equal(t, time.Minute, lk.TTL())
+	assert.True(t, lk.Valid())
+	assert.True(t, lk.Until().After(time.Now()))
+	assert.NoError(t, lk.Err())
+
+	_, err = l.TryLock(ctx, "k")
+	assert.ErrorIs(t, err, redlease.ErrNotObtained)
+
+	require.NoError(t, lk.Release(ctx))
+	assert.False(t, lk.Valid())
+	assert.ErrorIs(t, lk.Release(ctx), redlease.ErrNotHeld, "a second release")
+	assert.Equal(t, 1, f.releases, "a second release must not reach the strategy")
+	select {
+	case <-lk.Lost():
+		t.Fatal("Release must not close Lost")
+	default:
+	}
+	assert.ErrorIs(t, lk.Extend(ctx, time.Minute), redlease.ErrNotHeld, "extend after release")
+}
+
+func TestTokensAre128RandomBits(t *testing.T) {
+	f := newFake()
+	l := redlease.New(f)
+	seen := map[string]bool{}
+	for i := range 100 {
+		lk, err := l.TryLock(t.Context(), "k"+string(rune('a'+i%26))+string(rune('a'+i/26)))
+		require.NoError(t, err)
+		raw, err := base64.RawURLEncoding.DecodeString(lk.Token())
+		require.NoError(t, err)
+		assert.Len(t, raw, 16)
+		assert.False(t, seen[lk.Token()], "token repeated")
+		seen[lk.Token()] = true
+	}
+}
+
+func TestLockRetriesWithOneToken(t *testing.T) {
+	f := newFake()
+	f.failNext = []error{redlease.ErrNotObtained, redlease.ErrNotObtained, redlease.ErrNotObtained}
+	l := redlease.New(f, redlease.WithRetryDelay(time.Millisecond, 2*time.Millisecond))
+	lk, err := l.Lock(t.Context(), "k")
+	require.NoError(t, err)
+	require.Len(t, f.acquires, 4)
+	for _, tok := range f.acquires {
+		assert.Equal(t, lk.Token(), tok, "every attempt must use the same token")
+	}
+}
+
+func TestLockStopsAtMaxAttempts(t *testing.T) {
+	f := newFake()
+	l := redlease.New(f, redlease.WithRetryDelay(time.Millisecond, time.Millisecond))
+	_, err := l.TryLock(t.Context(), "k")
+	require.NoError(t, err)
+	_, err = l.Lock(t.Context(), "k", redlease.WithMaxAttempts(3))
+	assert.ErrorIs(t, err, redlease.ErrNotObtained)
+	assert.Len(t, f.acquires, 4, "one TryLock and three attempts")
+}
+
+func TestLockStopsPromptlyOnContext(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFake()
+		l := redlease.New(f, redlease.WithRetryDelay(time.Second, time.Hour))
+		_, err := l.TryLock(t.Context(), "k")
+		require.NoError(t, err)
+
+		ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
+		defer cancel()
+		start := time.Now()
+		_, err = l.Lock(ctx, "k")
+		assert.ErrorIs(t, err, redlease.ErrNotObtained)
+		assert.ErrorIs(t, err, context.DeadlineExceeded)
+		assert.Equal(t, 100*time.Millisecond, time.Since(start), "Lock must return when ctx ends, not after its backoff")
+	})
+}
+
+func TestLockDoesNotRetryOtherErrors(t *testing.T) {
+	f := newFake()
+	boom := errors.New("boom")
+	f.failNext = []error{boom}
+	_, err := redlease.New(f).Lock(t.Context(), "k")
+	assert.ErrorIs(t, err, boom)
+	assert.Len(t, f.acquires, 1)
+}
+
+func TestBadInputIsAnError(t *testing.T) {
+	f := newFake()
+	ctx := t.Context()
+	cases := []struct {
+		name   string
+		locker *redlease.Locker
+		key    string
+		opts   []redlease.LockOption
+	}{
+		{"nil strategy", redlease.New(nil), "k", nil},
+		{"empty key", redlease.New(f), "", nil},
+		{"zero ttl", redlease.New(f), "k", []redlease.LockOption{redlease.WithTTL(0)}},
+		{"negative ttl default", redlease.New(f, redlease.WithTTL(-time.Second)), "k", nil},
+		{"nil per-call strategy", redlease.New(f), "k", []redlease.LockOption{redlease.WithStrategy(nil)}},
+		{"zero retry delay", redlease.New(f), "k", []redlease.LockOption{redlease.WithRetryDelay(0, time.Second)}},
+		{"max below min", redlease.New(f), "k", []redlease.LockOption{redlease.WithRetryDelay(time.Second, time.Millisecond)}},
+		{"negative attempts", redlease.New(f), "k", []redlease.LockOption{redlease.WithMaxAttempts(-1)}},
+		{"nil locker", nil, "k", nil},
+	}
+	for _, c := range cases {
+		_, err := c.locker.TryLock(ctx, c.key, c.opts...)
+		assert.ErrorIs(t, err, redlease.ErrInvalid, "TryLock: %s", c.name)
+		_, err = c.locker.Lock(ctx, c.key, c.opts...)
+		assert.ErrorIs(t, err, redlease.ErrInvalid, "Lock: %s", c.name)
+	}
+	assert.Empty(t, f.acquires, "bad input must not reach the strategy")
+}
+
+func TestPerCallStrategyAndPrefix(t *testing.T) {
+	cheap, careful := newFake(), newFake()
+	l := redlease.New(cheap, redlease.WithPrefix("app:"))
+	_, err := l.TryLock(t.Context(), "a")
+	require.NoError(t, err)
+	_, err = l.TryLock(t.Context(), "b", redlease.WithStrategy(careful))
+	require.NoError(t, err)
+	assert.Equal(t, []string{"app:a"}, cheap.keys)
+	assert.Equal(t, []string{"app:b"}, careful.keys)
+}
+
+func TestLostClosesWhenValidityRunsOut(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFake()
+		lk, err := redlease.New(f, redlease.WithTTL(time.Second)).TryLock(t.Context(), "k")
+		require.NoError(t, err)
+		until := lk.Until()
+		<-lk.Lost()
+		assert.False(t, time.Now().Before(until), "Lost closed at %v, before Until %v", time.Now(), until)
+		assert.False(t, lk.Valid())
+		assert.ErrorIs(t, lk.Err(), redlease.ErrLost)
+		assert.ErrorIs(t, lk.Extend(t.Context(), time.Second), redlease.ErrNotHeld, "a lost lock stays lost")
+	})
+}
+
+func TestExtendMovesUntilAndPostponesLoss(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFake()
+		lk, err := redlease.New(f, redlease.WithTTL(time.Second)).TryLock(t.Context(), "k")
+		require.NoError(t, err)
+		time.Sleep(800 * time.Millisecond)
+		require.NoError(t, lk.Extend(t.Context(), time.Second))
+		assert.Equal(t, time.Now().Add(time.Second), lk.Until())
+		time.Sleep(500 * time.Millisecond) // past the first Until
+		assert.True(t, lk.Valid())
+		select {
+		case <-lk.Lost():
+			t.Fatal("Lost closed at the old Until")
+		default:
+		}
+		require.NoError(t, lk.Release(t.Context()))
+	})
+}
+
+func TestExtendVerdicts(t *testing.T) {
+	f := newFake()
+	l := redlease.New(f)
+	ctx := t.Context()
+
+	lk, err := l.TryLock(ctx, "k")
+	require.NoError(t, err)
+	f.failNext = []error{redlease.ErrUnavailable}
+	assert.ErrorIs(t, lk.Extend(ctx, time.Minute), redlease.ErrUnavailable)
+	assert.True(t, lk.Valid(), "an undecided extension must not mark the lock lost")
+
+	f.failNext = []error{redlease.ErrNotHeld}
+	assert.ErrorIs(t, lk.Extend(ctx, time.Minute), redlease.ErrNotHeld)
+	<-lk.Lost()
+	assert.ErrorIs(t, lk.Err(), redlease.ErrLost)
+	assert.ErrorIs(t, lk.Err(), redlease.ErrNotHeld, "the cause stays reachable")
+	assert.ErrorIs(t, lk.Extend(ctx, 0), redlease.ErrInvalid)
+}
+
+func TestNilLockIsSafe(t *testing.T) {
+	var lk *redlease.Lock
+	ctx := t.Context()
+	assert.ErrorIs(t, lk.Release(ctx), redlease.ErrNotHeld)
+	assert.ErrorIs(t, lk.Extend(ctx, time.Second), redlease.ErrNotHeld)
+	assert.False(t, lk.Valid())
+	assert.Empty(t, lk.Key())
+	assert.Empty(t, lk.Token())
+	assert.Zero(t, lk.Fence())
+	assert.True(t, lk.Until().IsZero())
+	<-lk.Lost()
+}
+
+func TestQuorumErrorUnwraps(t *testing.T) {
+	cause := errors.New("connection refused")
+	err := error(&redlease.QuorumError{
+		Op: "acquire", Votes: 2, Quorum: 3, Nodes: 5, Err: redlease.ErrNotObtained,
+		Causes: nil,
+	})
+	assert.ErrorIs(t, err, redlease.ErrNotObtained)
+	var ne *redlease.NodeError
+	assert.False(t, errors.As(err, &ne))
+
+	qe := &redlease.QuorumError{Op: "acquire", Votes: 2, Quorum: 3, Nodes: 5, Err: redlease.ErrNotObtained}
+	qe.Causes = multierror.Append(qe.Causes, &redlease.NodeError{Node: 4, Addr: "127.0.0.1:1", Err: cause})
+	err = qe
+	require.ErrorAs(t, err, &ne)
+	assert.Equal(t, 4, ne.Node)
+	assert.ErrorIs(t, err, cause)
+	assert.Contains(t, err.Error(), "2 of 5 nodes agreed, 3 needed")
+	assert.Contains(t, err.Error(), "node 4 (127.0.0.1:1): connection refused")
+}

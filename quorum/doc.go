@@ -1,0 +1,70 @@
+// Package quorum implements the Redlock algorithm over N independent Redis
+// primaries, with fencing tokens that rise across holders.
+//
+// # Acquire
+//
+// One attempt sends the acquire script (SET NX PX, or refresh if the key
+// already holds our own token) to every node at once and decides as soon as
+// it can: a quorum (default: a majority) granted, or so many nodes refused
+// or failed that a quorum is out of reach, or the node timeout passed. It
+// never waits for a slow or dead minority. The grant is valid until
+//
+//	start + ttl − (ttl×driftFactor + 2 ms)
+//
+// where start is read from the monotonic clock before the first request, so
+// the time the round took is already spent. A quorum reached with no
+// validity left is a failure. On any failure the attempt releases the key on
+// every node, each only after that node's own acquire request has returned,
+// so a slow node's late SET cannot leave a key behind until its TTL.
+//
+// # Extend and Release
+//
+// Both run a compare-token script on every node in parallel. Extend succeeds
+// with a quorum inside the new validity; Release returns once a quorum
+// deleted the key, or once a quorum can no longer have held it
+// (redlease.ErrNotHeld), or at the node timeout (redlease.ErrUnavailable if
+// undecided). Requests still in flight finish in the background, bounded by
+// the node timeout; Close waits for them.
+//
+// # Guarantees and assumptions
+//
+// Two holders never hold a key at once (each within its Until) provided
+// that: nodes fail by stopping, not by lying; a node that restarts either
+// kept its data (appendonly with appendfsync always) or stays out of the
+// vote for one maximum TTL; and every node's clock runs at the client's
+// rate within driftFactor. An even node count is allowed but buys nothing:
+// four nodes need three votes and tolerate one failure, like three.
+//
+// # Fencing (WithFencing)
+//
+// Per node, a counter key without a TTL sits beside the lock key. Fencing
+// costs one more round trip to a quorum per acquisition:
+//
+//   - Phase 1 (inside the acquire script): a node that grants replies with
+//     its counter as it is.
+//   - The client picks f = max(counters of the granting nodes) + 1.
+//   - Phase 2: every node raises its counter to max(counter, f) and replies
+//     whether the lock key still holds our token. The grant needs a quorum
+//     of such confirmations within the validity.
+//
+// Why f rises strictly for successive holders A then B, even when they
+// reached different majorities: take a node k in both A's phase-2 quorum
+// and B's phase-1 quorum (two majorities always share a node). At k, A's key
+// was present from A's phase 1 until at least A's phase 2, so B's SET NX at
+// k did not happen in between. It did not happen before either: B's key
+// would have had to vanish from k before A's SET there, ending B's validity
+// before A's grant, so B would precede A. So B's phase 1 at k read a counter
+// that A's phase 2 had already raised to at least f_A, and f_B ≥ f_A + 1.
+//
+// Counters only rise, so phase 2 also raises counters on nodes that did not
+// grant (harmless, and it helps nodes that missed earlier rounds catch up).
+// A single round of per-node INCRs would not do: if A's majority had seen
+// many earlier holders and B's had not, B's maximum could be lower than A's.
+//
+// The argument needs node k to keep its counter. A node that restarts
+// without its data has lost its counters; the delayed-restart rule keeps
+// mutual exclusion but not fence order across such a node. Run quorum
+// nodes with appendonly yes and appendfsync always where fences matter.
+//
+// Fences are Lua numbers in the scripts: exact up to 2^53.
+package quorum

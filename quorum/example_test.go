@@ -1,0 +1,61 @@
+package quorum_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/redlease/redlease"
+	"github.com/redlease/redlease/quorum"
+)
+
+// Five independent nodes (in-process here; real primaries in production),
+// a majority of three per grant, fences on.
+func Example() {
+	ctx := context.Background()
+	var nodes []redis.UniversalClient
+	for range 5 {
+		m, err := miniredis.Run() // in-process stand-in for one Redis primary
+		if err != nil {
+			panic(err)
+		}
+		defer m.Close()
+		c := redis.NewClient(&redis.Options{Addr: m.Addr(), ContextTimeoutEnabled: true})
+		defer c.Close()
+		nodes = append(nodes, c)
+	}
+	s, err := quorum.New(nodes, quorum.WithFencing(), quorum.WithNodeTimeout(50*time.Millisecond))
+	if err != nil {
+		panic(err)
+	}
+	defer s.Close()
+	locker := redlease.New(s, redlease.WithTTL(10*time.Second))
+
+	lk, err := locker.Lock(ctx, "settle:2026-11-29")
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println("holding with fence", lk.Fence())
+
+	// A second contender cannot get in while the lock is held.
+	_, err = locker.TryLock(ctx, "settle:2026-11-29")
+	fmt.Println("second contender obtained:", !errors.Is(err, redlease.ErrNotObtained))
+
+	if err := lk.Release(ctx); err != nil {
+		panic(err)
+	}
+	next, err := locker.TryLock(ctx, "settle:2026-11-29")
+	if err != nil {
+		panic(err)
+	}
+	defer next.Release(ctx)
+	fmt.Println("next holder's fence", next.Fence())
+	// Output:
+	// holding with fence 1
+	// second contender obtained: false
+	// next holder's fence 2
+}

@@ -1,0 +1,76 @@
+package single_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/bsm/redislock"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/redlease/redlease"
+	"github.com/redlease/redlease/internal/redistest"
+	"github.com/redlease/redlease/single"
+)
+
+// rawRelease is the floor's compare-and-delete.
+var rawRelease = redis.NewScript(`if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0`)
+
+// BenchmarkAcquireRelease compares, on one real node in one run: redlease
+// single (with and without fencing), bsm/redislock, and the raw floor (SET
+// NX PX, then an EVALSHA compare-and-delete on the same client).
+func BenchmarkAcquireRelease(b *testing.B) {
+	c := redistest.Start(b, redistest.Config{}).Client()
+	ctx := context.Background()
+
+	run := func(name string, s redlease.Strategy) {
+		b.Run(name, func(b *testing.B) {
+			locker := redlease.New(s, redlease.WithTTL(10*time.Second))
+			key := b.Name()
+			b.ReportAllocs()
+			b.ResetTimer()
+			for range b.N {
+				lk, err := locker.TryLock(ctx, key)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := lk.Release(ctx); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+	run("lib=redlease", single.New(c))
+	run("lib=redlease/nofence", single.New(c, single.WithoutFencing()))
+
+	b.Run("lib=redislock", func(b *testing.B) {
+		rl := redislock.New(c)
+		key := b.Name()
+		b.ReportAllocs()
+		b.ResetTimer()
+		for range b.N {
+			lk, err := rl.Obtain(ctx, key, 10*time.Second, nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := lk.Release(ctx); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+
+	b.Run("lib=raw", func(b *testing.B) {
+		key := b.Name()
+		b.ReportAllocs()
+		b.ResetTimer()
+		for range b.N {
+			ok, err := c.SetNX(ctx, key, "token-0123456789ab", 10*time.Second).Result()
+			if err != nil || !ok {
+				b.Fatal(ok, err)
+			}
+			if err := rawRelease.Run(ctx, c, []string{key}, "token-0123456789ab").Err(); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}

@@ -1,0 +1,28 @@
+// Package single keeps locks on one Redis primary: SET NX PX and a fence
+// counter INCR in one Lua script (one round trip), and compare-token-then-act
+// scripts for Extend and Release.
+//
+// # Guarantees
+//
+// Mutual exclusion holds while the primary keeps its data and stays the
+// primary, and its clock runs at the client's rate within the drift factor.
+// Fences (on by default) rise strictly for successive holders of a key
+// under the same conditions.
+//
+// # What it does not guarantee
+//
+// Redis replication is asynchronous. If the primary fails and a replica that
+// had not yet received a lock is promoted (Sentinel, Cluster failover), the
+// lock is gone and a second holder can be granted while the first still
+// believes it holds it. Fences then protect storage only if the fence
+// counter survived the failover too, which is not guaranteed either. Use
+// quorum for work where a double grant costs money.
+//
+// # Redis Cluster
+//
+// A Cluster client works: the fence counter's key shares the lock key's hash
+// slot. It is key+":fence" when key has a hash tag ("{order:7}:lock" →
+// "{order:7}:lock:fence") and "{"+key+"}:fence" otherwise ("order:7" →
+// "{order:7}:fence"). Keys that contain '}' without a valid hash tag are
+// rejected, since no same-slot companion can be built for them.
+package single

@@ -1,0 +1,69 @@
+package single_test
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/redlease/redlease"
+	"github.com/redlease/redlease/single"
+)
+
+// One primary, fences on by default. Pass the fence to the storage you
+// write to, so a holder that lost the lock without noticing is refused.
+func Example() {
+	ctx := context.Background()
+	m, err := miniredis.Run() // in-process stand-in for a Redis primary
+	if err != nil {
+		panic(err)
+	}
+	defer m.Close()
+	client := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	defer client.Close()
+
+	locker := redlease.New(single.New(client), redlease.WithTTL(30*time.Second))
+	lk, err := locker.Lock(ctx, "invoice:42")
+	if err != nil {
+		panic(err)
+	}
+	defer lk.Release(ctx)
+
+	fmt.Println("fence:", lk.Fence())
+	fmt.Println("valid:", lk.Valid())
+	// Output:
+	// fence: 1
+	// valid: true
+}
+
+// Locks with different needs on one Locker: single by default, quorum (or
+// any other Strategy) for the operations that move money.
+func Example_perOperationStrategy() {
+	ctx := context.Background()
+	m, err := miniredis.Run()
+	if err != nil {
+		panic(err)
+	}
+	defer m.Close()
+	client := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	defer client.Close()
+
+	cheap := single.New(client, single.WithoutFencing())
+	fenced := single.New(client)
+	locker := redlease.New(cheap, redlease.WithPrefix("lock:"))
+
+	dedup, err := locker.TryLock(ctx, "email:welcome:7", redlease.WithTTL(time.Minute))
+	if err != nil {
+		panic(err)
+	}
+	defer dedup.Release(ctx)
+	money, err := locker.TryLock(ctx, "payout:7", redlease.WithStrategy(fenced))
+	if err != nil {
+		panic(err)
+	}
+	defer money.Release(ctx)
+	fmt.Println(dedup.Fence(), money.Fence())
+	// Output: 0 1
+}
