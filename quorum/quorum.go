@@ -101,18 +101,17 @@ func (s *Strategy) Close() error {
 //  5. On failure, release on every node, each only after its own acquire
 //     request has returned, so a late write cannot leave a key behind.
 func (s *Strategy) Acquire(ctx context.Context, key, token string, ttl time.Duration) (redlease.Grant, error) {
-	fenceKey, err := script.Check(key, token, ttl, s.driftFactor)
-	if err != nil {
+	if err := script.Check(key, token, ttl, s.driftFactor); err != nil {
 		return redlease.Grant{}, err
 	}
 	if err := ctx.Err(); err != nil {
 		return redlease.Grant{}, errors.Join(redlease.ErrNotObtained, context.Cause(ctx))
 	}
-	mode, fenceArg := any(script.NoFence), any(key) // without fencing KEYS[2] is never touched
+	mode, fenceKey := any(script.NoFence), key // without fencing KEYS[2] is never touched
 	if s.fencing {
-		mode, fenceArg = any(script.ReadFence), any(fenceKey)
+		mode, fenceKey = any(script.ReadFence), script.MustFenceKey(key)
 	}
-	line := script.Acquire.Args(key, fenceArg, token, ttl.Milliseconds(), mode)
+	line := script.Acquire.Args(key, fenceKey, token, ttl.Milliseconds(), mode)
 
 	// 1. Fan out.
 	start := time.Now()
@@ -121,15 +120,15 @@ func (s *Strategy) Acquire(ctx context.Context, key, token string, ttl time.Dura
 
 	// 2. Count until the outcome is decided.
 	t := s.collect(ctx, round, func(v int64) bool { return v != script.Taken })
-	fail := func(expired bool, t tally) (redlease.Grant, error) {
+	fail := func(op string, report tally, expired bool) (redlease.Grant, error) {
 		round.Decide(true)
 		// Wait for the nodes known to hold our key; nodes that failed or
 		// have not answered are undone in the background.
-		round.WaitUndone(func(i int) bool { return t.agreedBy(i) }, s.nodeTimeout)
-		return redlease.Grant{}, s.failure(ctx, "acquire", redlease.ErrNotObtained, t, start, expired)
+		round.WaitUndone(t.agreedBy, s.nodeTimeout)
+		return redlease.Grant{}, s.failure(ctx, op, redlease.ErrNotObtained, report, start, expired)
 	}
 	if t.agreed < s.quorum {
-		return fail(false, t)
+		return fail("acquire", t, false)
 	}
 
 	// 3. Fencing, phase 2.
@@ -137,14 +136,14 @@ func (s *Strategy) Acquire(ctx context.Context, key, token string, ttl time.Dura
 	if s.fencing {
 		fence = uint64(t.highest) + 1
 		if ft := s.raiseFence(ctx, key, fenceKey, token, fence); ft.agreed < s.quorum {
-			return fail(false, ft)
+			return fail("acquire (fence phase)", ft, false)
 		}
 	}
 
 	// 4. Validity.
 	until := start.Add(ttl - drift.Allowance(ttl, s.driftFactor))
 	if !time.Now().Before(until) {
-		return fail(true, t)
+		return fail("acquire", t, true)
 	}
 	round.Keep(key, token)
 	return redlease.Grant{Until: until, Fence: fence}, nil
@@ -163,7 +162,7 @@ func (s *Strategy) raiseFence(ctx context.Context, key, fenceKey, token string, 
 // parallel, and succeeds once a quorum did so with validity left. A partial
 // extension is not undone: those keys are ours and expire on their own.
 func (s *Strategy) Extend(ctx context.Context, key, token string, ttl time.Duration) (redlease.Grant, error) {
-	if _, err := script.Check(key, token, ttl, s.driftFactor); err != nil {
+	if err := script.Check(key, token, ttl, s.driftFactor); err != nil {
 		return redlease.Grant{}, err
 	}
 	line := script.Extend.Args(key, token, ttl.Milliseconds())
@@ -215,7 +214,7 @@ type tally struct {
 
 // agreedBy reports whether node i agreed; for i >= 64 it answers true, so
 // callers err on the side of waiting.
-func (t *tally) agreedBy(i int) bool {
+func (t tally) agreedBy(i int) bool {
 	return i >= 64 || t.agreeing&(1<<i) != 0
 }
 
@@ -236,17 +235,18 @@ func (s *Strategy) collect(ctx context.Context, round *fanout.Round, agree func(
 	} else {
 		replied = make([]bool, len(s.nodes))
 	}
-	record := func(r fanout.Result) {
+	record := func(node int) {
+		r := round.Result(node)
 		t.answered++
-		replied[r.Node] = true
+		replied[node] = true
 		switch {
 		case r.Err != nil:
-			t.causes = multierror.Append(t.causes, s.nodeError(r.Node, r.Err))
+			t.causes = multierror.Append(t.causes, s.nodeError(node, r.Err))
 		case agree(r.Val):
 			t.agreed++
 			t.highest = max(t.highest, r.Val)
-			if r.Node < 64 {
-				t.agreeing |= 1 << r.Node
+			if node < 64 {
+				t.agreeing |= 1 << node
 			}
 		default:
 			t.refused++
@@ -257,14 +257,14 @@ func (s *Strategy) collect(ctx context.Context, round *fanout.Round, agree func(
 	}
 	for !decided() {
 		select {
-		case r := <-round.Results():
-			record(r)
+		case i := <-round.Arrived():
+			record(i)
 		case <-round.Expired():
 			// Replies that arrived together with the deadline still count.
 			for more := true; more && !decided(); {
 				select {
-				case r := <-round.Results():
-					record(r)
+				case i := <-round.Arrived():
+					record(i)
 				default:
 					more = false
 				}
@@ -278,7 +278,7 @@ func (s *Strategy) collect(ctx context.Context, round *fanout.Round, agree func(
 				}
 			}
 			return t
-		case <-ctx.Done(): // only differs from Expired for Release, whose calls ignore ctx's cancellation
+		case <-ctx.Done(): // the requests run on; the caller stops waiting
 			return t
 		}
 	}

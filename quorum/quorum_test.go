@@ -434,3 +434,23 @@ func (h holdBack) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		return next(ctx, cmd)
 	}
 }
+
+// Take and release one key over and over, as fast as possible, the way a
+// benchmark does: a release must always find the key on every node its
+// acquisition counted. (A reply published before its worker read the
+// round's decision once let a release's late-write cleanup delete a counted
+// node's key, found only after tens of thousands of iterations.)
+func TestRapidTakeAndReleaseKeepsCountedNodes(t *testing.T) {
+	_, clients := nodes(t, 5)
+	s := strategy(t, clients, quorum.WithNodeTimeout(time.Second))
+	locker := redlease.New(s, redlease.WithTTL(10*time.Second))
+	ctx, key := t.Context(), contract.Key(t)
+	deadline := time.Now().Add(3 * time.Second)
+	n := 0
+	for ; time.Now().Before(deadline); n++ {
+		lk, err := locker.TryLock(ctx, key)
+		require.NoError(t, err, "iteration %d", n)
+		require.NoError(t, lk.Release(ctx), "iteration %d", n)
+	}
+	t.Logf("%d take-and-release cycles", n)
+}

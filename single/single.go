@@ -92,19 +92,18 @@ func New(client redis.UniversalClient, opts ...Option) *Strategy {
 // holds token until its TTL unless the next attempt with the same token
 // (Locker.Lock reuses it) claims it, or a Release with it removes it.
 func (s *Strategy) Acquire(ctx context.Context, key, token string, ttl time.Duration) (redlease.Grant, error) {
-	fk, err := s.check(key, token, ttl)
-	if err != nil {
+	if err := s.check(key, token, ttl); err != nil {
 		return redlease.Grant{}, err
 	}
 	if err := ctx.Err(); err != nil {
 		return redlease.Grant{}, errors.Join(redlease.ErrNotObtained, context.Cause(ctx))
 	}
-	mode, fenceArg := any(script.IncrFence), any(fk)
-	if !s.fencing {
-		mode, fenceArg = any(script.NoFence), any(key) // KEYS[2] is never touched without fencing
+	mode, fenceKey := any(script.NoFence), key // KEYS[2] is never touched without fencing
+	if s.fencing {
+		mode, fenceKey = any(script.IncrFence), script.MustFenceKey(key)
 	}
 	start := time.Now()
-	v, err := script.Acquire.Run(ctx, s.client, script.Acquire.Args(key, fenceArg, token, ttl.Milliseconds(), mode))
+	v, err := script.Acquire.Run(ctx, s.client, script.Acquire.Args(key, fenceKey, token, ttl.Milliseconds(), mode))
 	switch {
 	case err != nil:
 		return redlease.Grant{}, s.fail(redlease.ErrNotObtained, err)
@@ -121,7 +120,7 @@ func (s *Strategy) Acquire(ctx context.Context, key, token string, ttl time.Dura
 
 // Extend resets key's TTL if it still holds token, in one round trip.
 func (s *Strategy) Extend(ctx context.Context, key, token string, ttl time.Duration) (redlease.Grant, error) {
-	if _, err := s.check(key, token, ttl); err != nil {
+	if err := s.check(key, token, ttl); err != nil {
 		return redlease.Grant{}, err
 	}
 	start := time.Now()
@@ -157,9 +156,9 @@ func (s *Strategy) Release(ctx context.Context, key, token string) error {
 	return nil
 }
 
-func (s *Strategy) check(key, token string, ttl time.Duration) (string, error) {
+func (s *Strategy) check(key, token string, ttl time.Duration) error {
 	if s.err != nil {
-		return "", s.err
+		return s.err
 	}
 	return script.Check(key, token, ttl, s.driftFactor)
 }

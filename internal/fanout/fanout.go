@@ -2,16 +2,15 @@
 // lets the caller decide from the first replies, without ever waiting on a
 // node that does not answer.
 //
-// Each node has a few long-lived workers (started on first use, stopped by
-// Close), each with its own connection where the client allows it. So:
+// Each node has a few long-lived workers, started as load needs them and
+// stopped by Close. So:
 //
-//   - a round costs no goroutine and no pool health-check syscall per node,
-//     which is most of what a naive goroutine-per-request fan-out spends;
+//   - a round starts no goroutine per node;
 //   - a node that hangs cannot make requests pile up: at most Workers
 //     requests per node are in flight, and a request that waited in the
 //     node's queue past its round's deadline is answered with a timeout
 //     without being sent;
-//   - the caller never blocks on a node: it selects on Results and Expired.
+//   - the caller never blocks on a node: it selects on Arrived and Expired.
 //
 // go-redis applies a context deadline to socket reads only when the client
 // has ContextTimeoutEnabled; without it a hung node holds a worker until the
@@ -33,9 +32,8 @@ import (
 
 // Result is one node's reply.
 type Result struct {
-	Node int
-	Val  int64
-	Err  error
+	Val int64
+	Err error
 }
 
 // Call is one script invocation, the same command line for every node.
@@ -51,6 +49,10 @@ var ErrOverloaded = errors.New("node overloaded: request queue full")
 // ErrClosed is returned by rounds started after Close.
 var ErrClosed = errors.New("fanout closed")
 
+// errDecided is the cause recorded for a request that was still queued when
+// its round was decided as failed or its holder let go.
+var errDecided = errors.New("not sent: round already decided")
+
 // Nodes owns the workers of every node.
 type Nodes struct {
 	nodes   []*node
@@ -59,10 +61,15 @@ type Nodes struct {
 	closed  atomic.Bool
 	workers sync.WaitGroup
 
+	mu sync.Mutex
 	// Granted rounds that still have requests in flight, so that a release
 	// can make a late write undo itself (see Keep and UndoLate).
-	mu       sync.Mutex
 	inflight map[holder]*Round
+	// The deadline context of rounds starting in the current millisecond
+	// (see deadline).
+	bucket     time.Time
+	bucketCtx  context.Context
+	bucketStop context.CancelFunc
 }
 
 // holder identifies one acquisition.
@@ -75,13 +82,6 @@ type node struct {
 	total   atomic.Int32 // workers started
 	idle    atomic.Int32 // workers waiting for a job
 	spawnMu sync.Mutex
-	// warm is set once the client itself (its pool) got a reply from the
-	// node. Only then do workers take dedicated connections: go-redis
-	// settles its maintenance-notification mode on the first connection it
-	// initialises, writing to the *Options that the client and its Conns
-	// share under different locks, so a Conn initialised concurrently with
-	// the client's first connection would race with it.
-	warm atomic.Bool
 }
 
 // job is what travels through a node's queue: by value, so sending it does
@@ -114,7 +114,44 @@ func (ns *Nodes) Close() {
 		close(ns.stop)
 	}
 	ns.workers.Wait()
+	ns.mu.Lock()
+	if ns.bucketStop != nil {
+		ns.bucketStop()
+	}
+	ns.mu.Unlock()
 }
+
+// deadline returns a context that is done one timeout from now, rounded up
+// to the next millisecond. Rounds that start within the same millisecond
+// share it: a deadline context costs a timer and several allocations, and
+// under load thousands of rounds start per second.
+func (ns *Nodes) deadline() context.Context {
+	d := time.Now().Add(ns.timeout).Truncate(time.Millisecond).Add(time.Millisecond)
+	ns.mu.Lock()
+	defer ns.mu.Unlock()
+	if !d.Equal(ns.bucket) {
+		// The previous bucket's context is left to its timer: rounds may
+		// still use it, and it ends on its own within one timeout.
+		ns.bucket = d
+		ns.bucketCtx, ns.bucketStop = context.WithDeadline(context.Background(), d)
+	}
+	return ns.bucketCtx
+}
+
+// detached carries the caller's values (trace spans, loggers) to the
+// requests, but the round's shared deadline instead of the caller's
+// cancellation: a request is bounded by the node timeout whatever the
+// caller does, and the caller stops waiting on its own ctx.
+type detached struct {
+	context.Context                 // the shared deadline
+	values          context.Context // the caller's
+}
+
+func (d detached) Value(key any) any { return d.values.Value(key) }
+
+// maxInline is the node count up to which a round keeps its per-node state
+// inside the Round itself (one allocation instead of several).
+const maxInline = 16
 
 // Round is one call sent to every node.
 type Round struct {
@@ -122,73 +159,82 @@ type Round struct {
 	call    Call
 	undo    Call // undo.Script nil: nothing to undo
 	parent  context.Context
-	ctx     context.Context    // the round's deadline, shared by its requests
-	cancel  context.CancelFunc // run by the last request to finish
+	ctx     context.Context // the requests' context: caller's values, shared deadline
 	pending atomic.Int32
-	results chan Result
+	arrived chan int // node indexes in the order their replies arrive
 
-	decision atomic.Int32    // 0 undecided, 1 keep, 2 undo
+	decision atomic.Int32    // 0 undecided, then keep, undo or lateUndo
 	slots    []atomic.Uint32 // per node: doneBit, then undoBit once claimed
-	undone   chan int        // one entry per finished undo
+	results  []Result        // per node, written before its index is sent on arrived
+	undone   chan int        // made by Decide(true): one entry per finished undo
 	tracked  *holder         // set (under ns.mu) while in ns.inflight
+
+	inlineSlots   [maxInline]atomic.Uint32
+	inlineResults [maxInline]Result
 }
 
 const (
-	keep = 1
-	undo = 2
+	keep     = 1 // Keep: the acquisition succeeded
+	undo     = 2 // Decide(true): the acquisition failed; undo every node
+	lateUndo = 3 // UndoLate: the holder let go; undo requests that finish from now on
 
 	doneBit = 1 << 0
 	undoBit = 1 << 1
 )
 
-// Start sends c to every node under one deadline (the timeout given to New)
-// and returns at once. With an undo call (undoCall.Script not nil), the
-// caller must later Decide; after
-// Decide(true), undo is sent to every node once that node's own request has
-// finished (never before, so it cannot overtake a late write), under a fresh
-// deadline that ignores the cancellation of ctx.
+// Start sends c to every node under one deadline (about the timeout given to
+// New) and returns at once. With an undo call (undoCall.Script not nil), the
+// caller must later Decide or Keep; after Decide(true), undo is sent to
+// every node once that node's own request has finished (never before, so it
+// cannot overtake a late write), under a fresh deadline that ignores the
+// cancellation of ctx.
 func (ns *Nodes) Start(ctx context.Context, c Call, undoCall Call) *Round {
 	n := len(ns.nodes)
-	r := &Round{ns: ns, call: c, undo: undoCall, parent: ctx, results: make(chan Result, n)}
-	r.ctx, r.cancel = context.WithTimeout(ctx, ns.timeout)
-	r.pending.Store(int32(n))
-	if undoCall.Script != nil {
-		r.slots = make([]atomic.Uint32, n)
-		r.undone = make(chan int, n)
+	r := &Round{ns: ns, call: c, undo: undoCall, parent: ctx, arrived: make(chan int, n)}
+	r.ctx = detached{Context: ns.deadline(), values: ctx}
+	if n <= maxInline {
+		r.slots, r.results = r.inlineSlots[:n], r.inlineResults[:n]
+	} else {
+		r.slots, r.results = make([]atomic.Uint32, n), make([]Result, n)
 	}
+	r.pending.Store(int32(n))
 	for i, nd := range ns.nodes {
 		if ns.closed.Load() {
-			r.deliver(i, Result{Node: i, Err: ErrClosed}, false)
+			r.deliver(i, Result{Err: ErrClosed}, false)
 			continue
 		}
 		nd.ensureWorker(ns)
 		select {
 		case nd.queue <- job{round: r, node: i}:
 		default:
-			r.deliver(i, Result{Node: i, Err: ErrOverloaded}, false)
+			r.deliver(i, Result{Err: ErrOverloaded}, false)
 		}
 	}
 	return r
 }
 
-// Results delivers each node's reply once, in the order they arrive.
-func (r *Round) Results() <-chan Result { return r.results }
+// Arrived delivers the index of each node as its reply arrives; read the
+// reply with Result.
+func (r *Round) Arrived() <-chan int { return r.arrived }
 
-// Expired is closed when the round's deadline passes or ctx is done (and,
-// once every node has answered, anyway: drain Results when it fires).
+// Result returns node i's reply, once i has come out of Arrived.
+func (r *Round) Result(i int) Result { return r.results[i] }
+
+// Expired is closed when the round's deadline passes.
 func (r *Round) Expired() <-chan struct{} { return r.ctx.Done() }
 
-// Decide tells the round whether to undo. Only the first call counts; it does
-// nothing for a round without an undo call.
+// Decide tells the round whether to undo. Only the first of Decide and Keep
+// counts; it does nothing for a round without an undo call.
 func (r *Round) Decide(undoIt bool) {
 	if r.undo.Script == nil {
 		return
 	}
-	d := int32(keep)
-	if undoIt {
-		d = undo
+	if !undoIt {
+		r.decision.CompareAndSwap(0, keep)
+		return
 	}
-	if !r.decision.CompareAndSwap(0, d) || !undoIt {
+	r.undone = make(chan int, len(r.slots)) // before the decision: workers read it after seeing undo
+	if !r.decision.CompareAndSwap(0, undo) {
 		return
 	}
 	// Nodes whose request already finished get their undo now; the others
@@ -228,7 +274,7 @@ func (ns *Nodes) UndoLate(key, token string) {
 	r := ns.inflight[holder{key, token}]
 	ns.mu.Unlock()
 	if r != nil {
-		r.decision.CompareAndSwap(keep, undo)
+		r.decision.CompareAndSwap(keep, lateUndo)
 	}
 }
 
@@ -259,22 +305,29 @@ func (r *Round) WaitUndone(wait func(node int) bool, d time.Duration) {
 	}
 }
 
-// deliver records node i's reply. It returns true if the round was already
-// decided as failed and the caller (the node's worker) must undo node i now.
-// A request that was never sent (sent false) has nothing to undo.
+// deliver records node i's reply. It returns true if the caller (the node's
+// worker) must undo node i now: the round was decided as failed, or its
+// holder let go (UndoLate) before this request finished. A request that was
+// never sent (sent false) has nothing to undo.
+//
+// The order matters. The decision is read after the node is marked done and
+// before its reply is published: a reply that UndoLate's decision could
+// reach has never been seen by the collector, so an acquisition never
+// counts a node and then undoes it behind its back.
 func (r *Round) deliver(i int, res Result, sent bool) (undoNow bool) {
-	r.results <- res // buffered for every node: never blocks
 	if r.undo.Script != nil {
 		if !sent {
 			r.slots[i].Or(doneBit | undoBit) // claimed: nobody undoes a request never sent
-			r.undone <- i
 		} else {
 			r.slots[i].Or(doneBit)
-			undoNow = r.decision.Load() == undo && r.claimUndo(i)
+			if d := r.decision.Load(); d == undo || d == lateUndo {
+				undoNow = r.claimUndo(i)
+			}
 		}
 	}
+	r.results[i] = res
+	r.arrived <- i // buffered for every node: never blocks
 	if r.pending.Add(-1) == 0 {
-		r.cancel()
 		r.ns.mu.Lock()
 		if r.tracked != nil {
 			delete(r.ns.inflight, *r.tracked)
@@ -298,13 +351,20 @@ func (r *Round) claimUndo(i int) bool {
 	}
 }
 
+// undoneSignal reports a finished undo to WaitUndone, if anyone waits.
+func (r *Round) undoneSignal(i int) {
+	if r.undone != nil {
+		r.undone <- i // buffered for every node: never blocks
+	}
+}
+
 // enqueueUndo hands node i's undo to its workers, waiting at most the round
 // timeout for room in the queue. A node too busy to take it keeps our key
 // until its TTL, the same as a node that was unreachable.
 func (r *Round) enqueueUndo(i int) {
 	nd := r.ns.nodes[i]
 	if r.ns.closed.Load() {
-		r.undone <- i
+		r.undoneSignal(i)
 		return
 	}
 	nd.ensureWorker(r.ns)
@@ -318,9 +378,9 @@ func (r *Round) enqueueUndo(i int) {
 	select {
 	case nd.queue <- job{round: r, node: i, undo: true}:
 	case <-t.C:
-		r.undone <- i
+		r.undoneSignal(i)
 	case <-r.ns.stop:
-		r.undone <- i
+		r.undoneSignal(i)
 	}
 }
 
@@ -341,80 +401,46 @@ func (nd *node) ensureWorker(ns *Nodes) {
 	go nd.work(ns)
 }
 
-// work takes jobs until Close. It keeps one dedicated connection when the
-// client is a plain *redis.Client (a go-redis pool checks a connection's
-// health with a syscall on every checkout; a held connection needs no
-// checkout), and uses the client's pool otherwise, and until the node is warm.
+// work takes jobs until Close.
 func (nd *node) work(ns *Nodes) {
 	defer ns.workers.Done()
-	var conn *redis.Conn
-	defer func() {
-		if conn != nil {
-			_ = conn.Close()
-		}
-	}()
 	for {
 		select {
 		case <-ns.stop:
 			return
 		case j := <-nd.queue:
 			nd.idle.Add(-1)
-			conn = nd.run(conn, j)
+			nd.run(j)
 			nd.idle.Add(1)
 		}
 	}
 }
 
-// run executes one job and returns the connection to keep using (nil after
-// a network error, so the next job gets a fresh one).
-func (nd *node) run(conn *redis.Conn, j job) *redis.Conn {
+// run executes one job.
+func (nd *node) run(j job) {
 	r := j.round
 	if !j.undo {
 		if err := r.ctx.Err(); err != nil {
 			// Waited in the queue past the round's deadline: not sent at all.
-			r.deliver(j.node, Result{Node: j.node, Err: fmt.Errorf("not sent: %w", err)}, false)
-			return conn
+			r.deliver(j.node, Result{Err: fmt.Errorf("not sent: %w", err)}, false)
+			return
 		}
-		var (
-			v   int64
-			err error
-		)
-		conn, v, err = nd.exec(r.ctx, conn, r.call)
-		if !r.deliver(j.node, Result{Node: j.node, Val: v, Err: err}, true) {
-			return conn
+		if d := r.decision.Load(); d == undo || d == lateUndo {
+			// Decided (or let go) while this request waited: sending it
+			// would only write a key that then has to be undone.
+			r.deliver(j.node, Result{Err: errDecided}, false)
+			return
+		}
+		v, err := r.call.Script.Run(r.ctx, nd.client, r.call.Line)
+		if !r.deliver(j.node, Result{Val: v, Err: err}, true) {
+			return
 		}
 		// The round failed while this request was in flight: undo it now
 		// that it has finished.
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.parent), r.ns.timeout)
-	defer cancel()
-	conn, _, _ = nd.exec(ctx, conn, r.undo)
-	r.undone <- j.node
-	return conn
-}
-
-// exec runs c on the worker's connection (made on first use, for a plain
-// *redis.Client whose node is warm) or on the client's pool, and drops the
-// connection after an error that leaves it in an unknown state (a timeout,
-// a reset).
-func (nd *node) exec(ctx context.Context, conn *redis.Conn, c Call) (*redis.Conn, int64, error) {
-	client, plain := nd.client.(*redis.Client)
-	var doer script.Doer = nd.client
-	if plain && nd.warm.Load() {
-		if conn == nil {
-			conn = client.Conn()
-		}
-		doer = conn
-	}
-	v, err := c.Script.Run(ctx, doer, c.Line)
-	var replyErr redis.Error
-	answered := err == nil || errors.As(err, &replyErr)
-	switch {
-	case plain && !answered && conn != nil:
-		_ = conn.Close() // a timeout or a reset leaves the connection in an unknown state
-		conn = nil
-	case plain && answered && conn == nil:
-		nd.warm.Store(true)
-	}
-	return conn, v, err
+	// A fresh deadline: the round's may have passed, and the caller's
+	// cancellation must not stop a cleanup.
+	ctx := detached{Context: r.ns.deadline(), values: r.parent}
+	_, _ = r.undo.Script.Run(ctx, nd.client, r.undo.Line)
+	r.undoneSignal(j.node)
 }

@@ -164,6 +164,15 @@ func FenceKey(key string) (fk string, ok bool) {
 	return "{" + key + "}:fence", true
 }
 
+// MustFenceKey is FenceKey for a key that passed Check.
+func MustFenceKey(key string) string {
+	fk, ok := FenceKey(key)
+	if !ok {
+		panic("script: MustFenceKey on a key that Check rejects: " + key) // a bug in the caller, not bad input
+	}
+	return fk
+}
+
 // hasHashTag applies Redis Cluster's rule: a '{' followed later by a '}'
 // with at least one byte between the first such pair.
 func hasHashTag(key string) bool {
@@ -175,23 +184,22 @@ func hasHashTag(key string) bool {
 	return end > 0
 }
 
-// Check validates the arguments every strategy call shares and returns the
-// key's fence counter key. Errors are redlease.ErrInvalid.
-func Check(key, token string, ttl time.Duration, driftFactor float64) (fenceKey string, err error) {
+// Check validates the arguments every strategy call shares. Errors are
+// redlease.ErrInvalid. It allocates nothing; FenceKey builds the companion
+// key where one is needed.
+func Check(key, token string, ttl time.Duration, driftFactor float64) error {
 	switch {
 	case key == "":
-		return "", redlease.Invalid("empty key")
+		return redlease.Invalid("empty key")
 	case token == "":
-		return "", redlease.Invalid("empty token")
+		return redlease.Invalid("empty token")
 	case ttl < time.Millisecond:
-		return "", redlease.Invalid("ttl %v: must be at least 1ms", ttl)
+		return redlease.Invalid("ttl %v: must be at least 1ms", ttl)
 	case ttl <= drift.Allowance(ttl, driftFactor):
-		return "", redlease.Invalid("ttl %v: no validity left after the drift allowance of %v",
+		return redlease.Invalid("ttl %v: no validity left after the drift allowance of %v",
 			ttl, drift.Allowance(ttl, driftFactor))
+	case !hasHashTag(key) && strings.IndexByte(key, '}') >= 0:
+		return redlease.Invalid("key %q: contains '}' without a hash tag, so no fence key can share its cluster slot", key)
 	}
-	fk, ok := FenceKey(key)
-	if !ok {
-		return "", redlease.Invalid("key %q: contains '}' without a hash tag, so no fence key can share its cluster slot", key)
-	}
-	return fk, nil
+	return nil
 }
