@@ -46,6 +46,7 @@ type NodeError struct {
 	Err  error  // the cause; errors.Is(err, context.DeadlineExceeded) for timeouts
 }
 
+// Error names the node (index and address) and the cause.
 func (e *NodeError) Error() string {
 	if e.Addr != "" {
 		return fmt.Sprintf("node %d (%s): %v", e.Node, e.Addr, e.Err)
@@ -71,6 +72,8 @@ type QuorumError struct {
 	Causes  *multierror.Error // one *NodeError per failed node; nil if none failed
 }
 
+// Error says how many nodes agreed out of how many, how many were needed,
+// how long it took, and every per-node cause.
 func (e *QuorumError) Error() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%v: %s: %d of %d nodes agreed, %d needed, after %s",

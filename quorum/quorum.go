@@ -312,9 +312,12 @@ func (s *Strategy) failure(ctx context.Context, op string, sentinel error, t tal
 // the node timeout. It matches context.DeadlineExceeded with errors.Is.
 type errNoReply struct{ timeout time.Duration }
 
+// Error says which timeout passed.
 func (e errNoReply) Error() string {
 	return "no reply within the node timeout of " + e.timeout.String()
 }
+
+// Is makes errors.Is(err, context.DeadlineExceeded) true.
 func (e errNoReply) Is(target error) bool { return target == context.DeadlineExceeded }
 
 func (s *Strategy) nodeError(i int, err error) *redlease.NodeError {

@@ -147,6 +147,7 @@ type detached struct {
 	values          context.Context // the caller's
 }
 
+// Value looks key up in the caller's context.
 func (d detached) Value(key any) any { return d.values.Value(key) }
 
 // maxInline is the node count up to which a round keeps its per-node state

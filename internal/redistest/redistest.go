@@ -294,4 +294,5 @@ func QuietClientLogs() { redis.SetLogger(quiet{}) }
 
 type quiet struct{}
 
+// Printf discards the line.
 func (quiet) Printf(context.Context, string, ...any) {}
