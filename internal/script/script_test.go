@@ -1,0 +1,85 @@
+package script
+
+import (
+	"testing"
+	"time"
+)
+
+func TestFenceKeySharesTheSlot(t *testing.T) {
+	if got := slot("123456789"); got != 0x31C3 {
+		t.Fatalf("slot helper is wrong: CRC16 of 123456789 must be 0x31C3 (Redis Cluster spec), got %#x", got)
+	}
+	cases := []struct {
+		key, want string
+		ok        bool
+	}{
+		{"order:7", "{order:7}:fence", true},
+		{"{order:7}:lock", "{order:7}:lock:fence", true},
+		{"a{b}c", "a{b}c:fence", true},
+		{"a{}b", "{a{}b}:fence", false}, // empty tag: whole key hashed, and it holds '}'
+		{"a}b", "", false},
+		{"{", "{{}:fence", true}, // no '}' at all: wrapping makes the whole key the tag
+	}
+	for _, c := range cases {
+		got, ok := FenceKey(c.key)
+		if ok != c.ok || (ok && got != c.want) {
+			t.Errorf("FenceKey(%q) = %q, %v; want %q, %v", c.key, got, ok, c.want, c.ok)
+		}
+		if ok && slot(got) != slot(c.key) {
+			t.Errorf("FenceKey(%q) = %q hashes to slot %d, the key to %d", c.key, got, slot(got), slot(c.key))
+		}
+	}
+}
+
+func TestCheckRejectsWhatCannotWork(t *testing.T) {
+	cases := []struct {
+		key, token string
+		ttl        time.Duration
+		ok         bool
+	}{
+		{"k", "t", time.Second, true},
+		{"", "t", time.Second, false},
+		{"k", "", time.Second, false},
+		{"k", "t", 0, false},
+		{"k", "t", 999 * time.Microsecond, false},
+		{"k", "t", 2 * time.Millisecond, false}, // all of it eaten by the 2 ms drift allowance
+		{"a}b", "t", time.Second, false},
+	}
+	for _, c := range cases {
+		err := Check(c.key, c.token, c.ttl, 0.01)
+		if (err == nil) != c.ok {
+			t.Errorf("Check(%q, %q, %v) = %v, want ok=%v", c.key, c.token, c.ttl, err, c.ok)
+		}
+	}
+}
+
+// slot is Redis Cluster's key slot: CRC16 (XMODEM) of the hash tag, or of
+// the whole key, mod 16384.
+func slot(key string) int {
+	if hasHashTag(key) {
+		open := indexByte(key, '{')
+		end := indexByte(key[open+1:], '}')
+		key = key[open+1 : open+1+end]
+	}
+	var crc uint16
+	for i := 0; i < len(key); i++ {
+		crc ^= uint16(key[i]) << 8
+		for range 8 {
+			if crc&0x8000 != 0 {
+				crc = crc<<1 ^ 0x1021
+			} else {
+				crc <<= 1
+			}
+		}
+	}
+	return int(crc) % 16384
+}
+
+func indexByte(s string, b byte) int {
+	for i := 0; i < len(s); i++ {
+		if s[i] == b {
+			return i
+		}
+	}
+	return -1
+}
