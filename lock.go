@@ -20,6 +20,7 @@ type Lock struct {
 	fullKey  string // with the Locker's prefix, as sent to Redis
 	token    string
 	ttl      time.Duration
+	margin   time.Duration // Lost closes this long before until
 	fence    uint64
 
 	mu       sync.Mutex
@@ -27,10 +28,10 @@ type Lock struct {
 	cause    error         // non-nil once lost
 	released bool          // a Release confirmed the key gone (or not ours)
 	lost     chan struct{} // made by the first Lost call; closed once lost
-	expiry   *time.Timer   // started by the first Lost call; marks the lock lost at until
+	expiry   *time.Timer   // started by the first Lost call; marks the lock lost at until−margin
 }
 
-func newLock(s Strategy, key, fullKey, token string, ttl time.Duration, g Grant) *Lock {
+func newLock(s Strategy, key, fullKey, token string, ttl, margin time.Duration, g Grant) *Lock {
 	// Lost's channel and the expiry timer are made on the first Lost call:
 	// most locks are taken and released without anyone selecting on Lost,
 	// and Valid and Err check the clock themselves.
@@ -40,6 +41,7 @@ func newLock(s Strategy, key, fullKey, token string, ttl time.Duration, g Grant)
 		fullKey:  fullKey,
 		token:    token,
 		ttl:      ttl,
+		margin:   margin,
 		fence:    g.Fence,
 		until:    g.Until,
 	}
@@ -83,7 +85,9 @@ func (lk *Lock) TTL() time.Duration {
 }
 
 // Until returns the end of the current validity on the monotonic clock,
-// drift allowance already subtracted. Extend moves it.
+// drift allowance already subtracted. Extend moves it. The lock counts as
+// lost a little earlier, at Until minus the loss margin (WithLossMargin), so
+// that its holder has time to stop before anyone else can get in.
 func (lk *Lock) Until() time.Time {
 	if lk == nil {
 		return time.Time{}
@@ -94,7 +98,8 @@ func (lk *Lock) Until() time.Time {
 }
 
 // Valid reports whether the lock is still held as far as this process can
-// tell: not released, not known lost, and Until not yet passed. A true answer
+// tell: not released, not known lost, and Until minus the loss margin not
+// yet passed. A true answer
 // is only as good as the strategy's assumptions (bounded clock drift, nodes
 // that keep their data) and goes stale immediately; use Fence at the
 // storage for anything that must not happen twice.
@@ -109,8 +114,9 @@ func (lk *Lock) Valid() bool {
 }
 
 // Lost returns a channel that is closed once the lock is known lost: its
-// validity ran out (Until passed without an extension) or an extension found
-// it no longer held. It is not closed by Release. Err tells why.
+// validity is about to run out (Until minus the loss margin passed without
+// an extension) or an extension found it no longer held. It closes before
+// Until, never after. It is not closed by Release. Err tells why.
 func (lk *Lock) Lost() <-chan struct{} {
 	if lk == nil {
 		c := make(chan struct{})
@@ -126,7 +132,7 @@ func (lk *Lock) Lost() <-chan struct{} {
 		case lk.cause != nil:
 			close(lk.lost)
 		case !lk.released:
-			lk.expiry = time.AfterFunc(time.Until(lk.until), lk.expire)
+			lk.expiry = time.AfterFunc(time.Until(lk.deadlineLocked()), lk.expire)
 		}
 	}
 	return lk.lost
@@ -160,6 +166,13 @@ func (lk *Lock) Extend(ctx context.Context, ttl time.Duration) error {
 		return err
 	}
 	g, err := lk.strategy.Extend(ctx, lk.fullKey, lk.token, ttl)
+	return lk.applyExtension(g, err)
+}
+
+// applyExtension records the outcome of an extension: a new Until, or the
+// loss of the lock if the strategy says it is no longer held. Other errors
+// leave the lock as it was.
+func (lk *Lock) applyExtension(g Grant, err error) error {
 	if err != nil {
 		if errors.Is(err, ErrNotHeld) {
 			lk.markLost(err)
@@ -168,6 +181,7 @@ func (lk *Lock) Extend(ctx context.Context, ttl time.Duration) error {
 	}
 	lk.mu.Lock()
 	defer lk.mu.Unlock()
+	lk.checkExpiryLocked()
 	if lk.cause != nil || lk.released {
 		// Lost or released while the extension was in flight: the earlier
 		// verdict stands.
@@ -175,7 +189,7 @@ func (lk *Lock) Extend(ctx context.Context, ttl time.Duration) error {
 	}
 	lk.until = g.Until
 	if lk.expiry != nil {
-		lk.expiry.Reset(time.Until(g.Until))
+		lk.expiry.Reset(time.Until(lk.deadlineLocked()))
 	}
 	return nil
 }
@@ -225,11 +239,15 @@ func (lk *Lock) usable() error {
 }
 
 // errExpired is the cause of a lock whose validity ran out.
-var errExpired = errors.New("validity ran out without an extension")
+var errExpired = errors.New("validity (less the loss margin) ran out without an extension")
 
-// checkExpiryLocked marks the lock lost if its validity has run out.
+// deadlineLocked is when the lock counts as lost without an extension.
+func (lk *Lock) deadlineLocked() time.Time { return lk.until.Add(-lk.margin) }
+
+// checkExpiryLocked marks the lock lost if its validity (less the margin)
+// has run out.
 func (lk *Lock) checkExpiryLocked() {
-	if lk.cause == nil && !lk.released && !time.Now().Before(lk.until) {
+	if lk.cause == nil && !lk.released && !time.Now().Before(lk.deadlineLocked()) {
 		lk.markLostLocked(errExpired)
 	}
 }

@@ -15,6 +15,7 @@ import (
 type Locker struct {
 	defaults lockConfig
 	prefix   string
+	keeper   Keeper
 }
 
 // New returns a Locker that takes locks through s with the given options.
@@ -58,6 +59,9 @@ func (l *Locker) config(key string, opts []LockOption) (lockConfig, error) {
 	}
 	if key == "" {
 		return c, Invalid("empty key")
+	}
+	if m := c.lossMargin(); m >= c.ttl {
+		return c, Invalid("loss margin %v: must be shorter than the ttl %v", m, c.ttl)
 	}
 	return c, nil
 }
@@ -123,7 +127,7 @@ func (l *Locker) attempt(ctx context.Context, c lockConfig, key, token string) (
 	if err != nil {
 		return nil, err
 	}
-	return newLock(c.strategy, key, full, token, c.ttl, g), nil
+	return newLock(c.strategy, key, full, token, c.ttl, c.lossMargin(), g), nil
 }
 
 // backoff returns the wait before the attempt after attempt n (n >= 1):

@@ -223,18 +223,32 @@ func TestPerCallStrategyAndPrefix(t *testing.T) {
 	assert.Equal(t, []string{"app:b"}, careful.keys)
 }
 
-func TestLostClosesWhenValidityRunsOut(t *testing.T) {
+func TestLostClosesBeforeValidityRunsOut(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := newFake()
 		lk, err := redlease.New(f, redlease.WithTTL(time.Second)).TryLock(t.Context(), "k")
 		require.NoError(t, err)
 		until := lk.Until()
 		<-lk.Lost()
-		assert.False(t, time.Now().Before(until), "Lost closed at %v, before Until %v", time.Now(), until)
+		assert.Equal(t, until.Add(-100*time.Millisecond), time.Now(), "Lost closes a tenth of the TTL before Until by default")
 		assert.False(t, lk.Valid())
 		assert.ErrorIs(t, lk.Err(), redlease.ErrLost)
 		assert.ErrorIs(t, lk.Extend(t.Context(), time.Second), redlease.ErrNotHeld, "a lost lock stays lost")
+
+		lk, err = redlease.New(f, redlease.WithTTL(time.Second), redlease.WithLossMargin(0)).TryLock(t.Context(), "k2")
+		require.NoError(t, err)
+		until = lk.Until()
+		<-lk.Lost()
+		assert.Equal(t, until, time.Now(), "with no margin, Lost closes at Until")
 	})
+}
+
+func TestLossMarginMustBeShorterThanTTL(t *testing.T) {
+	l := redlease.New(newFake(), redlease.WithTTL(time.Second))
+	_, err := l.TryLock(t.Context(), "k", redlease.WithLossMargin(time.Second))
+	assert.ErrorIs(t, err, redlease.ErrInvalid)
+	_, err = l.TryLock(t.Context(), "k", redlease.WithLossMargin(-time.Millisecond))
+	assert.ErrorIs(t, err, redlease.ErrInvalid)
 }
 
 func TestExtendMovesUntilAndPostponesLoss(t *testing.T) {

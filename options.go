@@ -10,6 +10,10 @@ const (
 	// doubling wait between attempts of Locker.Lock.
 	DefaultMinRetryDelay = 10 * time.Millisecond
 	DefaultMaxRetryDelay = 320 * time.Millisecond
+	// DefaultLossMarginDivisor sets the default loss margin to a tenth of
+	// the TTL: a lock that nobody managed to extend counts as lost at
+	// Until − ttl/10.
+	DefaultLossMarginDivisor = 10
 )
 
 // Option configures a Locker in New. Every LockOption is also an Option:
@@ -33,7 +37,18 @@ type lockConfig struct {
 	minDelay    time.Duration
 	maxDelay    time.Duration
 	maxAttempts int // 0: until ctx is done
+	margin      time.Duration
+	marginSet   bool // false: DefaultLossMargin of the ttl
 	err         error
+}
+
+// lossMargin is the margin for ttl: the one set with WithLossMargin, or
+// ttl/DefaultLossMarginDivisor.
+func (c *lockConfig) lossMargin() time.Duration {
+	if c.marginSet {
+		return c.margin
+	}
+	return c.ttl / DefaultLossMarginDivisor
 }
 
 func (c *lockConfig) fail(err error) {
@@ -112,4 +127,34 @@ func (f lockerOption) applyLocker(l *Locker) { f(l) }
 // interoperating with redsync on the same names needs).
 func WithPrefix(prefix string) Option {
 	return lockerOption(func(l *Locker) { l.prefix = prefix })
+}
+
+// WithLossMargin makes a lock count as lost d before its Until: Lost
+// closes, Valid turns false and Do cancels its function's context then, so
+// the holder can stop its work while the lock is still its own. Default: a
+// tenth of the TTL. A margin is only useful if it is longer than the holder
+// needs to notice and stop; 0 means "at Until". Must be at least 0 and
+// shorter than the TTL.
+func WithLossMargin(d time.Duration) LockOption {
+	return lockOption(func(c *lockConfig) {
+		if d < 0 {
+			c.fail(Invalid("loss margin %v: must not be negative", d))
+			return
+		}
+		c.margin, c.marginSet = d, true
+	})
+}
+
+// WithKeeper gives the Locker a Keeper (renew.Watchdog) that Do uses to
+// keep its locks alive while its function runs. Default none: Do then runs
+// its function within the lock's first TTL and cancels its context when the
+// lock is about to expire.
+func WithKeeper(k Keeper) Option {
+	return lockerOption(func(l *Locker) {
+		if k == nil {
+			l.defaults.fail(Invalid("nil Keeper"))
+			return
+		}
+		l.keeper = k
+	})
 }
