@@ -170,6 +170,40 @@ func Run(t *testing.T, setup func(t *testing.T) Setup) {
 		assert.Zero(t, holders(t, s, key, "tok-a"), "a cancelled acquire leaves no key")
 	})
 
+	t.Run("ExtendBatch", func(t *testing.T) {
+		s := setup(t)
+		b, ok := s.Strategy.(redlease.BatchExtender)
+		if !ok {
+			t.Skipf("%T extends one key at a time (no BatchExtender)", s.Strategy)
+		}
+		ctx := t.Context()
+		var items []redlease.Extension
+		for i := range 3 {
+			key := fmt.Sprintf("{batch}:%s:%d", Key(t), i)
+			_, err := s.Strategy.Acquire(ctx, key, "tok", 5*time.Second)
+			require.NoError(t, err)
+			items = append(items, redlease.Extension{Key: key, Token: "tok", TTL: 20 * time.Second})
+		}
+		// Let the acquisitions' last replies land before tampering.
+		require.Eventually(t, func() bool { return holders(t, s, items[1].Key, "tok") == len(s.Nodes) }, 2*time.Second, time.Millisecond)
+		for _, n := range s.Nodes {
+			require.NoError(t, n.Del(ctx, items[1].Key).Err())
+		}
+		items = append(items, redlease.Extension{Key: "", Token: "tok", TTL: time.Second})
+		out := b.ExtendBatch(ctx, items)
+		require.Len(t, out, 4)
+		assert.NoError(t, out[0].Err)
+		assert.ErrorIs(t, out[1].Err, redlease.ErrNotHeld)
+		assert.NoError(t, out[2].Err)
+		assert.ErrorIs(t, out[3].Err, redlease.ErrInvalid)
+		assert.True(t, out[0].Grant.Until.After(time.Now().Add(10*time.Second)), "Until follows the new ttl")
+		for _, n := range s.Nodes {
+			pttl := n.PTTL(ctx, items[2].Key).Val()
+			assert.Greater(t, pttl, 10*time.Second, "the batch resets the TTL on the node")
+		}
+		assert.Zero(t, holders(t, s, items[1].Key, "tok"), "a failed extension does not recreate the key")
+	})
+
 	t.Run("ClusterSlotCompanions", func(t *testing.T) {
 		s := setup(t)
 		ctx := t.Context()

@@ -32,14 +32,16 @@ import (
 
 // Result is one node's reply.
 type Result struct {
-	Val int64
-	Err error
+	Val  int64
+	Vals []int64 // the reply of a Multi call
+	Err  error
 }
 
 // Call is one script invocation, the same command line for every node.
 type Call struct {
 	Script *script.Script
 	Line   []any
+	Multi  bool // the script replies with an array of integers (Result.Vals)
 }
 
 // ErrOverloaded is the cause recorded for a node whose queue was full: more
@@ -432,8 +434,13 @@ func (nd *node) run(j job) {
 			r.deliver(j.node, Result{Err: errDecided}, false)
 			return
 		}
-		v, err := r.call.Script.Run(r.ctx, nd.client, r.call.Line)
-		if !r.deliver(j.node, Result{Val: v, Err: err}, true) {
+		var res Result
+		if r.call.Multi {
+			res.Vals, res.Err = r.call.Script.RunInts(r.ctx, nd.client, r.call.Line)
+		} else {
+			res.Val, res.Err = r.call.Script.Run(r.ctx, nd.client, r.call.Line)
+		}
+		if !r.deliver(j.node, res, true) {
 			return
 		}
 		// The round failed while this request was in flight: undo it now

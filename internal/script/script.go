@@ -110,7 +110,7 @@ type Script struct {
 	script  *redis.Script // computes the SHA1 the same way go-redis does
 	src     string
 	sha     any // pre-boxed for Args
-	numKeys int
+	numKeys int // -1: given per call
 }
 
 func newScript(numKeys int, src string) *Script {
@@ -129,6 +129,26 @@ func (s *Script) Args(keysThenArgs ...any) []any {
 	return append(line, keysThenArgs...)
 }
 
+// LineMany returns the EVALSHA command line of a script whose key count is
+// given per call (ExtendMany).
+func (s *Script) LineMany(keys []any, args []any) []any {
+	line := make([]any, 0, 3+len(keys)+len(args))
+	line = append(line, "evalsha", s.sha, len(keys))
+	line = append(line, keys...)
+	return append(line, args...)
+}
+
+// RunInts is Run for scripts that reply with an array of integers.
+func (s *Script) RunInts(ctx context.Context, c Doer, line []any) ([]int64, error) {
+	v, err := c.Do(ctx, line...).Int64Slice()
+	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+		eval := slices.Clone(line)
+		eval[0], eval[1] = "eval", s.src
+		v, err = c.Do(ctx, eval...).Int64Slice()
+	}
+	return v, err
+}
+
 // Doer is the one client method Run needs; every go-redis client has it.
 type Doer interface {
 	Do(ctx context.Context, args ...any) *redis.Cmd
@@ -144,6 +164,27 @@ func (s *Script) Run(ctx context.Context, c Doer, line []any) (int64, error) {
 	}
 	return v, err
 }
+
+// ExtendMany resets the TTL of many locks we hold, in one call.
+//
+//	KEYS[i] lock key i; ARGV[2i-1] its token, ARGV[2i] its ttl in ms
+//	reply: array, element i 1 if key i was extended, 0 if gone or not ours
+var ExtendMany = newScript(-1, `
+local out = {}
+for i, key in ipairs(KEYS) do
+  if redis.call('GET', key) == ARGV[2*i-1] then
+    out[i] = redis.call('PEXPIRE', key, ARGV[2*i])
+  else
+    out[i] = 0
+  end
+end
+return out
+`)
+
+// MaxBatch bounds the keys in one ExtendMany call: Redis runs a script to
+// completion before serving anyone else, so a batch must stay short (500
+// keys take well under a millisecond).
+const MaxBatch = 500
 
 // FenceKey returns the key of the fence counter that belongs to key, chosen
 // so that both hash to the same Redis Cluster slot (a script may only touch
