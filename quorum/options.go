@@ -92,7 +92,7 @@ func WithQuorum(k int) Option {
 // them and stay until Close. For a *redis.Client node each worker holds one
 // of the client's pooled connections, so n must stay below its PoolSize.
 // One node's throughput is at most n / round-trip time; requests beyond
-// what the workers take wait in a queue (up to 4n), and a request still
+// what the workers take wait in a queue (up to 4096), and a request still
 // queued at its round's deadline counts as a timeout for that node without
 // being sent. A hung node therefore never holds more than n requests.
 func WithWorkersPerNode(n int) Option {

@@ -94,6 +94,12 @@ type job struct {
 	undo  bool
 }
 
+// queueLen is how many requests may wait for one node's workers. A burst
+// beyond that fails on that node at once (ErrOverloaded); requests that wait
+// past their round's deadline are dropped unsent, so a long queue costs
+// memory (a few dozen bytes a request), never stale writes.
+const queueLen = 4096
+
 // New prepares workers for clients: at most workersPerNode each, started as
 // load requires. Every round is bounded by timeout.
 func New(clients []redis.UniversalClient, workersPerNode int, timeout time.Duration) *Nodes {
@@ -104,7 +110,7 @@ func New(clients []redis.UniversalClient, workersPerNode int, timeout time.Durat
 		inflight: map[holder]*Round{},
 	}
 	for i, c := range clients {
-		ns.nodes[i] = &node{client: c, queue: make(chan job, 4*workersPerNode), max: int32(workersPerNode)}
+		ns.nodes[i] = &node{client: c, queue: make(chan job, queueLen), max: int32(workersPerNode)}
 	}
 	return ns
 }
