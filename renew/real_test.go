@@ -1,0 +1,186 @@
+package renew_test
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	_ "modernc.org/sqlite"
+
+	"github.com/redlease/redlease"
+	"github.com/redlease/redlease/internal/redistest"
+	"github.com/redlease/redlease/quorum"
+	"github.com/redlease/redlease/renew"
+)
+
+// fiveNodes starts five real redis-server processes, a quorum strategy over
+// them and a watchdog, all stopped on cleanup in the right order.
+func fiveNodes(t *testing.T, opts ...quorum.Option) (*quorum.Strategy, *renew.Watchdog, []redis.UniversalClient) {
+	t.Helper()
+	servers := redistest.StartN(t, 5, redistest.Config{})
+	clients := make([]redis.UniversalClient, 5)
+	for i, srv := range servers {
+		clients[i] = srv.Client()
+	}
+	s, err := quorum.New(clients, opts...)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	w, err := renew.New()
+	require.NoError(t, err)
+	t.Cleanup(w.Stop)
+	return s, w, clients
+}
+
+// evalshaCalls reads cmdstat_evalsha calls= from INFO commandstats.
+func evalshaCalls(t *testing.T, c redis.UniversalClient) int {
+	t.Helper()
+	info, err := c.Info(context.Background(), "commandstats").Result()
+	require.NoError(t, err)
+	for _, line := range strings.Split(info, "\n") {
+		if rest, ok := strings.CutPrefix(line, "cmdstat_evalsha:calls="); ok {
+			n, err := strconv.Atoi(rest[:strings.IndexByte(rest, ',')])
+			require.NoError(t, err)
+			return n
+		}
+	}
+	return 0
+}
+
+// Ten thousand locks with a 3 s TTL on five real nodes, held for 10 s by one
+// watchdog: every lock stays held, the goroutine count does not grow with
+// the locks, and the nodes see a handful of script calls per tick, not one
+// per lock.
+func TestWatchdogKeepsTenThousandLocks(t *testing.T) {
+	const locks, hold, ttl = 10_000, 10 * time.Second, 3 * time.Second
+	s, w, clients := fiveNodes(t, quorum.WithNodeTimeout(2*time.Second))
+	locker := redlease.New(s, redlease.WithTTL(ttl))
+	ctx := t.Context()
+
+	held := make([]*redlease.Lock, locks)
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range 16 {
+		wg.Go(func() {
+			for i := int(next.Add(1)) - 1; i < locks; i = int(next.Add(1)) - 1 {
+				lk, err := locker.Lock(ctx, fmt.Sprintf("bulk:%d", i), redlease.WithMaxAttempts(5))
+				if !assert.NoError(t, err) {
+					return
+				}
+				w.Keep(lk)
+				held[i] = lk
+			}
+		})
+	}
+	wg.Wait()
+	require.Equal(t, locks, w.Len())
+
+	before := make([]int, len(clients))
+	for i, c := range clients {
+		before[i] = evalshaCalls(t, c)
+	}
+	goroutinesBefore := runtime.NumGoroutine()
+	time.Sleep(hold)
+	goroutinesDuring := runtime.NumGoroutine()
+
+	for i, lk := range held {
+		require.True(t, lk.Valid(), "lock %d lost after %v", i, hold)
+	}
+	var calls []int
+	for i, c := range clients {
+		calls = append(calls, evalshaCalls(t, c)-before[i])
+	}
+	ticks := int(hold / (ttl / 3))
+	t.Logf("%d locks held %v (ttl %v): script calls per node during the hold %v (a call per lock per tick would be %d); goroutines %d before the hold, %d during",
+		locks, hold, ttl, calls, locks*ticks, goroutinesBefore, goroutinesDuring)
+	for i, n := range calls {
+		assert.Less(t, n, locks/10, "node %d: renewal costs must not grow with the locks", i)
+	}
+	assert.LessOrEqual(t, goroutinesDuring, goroutinesBefore+5, "renewal must not start goroutines per lock")
+}
+
+// Keys deleted behind the holder's back on three of five nodes: the next
+// renewal finds the lock gone, Lost closes before Until, Do's function sees
+// its context cancelled, and Do reports the loss.
+func TestLossOnMajorityReachesDo(t *testing.T) {
+	s, w, clients := fiveNodes(t)
+	locker := redlease.New(s, redlease.WithTTL(3*time.Second), redlease.WithKeeper(w))
+	var lostAt, until time.Time
+	err := locker.Do(t.Context(), "job:42", func(ctx context.Context, lk *redlease.Lock) error {
+		for _, c := range clients[:3] {
+			require.NoError(t, c.Del(context.Background(), "job:42").Err())
+		}
+		select {
+		case <-ctx.Done():
+			lostAt, until = time.Now(), lk.Until()
+			assert.ErrorIs(t, context.Cause(ctx), redlease.ErrLost)
+		case <-time.After(5 * time.Second):
+			t.Error("fn's context was not cancelled")
+		}
+		return nil
+	})
+	assert.ErrorIs(t, err, redlease.ErrLost)
+	require.False(t, lostAt.IsZero())
+	assert.True(t, lostAt.Before(until), "lost at %v, Until %v", lostAt, until)
+	t.Logf("loss noticed %v before Until", until.Sub(lostAt).Round(time.Millisecond))
+}
+
+// Do releases only after fn returned: fn checks for its row, waits, and
+// inserts it (a unique index forbids a second one); a concurrent Do on the
+// same key must always see the committed row and insert nothing.
+func TestDoReleasesOnlyAfterTheCommit(t *testing.T) {
+	s, w, _ := fiveNodes(t)
+	locker := redlease.New(s, redlease.WithTTL(3*time.Second), redlease.WithKeeper(w),
+		redlease.WithRetryDelay(5*time.Millisecond, 50*time.Millisecond))
+
+	db, err := sql.Open("sqlite", filepath.Join(t.TempDir(), "ledger.db")+"?_pragma=busy_timeout(5000)")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = db.Close() })
+	_, err = db.Exec(`CREATE TABLE settlement (id TEXT NOT NULL, fence INTEGER NOT NULL);
+		CREATE UNIQUE INDEX settlement_id ON settlement(id)`)
+	require.NoError(t, err)
+
+	const keys, callers = 4, 4
+	var inserted, sawRow atomic.Int64
+	var wg sync.WaitGroup
+	for k := range keys {
+		for range callers {
+			wg.Go(func() {
+				id := fmt.Sprintf("stl-%d", k)
+				err := locker.Do(t.Context(), "settle:"+id, func(ctx context.Context, lk *redlease.Lock) error {
+					var n int
+					if err := db.QueryRowContext(ctx, `SELECT count(*) FROM settlement WHERE id = ?`, id).Scan(&n); err != nil {
+						return err
+					}
+					if n > 0 {
+						sawRow.Add(1)
+						return nil
+					}
+					time.Sleep(100 * time.Millisecond) // the slow part of the work
+					if _, err := db.ExecContext(ctx, `INSERT INTO settlement(id, fence) VALUES (?, ?)`, id, lk.Fence()); err != nil {
+						return err
+					}
+					inserted.Add(1)
+					return nil
+				})
+				assert.NoError(t, err)
+			})
+		}
+	}
+	wg.Wait()
+	assert.Equal(t, int64(keys), inserted.Load(), "one insert per key")
+	assert.Equal(t, int64(keys*(callers-1)), sawRow.Load(), "every later caller saw the committed row")
+	var rows int
+	require.NoError(t, db.QueryRow(`SELECT count(*) FROM settlement`).Scan(&rows))
+	assert.Equal(t, keys, rows)
+}
