@@ -18,6 +18,16 @@ type Keeper interface {
 	Keep(lk *Lock) (stop func())
 }
 
+// Revoker is a Strategy that can learn, after the fact, that grants it made
+// are void: the failover strategy, when a Sentinel failover may have
+// dropped locks that the old primary had granted. The Locker hands it every
+// lock it grants; the strategy calls revoke (from any goroutine, without
+// holding its own locks) to mark that lock lost at once, and the Locker
+// calls untrack when the lock is released or lost.
+type Revoker interface {
+	Track(key, token string, revoke func(cause error)) (untrack func())
+}
+
 // Extension asks for one key to be extended: the request side of
 // BatchExtender.
 type Extension struct {

@@ -148,3 +148,60 @@ func TestExtendAllBatchesPerStrategy(t *testing.T) {
 	errs = redlease.ExtendAll(ctx, locks[:1])
 	assert.ErrorIs(t, errs[0], redlease.ErrNotHeld, "a released lock is not extended")
 }
+
+// revokerFake tracks grants the way the failover strategy does.
+type revokerFake struct {
+	*fake
+	mu      sync.Mutex
+	revokes map[string]func(error)
+}
+
+func (r *revokerFake) Track(key, token string, revoke func(error)) func() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.revokes[token] = revoke
+	return func() {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		delete(r.revokes, token)
+	}
+}
+
+func (r *revokerFake) revokeAll(cause error) {
+	r.mu.Lock()
+	var fns []func(error)
+	for _, f := range r.revokes {
+		fns = append(fns, f)
+	}
+	r.mu.Unlock()
+	for _, f := range fns {
+		f(cause)
+	}
+}
+
+func (r *revokerFake) tracked() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.revokes)
+}
+
+func TestRevokedGrantsAreLostAtOnce(t *testing.T) {
+	r := &revokerFake{fake: newFake(), revokes: map[string]func(error){}}
+	l := redlease.New(r)
+	ctx := t.Context()
+	a, err := l.TryLock(ctx, "a")
+	require.NoError(t, err)
+	b, err := l.TryLock(ctx, "b")
+	require.NoError(t, err)
+	assert.Equal(t, 2, r.tracked())
+
+	require.NoError(t, b.Release(ctx))
+	assert.Equal(t, 1, r.tracked(), "release untracks")
+
+	failover := errors.New("primary failed over")
+	r.revokeAll(failover)
+	<-a.Lost()
+	assert.ErrorIs(t, a.Err(), failover)
+	assert.False(t, a.Valid())
+	assert.Zero(t, r.tracked(), "a lost lock is untracked")
+}

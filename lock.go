@@ -29,6 +29,7 @@ type Lock struct {
 	released bool          // a Release confirmed the key gone (or not ours)
 	lost     chan struct{} // made by the first Lost call; closed once lost
 	expiry   *time.Timer   // started by the first Lost call; marks the lock lost at until−margin
+	untrack  func()        // from a Revoker strategy; run once the lock is released or lost
 }
 
 func newLock(s Strategy, key, fullKey, token string, ttl, margin time.Duration, g Grant) *Lock {
@@ -93,7 +94,7 @@ func (lk *Lock) Until() time.Time {
 		return time.Time{}
 	}
 	lk.mu.Lock()
-	defer lk.mu.Unlock()
+	defer lk.unlock()
 	return lk.until
 }
 
@@ -108,7 +109,7 @@ func (lk *Lock) Valid() bool {
 		return false
 	}
 	lk.mu.Lock()
-	defer lk.mu.Unlock()
+	defer lk.unlock()
 	lk.checkExpiryLocked()
 	return lk.cause == nil && !lk.released
 }
@@ -124,7 +125,7 @@ func (lk *Lock) Lost() <-chan struct{} {
 		return c
 	}
 	lk.mu.Lock()
-	defer lk.mu.Unlock()
+	defer lk.unlock()
 	if lk.lost == nil {
 		lk.lost = make(chan struct{})
 		lk.checkExpiryLocked()
@@ -145,7 +146,7 @@ func (lk *Lock) Err() error {
 		return ErrNotHeld
 	}
 	lk.mu.Lock()
-	defer lk.mu.Unlock()
+	defer lk.unlock()
 	lk.checkExpiryLocked()
 	return lk.cause
 }
@@ -180,7 +181,7 @@ func (lk *Lock) applyExtension(g Grant, err error) error {
 		return err
 	}
 	lk.mu.Lock()
-	defer lk.mu.Unlock()
+	defer lk.unlock()
 	lk.checkExpiryLocked()
 	if lk.cause != nil || lk.released {
 		// Lost or released while the extension was in flight: the earlier
@@ -206,10 +207,10 @@ func (lk *Lock) Release(ctx context.Context) error {
 	}
 	lk.mu.Lock()
 	if lk.released {
-		lk.mu.Unlock()
+		lk.unlock()
 		return ErrNotHeld
 	}
-	lk.mu.Unlock()
+	lk.unlock()
 
 	err := lk.strategy.Release(ctx, lk.fullKey, lk.token)
 	if err == nil || errors.Is(err, ErrNotHeld) {
@@ -218,7 +219,7 @@ func (lk *Lock) Release(ctx context.Context) error {
 		if lk.expiry != nil {
 			lk.expiry.Stop()
 		}
-		lk.mu.Unlock()
+		lk.unlock()
 	}
 	return err
 }
@@ -227,7 +228,7 @@ func (lk *Lock) Release(ctx context.Context) error {
 // lost.
 func (lk *Lock) usable() error {
 	lk.mu.Lock()
-	defer lk.mu.Unlock()
+	defer lk.unlock()
 	lk.checkExpiryLocked()
 	switch {
 	case lk.released:
@@ -255,15 +256,29 @@ func (lk *Lock) checkExpiryLocked() {
 // expire runs when the expiry timer fires.
 func (lk *Lock) expire() {
 	lk.mu.Lock()
-	defer lk.mu.Unlock()
+	defer lk.unlock()
 	lk.checkExpiryLocked() // does nothing if an extension moved until meanwhile
 }
 
 // markLost records cause (the first one wins) and closes Lost.
 func (lk *Lock) markLost(cause error) {
 	lk.mu.Lock()
-	defer lk.mu.Unlock()
+	defer lk.unlock()
 	lk.markLostLocked(cause)
+}
+
+// unlock releases lk.mu. Once the lock is released or lost it also runs the
+// Revoker's untrack function, once, outside lk.mu: a Revoker takes its own
+// lock there, and calls markLost while holding none.
+func (lk *Lock) unlock() {
+	var untrack func()
+	if lk.untrack != nil && (lk.cause != nil || lk.released) {
+		untrack, lk.untrack = lk.untrack, nil
+	}
+	lk.mu.Unlock()
+	if untrack != nil {
+		untrack()
+	}
 }
 
 func (lk *Lock) markLostLocked(cause error) {

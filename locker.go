@@ -127,7 +127,11 @@ func (l *Locker) attempt(ctx context.Context, c lockConfig, key, token string) (
 	if err != nil {
 		return nil, err
 	}
-	return newLock(c.strategy, key, full, token, c.ttl, c.lossMargin(), g), nil
+	lk := newLock(c.strategy, key, full, token, c.ttl, c.lossMargin(), g)
+	if r, ok := c.strategy.(Revoker); ok {
+		lk.untrack = r.Track(full, token, lk.markLost)
+	}
+	return lk, nil
 }
 
 // backoff returns the wait before the attempt after attempt n (n >= 1):
