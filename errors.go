@@ -103,3 +103,10 @@ func (e *QuorumError) Unwrap() []error {
 // release either way. The lock may still be held; its last Until still
 // bounds it. Per-node causes are reachable with errors.As (*NodeError).
 var ErrUnavailable = errors.New("redlease: too few nodes answered")
+
+// ErrNotReplicated means a write was not acknowledged by as many replicas as
+// the failover strategy requires (Redis WAIT) in time. An acquisition that
+// fails this way was undone; an extension that fails this way is undecided
+// (the lock keeps its previous Until). WAIT is best effort, not consensus:
+// see the failover package.
+var ErrNotReplicated = errors.New("redlease: write not acknowledged by enough replicas")

@@ -2,16 +2,13 @@ package single
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/redlease/redlease"
 	"github.com/redlease/redlease/internal/drift"
-	"github.com/redlease/redlease/internal/nodes"
-	"github.com/redlease/redlease/internal/script"
+	"github.com/redlease/redlease/internal/primary"
 )
 
 // Strategy keeps locks on one Redis primary (standalone, behind Sentinel, or
@@ -19,31 +16,30 @@ import (
 // running one Lua script. It is safe for concurrent use and does not own the
 // client.
 type Strategy struct {
-	client      redis.UniversalClient
-	addr        string
-	fencing     bool
-	driftFactor float64
-	err         error // a rejected argument to New, returned by every call
+	p *primary.Primary
 }
 
-var _ redlease.Strategy = (*Strategy)(nil)
+var (
+	_ redlease.Strategy      = (*Strategy)(nil)
+	_ redlease.BatchExtender = (*Strategy)(nil)
+)
 
 // Option configures a Strategy in New.
 type Option interface {
-	apply(*Strategy) error
+	apply(*primary.Config) error
 }
 
-type optionFunc func(*Strategy) error
+type optionFunc func(*primary.Config) error
 
-func (f optionFunc) apply(s *Strategy) error { return f(s) }
+func (f optionFunc) apply(c *primary.Config) error { return f(c) }
 
 // WithoutFencing turns fencing tokens off (Grant.Fence is 0). Fencing is on
 // by default: it costs an INCR inside the same script, but it leaves one
 // small counter key per lock name without a TTL, which adds up for
 // dedup keys that are never reused.
 func WithoutFencing() Option {
-	return optionFunc(func(s *Strategy) error {
-		s.fencing = false
+	return optionFunc(func(c *primary.Config) error {
+		c.Fencing = false
 		return nil
 	})
 }
@@ -52,11 +48,11 @@ func WithoutFencing() Option {
 // between this process's clock and the server's: a grant is valid until
 // start + ttl − (ttl×factor + 2 ms). Default 0.01. Must be in [0, 1).
 func WithDriftFactor(factor float64) Option {
-	return optionFunc(func(s *Strategy) error {
+	return optionFunc(func(c *primary.Config) error {
 		if !(factor >= 0 && factor < 1) {
 			return redlease.Invalid("drift factor %v: must be in [0, 1)", factor)
 		}
-		s.driftFactor = factor
+		c.DriftFactor = factor
 		return nil
 	})
 }
@@ -65,22 +61,17 @@ func WithDriftFactor(factor float64) Option {
 // rejected option makes every call return an error that errors.Is
 // redlease.ErrInvalid.
 func New(client redis.UniversalClient, opts ...Option) *Strategy {
-	s := &Strategy{client: client, fencing: true, driftFactor: drift.DefaultFactor}
-	if nodes.IsNil(client) {
-		s.err = redlease.Invalid("single: nil client")
-		return s
-	}
-	s.addr = nodes.Addr(client)
+	cfg := primary.Config{Fencing: true, DriftFactor: drift.DefaultFactor}
+	var err error
 	for _, o := range opts {
 		if o == nil {
 			continue
 		}
-		if err := o.apply(s); err != nil {
-			s.err = err
-			return s
+		if err = o.apply(&cfg); err != nil {
+			break
 		}
 	}
-	return s
+	return &Strategy{p: primary.New(client, cfg, err)}
 }
 
 // Acquire takes key in one round trip: SET NX PX and, with fencing, INCR of
@@ -92,78 +83,22 @@ func New(client redis.UniversalClient, opts ...Option) *Strategy {
 // holds token until its TTL unless the next attempt with the same token
 // (Locker.Lock reuses it) claims it, or a Release with it removes it.
 func (s *Strategy) Acquire(ctx context.Context, key, token string, ttl time.Duration) (redlease.Grant, error) {
-	if err := s.check(key, token, ttl); err != nil {
-		return redlease.Grant{}, err
-	}
-	if err := ctx.Err(); err != nil {
-		return redlease.Grant{}, errors.Join(redlease.ErrNotObtained, context.Cause(ctx))
-	}
-	mode, fenceKey := any(script.NoFence), key // KEYS[2] is never touched without fencing
-	if s.fencing {
-		mode, fenceKey = any(script.IncrFence), script.MustFenceKey(key)
-	}
-	start := time.Now()
-	v, err := script.Acquire.Run(ctx, s.client, script.Acquire.Args(key, fenceKey, token, ttl.Milliseconds(), mode))
-	switch {
-	case err != nil:
-		return redlease.Grant{}, s.fail(redlease.ErrNotObtained, err)
-	case v == script.Taken:
-		return redlease.Grant{}, redlease.ErrNotObtained
-	}
-	until := start.Add(ttl - drift.Allowance(ttl, s.driftFactor))
-	if !time.Now().Before(until) {
-		_ = s.Release(context.WithoutCancel(ctx), key, token)
-		return redlease.Grant{}, fmt.Errorf("%w: no validity left after %v", redlease.ErrNotObtained, time.Since(start))
-	}
-	return redlease.Grant{Until: until, Fence: uint64(v)}, nil
+	return s.p.Acquire(ctx, key, token, ttl)
 }
 
 // Extend resets key's TTL if it still holds token, in one round trip.
 func (s *Strategy) Extend(ctx context.Context, key, token string, ttl time.Duration) (redlease.Grant, error) {
-	if err := s.check(key, token, ttl); err != nil {
-		return redlease.Grant{}, err
-	}
-	start := time.Now()
-	v, err := script.Extend.Run(ctx, s.client, script.Extend.Args(key, token, ttl.Milliseconds()))
-	switch {
-	case err != nil:
-		return redlease.Grant{}, s.fail(redlease.ErrUnavailable, err)
-	case v != 1:
-		return redlease.Grant{}, redlease.ErrNotHeld
-	}
-	until := start.Add(ttl - drift.Allowance(ttl, s.driftFactor))
-	if !time.Now().Before(until) {
-		return redlease.Grant{}, fmt.Errorf("%w: no validity left after %v", redlease.ErrNotHeld, time.Since(start))
-	}
-	return redlease.Grant{Until: until}, nil
+	return s.p.Extend(ctx, key, token, ttl)
 }
 
 // Release deletes key if it still holds token, in one round trip.
 func (s *Strategy) Release(ctx context.Context, key, token string) error {
-	if s.err != nil {
-		return s.err
-	}
-	if key == "" {
-		return redlease.Invalid("empty key")
-	}
-	v, err := script.Release.Run(ctx, s.client, script.Release.Args(key, token))
-	switch {
-	case err != nil:
-		return s.fail(redlease.ErrUnavailable, err)
-	case v != 1:
-		return redlease.ErrNotHeld
-	}
-	return nil
+	return s.p.Release(ctx, key, token)
 }
 
-func (s *Strategy) check(key, token string, ttl time.Duration) error {
-	if s.err != nil {
-		return s.err
-	}
-	return script.Check(key, token, ttl, s.driftFactor)
-}
-
-// fail wraps a node failure under sentinel, keeping ctx errors reachable.
-func (s *Strategy) fail(sentinel, err error) error {
-	return errors.Join(sentinel, &redlease.NodeError{Node: 0, Addr: s.addr, Err: err})
+// ExtendBatch extends many keys in one pipelined round trip: one script
+// call per 500 keys (on a Cluster client, one call per key, each node
+// getting its share in one round trip). The watchdog uses it.
+func (s *Strategy) ExtendBatch(ctx context.Context, items []redlease.Extension) []redlease.Extended {
+	return s.p.ExtendBatch(ctx, items)
 }

@@ -129,6 +129,17 @@ func (s *Script) Args(keysThenArgs ...any) []any {
 	return append(line, keysThenArgs...)
 }
 
+// Load puts the script into the script cache of c (every shard of a Cluster
+// client), so that EVALSHA finds it.
+func (s *Script) Load(ctx context.Context, c redis.Scripter) error {
+	return s.script.Load(ctx, c).Err()
+}
+
+// IsNoScript reports whether err says the node did not know a script.
+func IsNoScript(err error) bool {
+	return err != nil && redis.HasErrorPrefix(err, "NOSCRIPT")
+}
+
 // LineMany returns the EVALSHA command line of a script whose key count is
 // given per call (ExtendMany).
 func (s *Script) LineMany(keys []any, args []any) []any {

@@ -1,0 +1,179 @@
+// Package primary is the lock logic on one Redis primary, shared by the
+// single strategy (no replica acknowledgement) and the failover strategy
+// (every write acknowledged by replicas with WAIT in the same round trip).
+package primary
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/redlease/redlease"
+	"github.com/redlease/redlease/internal/drift"
+	"github.com/redlease/redlease/internal/nodes"
+	"github.com/redlease/redlease/internal/script"
+)
+
+// Config is what differs between the strategies built on Primary.
+type Config struct {
+	Fencing     bool
+	DriftFactor float64
+	// Replicas > 0: every acquire and extend is followed, in the same
+	// pipeline on the same connection, by WAIT Replicas WaitTimeout.
+	Replicas    int
+	WaitTimeout time.Duration
+}
+
+// Primary runs the lock scripts on one client. It is safe for concurrent
+// use and does not own the client.
+type Primary struct {
+	client  redis.UniversalClient
+	addr    string
+	cfg     Config
+	cluster bool
+	err     error // a rejected argument, returned by every call
+}
+
+// New returns a Primary on client. err, if not nil, is a construction
+// error (a rejected option) that every call returns; a nil client is
+// reported the same way.
+func New(client redis.UniversalClient, cfg Config, err error) *Primary {
+	p := &Primary{client: client, cfg: cfg, err: err}
+	if nodes.IsNil(client) {
+		p.err = redlease.Invalid("nil client")
+		return p
+	}
+	p.addr = nodes.Addr(client)
+	_, p.cluster = client.(*redis.ClusterClient)
+	return p
+}
+
+// Acquire takes key in one round trip (plus WAIT in the same pipeline when
+// replicas are required). A grant that too few replicas acknowledged is
+// released at once and reported as not obtained and not replicated.
+func (p *Primary) Acquire(ctx context.Context, key, token string, ttl time.Duration) (redlease.Grant, error) {
+	if err := p.check(key, token, ttl); err != nil {
+		return redlease.Grant{}, err
+	}
+	if err := ctx.Err(); err != nil {
+		return redlease.Grant{}, errors.Join(redlease.ErrNotObtained, context.Cause(ctx))
+	}
+	mode, fenceKey := any(script.NoFence), key // KEYS[2] is never touched without fencing
+	if p.cfg.Fencing {
+		mode, fenceKey = any(script.IncrFence), script.MustFenceKey(key)
+	}
+	start := time.Now()
+	v, err := p.run(ctx, script.Acquire, script.Acquire.Args(key, fenceKey, token, ttl.Milliseconds(), mode))
+	switch {
+	case errors.Is(err, redlease.ErrNotReplicated) && v != script.Taken:
+		_ = p.Release(context.WithoutCancel(ctx), key, token)
+		return redlease.Grant{}, errors.Join(redlease.ErrNotObtained, err)
+	case err != nil:
+		return redlease.Grant{}, p.fail(redlease.ErrNotObtained, err)
+	case v == script.Taken:
+		return redlease.Grant{}, redlease.ErrNotObtained
+	}
+	until := start.Add(ttl - drift.Allowance(ttl, p.cfg.DriftFactor))
+	if !time.Now().Before(until) {
+		_ = p.Release(context.WithoutCancel(ctx), key, token)
+		return redlease.Grant{}, fmt.Errorf("%w: no validity left after %v", redlease.ErrNotObtained, time.Since(start))
+	}
+	return redlease.Grant{Until: until, Fence: uint64(v)}, nil
+}
+
+// Extend resets key's TTL if it still holds token, in one round trip. An
+// extension too few replicas acknowledged is undecided (ErrUnavailable and
+// ErrNotReplicated): the lock keeps its previous Until.
+func (p *Primary) Extend(ctx context.Context, key, token string, ttl time.Duration) (redlease.Grant, error) {
+	if err := p.check(key, token, ttl); err != nil {
+		return redlease.Grant{}, err
+	}
+	start := time.Now()
+	v, err := p.run(ctx, script.Extend, script.Extend.Args(key, token, ttl.Milliseconds()))
+	switch {
+	case err == nil && v != 1, errors.Is(err, redlease.ErrNotReplicated) && v != 1:
+		return redlease.Grant{}, redlease.ErrNotHeld
+	case errors.Is(err, redlease.ErrNotReplicated):
+		return redlease.Grant{}, errors.Join(redlease.ErrUnavailable, err)
+	case err != nil:
+		return redlease.Grant{}, p.fail(redlease.ErrUnavailable, err)
+	}
+	until := start.Add(ttl - drift.Allowance(ttl, p.cfg.DriftFactor))
+	if !time.Now().Before(until) {
+		return redlease.Grant{}, fmt.Errorf("%w: no validity left after %v", redlease.ErrNotHeld, time.Since(start))
+	}
+	return redlease.Grant{Until: until}, nil
+}
+
+// Release deletes key if it still holds token, in one round trip. It does
+// not wait for replicas: a release that a failover loses only leaves the key
+// to expire.
+func (p *Primary) Release(ctx context.Context, key, token string) error {
+	if p.err != nil {
+		return p.err
+	}
+	if key == "" {
+		return redlease.Invalid("empty key")
+	}
+	v, err := script.Release.Run(ctx, p.client, script.Release.Args(key, token))
+	switch {
+	case err != nil:
+		return p.fail(redlease.ErrUnavailable, err)
+	case v != 1:
+		return redlease.ErrNotHeld
+	}
+	return nil
+}
+
+// run sends one script call, followed by WAIT when replicas are required.
+// A reply that too few replicas acknowledged comes back with its value and
+// an error that errors.Is redlease.ErrNotReplicated.
+func (p *Primary) run(ctx context.Context, sc *script.Script, line []any) (int64, error) {
+	if p.cfg.Replicas == 0 {
+		return sc.Run(ctx, p.client, line)
+	}
+	for attempt := 0; ; attempt++ {
+		pipe := p.client.Pipeline()
+		cmd := pipe.Do(ctx, line...)
+		wait := pipe.Do(ctx, "WAIT", p.cfg.Replicas, p.cfg.WaitTimeout.Milliseconds())
+		_, _ = pipe.Exec(ctx) // errors are read per command
+		v, err := cmd.Int64()
+		if script.IsNoScript(err) && attempt == 0 {
+			if err := sc.Load(ctx, p.client); err != nil {
+				return 0, err
+			}
+			continue
+		}
+		if err != nil {
+			return 0, err
+		}
+		return v, p.replicated(wait)
+	}
+}
+
+// replicated checks a WAIT reply.
+func (p *Primary) replicated(wait *redis.Cmd) error {
+	acked, err := wait.Int64()
+	if err != nil {
+		return fmt.Errorf("%w: WAIT failed: %w", redlease.ErrNotReplicated, err)
+	}
+	if int(acked) < p.cfg.Replicas {
+		return fmt.Errorf("%w: %d of %d replicas acknowledged within %v", redlease.ErrNotReplicated, acked, p.cfg.Replicas, p.cfg.WaitTimeout)
+	}
+	return nil
+}
+
+func (p *Primary) check(key, token string, ttl time.Duration) error {
+	if p.err != nil {
+		return p.err
+	}
+	return script.Check(key, token, ttl, p.cfg.DriftFactor)
+}
+
+// fail wraps a node failure under sentinel.
+func (p *Primary) fail(sentinel, err error) error {
+	return errors.Join(sentinel, &redlease.NodeError{Node: 0, Addr: p.addr, Err: err})
+}

@@ -1,0 +1,143 @@
+package redistest
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// StartReplica starts a server that replicates primary and waits until the
+// replication link is up.
+func StartReplica(tb TB, primary *Server, cfg Config) *Server {
+	tb.Helper()
+	cfg.Args = append(append([]string{}, cfg.Args...), "--replicaof", "127.0.0.1", strconv.Itoa(primary.Port))
+	r := Start(tb, cfg)
+	c := redis.NewClient(&redis.Options{Addr: r.Addr})
+	defer c.Close()
+	for range 500 {
+		info, err := c.Info(context.Background(), "replication").Result()
+		if err == nil && containsLine(info, "master_link_status:up") {
+			return r
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	tb.Fatalf("redistest: replica %s never linked to %s", r.Addr, primary.Addr)
+	return nil
+}
+
+// Sentinel is one redis-sentinel process owned by a test.
+type Sentinel struct {
+	Addr string
+	Port int
+	srv  *Server // the process handling (kill, pause) is the same as a server's
+}
+
+// StartSentinels starts n Sentinels monitoring primary under master, with
+// quorum q and down-after-milliseconds downAfter, each with its own
+// writable config file in a temp dir (Sentinel rewrites it).
+func StartSentinels(tb TB, primary *Server, master string, n, q int, downAfter time.Duration) []*Sentinel {
+	tb.Helper()
+	bin, err := exec.LookPath("redis-sentinel")
+	if err != nil {
+		tb.Fatalf("redis-sentinel not found on PATH: run `make test` (it installs it with apt-get as root) or install redis-sentinel: %v", err)
+	}
+	out := make([]*Sentinel, n)
+	for i := range out {
+		out[i] = startSentinel(tb, bin, primary, master, q, downAfter)
+	}
+	return out
+}
+
+func startSentinel(tb TB, bin string, primary *Server, master string, q int, downAfter time.Duration) *Sentinel {
+	tb.Helper()
+	dir := tb.TempDir()
+	for range 5 {
+		port, err := freePort()
+		if err != nil {
+			tb.Fatalf("redistest: no free port: %v", err)
+		}
+		conf := filepath.Join(dir, "sentinel.conf")
+		body := fmt.Sprintf(`port %d
+bind 127.0.0.1
+protected-mode no
+daemonize no
+dir %s
+logfile %s
+sentinel monitor %s 127.0.0.1 %d %d
+sentinel down-after-milliseconds %s %d
+sentinel failover-timeout %s 3000
+sentinel parallel-syncs %s 1
+`, port, dir, filepath.Join(dir, "sentinel.log"), master, primary.Port, q, master, downAfter.Milliseconds(), master, master)
+		if err := os.WriteFile(conf, []byte(body), 0o600); err != nil {
+			tb.Fatalf("redistest: write sentinel config: %v", err)
+		}
+		cmd := exec.Command(bin, conf)
+		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+		if err := cmd.Start(); err != nil {
+			tb.Fatalf("redistest: start redis-sentinel: %v", err)
+		}
+		done := make(chan struct{})
+		go func() { _ = cmd.Wait(); close(done) }()
+		s := &Server{tb: tb, dir: dir, cmd: cmd, done: done, Port: port,
+			Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port))}
+		c := redis.NewSentinelClient(&redis.Options{Addr: s.Addr, MaxRetries: -1})
+		up := false
+		for range 250 {
+			ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+			err := c.Ping(ctx).Err()
+			cancel()
+			if err == nil {
+				up = true
+				break
+			}
+			select {
+			case <-done:
+			default:
+				time.Sleep(20 * time.Millisecond)
+				continue
+			}
+			break
+		}
+		_ = c.Close()
+		if up {
+			tb.Cleanup(s.Kill)
+			return &Sentinel{Addr: s.Addr, Port: port, srv: s}
+		}
+		s.Kill()
+	}
+	tb.Fatalf("redistest: redis-sentinel would not start")
+	return nil
+}
+
+// Kill stops the Sentinel with SIGKILL.
+func (s *Sentinel) Kill() { s.srv.Kill() }
+
+// Client returns a Sentinel client for this Sentinel, closed on cleanup.
+func (s *Sentinel) Client(tb TB) *redis.SentinelClient {
+	c := redis.NewSentinelClient(&redis.Options{Addr: s.Addr})
+	tb.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// Addrs returns the addresses of sentinels.
+func Addrs(sentinels []*Sentinel) []string {
+	out := make([]string, len(sentinels))
+	for i, s := range sentinels {
+		out[i] = s.Addr
+	}
+	return out
+}
+
+func containsLine(text, line string) bool {
+	return slices.Contains(strings.Split(strings.ReplaceAll(text, "\r", ""), "\n"), line)
+}
