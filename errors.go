@@ -110,3 +110,8 @@ var ErrUnavailable = errors.New("redlease: too few nodes answered")
 // (the lock keeps its previous Until). WAIT is best effort, not consensus:
 // see the failover package.
 var ErrNotReplicated = errors.New("redlease: write not acknowledged by enough replicas")
+
+// ErrFailover is the cause of locks revoked because their primary failed
+// over (a Sentinel +switch-master): the promoted replica may not have had
+// them. A lock revoked this way errors.Is both ErrLost and ErrFailover.
+var ErrFailover = errors.New("redlease: primary failed over")

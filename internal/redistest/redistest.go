@@ -121,6 +121,8 @@ func (s *Server) args() []string {
 		"--protected-mode", "no",
 		"--save", "",
 		"--enable-debug-command", "local",
+		// A replica's first sync would otherwise wait 5 s for more replicas.
+		"--repl-diskless-sync-delay", "0",
 	}
 	if s.cfg.Persist {
 		a = append(a, "--appendonly", "yes", "--appendfsync", "always")

@@ -7,9 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
@@ -17,16 +15,22 @@ import (
 )
 
 // StartReplica starts a server that replicates primary and waits until the
-// replication link is up.
+// primary sees it acknowledge writes.
 func StartReplica(tb TB, primary *Server, cfg Config) *Server {
 	tb.Helper()
 	cfg.Args = append(append([]string{}, cfg.Args...), "--replicaof", "127.0.0.1", strconv.Itoa(primary.Port))
 	r := Start(tb, cfg)
-	c := redis.NewClient(&redis.Options{Addr: r.Addr})
+	// Linked, as the primary sees it: a write there is acknowledged.
+	c := redis.NewClient(&redis.Options{Addr: primary.Addr})
 	defer c.Close()
+	ctx := context.Background()
 	for range 500 {
-		info, err := c.Info(context.Background(), "replication").Result()
-		if err == nil && containsLine(info, "master_link_status:up") {
+		pipe := c.Pipeline()
+		pipe.Set(ctx, "redistest:replica-probe", r.Addr, 0)
+		wait := pipe.Do(ctx, "WAIT", 1, 20)
+		_, _ = pipe.Exec(ctx)
+		if n, err := wait.Int64(); err == nil && n >= 1 {
+			_ = c.Del(ctx, "redistest:replica-probe").Err()
 			return r
 		}
 		time.Sleep(10 * time.Millisecond)
@@ -136,8 +140,4 @@ func Addrs(sentinels []*Sentinel) []string {
 		out[i] = s.Addr
 	}
 	return out
-}
-
-func containsLine(text, line string) bool {
-	return slices.Contains(strings.Split(strings.ReplaceAll(text, "\r", ""), "\n"), line)
 }

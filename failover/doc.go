@@ -1,0 +1,40 @@
+// Package failover keeps locks on one Redis primary with replicas, for
+// deployments that run Sentinel rather than N independent primaries.
+//
+// # Replication-acknowledged grants
+//
+// Every acquisition and extension is followed, in the same pipeline on the
+// same connection (one round trip), by WAIT n timeout. A grant stands only if
+// at least n replicas acknowledged it (WithReplicas, default 1); otherwise
+// the key is released again and the caller gets an error that errors.Is
+// redlease.ErrNotObtained and redlease.ErrNotReplicated. A fence is INCRed in
+// the same script before the WAIT, so a failover that WAIT covered keeps the
+// fence counter, and the next holder's fence is higher.
+//
+// # What WAIT does not do
+//
+// WAIT is best effort, not consensus. It says that n replicas had received
+// the write when it answered, not that the replica Sentinel promotes will be
+// one of them, nor that the write survives a replica's restart without
+// persistence. Measured here: with the replication link black-holed, WAIT 1
+// returns 0 while the replica still reports its link as up — which is the
+// case this strategy turns from a silent double grant into a refused grant.
+// A failover that promotes a replica that never acknowledged can still lose
+// a lock; the Watcher therefore revokes every lock on a failover.
+//
+// # Lock-loss signalling on failover
+//
+// A Watcher (Watch) subscribes to Sentinel's +switch-master for the master
+// name on every Sentinel it is given, and polls them as a backstop. When the
+// primary moves, every lock the strategy granted and that is still held is
+// marked lost (Lost closes, Locker.Do cancels its function) with a cause
+// that errors.Is redlease.ErrFailover. Use it with redis.NewFailoverClient,
+// which follows the primary on its own.
+//
+// # Assumptions
+//
+// Mutual exclusion holds while the primary keeps its data, its clock runs at
+// the client's rate within the drift factor, and any promoted replica had
+// acknowledged the locks it inherits. Use quorum where that last assumption
+// is not good enough.
+package failover

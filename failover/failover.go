@@ -1,0 +1,174 @@
+package failover
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/redlease/redlease"
+	"github.com/redlease/redlease/internal/drift"
+	"github.com/redlease/redlease/internal/primary"
+)
+
+// Defaults, in one place.
+const (
+	// DefaultReplicas is how many replicas must acknowledge each write.
+	DefaultReplicas = 1
+	// DefaultWaitTimeout bounds each WAIT.
+	DefaultWaitTimeout = 100 * time.Millisecond
+)
+
+// Strategy keeps locks on a Redis primary with replicas and grants a lock
+// only once enough replicas acknowledged it. It is safe for concurrent use
+// and does not own the client.
+type Strategy struct {
+	p *primary.Primary
+
+	mu      sync.Mutex
+	granted map[grant]func(error) // live grants, to revoke on a failover
+}
+
+type grant struct{ key, token string }
+
+var (
+	_ redlease.Strategy      = (*Strategy)(nil)
+	_ redlease.BatchExtender = (*Strategy)(nil)
+	_ redlease.Revoker       = (*Strategy)(nil)
+)
+
+// Option configures a Strategy in New.
+type Option interface {
+	apply(*primary.Config) error
+}
+
+type optionFunc func(*primary.Config) error
+
+func (f optionFunc) apply(c *primary.Config) error { return f(c) }
+
+// WithReplicas sets how many replicas must acknowledge every acquisition
+// and extension. Default DefaultReplicas (1). Must be at least 1.
+func WithReplicas(n int) Option {
+	return optionFunc(func(c *primary.Config) error {
+		if n < 1 {
+			return redlease.Invalid("replicas %d: must be at least 1 (use the single strategy for none)", n)
+		}
+		c.Replicas = n
+		return nil
+	})
+}
+
+// WithWaitTimeout bounds how long each write waits for its replicas.
+// Default DefaultWaitTimeout (100 ms). Must be at least a millisecond (WAIT
+// with 0 would block forever).
+func WithWaitTimeout(d time.Duration) Option {
+	return optionFunc(func(c *primary.Config) error {
+		if d < time.Millisecond {
+			return redlease.Invalid("wait timeout %v: must be at least 1ms", d)
+		}
+		c.WaitTimeout = d
+		return nil
+	})
+}
+
+// WithoutFencing turns fencing tokens off. Fencing is on by default.
+func WithoutFencing() Option {
+	return optionFunc(func(c *primary.Config) error {
+		c.Fencing = false
+		return nil
+	})
+}
+
+// WithDriftFactor sets the share of the TTL allowed for clock-rate
+// differences. Default 0.01. Must be in [0, 1).
+func WithDriftFactor(factor float64) Option {
+	return optionFunc(func(c *primary.Config) error {
+		if !(factor >= 0 && factor < 1) {
+			return redlease.Invalid("drift factor %v: must be in [0, 1)", factor)
+		}
+		c.DriftFactor = factor
+		return nil
+	})
+}
+
+// New returns a Strategy on client: a standalone client or, usually, one
+// from redis.NewFailoverClient. A Cluster client is rejected, since WAIT
+// must run on the connection that wrote. New does not fail: a rejected
+// argument makes every call return an error that errors.Is
+// redlease.ErrInvalid.
+func New(client redis.UniversalClient, opts ...Option) *Strategy {
+	cfg := primary.Config{Fencing: true, DriftFactor: drift.DefaultFactor, Replicas: DefaultReplicas, WaitTimeout: DefaultWaitTimeout}
+	var err error
+	for _, o := range opts {
+		if o == nil {
+			continue
+		}
+		if err = o.apply(&cfg); err != nil {
+			break
+		}
+	}
+	if _, ok := client.(*redis.ClusterClient); ok && err == nil {
+		err = redlease.Invalid("failover: a Cluster client cannot WAIT on the connection that wrote; use single")
+	}
+	return &Strategy{p: primary.New(client, cfg, err), granted: map[grant]func(error){}}
+}
+
+// Acquire takes key with SET NX PX (and the fence INCR) followed by WAIT in
+// the same pipeline, one round trip. If fewer replicas than required
+// acknowledged, the key is released again and the error errors.Is both
+// redlease.ErrNotObtained and redlease.ErrNotReplicated.
+func (s *Strategy) Acquire(ctx context.Context, key, token string, ttl time.Duration) (redlease.Grant, error) {
+	return s.p.Acquire(ctx, key, token, ttl)
+}
+
+// Extend resets key's TTL, followed by WAIT. An extension too few replicas
+// acknowledged errors.Is redlease.ErrUnavailable and ErrNotReplicated: the
+// lock keeps its previous Until, and the watchdog tries again.
+func (s *Strategy) Extend(ctx context.Context, key, token string, ttl time.Duration) (redlease.Grant, error) {
+	return s.p.Extend(ctx, key, token, ttl)
+}
+
+// ExtendBatch extends many keys in one pipelined round trip with one WAIT.
+func (s *Strategy) ExtendBatch(ctx context.Context, items []redlease.Extension) []redlease.Extended {
+	return s.p.ExtendBatch(ctx, items)
+}
+
+// Release deletes key if it still holds token, without waiting for
+// replicas.
+func (s *Strategy) Release(ctx context.Context, key, token string) error {
+	return s.p.Release(ctx, key, token)
+}
+
+// Track remembers a lock this strategy granted, so that RevokeAll (called
+// by a Watcher on a Sentinel failover) can mark it lost. The Locker calls it;
+// there is no need to call it yourself.
+func (s *Strategy) Track(key, token string, revoke func(error)) (untrack func()) {
+	g := grant{key, token}
+	s.mu.Lock()
+	s.granted[g] = revoke
+	s.mu.Unlock()
+	return func() {
+		s.mu.Lock()
+		delete(s.granted, g)
+		s.mu.Unlock()
+	}
+}
+
+// RevokeAll marks every lock this strategy granted and that is still held
+// as lost, with cause: a failover may have promoted a replica that never
+// received them, and even WAIT's acknowledgement is no proof the promoted
+// replica was one that acknowledged. It returns how many locks it revoked.
+func (s *Strategy) RevokeAll(cause error) int {
+	s.mu.Lock()
+	revoke := make([]func(error), 0, len(s.granted))
+	for g, f := range s.granted {
+		revoke = append(revoke, f)
+		delete(s.granted, g)
+	}
+	s.mu.Unlock()
+	for _, f := range revoke { // outside s.mu: f takes the lock's own mutex
+		f(cause)
+	}
+	return len(revoke)
+}
