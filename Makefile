@@ -34,7 +34,7 @@ demo:
 
 bench: redis
 	@mkdir -p $(BENCH_OUT)
-	$(GO) test -run '^$$' -bench '$(BENCH)' -benchmem -count $(COUNT) ./single/ ./quorum/ | tee $(BENCH_OUT)/raw.txt
+	$(GO) test -run '^$$' -bench '$(BENCH)' -benchmem -count $(COUNT) ./single/ ./quorum/ ./renew/ ./failover/ | tee $(BENCH_OUT)/raw.txt
 	@echo "raw results in $(BENCH_OUT)/raw.txt"
 
 chaos:

@@ -117,6 +117,17 @@ func TestLossOnMajorityReachesDo(t *testing.T) {
 	locker := redlease.New(s, redlease.WithTTL(3*time.Second), redlease.WithKeeper(w))
 	var lostAt, until time.Time
 	err := locker.Do(t.Context(), "job:42", func(ctx context.Context, lk *redlease.Lock) error {
+		// The grant came at a majority; let the other two writes land first,
+		// or one of them could arrive after the deletes below.
+		require.Eventually(t, func() bool {
+			n := 0
+			for _, c := range clients {
+				if v, _ := c.Get(context.Background(), "job:42").Result(); v == lk.Token() {
+					n++
+				}
+			}
+			return n == len(clients)
+		}, 2*time.Second, time.Millisecond)
 		for _, c := range clients[:3] {
 			require.NoError(t, c.Del(context.Background(), "job:42").Err())
 		}

@@ -1,0 +1,41 @@
+package failover_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/redlease/redlease"
+	"github.com/redlease/redlease/failover"
+)
+
+// A grant needs a replica's acknowledgement. The in-process server here has
+// no replica, so WAIT answers 0 and the lock is refused rather than granted
+// on the primary alone. In production, pass a client from
+// redis.NewFailoverClient and run a Watcher (see Watch) on the Sentinels.
+func Example() {
+	ctx := context.Background()
+	m, err := miniredis.Run()
+	if err != nil {
+		panic(err)
+	}
+	defer m.Close()
+	client := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	defer client.Close()
+
+	s := failover.New(client, failover.WithReplicas(1), failover.WithWaitTimeout(50*time.Millisecond))
+	locker := redlease.New(s)
+	_, err = locker.TryLock(ctx, "payout:7")
+	fmt.Println("obtained:", err == nil)
+	fmt.Println("not replicated:", errors.Is(err, redlease.ErrNotReplicated))
+	exists, _ := client.Exists(ctx, "payout:7").Result()
+	fmt.Println("keys left behind:", exists)
+	// Output:
+	// obtained: false
+	// not replicated: true
+	// keys left behind: 0
+}
