@@ -35,6 +35,21 @@
 // rate within driftFactor. An even node count is allowed but buys nothing:
 // four nodes need three votes and tolerate one failure, like three.
 //
+// # The delayed-restart rule (WithDelayedRestart)
+//
+// A node that restarts without its data forgets the locks it held. If it
+// votes again at once, a lock held through a bare majority that included it
+// can be granted a second time. The rule, from the Redlock analysis: a
+// restarted node must not vote for one maximum TTL. Operators forget it, so
+// the client enforces it: each node keeps a boot marker (the key
+// "redlease:boot", no TTL) holding the server time when a redlease client
+// first saw the node's data. The acquire script reads it; if it is missing,
+// the node has lost its data: the script sets it and answers "too young"
+// until the max TTL has passed. A node with persistence keeps its marker
+// across restarts and never sits out. The check runs inside the acquire
+// script, so it costs no round trip; the price is that a fresh node (and a
+// fresh deployment) does not vote for one max TTL.
+//
 // # Fencing (WithFencing)
 //
 // Per node, a counter key without a TTL sits beside the lock key. Fencing

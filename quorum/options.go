@@ -104,3 +104,27 @@ func WithWorkersPerNode(n int) Option {
 		return nil
 	})
 }
+
+// WithDelayedRestart enforces the delayed-restart rule in the client: a node
+// that lost its data (restarted without persistence, or new) does not vote
+// until maxTTL has passed since a redlease client first saw it without
+// data, so that no lock it forgot can still be held through the other
+// nodes. maxTTL must be at least the longest TTL any client uses on these
+// nodes; Acquire rejects a longer ttl. Default off.
+//
+// It costs no extra round trip (the check is inside the acquire script; see
+// the package documentation for the boot marker). The price: after a real
+// restart without persistence, and on a fresh deployment, each node sits out
+// one maxTTL — a fresh deployment grants nothing for maxTTL. With
+// appendonly yes and appendfsync always on every node the rule is not
+// needed. It needs standalone nodes (one marker per node), not Cluster
+// clients.
+func WithDelayedRestart(maxTTL time.Duration) Option {
+	return optionFunc(func(s *Strategy) error {
+		if maxTTL < time.Millisecond {
+			return redlease.Invalid("delayed-restart max TTL %v: must be at least 1ms", maxTTL)
+		}
+		s.maxTTL = maxTTL
+		return nil
+	})
+}

@@ -27,6 +27,8 @@ type Strategy struct {
 	nodeTimeout time.Duration
 	fencing     bool
 	workers     int
+	maxTTL      time.Duration // delayed-restart rule; 0: off
+	maxTTLArg   any           // maxTTL in ms, boxed once for the script
 
 	fan *fanout.Nodes // per-node workers; Close stops them
 }
@@ -62,6 +64,15 @@ func New(nodeClients []redis.UniversalClient, opts ...Option) (*Strategy, error)
 		}
 		if err := o.apply(s); err != nil {
 			return nil, err
+		}
+	}
+	s.maxTTLArg = any(script.RuleOff)
+	if s.maxTTL > 0 {
+		s.maxTTLArg = any(strconv.FormatInt(s.maxTTL.Milliseconds(), 10))
+		for i, c := range s.nodes {
+			if _, ok := c.(*redis.ClusterClient); ok {
+				return nil, redlease.Invalid("quorum: node %d is a Cluster client; the delayed-restart rule needs one boot marker per node", i)
+			}
 		}
 	}
 	for i, c := range s.nodes {
@@ -107,19 +118,27 @@ func (s *Strategy) Acquire(ctx context.Context, key, token string, ttl time.Dura
 	if err := ctx.Err(); err != nil {
 		return redlease.Grant{}, errors.Join(redlease.ErrNotObtained, context.Cause(ctx))
 	}
-	mode, fenceKey := any(script.NoFence), key // without fencing KEYS[2] is never touched
-	if s.fencing {
-		mode, fenceKey = any(script.ReadFence), script.MustFenceKey(key)
+	if s.maxTTL > 0 && ttl > s.maxTTL {
+		return redlease.Grant{}, redlease.Invalid("ttl %v exceeds the delayed-restart max TTL %v", ttl, s.maxTTL)
 	}
-	line := script.Acquire.Args(key, fenceKey, token, ttl.Milliseconds(), mode)
+	k := any(key) // boxed once, passed for every key the script does not touch
+	mode, fenceKey, marker := any(script.NoFence), k, k
+	if s.fencing {
+		mode, fenceKey = any(script.ReadFence), any(script.MustFenceKey(key))
+	}
+	if s.maxTTL > 0 {
+		marker = any(script.BootMarker)
+	}
+	line := script.Acquire.Args(k, fenceKey, marker, token, ttl.Milliseconds(), mode, s.maxTTLArg)
 
 	// 1. Fan out.
 	start := time.Now()
 	round := s.fan.Start(ctx, fanout.Call{Script: script.Acquire, Line: line},
-		fanout.Call{Script: script.Release, Line: script.Release.Args(line[3], line[5])}) // key and token, already boxed
+		fanout.Call{Script: script.Release, Line: script.Release.Args(line[3], line[6]), // key and token, already boxed
+			Skip: func(r fanout.Result) bool { return r.Val == script.Taken || r.Val == script.TooYoung }})
 
 	// 2. Count until the outcome is decided.
-	t := s.collect(ctx, round, func(v int64) bool { return v != script.Taken })
+	t := s.collect(ctx, round, grantedByAcquire)
 	fail := func(op string, report tally, expired bool) (redlease.Grant, error) {
 		round.Decide(true)
 		// Wait for the nodes known to hold our key; nodes that failed or
@@ -135,7 +154,7 @@ func (s *Strategy) Acquire(ctx context.Context, key, token string, ttl time.Dura
 	var fence uint64
 	if s.fencing {
 		fence = uint64(t.highest) + 1
-		if ft := s.raiseFence(ctx, key, fenceKey, token, fence); ft.agreed < s.quorum {
+		if ft := s.raiseFence(ctx, line[3], line[4], line[6], fence); ft.agreed < s.quorum {
 			return fail("acquire (fence phase)", ft, false)
 		}
 	}
@@ -152,7 +171,7 @@ func (s *Strategy) Acquire(ctx context.Context, key, token string, ttl time.Dura
 // raiseFence is phase 2 of fencing: raise every node's counter to at least
 // fence and collect a quorum of nodes that still hold our token. Why this
 // makes fences rise across holders is in the package documentation.
-func (s *Strategy) raiseFence(ctx context.Context, key, fenceKey, token string, fence uint64) tally {
+func (s *Strategy) raiseFence(ctx context.Context, key, fenceKey, token any, fence uint64) tally {
 	line := script.RaiseFence.Args(key, fenceKey, token, strconv.FormatUint(fence, 10))
 	round := s.fan.Start(ctx, fanout.Call{Script: script.RaiseFence, Line: line}, fanout.Call{})
 	return s.collect(ctx, round, isOne)
@@ -219,12 +238,28 @@ func (t tally) agreedBy(i int) bool {
 }
 
 // isOne is the agreement test of the scripts that answer 1 or 0.
-func isOne(v int64) bool { return v == 1 }
+func isOne(v int64) (bool, error) { return v == 1, nil }
+
+// grantedByAcquire is the agreement test of the acquire script: anything
+// but Taken and TooYoung is a grant (the value is the fence counter).
+func grantedByAcquire(v int64) (bool, error) {
+	switch v {
+	case script.Taken:
+		return false, nil
+	case script.TooYoung:
+		return false, errTooYoung
+	}
+	return true, nil
+}
+
+// errTooYoung is the cause recorded for a node that refused to vote under
+// the delayed-restart rule.
+var errTooYoung = errors.New("node lost its data less than the delayed-restart max TTL ago: not voting yet")
 
 // collect counts replies as they arrive until a quorum agreed, a quorum
 // became impossible, the round's deadline passed (every silent node then
 // gets a timeout cause), or ctx was done.
-func (s *Strategy) collect(ctx context.Context, round *fanout.Round, agree func(int64) bool) tally {
+func (s *Strategy) collect(ctx context.Context, round *fanout.Round, agree func(int64) (bool, error)) tally {
 	var (
 		t       tally
 		small   [16]bool // which nodes replied; on the stack for up to 16 nodes
@@ -239,10 +274,13 @@ func (s *Strategy) collect(ctx context.Context, round *fanout.Round, agree func(
 		r := round.Result(node)
 		t.answered++
 		replied[node] = true
-		switch {
-		case r.Err != nil:
+		if r.Err != nil {
 			t.causes = multierror.Append(t.causes, s.nodeError(node, r.Err))
-		case agree(r.Val):
+			return
+		}
+		ok, why := agree(r.Val)
+		switch {
+		case ok:
 			t.agreed++
 			t.highest = max(t.highest, r.Val)
 			if node < 64 {
@@ -250,6 +288,9 @@ func (s *Strategy) collect(ctx context.Context, round *fanout.Round, agree func(
 			}
 		default:
 			t.refused++
+			if why != nil {
+				t.causes = multierror.Append(t.causes, s.nodeError(node, why))
+			}
 		}
 	}
 	decided := func() bool {

@@ -454,3 +454,33 @@ func TestRapidTakeAndReleaseKeepsCountedNodes(t *testing.T) {
 	}
 	t.Logf("%d take-and-release cycles", n)
 }
+
+// The delayed-restart rule: a node without data (fresh, or restarted without
+// persistence) does not vote for one max TTL.
+func TestDelayedRestartKeepsAmnesiacNodesOut(t *testing.T) {
+	servers, clients := nodes(t, 3)
+	const maxTTL = time.Second
+	s := strategy(t, clients, quorum.WithDelayedRestart(maxTTL))
+	ctx := t.Context()
+
+	_, err := s.Acquire(ctx, contract.Key(t), "tok", maxTTL)
+	require.ErrorIs(t, err, redlease.ErrNotObtained, "fresh nodes sit out one max TTL")
+	assert.Contains(t, err.Error(), "not voting yet")
+	_, err = s.Acquire(ctx, contract.Key(t), "tok", 2*maxTTL)
+	assert.ErrorIs(t, err, redlease.ErrInvalid, "a ttl above the max TTL is refused")
+
+	time.Sleep(maxTTL + 50*time.Millisecond)
+	key := contract.Key(t)
+	_, err = s.Acquire(ctx, key, "tok", maxTTL)
+	require.NoError(t, err, "nodes vote once the max TTL has passed")
+
+	servers[0].Restart() // without persistence: it forgot the lock and its marker
+	key2 := contract.Key(t)
+	_, err = s.Acquire(ctx, key2, "tok2", maxTTL)
+	require.NoError(t, err, "the two nodes that kept their data are a majority")
+	fresh := servers[0].Client()
+	n, err := fresh.Exists(ctx, key2).Result()
+	require.NoError(t, err)
+	assert.Zero(t, n, "the amnesiac node did not vote")
+	assert.EqualValues(t, 1, fresh.Exists(ctx, script.BootMarker).Val(), "it has a new boot marker")
+}

@@ -42,6 +42,9 @@ type Call struct {
 	Script *script.Script
 	Line   []any
 	Multi  bool // the script replies with an array of integers (Result.Vals)
+	// Skip, on an undo call, names replies that wrote nothing to undo (the
+	// key was someone else's), so no undo is sent for them.
+	Skip func(Result) bool
 }
 
 // ErrOverloaded is the cause recorded for a node whose queue was full: more
@@ -319,14 +322,16 @@ func (r *Round) WaitUndone(wait func(node int) bool, d time.Duration) {
 // holder let go (UndoLate) before this request finished. A request that was
 // never sent (sent false) has nothing to undo.
 //
-// The order matters. The decision is read after the node is marked done and
-// before its reply is published: a reply that UndoLate's decision could
-// reach has never been seen by the collector, so an acquisition never
-// counts a node and then undoes it behind its back.
+// The order matters. The reply is stored, then the node is marked done,
+// then the decision is read, and only then is the reply published: a reply
+// that UndoLate's decision could reach has never been seen by the
+// collector, so an acquisition never counts a node and then undoes it
+// behind its back.
 func (r *Round) deliver(i int, res Result, sent bool) (undoNow bool) {
+	r.results[i] = res // before the done bit: Decide reads it once it sees the bit
 	if r.undo.Script != nil {
-		if !sent {
-			r.slots[i].Or(doneBit | undoBit) // claimed: nobody undoes a request never sent
+		if !sent || r.nothingToUndo(res) {
+			r.slots[i].Or(doneBit | undoBit) // claimed: nothing to undo here
 		} else {
 			r.slots[i].Or(doneBit)
 			if d := r.decision.Load(); d == undo || d == lateUndo {
@@ -334,7 +339,6 @@ func (r *Round) deliver(i int, res Result, sent bool) (undoNow bool) {
 			}
 		}
 	}
-	r.results[i] = res
 	r.arrived <- i // buffered for every node: never blocks
 	if r.pending.Add(-1) == 0 {
 		r.ns.mu.Lock()
@@ -345,6 +349,12 @@ func (r *Round) deliver(i int, res Result, sent bool) (undoNow bool) {
 		r.ns.mu.Unlock()
 	}
 	return undoNow
+}
+
+// nothingToUndo reports whether a reply wrote nothing the undo call would
+// remove.
+func (r *Round) nothingToUndo(res Result) bool {
+	return res.Err == nil && r.undo.Skip != nil && r.undo.Skip(res)
 }
 
 // claimUndo makes sure exactly one of Decide and deliver undoes node i.

@@ -61,12 +61,13 @@ func (p *Primary) Acquire(ctx context.Context, key, token string, ttl time.Durat
 	if err := ctx.Err(); err != nil {
 		return redlease.Grant{}, errors.Join(redlease.ErrNotObtained, context.Cause(ctx))
 	}
-	mode, fenceKey := any(script.NoFence), key // KEYS[2] is never touched without fencing
+	k := any(key) // boxed once, passed for every key the script does not touch
+	mode, fenceKey := any(script.NoFence), k
 	if p.cfg.Fencing {
-		mode, fenceKey = any(script.IncrFence), script.MustFenceKey(key)
+		mode, fenceKey = any(script.IncrFence), any(script.MustFenceKey(key))
 	}
 	start := time.Now()
-	v, err := p.run(ctx, script.Acquire, script.Acquire.Args(key, fenceKey, token, ttl.Milliseconds(), mode))
+	v, err := p.run(ctx, script.Acquire, script.Acquire.Args(k, fenceKey, k, token, ttl.Milliseconds(), mode, any(script.RuleOff)))
 	switch {
 	case errors.Is(err, redlease.ErrNotReplicated) && v != script.Taken:
 		_ = p.Release(context.WithoutCancel(ctx), key, token)

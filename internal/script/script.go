@@ -35,10 +35,33 @@ const Taken = -1
 // Acquire places the lock if the key is free, or refreshes its TTL if it
 // already holds our token (a retried request whose first reply was lost).
 //
-//	KEYS[1] lock key, KEYS[2] fence counter key
-//	ARGV[1] token, ARGV[2] ttl in ms, ARGV[3] mode (NoFence, IncrFence, ReadFence)
-//	reply: Taken, or the fence (0 with NoFence)
-var Acquire = newScript(2, `
+// With the delayed-restart rule on (ARGV[4] > 0), it first checks the node's
+// boot marker, a key without TTL holding the server time (ms) when a
+// redlease client first saw this node's data. A missing marker means the
+// node has no data it had before (a restart without persistence, or a new
+// node): the marker is set now, and the node refuses to vote ("too young")
+// until ARGV[4] ms — the longest TTL any client uses — have passed, so that
+// no lock it forgot can still be held elsewhere. It costs no extra round
+// trip: the check is part of the acquire.
+//
+//	KEYS[1] lock key, KEYS[2] fence counter key, KEYS[3] boot marker key
+//	ARGV[1] token, ARGV[2] ttl in ms, ARGV[3] mode (NoFence, IncrFence, ReadFence),
+//	ARGV[4] delayed-restart max TTL in ms ("0": rule off)
+//	reply: Taken, TooYoung, or the fence (0 with NoFence)
+var Acquire = newScript(3, `
+if ARGV[4] ~= '0' then
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local boot = tonumber(redis.call('GET', KEYS[3]) or '-1')
+  if boot < 0 or now < boot then
+    -- no marker (data lost), or the clock went back before it: start over
+    redis.call('SET', KEYS[3], now)
+    boot = now
+  end
+  if now - boot < tonumber(ARGV[4]) then
+    return -2
+  end
+end
 local held = redis.call('GET', KEYS[1])
 if held == false then
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
@@ -55,6 +78,18 @@ if ARGV[3] == '0' then
 end
 return tonumber(redis.call('GET', KEYS[2]) or '0')
 `)
+
+// TooYoung is the Acquire script's reply from a node that lost its data
+// less than the delayed-restart max TTL ago.
+const TooYoung = -2
+
+// BootMarker is the key of a node's boot marker (see Acquire). It is one
+// key per node, so the delayed-restart rule is for standalone nodes, not
+// Cluster clients.
+const BootMarker = "redlease:boot"
+
+// RuleOff is ARGV[4] of Acquire with the delayed-restart rule off.
+const RuleOff = "0"
 
 // RaiseFence is phase 2 of quorum fencing: it raises the node's fence counter
 // to at least the chosen fence (counters only ever rise, so raising one on a
