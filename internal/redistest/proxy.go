@@ -91,3 +91,24 @@ func (p *Proxy) add(spec string) {
 		p.tb.Fatalf("redistest: add toxic %s: %v", spec, err)
 	}
 }
+
+// BlackHole passes nothing in either direction and holds the connections
+// open: a link that silently stops, e.g. a replication link.
+func (p *Proxy) BlackHole(name string) {
+	p.add(fmt.Sprintf(`{"name":%q,"type":"timeout","stream":"upstream","attributes":{"timeout":0}}`, name+"-up"))
+	p.add(fmt.Sprintf(`{"name":%q,"type":"timeout","stream":"downstream","attributes":{"timeout":0}}`, name+"-down"))
+}
+
+// SilenceReplies lets requests through but holds back every reply: the
+// server applies a write, the client never learns it did (an ambiguous
+// reply).
+func (p *Proxy) SilenceReplies(name string) {
+	p.add(fmt.Sprintf(`{"name":%q,"type":"timeout","stream":"downstream","attributes":{"timeout":0}}`, name))
+}
+
+// Slice cuts replies into small chunks with a delay between them (a slicer
+// toxic): a degraded link that delivers slowly and unevenly.
+func (p *Proxy) Slice(name string, avgBytes, delayMicros int) {
+	p.add(fmt.Sprintf(`{"name":%q,"type":"slicer","stream":"downstream","attributes":{"average_size":%d,"size_variation":%d,"delay":%d}}`,
+		name, avgBytes, avgBytes/2, delayMicros))
+}

@@ -18,7 +18,19 @@ import (
 // primary sees it acknowledge writes.
 func StartReplica(tb TB, primary *Server, cfg Config) *Server {
 	tb.Helper()
-	cfg.Args = append(append([]string{}, cfg.Args...), "--replicaof", "127.0.0.1", strconv.Itoa(primary.Port))
+	return StartReplicaVia(tb, primary, primary.Addr, cfg)
+}
+
+// StartReplicaVia starts a replica of primary that connects to it through
+// via (a proxy's address), so that its replication link can be faulted on
+// its own.
+func StartReplicaVia(tb TB, primary *Server, via string, cfg Config) *Server {
+	tb.Helper()
+	host, port, err := net.SplitHostPort(via)
+	if err != nil {
+		tb.Fatalf("redistest: replica via %q: %v", via, err)
+	}
+	cfg.Args = append(append([]string{}, cfg.Args...), "--replicaof", host, port)
 	r := Start(tb, cfg)
 	// Linked, as the primary sees it: a write there is acknowledged.
 	c := redis.NewClient(&redis.Options{Addr: primary.Addr})

@@ -1,0 +1,192 @@
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/redlease/redlease/internal/redistest"
+)
+
+// Nodes is a set of independent redis-server processes, each reachable
+// through one in-process proxy per client group, so a fault can cut one
+// group off from a node while another group still reaches it.
+type Nodes struct {
+	tb      redistest.TB
+	Servers []*redistest.Server
+
+	mu      sync.Mutex
+	proxies map[string][]*redistest.Proxy // group → one proxy per node
+}
+
+// StartNodes starts n servers with cfg (Persist for nodes that keep their
+// data across a restart). They and their proxies stop on cleanup.
+func StartNodes(tb redistest.TB, n int, cfg redistest.Config) *Nodes {
+	tb.Helper()
+	return &Nodes{tb: tb, Servers: redistest.StartN(tb, n, cfg), proxies: map[string][]*redistest.Proxy{}}
+}
+
+// Group returns the proxies of a client group, one per node, made on first
+// use.
+func (ns *Nodes) Group(name string) []*redistest.Proxy {
+	ns.mu.Lock()
+	defer ns.mu.Unlock()
+	if p, ok := ns.proxies[name]; ok {
+		return p
+	}
+	ps := make([]*redistest.Proxy, len(ns.Servers))
+	for i, s := range ns.Servers {
+		ps[i] = redistest.NewProxy(ns.tb, s.Addr)
+	}
+	ns.proxies[name] = ps
+	return ps
+}
+
+// Clients returns one client per node for a group, through its proxies.
+// Clients have ContextTimeoutEnabled, short dial and read timeouts (a fault
+// must not hold a request for go-redis's default 3 s), and no retries (a
+// retry of an ambiguous write is itself a fault scenario, chosen
+// explicitly where wanted).
+func (ns *Nodes) Clients(group string) []redis.UniversalClient {
+	ps := ns.Group(group)
+	out := make([]redis.UniversalClient, len(ps))
+	for i, p := range ps {
+		c := redis.NewClient(&redis.Options{
+			Addr: p.Addr, ContextTimeoutEnabled: true, MaxRetries: -1,
+			DialTimeout: 200 * time.Millisecond, ReadTimeout: 500 * time.Millisecond, WriteTimeout: 500 * time.Millisecond,
+		})
+		ns.tb.Cleanup(func() { _ = c.Close() })
+		out[i] = c
+	}
+	return out
+}
+
+// Direct returns a client to node i that bypasses every proxy, for
+// inspecting keys.
+func (ns *Nodes) Direct(i int) *redis.Client { return ns.Servers[i].Client() }
+
+// Cut cuts group off from the given nodes (connections refused, as for a
+// crashed node, but only for this group).
+func (ns *Nodes) Cut(group string, nodes ...int) {
+	for _, i := range nodes {
+		ns.Group(group)[i].Cut()
+	}
+}
+
+// Silence makes the given nodes hold group's requests without an answer:
+// the silent partition, the realistic one.
+func (ns *Nodes) Silence(group string, nodes ...int) {
+	for _, i := range nodes {
+		ns.Group(group)[i].Silence("silence")
+	}
+}
+
+// Heal removes every fault between group and the given nodes.
+func (ns *Nodes) Heal(group string, nodes ...int) {
+	for _, i := range nodes {
+		ns.Group(group)[i].Heal()
+	}
+}
+
+// StrayKeys counts keys matching pattern on every live node (direct
+// connections). Call it after the longest TTL has passed: a lock key still
+// there is a stray.
+func (ns *Nodes) StrayKeys(ctx context.Context, pattern string) int {
+	n := 0
+	for i, s := range ns.Servers {
+		if !s.Alive() {
+			continue
+		}
+		keys, err := ns.Direct(i).Keys(ctx, pattern).Result()
+		if err != nil {
+			continue
+		}
+		for _, k := range keys {
+			if !strings.HasSuffix(k, ":fence") && k != "redlease:boot" {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+// SentinelGroup is a primary, one replica whose replication link runs
+// through a proxy (so it can be black-holed), and three Sentinels.
+type SentinelGroup struct {
+	Master    string
+	Primary   *redistest.Server
+	Replica   *redistest.Server
+	Link      *redistest.Proxy // replica → primary replication traffic
+	Sentinels []*redistest.Sentinel
+}
+
+// StartSentinelGroup starts the group and waits until the Sentinels know
+// the replica. downAfter is Sentinel's down-after-milliseconds.
+func StartSentinelGroup(tb redistest.TB, master string, downAfter time.Duration) *SentinelGroup {
+	tb.Helper()
+	g := &SentinelGroup{Master: master, Primary: redistest.Start(tb, redistest.Config{})}
+	g.Link = redistest.NewProxy(tb, g.Primary.Addr)
+	// The replica replicates through the proxy; it announces its own port.
+	g.Replica = redistest.StartReplicaVia(tb, g.Primary, g.Link.Addr, redistest.Config{})
+	g.Sentinels = redistest.StartSentinels(tb, g.Primary, master, 3, 2, downAfter)
+	sc := redis.NewSentinelClient(&redis.Options{Addr: g.Sentinels[0].Addr})
+	defer sc.Close()
+	for range 300 {
+		reps, err := sc.Replicas(context.Background(), master).Result()
+		if err == nil && len(reps) == 1 && !strings.Contains(reps[0]["flags"], "down") {
+			return g
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	tb.Fatalf("chaos: Sentinel never saw the replica of %s", master)
+	return nil
+}
+
+// Client returns a failover client that follows the primary through the
+// Sentinels.
+func (g *SentinelGroup) Client(tb redistest.TB) *redis.Client {
+	c := redis.NewFailoverClient(&redis.FailoverOptions{
+		MasterName: g.Master, SentinelAddrs: redistest.Addrs(g.Sentinels),
+		ContextTimeoutEnabled: true, MaxRetries: -1,
+		DialTimeout: 200 * time.Millisecond, ReadTimeout: 500 * time.Millisecond,
+	})
+	tb.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// SentinelClients returns one client per Sentinel.
+func (g *SentinelGroup) SentinelClients(tb redistest.TB) []*redis.SentinelClient {
+	out := make([]*redis.SentinelClient, len(g.Sentinels))
+	for i, s := range g.Sentinels {
+		out[i] = s.Client(tb)
+	}
+	return out
+}
+
+// PrimaryAddr asks the first Sentinel that answers where the primary is.
+func (g *SentinelGroup) PrimaryAddr(ctx context.Context, tb redistest.TB) (string, error) {
+	for _, sc := range g.SentinelClients(tb) {
+		a, err := sc.GetMasterAddrByName(ctx, g.Master).Result()
+		if err == nil && len(a) == 2 {
+			return a[0] + ":" + a[1], nil
+		}
+	}
+	return "", fmt.Errorf("no Sentinel knows %s", g.Master)
+}
+
+// WaitForNewPrimary waits (bounded) until the Sentinels name a primary
+// other than old, and returns it.
+func (g *SentinelGroup) WaitForNewPrimary(ctx context.Context, tb redistest.TB, old string, within time.Duration) (string, error) {
+	deadline := time.Now().Add(within)
+	for time.Now().Before(deadline) {
+		if a, err := g.PrimaryAddr(ctx, tb); err == nil && a != old {
+			return a, nil
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return "", fmt.Errorf("the primary did not move from %s within %v", old, within)
+}

@@ -1,0 +1,163 @@
+package chaos
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/redlease/redlease"
+	"github.com/redlease/redlease/internal/redistest"
+	"github.com/redlease/redlease/quorum"
+)
+
+// 1. A minority of nodes is killed while acquisitions are in flight (their
+// replies delayed, so kills land mid-request). The majority keeps granting;
+// no two holders overlap; failed attempts leave no keys behind.
+func TestScenario01QuorumKillMinorityMidAcquisition(t *testing.T) {
+	run(t, scenario{name: "01 quorum: kill minority mid-acquisition", strategy: "quorum/5", faults: "latency 30ms + SIGKILL nodes 3,4", fast: true},
+		func(t *testing.T, rec *Recorder) facts {
+			ctx := t.Context()
+			ns := StartNodes(t, 5, redistest.Config{})
+			const ttl = time.Second
+			_, la := quorumLocker(t, ns.Clients("a"), ttl)
+			_, lb := quorumLocker(t, ns.Clients("b"), ttl)
+			for _, i := range []int{3, 4} {
+				ns.Group("a")[i].Latency("slow", 30, 10)
+				ns.Group("b")[i].Latency("slow", 30, 10)
+			}
+			w := &Workload{Rec: rec, Reg: storage(t, rec, "s01"), Key: "s01", Hold: 10 * time.Millisecond}
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				sleep(ctx, 400*time.Millisecond)
+				end := fault(rec, "SIGKILL 3,4")
+				ns.Servers[3].Kill()
+				ns.Servers[4].Kill()
+				end()
+			}()
+			w.RunAll(ctx, map[string]*redlease.Locker{"a1": la, "a2": la, "b1": lb, "b2": lb}, 1500*time.Millisecond)
+			<-done
+			return facts{strays: waitStrays(ctx, ns, ttl)}
+		})
+}
+
+// 2. A holder's link to a majority goes silent (timeout toxic: connections
+// open, nothing answers) while it holds. Its renewals cannot reach a quorum,
+// so Lost closes before Until; the other group takes over only after the
+// holder's keys expire.
+func TestScenario02QuorumMajoritySilentWhileHeld(t *testing.T) {
+	run(t, scenario{name: "02 quorum: majority silent while held", strategy: "quorum/5 + watchdog", faults: "timeout toxic a→{0,1,2}", fast: true},
+		func(t *testing.T, rec *Recorder) facts {
+			ctx := t.Context()
+			ns := StartNodes(t, 5, redistest.Config{})
+			const ttl = time.Second
+			w := watchdog(t)
+			sa, _ := quorumLocker(t, ns.Clients("a"), ttl)
+			la := redlease.New(sa, redlease.WithTTL(ttl), redlease.WithKeeper(w), redlease.WithPrefix("chaos:"))
+			_, lb := quorumLocker(t, ns.Clients("b"), ttl)
+			reg := storage(t, rec, "s02")
+
+			// A holds for good through Do; B contends the whole time.
+			held := make(chan struct{})
+			aDone := make(chan error, 1)
+			go func() {
+				aDone <- la.Do(ctx, "s02", func(ctx context.Context, lk *redlease.Lock) error {
+					close(held)
+					from := rec.Now()
+					_, _ = reg.Write(ctx, "a", lk.Fence(), 1)
+					<-ctx.Done() // until the lock is lost
+					lostAt := rec.Now()
+					rec.AddHold(Hold{Holder: "a", Fence: lk.Fence(), From: from, To: min(lostAt, rec.At(lk.Until())), Until: rec.At(lk.Until()), LostAt: lostAt})
+					return nil
+				})
+			}()
+			<-held
+			stop := make(chan struct{})
+			bDone := make(chan int, 1)
+			wb := &Workload{Rec: rec, Reg: reg, Key: "s02", Hold: 20 * time.Millisecond}
+			go func() { bDone <- wb.Run(ctx, "b", lb, stop) }()
+			sleep(ctx, 300*time.Millisecond)
+			end := fault(rec, "a→{0,1,2} silent")
+			ns.Silence("a", 0, 1, 2)
+			err := <-aDone
+			sleep(ctx, 1500*time.Millisecond)
+			close(stop)
+			<-bDone
+			ns.Heal("a", 0, 1, 2)
+			end()
+			var violations []string
+			if !errors.Is(err, redlease.ErrLost) {
+				violations = append(violations, fmt.Sprintf("Do did not report the loss: %v", err))
+			}
+			return facts{strays: waitStrays(ctx, ns, ttl), violations: violations}
+		})
+}
+
+// 3. A node without persistence restarts at once while a holder has a bare
+// majority that includes it. Without the delayed-restart rule the amnesiac
+// node votes again and a second holder is granted the same key: recorded
+// as the documented hazard, with the fenced register still linearizable.
+// With the client-enforced rule the node sits out and there is no double
+// grant.
+func TestScenario03QuorumAmnesiacRestart(t *testing.T) {
+	for _, rule := range []bool{false, true} {
+		name := "03a quorum: amnesiac restart, no rule"
+		exp := Expectation{AllowOverlap: true, Why: "a node that lost its data votes again: outside Redlock's assumptions"}
+		opts := []quorum.Option(nil)
+		if rule {
+			name = "03b quorum: amnesiac restart, delayed-restart rule"
+			exp = Expectation{}
+			opts = []quorum.Option{quorum.WithDelayedRestart(2 * time.Second)}
+		}
+		t.Run(map[bool]string{false: "without rule", true: "with rule"}[rule], func(t *testing.T) {
+			run(t, scenario{name: name, strategy: "quorum/5", faults: "a↛{3,4}, b↛{0,1}, restart node 2 without persistence", fast: true, exp: exp},
+				func(t *testing.T, rec *Recorder) facts {
+					ctx := t.Context()
+					ns := StartNodes(t, 5, redistest.Config{})
+					const ttl = 2 * time.Second
+					if rule { // the nodes have been up for longer than the max TTL
+						for i := range ns.Servers {
+							now, _ := ns.Direct(i).Time(ctx).Result()
+							ns.Direct(i).Set(ctx, "redlease:boot", now.Add(-time.Hour).UnixMilli(), 0)
+						}
+					}
+					_, la := quorumLocker(t, ns.Clients("a"), ttl, opts...)
+					_, lb := quorumLocker(t, ns.Clients("b"), ttl, opts...)
+					reg := storage(t, rec, "s03")
+					ns.Cut("a", 3, 4)
+					ns.Cut("b", 0, 1)
+
+					a, err := la.TryLock(ctx, "s03")
+					if err != nil {
+						t.Fatalf("a: %v", err)
+					}
+					aFrom := rec.Now()
+					_, _ = reg.Write(ctx, "a", a.Fence(), 1)
+					end := fault(rec, "restart node 2 (no persistence)")
+					ns.Servers[2].Restart()
+					end()
+
+					wb := &Workload{Rec: rec, Reg: reg, Key: "s03", Hold: 50 * time.Millisecond, Attempt: 200 * time.Millisecond}
+					stop := make(chan struct{})
+					bDone := make(chan int, 1)
+					go func() { bDone <- wb.Run(ctx, "b", lb, stop) }()
+					sleep(ctx, 600*time.Millisecond)
+					// A still believes it holds (its Until has not passed) and writes.
+					if a.Valid() {
+						_, _ = reg.Write(ctx, "a", a.Fence(), 2)
+					}
+					aTo := rec.Now()
+					_ = a.Release(ctx)
+					rec.AddHold(Hold{Holder: "a", Fence: a.Fence(), From: aFrom, To: min(aTo, rec.At(a.Until())), Until: rec.At(a.Until()), LostAt: -1})
+					sleep(ctx, 200*time.Millisecond)
+					close(stop)
+					<-bDone
+					ns.Heal("a", 3, 4)
+					ns.Heal("b", 0, 1)
+					return facts{strays: waitStrays(ctx, ns, ttl)}
+				})
+		})
+	}
+}

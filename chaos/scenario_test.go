@@ -1,0 +1,166 @@
+package chaos
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
+
+	"github.com/redlease/redlease"
+	"github.com/redlease/redlease/internal/redistest"
+	"github.com/redlease/redlease/quorum"
+	"github.com/redlease/redlease/renew"
+)
+
+var (
+	full      = flag.Bool("chaos.full", false, "run every scenario (make chaos); without it only the fast subset runs (make test)")
+	reportDir = flag.String("chaos.report", "", "write the HTML/SVG report into this directory")
+)
+
+// results collects each scenario's Result for the table TestMain prints.
+var results struct {
+	sync.Mutex
+	list []Result
+}
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	if holderProcess() { // a re-executed copy of this binary acting as a paused holder
+		return
+	}
+	redistest.QuietClientLogs()
+	code := m.Run()
+	results.Lock()
+	if len(results.list) > 0 {
+		fmt.Println()
+		PrintTable(os.Stdout, results.list)
+		if *reportDir != "" {
+			if err := WriteIndex(*reportDir, results.list); err != nil {
+				fmt.Println("report:", err)
+				code = 1
+			} else {
+				abs, _ := filepath.Abs(filepath.Join(*reportDir, "index.html"))
+				fmt.Println("report:", abs)
+			}
+		}
+	}
+	results.Unlock()
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Println("goleak:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// scenario describes one run: what it exercises and which oracles its
+// faults allow to be violated.
+type scenario struct {
+	name, strategy, faults string
+	fast                   bool // part of make test's subset
+	exp                    Expectation
+}
+
+// facts are what a scenario body measures besides the recorder's history.
+type facts struct {
+	strays, ledgerLost int
+	notes              []string
+	violations         []string // checks of the scenario's own that failed: the verdict is FAIL
+}
+
+// run runs body as scenario sc: skipped with a stated reason unless fast or
+// -chaos.full, checked against the oracles, reported, and failed if a
+// required oracle does not hold.
+func run(t *testing.T, sc scenario, body func(t *testing.T, rec *Recorder) facts) {
+	if !sc.fast && !*full {
+		t.Skip("slow scenario: runs in `make chaos` (go test -chaos.full)")
+	}
+	rec := NewRecorder(sc.name)
+	f := body(t, rec)
+	res := rec.Check(sc.strategy, sc.faults, sc.exp)
+	res.StrayKeys, res.LedgerLost = f.strays, f.ledgerLost
+	res.Notes = append(res.Notes, f.notes...)
+	res = reverdict(res)
+	if len(f.violations) > 0 {
+		res.Notes = append(res.Notes, f.violations...)
+		res.Verdict = "FAIL"
+	}
+	results.Lock()
+	results.list = append(results.list, res)
+	results.Unlock()
+	if *reportDir != "" {
+		if err := os.MkdirAll(*reportDir, 0o755); err == nil {
+			if err := rec.WriteReport(*reportDir, res); err != nil {
+				t.Errorf("report: %v", err)
+			}
+		}
+	}
+	t.Logf("%s: grants %d, overlaps %d, stale accepted %d / rejected %d, lost late %d, strays %d: %s %v",
+		sc.name, res.Grants, res.Overlaps, res.StaleAccepted, res.StaleRejected, res.LostLate, res.StrayKeys, res.Verdict, res.Notes)
+	if res.Failed() {
+		t.Errorf("%s: %s", sc.name, res.Verdict)
+	}
+}
+
+// reverdict re-judges a result after the scenario added the strays and
+// ledger facts the recorder cannot see.
+func reverdict(res Result) Result {
+	return Judge(res)
+}
+
+// storage starts the server the fenced register lives in; no fault ever
+// touches it.
+func storage(t *testing.T, rec *Recorder, name string) *Register {
+	t.Helper()
+	return rec.Register(redistest.Start(t, redistest.Config{}).Client(), "register:"+name)
+}
+
+// quorumLocker builds a quorum strategy (closed on cleanup) and a Locker.
+func quorumLocker(t *testing.T, clients []redis.UniversalClient, ttl time.Duration, opts ...quorum.Option) (*quorum.Strategy, *redlease.Locker) {
+	t.Helper()
+	opts = append([]quorum.Option{quorum.WithFencing(), quorum.WithNodeTimeout(150 * time.Millisecond)}, opts...)
+	s, err := quorum.New(clients, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	return s, redlease.New(s, redlease.WithTTL(ttl), redlease.WithRetryDelay(2*time.Millisecond, 20*time.Millisecond),
+		redlease.WithPrefix("chaos:"))
+}
+
+func watchdog(t *testing.T) *renew.Watchdog {
+	t.Helper()
+	w, err := renew.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(w.Stop)
+	return w
+}
+
+// fault records a fault span around f's effect: from now until end is
+// called.
+func fault(rec *Recorder, name string) (end func()) {
+	from := rec.Now()
+	return func() { rec.AddFault(Fault{Name: name, From: from, To: rec.Now()}) }
+}
+
+func slug(s string) string {
+	return strings.Trim(regexp.MustCompile(`[^a-z0-9]+`).ReplaceAllString(strings.ToLower(s), "-"), "-")
+}
+
+// waitStrays waits past the TTL and counts lock keys left on live nodes.
+func waitStrays(ctx context.Context, ns *Nodes, ttl time.Duration) int {
+	sleep(ctx, ttl+300*time.Millisecond)
+	return ns.StrayKeys(ctx, "chaos:*")
+}
