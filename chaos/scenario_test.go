@@ -55,7 +55,10 @@ func TestMain(m *testing.M) {
 	}
 	results.Unlock()
 	if code == 0 {
-		if err := goleak.Find(); err != nil {
+		// toxiproxy's slicer toxic leaves a goroutine blocked on a send when
+		// its link closes mid-chunk (toxics/slicer.go, v2.12.0): theirs, not
+		// ours, and it ends with the process.
+		if err := goleak.Find(goleak.IgnoreTopFunction("github.com/Shopify/toxiproxy/v2/toxics.(*SlicerToxic).Pipe")); err != nil {
 			fmt.Println("goleak:", err)
 			code = 1
 		}

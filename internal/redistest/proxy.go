@@ -32,7 +32,12 @@ func NewProxy(tb TB, upstream string) *Proxy {
 	if err := p.Start(); err != nil {
 		tb.Fatalf("redistest: start proxy to %s: %v", upstream, err)
 	}
-	tb.Cleanup(p.Stop)
+	tb.Cleanup(func() {
+		// Toxics first: a slicer stopped with its proxy leaves goroutines
+		// blocked on a channel send.
+		p.Toxics.ResetToxics(context.Background())
+		p.Stop()
+	})
 	return &Proxy{Addr: p.Listen, tb: tb, proxy: p}
 }
 
