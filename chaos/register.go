@@ -244,3 +244,16 @@ func describeOperation(input, output any) string {
 		return fmt.Sprintf("%s → rejected (fence=%d value=%d)", call, out.Fence, out.Value)
 	}
 }
+
+// WriteBy records a write another process made to this register (a
+// re-executed holder, say) and reported back: call must be a time before
+// that process could have sent it and ret a time after it answered, on this
+// recorder's clock. The bracket is wider than the real call, which only
+// ever makes the linearizability check more lenient, never wrong.
+func (g *Register) WriteBy(holder string, fence uint64, value int64, accepted bool, stateFence uint64, stateValue int64, call, ret time.Duration) {
+	g.rec.addOp(registerOp{
+		in:   registerInput{Key: g.key, Holder: holder, Write: true, Fence: fence, Value: value},
+		out:  registerOutput{Accepted: accepted, Fence: stateFence, Value: stateValue},
+		call: call, ret: ret,
+	})
+}
