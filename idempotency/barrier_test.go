@@ -1,0 +1,306 @@
+package idempotency_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/redlease/redlease"
+	"github.com/redlease/redlease/idempotency"
+	"github.com/redlease/redlease/internal/redistest"
+	"github.com/redlease/redlease/renew"
+)
+
+func TestMain(m *testing.M) {
+	redistest.QuietClientLogs()
+	goleak.VerifyTestMain(m)
+}
+
+func store(t *testing.T) *redis.Client {
+	t.Helper()
+	return redistest.Start(t, redistest.Config{}).Client()
+}
+
+func barrier(t *testing.T, c redis.UniversalClient, opts ...idempotency.Option) *idempotency.Barrier {
+	t.Helper()
+	b, err := idempotency.New(c, opts...)
+	require.NoError(t, err)
+	return b
+}
+
+func TestFirstRunsDuplicatesReplay(t *testing.T) {
+	b := barrier(t, store(t))
+	ctx := t.Context()
+	req := idempotency.Request{Key: "order:1", Fingerprint: idempotency.Fingerprint("u1", "pay", "100")}
+	var runs atomic.Int32
+	h := func(ctx context.Context, fence uint64) ([]byte, error) {
+		runs.Add(1)
+		return []byte(fmt.Sprintf("paid with fence %d", fence)), nil
+	}
+	first, err := b.Do(ctx, req, h)
+	require.NoError(t, err)
+	assert.False(t, first.Replayed)
+	assert.NotZero(t, first.Fence)
+	second, err := b.Do(ctx, req, h)
+	require.NoError(t, err)
+	assert.True(t, second.Replayed)
+	assert.Equal(t, first.Result, second.Result)
+	assert.EqualValues(t, 1, runs.Load())
+}
+
+// The fingerprint of the first request survives its completion: the same
+// key with another payload is refused afterwards, not replayed.
+func TestFingerprintSurvivesCompletion(t *testing.T) {
+	b := barrier(t, store(t))
+	ctx := t.Context()
+	ok := func(context.Context, uint64) ([]byte, error) { return []byte("ok"), nil }
+	_, err := b.Do(ctx, idempotency.Request{Key: "k", Fingerprint: idempotency.PayloadHash([]byte("amount=100"))}, ok)
+	require.NoError(t, err)
+	_, err = b.Do(ctx, idempotency.Request{Key: "k", Fingerprint: idempotency.PayloadHash([]byte("amount=999"))}, ok)
+	assert.ErrorIs(t, err, idempotency.ErrMismatch)
+}
+
+// A handler that outlives its lock finds the request taken over when it
+// completes: its result is refused, the new owner's stands.
+func TestStaleOwnersCompleteIsRejected(t *testing.T) {
+	c := store(t)
+	b := barrier(t, c, idempotency.WithLease(200*time.Millisecond), idempotency.WithRetention(time.Minute))
+	ctx := t.Context()
+	req := idempotency.Request{Key: "transfer:7"}
+	stale := make(chan error, 1)
+	started := make(chan struct{})
+	go func() {
+		_, err := b.Do(context.WithoutCancel(ctx), req, func(ctx context.Context, fence uint64) ([]byte, error) {
+			close(started)
+			time.Sleep(600 * time.Millisecond) // a long pause: the lease runs out meanwhile
+			return []byte("stale"), nil
+		})
+		stale <- err
+	}()
+	<-started
+	time.Sleep(300 * time.Millisecond) // past the lease: the lock expired
+	out, err := b.Do(ctx, req, func(ctx context.Context, fence uint64) ([]byte, error) { return []byte("fresh"), nil })
+	require.NoError(t, err, "the request is taken over once its owner's lock expired")
+	assert.Equal(t, "fresh", string(out.Result))
+	assert.ErrorIs(t, <-stale, idempotency.ErrNotOwner, "the stale owner's result is refused")
+	replay, err := b.Do(ctx, req, func(context.Context, uint64) ([]byte, error) { return nil, errors.New("must not run") })
+	require.NoError(t, err)
+	assert.Equal(t, "fresh", string(replay.Result))
+}
+
+// A caller that does not own a record never deletes it: here the first
+// owner outlives its lock, the request is taken over, and the first owner
+// then fails transiently — its release must leave the new owner's record
+// alone, and the new owner's result stands.
+func TestRecordNeverDeletedByANonOwner(t *testing.T) {
+	c := store(t)
+	b := barrier(t, c, idempotency.WithLease(200*time.Millisecond), idempotency.WithRetention(time.Minute))
+	ctx := t.Context()
+	req := idempotency.Request{Key: "k"}
+	aDone := make(chan error, 1)
+	aStarted := make(chan struct{})
+	go func() {
+		_, err := b.Do(context.WithoutCancel(ctx), req, func(context.Context, uint64) ([]byte, error) {
+			close(aStarted)
+			time.Sleep(500 * time.Millisecond)
+			return nil, errors.New("transient failure, after losing the lock")
+		})
+		aDone <- err
+	}()
+	<-aStarted
+	time.Sleep(300 * time.Millisecond) // A's lock has expired
+	bRunning := make(chan struct{})
+	bFinish := make(chan struct{})
+	bDone := make(chan error, 1)
+	go func() {
+		_, err := b.Do(ctx, req, func(context.Context, uint64) ([]byte, error) {
+			close(bRunning)
+			<-bFinish
+			return []byte("b"), nil
+		})
+		bDone <- err
+	}()
+	<-bRunning
+	require.Error(t, <-aDone) // A fails and tries to release
+	n, err := c.Exists(ctx, "idem:k").Result()
+	require.NoError(t, err)
+	assert.EqualValues(t, 1, n, "B's in-progress record survives A's release")
+	close(bFinish)
+	require.NoError(t, <-bDone)
+	out, err := b.Do(ctx, req, func(context.Context, uint64) ([]byte, error) { return nil, errors.New("must not run") })
+	require.NoError(t, err)
+	assert.Equal(t, "b", string(out.Result))
+}
+
+// A duplicate that arrives while a slow handler runs (its lease renewed
+// by the watchdog well past the lease) gets ErrInProgress, not a second
+// run; DoWait waits for the result instead.
+func TestDuplicateDuringSlowRenewedHandler(t *testing.T) {
+	w, err := renew.New()
+	require.NoError(t, err)
+	defer w.Stop()
+	b := barrier(t, store(t), idempotency.WithLease(300*time.Millisecond), idempotency.WithKeeper(w))
+	ctx := t.Context()
+	req := idempotency.Request{Key: "slow"}
+	var runs atomic.Int32
+	h := func(ctx context.Context, fence uint64) ([]byte, error) {
+		runs.Add(1)
+		select {
+		case <-time.After(time.Second): // three leases long
+		case <-ctx.Done():
+			return nil, context.Cause(ctx)
+		}
+		return []byte("done"), nil
+	}
+	first := make(chan error, 1)
+	go func() { _, err := b.Do(ctx, req, h); first <- err }()
+	time.Sleep(700 * time.Millisecond) // past two leases: only renewal keeps it in flight
+	_, err = b.Do(ctx, req, h)
+	var inProgress *idempotency.InProgressError
+	require.ErrorAs(t, err, &inProgress)
+	assert.GreaterOrEqual(t, inProgress.RetryAfter, time.Second)
+	out, err := b.DoWait(ctx, req, 2*time.Second, h)
+	require.NoError(t, err)
+	assert.True(t, out.Replayed)
+	assert.Equal(t, "done", string(out.Result))
+	require.NoError(t, <-first)
+	assert.EqualValues(t, 1, runs.Load())
+}
+
+// 1,000 concurrent duplicates of 100 requests: each request runs once,
+// every caller gets its result (now or replayed) or an in-progress answer.
+func TestThousandDuplicatesRunEachOnce(t *testing.T) {
+	b := barrier(t, store(t))
+	ctx := t.Context()
+	var runs [100]atomic.Int32
+	var replays, inProgress atomic.Int32
+	var wg sync.WaitGroup
+	for i := range 1000 {
+		wg.Go(func() {
+			r := i % 100
+			req := idempotency.Request{Key: fmt.Sprintf("req:%d", r), Fingerprint: idempotency.Fingerprint("payload", fmt.Sprint(r))}
+			out, err := b.DoWait(ctx, req, 5*time.Second, func(context.Context, uint64) ([]byte, error) {
+				runs[r].Add(1)
+				time.Sleep(5 * time.Millisecond)
+				return []byte(fmt.Sprint(r)), nil
+			})
+			switch {
+			case errors.Is(err, idempotency.ErrInProgress):
+				inProgress.Add(1)
+			case assert.NoError(t, err):
+				assert.Equal(t, fmt.Sprint(r), string(out.Result))
+				if out.Replayed {
+					replays.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	for r := range runs {
+		assert.EqualValues(t, 1, runs[r].Load(), "request %d", r)
+	}
+	t.Logf("1000 calls of 100 requests: 100 runs, %d replays, %d still in progress at the deadline", replays.Load(), inProgress.Load())
+}
+
+// Failures: a Final error is stored and replayed; a transient one releases
+// the request so a retry runs; a panic releases and re-panics.
+func TestResultPolicy(t *testing.T) {
+	b := barrier(t, store(t))
+	ctx := t.Context()
+	insufficient := errors.New("insufficient funds")
+	_, err := b.Do(ctx, idempotency.Request{Key: "final"}, func(context.Context, uint64) ([]byte, error) {
+		return nil, idempotency.Final(insufficient)
+	})
+	assert.ErrorIs(t, err, insufficient)
+	_, err = b.Do(ctx, idempotency.Request{Key: "final"}, func(context.Context, uint64) ([]byte, error) { return []byte("ran again"), nil })
+	var stored *idempotency.StoredError
+	require.ErrorAs(t, err, &stored, "a definitive failure is replayed")
+	assert.Equal(t, "insufficient funds", stored.Message)
+
+	_, err = b.Do(ctx, idempotency.Request{Key: "transient"}, func(context.Context, uint64) ([]byte, error) {
+		return nil, errors.New("db timeout")
+	})
+	require.Error(t, err)
+	out, err := b.Do(ctx, idempotency.Request{Key: "transient"}, func(context.Context, uint64) ([]byte, error) { return []byte("retried"), nil })
+	require.NoError(t, err, "a transient failure lets the retry run")
+	assert.Equal(t, "retried", string(out.Result))
+
+	assert.Panics(t, func() {
+		_, _ = b.Do(ctx, idempotency.Request{Key: "panic"}, func(context.Context, uint64) ([]byte, error) { panic("boom") })
+	})
+	out, err = b.Do(ctx, idempotency.Request{Key: "panic"}, func(context.Context, uint64) ([]byte, error) { return []byte("after panic"), nil })
+	require.NoError(t, err)
+	assert.Equal(t, "after panic", string(out.Result))
+
+	all := barrier(t, store(t), idempotency.WithStoreEverything())
+	_, _ = all.Do(ctx, idempotency.Request{Key: "t"}, func(context.Context, uint64) ([]byte, error) { return nil, errors.New("db timeout") })
+	_, err = all.Do(ctx, idempotency.Request{Key: "t"}, func(context.Context, uint64) ([]byte, error) { return []byte("no"), nil })
+	require.ErrorAs(t, err, &stored, "WithStoreEverything replays any outcome")
+}
+
+func TestResultsAreBounded(t *testing.T) {
+	b := barrier(t, store(t), idempotency.WithMaxResult(10))
+	ctx := t.Context()
+	out, err := b.Do(ctx, idempotency.Request{Key: "big"}, func(context.Context, uint64) ([]byte, error) {
+		return []byte("more than ten bytes"), nil
+	})
+	require.NoError(t, err, "the first caller gets its result")
+	assert.Equal(t, "more than ten bytes", string(out.Result))
+	_, err = b.Do(ctx, idempotency.Request{Key: "big"}, func(context.Context, uint64) ([]byte, error) { return nil, errors.New("must not run") })
+	assert.ErrorIs(t, err, idempotency.ErrResultNotStored, "a duplicate learns it completed, and nothing runs again")
+}
+
+func TestRejectsBadInput(t *testing.T) {
+	_, err := idempotency.New(nil)
+	assert.ErrorIs(t, err, redlease.ErrInvalid)
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	t.Cleanup(func() { _ = c.Close() })
+	_, err = idempotency.New(c, idempotency.WithLease(time.Hour), idempotency.WithRetention(time.Minute))
+	assert.ErrorIs(t, err, redlease.ErrInvalid)
+	b := barrier(t, c)
+	_, err = b.Do(t.Context(), idempotency.Request{}, func(context.Context, uint64) ([]byte, error) { return nil, nil })
+	assert.ErrorIs(t, err, redlease.ErrInvalid)
+	_, err = b.Do(t.Context(), idempotency.Request{Key: "k"}, nil)
+	assert.ErrorIs(t, err, redlease.ErrInvalid)
+}
+
+func TestOneTimeTokens(t *testing.T) {
+	tokens, err := idempotency.NewTokens(store(t), "")
+	require.NoError(t, err)
+	ctx := t.Context()
+	tok, err := tokens.Issue(ctx, "form:checkout", 0)
+	require.NoError(t, err)
+	var ok, used atomic.Int32
+	var wg sync.WaitGroup
+	for range 50 {
+		wg.Go(func() {
+			switch err := tokens.Consume(ctx, "form:checkout", tok); {
+			case err == nil:
+				ok.Add(1)
+			case errors.Is(err, idempotency.ErrTokenUsed):
+				used.Add(1)
+			default:
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	assert.EqualValues(t, 1, ok.Load(), "exactly one consumer succeeds")
+	assert.EqualValues(t, 49, used.Load())
+	assert.ErrorIs(t, tokens.Consume(ctx, "form:other", tok), idempotency.ErrTokenUnknown, "tokens are scoped")
+	assert.ErrorIs(t, tokens.Consume(ctx, "form:checkout", "made-up"), idempotency.ErrTokenUnknown)
+
+	short, err := tokens.Issue(ctx, "form:checkout", 50*time.Millisecond)
+	require.NoError(t, err)
+	time.Sleep(100 * time.Millisecond)
+	assert.ErrorIs(t, tokens.Consume(ctx, "form:checkout", short), idempotency.ErrTokenExpired)
+}

@@ -1,0 +1,37 @@
+package idempotency
+
+import (
+	"context"
+	"errors"
+)
+
+// Consumer makes a message handler take effect once per message, for
+// at-least-once queues (Redis Streams, Kafka, SQS): key it on a stable
+// message or business id, not on a delivery id that changes on redelivery.
+type Consumer struct {
+	b *Barrier
+}
+
+// NewConsumer handles messages through b.
+func NewConsumer(b *Barrier) *Consumer { return &Consumer{b: b} }
+
+// Handle runs h for id once and says whether to ack the message:
+//
+//   - ack true, err nil: done now or before (a duplicate); ack it.
+//   - ack true, err a Final or stored error: the outcome is definitive and
+//     recorded; ack it, it must not run again.
+//   - ack false, err ErrInProgress: another consumer is handling it right
+//     now; do not ack — if that consumer dies, redelivery (XAUTOCLAIM)
+//     brings it back, and its lock will have expired by then.
+//   - ack false, other err: h failed transiently and the record was
+//     released; do not ack, let it be redelivered.
+func (c *Consumer) Handle(ctx context.Context, id string, h Handler) (ack bool, err error) {
+	_, err = c.b.Do(ctx, Request{Key: "msg:" + id}, h)
+	var final *FinalError
+	var stored *StoredError
+	switch {
+	case err == nil, errors.As(err, &final), errors.As(err, &stored), errors.Is(err, ErrResultNotStored):
+		return true, err
+	}
+	return false, err
+}
