@@ -1,0 +1,64 @@
+package idempotency_test
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/redlease/redlease/idempotency"
+)
+
+// A Redis Streams consumer group delivers at least once. A message
+// redelivered through XAUTOCLAIM while its first consumer still runs must
+// not be handled twice nor acked early; once the first consumer finished,
+// the redelivery is acked without running again.
+func TestStreamRedeliveryWhileFirstConsumerRuns(t *testing.T) {
+	c := store(t)
+	ctx := t.Context()
+	b := barrier(t, c)
+	consumer := idempotency.NewConsumer(b)
+	require.NoError(t, c.XGroupCreateMkStream(ctx, "orders", "settle", "0").Err())
+	require.NoError(t, c.XAdd(ctx, &redis.XAddArgs{Stream: "orders", Values: map[string]any{"order": "o-1", "amount": "100"}}).Err())
+
+	var effects atomic.Int32
+	release := make(chan struct{})
+	handler := func(ctx context.Context, fence uint64) ([]byte, error) {
+		effects.Add(1)
+		<-release // the first consumer is slow
+		return []byte("settled"), nil
+	}
+
+	got, err := c.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "settle", Consumer: "c1", Streams: []string{"orders", ">"}, Count: 1}).Result()
+	require.NoError(t, err)
+	msg := got[0].Messages[0]
+	firstAck := make(chan bool, 1)
+	go func() {
+		ack, err := consumer.Handle(ctx, msg.Values["order"].(string), handler)
+		assert.NoError(t, err)
+		firstAck <- ack
+	}()
+
+	// c2 claims the message, idle for a moment, as a rebalance would.
+	time.Sleep(50 * time.Millisecond)
+	claimed, _, err := c.XAutoClaim(ctx, &redis.XAutoClaimArgs{Stream: "orders", Group: "settle", Consumer: "c2", MinIdle: 20 * time.Millisecond, Start: "0"}).Result()
+	require.NoError(t, err)
+	require.Len(t, claimed, 1, "the redelivery")
+	ack, err := consumer.Handle(ctx, claimed[0].Values["order"].(string), handler)
+	assert.False(t, ack, "still being handled by c1: do not ack")
+	assert.True(t, errors.Is(err, idempotency.ErrInProgress), "%v", err)
+
+	close(release)
+	require.True(t, <-firstAck)
+	require.NoError(t, c.XAck(ctx, "orders", "settle", msg.ID).Err())
+
+	ack, err = consumer.Handle(ctx, claimed[0].Values["order"].(string), handler)
+	require.NoError(t, err)
+	assert.True(t, ack, "done by c1: the redelivery is acked without running")
+	assert.EqualValues(t, 1, effects.Load())
+}
