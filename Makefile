@@ -1,6 +1,6 @@
 # redlease: the commands a fresh machine needs.
 #   make test   vet + every test with -race, against real redis-server processes
-#   make demo   contenders taking turns on a quorum lock (in-process nodes, no servers)
+#   make demo   the settlement demo: exactly-once settlements on 5 in-process quorum nodes + SQLite
 #   make bench  go test -bench, ours and the peers side by side, with -benchmem
 #   make chaos  every fault scenario against real processes; table + HTML/SVG report in $(CHAOS_REPORT)
 
@@ -32,7 +32,7 @@ test: redis
 	$(GO) test -race -count=1 ./...
 
 demo:
-	$(GO) run ./examples/turns
+	$(GO) run ./examples/settlement
 
 bench: redis
 	@mkdir -p $(BENCH_OUT)

@@ -126,7 +126,10 @@ func WithStoreEverything() Option {
 	})
 }
 
-// WithPrefix puts the Barrier's keys under prefix. Default "idem:".
+// WithPrefix puts the Barrier's keys under prefix. Default "idem:". Records
+// and locks are named from the prefix and the request key only, so two
+// Barriers with the same prefix on the same store share requests (useful
+// for a second Barrier with another lease; a trap if unintended).
 func WithPrefix(prefix string) Option {
 	return optionFunc(func(b *Barrier) error {
 		b.prefix = prefix
@@ -202,7 +205,11 @@ type Outcome struct {
 }
 
 // Handler does the request's work under the lock. Its ctx is cancelled if
-// the lock is lost; fence must be passed to any storage it writes to.
+// the lock is lost. fence is the fence of this request's lock: it orders
+// the runs of this one request (a takeover gets a higher fence), so storage
+// written only by this request can refuse a stale run with it. It says
+// nothing about other requests: a shared row (an account balance) needs its
+// own lock and that lock's fence — see examples/settlement.
 type Handler func(ctx context.Context, fence uint64) ([]byte, error)
 
 // Request identifies one request: Key names it (see Key), Fingerprint is
@@ -265,7 +272,9 @@ func (b *Barrier) do(ctx context.Context, req Request, h Handler, wait time.Dura
 // run takes the lock, claims the record and runs h.
 func (b *Barrier) run(ctx context.Context, req Request, rec string, h Handler) (Outcome, error) {
 	lk, err := b.locker.TryLock(ctx, b.lockKey(req.Key))
-	if errors.Is(err, redlease.ErrNotObtained) && ctx.Err() == nil {
+	var nodeErr *redlease.NodeError
+	if errors.Is(err, redlease.ErrNotObtained) && ctx.Err() == nil && !errors.As(err, &nodeErr) {
+		// Taken, not failed: someone is running this request now.
 		return Outcome{}, &InProgressError{RetryAfter: time.Second}
 	}
 	if err != nil {
@@ -294,7 +303,9 @@ func (b *Barrier) run(ctx context.Context, req Request, rec string, h Handler) (
 	case "mismatch":
 		return Outcome{}, ErrMismatch
 	case "progress":
-		return Outcome{}, &InProgressError{RetryAfter: st.retryAfter}
+		// Only a double grant gets here (an owner with a higher fence): it
+		// will finish or lose its lock within a lease.
+		return Outcome{}, &InProgressError{RetryAfter: b.lease}
 	}
 
 	// The handler's ctx ends when the lock is lost.

@@ -26,7 +26,18 @@ func NewConsumer(b *Barrier) *Consumer { return &Consumer{b: b} }
 //   - ack false, other err: h failed transiently and the record was
 //     released; do not ack, let it be redelivered.
 func (c *Consumer) Handle(ctx context.Context, id string, h Handler) (ack bool, err error) {
-	_, err = c.b.Do(ctx, Request{Key: "msg:" + id}, h)
+	return c.handle(ctx, Request{Key: "msg:" + id}, h)
+}
+
+// HandlePayload is Handle that also fingerprints the message payload: a
+// message re-published under the same id with a different payload gets
+// ErrMismatch (ack false) instead of a silent replay.
+func (c *Consumer) HandlePayload(ctx context.Context, id string, payload []byte, h Handler) (ack bool, err error) {
+	return c.handle(ctx, Request{Key: "msg:" + id, Fingerprint: PayloadHash(payload)}, h)
+}
+
+func (c *Consumer) handle(ctx context.Context, req Request, h Handler) (ack bool, err error) {
+	_, err = c.b.Do(ctx, req, h)
 	var final *FinalError
 	var stored *StoredError
 	switch {

@@ -28,8 +28,8 @@ func PayloadHash(body []byte) string {
 }
 
 // Key composes a request key from the fields that identify a request
-// (principal, operation, client key, ...); it is Fingerprint with a
-// readable form for short, safe fields.
+// (principal, operation, client key, ...). It is Fingerprint under a name
+// that says what it is for: a hex SHA-256, safe for any field bytes.
 func Key(fields ...string) string {
 	return Fingerprint(fields...)
 }

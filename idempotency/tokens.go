@@ -73,6 +73,11 @@ func (t *Tokens) Consume(ctx context.Context, scope, tok string) error {
 	if !ok {
 		return ErrTokenUnknown
 	}
+	if time.Now().After(expiry) {
+		// Past the expiry the token carries: refused without a round trip,
+		// even if a server with a slower clock still has it.
+		return ErrTokenExpired
+	}
 	// A used token is remembered until it would have expired, so that a
 	// second use says "used", not "unknown".
 	remember := max(time.Until(expiry), time.Second)

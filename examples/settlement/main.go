@@ -1,0 +1,721 @@
+// Command settlement moves money exactly once, however often a settlement
+// arrives: many clients send every settlement two or three times (some
+// copies at the same moment), give up waiting and resend, and one holder
+// freezes past its lease and wakes up to write with an old fence. At the
+// end the ledger must hold every settlement once and every balance must
+// equal the exactly-once total; it prints "exactly-once verified" or says
+// what differs and exits 1.
+//
+// The pieces:
+//
+//   - an idempotency.Barrier keyed on the settlement id, its in-flight locks
+//     on a five-node quorum (quorum.WithFencing) renewed by a renew.Watchdog,
+//     its records on a separate store;
+//   - inside the handler, a second quorum lock on the account, whose fence
+//     guards the account row;
+//   - an SQLite ledger that applies a settlement only with a fence above the
+//     account's last one:
+//     UPDATE account SET balance = balance + ?, fence = ? WHERE id = ? AND fence < ?
+//
+// By default everything runs in-process (six miniredis servers and an
+// SQLite file in a temp dir), so it needs no servers:
+//
+//	go run ./examples/settlement
+//
+// Point it at real Redis with -nodes (independent primaries for the lock
+// quorum) and -store (the Redis that keeps the idempotency records):
+//
+//	go run ./examples/settlement -nodes 127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003,127.0.0.1:7004,127.0.0.1:7005 -store 127.0.0.1:7000
+//
+// Every run uses its own key prefix; on real servers the records expire
+// after ten minutes, the per-account fence counters stay (they have no TTL,
+// by design).
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"fmt"
+	mrand "math/rand/v2"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+	"modernc.org/sqlite"
+	sqlite3 "modernc.org/sqlite/lib"
+
+	"github.com/redlease/redlease"
+	"github.com/redlease/redlease/idempotency"
+	"github.com/redlease/redlease/quorum"
+	"github.com/redlease/redlease/renew"
+)
+
+// Timings of the scenario. A client waits clientTimeout for an answer, then
+// gives up and resends; a few handlers call a slow downstream that takes
+// longer than that, so their clients resend while the first run goes on.
+// The frozen holder's locks live stallLease and are not renewed.
+const (
+	accounts       = 20
+	clientTimeout  = 100 * time.Millisecond
+	slowDownstream = 150 * time.Millisecond
+	serverTimeout  = 8 * time.Second
+	sendDeadline   = 15 * time.Second
+	lease          = 2 * time.Second
+	stallLease     = 300 * time.Millisecond
+)
+
+func main() {
+	nodesFlag := flag.String("nodes", "", "comma-separated addresses of independent Redis primaries for the lock quorum (default: 5 in-process nodes)")
+	storeFlag := flag.String("store", "", "address of the Redis that keeps idempotency records (default: in-process)")
+	settlements := flag.Int("settlements", 400, "distinct settlements")
+	clients := flag.Int("clients", 16, "concurrent clients")
+	flag.Parse()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	if err := run(ctx, *nodesFlag, *storeFlag, *settlements, *clients); err != nil {
+		fmt.Fprintln(os.Stderr, "\nsettlement: FAILED:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, nodeList, storeAddr string, n, clients int) error {
+	if n < 1 || clients < 1 {
+		return fmt.Errorf("-settlements and -clients must be positive")
+	}
+	env, err := connect(nodeList, storeAddr)
+	if err != nil {
+		return err
+	}
+	defer env.close()
+
+	q, err := quorum.New(env.nodes, quorum.WithFencing(), quorum.WithNodeTimeout(200*time.Millisecond))
+	if err != nil {
+		return err
+	}
+	defer q.Close()
+	watchdog, err := renew.New()
+	if err != nil {
+		return err
+	}
+	defer watchdog.Stop()
+
+	// One prefix per run, so that a second run against real servers does
+	// not replay the first run's results.
+	prefix := "redlease-settlement:" + randomHex(4) + ":"
+	barrier, err := idempotency.New(env.store,
+		idempotency.WithStrategy(q), idempotency.WithKeeper(watchdog),
+		idempotency.WithLease(lease), idempotency.WithRetention(10*time.Minute),
+		idempotency.WithPrefix(prefix+"idem:"))
+	if err != nil {
+		return err
+	}
+
+	// Why a second lock, on the account: fences rise per lock key. The
+	// barrier's lock is per settlement id, so nearly every settlement runs
+	// under that key's first fence (1): those fences say nothing about the
+	// order of writers of one account row, and checking them against the
+	// row would reject every settlement after the first on each account.
+	// The row needs a fence from the one sequence that every writer of that
+	// row draws from: a lock on the account. The barrier makes each
+	// settlement run once; the account lock makes writers of one balance
+	// take turns, and its fence lets the ledger refuse a writer whose turn
+	// is over.
+	accountLocks := redlease.New(q, redlease.WithKeeper(watchdog), redlease.WithTTL(lease),
+		redlease.WithRetryDelay(2*time.Millisecond, 40*time.Millisecond), redlease.WithPrefix(prefix+"account:"))
+
+	dir, err := os.MkdirTemp("", "redlease-settlement-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	ledger, err := openLedger(filepath.Join(dir, "ledger.db"))
+	if err != nil {
+		return err
+	}
+	defer ledger.db.Close()
+
+	work := generate(n)
+	sends := schedule(work)
+	svc := &service{
+		barrier:  barrier,
+		accounts: accountLocks,
+		ledger:   ledger,
+		stallID:  work[0].ID,
+	}
+	// The frozen holder: same records, same lock keys, but nothing renews
+	// its locks and they live only stallLease. A GC pause or a frozen VM
+	// looks like this to everyone else.
+	svc.frozenBarrier, err = idempotency.New(env.store, idempotency.WithStrategy(q),
+		idempotency.WithLease(stallLease), idempotency.WithRetention(10*time.Minute), idempotency.WithPrefix(prefix+"idem:"))
+	if err != nil {
+		return err
+	}
+	svc.frozenAccounts = redlease.New(q, redlease.WithTTL(stallLease), redlease.WithPrefix(prefix+"account:"))
+
+	fmt.Printf("%d settlements on %d accounts, sent %d times in all by %d clients (timeout %v, then resend)\n",
+		n, accounts, len(sends), clients, clientTimeout)
+	fmt.Printf("locks: quorum on %s (majority %d), fenced, renewed by a watchdog\n", env.where, q.Quorum())
+	fmt.Printf("records: %s   ledger: %s\n\n", env.storeWhere, filepath.Join(dir, "ledger.db"))
+
+	// The clients.
+	var (
+		st       stats
+		pending  sync.WaitGroup // requests still running on the server, answered or not
+		clientWG sync.WaitGroup
+		failMu   sync.Mutex
+		failures []error
+	)
+	svc.stats, svc.console = &st, &console{}
+	fail := func(err error) {
+		failMu.Lock()
+		failures = append(failures, err)
+		failMu.Unlock()
+	}
+	queue := make(chan settlement)
+	start := time.Now()
+	stopProgress := svc.console.progress(func() string { return st.line(ledger, n) })
+	for range clients {
+		clientWG.Go(func() {
+			for s := range queue {
+				if err := svc.send(ctx, s, &pending, fail); err != nil {
+					fail(err)
+				}
+			}
+		})
+	}
+	for _, s := range sends {
+		select {
+		case queue <- s:
+		case <-ctx.Done():
+		}
+	}
+	close(queue)
+	clientWG.Wait()
+	pending.Wait() // requests whose clients gave up still finish on the server
+	stopProgress()
+	elapsed := time.Since(start)
+
+	fmt.Printf("\n\n%-40s %6d\n", "requests sent", st.sent.Load())
+	fmt.Printf("%-40s %6d of %d\n", "settlements applied", ledger.applied.Load(), n)
+	fmt.Printf("%-40s %6d\n", "duplicates replayed", st.replayed.Load())
+	fmt.Printf("%-40s %6d\n", "in-progress conflicts", st.inProgress.Load())
+	fmt.Printf("%-40s %6d\n", "client timeouts, resent", st.timeouts.Load())
+	fmt.Printf("%-40s %6d\n", "stale writes rejected by fence", ledger.stale.Load())
+	fmt.Printf("%-40s %6d\n", "duplicates stopped only by the ledger key", ledger.already.Load())
+	fmt.Printf("%-40s %6.1fs\n\n", "time", elapsed.Seconds())
+
+	// The claim.
+	var problems []error
+	if len(failures) > 0 {
+		problems = append(problems, fmt.Errorf("failed requests: %d; first: %w", len(failures), failures[0]))
+	}
+	if ctx.Err() != nil {
+		problems = append(problems, ctx.Err())
+	}
+	if got := ledger.applied.Load(); got != int64(n) {
+		problems = append(problems, fmt.Errorf("the handler committed %d settlements, want %d", got, n))
+	}
+	if got := st.fresh.Load() + st.replayed.Load(); got != int64(len(sends)) {
+		problems = append(problems, fmt.Errorf("%d of %d sends got an answer", got, len(sends)))
+	}
+	// With every in-flight lock renewed, the only holder that outlived its
+	// lease is the frozen one, and the fence stops it before the ledger
+	// key would: the barrier alone must have kept duplicates out.
+	if got := ledger.already.Load(); got != 0 {
+		problems = append(problems, fmt.Errorf("%d duplicates reached the ledger past the barrier", got))
+	}
+	if ledger.stale.Load() < 1 {
+		problems = append(problems, errors.New("the frozen holder's write was not rejected by the fence"))
+	}
+	if err := ledger.verify(work); err != nil {
+		problems = append(problems, err)
+	}
+	if err := errors.Join(problems...); err != nil {
+		return err
+	}
+	fmt.Printf("ledger: %d settlement rows, one per id; %d balances equal the exactly-once totals\n", n, accounts)
+	fmt.Println("exactly-once verified")
+	return nil
+}
+
+// settlement is one business request: move Amount (cents) on Account.
+type settlement struct {
+	ID      string
+	Account string
+	Amount  int64
+	Slow    bool // its handler calls a slow downstream: clients time out meanwhile
+}
+
+// generate makes n settlements, the same every run.
+func generate(n int) []settlement {
+	rng := mrand.New(mrand.NewPCG(2026, 11))
+	work := make([]settlement, n)
+	for i := range work {
+		work[i] = settlement{
+			ID:      fmt.Sprintf("stl-%04d", i),
+			Account: fmt.Sprintf("acct-%02d", rng.IntN(accounts)),
+			Amount:  rng.Int64N(100_000) - 20_000,
+			Slow:    rng.IntN(20) == 0,
+		}
+	}
+	return work
+}
+
+// schedule sends every settlement two or three times: for a third of them
+// the copies go out back to back (a double click: different clients pick
+// them up at the same moment), for the rest they are scattered over the
+// run (a retry much later). The first settlement goes out first: it is the
+// one whose first holder freezes.
+func schedule(work []settlement) []settlement {
+	rng := mrand.New(mrand.NewPCG(7, 7))
+	var groups [][]settlement
+	for _, s := range work {
+		copies := 2 + rng.IntN(2)
+		if rng.IntN(3) == 0 {
+			groups = append(groups, repeat(s, copies))
+			continue
+		}
+		for range copies {
+			groups = append(groups, []settlement{s})
+		}
+	}
+	rng.Shuffle(len(groups), func(i, j int) { groups[i], groups[j] = groups[j], groups[i] })
+	sends := []settlement{work[0]}
+	for _, g := range groups {
+		sends = append(sends, g...)
+	}
+	return sends
+}
+
+func repeat(s settlement, n int) []settlement {
+	out := make([]settlement, n)
+	for i := range out {
+		out[i] = s
+	}
+	return out
+}
+
+// service is the server side: what a POST /settlements handler runs.
+type service struct {
+	barrier  *idempotency.Barrier
+	accounts *redlease.Locker
+	ledger   *ledger
+	stats    *stats
+	console  *console
+
+	stallID        string
+	stalled        atomic.Bool
+	frozenBarrier  *idempotency.Barrier
+	frozenAccounts *redlease.Locker
+}
+
+var errStaleFence = errors.New("stale fence: a newer holder has written this account")
+
+// settle runs one request for s through the barrier.
+func (svc *service) settle(ctx context.Context, s settlement) (idempotency.Outcome, error) {
+	req := idempotency.Request{
+		Key: "settlement:" + s.ID,
+		// The same id with another account or amount is a client bug, not a
+		// retry: the barrier answers ErrMismatch instead of replaying.
+		Fingerprint: idempotency.Fingerprint(s.Account, strconv.FormatInt(s.Amount, 10)),
+	}
+	if s.ID == svc.stallID && svc.stalled.CompareAndSwap(false, true) {
+		return svc.frozenBarrier.Do(ctx, req, func(ctx context.Context, _ uint64) ([]byte, error) {
+			return svc.freeze(ctx, s)
+		})
+	}
+	// The barrier's fence is ignored on purpose: it orders runs of one
+	// settlement, not writers of one account (see run).
+	return svc.barrier.Do(ctx, req, func(ctx context.Context, _ uint64) ([]byte, error) {
+		if s.Slow {
+			select { // a fraud check that takes its time
+			case <-time.After(slowDownstream):
+			case <-ctx.Done():
+				return nil, context.Cause(ctx)
+			}
+		}
+		var result []byte
+		err := svc.accounts.Do(ctx, s.Account, func(ctx context.Context, lk *redlease.Lock) error {
+			var err error
+			result, err = svc.ledger.apply(ctx, s, lk.Fence())
+			return err
+		})
+		return result, err
+	})
+}
+
+// freeze is the first run of the first settlement, in a process that
+// freezes right after taking both locks. Nothing renews them; they expire;
+// a client's resend takes the settlement over and applies it under a newer
+// account fence. Then the frozen holder wakes up, knows nothing of that
+// (it never looked at ctx or lk.Lost), and writes with its old fence.
+func (svc *service) freeze(ctx context.Context, s settlement) ([]byte, error) {
+	var result []byte
+	err := svc.frozenAccounts.Do(ctx, s.Account, func(ctx context.Context, lk *redlease.Lock) error {
+		svc.console.event("%s: holder with fence %d on %s freezes past its %v lease", s.ID, lk.Fence(), s.Account, stallLease)
+		newer, err := svc.ledger.waitApplied(s.ID, serverTimeout)
+		if err != nil {
+			return fmt.Errorf("frozen holder: %w", err)
+		}
+		svc.console.event("%s: a resend took it over and applied it with fence %d; the frozen holder wakes up", s.ID, newer)
+		result, err = svc.ledger.apply(context.WithoutCancel(ctx), s, lk.Fence())
+		if errors.Is(err, errStaleFence) {
+			svc.console.event("%s: its write with fence %d is rejected by the ledger", s.ID, lk.Fence())
+		}
+		return err
+	})
+	return result, err
+}
+
+// send is one client sending one copy of s until it gets an answer: the
+// result (fresh or replayed). It gives up waiting after clientTimeout and
+// resends; the request it gave up on keeps running on the server.
+func (svc *service) send(ctx context.Context, s settlement, pending *sync.WaitGroup, fail func(error)) error {
+	deadline := time.Now().Add(sendDeadline)
+	for attempt := 1; ; attempt++ {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s: no answer after %d attempts", s.ID, attempt-1)
+		}
+		svc.stats.sent.Add(1)
+		type answer struct {
+			out idempotency.Outcome
+			err error
+		}
+		reply := make(chan answer, 1)
+		pending.Go(func() {
+			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), serverTimeout)
+			defer cancel()
+			out, err := svc.settle(sctx, s)
+			if err != nil && !errors.Is(err, idempotency.ErrInProgress) && !errors.Is(err, errStaleFence) {
+				fail(fmt.Errorf("%s: %w", s.ID, err)) // even if nobody waits for this answer any more
+			}
+			reply <- answer{out, err}
+		})
+		select {
+		case a := <-reply:
+			switch {
+			case a.err == nil && a.out.Replayed:
+				svc.stats.replayed.Add(1)
+				return nil
+			case a.err == nil:
+				svc.stats.fresh.Add(1)
+				return nil
+			case errors.Is(a.err, idempotency.ErrInProgress):
+				// HTTP would say 409 with Retry-After; back off a little.
+				svc.stats.inProgress.Add(1)
+				time.Sleep(time.Duration(min(attempt, 10)) * 20 * time.Millisecond)
+			case errors.Is(a.err, errStaleFence):
+				// Not applied, and released: a retry may run it.
+			default:
+				return nil // already reported by fail
+			}
+		case <-time.After(clientTimeout):
+			svc.stats.timeouts.Add(1)
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// ledger is the system of record: SQLite, one transaction per settlement.
+type ledger struct {
+	db      *sql.DB
+	applied atomic.Int64 // settlements committed
+	stale   atomic.Int64 // writes refused by the fence check
+	already atomic.Int64 // settlements refused by the settlement key
+}
+
+func openLedger(path string) (*ledger, error) {
+	db, err := sql.Open("sqlite", "file:"+path+"?_pragma=journal_mode(WAL)&_pragma=busy_timeout(5000)")
+	if err != nil {
+		return nil, err
+	}
+	// SQLite has one writer at a time; one connection queues transactions
+	// instead of failing them with SQLITE_BUSY.
+	db.SetMaxOpenConns(1)
+	stmts := []string{
+		`CREATE TABLE account (id TEXT PRIMARY KEY, balance INTEGER NOT NULL, fence INTEGER NOT NULL)`,
+		`CREATE TABLE settlement (id TEXT PRIMARY KEY, account TEXT NOT NULL REFERENCES account(id), amount INTEGER NOT NULL, fence INTEGER NOT NULL)`,
+	}
+	for i := range accounts {
+		stmts = append(stmts, fmt.Sprintf(`INSERT INTO account VALUES ('acct-%02d', 0, 0)`, i))
+	}
+	for _, s := range stmts {
+		if _, err := db.Exec(s); err != nil {
+			db.Close()
+			return nil, err
+		}
+	}
+	return &ledger{db: db}, nil
+}
+
+// apply moves the money and records the settlement, in one transaction,
+// only if fence is above the last fence that wrote the account. A stale
+// holder changes no row, and the transaction is rolled back.
+func (l *ledger) apply(ctx context.Context, s settlement, fence uint64) ([]byte, error) {
+	tx, err := l.db.BeginTx(ctx, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer tx.Rollback()
+	res, err := tx.ExecContext(ctx,
+		`UPDATE account SET balance = balance + ?, fence = ? WHERE id = ? AND fence < ?`,
+		s.Amount, int64(fence), s.Account, int64(fence))
+	if err != nil {
+		return nil, err
+	}
+	if n, err := res.RowsAffected(); err != nil {
+		return nil, err
+	} else if n == 0 {
+		l.stale.Add(1)
+		return nil, fmt.Errorf("%s with fence %d on %s: %w", s.ID, fence, s.Account, errStaleFence)
+	}
+	// The settlement's primary key is the last line of defence: a handler
+	// that committed and then lost its record before the barrier stored the
+	// result (frozen between the two) would be run again by a retry.
+	_, err = tx.ExecContext(ctx, `INSERT INTO settlement (id, account, amount, fence) VALUES (?, ?, ?, ?)`,
+		s.ID, s.Account, s.Amount, int64(fence))
+	var serr *sqlite.Error
+	if errors.As(err, &serr) && serr.Code() == sqlite3.SQLITE_CONSTRAINT_PRIMARYKEY {
+		l.already.Add(1)
+		return []byte(s.ID + " was already in the ledger"), nil // done before: not an error
+	}
+	if err != nil {
+		return nil, err
+	}
+	if err := tx.Commit(); err != nil {
+		return nil, err
+	}
+	l.applied.Add(1)
+	return fmt.Appendf(nil, "%s: %s %s (fence %d)", s.ID, s.Account, money(s.Amount), fence), nil
+}
+
+// waitApplied waits until settlement id is in the ledger and returns the
+// fence it was applied with.
+func (l *ledger) waitApplied(id string, timeout time.Duration) (uint64, error) {
+	for end := time.Now().Add(timeout); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
+		var fence int64
+		err := l.db.QueryRow(`SELECT fence FROM settlement WHERE id = ?`, id).Scan(&fence)
+		if err == nil {
+			return uint64(fence), nil
+		}
+		if !errors.Is(err, sql.ErrNoRows) {
+			return 0, err
+		}
+	}
+	return 0, fmt.Errorf("%s was not applied by anyone else within %v", id, timeout)
+}
+
+// verify compares the ledger with the exactly-once totals computed from
+// the settlements themselves.
+func (l *ledger) verify(work []settlement) error {
+	want := make(map[string]settlement, len(work))
+	balance := make(map[string]int64)
+	for _, s := range work {
+		want[s.ID] = s
+		balance[s.Account] += s.Amount
+	}
+	var problems []string
+	rows, err := l.db.Query(`SELECT id, account, amount FROM settlement`)
+	if err != nil {
+		return err
+	}
+	seen := make(map[string]bool)
+	for rows.Next() {
+		var id, account string
+		var amount int64
+		if err := rows.Scan(&id, &account, &amount); err != nil {
+			rows.Close()
+			return err
+		}
+		w, ok := want[id]
+		switch {
+		case seen[id]:
+			problems = append(problems, id+" applied more than once")
+		case !ok:
+			problems = append(problems, id+" applied but never sent")
+		case w.Account != account || w.Amount != amount:
+			problems = append(problems, fmt.Sprintf("%s applied as %s %d, sent as %s %d", id, account, amount, w.Account, w.Amount))
+		}
+		seen[id] = true
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	for _, s := range work {
+		if !seen[s.ID] {
+			problems = append(problems, s.ID+" never applied")
+		}
+	}
+	rows, err = l.db.Query(`SELECT id, balance FROM account ORDER BY id`)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id string
+		var got int64
+		if err := rows.Scan(&id, &got); err != nil {
+			return err
+		}
+		if got != balance[id] {
+			problems = append(problems, fmt.Sprintf("%s balance %d, exactly-once total %d", id, got, balance[id]))
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	if len(problems) == 0 {
+		return nil
+	}
+	if len(problems) > 10 {
+		problems = append(problems[:10], fmt.Sprintf("… and %d more", len(problems)-10))
+	}
+	return errors.New("ledger differs from the exactly-once totals:\n  " + strings.Join(problems, "\n  "))
+}
+
+// stats is what the clients saw.
+type stats struct {
+	sent, fresh, replayed, inProgress, timeouts atomic.Int64
+}
+
+func (st *stats) line(l *ledger, n int) string {
+	return fmt.Sprintf("sent %5d   applied %4d/%d   replayed %5d   in progress %4d   timed out %4d   stale rejected %d",
+		st.sent.Load(), l.applied.Load(), n, st.replayed.Load(), st.inProgress.Load(), st.timeouts.Load(), l.stale.Load())
+}
+
+// console keeps one live status line (redrawn with \r, ten times a
+// second) and prints events above it.
+type console struct {
+	mu   sync.Mutex
+	last int // length of the status line on screen
+}
+
+func (c *console) draw(line string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	fmt.Printf("\r%-*s", c.last, line)
+	c.last = len(line)
+}
+
+func (c *console) event(format string, args ...any) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	fmt.Printf("\r%-*s\r%s\n", c.last, "", fmt.Sprintf(format, args...))
+	c.last = 0
+}
+
+// progress redraws line() every 100 ms until the returned stop is called,
+// which draws it a last time.
+func (c *console) progress(line func() string) (stop func()) {
+	done, exited := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(exited)
+		t := time.NewTicker(100 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-t.C:
+				c.draw(line())
+			case <-done:
+				c.draw(line())
+				return
+			}
+		}
+	}()
+	return func() { close(done); <-exited }
+}
+
+// env is where the locks and records live.
+type env struct {
+	nodes             []redis.UniversalClient
+	store             redis.UniversalClient
+	where, storeWhere string
+	closers           []func()
+}
+
+func (e *env) close() {
+	for i := len(e.closers) - 1; i >= 0; i-- {
+		e.closers[i]()
+	}
+}
+
+// connect returns clients for the given addresses, or for in-process
+// servers (five lock nodes, one store) where none are given.
+func connect(nodeList, storeAddr string) (*env, error) {
+	e := &env{where: nodeList, storeWhere: storeAddr}
+	dial := func(addr string) redis.UniversalClient {
+		c := redis.NewClient(&redis.Options{Addr: strings.TrimSpace(addr), ContextTimeoutEnabled: true})
+		e.closers = append(e.closers, func() { _ = c.Close() })
+		return c
+	}
+	addrs := strings.Split(nodeList, ",")
+	if nodeList == "" {
+		addrs = nil
+		for range 5 {
+			addr, err := e.inProcess()
+			if err != nil {
+				e.close()
+				return nil, err
+			}
+			addrs = append(addrs, addr)
+		}
+		e.where = "5 in-process nodes"
+	}
+	for _, a := range addrs {
+		e.nodes = append(e.nodes, dial(a))
+	}
+	if storeAddr == "" {
+		addr, err := e.inProcess()
+		if err != nil {
+			e.close()
+			return nil, err
+		}
+		storeAddr, e.storeWhere = addr, "an in-process store"
+	}
+	e.store = dial(storeAddr)
+	return e, nil
+}
+
+// inProcess starts a miniredis whose keys expire as the wall clock runs,
+// as on a real server. By default miniredis expires keys only when told to
+// (FastForward), which would keep every lease here alive forever, and
+// forwarding all servers by hand would expire every lease at once, not
+// just the frozen holder's. ClockTTL(true) lets the leases run out on
+// their own.
+func (e *env) inProcess() (string, error) {
+	m, err := miniredis.Run()
+	if err != nil {
+		return "", err
+	}
+	m.ClockTTL(true)
+	e.closers = append(e.closers, m.Close)
+	return m.Addr(), nil
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// money formats cents: -1234 is "-12.34".
+func money(cents int64) string {
+	sign := "+"
+	if cents < 0 {
+		sign, cents = "-", -cents
+	}
+	return fmt.Sprintf("%s%d.%02d", sign, cents/100, cents%100)
+}

@@ -1,0 +1,571 @@
+package idempotency_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/redlease/redlease/idempotency"
+	"github.com/redlease/redlease/internal/redistest"
+)
+
+const httpKey = `"8e03978e-40d5-43e8-bc93-6894a57f9324"`
+
+// httpStore starts a real Redis and a Barrier on it.
+func httpStore(t *testing.T, opts ...idempotency.Option) (*redistest.Server, *idempotency.Barrier) {
+	t.Helper()
+	srv := redistest.Start(t, redistest.Config{})
+	b, err := idempotency.New(srv.Client(), opts...)
+	require.NoError(t, err)
+	return srv, b
+}
+
+// orders is a handler that creates an order per call: it counts its calls,
+// echoes the body it got, and sets a replayed and a non-replayed field.
+type orders struct{ calls atomic.Int32 }
+
+func (o *orders) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	n := o.calls.Add(1)
+	body, _ := io.ReadAll(r.Body)
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Location", fmt.Sprintf("/orders/%d", n))
+	w.Header().Set("X-Request-Id", strconv.Itoa(int(n)))
+	w.WriteHeader(http.StatusCreated)
+	_, _ = fmt.Fprintf(w, `{"id":%d,"echo":%q}`, n, body)
+}
+
+func keyed(method, target, key, body string) *http.Request {
+	r := httptest.NewRequest(method, target, strings.NewReader(body))
+	if key != "" {
+		r.Header.Set(idempotency.HeaderIdempotencyKey, key)
+	}
+	return r
+}
+
+func serveHTTP(h http.Handler, r *http.Request) *httptest.ResponseRecorder {
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, r)
+	return rec
+}
+
+type problemDoc struct {
+	Type   string `json:"type"`
+	Title  string `json:"title"`
+	Status int    `json:"status"`
+	Detail string `json:"detail"`
+	Code   string `json:"code"`
+}
+
+// requireProblem checks an RFC 9457 problem response and returns it.
+func requireProblem(t *testing.T, status int, h http.Header, body []byte, gotStatus int, code string) problemDoc {
+	t.Helper()
+	require.Equal(t, status, gotStatus, "body: %s", body)
+	assert.Equal(t, "application/problem+json", h.Get("Content-Type"))
+	var p problemDoc
+	require.NoError(t, json.Unmarshal(body, &p), "body: %s", body)
+	assert.Equal(t, "about:blank", p.Type)
+	assert.Equal(t, status, p.Status)
+	assert.NotEmpty(t, p.Title)
+	assert.NotEmpty(t, p.Detail)
+	assert.Equal(t, code, p.Code)
+	return p
+}
+
+func requireRecProblem(t *testing.T, rec *httptest.ResponseRecorder, status int, code string) problemDoc {
+	t.Helper()
+	return requireProblem(t, status, rec.Header(), rec.Body.Bytes(), rec.Code, code)
+}
+
+func retryAfter(t *testing.T, h http.Header) int {
+	t.Helper()
+	n, err := strconv.Atoi(h.Get("Retry-After"))
+	require.NoError(t, err, "Retry-After %q", h.Get("Retry-After"))
+	return n
+}
+
+func TestHTTPFirstRunsDuplicateReplays(t *testing.T) {
+	_, b := httpStore(t)
+	o := &orders{}
+	h := idempotency.Middleware(b)(o)
+
+	first := serveHTTP(h, keyed("POST", "/orders", httpKey, `{"sku":"a"}`))
+	require.Equal(t, http.StatusCreated, first.Code)
+	assert.Equal(t, `{"id":1,"echo":"{\"sku\":\"a\"}"}`, first.Body.String(), "the handler got the body intact")
+	assert.Equal(t, "1", first.Header().Get("X-Request-Id"), "the first client gets every field")
+	assert.Empty(t, first.Header().Get(idempotency.HeaderIdempotentReplayed))
+
+	for range 3 {
+		dup := serveHTTP(h, keyed("POST", "/orders", httpKey, `{"sku":"a"}`))
+		assert.Equal(t, http.StatusCreated, dup.Code)
+		assert.Equal(t, first.Body.String(), dup.Body.String())
+		assert.Equal(t, "application/json", dup.Header().Get("Content-Type"))
+		assert.Equal(t, "/orders/1", dup.Header().Get("Location"))
+		assert.Empty(t, dup.Header().Get("X-Request-Id"), "only the replay fields are recorded")
+		assert.Equal(t, "true", dup.Header().Get(idempotency.HeaderIdempotentReplayed))
+	}
+	assert.EqualValues(t, 1, o.calls.Load())
+
+	// The same key on another route is another request.
+	other := serveHTTP(h, keyed("POST", "/refunds", httpKey, `{"sku":"a"}`))
+	assert.Equal(t, http.StatusCreated, other.Code)
+	assert.EqualValues(t, 2, o.calls.Load())
+}
+
+func TestHTTPUnquotedKeyIsTheSameKey(t *testing.T) {
+	_, b := httpStore(t)
+	o := &orders{}
+	h := idempotency.Middleware(b)(o)
+	serveHTTP(h, keyed("POST", "/orders", httpKey, "x"))
+	dup := serveHTTP(h, keyed("POST", "/orders", strings.Trim(httpKey, `"`), "x"))
+	assert.Equal(t, "true", dup.Header().Get(idempotency.HeaderIdempotentReplayed))
+	assert.EqualValues(t, 1, o.calls.Load())
+}
+
+func TestHTTPConcurrentDuplicateGets409(t *testing.T) {
+	_, b := httpStore(t)
+	var calls atomic.Int32
+	entered, release := make(chan struct{}, 1), make(chan struct{})
+	h := idempotency.Middleware(b)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		entered <- struct{}{}
+		<-release
+		w.WriteHeader(http.StatusAccepted)
+	}))
+
+	done := make(chan *httptest.ResponseRecorder)
+	go func() { done <- serveHTTP(h, keyed("POST", "/pay", httpKey, "100")) }()
+	<-entered
+
+	dup := serveHTTP(h, keyed("POST", "/pay", httpKey, "100"))
+	requireRecProblem(t, dup, http.StatusConflict, "in-progress")
+	assert.GreaterOrEqual(t, retryAfter(t, dup.Header()), 1)
+	assert.LessOrEqual(t, retryAfter(t, dup.Header()), 60)
+	assert.Empty(t, dup.Header().Get(idempotency.HeaderIdempotentReplayed))
+
+	close(release)
+	assert.Equal(t, http.StatusAccepted, (<-done).Code)
+	after := serveHTTP(h, keyed("POST", "/pay", httpKey, "100"))
+	assert.Equal(t, http.StatusAccepted, after.Code)
+	assert.Equal(t, "true", after.Header().Get(idempotency.HeaderIdempotentReplayed))
+	assert.EqualValues(t, 1, calls.Load())
+}
+
+func TestHTTPInFlightWaitReplaysInsteadOf409(t *testing.T) {
+	_, b := httpStore(t)
+	var calls atomic.Int32
+	entered, release := make(chan struct{}, 1), make(chan struct{})
+	h := idempotency.Middleware(b, idempotency.WithInFlightWait(5*time.Second))(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		entered <- struct{}{}
+		<-release
+		_, _ = io.WriteString(w, "done")
+	}))
+	done := make(chan *httptest.ResponseRecorder)
+	go func() { done <- serveHTTP(h, keyed("POST", "/pay", httpKey, "100")) }()
+	<-entered
+	go func() { done <- serveHTTP(h, keyed("POST", "/pay", httpKey, "100")) }()
+	time.Sleep(100 * time.Millisecond) // the duplicate is waiting
+	close(release)
+	a, c := <-done, <-done
+	assert.Equal(t, http.StatusOK, a.Code)
+	assert.Equal(t, http.StatusOK, c.Code)
+	assert.Equal(t, "done", a.Body.String())
+	assert.Equal(t, "done", c.Body.String())
+	assert.EqualValues(t, 1, calls.Load())
+}
+
+func TestHTTPDifferentPayloadGets422(t *testing.T) {
+	_, b := httpStore(t)
+	o := &orders{}
+	h := idempotency.Middleware(b)(o)
+	require.Equal(t, http.StatusCreated, serveHTTP(h, keyed("POST", "/orders", httpKey, `{"amount":100}`)).Code)
+
+	for name, r := range map[string]*http.Request{
+		"body":  keyed("POST", "/orders", httpKey, `{"amount":999}`),
+		"query": keyed("POST", "/orders?currency=usd", httpKey, `{"amount":100}`),
+	} {
+		t.Run(name, func(t *testing.T) {
+			requireRecProblem(t, serveHTTP(h, r), http.StatusUnprocessableEntity, "key-reused")
+		})
+	}
+	assert.EqualValues(t, 1, o.calls.Load())
+}
+
+func TestHTTPMissingKey(t *testing.T) {
+	_, b := httpStore(t)
+	o := &orders{}
+
+	required := idempotency.Middleware(b, idempotency.WithRequired(true))(o)
+	requireRecProblem(t, serveHTTP(required, keyed("POST", "/orders", "", "x")), http.StatusBadRequest, "missing-key")
+	assert.EqualValues(t, 0, o.calls.Load())
+
+	optional := idempotency.Middleware(b)(o)
+	for range 2 {
+		rec := serveHTTP(optional, keyed("POST", "/orders", "", "x"))
+		assert.Equal(t, http.StatusCreated, rec.Code)
+		assert.Empty(t, rec.Header().Get(idempotency.HeaderIdempotentReplayed))
+	}
+	assert.EqualValues(t, 2, o.calls.Load(), "without a key a request passes through")
+}
+
+func TestHTTPMalformedKeyGets400(t *testing.T) {
+	_, b := httpStore(t)
+	o := &orders{}
+	h := idempotency.Middleware(b)(o)
+	for name, key := range map[string]string{
+		"empty quoted":   `""`,
+		"blank":          `"   "`,
+		"unterminated":   `"abc`,
+		"bad escape":     `"a\b"`,
+		"parameters":     `"abc";v=1`,
+		"list":           `"a", "b"`,
+		"non-ASCII":      `"clé"`,
+		"control":        "\"a\x01b\"",
+		"space unquoted": `a b`,
+		"over-long":      `"` + strings.Repeat("k", idempotency.DefaultMaxKeyLength+1) + `"`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			requireRecProblem(t, serveHTTP(h, keyed("POST", "/orders", key, "x")), http.StatusBadRequest, "invalid-key")
+		})
+	}
+	t.Run("two fields", func(t *testing.T) {
+		r := keyed("POST", "/orders", `"a"`, "x")
+		r.Header.Add(idempotency.HeaderIdempotencyKey, `"b"`)
+		requireRecProblem(t, serveHTTP(h, r), http.StatusBadRequest, "invalid-key")
+	})
+	t.Run("longer limit", func(t *testing.T) {
+		long := idempotency.Middleware(b, idempotency.WithMaxKeyLength(300))(o)
+		r := keyed("POST", "/orders", strings.Repeat("k", 300), "x")
+		assert.Equal(t, http.StatusCreated, serveHTTP(long, r).Code)
+	})
+	assert.EqualValues(t, 1, o.calls.Load(), "only the valid key ran")
+}
+
+func TestHTTPOtherMethodsPassThrough(t *testing.T) {
+	_, b := httpStore(t)
+	o := &orders{}
+	h := idempotency.Middleware(b, idempotency.WithRequired(true))(o)
+	for _, m := range []string{"GET", "PUT", "DELETE"} {
+		for range 2 {
+			rec := serveHTTP(h, keyed(m, "/orders", httpKey, ""))
+			assert.Equal(t, http.StatusCreated, rec.Code)
+			assert.Empty(t, rec.Header().Get(idempotency.HeaderIdempotentReplayed))
+		}
+	}
+	assert.EqualValues(t, 6, o.calls.Load())
+
+	puts := idempotency.Middleware(b, idempotency.WithMethods("PUT"))(o)
+	serveHTTP(puts, keyed("PUT", "/orders", httpKey, "x"))
+	assert.Equal(t, "true", serveHTTP(puts, keyed("PUT", "/orders", httpKey, "x")).Header().Get(idempotency.HeaderIdempotentReplayed))
+	serveHTTP(puts, keyed("POST", "/orders", httpKey, "x"))
+	assert.EqualValues(t, 8, o.calls.Load(), "one PUT, then a POST that is no longer covered")
+}
+
+func TestHTTPBodyTooLargeGets413(t *testing.T) {
+	_, b := httpStore(t)
+	o := &orders{}
+	h := idempotency.Middleware(b, idempotency.WithMaxBody(8))(o)
+	requireRecProblem(t, serveHTTP(h, keyed("POST", "/orders", httpKey, "123456789")), http.StatusRequestEntityTooLarge, "body-too-large")
+
+	chunked := keyed("POST", "/orders", httpKey, "123456789")
+	chunked.ContentLength = -1 // unknown length: the read itself is bounded
+	requireRecProblem(t, serveHTTP(h, chunked), http.StatusRequestEntityTooLarge, "body-too-large")
+
+	assert.Equal(t, http.StatusCreated, serveHTTP(h, keyed("POST", "/orders", httpKey, "12345678")).Code)
+	assert.EqualValues(t, 1, o.calls.Load())
+}
+
+func TestHTTPServerErrorsAreNotRecorded(t *testing.T) {
+	_, b := httpStore(t)
+	var calls atomic.Int32
+	h := idempotency.Middleware(b)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if calls.Add(1) == 1 {
+			http.Error(w, "database down", http.StatusServiceUnavailable)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	}))
+	first := serveHTTP(h, keyed("POST", "/orders", httpKey, "x"))
+	assert.Equal(t, http.StatusServiceUnavailable, first.Code, "the client gets the handler's 5xx")
+	assert.Equal(t, http.StatusCreated, serveHTTP(h, keyed("POST", "/orders", httpKey, "x")).Code, "the retry runs")
+	assert.Equal(t, "true", serveHTTP(h, keyed("POST", "/orders", httpKey, "x")).Header().Get(idempotency.HeaderIdempotentReplayed))
+	assert.EqualValues(t, 2, calls.Load())
+}
+
+func TestHTTPServerErrorsRecordedOnRequest(t *testing.T) {
+	_, b := httpStore(t)
+	var calls atomic.Int32
+	h := idempotency.Middleware(b, idempotency.WithStoreServerErrors(true))(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		http.Error(w, "charged, then crashed", http.StatusInternalServerError)
+	}))
+	serveHTTP(h, keyed("POST", "/orders", httpKey, "x"))
+	dup := serveHTTP(h, keyed("POST", "/orders", httpKey, "x"))
+	assert.Equal(t, http.StatusInternalServerError, dup.Code)
+	assert.Equal(t, "charged, then crashed\n", dup.Body.String())
+	assert.Equal(t, "true", dup.Header().Get(idempotency.HeaderIdempotentReplayed))
+	assert.EqualValues(t, 1, calls.Load())
+}
+
+func TestHTTPStoreEverythingBarrierReplaysFailure(t *testing.T) {
+	_, b := httpStore(t, idempotency.WithStoreEverything())
+	var calls atomic.Int32
+	h := idempotency.Middleware(b)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		w.WriteHeader(http.StatusBadGateway)
+	}))
+	assert.Equal(t, http.StatusBadGateway, serveHTTP(h, keyed("POST", "/orders", httpKey, "x")).Code)
+	dup := serveHTTP(h, keyed("POST", "/orders", httpKey, "x"))
+	requireRecProblem(t, dup, http.StatusInternalServerError, "stored-failure")
+	assert.Equal(t, "true", dup.Header().Get(idempotency.HeaderIdempotentReplayed))
+	assert.EqualValues(t, 1, calls.Load())
+}
+
+func TestHTTPClientErrorsAreRecorded(t *testing.T) {
+	_, b := httpStore(t)
+	var calls atomic.Int32
+	h := idempotency.Middleware(b)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		http.Error(w, "insufficient funds", http.StatusPaymentRequired)
+	}))
+	serveHTTP(h, keyed("POST", "/pay", httpKey, "x"))
+	dup := serveHTTP(h, keyed("POST", "/pay", httpKey, "x"))
+	assert.Equal(t, http.StatusPaymentRequired, dup.Code)
+	assert.Equal(t, "insufficient funds\n", dup.Body.String())
+	assert.Equal(t, "text/plain; charset=utf-8", dup.Header().Get("Content-Type"))
+	assert.EqualValues(t, 1, calls.Load())
+}
+
+func TestHTTPResultTooLargeIsNotReplayed(t *testing.T) {
+	_, b := httpStore(t, idempotency.WithMaxResult(64))
+	var calls atomic.Int32
+	big := strings.Repeat("x", 1000)
+	h := idempotency.Middleware(b)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		_, _ = io.WriteString(w, big)
+	}))
+	first := serveHTTP(h, keyed("POST", "/report", httpKey, "x"))
+	assert.Equal(t, big, first.Body.String(), "the first client gets the whole response")
+	dup := serveHTTP(h, keyed("POST", "/report", httpKey, "x"))
+	requireRecProblem(t, dup, http.StatusConflict, "result-not-retained")
+	assert.Empty(t, dup.Header().Get("Retry-After"), "retrying will not help")
+	assert.Equal(t, "true", dup.Header().Get(idempotency.HeaderIdempotentReplayed))
+	assert.EqualValues(t, 1, calls.Load())
+}
+
+func TestHTTPPanicReleasesTheKey(t *testing.T) {
+	_, b := httpStore(t)
+	var calls atomic.Int32
+	h := idempotency.Middleware(b)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if calls.Add(1) == 1 {
+			panic("boom")
+		}
+		w.WriteHeader(http.StatusCreated)
+	}))
+	assert.PanicsWithValue(t, "boom", func() { serveHTTP(h, keyed("POST", "/orders", httpKey, "x")) })
+	assert.Equal(t, http.StatusCreated, serveHTTP(h, keyed("POST", "/orders", httpKey, "x")).Code)
+	assert.EqualValues(t, 2, calls.Load())
+}
+
+func TestHTTPPrincipalScopesKeys(t *testing.T) {
+	_, b := httpStore(t)
+	o := &orders{}
+	user := func(r *http.Request) string { return r.Header.Get("X-User") }
+	scoped := idempotency.Middleware(b, idempotency.WithPrincipal(user))(o)
+	for _, u := range []string{"alice", "bob", "alice"} {
+		r := keyed("POST", "/orders", httpKey, "x")
+		r.Header.Set("X-User", u)
+		serveHTTP(scoped, r)
+	}
+	assert.EqualValues(t, 2, o.calls.Load(), "alice and bob each ran once")
+}
+
+func TestHTTPRouteNamesTheOperation(t *testing.T) {
+	_, b := httpStore(t)
+	o := &orders{}
+	h := idempotency.Middleware(b, idempotency.WithRoute(func(*http.Request) string { return "orders" }))(o)
+	serveHTTP(h, keyed("POST", "/orders/1", httpKey, "x"))
+	// Same operation and key, another path: the key was used for another request.
+	requireRecProblem(t, serveHTTP(h, keyed("POST", "/orders/2", httpKey, "x")), http.StatusUnprocessableEntity, "key-reused")
+	assert.EqualValues(t, 1, o.calls.Load())
+}
+
+func TestHTTPHandlerGetsFence(t *testing.T) {
+	_, b := httpStore(t)
+	var fences []uint64
+	h := idempotency.Middleware(b)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		f, ok := idempotency.FenceFrom(r.Context())
+		require.True(t, ok)
+		fences = append(fences, f)
+	}))
+	serveHTTP(h, keyed("POST", "/a", `"k1"`, ""))
+	serveHTTP(h, keyed("POST", "/a", `"k2"`, ""))
+	require.Len(t, fences, 2)
+	assert.NotZero(t, fences[0])
+	_, ok := idempotency.FenceFrom(t.Context())
+	assert.False(t, ok)
+}
+
+func TestHTTPStoreDown(t *testing.T) {
+	srv, b := httpStore(t)
+	var logged atomic.Int32
+	logErr := idempotency.WithErrorLog(func(*http.Request, error) { logged.Add(1) })
+	var calls atomic.Int32
+	var fenced atomic.Bool
+	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		_, ok := idempotency.FenceFrom(r.Context())
+		fenced.Store(ok)
+		body, _ := io.ReadAll(r.Body)
+		_, _ = w.Write(body)
+	})
+	srv.Kill()
+
+	t.Run("fail closed", func(t *testing.T) {
+		rec := serveHTTP(idempotency.Middleware(b, logErr)(handler), keyed("POST", "/orders", httpKey, "payload"))
+		requireRecProblem(t, rec, http.StatusServiceUnavailable, "store-unavailable")
+		assert.GreaterOrEqual(t, retryAfter(t, rec.Header()), 1)
+		assert.EqualValues(t, 0, calls.Load())
+	})
+	t.Run("fail open", func(t *testing.T) {
+		h := idempotency.Middleware(b, logErr, idempotency.WithFailOpen(true))(handler)
+		rec := serveHTTP(h, keyed("POST", "/orders", httpKey, "payload"))
+		assert.Equal(t, http.StatusOK, rec.Code)
+		assert.Equal(t, "payload", rec.Body.String(), "the handler gets the body")
+		assert.EqualValues(t, 1, calls.Load())
+		assert.False(t, fenced.Load(), "an unprotected run has no fence")
+	})
+	assert.EqualValues(t, 2, logged.Load(), "both outages were reported")
+}
+
+func TestMiddlewareRejectsBadConfiguration(t *testing.T) {
+	_, b := httpStore(t)
+	assert.Panics(t, func() { idempotency.Middleware(nil) })
+	assert.Panics(t, func() { idempotency.Middleware(b)(nil) })
+	for name, o := range map[string]idempotency.HTTPOption{
+		"max body":   idempotency.WithMaxBody(0),
+		"key length": idempotency.WithMaxKeyLength(0),
+		"principal":  idempotency.WithPrincipal(nil),
+		"route":      idempotency.WithRoute(nil),
+		"methods":    idempotency.WithMethods(),
+		"header":     idempotency.WithReplayHeaders(""),
+		"wait":       idempotency.WithInFlightWait(-time.Second),
+		"error log":  idempotency.WithErrorLog(nil),
+	} {
+		assert.Panics(t, func() { idempotency.Middleware(b, o) }, name)
+	}
+}
+
+// TestHTTPRealServer runs the middleware behind a real listener and client:
+// what a client on the wire sees, with no goroutine of ours left behind.
+func TestHTTPRealServer(t *testing.T) {
+	leaks := goleak.IgnoreCurrent()
+	t.Cleanup(func() { goleak.VerifyNone(t, leaks) }) // registered first, so it runs last
+	_, b := httpStore(t)
+
+	o := &orders{}
+	entered, release := make(chan struct{}, 1), make(chan struct{})
+	mux := http.NewServeMux()
+	mux.Handle("/orders", o)
+	mux.HandleFunc("/slow", func(w http.ResponseWriter, r *http.Request) {
+		entered <- struct{}{}
+		<-release
+		w.WriteHeader(http.StatusNoContent)
+	})
+	ts := httptest.NewServer(idempotency.Middleware(b, idempotency.WithReplayHeaders("Content-Type", "Location", "X-Request-Id"))(mux))
+	t.Cleanup(ts.Close)
+	tr := &http.Transport{}
+	t.Cleanup(tr.CloseIdleConnections)
+	client := &http.Client{Transport: tr, Timeout: 10 * time.Second}
+
+	do := func(method, path, key, body string) (*http.Response, []byte) {
+		t.Helper()
+		req, err := http.NewRequestWithContext(t.Context(), method, ts.URL+path, strings.NewReader(body))
+		require.NoError(t, err)
+		if key != "" {
+			req.Header.Set(idempotency.HeaderIdempotencyKey, key)
+		}
+		resp, err := client.Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		return resp, b
+	}
+
+	first, firstBody := do("POST", "/orders", httpKey, `{"sku":"a"}`)
+	require.Equal(t, http.StatusCreated, first.StatusCode)
+	dup, dupBody := do("POST", "/orders", httpKey, `{"sku":"a"}`)
+	assert.Equal(t, http.StatusCreated, dup.StatusCode)
+	assert.Equal(t, firstBody, dupBody)
+	assert.Equal(t, "/orders/1", dup.Header.Get("Location"))
+	assert.Equal(t, "1", dup.Header.Get("X-Request-Id"), "a configured field is replayed")
+	assert.Equal(t, "true", dup.Header.Get(idempotency.HeaderIdempotentReplayed))
+
+	resp, body := do("POST", "/orders", httpKey, `{"sku":"b"}`)
+	requireProblem(t, http.StatusUnprocessableEntity, resp.Header, body, resp.StatusCode, "key-reused")
+	resp, body = do("POST", "/orders", `"bad\key"`, `{}`)
+	requireProblem(t, http.StatusBadRequest, resp.Header, body, resp.StatusCode, "invalid-key")
+	get, _ := do("GET", "/orders", httpKey, "")
+	assert.Equal(t, http.StatusCreated, get.StatusCode)
+	assert.Empty(t, get.Header.Get(idempotency.HeaderIdempotentReplayed))
+	assert.EqualValues(t, 2, o.calls.Load(), "the POST once, the GET once")
+
+	// A duplicate while the first runs.
+	var wg sync.WaitGroup
+	var slowStatus int
+	wg.Go(func() {
+		resp, _ := do("POST", "/slow", `"slow-1"`, "")
+		slowStatus = resp.StatusCode
+	})
+	<-entered
+	resp, body = do("POST", "/slow", `"slow-1"`, "")
+	requireProblem(t, http.StatusConflict, resp.Header, body, resp.StatusCode, "in-progress")
+	assert.GreaterOrEqual(t, retryAfter(t, resp.Header), 1)
+	close(release)
+	wg.Wait()
+	assert.Equal(t, http.StatusNoContent, slowStatus)
+	resp, _ = do("POST", "/slow", `"slow-1"`, "")
+	assert.Equal(t, http.StatusNoContent, resp.StatusCode)
+	assert.Equal(t, "true", resp.Header.Get(idempotency.HeaderIdempotentReplayed))
+}
+
+func TestHeaderParseKey(t *testing.T) {
+	long := strings.Repeat("k", idempotency.DefaultMaxKeyLength)
+	for header, want := range map[string]string{
+		`"8e03978e-40d5-43e8-bc93-6894a57f9324"`: "8e03978e-40d5-43e8-bc93-6894a57f9324",
+		`8e03978e-40d5-43e8-bc93-6894a57f9324`:   "8e03978e-40d5-43e8-bc93-6894a57f9324",
+		`"a\"b\\c"`:                              `a"b\c`,
+		` "abc"	`:                                "abc",
+		`"with space"`:                           "with space",
+		`"a,b;c=d"`:                              "a,b;c=d",
+		`tok:en/1*`:                              "tok:en/1*",
+		`"` + long + `"`:                         long,
+		long:                                     long,
+	} {
+		got, err := idempotency.ParseKey(header)
+		if assert.NoError(t, err, header) {
+			assert.Equal(t, want, got, header)
+		}
+	}
+	for _, header := range []string{
+		``, `   `, `""`, `" "`, `"abc`, `"abc"x`, `"abc";p=1`, `"a", "b"`, `"a\x"`, `"a\`,
+		`"é"`, "\"a\tb\"", "\"\x7f\"", `abc def`, `a;b`, `a,b`, `a"b`, `a\b`, "é",
+		`"` + long + `k"`, long + "k", `"` + long + `\\"`,
+	} {
+		_, err := idempotency.ParseKey(header)
+		assert.ErrorIs(t, err, idempotency.ErrInvalidKey, "%q", header)
+	}
+}
