@@ -95,6 +95,7 @@ func ExtendAll(ctx context.Context, locks []*Lock) []error {
 				lk := locks[i]
 				g, err := s.Extend(ctx, lk.fullKey, lk.token, lk.ttl)
 				errs[i] = lk.applyExtension(g, err)
+				lk.observeRenewal(errs[i])
 			}
 			continue
 		}
@@ -109,6 +110,7 @@ func ExtendAll(ctx context.Context, locks []*Lock) []error {
 				continue
 			}
 			errs[i] = locks[i].applyExtension(out[j].Grant, out[j].Err)
+			locks[i].observeRenewal(errs[i])
 		}
 	}
 	return errs
@@ -165,4 +167,14 @@ func (l *Locker) Do(ctx context.Context, key string, fn func(ctx context.Context
 		}
 	}()
 	return fn(fnCtx, lk)
+}
+
+// observeRenewal reports one renewal by ExtendAll to the lock's Observer
+// (as an "extend" that has already ended).
+func (lk *Lock) observeRenewal(err error) {
+	if lk.observer == nil {
+		return
+	}
+	_, done := lk.observer.Start(context.Background(), lk.op("extend"))
+	done(err)
 }

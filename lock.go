@@ -30,6 +30,9 @@ type Lock struct {
 	lost     chan struct{} // made by the first Lost call; closed once lost
 	expiry   *time.Timer   // started by the first Lost call; marks the lock lost at until−margin
 	untrack  func()        // from a Revoker strategy; run once the lock is released or lost
+
+	observer Observer  // nil: none
+	granted  time.Time // for the hold time an Observer is told
 }
 
 func newLock(s Strategy, key, fullKey, token string, ttl, margin time.Duration, g Grant) *Lock {
@@ -166,8 +169,16 @@ func (lk *Lock) Extend(ctx context.Context, ttl time.Duration) error {
 	if err := lk.usable(); err != nil {
 		return err
 	}
+	ctx, done := observe(ctx, lk.observer, lk.op("extend"))
 	g, err := lk.strategy.Extend(ctx, lk.fullKey, lk.token, ttl)
-	return lk.applyExtension(g, err)
+	err = lk.applyExtension(g, err)
+	done(err)
+	return err
+}
+
+// op describes an operation on this lock for the Observer.
+func (lk *Lock) op(name string) Op {
+	return Op{Name: name, Strategy: strategyName(lk.strategy), Key: lk.key}
 }
 
 // applyExtension records the outcome of an extension: a new Until, or the
@@ -212,9 +223,14 @@ func (lk *Lock) Release(ctx context.Context) error {
 	}
 	lk.unlock()
 
+	ctx, done := observe(ctx, lk.observer, lk.op("release"))
 	err := lk.strategy.Release(ctx, lk.fullKey, lk.token)
+	done(err)
 	if err == nil || errors.Is(err, ErrNotHeld) {
 		lk.mu.Lock()
+		if lk.observer != nil && lk.cause == nil && !lk.released {
+			lk.observer.Held(lk.op("hold"), time.Since(lk.granted), nil)
+		}
 		lk.released = true
 		if lk.expiry != nil {
 			lk.expiry.Stop()
@@ -286,6 +302,9 @@ func (lk *Lock) markLostLocked(cause error) {
 		return
 	}
 	lk.cause = fmt.Errorf("%w: %s: %w", ErrLost, lk.key, cause)
+	if lk.observer != nil {
+		lk.observer.Held(lk.op("hold"), time.Since(lk.granted), lk.cause)
+	}
 	if lk.expiry != nil {
 		lk.expiry.Stop()
 	}

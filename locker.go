@@ -16,6 +16,7 @@ type Locker struct {
 	defaults lockConfig
 	prefix   string
 	keeper   Keeper
+	observer Observer
 }
 
 // New returns a Locker that takes locks through s with the given options.
@@ -91,6 +92,14 @@ func (l *Locker) Lock(ctx context.Context, key string, opts ...LockOption) (*Loc
 		return nil, err
 	}
 	token := newToken()
+	ctx, done := observe(ctx, l.observer, Op{Name: "wait", Strategy: strategyName(c.strategy), Key: key})
+	lk, err := l.retry(ctx, c, key, token)
+	done(err)
+	return lk, err
+}
+
+// retry is Lock's loop.
+func (l *Locker) retry(ctx context.Context, c lockConfig, key, token string) (*Lock, error) {
 	var timer *time.Timer
 	for attempt := 1; ; attempt++ {
 		lk, err := l.attempt(ctx, c, key, token)
@@ -123,11 +132,14 @@ func (l *Locker) attempt(ctx context.Context, c lockConfig, key, token string) (
 		return nil, errors.Join(ErrNotObtained, context.Cause(ctx))
 	}
 	full := l.prefix + key
-	g, err := c.strategy.Acquire(ctx, full, token, c.ttl)
+	actx, done := observe(ctx, l.observer, Op{Name: "acquire", Strategy: strategyName(c.strategy), Key: key})
+	g, err := c.strategy.Acquire(actx, full, token, c.ttl)
+	done(err)
 	if err != nil {
 		return nil, err
 	}
 	lk := newLock(c.strategy, key, full, token, c.ttl, c.lossMargin(), g)
+	lk.observer, lk.granted = l.observer, time.Now()
 	if r, ok := c.strategy.(Revoker); ok {
 		lk.untrack = r.Track(full, token, lk.markLost)
 	}

@@ -172,3 +172,6 @@ func (s *Strategy) RevokeAll(cause error) int {
 	}
 	return len(revoke)
 }
+
+// Name returns "failover", for observers.
+func (s *Strategy) Name() string { return "failover" }

@@ -82,11 +82,19 @@ func New(nodeClients []redis.UniversalClient, opts ...Option) (*Strategy, error)
 		}
 	}
 	s.fan = fanout.New(s.nodes, s.workers, s.nodeTimeout)
+	// Every failed request reaches the operation's observer, even one that
+	// fails after the round was decided.
+	s.fan.OnFailure = func(ctx context.Context, node int, err error) {
+		redlease.ReportNodeFailure(ctx, s.nodeError(node, err))
+	}
 	return s, nil
 }
 
 // Quorum returns how many nodes must agree for a grant.
 func (s *Strategy) Quorum() int { return s.quorum }
+
+// Name returns "quorum", for observers.
+func (s *Strategy) Name() string { return "quorum" }
 
 // Close stops the strategy's per-node workers after their current request
 // (each bounded by the node timeout, or by the client's ReadTimeout where

@@ -102,3 +102,6 @@ func (s *Strategy) Release(ctx context.Context, key, token string) error {
 func (s *Strategy) ExtendBatch(ctx context.Context, items []redlease.Extension) []redlease.Extended {
 	return s.p.ExtendBatch(ctx, items)
 }
+
+// Name returns "single", for observers.
+func (s *Strategy) Name() string { return "single" }

@@ -66,6 +66,11 @@ type Nodes struct {
 	closed  atomic.Bool
 	workers sync.WaitGroup
 
+	// OnFailure, if set, is told of every request that failed on a node, in
+	// the worker, even after its round was decided (the caller may be gone
+	// by then: that is how a slow node's failure still gets counted).
+	OnFailure func(ctx context.Context, node int, err error)
+
 	mu sync.Mutex
 	// Granted rounds that still have requests in flight, so that a release
 	// can make a late write undo itself (see Keep and UndoLate).
@@ -328,6 +333,9 @@ func (r *Round) WaitUndone(wait func(node int) bool, d time.Duration) {
 // collector, so an acquisition never counts a node and then undoes it
 // behind its back.
 func (r *Round) deliver(i int, res Result, sent bool) (undoNow bool) {
+	if res.Err != nil && r.ns.OnFailure != nil && !errors.Is(res.Err, errDecided) && !errors.Is(res.Err, ErrClosed) {
+		r.ns.OnFailure(r.parent, i, res.Err)
+	}
 	r.results[i] = res // before the done bit: Decide reads it once it sees the bit
 	if r.undo.Script != nil {
 		if !sent || r.nothingToUndo(res) {
@@ -456,6 +464,7 @@ func (nd *node) run(j job) {
 		} else {
 			res.Val, res.Err = r.call.Script.Run(r.ctx, nd.client, r.call.Line)
 		}
+
 		if !r.deliver(j.node, res, true) {
 			return
 		}

@@ -36,7 +36,7 @@ func (p *Primary) ExtendBatch(ctx context.Context, items []redlease.Extension) [
 	for j, i := range valid {
 		switch {
 		case extended == nil:
-			out[i].Err = p.fail(redlease.ErrUnavailable, err)
+			out[i].Err = p.fail(ctx, redlease.ErrUnavailable, err)
 		case extended[j] != 1:
 			out[i].Err = redlease.ErrNotHeld
 		case err != nil: // extended, but not acknowledged by enough replicas

@@ -73,7 +73,7 @@ func (p *Primary) Acquire(ctx context.Context, key, token string, ttl time.Durat
 		_ = p.Release(context.WithoutCancel(ctx), key, token)
 		return redlease.Grant{}, errors.Join(redlease.ErrNotObtained, err)
 	case err != nil:
-		return redlease.Grant{}, p.fail(redlease.ErrNotObtained, err)
+		return redlease.Grant{}, p.fail(ctx, redlease.ErrNotObtained, err)
 	case v == script.Taken:
 		return redlease.Grant{}, redlease.ErrNotObtained
 	}
@@ -100,7 +100,7 @@ func (p *Primary) Extend(ctx context.Context, key, token string, ttl time.Durati
 	case errors.Is(err, redlease.ErrNotReplicated):
 		return redlease.Grant{}, errors.Join(redlease.ErrUnavailable, err)
 	case err != nil:
-		return redlease.Grant{}, p.fail(redlease.ErrUnavailable, err)
+		return redlease.Grant{}, p.fail(ctx, redlease.ErrUnavailable, err)
 	}
 	until := start.Add(ttl - drift.Allowance(ttl, p.cfg.DriftFactor))
 	if !time.Now().Before(until) {
@@ -122,7 +122,7 @@ func (p *Primary) Release(ctx context.Context, key, token string) error {
 	v, err := script.Release.Run(ctx, p.client, script.Release.Args(key, token))
 	switch {
 	case err != nil:
-		return p.fail(redlease.ErrUnavailable, err)
+		return p.fail(ctx, redlease.ErrUnavailable, err)
 	case v != 1:
 		return redlease.ErrNotHeld
 	}
@@ -174,7 +174,10 @@ func (p *Primary) check(key, token string, ttl time.Duration) error {
 	return script.Check(key, token, ttl, p.cfg.DriftFactor)
 }
 
-// fail wraps a node failure under sentinel.
-func (p *Primary) fail(sentinel, err error) error {
-	return errors.Join(sentinel, &redlease.NodeError{Node: 0, Addr: p.addr, Err: err})
+// fail wraps a node failure under sentinel, and reports it to ctx's
+// observer.
+func (p *Primary) fail(ctx context.Context, sentinel, err error) error {
+	ne := &redlease.NodeError{Node: 0, Addr: p.addr, Err: err}
+	redlease.ReportNodeFailure(ctx, ne)
+	return errors.Join(sentinel, ne)
 }

@@ -1,0 +1,79 @@
+package redlease
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// Observer is told what locks do, for metrics, traces and logs. The
+// observe package has one built on OpenTelemetry and log/slog. The default
+// is none: a Locker without WithObserver makes no calls at all.
+//
+// Implementations must be safe for concurrent use and fast: they run on the
+// path of every lock operation.
+type Observer interface {
+	// Start is called when an operation begins and returns a context for
+	// it (carrying a span, say) and a function the Locker calls once when
+	// the operation ends, with its error (nil on success).
+	Start(ctx context.Context, op Op) (context.Context, func(err error))
+	// Held is called once a lock is released or lost, with how long it was
+	// held and why it ended (nil: released).
+	Held(op Op, d time.Duration, lost error)
+	// NodeFailed is called for every node that failed inside an operation,
+	// whether or not the operation as a whole succeeded (a quorum grant
+	// with one node down is still a node down).
+	NodeFailed(ctx context.Context, op Op, ne *NodeError)
+}
+
+type nodeSinkKey struct{}
+
+// ReportNodeFailure is for Strategy implementations: it tells the Observer
+// of the operation ctx belongs to, if there is one, that a node failed,
+// even when the operation succeeds overall. Without an Observer it does
+// nothing.
+func ReportNodeFailure(ctx context.Context, ne *NodeError) {
+	if f, ok := ctx.Value(nodeSinkKey{}).(func(*NodeError)); ok {
+		f(ne)
+	}
+}
+
+// Op describes one lock operation for an Observer.
+type Op struct {
+	Name     string // "acquire" (one attempt), "wait" (Lock: every attempt), "extend", "release"
+	Strategy string // the strategy's name ("single", "quorum", "failover", or its Go type)
+	Key      string // as the caller gave it
+}
+
+// WithObserver reports every lock operation of this Locker, and of the
+// locks it hands out, to o.
+func WithObserver(o Observer) Option {
+	return lockerOption(func(l *Locker) {
+		if o == nil {
+			l.defaults.fail(Invalid("nil Observer"))
+			return
+		}
+		l.observer = o
+	})
+}
+
+// strategyName names a strategy for observers: its Name method where it
+// has one, else its Go type.
+func strategyName(s Strategy) string {
+	if n, ok := s.(interface{ Name() string }); ok {
+		return n.Name()
+	}
+	return fmt.Sprintf("%T", s)
+}
+
+// observe starts op on o, if there is one, with a sink for
+// ReportNodeFailure in the returned context.
+func observe(ctx context.Context, o Observer, op Op) (context.Context, func(error)) {
+	if o == nil {
+		return ctx, func(error) {}
+	}
+	ctx, done := o.Start(ctx, op)
+	var sink func(*NodeError)
+	sink = func(ne *NodeError) { o.NodeFailed(ctx, op, ne) }
+	return context.WithValue(ctx, nodeSinkKey{}, sink), done
+}

@@ -1,0 +1,168 @@
+package observe_test
+
+import (
+	"context"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/attribute"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.uber.org/goleak"
+
+	"github.com/redlease/redlease"
+	"github.com/redlease/redlease/internal/redistest"
+	"github.com/redlease/redlease/observe"
+	"github.com/redlease/redlease/quorum"
+)
+
+func TestMain(m *testing.M) {
+	redistest.QuietClientLogs()
+	goleak.VerifyTestMain(m)
+}
+
+// Five quorum nodes, one of them down: grants, a lost lock and the dead
+// node's failures show up as metrics read through an in-memory reader, and
+// as spans with per-node events.
+func TestMetricsWithOneNodeDown(t *testing.T) {
+	servers := redistest.StartN(t, 5, redistest.Config{})
+	clients := make([]redis.UniversalClient, 5)
+	for i, s := range servers {
+		// No go-redis retries: a refused node fails at once, inside the
+		// operation's span (with retries it fails at the round's deadline,
+		// after the span, and shows in the metrics only).
+		c := redis.NewClient(&redis.Options{Addr: s.Addr, ContextTimeoutEnabled: true, MaxRetries: -1})
+		t.Cleanup(func() { _ = c.Close() })
+		clients[i] = c
+	}
+	s, err := quorum.New(clients, quorum.WithNodeTimeout(500*time.Millisecond))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+	spans := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	var logs strings.Builder
+	obs, err := observe.New(observe.WithMeterProvider(mp), observe.WithTracerProvider(tp),
+		observe.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	require.NoError(t, err)
+	locker := redlease.New(s, redlease.WithTTL(5*time.Second), redlease.WithObserver(obs))
+	ctx := t.Context()
+
+	servers[4].Kill()
+	const grants = 5
+	for i := range grants {
+		lk, err := locker.TryLock(ctx, "job")
+		require.NoError(t, err, "attempt %d", i)
+		require.NoError(t, lk.Release(ctx))
+	}
+	// One lock lost: its keys vanish on three of five nodes, an extension finds out.
+	lk, err := locker.TryLock(ctx, "job")
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		n := 0
+		for _, c := range clients[:4] {
+			if v, _ := c.Get(ctx, "job").Result(); v == lk.Token() {
+				n++
+			}
+		}
+		return n == 4
+	}, time.Second, time.Millisecond)
+	for _, c := range clients[:3] {
+		require.NoError(t, c.Del(ctx, "job").Err())
+	}
+	require.ErrorIs(t, lk.Extend(ctx, 5*time.Second), redlease.ErrNotHeld)
+	<-lk.Lost()
+
+	dead := attribute.String("node", servers[4].Addr)
+	got := map[string]metricdata.Aggregation{}
+	collect := func() {
+		var rm metricdata.ResourceMetrics
+		require.NoError(t, reader.Collect(ctx, &rm))
+		for _, sm := range rm.ScopeMetrics {
+			for _, m := range sm.Metrics {
+				got[m.Name] = m.Data
+			}
+		}
+	}
+	// A dead node's requests fail at the round's deadline, after the
+	// operation returned at a majority: wait (bounded) for them to count.
+	deadline := time.Now().Add(5 * time.Second)
+	for collect(); sum(got["redlease.node.errors"], &dead) < grants && time.Now().Before(deadline); collect() {
+		time.Sleep(50 * time.Millisecond)
+	}
+	acquired := histogramCount(got["redlease.acquire.duration"], attribute.String("outcome", "ok"))
+	assert.EqualValues(t, grants+1, acquired, "grants")
+	assert.EqualValues(t, 1, sum(got["redlease.locks.lost"], nil), "lost locks")
+	assert.EqualValues(t, 1, sum(got["redlease.renewals"], ptr(attribute.String("outcome", "not_held"))), "failed renewal")
+	assert.GreaterOrEqual(t, sum(got["redlease.node.errors"], &dead), int64(grants), "the dead node's failures, at least one per acquisition")
+	assert.EqualValues(t, grants, histogramCount(got["redlease.hold.duration"], attribute.String("ended", "released")))
+
+	// With a majority down the acquisition fails once the failures are in,
+	// so they land inside its span, one event per failed node.
+	servers[2].Kill()
+	servers[3].Kill()
+	_, err = locker.TryLock(ctx, "job2")
+	require.ErrorIs(t, err, redlease.ErrNotObtained)
+	var events, acquireSpans int
+	for _, sp := range spans.Ended() {
+		if sp.Name() == "redlease.acquire" {
+			acquireSpans++
+		}
+		for _, e := range sp.Events() {
+			if e.Name == "node failed" {
+				events++
+			}
+		}
+	}
+	assert.Equal(t, grants+2, acquireSpans, "one span per acquisition attempt")
+	assert.GreaterOrEqual(t, events, 3, "per-node span events for the failed acquisition")
+	assert.Contains(t, logs.String(), "redlease lock lost")
+	t.Logf("grants %d, node errors on the dead node %d, span events %d", acquired, sum(got["redlease.node.errors"], &dead), events)
+}
+
+func ptr(kv attribute.KeyValue) *attribute.KeyValue { return &kv }
+
+// sum adds the data points of a counter, filtered by one attribute.
+func sum(data metricdata.Aggregation, want *attribute.KeyValue) int64 {
+	s, ok := data.(metricdata.Sum[int64])
+	if !ok {
+		return 0
+	}
+	var n int64
+	for _, dp := range s.DataPoints {
+		if want == nil || has(dp.Attributes, *want) {
+			n += dp.Value
+		}
+	}
+	return n
+}
+
+func histogramCount(data metricdata.Aggregation, want attribute.KeyValue) uint64 {
+	h, ok := data.(metricdata.Histogram[float64])
+	if !ok {
+		return 0
+	}
+	var n uint64
+	for _, dp := range h.DataPoints {
+		if has(dp.Attributes, want) {
+			n += dp.Count
+		}
+	}
+	return n
+}
+
+func has(set attribute.Set, kv attribute.KeyValue) bool {
+	v, ok := set.Value(kv.Key)
+	return ok && v == kv.Value
+}
