@@ -1,0 +1,134 @@
+package redlease_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/redlease/redlease"
+	"github.com/redlease/redlease/failover"
+	"github.com/redlease/redlease/idempotency"
+	"github.com/redlease/redlease/internal/redistest"
+	"github.com/redlease/redlease/quorum"
+	"github.com/redlease/redlease/renew"
+	"github.com/redlease/redlease/single"
+)
+
+// aclRule reads the documented rule (docs/redis-acl.conf), so the test and
+// the documentation cannot drift apart.
+func aclRule(t *testing.T, password string) []any {
+	t.Helper()
+	raw, err := os.ReadFile("docs/redis-acl.conf")
+	require.NoError(t, err)
+	for _, line := range strings.Split(string(raw), "\n") {
+		if rest, ok := strings.CutPrefix(line, "user redlease "); ok {
+			args := []any{"ACL", "SETUSER", "redlease"}
+			for _, f := range strings.Fields(rest) {
+				if f == ">CHANGE-ME" {
+					f = ">" + password
+				}
+				args = append(args, f)
+			}
+			return args
+		}
+	}
+	t.Fatal("no user line in docs/redis-acl.conf")
+	return nil
+}
+
+// aclServer starts a server with the documented user (and a second user
+// without script rights), and returns a client as the documented user.
+func aclServer(t *testing.T, srv *redistest.Server) *redis.Client {
+	t.Helper()
+	admin := srv.Client()
+	require.NoError(t, admin.Do(t.Context(), aclRule(t, "s3cret")...).Err())
+	require.NoError(t, admin.Do(t.Context(), "ACL", "SETUSER", "reader", "on", ">s3cret", "~*", "+@read", "+hello", "+ping").Err())
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: "redlease", Password: "s3cret", ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// Every strategy, the watchdog and the idempotency barrier work as the
+// least-privilege user of docs/redis-acl.conf.
+func TestLeastPrivilegeUserRunsEverything(t *testing.T) {
+	ctx := t.Context()
+	primary := redistest.Start(t, redistest.Config{})
+	replica := redistest.StartReplica(t, primary, redistest.Config{})
+	_ = replica
+	c := aclServer(t, primary)
+	w, err := renew.New()
+	require.NoError(t, err)
+	defer w.Stop()
+
+	admin := primary.Client()
+	take := func(name string, s redlease.Strategy) {
+		t.Helper()
+		l := redlease.New(s, redlease.WithPrefix("lock:"), redlease.WithTTL(2*time.Second), redlease.WithKeeper(w))
+		err := l.Do(ctx, name, func(ctx context.Context, lk *redlease.Lock) error {
+			time.Sleep(900 * time.Millisecond) // long enough for the watchdog's first extension
+			return nil
+		})
+		require.NoError(t, err, name)
+		require.NoError(t, admin.ScriptFlush(ctx).Err()) // the next use must load the scripts again, as this user
+	}
+	take("single", single.New(c))
+	take("failover", failover.New(c))
+
+	nodes := redistest.StartN(t, 3, redistest.Config{})
+	var clients []redis.UniversalClient
+	for _, n := range nodes {
+		clients = append(clients, aclServer(t, n))
+	}
+	q, err := quorum.New(clients, quorum.WithFencing(), quorum.WithDelayedRestart(2*time.Second))
+	require.NoError(t, err)
+	defer q.Close()
+	for _, n := range nodes { // the nodes have been up longer than the max TTL
+		now, _ := n.Client().Time(ctx).Result()
+		n.Client().Set(ctx, "redlease:boot", now.Add(-time.Hour).UnixMilli(), 0)
+	}
+	take("quorum", q)
+
+	b, err := idempotency.New(c, idempotency.WithStrategy(single.New(c)))
+	require.NoError(t, err)
+	out, err := b.Do(ctx, idempotency.Request{Key: "order:1", Fingerprint: "fp"}, func(context.Context, uint64) ([]byte, error) { return []byte("ok"), nil })
+	require.NoError(t, err)
+	replay, err := b.Do(ctx, idempotency.Request{Key: "order:1", Fingerprint: "fp"}, func(context.Context, uint64) ([]byte, error) { return nil, errors.New("ran twice") })
+	require.NoError(t, err)
+	assert.True(t, replay.Replayed)
+	assert.Equal(t, out.Result, replay.Result)
+	tokens, err := idempotency.NewTokens(c, "")
+	require.NoError(t, err)
+	tok, err := tokens.Issue(ctx, "form", time.Minute)
+	require.NoError(t, err)
+	require.NoError(t, tokens.Consume(ctx, "form", tok))
+}
+
+// A user without the rights gets a clear error at once, not a hang.
+func TestUserWithoutRightsFailsClearly(t *testing.T) {
+	srv := redistest.Start(t, redistest.Config{})
+	aclServer(t, srv)
+	reader := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: "reader", Password: "s3cret", ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = reader.Close() })
+	wrongKeys := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: "redlease", Password: "s3cret", ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = wrongKeys.Close() })
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+
+	start := time.Now()
+	_, err := redlease.New(single.New(reader)).TryLock(ctx, "lock:x")
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "NOPERM", "the cause names the missing permission")
+	assert.ErrorIs(t, err, redlease.ErrNotObtained)
+
+	_, err = redlease.New(single.New(wrongKeys)).TryLock(ctx, "other:x") // outside the allowed key patterns
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "NOPERM")
+	assert.Less(t, time.Since(start), time.Second, "refused at once")
+}
