@@ -298,3 +298,69 @@ type quiet struct{}
 
 // Printf discards the line.
 func (quiet) Printf(context.Context, string, ...any) {}
+
+// StartCluster starts n cluster-mode servers and joins them into one
+// cluster of n masters (redis-cli --cluster create), waiting until every
+// node reports cluster_state:ok.
+func StartCluster(tb TB, n int) []*Server {
+	tb.Helper()
+	cli, err := exec.LookPath("redis-cli")
+	if err != nil {
+		tb.Fatalf("redis-cli not found on PATH (Debian package redis-tools, installed with redis-server): %v", err)
+	}
+	servers := make([]*Server, n)
+	args := []string{"--cluster", "create"}
+	for i := range servers {
+		s := &Server{tb: tb, cfg: Config{Cluster: true}, dir: tb.TempDir()}
+		var lastErr error
+		for range 5 {
+			port, perr := freePort()
+			if perr != nil {
+				tb.Fatalf("redistest: no free port: %v", perr)
+			}
+			s.Port = port
+			s.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+			if lastErr = s.launch(Binary(tb)); lastErr == nil {
+				break
+			}
+		}
+		if lastErr != nil {
+			tb.Fatalf("redistest: start cluster node: %v", lastErr)
+		}
+		tb.Cleanup(s.Kill)
+		servers[i] = s
+		args = append(args, s.Addr)
+	}
+	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
+	if out, err := exec.Command(cli, args...).CombinedOutput(); err != nil {
+		tb.Fatalf("redistest: redis-cli --cluster create: %v: %s", err, out)
+	}
+	for _, s := range servers {
+		c := redis.NewClient(&redis.Options{Addr: s.Addr})
+		ok := false
+		for range 500 {
+			info, err := c.ClusterInfo(context.Background()).Result()
+			if err == nil && strings.Contains(info, "cluster_state:ok") {
+				ok = true
+				break
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		_ = c.Close()
+		if !ok {
+			tb.Fatalf("redistest: cluster node %s never reached cluster_state:ok", s.Addr)
+		}
+	}
+	return servers
+}
+
+// ClusterClient returns a Cluster client for servers, closed on cleanup.
+func ClusterClient(tb TB, servers []*Server) *redis.ClusterClient {
+	addrs := make([]string, len(servers))
+	for i, s := range servers {
+		addrs[i] = s.Addr
+	}
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, ContextTimeoutEnabled: true})
+	tb.Cleanup(func() { _ = c.Close() })
+	return c
+}
