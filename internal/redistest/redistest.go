@@ -364,3 +364,13 @@ func ClusterClient(tb TB, servers []*Server) *redis.ClusterClient {
 	tb.Cleanup(func() { _ = c.Close() })
 	return c
 }
+
+// FreePort returns a loopback port that was free a moment ago.
+func FreePort(tb TB) int {
+	tb.Helper()
+	p, err := freePort()
+	if err != nil {
+		tb.Fatalf("redistest: no free port: %v", err)
+	}
+	return p
+}
