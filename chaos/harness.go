@@ -122,6 +122,11 @@ type SentinelGroup struct {
 	Replica   *redistest.Server
 	Link      *redistest.Proxy // replica → primary replication traffic
 	Sentinels []*redistest.Sentinel
+	// Front, when not nil, is the proxy through which the Sentinels and
+	// their clients reach the first primary (StartIsolatableGroup), so the
+	// primary can be cut off from them while a direct client still reaches
+	// it: a split brain.
+	Front *redistest.Proxy
 }
 
 // StartSentinelGroup starts the group and waits until the Sentinels know
@@ -133,17 +138,35 @@ func StartSentinelGroup(tb redistest.TB, master string, downAfter time.Duration)
 	// The replica replicates through the proxy; it announces its own port.
 	g.Replica = redistest.StartReplicaVia(tb, g.Primary, g.Link.Addr, redistest.Config{})
 	g.Sentinels = redistest.StartSentinels(tb, g.Primary, master, 3, 2, downAfter)
+	g.waitForReplica(tb)
+	return g
+}
+
+// StartIsolatableGroup is StartSentinelGroup with the Sentinels (and every
+// client that asks them) reaching the primary through Front.
+func StartIsolatableGroup(tb redistest.TB, master string, downAfter time.Duration) *SentinelGroup {
+	tb.Helper()
+	g := &SentinelGroup{Master: master, Primary: redistest.Start(tb, redistest.Config{})}
+	g.Link = redistest.NewProxy(tb, g.Primary.Addr)
+	g.Front = redistest.NewProxy(tb, g.Primary.Addr)
+	g.Replica = redistest.StartReplicaVia(tb, g.Primary, g.Link.Addr, redistest.Config{})
+	g.Sentinels = redistest.StartSentinelsAt(tb, g.Front.Addr, master, 3, 2, downAfter)
+	g.waitForReplica(tb)
+	return g
+}
+
+func (g *SentinelGroup) waitForReplica(tb redistest.TB) {
+	tb.Helper()
 	sc := redis.NewSentinelClient(&redis.Options{Addr: g.Sentinels[0].Addr})
 	defer sc.Close()
 	for range 300 {
-		reps, err := sc.Replicas(context.Background(), master).Result()
+		reps, err := sc.Replicas(context.Background(), g.Master).Result()
 		if err == nil && len(reps) == 1 && !strings.Contains(reps[0]["flags"], "down") {
-			return g
+			return
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	tb.Fatalf("chaos: Sentinel never saw the replica of %s", master)
-	return nil
+	tb.Fatalf("chaos: Sentinel never saw the replica of %s", g.Master)
 }
 
 // Client returns a failover client that follows the primary through the

@@ -202,3 +202,47 @@ func TestScenario13ServerClockJumps(t *testing.T) {
 		})
 	}
 }
+
+// 14. A client whose clock runs slow: it believes its lock valid for longer
+// than it is. The library reads only the monotonic clock, so wall-clock
+// steps (NTP, a manual date change) cannot move Until; a monotonic clock
+// that runs slower than the drift factor allows can. There is no clock to
+// inject into the library, so the slow clock is emulated in the holder: it
+// acts as if its validity were 50% longer and writes late. Another holder
+// is granted meanwhile (recorded: outside the drift assumption), and the
+// late write is refused by the fenced register.
+func TestScenario14SlowClientClock(t *testing.T) {
+	run(t, scenario{name: "14 quorum: client clock 50% slow (emulated)", strategy: "quorum/5 (fenced)", faults: "holder's clock rate outside the drift factor",
+		exp: Expectation{AllowOverlap: true, Why: "client clock rate outside the drift factor: outside Redlock's assumptions"}},
+		func(t *testing.T, rec *Recorder) facts {
+			ctx := t.Context()
+			ns := StartNodes(t, 5, redistest.Config{})
+			const ttl = 600 * time.Millisecond
+			_, la := quorumLocker(t, ns.Clients("a"), ttl)
+			_, lb := quorumLocker(t, ns.Clients("b"), ttl)
+			reg := storage(t, rec, "s14")
+			a, err := la.TryLock(ctx, "s14")
+			if err != nil {
+				t.Fatal(err)
+			}
+			from := rec.Now()
+			_, _ = reg.Write(ctx, "a", a.Fence(), 1)
+			realUntil := rec.At(a.Until())
+			believed := from + (realUntil-from)*3/2 // what a clock 50% slow shows
+			w := &Workload{Rec: rec, Reg: reg, Key: "s14", Hold: 30 * time.Millisecond}
+			stop := make(chan struct{})
+			bDone := make(chan int, 1)
+			go func() { bDone <- w.Run(ctx, "b", lb, stop) }()
+			// A works on until its slow clock says stop, then writes once more.
+			sleep(ctx, time.Duration(believed-rec.Now())-20*time.Millisecond)
+			accepted, _ := reg.Write(ctx, "a", a.Fence(), 2)
+			rec.AddHold(Hold{Holder: "a", Fence: a.Fence(), From: from, To: believed, Until: believed, LostAt: NeverLost})
+			close(stop)
+			<-bDone
+			var violations []string
+			if accepted {
+				violations = append(violations, "the slow holder's late write was accepted")
+			}
+			return facts{violations: violations, notes: []string{"emulated: the library has no injectable clock; wall-clock steps cannot affect it (monotonic readings only)"}}
+		})
+}

@@ -225,3 +225,60 @@ func TestScenario08FailoverStrategyRefusesUnreplicatedGrants(t *testing.T) {
 		})
 	}
 }
+
+// 6. Split brain: the old primary and one client (A) are cut off from the
+// Sentinels and the replica. The Sentinels promote the replica; B, on their
+// side, is granted the lock there while A still renews it on the isolated
+// old primary — a double grant, outside the single strategy's assumptions,
+// recorded. On healing, Sentinel demotes the old primary; A's renewals get
+// READONLY, which counts as undecided, not as a reason to take the lock
+// again: A is told before its Until and stops. Fences keep O1.
+func TestScenario06SplitBrain(t *testing.T) {
+	run(t, scenario{name: "06 single: split brain, then heal", strategy: "single + Sentinel", faults: "old primary + A isolated from Sentinels and replica; heal",
+		exp: Expectation{AllowOverlap: true, Why: sentinelHazard + " (split brain)"}},
+		func(t *testing.T, rec *Recorder) facts {
+			ctx := t.Context()
+			g := StartIsolatableGroup(t, "s06", time.Second)
+			reg := storage(t, rec, "s06")
+			w := watchdog(t)
+			const ttl = 6 * time.Second
+			// A talks to the old primary directly, as a client on its side of
+			// the partition would.
+			la := redlease.New(single.New(g.Primary.Client()), redlease.WithTTL(ttl), redlease.WithKeeper(w), redlease.WithPrefix("chaos:"))
+			lb := redlease.New(single.New(g.Client(t)), redlease.WithTTL(ttl), redlease.WithPrefix("chaos:"),
+				redlease.WithRetryDelay(5*time.Millisecond, 50*time.Millisecond))
+			old, err := g.PrimaryAddr(ctx, t)
+			if err != nil {
+				t.Fatal(err)
+			}
+			granted, aDone := holdUntilLost(ctx, t, rec, reg, la, "a", "s06", 30*time.Second)
+			<-granted
+			end := fault(rec, "partition: {old primary, A} | {Sentinels, replica, B}")
+			g.Front.Cut()
+			g.Link.BlackHole("bh")
+			newAddr, err := g.WaitForNewPrimary(ctx, t, old, 20*time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			wb := &Workload{Rec: rec, Reg: reg, Key: "s06", Hold: 50 * time.Millisecond, Attempt: 500 * time.Millisecond}
+			stop := make(chan struct{})
+			bDone := make(chan int, 1)
+			go func() { bDone <- wb.Run(ctx, "b", lb, stop) }()
+			sleep(ctx, time.Second)
+			g.Front.Heal()
+			g.Link.Heal()
+			end()
+			// Sentinel demotes the old primary at its next look; do it now.
+			if err := reattach(ctx, g, newAddr); err != nil {
+				t.Fatal(err)
+			}
+			aErr := <-aDone
+			close(stop)
+			<-bDone
+			var violations []string
+			if !errors.Is(aErr, redlease.ErrLost) {
+				violations = append(violations, fmt.Sprintf("A was not told of the loss: %v", aErr))
+			}
+			return facts{violations: violations, notes: []string{"primary moved " + old + " → " + newAddr}}
+		})
+}

@@ -63,18 +63,29 @@ type Sentinel struct {
 // writable config file in a temp dir (Sentinel rewrites it).
 func StartSentinels(tb TB, primary *Server, master string, n, q int, downAfter time.Duration) []*Sentinel {
 	tb.Helper()
+	return StartSentinelsAt(tb, primary.Addr, master, n, q, downAfter)
+}
+
+// StartSentinelsAt is StartSentinels monitoring the primary at addr (a
+// proxy in front of it, say).
+func StartSentinelsAt(tb TB, addr, master string, n, q int, downAfter time.Duration) []*Sentinel {
+	tb.Helper()
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		tb.Fatalf("redistest: sentinel target %q: %v", addr, err)
+	}
 	bin, err := exec.LookPath("redis-sentinel")
 	if err != nil {
 		tb.Fatalf("redis-sentinel not found on PATH: run `make test` (it installs it with apt-get as root) or install redis-sentinel: %v", err)
 	}
 	out := make([]*Sentinel, n)
 	for i := range out {
-		out[i] = startSentinel(tb, bin, primary, master, q, downAfter)
+		out[i] = startSentinel(tb, bin, host, port, master, q, downAfter)
 	}
 	return out
 }
 
-func startSentinel(tb TB, bin string, primary *Server, master string, q int, downAfter time.Duration) *Sentinel {
+func startSentinel(tb TB, bin, host, primaryPort, master string, q int, downAfter time.Duration) *Sentinel {
 	tb.Helper()
 	dir := tb.TempDir()
 	for range 5 {
@@ -89,11 +100,11 @@ protected-mode no
 daemonize no
 dir %s
 logfile %s
-sentinel monitor %s 127.0.0.1 %d %d
+sentinel monitor %s %s %s %d
 sentinel down-after-milliseconds %s %d
 sentinel failover-timeout %s 3000
 sentinel parallel-syncs %s 1
-`, port, dir, filepath.Join(dir, "sentinel.log"), master, primary.Port, q, master, downAfter.Milliseconds(), master, master)
+`, port, dir, filepath.Join(dir, "sentinel.log"), master, host, primaryPort, q, master, downAfter.Milliseconds(), master, master)
 		if err := os.WriteFile(conf, []byte(body), 0o600); err != nil {
 			tb.Fatalf("redistest: write sentinel config: %v", err)
 		}
