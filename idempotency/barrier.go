@@ -452,6 +452,7 @@ type InProgressError struct {
 	RetryAfter time.Duration
 }
 
+// Error says the request is in progress and when to try again.
 func (e *InProgressError) Error() string {
 	return fmt.Sprintf("%v (retry after %v)", ErrInProgress, e.RetryAfter)
 }
@@ -472,6 +473,7 @@ func Final(err error) error {
 	return &FinalError{Err: err}
 }
 
+// Error is the business error's text.
 func (e *FinalError) Error() string { return e.Err.Error() }
 
 // Unwrap returns the business error.
@@ -481,6 +483,7 @@ func (e *FinalError) Unwrap() error { return e.Err }
 // the first run returned.
 type StoredError struct{ Message string }
 
+// Error is the stored error's text.
 func (e *StoredError) Error() string { return e.Message }
 
 func sleepCtx(ctx context.Context, d time.Duration) error {

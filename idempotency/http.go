@@ -429,6 +429,7 @@ const (
 	maxRetryAfter         = time.Minute
 )
 
+// ServeHTTP applies the barrier to unsafe requests that carry a key.
 func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !m.cfg.methods[r.Method] {
 		m.next.ServeHTTP(w, r)
@@ -692,6 +693,7 @@ func (x *exchange) handle(ctx context.Context, fence uint64) ([]byte, error) {
 // serverError is a handler's 5xx: transient, so not recorded.
 type serverError struct{ status int }
 
+// Error names the 5xx status that released the request.
 func (e *serverError) Error() string {
 	return fmt.Sprintf("idempotency: handler answered %d; not recorded", e.status)
 }
@@ -707,6 +709,7 @@ type bufferedResponse struct {
 	body   bytes.Buffer
 }
 
+// Header, WriteHeader and Write buffer the response (http.ResponseWriter).
 func (b *bufferedResponse) Header() http.Header { return b.header }
 
 func (b *bufferedResponse) WriteHeader(code int) {

@@ -272,6 +272,7 @@ func (w *Watchdog) extend(batch []*entry) {
 // dueHeap orders entries by due time.
 type dueHeap []*entry
 
+// Len, Less, Swap, Push and Pop implement container/heap.
 func (h dueHeap) Len() int           { return len(h) }
 func (h dueHeap) Less(i, j int) bool { return h[i].due.Before(h[j].due) }
 func (h dueHeap) Swap(i, j int) {

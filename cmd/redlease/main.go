@@ -35,6 +35,7 @@ type exitError struct {
 	err  error
 }
 
+// Error describes the failure (or just the exit code).
 func (e *exitError) Error() string {
 	if e.err == nil {
 		return fmt.Sprintf("exit %d", e.code)
@@ -42,6 +43,7 @@ func (e *exitError) Error() string {
 	return e.err.Error()
 }
 
+// Unwrap returns the failure.
 func (e *exitError) Unwrap() error { return e.err }
 
 func main() {
