@@ -33,6 +33,7 @@ type Lock struct {
 
 	observer Observer  // nil: none
 	granted  time.Time // for the hold time an Observer is told
+	clock    Clock     // judges validity; the system clock unless WithClock
 }
 
 func newLock(s Strategy, key, fullKey, token string, ttl, margin time.Duration, g Grant) *Lock {
@@ -46,6 +47,7 @@ func newLock(s Strategy, key, fullKey, token string, ttl, margin time.Duration, 
 		token:    token,
 		ttl:      ttl,
 		margin:   margin,
+		clock:    systemClock{},
 		fence:    g.Fence,
 		until:    g.Until,
 	}
@@ -136,7 +138,7 @@ func (lk *Lock) Lost() <-chan struct{} {
 		case lk.cause != nil:
 			close(lk.lost)
 		case !lk.released:
-			lk.expiry = time.AfterFunc(time.Until(lk.deadlineLocked()), lk.expire)
+			lk.expiry = time.AfterFunc(lk.deadlineLocked().Sub(lk.clock.Now()), lk.expire)
 		}
 	}
 	return lk.lost
@@ -201,7 +203,7 @@ func (lk *Lock) applyExtension(g Grant, err error) error {
 	}
 	lk.until = g.Until
 	if lk.expiry != nil {
-		lk.expiry.Reset(time.Until(lk.deadlineLocked()))
+		lk.expiry.Reset(lk.deadlineLocked().Sub(lk.clock.Now()))
 	}
 	return nil
 }
@@ -264,7 +266,7 @@ func (lk *Lock) deadlineLocked() time.Time { return lk.until.Add(-lk.margin) }
 // checkExpiryLocked marks the lock lost if its validity (less the margin)
 // has run out.
 func (lk *Lock) checkExpiryLocked() {
-	if lk.cause == nil && !lk.released && !time.Now().Before(lk.deadlineLocked()) {
+	if lk.cause == nil && !lk.released && !lk.clock.Now().Before(lk.deadlineLocked()) {
 		lk.markLostLocked(errExpired)
 	}
 }
@@ -274,6 +276,11 @@ func (lk *Lock) expire() {
 	lk.mu.Lock()
 	defer lk.unlock()
 	lk.checkExpiryLocked() // does nothing if an extension moved until meanwhile
+	if lk.cause == nil && !lk.released && lk.expiry != nil {
+		// Not yet, by the lock's clock (extended, or a clock that runs
+		// slower than the timer): look again when it says so.
+		lk.expiry.Reset(max(lk.deadlineLocked().Sub(lk.clock.Now()), time.Millisecond))
+	}
 }
 
 // markLost records cause (the first one wins) and closes Lost.

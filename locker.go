@@ -17,13 +17,14 @@ type Locker struct {
 	prefix   string
 	keeper   Keeper
 	observer Observer
+	clock    Clock
 }
 
 // New returns a Locker that takes locks through s with the given options.
 // Invalid options (or a nil s) do not panic: every call on the Locker then
 // returns an error that errors.Is ErrInvalid.
 func New(s Strategy, opts ...Option) *Locker {
-	l := &Locker{defaults: lockConfig{
+	l := &Locker{clock: systemClock{}, defaults: lockConfig{
 		strategy: s,
 		ttl:      DefaultTTL,
 		minDelay: DefaultMinRetryDelay,
@@ -139,7 +140,7 @@ func (l *Locker) attempt(ctx context.Context, c lockConfig, key, token string) (
 		return nil, err
 	}
 	lk := newLock(c.strategy, key, full, token, c.ttl, c.lossMargin(), g)
-	lk.observer, lk.granted = l.observer, time.Now()
+	lk.observer, lk.granted, lk.clock = l.observer, time.Now(), l.clock
 	if r, ok := c.strategy.(Revoker); ok {
 		lk.untrack = r.Track(full, token, lk.markLost)
 	}

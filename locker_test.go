@@ -321,3 +321,27 @@ func TestQuorumErrorUnwraps(t *testing.T) {
 	assert.Contains(t, err.Error(), "2 of 5 nodes agreed, 3 needed")
 	assert.Contains(t, err.Error(), "node 4 (127.0.0.1:1): connection refused")
 }
+
+// fastClock runs at twice real time.
+type fastClock struct{ start time.Time }
+
+func (c fastClock) Now() time.Time { return c.start.Add(2 * time.Since(c.start)) }
+
+// A lock judges its validity by its Locker's clock: with a clock running
+// at twice real speed it counts as lost after half the real time.
+func TestLocksFollowTheInjectedClock(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		clock := fastClock{start: time.Now()}
+		f := newFake()
+		lk, err := redlease.New(f, redlease.WithTTL(time.Second), redlease.WithLossMargin(0), redlease.WithClock(clock)).TryLock(t.Context(), "k")
+		require.NoError(t, err)
+		// The fake strategy's Until is one real second away; the fast clock
+		// reaches it in half a second.
+		time.Sleep(499 * time.Millisecond)
+		assert.True(t, lk.Valid())
+		time.Sleep(2 * time.Millisecond)
+		assert.False(t, lk.Valid(), "past Until by the lock's clock")
+		assert.ErrorIs(t, lk.Err(), redlease.ErrLost)
+		assert.ErrorIs(t, redlease.New(f, redlease.WithClock(nil)).Do(t.Context(), "k", func(context.Context, *redlease.Lock) error { return nil }), redlease.ErrInvalid)
+	})
+}

@@ -175,3 +175,16 @@ func (s *Strategy) RevokeAll(cause error) int {
 
 // Name returns "failover", for observers.
 func (s *Strategy) Name() string { return "failover" }
+
+// WithClock judges validity by c instead of the system clock (see
+// redlease.Clock: for tests that emulate a clock running at the wrong
+// rate). Give the Locker the same clock.
+func WithClock(c redlease.Clock) Option {
+	return optionFunc(func(cfg *primary.Config) error {
+		if c == nil {
+			return redlease.Invalid("failover: nil clock")
+		}
+		cfg.Clock = c
+		return nil
+	})
+}

@@ -3,7 +3,6 @@ package quorum
 import (
 	"context"
 	"fmt"
-	"time"
 
 	"github.com/hashicorp/go-multierror"
 
@@ -29,7 +28,7 @@ func (s *Strategy) ExtendBatch(ctx context.Context, items []redlease.Extension) 
 		}
 		valid = append(valid, i)
 	}
-	start := time.Now()
+	start := s.clock.Now()
 	type chunk struct {
 		idx   []int
 		round *fanout.Round
@@ -57,7 +56,7 @@ func (s *Strategy) ExtendBatch(ctx context.Context, items []redlease.Extension) 
 			switch {
 			case t.agreed < s.quorum:
 				out[i].Err = s.failure(ctx, "extend", s.heldOrUnknown(t), t, start, false)
-			case !time.Now().Before(until):
+			case !s.clock.Now().Before(until):
 				out[i].Err = s.failure(ctx, "extend", redlease.ErrNotHeld, t, start, true)
 			default:
 				out[i].Grant = redlease.Grant{Until: until}

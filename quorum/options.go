@@ -128,3 +128,16 @@ func WithDelayedRestart(maxTTL time.Duration) Option {
 		return nil
 	})
 }
+
+// WithClock judges validity by c instead of the system clock (see
+// redlease.Clock: for tests that emulate a clock running at the wrong
+// rate). Give the Locker the same clock.
+func WithClock(c redlease.Clock) Option {
+	return optionFunc(func(s *Strategy) error {
+		if c == nil {
+			return redlease.Invalid("quorum: nil clock")
+		}
+		s.clock = c
+		return nil
+	})
+}

@@ -29,6 +29,7 @@ type Strategy struct {
 	workers     int
 	maxTTL      time.Duration // delayed-restart rule; 0: off
 	maxTTLArg   any           // maxTTL in ms, boxed once for the script
+	clock       redlease.Clock
 
 	fan *fanout.Nodes // per-node workers; Close stops them
 }
@@ -50,6 +51,7 @@ func New(nodeClients []redis.UniversalClient, opts ...Option) (*Strategy, error)
 		driftFactor: DefaultDriftFactor,
 		nodeTimeout: DefaultNodeTimeout,
 		workers:     DefaultWorkersPerNode,
+		clock:       redlease.SystemClock(),
 	}
 	for i, c := range nodeClients {
 		if nodes.IsNil(c) {
@@ -140,7 +142,7 @@ func (s *Strategy) Acquire(ctx context.Context, key, token string, ttl time.Dura
 	line := script.Acquire.Args(k, fenceKey, marker, token, ttl.Milliseconds(), mode, s.maxTTLArg)
 
 	// 1. Fan out.
-	start := time.Now()
+	start := s.clock.Now()
 	round := s.fan.Start(ctx, fanout.Call{Script: script.Acquire, Line: line},
 		fanout.Call{Script: script.Release, Line: script.Release.Args(line[3], line[6]), // key and token, already boxed
 			Skip: func(r fanout.Result) bool { return r.Val == script.Taken || r.Val == script.TooYoung }})
@@ -169,7 +171,7 @@ func (s *Strategy) Acquire(ctx context.Context, key, token string, ttl time.Dura
 
 	// 4. Validity.
 	until := start.Add(ttl - drift.Allowance(ttl, s.driftFactor))
-	if !time.Now().Before(until) {
+	if !s.clock.Now().Before(until) {
 		return fail("acquire", t, true)
 	}
 	round.Keep(key, token)
@@ -193,14 +195,14 @@ func (s *Strategy) Extend(ctx context.Context, key, token string, ttl time.Durat
 		return redlease.Grant{}, err
 	}
 	line := script.Extend.Args(key, token, ttl.Milliseconds())
-	start := time.Now()
+	start := s.clock.Now()
 	round := s.fan.Start(ctx, fanout.Call{Script: script.Extend, Line: line}, fanout.Call{})
 	t := s.collect(ctx, round, isOne)
 	if t.agreed < s.quorum {
 		return redlease.Grant{}, s.failure(ctx, "extend", s.heldOrUnknown(t), t, start, false)
 	}
 	until := start.Add(ttl - drift.Allowance(ttl, s.driftFactor))
-	if !time.Now().Before(until) {
+	if !s.clock.Now().Before(until) {
 		return redlease.Grant{}, s.failure(ctx, "extend", redlease.ErrNotHeld, t, start, true)
 	}
 	return redlease.Grant{Until: until}, nil
@@ -216,7 +218,7 @@ func (s *Strategy) Release(ctx context.Context, key, token string) error {
 	}
 	s.fan.UndoLate(key, token)
 	line := script.Release.Args(key, token)
-	start := time.Now()
+	start := s.clock.Now()
 	callCtx := ctx
 	if ctx.Done() != nil {
 		callCtx = context.WithoutCancel(ctx) // stragglers finish even if ctx is cancelled
@@ -349,7 +351,7 @@ func (s *Strategy) heldOrUnknown(t tally) error {
 func (s *Strategy) failure(ctx context.Context, op string, sentinel error, t tally, start time.Time, expired bool) error {
 	qe := &redlease.QuorumError{
 		Op: op, Votes: t.agreed, Quorum: s.quorum, Nodes: len(s.nodes),
-		Elapsed: time.Since(start), Expired: expired, Err: sentinel, Causes: t.causes,
+		Elapsed: s.clock.Now().Sub(start), Expired: expired, Err: sentinel, Causes: t.causes,
 	}
 	if ctx.Err() != nil {
 		return errors.Join(qe, context.Cause(ctx))

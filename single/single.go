@@ -105,3 +105,16 @@ func (s *Strategy) ExtendBatch(ctx context.Context, items []redlease.Extension) 
 
 // Name returns "single", for observers.
 func (s *Strategy) Name() string { return "single" }
+
+// WithClock judges validity by c instead of the system clock (see
+// redlease.Clock: for tests that emulate a clock running at the wrong
+// rate). Give the Locker the same clock.
+func WithClock(c redlease.Clock) Option {
+	return optionFunc(func(cfg *primary.Config) error {
+		if c == nil {
+			return redlease.Invalid("single: nil clock")
+		}
+		cfg.Clock = c
+		return nil
+	})
+}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -31,7 +30,7 @@ func (p *Primary) ExtendBatch(ctx context.Context, items []redlease.Extension) [
 	if len(valid) == 0 {
 		return out
 	}
-	start := time.Now()
+	start := p.cfg.Clock.Now()
 	extended, err := p.extendMany(ctx, items, valid)
 	for j, i := range valid {
 		switch {
@@ -43,8 +42,8 @@ func (p *Primary) ExtendBatch(ctx context.Context, items []redlease.Extension) [
 			out[i].Err = errors.Join(redlease.ErrUnavailable, err)
 		default:
 			until := start.Add(items[i].TTL - drift.Allowance(items[i].TTL, p.cfg.DriftFactor))
-			if !time.Now().Before(until) {
-				out[i].Err = fmt.Errorf("%w: no validity left after %v", redlease.ErrNotHeld, time.Since(start))
+			if !p.cfg.Clock.Now().Before(until) {
+				out[i].Err = fmt.Errorf("%w: no validity left after %v", redlease.ErrNotHeld, p.cfg.Clock.Now().Sub(start))
 				continue
 			}
 			out[i].Grant = redlease.Grant{Until: until}

@@ -25,6 +25,8 @@ type Config struct {
 	// pipeline on the same connection, by WAIT Replicas WaitTimeout.
 	Replicas    int
 	WaitTimeout time.Duration
+	// Clock judges validity (nil: the system clock).
+	Clock redlease.Clock
 }
 
 // Primary runs the lock scripts on one client. It is safe for concurrent
@@ -41,6 +43,9 @@ type Primary struct {
 // error (a rejected option) that every call returns; a nil client is
 // reported the same way.
 func New(client redis.UniversalClient, cfg Config, err error) *Primary {
+	if cfg.Clock == nil {
+		cfg.Clock = redlease.SystemClock()
+	}
 	p := &Primary{client: client, cfg: cfg, err: err}
 	if nodes.IsNil(client) {
 		p.err = redlease.Invalid("nil client")
@@ -66,7 +71,7 @@ func (p *Primary) Acquire(ctx context.Context, key, token string, ttl time.Durat
 	if p.cfg.Fencing {
 		mode, fenceKey = any(script.IncrFence), any(script.MustFenceKey(key))
 	}
-	start := time.Now()
+	start := p.cfg.Clock.Now()
 	v, err := p.run(ctx, script.Acquire, script.Acquire.Args(k, fenceKey, k, token, ttl.Milliseconds(), mode, any(script.RuleOff)))
 	switch {
 	case errors.Is(err, redlease.ErrNotReplicated) && v != script.Taken:
@@ -78,9 +83,9 @@ func (p *Primary) Acquire(ctx context.Context, key, token string, ttl time.Durat
 		return redlease.Grant{}, redlease.ErrNotObtained
 	}
 	until := start.Add(ttl - drift.Allowance(ttl, p.cfg.DriftFactor))
-	if !time.Now().Before(until) {
+	if !p.cfg.Clock.Now().Before(until) {
 		_ = p.Release(context.WithoutCancel(ctx), key, token)
-		return redlease.Grant{}, fmt.Errorf("%w: no validity left after %v", redlease.ErrNotObtained, time.Since(start))
+		return redlease.Grant{}, fmt.Errorf("%w: no validity left after %v", redlease.ErrNotObtained, p.cfg.Clock.Now().Sub(start))
 	}
 	return redlease.Grant{Until: until, Fence: uint64(v)}, nil
 }
@@ -92,7 +97,7 @@ func (p *Primary) Extend(ctx context.Context, key, token string, ttl time.Durati
 	if err := p.check(key, token, ttl); err != nil {
 		return redlease.Grant{}, err
 	}
-	start := time.Now()
+	start := p.cfg.Clock.Now()
 	v, err := p.run(ctx, script.Extend, script.Extend.Args(key, token, ttl.Milliseconds()))
 	switch {
 	case err == nil && v != 1, errors.Is(err, redlease.ErrNotReplicated) && v != 1:
@@ -103,8 +108,8 @@ func (p *Primary) Extend(ctx context.Context, key, token string, ttl time.Durati
 		return redlease.Grant{}, p.fail(ctx, redlease.ErrUnavailable, err)
 	}
 	until := start.Add(ttl - drift.Allowance(ttl, p.cfg.DriftFactor))
-	if !time.Now().Before(until) {
-		return redlease.Grant{}, fmt.Errorf("%w: no validity left after %v", redlease.ErrNotHeld, time.Since(start))
+	if !p.cfg.Clock.Now().Before(until) {
+		return redlease.Grant{}, fmt.Errorf("%w: no validity left after %v", redlease.ErrNotHeld, p.cfg.Clock.Now().Sub(start))
 	}
 	return redlease.Grant{Until: until}, nil
 }
