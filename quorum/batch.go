@@ -15,8 +15,8 @@ import (
 var _ redlease.BatchExtender = (*Strategy)(nil)
 
 // ExtendBatch extends many keys with one script call per node for every
-// script.MaxBatch keys, all sent at once: a watchdog keeping ten thousand
-// locks pays twenty calls per node per tick, not ten thousand. Each key is
+// script.MaxBatch keys: a watchdog keeping ten thousand locks pays twenty
+// calls per node per tick, not ten thousand. Each key is
 // judged as Extend would judge it: extended on a quorum, with validity left.
 func (s *Strategy) ExtendBatch(ctx context.Context, items []redlease.Extension) []redlease.Extended {
 	out := make([]redlease.Extended, len(items))
@@ -28,38 +28,45 @@ func (s *Strategy) ExtendBatch(ctx context.Context, items []redlease.Extension) 
 		}
 		valid = append(valid, i)
 	}
-	start := s.clock.Now()
-	type chunk struct {
-		idx   []int
-		round *fanout.Round
-	}
-	var chunks []chunk
+	// Chunks go out in waves of as many as a node has workers, each wave
+	// under its own round deadline: ten thousand locks are twenty chunks, a
+	// hundred thousand two hundred, and a node works through them a few at a
+	// time; one shared deadline for all of them would expire the last ones
+	// in the queue.
 	for len(valid) > 0 {
-		n := min(len(valid), script.MaxBatch)
-		idx := valid[:n]
-		valid = valid[n:]
-		keys := make([]any, len(idx))
-		args := make([]any, 0, 2*len(idx))
-		for j, i := range idx {
-			keys[j] = items[i].Key
-			args = append(args, items[i].Token, items[i].TTL.Milliseconds())
+		start := s.clock.Now()
+		type chunk struct {
+			idx   []int
+			round *fanout.Round
 		}
-		line := script.ExtendMany.LineMany(keys, args)
-		chunks = append(chunks, chunk{idx, s.fan.Start(ctx,
-			fanout.Call{Script: script.ExtendMany, Line: line, Multi: true}, fanout.Call{})})
-	}
-	for _, c := range chunks {
-		agreed, refused, answered, causes := s.collectBatch(ctx, c.round, len(c.idx))
-		for j, i := range c.idx {
-			t := tally{agreed: agreed[j], refused: refused[j], answered: answered, causes: causes}
-			until := start.Add(items[i].TTL - drift.Allowance(items[i].TTL, s.driftFactor))
-			switch {
-			case t.agreed < s.quorum:
-				out[i].Err = s.failure(ctx, "extend", s.heldOrUnknown(t), t, start, false)
-			case !s.clock.Now().Before(until):
-				out[i].Err = s.failure(ctx, "extend", redlease.ErrNotHeld, t, start, true)
-			default:
-				out[i].Grant = redlease.Grant{Until: until}
+		var wave []chunk
+		for len(valid) > 0 && len(wave) < s.workers {
+			n := min(len(valid), script.MaxBatch)
+			idx := valid[:n]
+			valid = valid[n:]
+			keys := make([]any, len(idx))
+			args := make([]any, 0, 2*len(idx))
+			for j, i := range idx {
+				keys[j] = items[i].Key
+				args = append(args, items[i].Token, items[i].TTL.Milliseconds())
+			}
+			line := script.ExtendMany.LineMany(keys, args)
+			wave = append(wave, chunk{idx, s.fan.Start(ctx,
+				fanout.Call{Script: script.ExtendMany, Line: line, Multi: true}, fanout.Call{})})
+		}
+		for _, c := range wave {
+			agreed, refused, answered, causes := s.collectBatch(ctx, c.round, len(c.idx))
+			for j, i := range c.idx {
+				t := tally{agreed: agreed[j], refused: refused[j], answered: answered, causes: causes}
+				until := start.Add(items[i].TTL - drift.Allowance(items[i].TTL, s.driftFactor))
+				switch {
+				case t.agreed < s.quorum:
+					out[i].Err = s.failure(ctx, "extend", s.heldOrUnknown(t), t, start, false)
+				case !s.clock.Now().Before(until):
+					out[i].Err = s.failure(ctx, "extend", redlease.ErrNotHeld, t, start, true)
+				default:
+					out[i].Grant = redlease.Grant{Until: until}
+				}
 			}
 		}
 	}

@@ -452,17 +452,30 @@ func (nd *node) run(j job) {
 			r.deliver(j.node, Result{Err: fmt.Errorf("not sent: %w", err)}, false)
 			return
 		}
-		if d := r.decision.Load(); d == undo || d == lateUndo {
-			// Decided (or let go) while this request waited: sending it
-			// would only write a key that then has to be undone.
+		if d := r.decision.Load(); d == undo || d == lateUndo || (d == keep && r.undo.Script != nil) {
+			// Decided (or let go) while this request waited. Failed: sending
+			// it would only write a key that then has to be undone. Granted:
+			// the grant does not need this node, and a node that slow would
+			// only fall further behind (every request it cannot take in
+			// time ends in a cut connection and a redial).
 			r.deliver(j.node, Result{Err: errDecided}, false)
 			return
 		}
+		// A request that waited in the queue for most of its round would be
+		// cut off mid-reply by the round's deadline, and go-redis would drop
+		// the connection and dial a new one for the next: a slow node would
+		// spend its time reconnecting. Such a request gets a full timeout of
+		// its own from now; the caller stops waiting at the round's deadline
+		// regardless.
+		ctx := r.ctx
+		if dl, ok := ctx.Deadline(); ok && time.Until(dl) < r.ns.timeout/2 {
+			ctx = detached{Context: r.ns.deadline(), values: r.parent}
+		}
 		var res Result
 		if r.call.Multi {
-			res.Vals, res.Err = r.call.Script.RunInts(r.ctx, nd.client, r.call.Line)
+			res.Vals, res.Err = r.call.Script.RunInts(ctx, nd.client, r.call.Line)
 		} else {
-			res.Val, res.Err = r.call.Script.Run(r.ctx, nd.client, r.call.Line)
+			res.Val, res.Err = r.call.Script.Run(ctx, nd.client, r.call.Line)
 		}
 
 		if !r.deliver(j.node, res, true) {
