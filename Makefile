@@ -6,9 +6,19 @@
 
 SHELL := /bin/bash
 GO    ?= go
-COUNT ?= 6
+COUNT ?= 8
 BENCH ?= .
-BENCH_OUT ?= .bench
+BENCH_OUT ?= docs/bench
+BENCHTIME ?= 1s
+BENCH_GROUPS = Quorum Single Contention Watchdog Idempotency
+# One-node groups run pinned to one CPU (client and server alike): on a small VM a
+# cross-CPU wakeup costs more than the libraries differ, and where the scheduler
+# puts the two processes changes from run to run. Empty BENCH_PIN: no pinning.
+BENCH_ONE_NODE = Single|Idempotency
+BENCH_MULTI_NODE = Quorum|Contention|Watchdog
+BENCH_PIN ?= taskset -c 0
+BENCHSTAT_VERSION ?= v0.0.0-20260908200009-22c9c6c9d4da
+BENCHSTAT ?= $(or $(shell $(GO) env GOBIN),$(shell $(GO) env GOPATH)/bin)/benchstat
 CHAOS_REPORT ?= $(CURDIR)/.chaos-report
 
 .PHONY: test demo bench chaos redis
@@ -34,10 +44,40 @@ test: redis
 demo:
 	$(GO) run ./examples/settlement
 
+# bench: COUNT rounds of every benchmark in ./bench (ours and the peers side by
+# side on the same nodes), one round after the other so that a noisy moment hits
+# every library alike; raw output, benchstat summaries and SVG charts in $(BENCH_OUT).
 bench: redis
-	@mkdir -p $(BENCH_OUT)
-	@set -o pipefail; $(GO) test -run '^$$' -bench '$(BENCH)' -benchmem -count $(COUNT) ./single/ ./quorum/ ./renew/ ./failover/ | tee $(BENCH_OUT)/raw.txt
-	@echo "raw results in $(BENCH_OUT)/raw.txt"
+	@set -eo pipefail; \
+	if [ ! -x "$(BENCHSTAT)" ]; then \
+	  echo "installing benchstat $(BENCHSTAT_VERSION) into $(dir $(BENCHSTAT))"; \
+	  GOBIN="$(dir $(BENCHSTAT))" $(GO) install golang.org/x/perf/cmd/benchstat@$(BENCHSTAT_VERSION); \
+	fi; \
+	mkdir -p $(BENCH_OUT); \
+	tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
+	$(GO) test -c -o "$$tmp/bench.test" ./bench/; \
+	pin="$(BENCH_PIN)"; if [ "$$(nproc)" -lt 2 ] || ! command -v $${pin%% *} >/dev/null 2>&1; then pin=""; fi; \
+	{ echo "date: $$(date -u +%Y-%m-%dT%H:%MZ)"; echo "nproc: $$(nproc)"; \
+	  echo "cpu: $$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"; \
+	  echo "redis: $$(redis-server --version)"; echo "go: $$($(GO) version)"; \
+	  echo "count: $(COUNT) rounds, benchtime: $(BENCHTIME)"; \
+	  echo "one-node groups ($(BENCH_ONE_NODE)) pinned with: $${pin:-nothing}"; } > $(BENCH_OUT)/machine.txt; \
+	cat $(BENCH_OUT)/machine.txt; \
+	run=("$$tmp/bench.test" -test.run '^$$' -test.bench '$(BENCH)' -test.benchmem -test.count 1 -test.benchtime $(BENCHTIME) -test.timeout 60m); \
+	: > $(BENCH_OUT)/raw.txt; start=$$(date +%s); \
+	for round in $$(seq 1 $(COUNT)); do \
+	  echo "== round $$round of $(COUNT)"; \
+	  "$${run[@]}" -test.skip '^Benchmark($(BENCH_ONE_NODE))$$' | tee -a $(BENCH_OUT)/raw.txt; \
+	  $$pin "$${run[@]}" -test.skip '^Benchmark($(BENCH_MULTI_NODE))$$' | tee -a $(BENCH_OUT)/raw.txt; \
+	done; \
+	echo "benchmarks took $$(( $$(date +%s) - start )) s" | tee -a $(BENCH_OUT)/machine.txt; \
+	$(BENCHSTAT) $(BENCH_OUT)/raw.txt > $(BENCH_OUT)/benchstat.txt; \
+	for g in $(BENCH_GROUPS); do \
+	  echo "### $$g: libraries side by side (vs base = the first column)"; echo; \
+	  $(BENCHSTAT) -filter ".name:$$g" -col /lib $(BENCH_OUT)/raw.txt; echo; \
+	done > $(BENCH_OUT)/benchstat-by-lib.txt; \
+	$(GO) run ./bench/plot -in $(BENCH_OUT)/raw.txt -out $(BENCH_OUT); \
+	echo "raw results, benchstat summaries (benchstat.txt, benchstat-by-lib.txt), ratios.md and charts in $(BENCH_OUT)/"
 
 chaos: redis
 	@set -o pipefail; $(GO) test -count=1 -timeout 10m -run 'TestScenario' -v ./chaos/ -chaos.full -chaos.report=$(CHAOS_REPORT) \

@@ -1,0 +1,140 @@
+package bench_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/go-redsync/redsync/v4"
+
+	"github.com/redlease/redlease"
+)
+
+const (
+	contenders    = 32
+	contendedKeys = 4
+	// holdFor is how long a winner keeps the lock (its "work") before it
+	// releases and goes for the next grant at once.
+	holdFor = time.Millisecond
+)
+
+// cycle takes the lock on a key (waiting with the library's own retry
+// policy), holds it for holdFor and releases it. It reports whether it got
+// the lock; a library that gives up (redsync after 32 tries) reports false
+// and the contender tries again.
+type cycle func(ctx context.Context) (bool, error)
+
+// BenchmarkContention: 32 goroutines on 4 keys (8 per key) of a 5-node
+// quorum, each taking its key with the library's blocking Lock and default
+// retry policy (ours: jittered exponential backoff from 10 ms to 320 ms,
+// no limit; redsync: 50–250 ms, 32 tries), holding it for 1 ms, releasing
+// it and going again. One op is one grant: ns/op is the time per grant
+// across all keys, grants/s its inverse. Fairness: grants per goroutine,
+// as Jain's index (1 = all equal, 1/32 = one goroutine got everything) and
+// the least and most any goroutine got, as a share of the fair 1/32.
+func BenchmarkContention(b *testing.B) {
+	cs := clients(b, nodes(b, 5))
+	ours := newQuorum(b, cs)
+	peer := redsync.New(pools(cs)...)
+	name := fmt.Sprintf("nodes=5/goroutines=%d/keys=%d", contenders, contendedKeys)
+
+	b.Run("lib=redlease/"+name, func(b *testing.B) {
+		locker := redlease.New(ours, redlease.WithTTL(quorumTTL))
+		contend(b, func(g int, key string) cycle {
+			return func(ctx context.Context) (bool, error) {
+				lk, err := locker.Lock(ctx, key)
+				if err != nil {
+					return false, err
+				}
+				time.Sleep(holdFor)
+				return true, lk.Release(ctx)
+			}
+		})
+	})
+	b.Run("lib=redsync/"+name, func(b *testing.B) {
+		contend(b, func(g int, key string) cycle {
+			m := peer.NewMutex(key, redsync.WithExpiry(quorumTTL)) // one Mutex per goroutine: not safe for concurrent use
+			return func(ctx context.Context) (bool, error) {
+				if err := m.LockContext(ctx); err != nil {
+					if errors.Is(err, redsync.ErrFailed) {
+						return false, nil // gave up after its tries
+					}
+					var taken *redsync.ErrTaken
+					if errors.As(err, &taken) {
+						return false, nil
+					}
+					return false, err
+				}
+				time.Sleep(holdFor)
+				ok, err := m.UnlockContext(ctx)
+				if !ok {
+					return true, fmt.Errorf("unlock: %w", err)
+				}
+				return true, nil
+			}
+		})
+	})
+}
+
+// contend runs b.N grants among the contenders and reports grants/s and
+// fairness. newCycle makes contender g's cycle on its key.
+func contend(b *testing.B, newCycle func(g int, key string) cycle) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cycles := make([]cycle, contenders)
+	for g := range cycles {
+		cycles[g] = newCycle(g, keyFor(b, fmt.Sprint(g%contendedKeys)))
+	}
+	grants := make([]int64, contenders)
+	var tickets, giveUps atomic.Int64
+	tickets.Store(int64(b.N))
+	var wg sync.WaitGroup
+	b.ReportAllocs()
+	b.ResetTimer()
+	for g := range contenders {
+		wg.Go(func() {
+			for tickets.Add(-1) >= 0 {
+				for {
+					ok, err := cycles[g](ctx)
+					if err != nil {
+						b.Error(err)
+						return
+					}
+					if ok {
+						grants[g]++
+						break
+					}
+					giveUps.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	b.StopTimer()
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "grants/s")
+	b.ReportMetric(float64(giveUps.Load())/float64(b.N), "giveups/op")
+	if b.N >= contenders {
+		fair := float64(b.N) / contenders
+		b.ReportMetric(jain(grants), "jain")
+		b.ReportMetric(float64(slices.Min(grants))/fair, "min/fair")
+		b.ReportMetric(float64(slices.Max(grants))/fair, "max/fair")
+	}
+}
+
+// jain is Jain's fairness index: (Σx)² / (n·Σx²).
+func jain(xs []int64) float64 {
+	var sum, sq float64
+	for _, x := range xs {
+		sum += float64(x)
+		sq += float64(x) * float64(x)
+	}
+	if sq == 0 {
+		return 0
+	}
+	return sum * sum / (float64(len(xs)) * sq)
+}

@@ -1,0 +1,177 @@
+package bench_test
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/redlease/redlease/idempotency"
+)
+
+// result is what every handler returns: a small JSON body.
+var result = []byte(`{"id":"pay_123456","status":"captured","amount":1250,"currency":"EUR"}`)
+
+// firstKeys numbers the keys of first requests across runs, so each is new.
+var firstKeys atomic.Int64
+
+// BenchmarkIdempotency: the barrier (idempotency.New on one node, its
+// defaults: single-strategy lock on the store, 30 s lease, 24 h retention)
+// beside a raw floor that gives the same three answers with the fewest
+// round trips a hand-written version can have — one SET NX GET that either
+// claims the key or returns what is there, then a SET of the result. The
+// floor has no fingerprints, fences, owner checks or takeover of a crashed
+// owner's request; the barrier has all of them.
+//
+//	case=first     a new key: the handler runs and its result is stored
+//	case=replay    a completed key: the stored result comes back
+//	case=conflict  a key whose first request is still running: ErrInProgress
+func BenchmarkIdempotency(b *testing.B) {
+	c := newClient(b, nodes(b, 1)[0])
+	barrier, err := idempotency.New(c, idempotency.WithPrefix("bench:"+runID+":idem:"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	handler := func(context.Context, uint64) ([]byte, error) { return result, nil }
+	raw := rawBarrier{c: c, prefix: "bench:" + runID + ":raw:"}
+
+	b.Run("lib=redlease/case=first", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			key := "first:" + strconv.FormatInt(firstKeys.Add(1), 10)
+			out, err := barrier.Do(background, idempotency.Request{Key: key}, handler)
+			if err != nil || out.Replayed {
+				b.Fatal(out, err)
+			}
+		}
+	})
+	b.Run("lib=raw/case=first", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			key := "first:" + strconv.FormatInt(firstKeys.Add(1), 10)
+			if _, replayed, err := raw.do(background, key, handler); err != nil || replayed {
+				b.Fatal(replayed, err)
+			}
+		}
+	})
+
+	b.Run("lib=redlease/case=replay", func(b *testing.B) {
+		req := idempotency.Request{Key: "replay"}
+		if _, err := barrier.Do(background, req, handler); err != nil {
+			b.Fatal(err)
+		}
+		b.ReportAllocs()
+		for b.Loop() {
+			out, err := barrier.Do(background, req, handler)
+			if err != nil || !out.Replayed {
+				b.Fatal(out, err)
+			}
+		}
+	})
+	b.Run("lib=raw/case=replay", func(b *testing.B) {
+		if _, _, err := raw.do(background, "replay", handler); err != nil {
+			b.Fatal(err)
+		}
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, replayed, err := raw.do(background, "replay", handler); err != nil || !replayed {
+				b.Fatal(replayed, err)
+			}
+		}
+	})
+
+	b.Run("lib=redlease/case=conflict", func(b *testing.B) {
+		req := idempotency.Request{Key: "conflict:" + strconv.FormatInt(firstKeys.Add(1), 10)}
+		stop := holdInFlight(b, func(h idempotency.Handler) error {
+			_, err := barrier.Do(background, req, h)
+			return err
+		})
+		defer stop()
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := barrier.Do(background, req, handler); !errors.Is(err, idempotency.ErrInProgress) {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("lib=raw/case=conflict", func(b *testing.B) {
+		key := "conflict:" + strconv.FormatInt(firstKeys.Add(1), 10)
+		stop := holdInFlight(b, func(h idempotency.Handler) error {
+			_, _, err := raw.do(background, key, h)
+			return err
+		})
+		defer stop()
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, _, err := raw.do(background, key, handler); !errors.Is(err, idempotency.ErrInProgress) {
+				b.Fatal(err)
+			}
+		}
+	})
+}
+
+// holdInFlight starts a first request whose handler blocks until stop is
+// called, and returns once the handler is running.
+func holdInFlight(b *testing.B, do func(idempotency.Handler) error) (stop func()) {
+	running, release, done := make(chan struct{}), make(chan struct{}), make(chan error, 1)
+	go func() {
+		done <- do(func(context.Context, uint64) ([]byte, error) {
+			close(running)
+			<-release
+			return result, nil
+		})
+	}()
+	select {
+	case <-running:
+	case err := <-done:
+		b.Fatalf("first request did not start: %v", err)
+	}
+	return func() {
+		close(release)
+		if err := <-done; err != nil {
+			b.Error(err)
+		}
+	}
+}
+
+// rawBarrier is the floor: one record per key, "p" while in progress and
+// "d"+result once done.
+type rawBarrier struct {
+	c      *redis.Client
+	prefix string
+}
+
+const (
+	rawLease     = 30 * time.Second
+	rawRetention = 24 * time.Hour
+)
+
+// do claims key with SET NX GET (one round trip) and, if claimed, runs h
+// and stores its result (a second round trip); otherwise it replays the
+// stored result or reports ErrInProgress.
+func (r rawBarrier) do(ctx context.Context, key string, h idempotency.Handler) ([]byte, bool, error) {
+	rec := r.prefix + key
+	old, err := r.c.SetArgs(ctx, rec, "p", redis.SetArgs{Mode: "NX", Get: true, TTL: rawLease}).Result()
+	switch {
+	case errors.Is(err, redis.Nil): // claimed
+		res, err := h(ctx, 0)
+		if err != nil {
+			_ = r.c.Del(context.WithoutCancel(ctx), rec).Err()
+			return nil, false, err
+		}
+		if err := r.c.Set(context.WithoutCancel(ctx), rec, append([]byte{'d'}, res...), rawRetention).Err(); err != nil {
+			return nil, false, err
+		}
+		return res, false, nil
+	case err != nil:
+		return nil, false, err
+	case len(old) > 0 && old[0] == 'd':
+		return []byte(old[1:]), true, nil
+	default:
+		return nil, false, idempotency.ErrInProgress
+	}
+}

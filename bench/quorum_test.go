@@ -1,0 +1,228 @@
+package bench_test
+
+import (
+	"context"
+	"runtime"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/go-redsync/redsync/v4"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/redlease/redlease"
+	"github.com/redlease/redlease/quorum"
+)
+
+// quorumTTL is the lock TTL of every quorum benchmark, for both libraries.
+const quorumTTL = 10 * time.Second
+
+// parallelGoroutines is how many goroutines the parallel cases run
+// (rounded up to a multiple of GOMAXPROCS).
+const parallelGoroutines = 16
+
+func newQuorum(b *testing.B, cs []*redis.Client, opts ...quorum.Option) *quorum.Strategy {
+	b.Helper()
+	s, err := quorum.New(universal(cs), opts...)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+// BenchmarkQuorum: one acquire and one release of one key per op, on five
+// nodes, redlease's quorum strategy (defaults: majority, 100 ms node
+// timeout) beside redsync (defaults but WithTries(1), so that both make one
+// attempt; both hold the key for quorumTTL).
+//
+// Direct cases connect straight to the nodes. The slow=, down= cases put all
+// five nodes behind proxies (so both libraries pay the same extra hop), then
+// delay node 4's replies by 20 ms, or make it refuse connections.
+func BenchmarkQuorum(b *testing.B) {
+	addrs := nodes(b, 5)
+	direct := clients(b, addrs)
+	px := startProxies(b, addrs)
+	proxied := clients(b, px.Addrs)
+	inflight := countInflight(proxied)
+
+	ours := newQuorum(b, direct)
+	oursFenced := newQuorum(b, direct, quorum.WithFencing())
+	oursProxied := newQuorum(b, proxied)
+	peer := redsync.New(pools(direct)...)
+	peerProxied := redsync.New(pools(proxied)...)
+
+	b.Run("lib=redlease/nodes=5", func(b *testing.B) { redleaseSeq(b, ours) })
+	b.Run("lib=redlease-fencing/nodes=5", func(b *testing.B) { redleaseSeq(b, oursFenced) })
+	b.Run("lib=redsync/nodes=5", func(b *testing.B) { redsyncSeq(b, peer) })
+
+	par := "/parallel=" + strconv.Itoa(parallelism()*runtime.GOMAXPROCS(0))
+	b.Run("lib=redlease/nodes=5"+par, func(b *testing.B) { redleasePar(b, ours) })
+	b.Run("lib=redsync/nodes=5"+par, func(b *testing.B) { redsyncPar(b, peer) })
+
+	const slow = 4 // the node that is slowed down or cut
+	faults := []struct {
+		name       string
+		set, unset func()
+	}{
+		{"slow=0", func() {}, func() {}},
+		{"slow=1", func() { px.Latency(b, slow, 20) }, func() { px.Heal(b, slow) }},
+		{"down=1", func() { px.Cut(b, slow) }, func() { px.Heal(b, slow) }},
+	}
+	for _, f := range faults {
+		f.set()
+		b.Run("lib=redlease/nodes=5/"+f.name, func(b *testing.B) {
+			defer settle(b, inflight)
+			redleaseSeq(b, oursProxied)
+		})
+		b.Run("lib=redsync/nodes=5/"+f.name, func(b *testing.B) {
+			defer settle(b, inflight)
+			redsyncSeq(b, peerProxied)
+		})
+		b.Run("lib=redsync-failfast/nodes=5/"+f.name, func(b *testing.B) {
+			defer settle(b, inflight)
+			redsyncSeq(b, peerProxied, redsync.WithFailFast(true))
+		})
+		f.unset()
+	}
+}
+
+// settle reports how many requests a run left in flight when its last op
+// returned ("stragglers": requests to the slow or dead node that the library
+// did not wait for), then waits, untimed, until they are done, so that they
+// do not slow down the next run. Ours and redsync WithFailFast leave some;
+// how many is part of their cost.
+func settle(b *testing.B, inflight *atomic.Int64) {
+	b.StopTimer()
+	b.ReportMetric(float64(inflight.Load()), "stragglers")
+	deadline := time.Now().Add(15 * time.Second)
+	for inflight.Load() > 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// countInflight counts the commands in flight on cs.
+func countInflight(cs []*redis.Client) *atomic.Int64 {
+	n := new(atomic.Int64)
+	for _, c := range cs {
+		c.AddHook(inflightHook{n})
+	}
+	return n
+}
+
+type inflightHook struct{ n *atomic.Int64 }
+
+func (inflightHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h inflightHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.n.Add(1)
+		defer h.n.Add(-1)
+		return next(ctx, cmd)
+	}
+}
+
+func (h inflightHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		h.n.Add(1)
+		defer h.n.Add(-1)
+		return next(ctx, cmds)
+	}
+}
+
+// parallelism is the b.SetParallelism factor that gives parallelGoroutines.
+func parallelism() int {
+	p := runtime.GOMAXPROCS(0)
+	return (parallelGoroutines + p - 1) / p
+}
+
+// redleaseSeq: TryLock then Release of one key, b.N times.
+func redleaseSeq(b *testing.B, s redlease.Strategy) {
+	locker := redlease.New(s, redlease.WithTTL(quorumTTL))
+	key := keyFor(b)
+	per := make([]time.Duration, 0, b.N)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		start := time.Now()
+		lk, err := locker.TryLock(background, key)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := lk.Release(background); err != nil {
+			b.Fatal(err)
+		}
+		per = append(per, time.Since(start))
+	}
+	b.StopTimer()
+	reportMedian(b, per)
+}
+
+// redsyncSeq: LockContext (one try) then UnlockContext of one mutex, b.N
+// times.
+func redsyncSeq(b *testing.B, rs *redsync.Redsync, opts ...redsync.Option) {
+	opts = append([]redsync.Option{redsync.WithExpiry(quorumTTL), redsync.WithTries(1)}, opts...)
+	m := rs.NewMutex(keyFor(b), opts...)
+	per := make([]time.Duration, 0, b.N)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		start := time.Now()
+		if err := m.LockContext(background); err != nil {
+			b.Fatal(err)
+		}
+		if ok, err := m.UnlockContext(background); !ok {
+			b.Fatal(ok, err)
+		}
+		per = append(per, time.Since(start))
+	}
+	b.StopTimer()
+	reportMedian(b, per)
+}
+
+// redleasePar: the same from parallelGoroutines goroutines, each on its own
+// key, sharing one Locker (it is safe for concurrent use).
+func redleasePar(b *testing.B, s redlease.Strategy) {
+	locker := redlease.New(s, redlease.WithTTL(quorumTTL))
+	var id atomic.Int64
+	b.SetParallelism(parallelism())
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		key := keyFor(b, strconv.FormatInt(id.Add(1), 10))
+		for pb.Next() {
+			lk, err := locker.TryLock(background, key)
+			if err != nil {
+				b.Error(err)
+				return
+			}
+			if err := lk.Release(background); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+}
+
+// redsyncPar: one Mutex per goroutine (a redsync Mutex is not safe for
+// concurrent use), each on its own key, on one shared Redsync.
+func redsyncPar(b *testing.B, rs *redsync.Redsync) {
+	var id atomic.Int64
+	b.SetParallelism(parallelism())
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		m := rs.NewMutex(keyFor(b, strconv.FormatInt(id.Add(1), 10)), redsync.WithExpiry(quorumTTL), redsync.WithTries(1))
+		for pb.Next() {
+			if err := m.LockContext(background); err != nil {
+				b.Error(err)
+				return
+			}
+			if ok, err := m.UnlockContext(background); !ok {
+				b.Error(ok, err)
+				return
+			}
+		}
+	})
+}
