@@ -73,24 +73,11 @@ func WithWaitTimeout(d time.Duration) Option {
 }
 
 // WithoutFencing turns fencing tokens off. Fencing is on by default.
-func WithoutFencing() Option {
-	return optionFunc(func(c *primary.Config) error {
-		c.Fencing = false
-		return nil
-	})
-}
+func WithoutFencing() Option { return optionFunc(primary.NoFencing) }
 
 // WithDriftFactor sets the share of the TTL allowed for clock-rate
 // differences. Default 0.01. Must be in [0, 1).
-func WithDriftFactor(factor float64) Option {
-	return optionFunc(func(c *primary.Config) error {
-		if !(factor >= 0 && factor < 1) {
-			return redlease.Invalid("drift factor %v: must be in [0, 1)", factor)
-		}
-		c.DriftFactor = factor
-		return nil
-	})
-}
+func WithDriftFactor(factor float64) Option { return optionFunc(primary.DriftFactor(factor)) }
 
 // New returns a Strategy on client: a standalone client or, usually, one
 // from redis.NewFailoverClient. A Cluster client is rejected, since WAIT
@@ -179,12 +166,4 @@ func (s *Strategy) Name() string { return "failover" }
 // WithClock judges validity by c instead of the system clock (see
 // redlease.Clock: for tests that emulate a clock running at the wrong
 // rate). Give the Locker the same clock.
-func WithClock(c redlease.Clock) Option {
-	return optionFunc(func(cfg *primary.Config) error {
-		if c == nil {
-			return redlease.Invalid("failover: nil clock")
-		}
-		cfg.Clock = c
-		return nil
-	})
-}
+func WithClock(c redlease.Clock) Option { return optionFunc(primary.UseClock(c)) }

@@ -37,25 +37,12 @@ func (f optionFunc) apply(c *primary.Config) error { return f(c) }
 // by default: it costs an INCR inside the same script, but it leaves one
 // small counter key per lock name without a TTL, which adds up for
 // dedup keys that are never reused.
-func WithoutFencing() Option {
-	return optionFunc(func(c *primary.Config) error {
-		c.Fencing = false
-		return nil
-	})
-}
+func WithoutFencing() Option { return optionFunc(primary.NoFencing) }
 
 // WithDriftFactor sets the share of the TTL allowed for the rate difference
 // between this process's clock and the server's: a grant is valid until
 // start + ttl − (ttl×factor + 2 ms). Default 0.01. Must be in [0, 1).
-func WithDriftFactor(factor float64) Option {
-	return optionFunc(func(c *primary.Config) error {
-		if !(factor >= 0 && factor < 1) {
-			return redlease.Invalid("drift factor %v: must be in [0, 1)", factor)
-		}
-		c.DriftFactor = factor
-		return nil
-	})
-}
+func WithDriftFactor(factor float64) Option { return optionFunc(primary.DriftFactor(factor)) }
 
 // New returns a Strategy on client. It does not fail: a nil client or a
 // rejected option makes every call return an error that errors.Is
@@ -109,12 +96,4 @@ func (s *Strategy) Name() string { return "single" }
 // WithClock judges validity by c instead of the system clock (see
 // redlease.Clock: for tests that emulate a clock running at the wrong
 // rate). Give the Locker the same clock.
-func WithClock(c redlease.Clock) Option {
-	return optionFunc(func(cfg *primary.Config) error {
-		if c == nil {
-			return redlease.Invalid("single: nil clock")
-		}
-		cfg.Clock = c
-		return nil
-	})
-}
+func WithClock(c redlease.Clock) Option { return optionFunc(primary.UseClock(c)) }

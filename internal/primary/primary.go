@@ -186,3 +186,34 @@ func (p *Primary) fail(ctx context.Context, sentinel, err error) error {
 	redlease.ReportNodeFailure(ctx, ne)
 	return errors.Join(sentinel, ne)
 }
+
+// The settings single and failover share, checked in one place; each
+// package wraps them in its own Option type.
+
+// NoFencing turns fencing off.
+func NoFencing(c *Config) error {
+	c.Fencing = false
+	return nil
+}
+
+// DriftFactor sets the drift factor, which must be in [0, 1).
+func DriftFactor(factor float64) func(*Config) error {
+	return func(c *Config) error {
+		if !(factor >= 0 && factor < 1) {
+			return redlease.Invalid("drift factor %v: must be in [0, 1)", factor)
+		}
+		c.DriftFactor = factor
+		return nil
+	}
+}
+
+// UseClock sets the clock validity is judged by.
+func UseClock(clock redlease.Clock) func(*Config) error {
+	return func(c *Config) error {
+		if clock == nil {
+			return redlease.Invalid("nil clock")
+		}
+		c.Clock = clock
+		return nil
+	}
+}
