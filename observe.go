@@ -73,7 +73,6 @@ func observe(ctx context.Context, o Observer, op Op) (context.Context, func(erro
 		return ctx, func(error) {}
 	}
 	ctx, done := o.Start(ctx, op)
-	var sink func(*NodeError)
-	sink = func(ne *NodeError) { o.NodeFailed(ctx, op, ne) }
+	sink := func(ne *NodeError) { o.NodeFailed(ctx, op, ne) }
 	return context.WithValue(ctx, nodeSinkKey{}, sink), done
 }

@@ -126,7 +126,7 @@ func reattach(ctx context.Context, g *SentinelGroup, newAddr string) error {
 		if s.Addr == newAddr || !s.Alive() {
 			continue
 		}
-		if err := s.Client().SlaveOf(ctx, host, port).Err(); err != nil {
+		if err := s.Client().ReplicaOf(ctx, host, port).Err(); err != nil {
 			return err
 		}
 	}

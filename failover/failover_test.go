@@ -148,7 +148,7 @@ func TestFailoverRevokesHoldersAndFencesRise(t *testing.T) {
 	// next look at it, up to ten seconds later; do it now, as Sentinel will.
 	newAddr := watcher.Primary()
 	host, port, _ := strings.Cut(newAddr, ":")
-	require.NoError(t, g.primary.Client().SlaveOf(ctx, host, port).Err())
+	require.NoError(t, g.primary.Client().ReplicaOf(ctx, host, port).Err())
 	require.Eventually(t, func() bool {
 		info, err := g.client.Info(ctx, "replication").Result()
 		return err == nil && strings.Contains(info, "connected_slaves:1")

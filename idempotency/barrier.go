@@ -321,7 +321,7 @@ func (b *Barrier) run(ctx context.Context, req Request, rec string, h Handler) (
 	}()
 	defer func() { cancel(nil); <-lostWatch }()
 
-	result, herr, panicked := b.call(hctx, h, lk.Fence())
+	result, panicked, herr := b.call(hctx, h, lk.Fence())
 	if panicked != nil {
 		b.release(ctx, rec, lk.Token())
 		panic(panicked)
@@ -349,14 +349,14 @@ func (b *Barrier) run(ctx context.Context, req Request, rec string, h Handler) (
 
 // call runs h, turning a panic into a value so the record can be released
 // before it is re-raised.
-func (b *Barrier) call(ctx context.Context, h Handler, fence uint64) (res []byte, err error, panicked any) {
+func (b *Barrier) call(ctx context.Context, h Handler, fence uint64) (res []byte, panicked any, err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			panicked = p
 		}
 	}()
 	res, err = h(ctx, fence)
-	return res, err, nil
+	return res, nil, err
 }
 
 // keep decides whether a failed handler's outcome is stored: Final errors
@@ -381,10 +381,9 @@ func (b *Barrier) lockKey(key string) string {
 
 // status is a record's classification.
 type status struct {
-	state      string // none, done, progress, mismatch, claimed
-	kind       string
-	result     []byte
-	retryAfter time.Duration
+	state  string // none, done, progress, mismatch, claimed
+	kind   string
+	result []byte
 }
 
 func (st status) replay() (Outcome, error) {
@@ -409,9 +408,6 @@ func parseStatus(reply []any) (status, error) {
 		}
 		st.kind = fmt.Sprint(reply[1])
 		st.result = []byte(fmt.Sprint(reply[2]))
-	case "progress":
-		ms, _ := reply[1].(int64)
-		st.retryAfter = max(time.Duration(ms)*time.Millisecond, time.Second)
 	}
 	return st, nil
 }

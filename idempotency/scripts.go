@@ -17,13 +17,13 @@ import "github.com/redis/go-redis/v9"
 // peekScript classifies a request without taking anything.
 //
 //	KEYS[1] record; ARGV[1] fingerprint
-//	reply: {"none"} | {"done", kind, result} | {"progress", pttl} | {"mismatch"}
+//	reply: {"none"} | {"done", kind, result} | {"progress"} | {"mismatch"}
 var peekScript = redis.NewScript(`
 local r = redis.call('HMGET', KEYS[1], 'state', 'fp', 'kind', 'result')
 if not r[1] then return {'none'} end
 if ARGV[1] ~= '' and r[2] ~= '' and r[2] ~= ARGV[1] then return {'mismatch'} end
 if r[1] == 'c' then return {'done', r[3], r[4] or ''} end
-return {'progress', redis.call('PTTL', KEYS[1])}
+return {'progress'}
 `)
 
 // claimScript makes the caller (who holds the key's lock) the owner of the
@@ -33,7 +33,7 @@ return {'progress', redis.call('PTTL', KEYS[1])}
 // unless its fence is higher than ours, which only a double grant produces.
 //
 //	KEYS[1] record; ARGV[1] owner, ARGV[2] fence, ARGV[3] fingerprint, ARGV[4] retention ms
-//	reply: {"claimed"} | {"done", kind, result} | {"mismatch"} | {"progress", pttl}
+//	reply: {"claimed"} | {"done", kind, result} | {"mismatch"} | {"progress"}
 var claimScript = redis.NewScript(`
 local r = redis.call('HMGET', KEYS[1], 'state', 'fp', 'kind', 'result', 'owner', 'fence')
 if r[1] then
@@ -42,7 +42,7 @@ if r[1] then
   -- We hold the key's lock, so another in-progress owner lost its lock:
   -- take over, unless fences say that owner came after us (a double grant).
   if r[5] ~= ARGV[1] and tonumber(ARGV[2]) > 0 and tonumber(r[6] or '0') > tonumber(ARGV[2]) then
-    return {'progress', redis.call('PTTL', KEYS[1])}
+    return {'progress'}
   end
 end
 local fp = ARGV[3]

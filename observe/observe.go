@@ -182,32 +182,6 @@ func Outcome(err error) string {
 	return "error"
 }
 
-// NodeErrors returns every *redlease.NodeError in err's tree (errors.As
-// finds only the first).
-func NodeErrors(err error) []*redlease.NodeError {
-	var out []*redlease.NodeError
-	var walk func(error)
-	walk = func(e error) {
-		if e == nil {
-			return
-		}
-		if ne, ok := e.(*redlease.NodeError); ok {
-			out = append(out, ne)
-			return
-		}
-		switch u := e.(type) {
-		case interface{ Unwrap() []error }:
-			for _, c := range u.Unwrap() {
-				walk(c)
-			}
-		case interface{ Unwrap() error }:
-			walk(u.Unwrap())
-		}
-	}
-	walk(err)
-	return out
-}
-
 func nodeName(ne *redlease.NodeError) string {
 	if ne.Addr != "" {
 		return ne.Addr

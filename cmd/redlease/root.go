@@ -19,18 +19,17 @@ import (
 
 // nodeFlags are the connection settings every command shares.
 type nodeFlags struct {
-	nodes     string
-	username  string
-	password  string
-	tls       bool
-	tlsCA     string
-	prefix    string
-	strategy  string
-	master    string
-	timeout   time.Duration
-	replicas  int
-	maxTTL    time.Duration
-	delayRule bool
+	nodes    string
+	username string
+	password string
+	tls      bool
+	tlsCA    string
+	prefix   string
+	strategy string
+	master   string
+	timeout  time.Duration
+	replicas int
+	maxTTL   time.Duration
 }
 
 func newRoot() *cobra.Command {

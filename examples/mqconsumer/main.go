@@ -111,7 +111,7 @@ func run(ctx context.Context, addr string) error {
 	}
 	msgs, err = c.read(ctx, "A")
 	if err != nil || len(msgs) != 1 {
-		return fmt.Errorf("A read %d messages (%v), want order-7", len(msgs), err)
+		return fmt.Errorf("consumer A read %d messages (%v), want order-7", len(msgs), err)
 	}
 	var aDone sync.WaitGroup
 	var aErr error

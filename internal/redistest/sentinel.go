@@ -55,7 +55,6 @@ func StartReplicaVia(tb TB, primary *Server, via string, cfg Config) *Server {
 type Sentinel struct {
 	Addr string
 	Port int
-	srv  *Server // the process handling (kill, pause) is the same as a server's
 }
 
 // StartSentinels starts n Sentinels monitoring primary under master, with
@@ -138,16 +137,13 @@ sentinel parallel-syncs %s 1
 		_ = c.Close()
 		if up {
 			tb.Cleanup(s.Kill)
-			return &Sentinel{Addr: s.Addr, Port: port, srv: s}
+			return &Sentinel{Addr: s.Addr, Port: port}
 		}
 		s.Kill()
 	}
 	tb.Fatalf("redistest: redis-sentinel would not start")
 	return nil
 }
-
-// Kill stops the Sentinel with SIGKILL.
-func (s *Sentinel) Kill() { s.srv.Kill() }
 
 // Client returns a Sentinel client for this Sentinel, closed on cleanup.
 func (s *Sentinel) Client(tb TB) *redis.SentinelClient {
