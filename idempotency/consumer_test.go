@@ -62,3 +62,20 @@ func TestStreamRedeliveryWhileFirstConsumerRuns(t *testing.T) {
 	assert.True(t, ack, "done by c1: the redelivery is acked without running")
 	assert.EqualValues(t, 1, effects.Load())
 }
+
+// A message re-published under the same id with another payload is
+// refused, not silently replayed.
+func TestHandlePayloadRefusesAChangedMessage(t *testing.T) {
+	consumer := idempotency.NewConsumer(barrier(t, store(t)))
+	ctx := t.Context()
+	ok := func(context.Context, uint64) ([]byte, error) { return []byte("done"), nil }
+	ack, err := consumer.HandlePayload(ctx, "order-9", []byte(`{"amount":100}`), ok)
+	require.NoError(t, err)
+	assert.True(t, ack)
+	ack, err = consumer.HandlePayload(ctx, "order-9", []byte(`{"amount":100}`), ok)
+	require.NoError(t, err)
+	assert.True(t, ack, "the same message again: replayed, ack it")
+	ack, err = consumer.HandlePayload(ctx, "order-9", []byte(`{"amount":999}`), ok)
+	assert.ErrorIs(t, err, idempotency.ErrMismatch)
+	assert.False(t, ack)
+}

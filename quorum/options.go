@@ -89,8 +89,9 @@ func WithQuorum(k int) Option {
 
 // WithWorkersPerNode bounds how many requests may be in flight to one node
 // at a time. Default DefaultWorkersPerNode (8). Workers start as load needs
-// them and stay until Close. For a *redis.Client node each worker holds one
-// of the client's pooled connections, so n must stay below its PoolSize.
+// them and stay until Close. A busy worker uses one of the node client's
+// pooled connections, so for a *redis.Client n must stay below its
+// PoolSize, leaving connections for the client's other users.
 // One node's throughput is at most n / round-trip time; requests beyond
 // what the workers take wait in a queue (up to 4096), and a request still
 // queued at its round's deadline counts as a timeout for that node without

@@ -85,11 +85,15 @@ func TestNewRejectsNonsense(t *testing.T) {
 		{"negative drift", five, []quorum.Option{quorum.WithDriftFactor(-0.1)}},
 		{"drift of 1", five, []quorum.Option{quorum.WithDriftFactor(1)}},
 		{"zero node timeout", five, []quorum.Option{quorum.WithNodeTimeout(0)}},
+		{"zero workers", five, []quorum.Option{quorum.WithWorkersPerNode(0)}},
+		{"workers taking the whole pool", five, []quorum.Option{quorum.WithWorkersPerNode(c.Options().PoolSize)}},
 	}
 	for _, c := range cases {
 		_, err := quorum.New(c.nodes, c.opts...)
 		assert.ErrorIs(t, err, redlease.ErrInvalid, c.name)
 	}
+	_, err := quorum.New(five, quorum.WithWorkersPerNode(c.Options().PoolSize-1))
+	require.NoError(t, err)
 	s, err := quorum.New(five, quorum.WithQuorum(5))
 	require.NoError(t, err)
 	assert.Equal(t, 5, s.Quorum())
