@@ -79,13 +79,13 @@ func (s *Strategy) collectBatch(ctx context.Context, round *fanout.Round, items 
 	agreed, refused = make([]int, items), make([]int, items)
 	n := len(s.nodes)
 	replied := make([]bool, n)
-	undecided := func() bool {
+	decided := func() bool {
 		for j := range items {
 			if agreed[j] < s.quorum && agreed[j]+n-answered >= s.quorum {
-				return true
+				return false
 			}
 		}
-		return false
+		return true
 	}
 	record := func(node int) {
 		r := round.Result(node)
@@ -106,30 +106,8 @@ func (s *Strategy) collectBatch(ctx context.Context, round *fanout.Round, items 
 			}
 		}
 	}
-	for undecided() {
-		select {
-		case i := <-round.Arrived():
-			record(i)
-		case <-round.Expired():
-			for more := true; more && undecided(); {
-				select {
-				case i := <-round.Arrived():
-					record(i)
-				default:
-					more = false
-				}
-			}
-			if undecided() && ctx.Err() == nil {
-				for i, ok := range replied {
-					if !ok {
-						causes = multierror.Append(causes, s.nodeError(i, errNoReply{s.nodeTimeout}))
-					}
-				}
-			}
-			return
-		case <-ctx.Done():
-			return
-		}
+	if await(ctx, round, decided, record) {
+		causes = s.silent(causes, replied)
 	}
 	return
 }

@@ -306,12 +306,22 @@ func (s *Strategy) collect(ctx context.Context, round *fanout.Round, agree func(
 	decided := func() bool {
 		return t.agreed >= s.quorum || len(s.nodes)-t.answered+t.agreed < s.quorum
 	}
+	if await(ctx, round, decided, record) {
+		t.causes = s.silent(t.causes, replied)
+	}
+	return t
+}
+
+// await feeds replies to record until decided says so, ctx is done, or the
+// round's deadline passes; replies that arrived together with the deadline
+// still count. It reports whether the deadline left the round undecided
+// (the nodes that did not reply then count as timed out).
+func await(ctx context.Context, round *fanout.Round, decided func() bool, record func(node int)) (silent bool) {
 	for !decided() {
 		select {
 		case i := <-round.Arrived():
 			record(i)
 		case <-round.Expired():
-			// Replies that arrived together with the deadline still count.
 			for more := true; more && !decided(); {
 				select {
 				case i := <-round.Arrived():
@@ -320,20 +330,22 @@ func (s *Strategy) collect(ctx context.Context, round *fanout.Round, agree func(
 					more = false
 				}
 			}
-			if decided() || ctx.Err() != nil {
-				return t
-			}
-			for i, ok := range replied {
-				if !ok {
-					t.causes = multierror.Append(t.causes, s.nodeError(i, errNoReply{s.nodeTimeout}))
-				}
-			}
-			return t
+			return !decided() && ctx.Err() == nil
 		case <-ctx.Done(): // the requests run on; the caller stops waiting
-			return t
+			return false
 		}
 	}
-	return t
+	return false
+}
+
+// silent adds a timeout cause for every node that has not replied.
+func (s *Strategy) silent(causes *multierror.Error, replied []bool) *multierror.Error {
+	for i, ok := range replied {
+		if !ok {
+			causes = multierror.Append(causes, s.nodeError(i, errNoReply{s.nodeTimeout}))
+		}
+	}
+	return causes
 }
 
 // heldOrUnknown picks the sentinel of an extend or release that fell short:
