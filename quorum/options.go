@@ -35,8 +35,8 @@ func (f optionFunc) apply(s *Strategy) error { return f(s) }
 // Must be in [0, 1).
 func WithDriftFactor(factor float64) Option {
 	return optionFunc(func(s *Strategy) error {
-		if !(factor >= 0 && factor < 1) {
-			return redlease.Invalid("drift factor %v: must be in [0, 1)", factor)
+		if err := drift.CheckFactor(factor); err != nil {
+			return err
 		}
 		s.driftFactor = factor
 		return nil

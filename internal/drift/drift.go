@@ -1,7 +1,11 @@
 // Package drift holds the clock-drift allowance shared by the strategies.
 package drift
 
-import "time"
+import (
+	"time"
+
+	"github.com/redlease/redlease"
+)
 
 const (
 	// DefaultFactor is the share of the TTL allowed for the rate difference
@@ -19,4 +23,13 @@ const (
 // is never still believed held by the client after it is gone.
 func Allowance(ttl time.Duration, factor float64) time.Duration {
 	return time.Duration(float64(ttl)*factor) + Fixed
+}
+
+// CheckFactor rejects a drift factor outside [0, 1) with an error that
+// errors.Is redlease.ErrInvalid.
+func CheckFactor(factor float64) error {
+	if !(factor >= 0 && factor < 1) {
+		return redlease.Invalid("drift factor %v: must be in [0, 1)", factor)
+	}
+	return nil
 }

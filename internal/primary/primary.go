@@ -199,8 +199,8 @@ func NoFencing(c *Config) error {
 // DriftFactor sets the drift factor, which must be in [0, 1).
 func DriftFactor(factor float64) func(*Config) error {
 	return func(c *Config) error {
-		if !(factor >= 0 && factor < 1) {
-			return redlease.Invalid("drift factor %v: must be in [0, 1)", factor)
+		if err := drift.CheckFactor(factor); err != nil {
+			return err
 		}
 		c.DriftFactor = factor
 		return nil
