@@ -34,6 +34,13 @@ type Strategy interface {
 	Release(ctx context.Context, key, token string) error
 }
 
+// ReservedPrefix starts every key that redlease writes for its own
+// bookkeeping: fence counters, the quorum strategy's boot markers. No lock
+// key may start with it: every strategy rejects such a key (and a Locker
+// prefix that puts keys there) with ErrInvalid, so a lock can never land on
+// a counter or a marker, or the other way round.
+const ReservedPrefix = "redlease:"
+
 // Grant is what a Strategy vouches for after a successful Acquire or Extend.
 type Grant struct {
 	// Until is the end of validity on the caller's monotonic clock, with the
