@@ -1,0 +1,362 @@
+package redistest
+
+import (
+	"bytes"
+	"fmt"
+	"net"
+	"sync"
+	"time"
+)
+
+// Gate is a TCP proxy in front of one server that lets a test decide the
+// order in which requests reach the server and replies reach the client,
+// instead of racing sleeps against each other.
+//
+// While a request match is set (HoldRequests), every chunk a client sends
+// that contains the match is kept back instead of forwarded; while a reply
+// match is set (HoldReplies), the reply to such a request is kept back
+// instead. Held chunks wait in one queue per gate, in arrival order, until
+// the test releases them: Step forwards one (the oldest, or the oldest
+// that contains a given string) and, for a request, waits until the server
+// has answered it, so that the server applies released requests in exactly
+// the order the test chose, whatever connection they came on. A held chunk
+// blocks the rest of its connection in that direction, so the order within
+// a connection is kept. Open stops holding and forwards everything held, in
+// order.
+//
+// Handshakes and other traffic that does not contain the match pass
+// through, so clients connect normally.
+type Gate struct {
+	Addr string // where clients connect: 127.0.0.1:port
+
+	upstream string
+	ln       net.Listener
+
+	mu        sync.Mutex
+	reqMatch  []byte // nil: hold no requests
+	replMatch []byte // nil: hold no replies
+	queue     []*held
+	changed   chan struct{} // closed and replaced whenever queue changes
+	conns     map[net.Conn]struct{}
+	closed    bool
+	wg        sync.WaitGroup
+}
+
+// held is one chunk kept back.
+type held struct {
+	data    []byte
+	reply   bool          // a reply on its way to the client, not a request
+	release chan struct{} // closed by the test to forward it
+	sent    chan struct{} // closed once forwarded (and, for a request, answered)
+}
+
+// NewGate starts a gate in front of upstream; tb.Cleanup closes it.
+func NewGate(tb TB, upstream string) *Gate {
+	tb.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatalf("redistest: gate listen: %v", err)
+	}
+	g := &Gate{Addr: ln.Addr().String(), upstream: upstream, ln: ln,
+		changed: make(chan struct{}), conns: map[net.Conn]struct{}{}}
+	g.wg.Go(g.accept)
+	tb.Cleanup(g.Close)
+	return g
+}
+
+// HoldRequests keeps back, from now on, every request chunk that contains
+// match. An empty match holds nothing new (chunks already held stay held).
+func (g *Gate) HoldRequests(match string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.reqMatch = nil
+	if match != "" {
+		g.reqMatch = []byte(match)
+	}
+}
+
+// HoldReplies keeps back, from now on, the reply to every request chunk
+// that contains match.
+func (g *Gate) HoldReplies(match string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.replMatch = nil
+	if match != "" {
+		g.replMatch = []byte(match)
+	}
+}
+
+// Held returns how many chunks are held now.
+func (g *Gate) Held() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return len(g.queue)
+}
+
+// HeldContaining returns how many held chunks contain s.
+func (g *Gate) HeldContaining(s string) int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	n := 0
+	for _, h := range g.queue {
+		if bytes.Contains(h.data, []byte(s)) {
+			n++
+		}
+	}
+	return n
+}
+
+// WaitHeld waits until at least n chunks that contain s ("" for any) are
+// held, or fails after d.
+func (g *Gate) WaitHeld(n int, s string, d time.Duration) error {
+	deadline := time.NewTimer(d)
+	defer deadline.Stop()
+	for {
+		g.mu.Lock()
+		k := 0
+		for _, h := range g.queue {
+			if s == "" || bytes.Contains(h.data, []byte(s)) {
+				k++
+			}
+		}
+		ch := g.changed
+		g.mu.Unlock()
+		if k >= n {
+			return nil
+		}
+		select {
+		case <-ch:
+		case <-deadline.C:
+			return fmt.Errorf("gate %s: %d chunk(s) containing %q held after %v, want %d", g.Addr, k, s, d, n)
+		}
+	}
+}
+
+// Step forwards the oldest held chunk that contains s ("" for the oldest
+// of all) and waits until it was forwarded and, for a request, until the
+// server's reply to it started to arrive (the reply itself may then be
+// held, if a reply match says so). It fails if no such chunk is held, or
+// after d.
+func (g *Gate) Step(s string, d time.Duration) error {
+	g.mu.Lock()
+	var h *held
+	for i, c := range g.queue {
+		if s == "" || bytes.Contains(c.data, []byte(s)) {
+			h = c
+			g.queue = append(g.queue[:i:i], g.queue[i+1:]...)
+			g.changedLocked()
+			break
+		}
+	}
+	g.mu.Unlock()
+	if h == nil {
+		return fmt.Errorf("gate %s: no held chunk contains %q", g.Addr, s)
+	}
+	close(h.release)
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-h.sent:
+		return nil
+	case <-t.C:
+		return fmt.Errorf("gate %s: released chunk not answered within %v", g.Addr, d)
+	}
+}
+
+// Open stops holding and forwards everything held, oldest first.
+func (g *Gate) Open() {
+	g.mu.Lock()
+	g.reqMatch, g.replMatch = nil, nil
+	q := g.queue
+	g.queue = nil
+	g.changedLocked()
+	g.mu.Unlock()
+	for _, h := range q {
+		close(h.release)
+	}
+}
+
+// Close stops the gate and closes every connection through it.
+func (g *Gate) Close() {
+	g.mu.Lock()
+	if g.closed {
+		g.mu.Unlock()
+		return
+	}
+	g.closed = true
+	q := g.queue
+	g.queue = nil
+	for c := range g.conns {
+		_ = c.Close()
+	}
+	g.mu.Unlock()
+	for _, h := range q {
+		close(h.release)
+	}
+	_ = g.ln.Close()
+	g.wg.Wait()
+}
+
+func (g *Gate) changedLocked() {
+	close(g.changed)
+	g.changed = make(chan struct{})
+}
+
+func (g *Gate) track(c net.Conn) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closed {
+		_ = c.Close()
+		return false
+	}
+	g.conns[c] = struct{}{}
+	return true
+}
+
+func (g *Gate) accept() {
+	for {
+		client, err := g.ln.Accept()
+		if err != nil {
+			return
+		}
+		if !g.track(client) {
+			return
+		}
+		g.wg.Go(func() { g.serve(client) })
+	}
+}
+
+// pipe is one client connection and its upstream connection.
+type pipe struct {
+	mu sync.Mutex
+	// answered is closed when the server sends anything (or the connection
+	// ends) after a held request was forwarded; nil when nobody waits.
+	answered chan struct{}
+	ended    bool // the reply side has stopped: answered is closed at once
+	// holdReply: the next reply chunk is to be held.
+	holdReply bool
+}
+
+func (g *Gate) serve(client net.Conn) {
+	defer func() { _ = client.Close() }()
+	server, err := net.DialTimeout("tcp", g.upstream, 2*time.Second)
+	if err != nil {
+		return // the node is down: the client sees its connection closed
+	}
+	if !g.track(server) {
+		return
+	}
+	p := &pipe{}
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		g.copyRequests(p, client, server)
+		_ = server.Close()
+	})
+	g.copyReplies(p, server, client)
+	_ = server.Close()
+	_ = client.Close()
+	wg.Wait()
+	g.mu.Lock()
+	delete(g.conns, client)
+	delete(g.conns, server)
+	g.mu.Unlock()
+}
+
+// copyRequests forwards client → server, holding matching chunks.
+func (g *Gate) copyRequests(p *pipe, client, server net.Conn) {
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := client.Read(buf)
+		if n > 0 {
+			data := append([]byte(nil), buf[:n]...)
+			g.mu.Lock()
+			hold := !g.closed && g.reqMatch != nil && bytes.Contains(data, g.reqMatch)
+			holdReply := g.replMatch != nil && bytes.Contains(data, g.replMatch)
+			var h *held
+			if hold {
+				h = &held{data: data, release: make(chan struct{}), sent: make(chan struct{})}
+				g.queue = append(g.queue, h)
+				g.changedLocked()
+			}
+			g.mu.Unlock()
+			var answered chan struct{}
+			if h != nil {
+				<-h.release
+				answered = make(chan struct{})
+			}
+			p.mu.Lock()
+			p.holdReply = p.holdReply || holdReply
+			if answered != nil {
+				if p.ended {
+					close(answered)
+				} else {
+					p.answered = answered
+				}
+			}
+			p.mu.Unlock()
+			_, werr := server.Write(data)
+			if h != nil {
+				if werr == nil {
+					<-answered // the reply side closes it on data, EOF or error
+				}
+				close(h.sent)
+			}
+			if werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// copyReplies forwards server → client, holding the reply to a request
+// that matched the reply match. A client that went away (it timed out)
+// does not stop it: the server's reply is still read, so a Step waiting
+// for it is told.
+func (g *Gate) copyReplies(p *pipe, server, client net.Conn) {
+	defer func() {
+		p.mu.Lock()
+		p.ended = true
+		if p.answered != nil {
+			close(p.answered)
+			p.answered = nil
+		}
+		p.mu.Unlock()
+	}()
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := server.Read(buf)
+		p.mu.Lock()
+		if p.answered != nil {
+			close(p.answered)
+			p.answered = nil
+		}
+		holdReply := p.holdReply && n > 0
+		if holdReply {
+			p.holdReply = false
+		}
+		p.mu.Unlock()
+		if n > 0 {
+			data := append([]byte(nil), buf[:n]...)
+			if holdReply {
+				h := &held{data: data, reply: true, release: make(chan struct{}), sent: make(chan struct{})}
+				g.mu.Lock()
+				if g.closed {
+					close(h.release)
+				} else {
+					g.queue = append(g.queue, h)
+					g.changedLocked()
+				}
+				g.mu.Unlock()
+				<-h.release
+				close(h.sent)
+			}
+			_, _ = client.Write(data) // a client that went away is not our concern
+		}
+		if err != nil {
+			return
+		}
+	}
+}
