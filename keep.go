@@ -20,10 +20,12 @@ type Keeper interface {
 
 // Revoker is a Strategy that can learn, after the fact, that grants it made
 // are void: the failover strategy, when a Sentinel failover may have
-// dropped locks that the old primary had granted. The Locker hands it every
-// lock it grants; the strategy calls revoke (from any goroutine, without
-// holding its own locks) to mark that lock lost at once, and the Locker
-// calls untrack when the lock is released or lost.
+// dropped locks that the old primary had granted. The Locker calls Track
+// for every acquisition before it sends the request, so a revocation that
+// comes while the grant's reply is on its way is not missed; the strategy
+// calls revoke (from any goroutine, without holding its own locks) to mark
+// that lock lost (at once, or as soon as the grant arrives), and the Locker
+// calls untrack when the attempt fails or the lock is released or lost.
 type Revoker interface {
 	Track(key, token string, revoke func(cause error)) (untrack func())
 }

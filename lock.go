@@ -14,6 +14,9 @@ import (
 //
 // A Lock moves one way: held → released, or held → lost. Once Lost is closed
 // it stays closed and the Lock can no longer be extended; take a new one.
+// Sending a Release ends the hold at once, before any reply: a release that
+// fails in the client may still be applied on the nodes, and another
+// holder may then be granted the key.
 type Lock struct {
 	strategy Strategy
 	key      string // as the caller gave it
@@ -26,8 +29,10 @@ type Lock struct {
 	mu       sync.Mutex
 	until    time.Time
 	cause    error         // non-nil once lost
+	sent     bool          // a Release was sent: whatever came back, the lock claims nothing any more
 	released bool          // a Release confirmed the key gone (or not ours)
-	lost     chan struct{} // made by the first Lost call; closed once lost
+	reported bool          // the Observer was told how the hold ended
+	lost     chan struct{} // made by the first Lost call; closed once lost or a release was sent
 	expiry   *time.Timer   // started by the first Lost call; marks the lock lost at until−margin
 	untrack  func()        // from a Revoker strategy; run once the lock is released or lost
 
@@ -104,8 +109,8 @@ func (lk *Lock) Until() time.Time {
 }
 
 // Valid reports whether the lock is still held as far as this process can
-// tell: not released, not known lost, and Until minus the loss margin not
-// yet passed. A true answer
+// tell: no Release sent, not known lost, and Until minus the loss margin
+// not yet passed. A true answer
 // is only as good as the strategy's assumptions (bounded clock drift, nodes
 // that keep their data) and goes stale immediately; use Fence at the
 // storage for anything that must not happen twice.
@@ -116,13 +121,18 @@ func (lk *Lock) Valid() bool {
 	lk.mu.Lock()
 	defer lk.unlock()
 	lk.checkExpiryLocked()
-	return lk.cause == nil && !lk.released
+	return lk.heldLocked()
 }
 
-// Lost returns a channel that is closed once the lock is known lost: its
-// validity is about to run out (Until minus the loss margin passed without
-// an extension) or an extension found it no longer held. It closes before
-// Until, never after. It is not closed by Release. Err tells why.
+// heldLocked: neither lost nor given up.
+func (lk *Lock) heldLocked() bool { return lk.cause == nil && !lk.sent }
+
+// Lost returns a channel that is closed once the lock is no longer this
+// process's to use: it is known lost (Until minus the loss margin passed
+// without an extension, an extension found it no longer held, or the
+// strategy revoked it), or a Release was sent. It closes before Until,
+// never after. Err tells which: nil after a Release that was confirmed (or
+// is still in flight), an error that errors.Is ErrLost otherwise.
 func (lk *Lock) Lost() <-chan struct{} {
 	if lk == nil {
 		c := make(chan struct{})
@@ -134,18 +144,18 @@ func (lk *Lock) Lost() <-chan struct{} {
 	if lk.lost == nil {
 		lk.lost = make(chan struct{})
 		lk.checkExpiryLocked()
-		switch {
-		case lk.cause != nil:
-			close(lk.lost)
-		case !lk.released:
+		if lk.heldLocked() {
 			lk.expiry = time.AfterFunc(lk.deadlineLocked().Sub(lk.clock.Now()), lk.expire)
+		} else {
+			close(lk.lost)
 		}
 	}
 	return lk.lost
 }
 
 // Err returns nil while the lock has not been lost, and afterwards an error
-// that errors.Is ErrLost and wraps the cause.
+// that errors.Is ErrLost and wraps the cause. A Release that failed counts
+// as a loss (the key may or may not be gone); one that succeeded does not.
 func (lk *Lock) Err() error {
 	if lk == nil {
 		return ErrNotHeld
@@ -196,10 +206,13 @@ func (lk *Lock) applyExtension(g Grant, err error) error {
 	lk.mu.Lock()
 	defer lk.unlock()
 	lk.checkExpiryLocked()
-	if lk.cause != nil || lk.released {
-		// Lost or released while the extension was in flight: the earlier
+	if !lk.heldLocked() {
+		// Lost or given up while the extension was in flight: the earlier
 		// verdict stands.
-		return errors.Join(ErrNotHeld, lk.cause)
+		if lk.cause != nil {
+			return errors.Join(ErrNotHeld, lk.cause)
+		}
+		return fmt.Errorf("%w: released", ErrNotHeld)
 	}
 	lk.until = g.Until
 	if lk.expiry != nil {
@@ -211,9 +224,16 @@ func (lk *Lock) applyExtension(g Grant, err error) error {
 // Release gives the lock up: the key is removed on the strategy's nodes
 // where it is still held under this lock's token. It returns ErrNotHeld if
 // the lock had already expired or been taken over there, which means work
-// done under it may not have been exclusive. After a Release that returned
-// nil or ErrNotHeld, further calls return ErrNotHeld without a round trip;
-// after any other error (ErrUnavailable, ctx) Release may be tried again.
+// done under it may not have been exclusive.
+//
+// The hold ends when the release is sent, whatever comes back: Valid turns
+// false, Extend is refused and Lost closes at once, because a release whose
+// reply never came (ctx cancelled, a slow node) may still be applied, and
+// then another holder can be granted the key. If the release fails, Err
+// reports the lock lost with the failure as its cause; Release may be
+// called again to retry it (ErrUnavailable, ctx). After a Release that
+// returned nil or ErrNotHeld, further calls return ErrNotHeld without a
+// round trip.
 func (lk *Lock) Release(ctx context.Context) error {
 	if lk == nil {
 		return ErrNotHeld
@@ -223,22 +243,24 @@ func (lk *Lock) Release(ctx context.Context) error {
 		lk.unlock()
 		return ErrNotHeld
 	}
+	wasHeld := lk.heldLocked()
+	lk.sent = true // before sending: from here on the key may be gone
+	if wasHeld {
+		lk.endLocked()
+	}
 	lk.unlock()
 
 	ctx, done := observe(ctx, lk.observer, lk.op("release"))
 	err := lk.strategy.Release(ctx, lk.fullKey, lk.token)
 	done(err)
+	lk.mu.Lock()
 	if err == nil || errors.Is(err, ErrNotHeld) {
-		lk.mu.Lock()
-		if lk.observer != nil && lk.cause == nil && !lk.released {
-			lk.observer.Held(lk.op("hold"), time.Since(lk.granted), nil)
-		}
 		lk.released = true
-		if lk.expiry != nil {
-			lk.expiry.Stop()
-		}
-		lk.unlock()
+	} else if lk.cause == nil {
+		lk.cause = fmt.Errorf("%w: %s: release sent but not confirmed: %w", ErrLost, lk.key, err)
 	}
+	lk.reportLocked(lk.cause)
+	lk.unlock()
 	return err
 }
 
@@ -249,10 +271,10 @@ func (lk *Lock) usable() error {
 	defer lk.unlock()
 	lk.checkExpiryLocked()
 	switch {
-	case lk.released:
-		return fmt.Errorf("%w: released", ErrNotHeld)
 	case lk.cause != nil:
 		return errors.Join(ErrNotHeld, lk.cause)
+	case lk.sent:
+		return fmt.Errorf("%w: released", ErrNotHeld)
 	}
 	return nil
 }
@@ -266,7 +288,7 @@ func (lk *Lock) deadlineLocked() time.Time { return lk.until.Add(-lk.margin) }
 // checkExpiryLocked marks the lock lost if its validity (less the margin)
 // has run out.
 func (lk *Lock) checkExpiryLocked() {
-	if lk.cause == nil && !lk.released && !lk.clock.Now().Before(lk.deadlineLocked()) {
+	if lk.heldLocked() && !lk.clock.Now().Before(lk.deadlineLocked()) {
 		lk.markLostLocked(errExpired)
 	}
 }
@@ -276,7 +298,7 @@ func (lk *Lock) expire() {
 	lk.mu.Lock()
 	defer lk.unlock()
 	lk.checkExpiryLocked() // does nothing if an extension moved until meanwhile
-	if lk.cause == nil && !lk.released && lk.expiry != nil {
+	if lk.heldLocked() && lk.expiry != nil {
 		// Not yet, by the lock's clock (extended, or a clock that runs
 		// slower than the timer): look again when it says so.
 		lk.expiry.Reset(max(lk.deadlineLocked().Sub(lk.clock.Now()), time.Millisecond))
@@ -295,7 +317,7 @@ func (lk *Lock) markLost(cause error) {
 // lock there, and calls markLost while holding none.
 func (lk *Lock) unlock() {
 	var untrack func()
-	if lk.untrack != nil && (lk.cause != nil || lk.released) {
+	if lk.untrack != nil && !lk.heldLocked() {
 		untrack, lk.untrack = lk.untrack, nil
 	}
 	lk.mu.Unlock()
@@ -305,17 +327,32 @@ func (lk *Lock) unlock() {
 }
 
 func (lk *Lock) markLostLocked(cause error) {
-	if lk.cause != nil || lk.released {
+	if !lk.heldLocked() {
 		return
 	}
 	lk.cause = fmt.Errorf("%w: %s: %w", ErrLost, lk.key, cause)
-	if lk.observer != nil {
-		lk.observer.Held(lk.op("hold"), time.Since(lk.granted), lk.cause)
-	}
+	lk.reportLocked(lk.cause)
+	lk.endLocked()
+}
+
+// endLocked stops the expiry timer and closes Lost. Call it exactly once,
+// on the way out of held (a loss, or a release sent).
+func (lk *Lock) endLocked() {
 	if lk.expiry != nil {
 		lk.expiry.Stop()
 	}
 	if lk.lost != nil {
 		close(lk.lost)
+	}
+}
+
+// reportLocked tells the Observer, once, how the hold ended (nil: released).
+func (lk *Lock) reportLocked(cause error) {
+	if lk.reported {
+		return
+	}
+	lk.reported = true
+	if lk.observer != nil {
+		lk.observer.Held(lk.op("hold"), time.Since(lk.granted), cause)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"math/rand/v2"
+	"sync"
 	"time"
 )
 
@@ -82,8 +83,13 @@ func (l *Locker) TryLock(ctx context.Context, key string, opts ...LockOption) (*
 // Lock takes key, retrying with jittered exponential backoff (WithRetryDelay)
 // until it is obtained, ctx is done, or WithMaxAttempts attempts are spent.
 // When ctx ends the wait, the error errors.Is both ErrNotObtained and ctx's
-// error. All attempts share one token, so an attempt whose reply was lost
-// but which did take the key is recognised as a grant by the next attempt.
+// error.
+//
+// Every attempt has its own token. A failed attempt's cleanup (the quorum
+// strategy's undo on every node that answered late, the one-primary
+// strategies' release of a grant that was not acknowledged or whose reply
+// was lost) compares the token, so it can only remove that attempt's own
+// writes, never a key that a later attempt counted, however late it lands.
 //
 // Without a ctx deadline and WithMaxAttempts, Lock waits as long as the key
 // stays taken, like sync.Mutex.
@@ -92,18 +98,17 @@ func (l *Locker) Lock(ctx context.Context, key string, opts ...LockOption) (*Loc
 	if err != nil {
 		return nil, err
 	}
-	token := newToken()
 	ctx, done := observe(ctx, l.observer, Op{Name: "wait", Strategy: strategyName(c.strategy), Key: key})
-	lk, err := l.retry(ctx, c, key, token)
+	lk, err := l.retry(ctx, c, key)
 	done(err)
 	return lk, err
 }
 
 // retry is Lock's loop.
-func (l *Locker) retry(ctx context.Context, c lockConfig, key, token string) (*Lock, error) {
+func (l *Locker) retry(ctx context.Context, c lockConfig, key string) (*Lock, error) {
 	var timer *time.Timer
 	for attempt := 1; ; attempt++ {
-		lk, err := l.attempt(ctx, c, key, token)
+		lk, err := l.attempt(ctx, c, key, newToken())
 		if err == nil || !errors.Is(err, ErrNotObtained) {
 			return lk, err
 		}
@@ -128,23 +133,73 @@ func (l *Locker) retry(ctx context.Context, c lockConfig, key, token string) (*L
 	}
 }
 
+// attempt makes one attempt under token, which no other attempt uses.
 func (l *Locker) attempt(ctx context.Context, c lockConfig, key, token string) (*Lock, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, errors.Join(ErrNotObtained, context.Cause(ctx))
 	}
 	full := l.prefix + key
+	// A Revoker tracks the grant from before the request is sent: a
+	// revocation (a failover) that happens while the grant's reply is on
+	// its way must still reach it.
+	var tr *tracking
+	if r, ok := c.strategy.(Revoker); ok {
+		tr = &tracking{}
+		tr.untrack = r.Track(full, token, tr.revoke)
+	}
 	actx, done := observe(ctx, l.observer, Op{Name: "acquire", Strategy: strategyName(c.strategy), Key: key})
 	g, err := c.strategy.Acquire(actx, full, token, c.ttl)
 	done(err)
 	if err != nil {
+		if tr != nil {
+			tr.untrack()
+		}
 		return nil, err
 	}
 	lk := newLock(c.strategy, key, full, token, c.ttl, c.lossMargin(), g)
 	lk.observer, lk.granted, lk.clock = l.observer, time.Now(), l.clock
-	if r, ok := c.strategy.(Revoker); ok {
-		lk.untrack = r.Track(full, token, lk.markLost)
+	if tr != nil {
+		tr.attach(lk)
 	}
 	return lk, nil
+}
+
+// tracking connects a Revoker's revocation to a Lock that may not exist
+// yet: a revocation that arrives before the grant is held back and applied
+// the moment the Lock is made.
+type tracking struct {
+	mu      sync.Mutex
+	lk      *Lock
+	cause   error // a revocation that came before the Lock
+	untrack func()
+}
+
+func (t *tracking) revoke(cause error) {
+	t.mu.Lock()
+	lk := t.lk
+	if lk == nil && t.cause == nil {
+		t.cause = cause
+	}
+	t.mu.Unlock()
+	if lk != nil {
+		lk.markLost(cause)
+	}
+}
+
+// attach hands the tracking over to lk: from now on a revocation marks it
+// lost, and one that already came does so at once. untrack runs once lk is
+// released or lost.
+func (t *tracking) attach(lk *Lock) {
+	lk.mu.Lock()
+	lk.untrack = t.untrack
+	lk.unlock()
+	t.mu.Lock()
+	t.lk = lk
+	cause := t.cause
+	t.mu.Unlock()
+	if cause != nil {
+		lk.markLost(cause)
+	}
 }
 
 // backoff returns the wait before the attempt after attempt n (n >= 1):
@@ -163,9 +218,11 @@ func backoff(n int, minDelay, maxDelay time.Duration) time.Duration {
 }
 
 // newToken returns 128 random bits from crypto/rand, base64url-encoded
-// (22 characters).
+// (22 characters), in one allocation.
 func newToken() string {
 	var b [16]byte
 	_, _ = cryptorand.Read(b[:]) // never fails: crypto/rand.Read aborts the program instead
-	return base64.RawURLEncoding.EncodeToString(b[:])
+	var out [22]byte
+	base64.RawURLEncoding.Encode(out[:], b[:])
+	return string(out[:])
 }

@@ -114,10 +114,11 @@ func TestTryLockHoldsAndExcludes(t *testing.T) {
 	assert.ErrorIs(t, lk.Release(ctx), redlease.ErrNotHeld, "a second release")
 	assert.Equal(t, 1, f.releases, "a second release must not reach the strategy")
 	select {
-	case <-lk.Lost():
-		t.Fatal("Release must not close Lost")
+	case <-lk.Lost(): // a released lock is no longer this process's to use
 	default:
+		t.Fatal("Release must close Lost")
 	}
+	assert.NoError(t, lk.Err(), "a confirmed release is not a loss")
 	assert.ErrorIs(t, lk.Extend(ctx, time.Minute), redlease.ErrNotHeld, "extend after release")
 }
 
@@ -136,16 +137,19 @@ func TestTokensAre128RandomBits(t *testing.T) {
 	}
 }
 
-func TestLockRetriesWithOneToken(t *testing.T) {
+func TestLockRetriesWithATokenPerAttempt(t *testing.T) {
 	f := newFake()
 	f.failNext = []error{redlease.ErrNotObtained, redlease.ErrNotObtained, redlease.ErrNotObtained}
 	l := redlease.New(f, redlease.WithRetryDelay(time.Millisecond, 2*time.Millisecond))
 	lk, err := l.Lock(t.Context(), "k")
 	require.NoError(t, err)
 	require.Len(t, f.acquires, 4)
+	seen := map[string]bool{}
 	for _, tok := range f.acquires {
-		assert.Equal(t, lk.Token(), tok, "every attempt must use the same token")
+		assert.False(t, seen[tok], "attempts must not share a token: a failed attempt's late undo would match a later attempt's key")
+		seen[tok] = true
 	}
+	assert.Equal(t, f.acquires[3], lk.Token(), "the lock carries the token of the attempt that got it")
 }
 
 func TestLockStopsAtMaxAttempts(t *testing.T) {

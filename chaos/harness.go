@@ -9,6 +9,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/redlease/redlease"
 	"github.com/redlease/redlease/internal/redistest"
 )
 
@@ -106,7 +107,7 @@ func (ns *Nodes) StrayKeys(ctx context.Context, pattern string) int {
 			continue
 		}
 		for _, k := range keys {
-			if !strings.HasSuffix(k, ":fence") && k != "redlease:boot" {
+			if !strings.HasPrefix(k, redlease.ReservedPrefix) { // fence counters and boot markers have no TTL, by design
 				n++
 			}
 		}

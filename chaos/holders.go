@@ -71,17 +71,19 @@ func (w *Workload) hold(ctx context.Context, holder string, lk *redlease.Lock) {
 	case <-ctx.Done():
 	}
 	t.Stop()
-	releasedAt := w.Rec.Now()
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-	_ = lk.Release(rctx)
-	cancel()
 	if lostAt < 0 {
 		select {
-		case <-lk.Lost():
+		case <-lk.Lost(): // lost just as the hold ended
 			lostAt = w.Rec.Now()
 		default:
 		}
 	}
+	// The hold ends when the release is sent (Lost closes then too, which
+	// is not a loss).
+	releasedAt := w.Rec.Now()
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+	_ = lk.Release(rctx)
+	cancel()
 	until := w.Rec.At(lk.Until())
 	to := min(until, releasedAt)
 	if lostAt >= 0 {

@@ -119,8 +119,9 @@ func TestScenario03QuorumAmnesiacRestart(t *testing.T) {
 					const ttl = 2 * time.Second
 					if rule { // the nodes have been up for longer than the max TTL
 						for i := range ns.Servers {
-							now, _ := ns.Direct(i).Time(ctx).Result()
-							ns.Direct(i).Set(ctx, "redlease:boot", now.Add(-time.Hour).UnixMilli(), 0)
+							if err := redistest.AgeBootMarker(ctx, ns.Direct(i), time.Hour); err != nil {
+								t.Fatal(err)
+							}
 						}
 					}
 					_, la := quorumLocker(t, ns.Clients("a"), ttl, opts...)

@@ -127,9 +127,10 @@ func (s *Strategy) Release(ctx context.Context, key, token string) error {
 	return s.p.Release(ctx, key, token)
 }
 
-// Track remembers a lock this strategy granted, so that RevokeAll (called
-// by a Watcher on a Sentinel failover) can mark it lost. The Locker calls it;
-// there is no need to call it yourself.
+// Track remembers an acquisition of this strategy, from before its request
+// is sent until untrack, so that RevokeAll (called by a Watcher on a
+// Sentinel failover) can mark the lock lost, even one whose grant was still
+// on its way. The Locker calls it; there is no need to call it yourself.
 func (s *Strategy) Track(key, token string, revoke func(error)) (untrack func()) {
 	g := grant{key, token}
 	s.mu.Lock()

@@ -26,6 +26,10 @@ func (s *Strategy) ExtendBatch(ctx context.Context, items []redlease.Extension) 
 			out[i].Err = err
 			continue
 		}
+		if err := s.checkTTL(it.TTL); err != nil {
+			out[i].Err = err
+			continue
+		}
 		valid = append(valid, i)
 	}
 	// Chunks go out in waves of as many as a node has workers, each wave

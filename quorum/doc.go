@@ -15,7 +15,11 @@
 // the time the round took is already spent. A quorum reached with no
 // validity left is a failure. On any failure the attempt releases the key on
 // every node, each only after that node's own acquire request has returned,
-// so a slow node's late SET cannot leave a key behind until its TTL.
+// so a slow node's late SET cannot leave a key behind until its TTL. That
+// undo compares the attempt's token, and no two attempts share one
+// (Locker.Lock draws a token per attempt): however late an undo lands, it
+// can only remove its own attempt's write, never a key that a later attempt
+// counted.
 //
 // # Extend and Release
 //
@@ -37,18 +41,26 @@
 //
 // # The delayed-restart rule (WithDelayedRestart)
 //
-// A node that restarts without its data forgets the locks it held. If it
+// A node that restarts forgets the locks it had not persisted: all of them
+// without persistence, the newer ones when it comes back from an RDB
+// snapshot or from an append-only file with appendfsync everysec. If it
 // votes again at once, a lock held through a bare majority that included it
 // can be granted a second time. The rule, from the Redlock analysis: a
 // restarted node must not vote for one maximum TTL. Operators forget it, so
 // the client enforces it: each node keeps a boot marker (the key
 // "redlease:boot", no TTL) holding the server time when a redlease client
-// first saw the node's data. The acquire script reads it; if it is missing,
-// the node has lost its data: the script sets it and answers "too young"
-// until the max TTL has passed. A node with persistence keeps its marker
-// across restarts and never sits out. The check runs inside the acquire
-// script, so it costs no round trip; the price is that a fresh node (and a
-// fresh deployment) does not vote for one max TTL.
+// first saw the running server process, and that process's run_id (from
+// INFO server, new on every start). The acquire script compares them; if
+// the marker is missing (the node lost its data) or names another process
+// (the node restarted, whatever it kept), the script resets it and answers
+// "too young" until the max TTL has passed. Every TTL that reaches a node
+// is bounded by the max TTL (Acquire, Extend and ExtendBatch refuse a
+// longer one), so that sitting out the max TTL covers every lock the node
+// may have forgotten. The check runs inside the acquire script, so it costs
+// no round trip; the price is that after every restart, and on a fresh
+// deployment, a node does not vote for one max TTL. Nodes that lose
+// nothing on a restart (appendonly yes, appendfsync always) can be declared
+// with WithDurableNodes and keep their vote when their marker survived.
 //
 // # Fencing (WithFencing)
 //

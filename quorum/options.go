@@ -107,25 +107,45 @@ func WithWorkersPerNode(n int) Option {
 }
 
 // WithDelayedRestart enforces the delayed-restart rule in the client: a node
-// that lost its data (restarted without persistence, or new) does not vote
-// until maxTTL has passed since a redlease client first saw it without
-// data, so that no lock it forgot can still be held through the other
-// nodes. maxTTL must be at least the longest TTL any client uses on these
-// nodes; Acquire rejects a longer ttl. Default off.
+// that restarted (a new server process), or lost its data, does not vote
+// until maxTTL has passed since a redlease client first saw it, so that no
+// lock it forgot can still be held through the other nodes. maxTTL must be
+// at least the longest TTL any client uses on these nodes; Acquire, Extend
+// and ExtendBatch reject a longer ttl (an extension past maxTTL would
+// outlive a restarted node's wait). Default off.
 //
 // It costs no extra round trip (the check is inside the acquire script; see
-// the package documentation for the boot marker). The price: after a real
-// restart without persistence, and on a fresh deployment, each node sits out
-// one maxTTL — a fresh deployment grants nothing for maxTTL. With
-// appendonly yes and appendfsync always on every node the rule is not
-// needed. It needs standalone nodes (one marker per node), not Cluster
-// clients.
+// the package documentation for the boot marker). Every restart counts,
+// including one from an RDB snapshot or an append-only file with
+// appendfsync everysec: those bring the marker back but may have lost newer
+// locks. The price: after every restart, and on a fresh deployment, each
+// node sits out one maxTTL — a fresh deployment grants nothing for maxTTL.
+// Nodes that lose nothing on a restart (appendonly yes, appendfsync
+// always) can keep their vote: see WithDurableNodes. It needs standalone
+// nodes (one marker per node), not Cluster clients.
 func WithDelayedRestart(maxTTL time.Duration) Option {
 	return optionFunc(func(s *Strategy) error {
 		if maxTTL < time.Millisecond {
 			return redlease.Invalid("delayed-restart max TTL %v: must be at least 1ms", maxTTL)
 		}
 		s.maxTTL = maxTTL
+		return nil
+	})
+}
+
+// WithDurableNodes declares that every node runs appendonly yes with
+// appendfsync always, so a restart loses no acknowledged write: under the
+// delayed-restart rule a node that restarts with its boot marker keeps its
+// vote (one that lost its data still sits out maxTTL). It needs
+// WithDelayedRestart. Default off: every restart sits out.
+//
+// The client cannot verify the declaration; `redlease doctor --durable`
+// checks each node's settings. A node declared durable that restarts from
+// an older snapshot votes at once and can grant a lock that is still held
+// elsewhere.
+func WithDurableNodes() Option {
+	return optionFunc(func(s *Strategy) error {
+		s.durable = true
 		return nil
 	})
 }

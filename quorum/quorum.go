@@ -29,6 +29,8 @@ type Strategy struct {
 	workers     int
 	maxTTL      time.Duration // delayed-restart rule; 0: off
 	maxTTLArg   any           // maxTTL in ms, boxed once for the script
+	durable     bool          // WithDurableNodes
+	durableArg  any           // script.Durable or NotDurable, boxed once
 	clock       redlease.Clock
 
 	fan *fanout.Nodes // per-node workers; Close stops them
@@ -68,7 +70,13 @@ func New(nodeClients []redis.UniversalClient, opts ...Option) (*Strategy, error)
 			return nil, err
 		}
 	}
-	s.maxTTLArg = any(script.RuleOff)
+	s.maxTTLArg, s.durableArg = any(script.RuleOff), any(script.NotDurable)
+	if s.durable {
+		if s.maxTTL == 0 {
+			return nil, redlease.Invalid("quorum: WithDurableNodes qualifies the delayed-restart rule; give WithDelayedRestart too")
+		}
+		s.durableArg = any(script.Durable)
+	}
 	if s.maxTTL > 0 {
 		s.maxTTLArg = any(strconv.FormatInt(s.maxTTL.Milliseconds(), 10))
 		for i, c := range s.nodes {
@@ -125,11 +133,11 @@ func (s *Strategy) Acquire(ctx context.Context, key, token string, ttl time.Dura
 	if err := script.Check(key, token, ttl, s.driftFactor); err != nil {
 		return redlease.Grant{}, err
 	}
+	if err := s.checkTTL(ttl); err != nil {
+		return redlease.Grant{}, err
+	}
 	if err := ctx.Err(); err != nil {
 		return redlease.Grant{}, errors.Join(redlease.ErrNotObtained, context.Cause(ctx))
-	}
-	if s.maxTTL > 0 && ttl > s.maxTTL {
-		return redlease.Grant{}, redlease.Invalid("ttl %v exceeds the delayed-restart max TTL %v", ttl, s.maxTTL)
 	}
 	k := any(key) // boxed once, passed for every key the script does not touch
 	mode, fenceKey, marker := any(script.NoFence), k, k
@@ -139,7 +147,7 @@ func (s *Strategy) Acquire(ctx context.Context, key, token string, ttl time.Dura
 	if s.maxTTL > 0 {
 		marker = any(script.BootMarker)
 	}
-	line := script.Acquire.Args(k, fenceKey, marker, token, ttl.Milliseconds(), mode, s.maxTTLArg)
+	line := script.Acquire.Args(k, fenceKey, marker, token, ttl.Milliseconds(), mode, s.maxTTLArg, s.durableArg)
 
 	// 1. Fan out.
 	start := s.clock.Now()
@@ -178,6 +186,17 @@ func (s *Strategy) Acquire(ctx context.Context, key, token string, ttl time.Dura
 	return redlease.Grant{Until: until, Fence: fence}, nil
 }
 
+// checkTTL applies the delayed-restart rule's bound to every TTL that
+// reaches a node: a node that restarts empty sits out maxTTL, which covers
+// only locks that never live longer than that, however they got there
+// (acquired or extended).
+func (s *Strategy) checkTTL(ttl time.Duration) error {
+	if s.maxTTL > 0 && ttl > s.maxTTL {
+		return redlease.Invalid("ttl %v exceeds the delayed-restart max TTL %v", ttl, s.maxTTL)
+	}
+	return nil
+}
+
 // raiseFence is phase 2 of fencing: raise every node's counter to at least
 // fence and collect a quorum of nodes that still hold our token. Why this
 // makes fences rise across holders is in the package documentation.
@@ -192,6 +211,9 @@ func (s *Strategy) raiseFence(ctx context.Context, key, fenceKey, token any, fen
 // extension is not undone: those keys are ours and expire on their own.
 func (s *Strategy) Extend(ctx context.Context, key, token string, ttl time.Duration) (redlease.Grant, error) {
 	if err := script.Check(key, token, ttl, s.driftFactor); err != nil {
+		return redlease.Grant{}, err
+	}
+	if err := s.checkTTL(ttl); err != nil {
 		return redlease.Grant{}, err
 	}
 	line := script.Extend.Args(key, token, ttl.Milliseconds())

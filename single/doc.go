@@ -21,8 +21,10 @@
 // # Redis Cluster
 //
 // A Cluster client works: the fence counter's key shares the lock key's hash
-// slot. It is key+":fence" when key has a hash tag ("{order:7}:lock" →
-// "{order:7}:lock:fence") and "{"+key+"}:fence" otherwise ("order:7" →
-// "{order:7}:fence"). Keys that contain '}' without a valid hash tag are
-// rejected, since no same-slot companion can be built for them.
+// slot. It lies in the reserved namespace (redlease.ReservedPrefix, which no
+// lock key may enter): "redlease:fence:tag:"+key when key has a hash tag
+// ("{order:7}:lock" → "redlease:fence:tag:{order:7}:lock") and
+// "redlease:fence:{"+key+"}" otherwise ("order:7" →
+// "redlease:fence:{order:7}"). Keys that contain '}' without a valid hash
+// tag are rejected, since no same-slot companion can be built for them.
 package single

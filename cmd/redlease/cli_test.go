@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -196,6 +197,26 @@ func TestDoctorSaysWhatIsUnsafe(t *testing.T) {
 	assert.Contains(t, out, "appendfsync always")
 	assert.NotContains(t, out, "UNSAFE")
 	assert.Contains(t, out, "clock skew")
+}
+
+// An RDB-only or appendfsync-everysec node forgets newer locks on a
+// restart while keeping its boot marker: declaring such nodes durable is
+// unsafe; with the rule sitting out every restart it is not.
+func TestDoctorRefusesDurableClaimForRDBAndEverysec(t *testing.T) {
+	rdb := redistest.Start(t, redistest.Config{Args: []string{"--save", "60 1"}})
+	everysec := redistest.Start(t, redistest.Config{Args: []string{"--appendonly", "yes", "--appendfsync", "everysec"}})
+	always := redistest.Start(t, redistest.Config{Persist: true})
+	env := nodesEnv([]*redistest.Server{rdb, everysec, always})
+	out, code := cli(t, env, "doctor", "--ttl", "1ms", "--max-ttl", "1s", "--durable")
+	assert.Equal(t, 1, code, out)
+	for _, s := range []*redistest.Server{rdb, everysec} {
+		assert.Regexp(t, `UNSAFE\s+`+regexp.QuoteMeta(s.Addr)+`: declared durable`, out)
+	}
+	assert.Regexp(t, `ok\s+`+regexp.QuoteMeta(always.Addr)+`: appendonly with appendfsync always`, out)
+
+	out, code = cli(t, env, "doctor", "--ttl", "1ms", "--max-ttl", "1s")
+	assert.Zero(t, code, out)
+	assert.Contains(t, out, "every restart of this process sits out the max TTL")
 }
 
 func TestUsageErrors(t *testing.T) {

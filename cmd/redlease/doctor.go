@@ -35,7 +35,7 @@ func newDoctor(nf *nodeFlags) *cobra.Command {
 			if maxTTL == 0 {
 				maxTTL = 30 * time.Second
 			}
-			findings := doctor(c.Context(), c.OutOrStdout(), cs, nf.addrsOrNil(), maxTTL, nf.maxTTL > 0)
+			findings := doctor(c.Context(), c.OutOrStdout(), cs, nf.addrsOrNil(), maxTTL, rule{on: nf.maxTTL > 0, durable: nf.durable})
 			unsafe := 0
 			for _, f := range findings {
 				mark := "ok  "
@@ -55,9 +55,15 @@ func newDoctor(nf *nodeFlags) *cobra.Command {
 	return cmd
 }
 
+// rule is how the delayed-restart rule is used (--max-ttl, --durable).
+type rule struct {
+	on      bool // the client enforces it
+	durable bool // nodes declared to lose nothing on a restart
+}
+
 // doctor checks every node and the set, prints a table, and returns what
 // it found.
-func doctor(ctx context.Context, w io.Writer, cs []redis.UniversalClient, addrs []string, maxTTL time.Duration, delayedRestart bool) []finding {
+func doctor(ctx context.Context, w io.Writer, cs []redis.UniversalClient, addrs []string, maxTTL time.Duration, dr rule) []finding {
 	if ctx == nil {
 		ctx = context.Background()
 	}
@@ -96,14 +102,24 @@ func doctor(ctx context.Context, w io.Writer, cs []redis.UniversalClient, addrs 
 		switch {
 		case aof == "yes" && fsync == "always":
 			add(node, false, "appendonly with appendfsync always: a restart keeps every lock")
-		case delayedRestart:
-			add(node, false, "no fsync-always persistence (appendonly %s, appendfsync %s), but the client enforces the delayed-restart rule", aof, fsync)
+		case dr.on && dr.durable:
+			// RDB only: a restart brings back the last snapshot, which has the
+			// boot marker but not the locks taken since. everysec: the last
+			// second of writes can be lost. Either way the node would vote at
+			// once after a restart that forgot locks still held elsewhere.
+			add(node, true, "declared durable (--durable) but appendonly %s, appendfsync %s: a restart from a snapshot or a lost second of AOF forgets newer locks, and a durable node votes again at once; use appendfsync always, or drop --durable (every restart then sits out --max-ttl)", aof, fsync)
+		case dr.on:
+			add(node, false, "appendonly %s, appendfsync %s: a restart may forget locks, but every restart of this process sits out the max TTL (delayed-restart rule, run_id in the boot marker)", aof, fsync)
 		case len(cs) > 1:
 			add(node, true, "appendonly %s, appendfsync %s: a crash loses locks it held and it votes again at once; use appendfsync always, or --max-ttl (quorum.WithDelayedRestart)", aof, fsync)
 		default:
 			add(node, true, "appendonly %s, appendfsync %s: a crash loses every lock", aof, fsync)
 		}
-		if time.Duration(uptime)*time.Second < maxTTL {
+		switch {
+		case time.Duration(uptime)*time.Second >= maxTTL:
+		case dr.on && !dr.durable:
+			add(node, false, "up only %ds, less than the max TTL %v: it does not vote until the max TTL has passed (delayed-restart rule)", uptime, maxTTL)
+		default:
 			add(node, true, "up only %ds, less than the max TTL %v: if it lost its data, locks it forgot may still be held elsewhere", uptime, maxTTL)
 		}
 		if len(cs) == 1 && repl["connected_slaves"] != "0" {

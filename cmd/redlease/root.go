@@ -30,6 +30,7 @@ type nodeFlags struct {
 	timeout  time.Duration
 	replicas int
 	maxTTL   time.Duration
+	durable  bool
 }
 
 func newRoot() *cobra.Command {
@@ -51,7 +52,8 @@ func newRoot() *cobra.Command {
 	pf.StringVar(&nf.master, "master", "", "Sentinel master name (--strategy failover)")
 	pf.DurationVar(&nf.timeout, "node-timeout", quorum.DefaultNodeTimeout, "quorum: how long one round waits for the nodes")
 	pf.IntVar(&nf.replicas, "replicas", failover.DefaultReplicas, "failover: replicas that must acknowledge each write")
-	pf.DurationVar(&nf.maxTTL, "max-ttl", 0, "quorum: enforce the delayed-restart rule for TTLs up to this (0: off)")
+	pf.DurationVar(&nf.maxTTL, "max-ttl", 0, "quorum: enforce the delayed-restart rule for TTLs up to this (0: off): a restarted node sits out this long")
+	pf.BoolVar(&nf.durable, "durable", false, "quorum with --max-ttl: declare every node appendonly yes + appendfsync always, so a restart that kept its data keeps its vote (doctor checks it)")
 	root.AddCommand(newRun(&nf), newInspect(&nf), newDoctor(&nf))
 	return root
 }
@@ -168,6 +170,9 @@ func (nf *nodeFlags) strategyFor() (s redlease.Strategy, name string, stop func(
 		opts := []quorum.Option{quorum.WithFencing(), quorum.WithNodeTimeout(nf.timeout)}
 		if nf.maxTTL > 0 {
 			opts = append(opts, quorum.WithDelayedRestart(nf.maxTTL))
+		}
+		if nf.durable {
+			opts = append(opts, quorum.WithDurableNodes())
 		}
 		q, err := quorum.New(cs, opts...)
 		if err != nil {

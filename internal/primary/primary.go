@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -73,11 +74,20 @@ func (p *Primary) Acquire(ctx context.Context, key, token string, ttl time.Durat
 	}
 	start := p.cfg.Clock.Now()
 	v, err := p.run(ctx, script.Acquire, script.Acquire.Args(k, fenceKey, k, token, ttl.Milliseconds(), mode, any(script.RuleOff)))
+	// Every undo below compares this attempt's token (the Locker gives each
+	// attempt its own), so however late it lands it removes only what this
+	// attempt wrote, never a key a later attempt holds.
 	switch {
 	case errors.Is(err, redlease.ErrNotReplicated) && v != script.Taken:
 		_ = p.Release(context.WithoutCancel(ctx), key, token)
 		return redlease.Grant{}, errors.Join(redlease.ErrNotObtained, err)
 	case err != nil:
+		if !notSent(err) {
+			// The script may have run and its reply been lost (a timeout,
+			// a cut connection), or failed after its SET: without this the
+			// key would block every other attempt until its TTL.
+			_ = p.Release(context.WithoutCancel(ctx), key, token)
+		}
 		return redlease.Grant{}, p.fail(ctx, redlease.ErrNotObtained, err)
 	case v == script.Taken:
 		return redlease.Grant{}, redlease.ErrNotObtained
@@ -88,6 +98,14 @@ func (p *Primary) Acquire(ctx context.Context, key, token string, ttl time.Durat
 		return redlease.Grant{}, fmt.Errorf("%w: no validity left after %v", redlease.ErrNotObtained, p.cfg.Clock.Now().Sub(start))
 	}
 	return redlease.Grant{Until: until, Fence: uint64(v)}, nil
+}
+
+// notSent reports whether err proves the request never reached the server
+// (no connection could be made, or the server did not know the script), so
+// that it wrote nothing to undo.
+func notSent(err error) bool {
+	var op *net.OpError
+	return (errors.As(err, &op) && op.Op == "dial") || errors.Is(err, redis.ErrPoolTimeout) || script.IsNoScript(err)
 }
 
 // Extend resets key's TTL if it still holds token, in one round trip. An

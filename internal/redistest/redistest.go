@@ -22,6 +22,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/redlease/redlease/internal/script"
 )
 
 // TB is the part of testing.TB the harness needs; *testing.T and *testing.B
@@ -373,4 +375,29 @@ func FreePort(tb TB) int {
 		tb.Fatalf("redistest: no free port: %v", err)
 	}
 	return p
+}
+
+// AgeBootMarker sets c's boot marker (quorum's delayed-restart rule) as if
+// a client had first seen the running server process age ago: the node
+// votes at once. It is how a test says "these nodes have been up for
+// long" without waiting.
+func AgeBootMarker(ctx context.Context, c redis.UniversalClient, age time.Duration) error {
+	now, err := c.Time(ctx).Result()
+	if err != nil {
+		return err
+	}
+	info, err := c.Info(ctx, "server").Result()
+	if err != nil {
+		return err
+	}
+	var runID string
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "run_id:"); ok {
+			runID = v
+		}
+	}
+	if runID == "" {
+		return fmt.Errorf("redistest: no run_id in INFO server")
+	}
+	return c.Set(ctx, script.BootMarker, script.Marker(now.Add(-age).UnixMilli(), runID), 0).Err()
 }

@@ -6,13 +6,16 @@
 // Keys: a lock is stored at its key with the holder's token as the plain
 // string value (the layout redsync uses too, so a redsync mutex and a redlease
 // lock on the same name exclude each other). The fence counter of a lock lives
-// beside it, at FenceKey(key), without a TTL: fences must never go backwards,
-// and a counter that expired would restart at 1.
+// at FenceKey(key), in the same cluster slot, without a TTL: fences must never
+// go backwards, and a counter that expired would restart at 1. Fence
+// counters and boot markers are in the reserved namespace
+// (redlease.ReservedPrefix), which Check keeps lock keys out of.
 package script
 
 import (
 	"context"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -36,27 +39,44 @@ const Taken = -1
 // already holds our token (a retried request whose first reply was lost).
 //
 // With the delayed-restart rule on (ARGV[4] > 0), it first checks the node's
-// boot marker, a key without TTL holding the server time (ms) when a
-// redlease client first saw this node's data. A missing marker means the
-// node has no data it had before (a restart without persistence, or a new
-// node): the marker is set now, and the node refuses to vote ("too young")
-// until ARGV[4] ms — the longest TTL any client uses — have passed, so that
-// no lock it forgot can still be held elsewhere. It costs no extra round
-// trip: the check is part of the acquire.
+// boot marker, a key without TTL holding "<ms>:<run_id>": the server time
+// when a redlease client first saw this server process, and that process's
+// run_id (INFO server; a new one on every start). A missing marker (the node
+// lost its data), a marker from another process (the node restarted, maybe
+// from an older snapshot or an append-only file that lost its last second,
+// and forgot newer locks while keeping the marker), or a marker in the
+// future (the clock went back) starts the count again: the marker is set
+// now, and the node refuses to vote ("too young") until ARGV[4] ms — the
+// longest TTL any client uses — have passed, so that no lock it forgot can
+// still be held elsewhere. With ARGV[5] = "1" (nodes declared durable:
+// appendfsync always) a restarted process that kept its marker keeps its
+// vote; the marker only takes the new run_id. It costs no extra round trip:
+// the check is part of the acquire.
 //
 //	KEYS[1] lock key, KEYS[2] fence counter key, KEYS[3] boot marker key
 //	ARGV[1] token, ARGV[2] ttl in ms, ARGV[3] mode (NoFence, IncrFence, ReadFence),
-//	ARGV[4] delayed-restart max TTL in ms ("0": rule off)
+//	ARGV[4] delayed-restart max TTL in ms ("0": rule off),
+//	ARGV[5] "1" if nodes are declared durable (read only with the rule on)
 //	reply: Taken, TooYoung, or the fence (0 with NoFence)
 var Acquire = newScript(3, `
 if ARGV[4] ~= '0' then
   local t = redis.call('TIME')
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  local boot = tonumber(redis.call('GET', KEYS[3]) or '-1')
-  if boot < 0 or now < boot then
-    -- no marker (data lost), or the clock went back before it: start over
-    redis.call('SET', KEYS[3], now)
+  local run = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')
+  if not run then
+    return redis.error_reply('redlease: INFO server shows no run_id, so a restart cannot be told; the delayed-restart rule needs it')
+  end
+  local boot, seen
+  local m = redis.call('GET', KEYS[3])
+  if m then
+    local b, r = string.match(m, '^(%d+):(%x+)$')
+    boot, seen = tonumber(b), r
+  end
+  if boot == nil or now < boot or (seen ~= run and ARGV[5] ~= '1') then
+    redis.call('SET', KEYS[3], now .. ':' .. run)
     boot = now
+  elseif seen ~= run then
+    redis.call('SET', KEYS[3], boot .. ':' .. run)
   end
   if now - boot < tonumber(ARGV[4]) then
     return -2
@@ -86,7 +106,19 @@ const TooYoung = -2
 // BootMarker is the key of a node's boot marker (see Acquire). It is one
 // key per node, so the delayed-restart rule is for standalone nodes, not
 // Cluster clients.
-const BootMarker = "redlease:boot"
+const BootMarker = redlease.ReservedPrefix + "boot"
+
+// Marker returns a boot marker's value: the time (ms since the epoch) a
+// client first saw the server process runID. Tests use it to age a marker.
+func Marker(ms int64, runID string) string {
+	return strconv.FormatInt(ms, 10) + ":" + runID
+}
+
+// Durable and NotDurable are ARGV[5] of Acquire.
+const (
+	Durable    = "1"
+	NotDurable = "0"
+)
 
 // RuleOff is ARGV[4] of Acquire with the delayed-restart rule off.
 const RuleOff = "0"
@@ -232,24 +264,32 @@ return out
 // keys take well under a millisecond).
 const MaxBatch = 500
 
-// FenceKey returns the key of the fence counter that belongs to key, chosen
-// so that both hash to the same Redis Cluster slot (a script may only touch
-// keys of one slot):
+// FenceKey returns the key of the fence counter that belongs to key. It
+// lies in the reserved namespace (redlease.ReservedPrefix), which no lock
+// key may enter, and is chosen so that both hash to the same Redis Cluster
+// slot (a script may only touch keys of one slot):
 //
-//   - key with a hash tag ("{order:7}:lock"): key + ":fence", which keeps the tag;
-//   - key without braces ("order:7"): "{order:7}:fence", which tags the whole key.
+//   - key with a hash tag ("{order:7}:lock"): "redlease:fence:tag:" + key,
+//     which keeps the tag as the first one;
+//   - key without braces ("order:7"): "redlease:fence:{" + key + "}", which
+//     tags the whole key.
 //
-// A key that contains '}' but no valid hash tag cannot be given a
-// same-slot companion; ok is false and the caller must reject it.
+// The two forms cannot meet (after "redlease:fence:" one goes on with "tag:",
+// the other with "{"), and each is one to one, so two lock keys never share
+// a counter. A key that contains '}' but no valid hash tag cannot be given
+// a same-slot companion; ok is false and the caller must reject it.
 func FenceKey(key string) (fk string, ok bool) {
 	if hasHashTag(key) {
-		return key + ":fence", true
+		return fencePrefix + "tag:" + key, true
 	}
 	if strings.IndexByte(key, '}') >= 0 {
 		return "", false
 	}
-	return "{" + key + "}:fence", true
+	return fencePrefix + "{" + key + "}", true
 }
+
+// fencePrefix starts every fence counter key.
+const fencePrefix = redlease.ReservedPrefix + "fence:"
 
 // MustFenceKey is FenceKey for a key that passed Check.
 func MustFenceKey(key string) string {
@@ -287,6 +327,8 @@ func Check(key, token string, ttl time.Duration, driftFactor float64) error {
 			ttl, drift.Allowance(ttl, driftFactor))
 	case !hasHashTag(key) && strings.IndexByte(key, '}') >= 0:
 		return redlease.Invalid("key %q: contains '}' without a hash tag, so no fence key can share its cluster slot", key)
+	case strings.HasPrefix(key, redlease.ReservedPrefix):
+		return redlease.Invalid("key %q: keys starting with %q are redlease's own (fence counters, boot markers)", key, redlease.ReservedPrefix)
 	}
 	return nil
 }

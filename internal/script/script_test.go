@@ -13,12 +13,14 @@ func TestFenceKeySharesTheSlot(t *testing.T) {
 		key, want string
 		ok        bool
 	}{
-		{"order:7", "{order:7}:fence", true},
-		{"{order:7}:lock", "{order:7}:lock:fence", true},
-		{"a{b}c", "a{b}c:fence", true},
-		{"a{}b", "{a{}b}:fence", false}, // empty tag: whole key hashed, and it holds '}'
+		{"order:7", "redlease:fence:{order:7}", true},
+		{"{order:7}:lock", "redlease:fence:tag:{order:7}:lock", true},
+		{"a{b}c", "redlease:fence:tag:a{b}c", true},
+		{"{a}", "redlease:fence:tag:{a}", true}, // not the counter of "a"
+		{"a", "redlease:fence:{a}", true},
+		{"a{}b", "", false}, // empty tag: whole key hashed, and it holds '}'
 		{"a}b", "", false},
-		{"{", "{{}:fence", true}, // no '}' at all: wrapping makes the whole key the tag
+		{"{", "redlease:fence:{{}", true}, // no '}' at all: wrapping makes the whole key the tag
 	}
 	for _, c := range cases {
 		got, ok := FenceKey(c.key)
@@ -44,6 +46,10 @@ func TestCheckRejectsWhatCannotWork(t *testing.T) {
 		{"k", "t", 999 * time.Microsecond, false},
 		{"k", "t", 2 * time.Millisecond, false}, // all of it eaten by the 2 ms drift allowance
 		{"a}b", "t", time.Second, false},
+		{"redlease:boot", "t", time.Second, false},      // the reserved namespace
+		{"redlease:fence:{a}", "t", time.Second, false}, // another lock's fence counter
+		{"{redlease:x}", "t", time.Second, true},        // outside it: only the prefix is reserved
+		{"lock:redlease:x", "t", time.Second, true},
 	}
 	for _, c := range cases {
 		err := Check(c.key, c.token, c.ttl, 0.01)

@@ -1,0 +1,451 @@
+package redlease_test
+
+// Attacks on mutual exclusion, each with a forced order of events: requests
+// and replies held in a Gate (a proxy the test steps through), processes
+// killed and restarted. None of them races a sleep against a sleep. Each
+// failed on the code before its fix; the closing note of the issue that
+// added them shows that output.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/redlease/redlease"
+	"github.com/redlease/redlease/failover"
+	"github.com/redlease/redlease/internal/redistest"
+	"github.com/redlease/redlease/internal/script"
+	"github.com/redlease/redlease/quorum"
+	"github.com/redlease/redlease/single"
+)
+
+// slowClient is a go-redis client with default options except a read
+// timeout long enough that a held request is not given up on by go-redis
+// while the test steps the gate (the scenario does not depend on go-redis
+// giving up; the round deadline of the strategy is what expires).
+func slowClient(t *testing.T, addr string) *redis.Client {
+	c := redis.NewClient(&redis.Options{Addr: addr, ReadTimeout: 30 * time.Second})
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// quorumOver builds a quorum strategy over clients, closed by t.Cleanup.
+func quorumOver(t *testing.T, cs []redis.UniversalClient, opts ...quorum.Option) *quorum.Strategy {
+	q, err := quorum.New(cs, opts...)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = q.Close() })
+	return q
+}
+
+// settleKeys waits until every node agrees on whether key exists (a quorum
+// strategy returns at a majority; the rest of its writes land after).
+func directClients(t *testing.T, servers []*redistest.Server) []redis.UniversalClient {
+	cs := make([]redis.UniversalClient, len(servers))
+	for i, s := range servers {
+		cs[i] = s.Client()
+	}
+	return cs
+}
+
+// Defect 1, quorum. Lock retries after a failed attempt; the failed
+// attempt's undo runs when its node answers, which can be after the next
+// attempt counted that node. Forced order on each of nodes 0–2 (3 and 4 are
+// down): attempt 1's acquire is held until attempt 1 has failed and attempt
+// 2's acquire is held behind it; then attempt 1's acquire is applied, then
+// attempt 2's, then attempt 1's undo. When all attempts share a token,
+// attempt 2 counts nodes whose key the undo then deletes, and a second
+// client is granted the lock while the first still holds it.
+func TestRetryUndoCannotDeleteALaterAttemptsKey(t *testing.T) {
+	ctx := t.Context()
+	servers := redistest.StartN(t, 5, redistest.Config{})
+	gates := make([]*redistest.Gate, 5)
+	clients := make([]redis.UniversalClient, 5)
+	for i, s := range servers {
+		loadScripts(t, s.Client())
+		gates[i] = redistest.NewGate(t, s.Addr)
+		clients[i] = slowClient(t, gates[i].Addr)
+		require.NoError(t, clients[i].Ping(ctx).Err())
+	}
+	const key = "attack:retry-undo"
+	for i := 0; i < 3; i++ {
+		gates[i].HoldRequests(key)
+	}
+	servers[3].Kill()
+	servers[4].Kill()
+
+	// A round lasts 1 s, so each step below has most of a second, and the
+	// retry comes at once.
+	qa := quorumOver(t, clients, quorum.WithNodeTimeout(time.Second))
+	la := redlease.New(qa, redlease.WithTTL(20*time.Second), redlease.WithRetryDelay(time.Millisecond, time.Millisecond))
+	got := lockAsync(ctx, la, key)
+
+	acquireSHA, releaseSHA := script.Acquire.Hash(), script.Release.Hash()
+	// Attempt 1 failed (its round expired with no votes) and attempt 2's
+	// acquire is held behind attempt 1's on each live node.
+	for i := 0; i < 3; i++ {
+		require.NoError(t, gates[i].WaitHeld(2, acquireSHA, 10*time.Second), "node %d", i)
+	}
+	for i := 0; i < 3; i++ {
+		// Attempt 1's acquire reaches node i; its reply makes the failed
+		// attempt send its undo, which the gate holds too.
+		require.NoError(t, gates[i].Step(acquireSHA, 10*time.Second), "node %d", i)
+		require.NoError(t, gates[i].WaitHeld(1, releaseSHA, 10*time.Second), "node %d: the failed attempt's undo", i)
+	}
+	for i := 0; i < 3; i++ {
+		// Attempt 2's acquire, before attempt 1's undo.
+		require.NoError(t, gates[i].Step(acquireSHA, 10*time.Second), "node %d", i)
+	}
+	for i := 0; i < 3; i++ {
+		// Now the undo lands, and from here on everything flows.
+		require.NoError(t, gates[i].Step(releaseSHA, 10*time.Second), "node %d", i)
+		gates[i].Open()
+	}
+	r := <-got
+	require.NoError(t, r.err)
+	a := r.lk
+
+	// Nodes 3 and 4 come back (empty). While A's lock is valid, nobody else
+	// may get it.
+	servers[3].Restart()
+	servers[4].Restart()
+	qb := quorumOver(t, directClients(t, servers))
+	lb := redlease.New(qb, redlease.WithTTL(20*time.Second))
+	var holders []string
+	for i, s := range servers[:3] {
+		v, _ := s.Client().Get(ctx, key).Result()
+		holders = append(holders, fmt.Sprintf("node %d: %q", i, v))
+	}
+	require.True(t, a.Valid(), "A's lock must still be valid for the check to mean anything")
+	b, err := lb.TryLock(ctx, key)
+	if err == nil {
+		t.Fatalf("double grant: B got the lock (fence %d) while A's is valid for %v more; keys on nodes 0-2 (A's token %q): %s",
+			b.Fence(), time.Until(a.Until()).Round(time.Millisecond), a.Token(), strings.Join(holders, ", "))
+	}
+	require.ErrorIs(t, err, redlease.ErrNotObtained)
+	require.True(t, a.Valid())
+	require.NoError(t, a.Release(ctx))
+}
+
+// Defect 1, the one-primary shape (internal/primary). The failover strategy
+// takes the key and then learns that no replica acknowledged it, so it
+// undoes the grant. That undo times out in the client but is applied later
+// (held in the gate). Meanwhile Lock retries and is granted; then the stale
+// undo lands. When attempts share a token it deletes the new grant's key,
+// and a second client takes the lock while the first still holds it.
+func TestUnreplicatedGrantUndoCannotDeleteALaterAttemptsKey(t *testing.T) {
+	ctx := t.Context()
+	primary := redistest.Start(t, redistest.Config{})
+	replica := redistest.StartReplica(t, primary, redistest.Config{})
+	loadScripts(t, primary.Client())
+	gate := redistest.NewGate(t, primary.Addr)
+	// The undo gives up after 300 ms, like a client timeout; no retries, so
+	// it is sent exactly once.
+	c := redis.NewClient(&redis.Options{Addr: gate.Addr, ReadTimeout: 300 * time.Millisecond, MaxRetries: -1})
+	t.Cleanup(func() { _ = c.Close() })
+	require.NoError(t, c.Ping(ctx).Err())
+	const key = "attack:wait-undo"
+	fa := failover.New(c, failover.WithWaitTimeout(50*time.Millisecond))
+	la := redlease.New(fa, redlease.WithTTL(20*time.Second), redlease.WithRetryDelay(time.Millisecond, time.Millisecond))
+
+	gate.HoldRequests(key)
+	replica.Pause()
+	got := lockAsync(ctx, la, key)
+	acquireSHA, releaseSHA := script.Acquire.Hash(), script.Release.Hash()
+	// Attempt 1: granted on the primary, not acknowledged (the replica is
+	// paused), so it is undone; the undo is held.
+	require.NoError(t, gate.WaitHeld(1, acquireSHA, 10*time.Second))
+	require.NoError(t, gate.Step(acquireSHA, 10*time.Second))
+	require.NoError(t, gate.WaitHeld(1, releaseSHA, 10*time.Second))
+	replica.Resume()
+	// The undo times out in the client; attempt 2 comes, and is applied
+	// before the stale undo.
+	require.NoError(t, gate.WaitHeld(1, acquireSHA, 10*time.Second))
+	require.NoError(t, gate.Step(acquireSHA, 10*time.Second))
+	require.NoError(t, gate.Step(releaseSHA, 10*time.Second))
+	gate.Open()
+	r := <-got
+	require.NoError(t, r.err)
+	a := r.lk
+
+	lb := redlease.New(single.New(primary.Client()), redlease.WithTTL(20*time.Second))
+	require.True(t, a.Valid())
+	b, err := lb.TryLock(ctx, key)
+	if err == nil {
+		t.Fatalf("double grant: B got the lock (fence %d) while A's (fence %d) is valid for %v more",
+			b.Fence(), a.Fence(), time.Until(a.Until()).Round(time.Millisecond))
+	}
+	require.ErrorIs(t, err, redlease.ErrNotObtained)
+	require.NoError(t, a.Release(ctx))
+}
+
+// loadScripts puts the lock scripts into a server's cache, so that no
+// NOSCRIPT round trip changes the order of requests a test gates.
+func loadScripts(t *testing.T, c redis.Scripter) {
+	for _, s := range []*script.Script{script.Acquire, script.Release, script.Extend, script.RaiseFence} {
+		require.NoError(t, s.Load(t.Context(), c))
+	}
+}
+
+type lockResult struct {
+	lk  *redlease.Lock
+	err error
+}
+
+// lockAsync runs l.Lock in the background (bounded by 30 s).
+func lockAsync(ctx context.Context, l *redlease.Locker, key string, opts ...redlease.LockOption) <-chan lockResult {
+	got := make(chan lockResult, 1)
+	go func() {
+		lctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		lk, err := l.Lock(lctx, key, opts...)
+		got <- lockResult{lk, err}
+	}()
+	return got
+}
+
+// ageMarkers waits (at most 10 s) until a quorum strategy with the
+// delayed-restart rule grants on every node of l's strategy: the nodes
+// have all passed the rule's max TTL since a client first saw them.
+func ageMarkers(t *testing.T, l *redlease.Locker, key string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		lk, err := l.TryLock(t.Context(), key)
+		if err == nil {
+			require.NoError(t, lk.Release(t.Context()))
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("nodes never started voting: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond) // polling a server-side rule, not racing
+	}
+}
+
+// Defect 2. With the delayed-restart rule a node that restarts empty sits
+// out maxTTL, which protects only locks that live at most maxTTL. Acquire
+// refuses a longer TTL; Extend must too. Forced order: A holds the lock on
+// nodes 0 and 1 (2 is down) and extends it past maxTTL; node 0 restarts
+// empty and node 2 comes back; once both have sat out maxTTL they form a
+// majority without A's key.
+func TestExtendRespectsDelayedRestartLimit(t *testing.T) {
+	ctx := t.Context()
+	servers := redistest.StartN(t, 3, redistest.Config{})
+	const maxTTL = time.Second
+	mk := func() *redlease.Locker {
+		return redlease.New(quorumOver(t, directClients(t, servers), quorum.WithDelayedRestart(maxTTL)),
+			redlease.WithTTL(maxTTL), redlease.WithPrefix("attack:"))
+	}
+	la, lb := mk(), mk()
+	ageMarkers(t, la, "extend")
+
+	servers[2].Kill()
+	a, err := la.TryLock(ctx, "extend")
+	require.NoError(t, err)
+	extendErr := a.Extend(ctx, 10*maxTTL)
+
+	servers[0].Restart() // empty
+	servers[2].Restart() // empty
+	deadline := time.Now().Add(5 * maxTTL)
+	for time.Now().Before(deadline) {
+		b, err := lb.TryLock(ctx, "extend")
+		if err == nil {
+			if a.Valid() {
+				t.Fatalf("double grant: B got the lock while A's is valid for %v more (A's Extend to %v returned %v)",
+					time.Until(a.Until()).Round(time.Millisecond), 10*maxTTL, extendErr)
+			}
+			require.NoError(t, b.Release(ctx))
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	require.ErrorIs(t, extendErr, redlease.ErrInvalid, "an extension past the delayed-restart max TTL must be refused")
+	// And in a batch (the watchdog's path).
+	q := quorumOver(t, directClients(t, servers), quorum.WithDelayedRestart(maxTTL))
+	out := q.ExtendBatch(ctx, []redlease.Extension{{Key: "attack:extend", Token: "t", TTL: 2 * maxTTL}, {Key: "attack:other", Token: "t", TTL: maxTTL}})
+	require.ErrorIs(t, out[0].Err, redlease.ErrInvalid)
+	require.NotErrorIs(t, out[1].Err, redlease.ErrInvalid)
+}
+
+// Defect 3. A node restored from an older snapshot keeps its boot marker
+// but forgets newer locks. Forced order: markers aged, node 0 snapshots
+// (SAVE), A takes the lock on nodes 0 and 1 (its request to node 2 is held
+// in a gate), node 0 restarts from the snapshot. B must not get nodes 0 and
+// 2 while A holds the lock.
+func TestSnapshotRestoredNodeSitsOut(t *testing.T) {
+	ctx := t.Context()
+	servers := redistest.StartN(t, 3, redistest.Config{})
+	const maxTTL = 3 * time.Second
+	lb := redlease.New(quorumOver(t, directClients(t, servers), quorum.WithDelayedRestart(maxTTL)),
+		redlease.WithTTL(maxTTL), redlease.WithPrefix("attack:"))
+	ageMarkers(t, lb, "snapshot")
+
+	gate := redistest.NewGate(t, servers[2].Addr)
+	gate.HoldRequests("attack:snapshot")
+	aClients := directClients(t, servers)
+	aClients[2] = redis.NewClient(&redis.Options{Addr: gate.Addr, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = aClients[2].Close() })
+	la := redlease.New(quorumOver(t, aClients, quorum.WithDelayedRestart(maxTTL)),
+		redlease.WithTTL(maxTTL), redlease.WithPrefix("attack:"))
+
+	require.NoError(t, servers[0].Client().Save(ctx).Err())
+	a, err := la.TryLock(ctx, "snapshot")
+	require.NoError(t, err)
+	servers[0].Restart() // from the snapshot: the marker is back, A's key is not
+	require.Equal(t, int64(0), servers[0].Client().Exists(ctx, "attack:snapshot").Val())
+
+	require.True(t, a.Valid(), "A's lock must still be valid for the check to mean anything")
+	b, err := lb.TryLock(ctx, "snapshot")
+	if err == nil {
+		t.Fatalf("double grant: B got the lock (token %s) while A's is valid for %v more", b.Token(), time.Until(a.Until()).Round(time.Millisecond))
+	}
+	require.ErrorIs(t, err, redlease.ErrNotObtained)
+	gate.Close() // A's held request to node 2 is dropped, never applied
+}
+
+// Defect 4. A Release that fails (ctx cancelled, node slow) may still be
+// applied later; the lock must stop claiming validity once a release was
+// sent, whatever came back. A retried Release stays allowed.
+func TestFailedReleaseEndsValidity(t *testing.T) {
+	ctx := t.Context()
+	srv := redistest.Start(t, redistest.Config{})
+	loadScripts(t, srv.Client())
+	gate := redistest.NewGate(t, srv.Addr)
+	c := redis.NewClient(&redis.Options{Addr: gate.Addr, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = c.Close() })
+	la := redlease.New(single.New(c), redlease.WithTTL(20*time.Second))
+	lb := redlease.New(single.New(srv.Client()), redlease.WithTTL(20*time.Second))
+	a, err := la.TryLock(ctx, "attack:release")
+	require.NoError(t, err)
+	lost := a.Lost()
+
+	gate.HoldRequests(script.Release.Hash())
+	rctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	relErr := a.Release(rctx)
+	cancel()
+	require.Error(t, relErr)
+	require.NoError(t, gate.Step("", 5*time.Second)) // the release lands after all
+	b, err := lb.TryLock(ctx, "attack:release")
+	require.NoError(t, err, "the key is gone: B may take it")
+	if a.Valid() {
+		t.Fatalf("double grant: B holds the lock (fence %d) and A's lock still says Valid (release error: %v)", b.Fence(), relErr)
+	}
+	require.ErrorIs(t, a.Extend(ctx, time.Second), redlease.ErrNotHeld, "a lock whose release was sent cannot be extended")
+	select {
+	case <-lost:
+	default:
+		t.Fatal("Lost not closed after a release was sent")
+	}
+	require.ErrorIs(t, a.Err(), redlease.ErrLost)
+	require.NoError(t, b.Release(ctx))
+
+	// A retried Release is sent again (here it is held, then applied, and
+	// reports the key gone).
+	a2, err := la.TryLock(ctx, "attack:release2")
+	require.NoError(t, err)
+	rctx, cancel = context.WithTimeout(ctx, 100*time.Millisecond)
+	require.Error(t, a2.Release(rctx))
+	cancel()
+	retried := make(chan error, 1)
+	go func() { retried <- a2.Release(ctx) }()
+	require.NoError(t, gate.WaitHeld(2, "", 5*time.Second), "the retry must be sent")
+	require.NoError(t, gate.Step("", 5*time.Second)) // the first one deletes the key
+	require.NoError(t, gate.Step("", 5*time.Second)) // the retry finds it gone
+	require.ErrorIs(t, <-retried, redlease.ErrNotHeld)
+	gate.Open()
+}
+
+// Defect 5. The failover Watcher revokes the locks a strategy granted when
+// Sentinel moves the primary. A grant whose reply is on its way while the
+// revocation runs must be revoked too. Forced order: the reply of the
+// acquisition is held, RevokeAll runs (as the Watcher does on
+// +switch-master), then the reply arrives.
+func TestGrantInFlightDuringFailoverIsRevoked(t *testing.T) {
+	ctx := t.Context()
+	primary := redistest.Start(t, redistest.Config{})
+	redistest.StartReplica(t, primary, redistest.Config{})
+	loadScripts(t, primary.Client())
+	gate := redistest.NewGate(t, primary.Addr)
+	c := redis.NewClient(&redis.Options{Addr: gate.Addr, ContextTimeoutEnabled: true, ReadTimeout: 10 * time.Second})
+	t.Cleanup(func() { _ = c.Close() })
+	require.NoError(t, c.Ping(ctx).Err())
+	fs := failover.New(c)
+	la := redlease.New(fs, redlease.WithTTL(20*time.Second))
+
+	gate.HoldReplies("attack:failover")
+	got := make(chan lockResult, 1)
+	go func() {
+		lk, err := la.TryLock(ctx, "attack:failover")
+		got <- lockResult{lk, err}
+	}()
+	require.NoError(t, gate.WaitHeld(1, "", 10*time.Second))
+	fs.RevokeAll(fmt.Errorf("%w: test: primary moved", redlease.ErrFailover))
+	gate.Open()
+	r := <-got
+	require.NoError(t, r.err)
+	a := r.lk
+	if a.Valid() {
+		t.Fatal("a grant in flight during a failover is still valid after the Watcher revoked every lock")
+	}
+	require.ErrorIs(t, a.Err(), redlease.ErrFailover)
+	select {
+	case <-a.Lost():
+	default:
+		t.Fatal("Lost not closed")
+	}
+	_ = a.Release(ctx)
+}
+
+// Defect 7. A lock key may not be one of redlease's own keys: a lock on
+// another lock's fence counter, or on a node's boot marker, corrupts it.
+func TestLockKeysCannotEnterReservedNamespace(t *testing.T) {
+	ctx := t.Context()
+	srv := redistest.Start(t, redistest.Config{})
+	servers := redistest.StartN(t, 3, redistest.Config{})
+	ls := redlease.New(single.New(srv.Client()), redlease.WithTTL(time.Second))
+	lq := redlease.New(quorumOver(t, directClients(t, servers), quorum.WithDelayedRestart(time.Second), quorum.WithFencing()),
+		redlease.WithTTL(time.Second))
+	fk, ok := script.FenceKey("a")
+	require.True(t, ok)
+	for _, c := range []struct {
+		name string
+		l    *redlease.Locker
+		key  string
+	}{
+		{"single: another lock's fence counter", ls, fk},
+		{"quorum: another lock's fence counter", lq, fk},
+		{"quorum: the boot marker", lq, script.BootMarker},
+		{"single: anything under the reserved prefix", ls, redlease.ReservedPrefix + "x"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			lk, err := c.l.TryLock(ctx, c.key)
+			if err == nil {
+				_ = lk.Release(ctx)
+			}
+			require.ErrorIs(t, err, redlease.ErrInvalid, "lock key %q", c.key)
+		})
+	}
+	// A Locker prefix that puts every key there is refused too.
+	_, err := redlease.New(single.New(srv.Client()), redlease.WithPrefix(redlease.ReservedPrefix)).TryLock(ctx, "k")
+	require.ErrorIs(t, err, redlease.ErrInvalid)
+}
+
+// errorsIsAny reports whether err matches any of targets.
+func errorsIsAny(err error, targets ...error) bool {
+	for _, t := range targets {
+		if errors.Is(err, t) {
+			return true
+		}
+	}
+	return false
+}
+
+var _ = assert.True
+var _ = errorsIsAny
