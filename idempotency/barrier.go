@@ -2,8 +2,6 @@ package idempotency
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"strconv"
@@ -126,12 +124,31 @@ func WithStoreEverything() Option {
 	})
 }
 
-// WithPrefix puts the Barrier's keys under prefix. Default "idem:". Records
-// and locks are named from the prefix and the request key only, so two
-// Barriers with the same prefix on the same store share requests (useful
-// for a second Barrier with another lease; a trap if unintended).
+// WithPrefix puts the Barrier's keys under prefix. Default "idem:". Under
+// it, records and locks have namespaces of their own:
+//
+//	prefix+"r:"+key  the record of a request key (Do, DoWait)
+//	prefix+"m:"+id   the record of a message id (Consumer)
+//	prefix+"h:"+key  the record of an HTTP request (Middleware)
+//	prefix+"l:"+hex  a request's in-flight lock: 32 hex digits of a hash of
+//	                 the record's namespace and key
+//
+// so no request key, message id or Idempotency-Key can name another
+// request's record or lock. Records and locks are named from the prefix and
+// the key only, so two Barriers with the same prefix on the same store
+// share requests (useful for a second Barrier with another lease; a trap
+// if unintended). A prefix that would put keys under
+// redlease.ReservedPrefix, the namespace of redlease's own keys, is refused
+// with redlease.ErrInvalid. Keep other keys on the store (Tokens, your own)
+// outside prefix.
 func WithPrefix(prefix string) Option {
 	return optionFunc(func(b *Barrier) error {
+		for _, ns := range namespaces {
+			if reserved(prefix + ns) {
+				return redlease.Invalid("idempotency: prefix %q: its keys would fall under %q (redlease.ReservedPrefix), which is reserved for redlease's own keys",
+					prefix, redlease.ReservedPrefix)
+			}
+		}
 		b.prefix = prefix
 		return nil
 	})
@@ -189,7 +206,7 @@ func New(store redis.UniversalClient, opts ...Option) (*Barrier, error) {
 	if b.strategy == nil {
 		b.strategy = single.New(store)
 	}
-	lopts := []redlease.Option{redlease.WithTTL(b.lease), redlease.WithPrefix(b.prefix + "lock:")}
+	lopts := []redlease.Option{redlease.WithTTL(b.lease), redlease.WithPrefix(b.prefix + nsLock)}
 	if b.keeper != nil {
 		lopts = append(lopts, redlease.WithKeeper(b.keeper))
 	}
@@ -224,24 +241,26 @@ type Request struct {
 // ErrInProgress, ErrMismatch, ErrNotOwner, ErrResultNotStored, or a lock or
 // store failure.
 func (b *Barrier) Do(ctx context.Context, req Request, h Handler) (Outcome, error) {
-	return b.do(ctx, req, h, 0)
+	return b.do(ctx, nsRequest, req, h, 0)
 }
 
 // DoWait is Do, but a duplicate that finds the request in progress waits
 // up to wait for it to complete and replays its result (ErrInProgress if it
 // does not complete in time).
 func (b *Barrier) DoWait(ctx context.Context, req Request, wait time.Duration, h Handler) (Outcome, error) {
-	return b.do(ctx, req, h, wait)
+	return b.do(ctx, nsRequest, req, h, wait)
 }
 
-func (b *Barrier) do(ctx context.Context, req Request, h Handler, wait time.Duration) (Outcome, error) {
+// do runs h once for req.Key in namespace ns (see keys.go): Do and DoWait,
+// the Consumer and the Middleware each have their own.
+func (b *Barrier) do(ctx context.Context, ns string, req Request, h Handler, wait time.Duration) (Outcome, error) {
 	if req.Key == "" {
 		return Outcome{}, redlease.Invalid("idempotency: empty key")
 	}
 	if h == nil {
 		return Outcome{}, redlease.Invalid("idempotency: nil handler")
 	}
-	rec := b.recordKey(req.Key)
+	rec := b.recordKey(ns, req.Key)
 	deadline := time.Now().Add(wait)
 	for attempt := 0; ; attempt++ {
 		// Cheap first look: most duplicates are replays, and need no lock.
@@ -257,7 +276,7 @@ func (b *Barrier) do(ctx context.Context, req Request, h Handler, wait time.Dura
 		default: // none, or in progress: whoever holds the lock is running it
 			// An in-progress record whose owner's lock has expired (a crash,
 			// a pause) is taken over by whoever gets the lock next.
-			out, err := b.run(ctx, req, rec, h)
+			out, err := b.run(ctx, req, rec, lockKey(ns, req.Key), h)
 			if !errors.Is(err, ErrInProgress) || time.Now().After(deadline) {
 				return out, err
 			}
@@ -270,8 +289,8 @@ func (b *Barrier) do(ctx context.Context, req Request, h Handler, wait time.Dura
 }
 
 // run takes the lock, claims the record and runs h.
-func (b *Barrier) run(ctx context.Context, req Request, rec string, h Handler) (Outcome, error) {
-	lk, err := b.locker.TryLock(ctx, b.lockKey(req.Key))
+func (b *Barrier) run(ctx context.Context, req Request, rec, lockKey string, h Handler) (Outcome, error) {
+	lk, err := b.locker.TryLock(ctx, lockKey)
 	var nodeErr *redlease.NodeError
 	if errors.Is(err, redlease.ErrNotObtained) && ctx.Err() == nil && !errors.As(err, &nodeErr) {
 		// Taken, not failed: someone is running this request now.
@@ -368,15 +387,6 @@ func (b *Barrier) keep(err error) bool {
 	}
 	var f *FinalError
 	return b.storeAll || errors.As(err, &f)
-}
-
-func (b *Barrier) recordKey(key string) string { return b.prefix + key }
-
-// lockKey hashes the key: request keys may hold any bytes, lock keys may
-// not (cluster hash tags).
-func (b *Barrier) lockKey(key string) string {
-	sum := sha256.Sum256([]byte(key))
-	return hex.EncodeToString(sum[:16])
 }
 
 // status is a record's classification.

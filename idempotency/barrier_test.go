@@ -131,7 +131,7 @@ func TestRecordNeverDeletedByANonOwner(t *testing.T) {
 	}()
 	<-bRunning
 	require.Error(t, <-aDone) // A fails and tries to release
-	n, err := c.Exists(ctx, "idem:k").Result()
+	n, err := c.Exists(ctx, "idem:r:k").Result()
 	require.NoError(t, err)
 	assert.EqualValues(t, 1, n, "B's in-progress record survives A's release")
 	close(bFinish)

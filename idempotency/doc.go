@@ -21,6 +21,29 @@
 // paused, or partitioned) finds its record taken over and its result
 // refused (ErrNotOwner).
 //
+// # Keys
+//
+// A Barrier keeps everything under its prefix (WithPrefix, default
+// "idem:"), in namespaces that no key can leave: records of request keys
+// (Do) at prefix+"r:"+key, of message ids (Consumer) at prefix+"m:"+id, of
+// HTTP requests (Middleware) at prefix+"h:"+hash, and the in-flight locks
+// at prefix+"l:"+hex, 32 hex digits of a hash of the record's namespace and
+// key (the lock strategy adds each lock's fence counter, in its own
+// namespace). So any bytes
+// may be a request key: none names another request's record or lock, and a
+// Consumer, a Middleware and direct calls can share one Barrier without
+// sharing requests. A prefix that would put keys under
+// redlease.ReservedPrefix is refused.
+//
+// Tokens live at prefix+scope+":"+token (NewTokens, default "tok:"). A
+// token is exactly what Issue wrote (22 base64url characters, '.', the
+// expiry in base36); anything else is refused as unknown before it reaches
+// the store. A token holds no ':', so the key names one scope and one
+// token: a token issued for "form:checkout" is not one of "form".
+//
+// Give Tokens and Barriers on the same store prefixes where neither starts
+// with the other.
+//
 // # Result policy
 //
 // Successes are stored and replayed; so are errors marked Final (definitive

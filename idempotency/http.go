@@ -336,12 +336,13 @@ func WithErrorLog(log func(r *http.Request, err error)) HTTPOption {
 // found at start-up.
 //
 // For a covered method with a key (see ParseKey), the record is named by
-// the principal, the method, the route and the key (Key); without
-// WithPrincipal keys are global, and two clients that pick the same key
-// collide. The request is fingerprinted by its method, path and query,
-// and body (PayloadHash), so that reusing a key for a different request
-// is caught. The body is read (at most WithMaxBody) and handed to the
-// handler intact.
+// the principal, the method, the route and the key (Key), in a namespace
+// of b's that is the middleware's own (see WithPrefix): no key given to
+// b.Do or to a Consumer shares it. Without WithPrincipal keys are global,
+// and two clients that pick the same key collide. The request is
+// fingerprinted by its method, path and query, and body (PayloadHash), so
+// that reusing a key for a different request is caught. The body is read
+// (at most WithMaxBody) and handed to the handler intact.
 //
 //   - First request: the handler runs under b, once, with a buffering
 //     ResponseWriter (the whole response is held in memory; streaming,
@@ -486,10 +487,7 @@ func (m *middleware) key(values []string) (string, error) {
 }
 
 func (m *middleware) do(ctx context.Context, req Request, h Handler) (Outcome, error) {
-	if m.cfg.wait > 0 {
-		return m.b.DoWait(ctx, req, m.cfg.wait, h)
-	}
-	return m.b.Do(ctx, req, h)
+	return m.b.do(ctx, nsHTTP, req, h, m.cfg.wait)
 }
 
 // readBody reads the body after a length-prefixed method and request URI,

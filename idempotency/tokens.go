@@ -34,13 +34,23 @@ type Tokens struct {
 	prefix string
 }
 
-// NewTokens stores tokens on client under prefix ("tok:" if empty).
+// NewTokens stores tokens on client under prefix ("tok:" if empty): the
+// token t of scope s is the key prefix+s+":"+t. A prefix from which some
+// scope would reach redlease.ReservedPrefix (one that starts with it, or
+// begins it, such as "redlease") is refused with redlease.ErrInvalid: that
+// namespace holds redlease's own keys, which a token must never overwrite.
+// Give Tokens and a Barrier (see WithPrefix) on the same store prefixes
+// where neither starts with the other.
 func NewTokens(client redis.UniversalClient, prefix string) (*Tokens, error) {
 	if nodes.IsNil(client) {
 		return nil, redlease.Invalid("idempotency: nil client")
 	}
 	if prefix == "" {
 		prefix = "tok:"
+	}
+	if reserved(prefix) {
+		return nil, redlease.Invalid("idempotency: token prefix %q: a scope would put token keys under %q, which is reserved for redlease's own keys",
+			prefix, redlease.ReservedPrefix)
 	}
 	return &Tokens{client: client, prefix: prefix}, nil
 }
@@ -67,10 +77,13 @@ func (t *Tokens) Issue(ctx context.Context, scope string, ttl time.Duration) (st
 
 // Consume uses tok up. Exactly one of concurrent consumers gets nil; the
 // others get ErrTokenUsed. A token not issued for scope gets
-// ErrTokenUnknown, one past its expiry ErrTokenExpired.
+// ErrTokenUnknown, one past its expiry ErrTokenExpired. A string that is
+// not a token in the form Issue writes gets ErrTokenUnknown without a round
+// trip to the store.
 func (t *Tokens) Consume(ctx context.Context, scope, tok string) error {
-	expiry, ok := tokenExpiry(tok)
+	expiry, ok := parseToken(tok)
 	if !ok {
+		// Not a token Issue wrote: unknown, without asking the store.
 		return ErrTokenUnknown
 	}
 	if time.Now().After(expiry) {
@@ -95,16 +108,52 @@ func (t *Tokens) Consume(ctx context.Context, scope, tok string) error {
 	return ErrTokenUnknown
 }
 
+// key is where the token tok of scope lives: prefix+scope+":"+tok.
+//
+// The key names one (scope, token) pair only, because Consume refuses any
+// token that parseToken does not accept, and an accepted token holds no ':'
+// (base64url and base36 digits around one '.'): in a key, the token is
+// everything after the last ':', and the scope everything between the
+// prefix and that ':'. So two different (scope, token) pairs never share a
+// key: ("form", "checkout:"+tok) is refused before it reaches the store,
+// and cannot use the key of ("form:checkout", tok).
 func (t *Tokens) key(scope, tok string) string { return t.prefix + scope + ":" + tok }
 
-// tokenExpiry reads the expiry a token carries.
-func tokenExpiry(tok string) (time.Time, bool) {
-	_, exp, ok := strings.Cut(tok, ".")
-	if !ok {
+// Token format, as Issue writes it: the 16 random bytes in unpadded
+// base64url (22 characters), '.', and the expiry in Unix milliseconds in
+// lower-case base36 digits (strconv.FormatInt(ms, 36); at most 13 digits
+// for an int64).
+const (
+	tokenRandomBytes = 16
+	tokenBodyLen     = 22 // base64.RawURLEncoding.EncodedLen(tokenRandomBytes)
+	tokenMaxExpiry   = 13 // len(strconv.FormatInt(math.MaxInt64, 36))
+)
+
+// parseToken reads the expiry of a token in exactly the form Issue writes
+// it. Anything else (other characters, other lengths, a second '.', a ':',
+// an encoding Issue never produces: padding bits set, upper-case or signed
+// or zero-padded digits) is refused, so that every token has one spelling
+// and Consume refuses a malformed one without a round trip.
+func parseToken(tok string) (expiry time.Time, ok bool) {
+	body, exp, ok := strings.Cut(tok, ".")
+	if !ok || len(body) != tokenBodyLen || len(exp) == 0 || len(exp) > tokenMaxExpiry {
 		return time.Time{}, false
 	}
+	// Decoding and encoding again refuses whatever the decoder forgives
+	// (line breaks, non-zero padding bits): only the canonical spelling of
+	// 16 bytes survives the round trip.
+	var raw [tokenRandomBytes]byte
+	n, err := base64.RawURLEncoding.Decode(raw[:], []byte(body))
+	if err != nil || n != len(raw) || base64.RawURLEncoding.EncodeToString(raw[:]) != body {
+		return time.Time{}, false
+	}
+	for i := 0; i < len(exp); i++ {
+		if c := exp[i]; !('0' <= c && c <= '9' || 'a' <= c && c <= 'z') {
+			return time.Time{}, false
+		}
+	}
 	ms, err := strconv.ParseInt(exp, 36, 64)
-	if err != nil {
+	if err != nil || ms <= 0 || strconv.FormatInt(ms, 36) != exp {
 		return time.Time{}, false
 	}
 	return time.UnixMilli(ms), true
