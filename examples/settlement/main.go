@@ -2,9 +2,21 @@
 // arrives: many clients send every settlement two or three times (some
 // copies at the same moment), give up waiting and resend, and one holder
 // freezes past its lease and wakes up to write with an old fence. At the
-// end the ledger must hold every settlement once and every balance must
-// equal the exactly-once total; it prints "exactly-once verified" or says
-// what differs and exits 1.
+// end it gives two verdicts, kept apart:
+//
+//   - safety: no settlement took effect twice, none that a client was told is
+//     done is missing from the ledger, every balance equals the sum of its
+//     settlements, and the frozen holder's stale write was refused by its
+//     fence;
+//   - liveness: every request got an answer. Under load lock attempts miss
+//     their node timeouts and clients time out; like real clients they
+//     resend the same request after a backoff, and the demo counts those
+//     retries. A request still without an answer after retryLimit attempts
+//     or retryFor is a liveness failure.
+//
+// With both verdicts good it ends with "exactly-once verified" (at most once
+// is safety, at least once is liveness). Otherwise it says which verdict
+// failed and why (SAFETY or LIVENESS) and exits 1.
 //
 // The pieces:
 //
@@ -41,9 +53,11 @@ import (
 	"flag"
 	"fmt"
 	mrand "math/rand/v2"
+	"net"
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -70,9 +84,21 @@ const (
 	clientTimeout  = 100 * time.Millisecond
 	slowDownstream = 150 * time.Millisecond
 	serverTimeout  = 8 * time.Second
-	sendDeadline   = 15 * time.Second
 	lease          = 2 * time.Second
 	stallLease     = 300 * time.Millisecond
+)
+
+// A client's retries. After a timeout, or an answer that means "not now"
+// (see retryable), a client resends the same request after a backoff that
+// grows from retryMin to retryMax, at most retryLimit times and for at most
+// retryFor in all. These bounds are generous on purpose: on a loaded 2-core
+// machine a request may need a dozen attempts, but one that needs more than
+// this is stuck, not slow.
+const (
+	retryMin   = 20 * time.Millisecond
+	retryMax   = 500 * time.Millisecond
+	retryLimit = 100
+	retryFor   = 30 * time.Second
 )
 
 func main() {
@@ -170,26 +196,22 @@ func run(ctx context.Context, nodeList, storeAddr string, n, clients int) error 
 
 	// The clients.
 	var (
-		st       stats
-		pending  sync.WaitGroup // requests still running on the server, answered or not
-		clientWG sync.WaitGroup
-		failMu   sync.Mutex
-		failures []error
+		st         stats
+		pending    sync.WaitGroup // requests still running on the server, answered or not
+		clientWG   sync.WaitGroup
+		gaveUp     errorList // requests whose client ran out of retries: liveness
+		unexpected errorList // errors that are neither "not now" nor a result
 	)
 	svc.stats, svc.console = &st, &console{}
-	fail := func(err error) {
-		failMu.Lock()
-		failures = append(failures, err)
-		failMu.Unlock()
-	}
 	queue := make(chan settlement)
 	start := time.Now()
 	stopProgress := svc.console.progress(func() string { return st.line(ledger, n) })
 	for range clients {
 		clientWG.Go(func() {
 			for s := range queue {
-				if err := svc.send(ctx, s, &pending, fail); err != nil {
-					fail(err)
+				if err := svc.send(ctx, s, &pending, &unexpected); err != nil && ctx.Err() == nil {
+					svc.console.event("LIVENESS: %v", err)
+					gaveUp.add(err)
 				}
 			}
 		})
@@ -211,41 +233,102 @@ func run(ctx context.Context, nodeList, storeAddr string, n, clients int) error 
 	fmt.Printf("%-40s %6d\n", "duplicates replayed", st.replayed.Load())
 	fmt.Printf("%-40s %6d\n", "in-progress conflicts", st.inProgress.Load())
 	fmt.Printf("%-40s %6d\n", "client timeouts, resent", st.timeouts.Load())
+	fmt.Printf("%-40s %6d\n", "requests that needed retries", st.retried.Load())
+	fmt.Printf("%-40s %6d\n", "lock attempts not obtained in time", st.lockMisses.Load())
+	fmt.Printf("%-40s %6d\n", "locks lost under a running handler", st.lost.Load())
 	fmt.Printf("%-40s %6d\n", "stale writes rejected by fence", ledger.stale.Load())
 	fmt.Printf("%-40s %6d\n", "duplicates stopped only by the ledger key", ledger.already.Load())
 	fmt.Printf("%-40s %6.1fs\n\n", "time", elapsed.Seconds())
 
-	// The claim.
-	var problems []error
-	if len(failures) > 0 {
-		problems = append(problems, fmt.Errorf("failed requests: %d; first: %w", len(failures), failures[0]))
+	// The verdicts, kept apart. Safety is what this demo claims: nothing
+	// took effect twice, nothing acknowledged was lost, every balance is
+	// right, the stale write was refused. Liveness is what the machine
+	// allowed: under load lock attempts and clients time out and retry,
+	// which is fine as long as every request is answered within the
+	// client's bounds.
+	//
+	// A request that never completes fails the run too, labelled LIVENESS:
+	// the bounds are generous (retryLimit attempts, retryFor), so such a
+	// request is stuck (a lock nobody releases, a handler that hangs), and
+	// a system that does nothing is trivially safe. Errors that are neither
+	// a result nor "not now" fail the run as well: the demo cannot vouch
+	// for what it does not understand.
+	var unsafe, stuck []string
+	missing, err := ledger.verify(work, st.wasAcked)
+	if err != nil {
+		unsafe = append(unsafe, err.Error())
 	}
-	if ctx.Err() != nil {
-		problems = append(problems, ctx.Err())
+	if got := ledger.applied.Load(); got > int64(n) {
+		unsafe = append(unsafe, fmt.Sprintf("the handler committed %d settlements, want %d", got, n))
 	}
-	if got := ledger.applied.Load(); got != int64(n) {
-		problems = append(problems, fmt.Errorf("the handler committed %d settlements, want %d", got, n))
+	// The frozen holder is the one writer that outlives its lease by
+	// design; the fence, not the ledger key, must stop it.
+	switch w := svc.frozenWrite.Load(); {
+	case w == nil:
+		stuck = append(stuck, "the frozen holder never woke up to write: the fence was not put to the test")
+	case w.err == nil:
+		unsafe = append(unsafe, fmt.Sprintf("%s: the frozen holder's write with fence %d was accepted after fence %d had written",
+			svc.stallID, w.fence, w.newer))
+	case !errors.Is(w.err, errStaleFence):
+		stuck = append(stuck, fmt.Sprintf("the frozen holder's write failed before the fence could refuse it: %v", w.err))
+	}
+	// A run that committed and then lost its lock (renewals missed under
+	// load) may be run again by a retry, and the ledger key stops that
+	// duplicate: safe, and expected. Without a lost lock the barrier alone
+	// must have kept duplicates out.
+	if ids := ledger.duplicates(); len(ids) > 0 {
+		var unexplained []string
+		for _, id := range ids {
+			if !st.lostLock(id) {
+				unexplained = append(unexplained, id)
+			}
+		}
+		if len(unexplained) > 0 {
+			unsafe = append(unsafe, "duplicates reached the ledger past the barrier although no run of theirs lost its lock: "+
+				strings.Join(unexplained, ", "))
+		}
 	}
 	if got := st.fresh.Load() + st.replayed.Load(); got != int64(len(sends)) {
-		problems = append(problems, fmt.Errorf("%d of %d sends got an answer", got, len(sends)))
+		stuck = append(stuck, fmt.Sprintf("%d of %d requests got no answer; out of retries (%d attempts or %v): %s",
+			int64(len(sends))-got, len(sends), retryLimit, retryFor, gaveUp.summary()))
 	}
-	// With every in-flight lock renewed, the only holder that outlived its
-	// lease is the frozen one, and the fence stops it before the ledger
-	// key would: the barrier alone must have kept duplicates out.
-	if got := ledger.already.Load(); got != 0 {
-		problems = append(problems, fmt.Errorf("%d duplicates reached the ledger past the barrier", got))
+	if len(missing) > 0 {
+		stuck = append(stuck, fmt.Sprintf("%d of %d settlements never applied (and no client was told they were): %s",
+			len(missing), n, strings.Join(missing[:min(len(missing), 10)], ", ")))
 	}
-	if ledger.stale.Load() < 1 {
-		problems = append(problems, errors.New("the frozen holder's write was not rejected by the fence"))
+	if unexpected.len() > 0 {
+		stuck = append(stuck, "errors that are neither a result nor \"not now\": "+unexpected.summary())
 	}
-	if err := ledger.verify(work); err != nil {
-		problems = append(problems, err)
+	if ctx.Err() != nil {
+		stuck = append(stuck, "interrupted")
 	}
-	if err := errors.Join(problems...); err != nil {
-		return err
+
+	if len(stuck) == 0 {
+		fmt.Printf("liveness: all %d requests answered; %d needed retries (at most %d attempts, slowest %.1fs), "+
+			"%d attempts timed out, %d lock attempts not obtained in time, %d in-progress conflicts\n",
+			len(sends), st.retried.Load(), st.mostAttempts.Load(), time.Duration(st.slowest.Load()).Seconds(),
+			st.timeouts.Load(), st.lockMisses.Load(), st.inProgress.Load())
+	} else {
+		fmt.Println("liveness: FAILED")
+		for _, p := range stuck {
+			fmt.Println("  - " + p)
+		}
 	}
-	fmt.Printf("ledger: %d settlement rows, one per id; %d balances equal the exactly-once totals\n", n, accounts)
-	fmt.Println("exactly-once verified")
+	switch {
+	case len(unsafe) > 0:
+		fmt.Println("safety:   VIOLATED")
+		for _, p := range unsafe {
+			fmt.Println("  - " + p)
+		}
+		return errors.New("SAFETY violated")
+	case len(stuck) > 0:
+		fmt.Printf("safety:   no violation found (nothing applied twice, nothing acknowledged lost, balances equal the "+
+			"settlements in the ledger; %d of %d applied), but with liveness failed exactly-once is not shown\n", ledger.applied.Load(), n)
+		return errors.New("LIVENESS failed (no safety violation found)")
+	}
+	w := svc.frozenWrite.Load()
+	fmt.Printf("safety:   exactly-once verified (%d settlements, one ledger row each; %d balances equal the exactly-once totals; "+
+		"the stale write with fence %d refused after fence %d)\n", n, accounts, w.fence, w.newer)
 	return nil
 }
 
@@ -315,9 +398,18 @@ type service struct {
 	console  *console
 
 	stallID        string
-	stalled        atomic.Bool
+	froze          atomic.Bool // a holder of stallID took both locks and froze
 	frozenBarrier  *idempotency.Barrier
 	frozenAccounts *redlease.Locker
+	frozenWrite    atomic.Pointer[staleWrite] // what its write came to when it woke up
+}
+
+// staleWrite is the frozen holder's write: its fence, the fence that had
+// applied the settlement meanwhile, and the ledger's answer (errStaleFence
+// is the fence doing its job; nil would be a stale write accepted).
+type staleWrite struct {
+	fence, newer uint64
+	err          error
 }
 
 var errStaleFence = errors.New("stale fence: a newer holder has written this account")
@@ -330,14 +422,17 @@ func (svc *service) settle(ctx context.Context, s settlement) (idempotency.Outco
 		// retry: the barrier answers ErrMismatch instead of replaying.
 		Fingerprint: idempotency.Fingerprint(s.Account, strconv.FormatInt(s.Amount, 10)),
 	}
-	if s.ID == svc.stallID && svc.stalled.CompareAndSwap(false, true) {
+	// Until one holder has frozen, every copy of the first settlement goes
+	// the frozen way: under load the first copy may not get its locks, and
+	// the scenario must still happen once.
+	if s.ID == svc.stallID && !svc.froze.Load() {
 		return svc.frozenBarrier.Do(ctx, req, func(ctx context.Context, _ uint64) ([]byte, error) {
 			return svc.freeze(ctx, s)
 		})
 	}
 	// The barrier's fence is ignored on purpose: it orders runs of one
 	// settlement, not writers of one account (see run).
-	return svc.barrier.Do(ctx, req, func(ctx context.Context, _ uint64) ([]byte, error) {
+	out, err := svc.barrier.Do(ctx, req, func(ctx context.Context, _ uint64) ([]byte, error) {
 		if s.Slow {
 			select { // a fraud check that takes its time
 			case <-time.After(slowDownstream):
@@ -353,6 +448,8 @@ func (svc *service) settle(ctx context.Context, s settlement) (idempotency.Outco
 		})
 		return result, err
 	})
+	svc.stats.server(s, err)
+	return out, err
 }
 
 // freeze is the first run of the first settlement, in a process that
@@ -363,13 +460,22 @@ func (svc *service) settle(ctx context.Context, s settlement) (idempotency.Outco
 func (svc *service) freeze(ctx context.Context, s settlement) ([]byte, error) {
 	var result []byte
 	err := svc.frozenAccounts.Do(ctx, s.Account, func(ctx context.Context, lk *redlease.Lock) error {
+		var err error
+		if !svc.froze.CompareAndSwap(false, true) {
+			// Another copy froze first (both got past settle's check at
+			// once, and this one took over the expired locks): this one
+			// is just a resend, with a fence of its own.
+			result, err = svc.ledger.apply(ctx, s, lk.Fence())
+			return err
+		}
 		svc.console.event("%s: holder with fence %d on %s freezes past its %v lease", s.ID, lk.Fence(), s.Account, stallLease)
-		newer, err := svc.ledger.waitApplied(s.ID, serverTimeout)
+		newer, err := svc.ledger.waitApplied(s.ID, retryFor)
 		if err != nil {
 			return fmt.Errorf("frozen holder: %w", err)
 		}
 		svc.console.event("%s: a resend took it over and applied it with fence %d; the frozen holder wakes up", s.ID, newer)
 		result, err = svc.ledger.apply(context.WithoutCancel(ctx), s, lk.Fence())
+		svc.frozenWrite.Store(&staleWrite{fence: lk.Fence(), newer: newer, err: err})
 		if errors.Is(err, errStaleFence) {
 			svc.console.event("%s: its write with fence %d is rejected by the ledger", s.ID, lk.Fence())
 		}
@@ -379,13 +485,21 @@ func (svc *service) freeze(ctx context.Context, s settlement) ([]byte, error) {
 }
 
 // send is one client sending one copy of s until it gets an answer: the
-// result (fresh or replayed). It gives up waiting after clientTimeout and
-// resends; the request it gave up on keeps running on the server.
-func (svc *service) send(ctx context.Context, s settlement, pending *sync.WaitGroup, fail func(error)) error {
-	deadline := time.Now().Add(sendDeadline)
+// result (fresh or replayed). It gives up waiting after clientTimeout, and
+// it takes "not now" answers (retryable) the same way: it backs off and
+// resends the same request, with the same idempotency key. The attempts it
+// gave up on keep running on the server. After retryLimit attempts or
+// retryFor it stops, and returns why: a liveness failure.
+func (svc *service) send(ctx context.Context, s settlement, pending *sync.WaitGroup, unexpected *errorList) error {
+	start := time.Now()
+	var last error // why the previous attempt got no answer
 	for attempt := 1; ; attempt++ {
-		if time.Now().After(deadline) {
-			return fmt.Errorf("%s: no answer after %d attempts", s.ID, attempt-1)
+		if attempt > retryLimit || time.Since(start) > retryFor {
+			return fmt.Errorf("%s: no answer after %d attempts in %.1fs; last: %w",
+				s.ID, attempt-1, time.Since(start).Seconds(), last)
+		}
+		if attempt == 2 {
+			svc.stats.retried.Add(1)
 		}
 		svc.stats.sent.Add(1)
 		type answer struct {
@@ -397,35 +511,66 @@ func (svc *service) send(ctx context.Context, s settlement, pending *sync.WaitGr
 			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), serverTimeout)
 			defer cancel()
 			out, err := svc.settle(sctx, s)
-			if err != nil && !errors.Is(err, idempotency.ErrInProgress) && !errors.Is(err, errStaleFence) {
-				fail(fmt.Errorf("%s: %w", s.ID, err)) // even if nobody waits for this answer any more
+			if err != nil && !retryable(err) {
+				unexpected.add(fmt.Errorf("%s: %w", s.ID, err)) // even if nobody waits for this answer any more
 			}
 			reply <- answer{out, err}
 		})
 		select {
 		case a := <-reply:
 			switch {
-			case a.err == nil && a.out.Replayed:
-				svc.stats.replayed.Add(1)
-				return nil
 			case a.err == nil:
-				svc.stats.fresh.Add(1)
+				svc.stats.answered(s.ID, a.out, attempt, time.Since(start))
 				return nil
+			case !retryable(a.err):
+				return nil // already reported as unexpected
 			case errors.Is(a.err, idempotency.ErrInProgress):
-				// HTTP would say 409 with Retry-After; back off a little.
-				svc.stats.inProgress.Add(1)
-				time.Sleep(time.Duration(min(attempt, 10)) * 20 * time.Millisecond)
-			case errors.Is(a.err, errStaleFence):
-				// Not applied, and released: a retry may run it.
-			default:
-				return nil // already reported by fail
+				svc.stats.inProgress.Add(1) // HTTP would say 409 with Retry-After
 			}
+			last = a.err
 		case <-time.After(clientTimeout):
 			svc.stats.timeouts.Add(1)
+			last = errClientTimeout
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		select {
+		case <-time.After(backoff(attempt)):
 		case <-ctx.Done():
 			return ctx.Err()
 		}
 	}
+}
+
+var errClientTimeout = fmt.Errorf("client timeout: no answer within %v", clientTimeout)
+
+// retryable reports whether an answer means "not now": the request was
+// not applied this time (or, if it was, the barrier will replay it), so the
+// client may send the same request again. The barrier and the fences make
+// that safe; the verdicts at the end check it.
+func retryable(err error) bool {
+	switch {
+	case errors.Is(err, idempotency.ErrInProgress), // another copy runs right now
+		errors.Is(err, redlease.ErrNotObtained),  // too few lock nodes granted in time (node timeouts under load)
+		errors.Is(err, redlease.ErrUnavailable),  // too few lock nodes answered
+		errors.Is(err, redlease.ErrLost),         // a lock expired under the handler: renewals missed
+		errors.Is(err, idempotency.ErrNotOwner),  // ... and a retry took the request over
+		errors.Is(err, errStaleFence),            // refused by the ledger, not applied
+		errors.Is(err, context.DeadlineExceeded), // the server's own timeout
+		errors.Is(err, redis.ErrPoolTimeout):     // too many requests in flight for the connection pool
+		return true
+	}
+	var netErr net.Error
+	return errors.As(err, &netErr) && netErr.Timeout()
+}
+
+// backoff is a client's wait after its attempt n failed: exponential from
+// retryMin, capped at retryMax, with jitter so that the copies of one
+// double click do not resend in step. (The barrier's Retry-After hint, a
+// second, is meant for remote clients; these back off on their own.)
+func backoff(n int) time.Duration {
+	d := min(retryMin<<min(n-1, 8), retryMax)
+	return d/2 + mrand.N(d/2+1)
 }
 
 // ledger is the system of record: SQLite, one transaction per settlement.
@@ -434,6 +579,7 @@ type ledger struct {
 	applied atomic.Int64 // settlements committed
 	stale   atomic.Int64 // writes refused by the fence check
 	already atomic.Int64 // settlements refused by the settlement key
+	dups    sync.Map     // ids of those settlements
 }
 
 func openLedger(path string) (*ledger, error) {
@@ -489,6 +635,7 @@ func (l *ledger) apply(ctx context.Context, s settlement, fence uint64) ([]byte,
 	var serr *sqlite.Error
 	if errors.As(err, &serr) && serr.Code() == sqlite3.SQLITE_CONSTRAINT_PRIMARYKEY {
 		l.already.Add(1)
+		l.dups.Store(s.ID, true)
 		return []byte(s.ID + " was already in the ledger"), nil // done before: not an error
 	}
 	if err != nil {
@@ -514,22 +661,39 @@ func (l *ledger) waitApplied(id string, timeout time.Duration) (uint64, error) {
 			return 0, err
 		}
 	}
-	return 0, fmt.Errorf("%s was not applied by anyone else within %v", id, timeout)
+	return 0, fmt.Errorf("%s was not applied by anyone else within %v: %w", id, timeout, context.DeadlineExceeded)
 }
 
-// verify compares the ledger with the exactly-once totals computed from
-// the settlements themselves.
-func (l *ledger) verify(work []settlement) error {
+// duplicates returns the ids of the settlements that the settlement key
+// refused, sorted.
+func (l *ledger) duplicates() []string {
+	var ids []string
+	l.dups.Range(func(id, _ any) bool {
+		ids = append(ids, id.(string))
+		return true
+	})
+	slices.Sort(ids)
+	return ids
+}
+
+// verify compares the ledger with the settlements that were sent and with
+// what the clients were told. Its error lists the safety problems: a
+// settlement applied twice, or as something else than was sent; one that a
+// client was told is done but is not in the ledger; a balance that is not
+// the sum of its account's settlements in the ledger, each once. It returns
+// apart the settlements never applied that no client was told are done:
+// missing, but a liveness matter. With none missing, the balances checked
+// are the exactly-once totals.
+func (l *ledger) verify(work []settlement, acked func(id string) bool) (missing []string, err error) {
 	want := make(map[string]settlement, len(work))
-	balance := make(map[string]int64)
 	for _, s := range work {
 		want[s.ID] = s
-		balance[s.Account] += s.Amount
 	}
 	var problems []string
+	balance := make(map[string]int64) // per account, its settlements in the ledger, once each
 	rows, err := l.db.Query(`SELECT id, account, amount FROM settlement`)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	seen := make(map[string]bool)
 	for rows.Next() {
@@ -537,7 +701,7 @@ func (l *ledger) verify(work []settlement) error {
 		var amount int64
 		if err := rows.Scan(&id, &account, &amount); err != nil {
 			rows.Close()
-			return err
+			return nil, err
 		}
 		w, ok := want[id]
 		switch {
@@ -547,53 +711,130 @@ func (l *ledger) verify(work []settlement) error {
 			problems = append(problems, id+" applied but never sent")
 		case w.Account != account || w.Amount != amount:
 			problems = append(problems, fmt.Sprintf("%s applied as %s %d, sent as %s %d", id, account, amount, w.Account, w.Amount))
+		default:
+			balance[w.Account] += w.Amount
 		}
 		seen[id] = true
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
-		return err
+		return nil, err
 	}
 	for _, s := range work {
-		if !seen[s.ID] {
-			problems = append(problems, s.ID+" never applied")
+		switch {
+		case seen[s.ID]:
+		case acked(s.ID):
+			problems = append(problems, s.ID+" acknowledged as done but not in the ledger")
+		default:
+			missing = append(missing, s.ID)
 		}
 	}
 	rows, err = l.db.Query(`SELECT id, balance FROM account ORDER BY id`)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer rows.Close()
 	for rows.Next() {
 		var id string
 		var got int64
 		if err := rows.Scan(&id, &got); err != nil {
-			return err
+			return nil, err
 		}
 		if got != balance[id] {
-			problems = append(problems, fmt.Sprintf("%s balance %d, exactly-once total %d", id, got, balance[id]))
+			problems = append(problems, fmt.Sprintf("%s balance %d, but its settlements in the ledger add up to %d", id, got, balance[id]))
 		}
 	}
 	if err := rows.Err(); err != nil {
-		return err
+		return nil, err
 	}
 	if len(problems) == 0 {
-		return nil
+		return missing, nil
 	}
 	if len(problems) > 10 {
 		problems = append(problems[:10], fmt.Sprintf("… and %d more", len(problems)-10))
 	}
-	return errors.New("ledger differs from the exactly-once totals:\n  " + strings.Join(problems, "\n  "))
+	return missing, errors.New("the ledger differs from the settlements sent:\n    " + strings.Join(problems, "\n    "))
 }
 
-// stats is what the clients saw.
+// stats is what the clients saw, and what went wrong on the server side
+// of their attempts.
 type stats struct {
 	sent, fresh, replayed, inProgress, timeouts atomic.Int64
+
+	// Liveness figures.
+	retried      atomic.Int64 // requests that needed more than one attempt
+	mostAttempts atomic.Int64 // attempts of the request that needed most
+	slowest      atomic.Int64 // time to an answer of the slowest request (ns)
+	lockMisses   atomic.Int64 // attempts whose lock was not obtained in time
+	lost         atomic.Int64 // attempts whose lock was lost under the handler
+
+	acked    sync.Map // settlement ids some client was told are done
+	lostRuns sync.Map // settlement ids with an attempt that lost its lock
+}
+
+// answered records a request's answer, after attempts, at elapsed.
+func (st *stats) answered(id string, out idempotency.Outcome, attempts int, elapsed time.Duration) {
+	if out.Replayed {
+		st.replayed.Add(1)
+	} else {
+		st.fresh.Add(1)
+	}
+	st.acked.Store(id, true)
+	storeMax(&st.mostAttempts, int64(attempts))
+	storeMax(&st.slowest, int64(elapsed))
+}
+
+// server records a failed attempt's cause, whether or not a client still
+// waited for it.
+func (st *stats) server(s settlement, err error) {
+	switch {
+	case errors.Is(err, redlease.ErrLost), errors.Is(err, idempotency.ErrNotOwner):
+		st.lost.Add(1)
+		st.lostRuns.Store(s.ID, true)
+	case errors.Is(err, redlease.ErrNotObtained), errors.Is(err, redlease.ErrUnavailable):
+		st.lockMisses.Add(1)
+	}
+}
+
+func (st *stats) wasAcked(id string) bool { _, ok := st.acked.Load(id); return ok }
+func (st *stats) lostLock(id string) bool { _, ok := st.lostRuns.Load(id); return ok }
+
+func storeMax(a *atomic.Int64, v int64) {
+	for old := a.Load(); v > old && !a.CompareAndSwap(old, v); old = a.Load() {
+	}
 }
 
 func (st *stats) line(l *ledger, n int) string {
 	return fmt.Sprintf("sent %5d   applied %4d/%d   replayed %5d   in progress %4d   timed out %4d   stale rejected %d",
 		st.sent.Load(), l.applied.Load(), n, st.replayed.Load(), st.inProgress.Load(), st.timeouts.Load(), l.stale.Load())
+}
+
+// errorList collects errors from many goroutines.
+type errorList struct {
+	mu   sync.Mutex
+	errs []error
+}
+
+func (l *errorList) add(err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.errs = append(l.errs, err)
+}
+
+func (l *errorList) len() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.errs)
+}
+
+// summary is "n; first: err", or "none".
+func (l *errorList) summary() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.errs) == 0 {
+		return "none"
+	}
+	return fmt.Sprintf("%d; first: %v", len(l.errs), l.errs[0])
 }
 
 // console keeps one live status line (redrawn with \r, ten times a
