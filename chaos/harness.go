@@ -202,15 +202,75 @@ func (g *SentinelGroup) PrimaryAddr(ctx context.Context, tb redistest.TB) (strin
 	return "", fmt.Errorf("no Sentinel knows %s", g.Master)
 }
 
-// WaitForNewPrimary waits (bounded) until the Sentinels name a primary
-// other than old, and returns it.
+// WaitForNewPrimary waits (bounded) until the failover away from old is
+// over, and returns the new primary. Over means: every Sentinel that
+// answers names the same primary other than old, none of them reports a
+// failover in progress, and that primary says role:master. One Sentinel
+// naming a new address is not enough: Sentinel answers
+// GET-MASTER-ADDR-BY-NAME with the promoted replica while the failover is
+// still running, and a failover can still be aborted then.
+//
+// Then it makes this failover the last one: every Sentinel's
+// down-after-milliseconds goes up to a minute, so that Sentinels slowed by
+// a loaded machine cannot declare the new primary down and fail over a
+// second time (back to the old primary, which may not have finished its
+// resync yet and so still holds its old keys). A scenario grades one
+// failover; a second, spurious one would change the world it grades.
 func (g *SentinelGroup) WaitForNewPrimary(ctx context.Context, tb redistest.TB, old string, within time.Duration) (string, error) {
 	deadline := time.Now().Add(within)
+	scs := g.SentinelClients(tb)
+	var last string
 	for time.Now().Before(deadline) {
-		if a, err := g.PrimaryAddr(ctx, tb); err == nil && a != old {
-			return a, nil
+		if addr, why := g.failedOver(ctx, scs, old); why == "" {
+			for _, sc := range scs {
+				if err := sc.Set(ctx, g.Master, "down-after-milliseconds", "60000").Err(); err != nil {
+					return "", fmt.Errorf("freeze Sentinel config: %w", err)
+				}
+			}
+			return addr, nil
+		} else {
+			last = why
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	return "", fmt.Errorf("the primary did not move from %s within %v", old, within)
+	return "", fmt.Errorf("the failover away from %s did not complete within %v: %s", old, within, last)
+}
+
+// failedOver returns the new primary if the failover away from old is
+// complete (see WaitForNewPrimary), or why not.
+func (g *SentinelGroup) failedOver(ctx context.Context, scs []*redis.SentinelClient, old string) (addr, why string) {
+	for _, sc := range scs {
+		a, err := sc.GetMasterAddrByName(ctx, g.Master).Result()
+		if err != nil || len(a) != 2 {
+			continue // a Sentinel down or slow does not decide
+		}
+		got := a[0] + ":" + a[1]
+		switch {
+		case got == old:
+			return "", "a Sentinel still names " + old
+		case addr != "" && got != addr:
+			return "", fmt.Sprintf("Sentinels disagree: %s and %s", addr, got)
+		}
+		addr = got
+		m, err := sc.Master(ctx, g.Master).Result()
+		if err != nil {
+			return "", "SENTINEL MASTER: " + err.Error()
+		}
+		if strings.Contains(m["flags"], "failover_in_progress") {
+			return "", "failover in progress"
+		}
+	}
+	if addr == "" {
+		return "", "no Sentinel answered"
+	}
+	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialTimeout: 200 * time.Millisecond, ReadTimeout: 500 * time.Millisecond})
+	defer c.Close()
+	info, err := c.Info(ctx, "replication").Result()
+	if err != nil {
+		return "", "new primary: " + err.Error()
+	}
+	if !strings.Contains(info, "role:master") {
+		return "", addr + " is not a master yet"
+	}
+	return addr, ""
 }
