@@ -8,14 +8,12 @@ package redlease_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/redlease/redlease"
@@ -44,8 +42,7 @@ func quorumOver(t *testing.T, cs []redis.UniversalClient, opts ...quorum.Option)
 	return q
 }
 
-// settleKeys waits until every node agrees on whether key exists (a quorum
-// strategy returns at a majority; the rest of its writes land after).
+// directClients returns a client per server, straight to it.
 func directClients(t *testing.T, servers []*redistest.Server) []redis.UniversalClient {
 	cs := make([]redis.UniversalClient, len(servers))
 	for i, s := range servers {
@@ -436,16 +433,3 @@ func TestLockKeysCannotEnterReservedNamespace(t *testing.T) {
 	_, err := redlease.New(single.New(srv.Client()), redlease.WithPrefix(redlease.ReservedPrefix)).TryLock(ctx, "k")
 	require.ErrorIs(t, err, redlease.ErrInvalid)
 }
-
-// errorsIsAny reports whether err matches any of targets.
-func errorsIsAny(err error, targets ...error) bool {
-	for _, t := range targets {
-		if errors.Is(err, t) {
-			return true
-		}
-	}
-	return false
-}
-
-var _ = assert.True
-var _ = errorsIsAny
