@@ -139,8 +139,10 @@ func WithDelayedRestart(maxTTL time.Duration) Option {
 // vote (one that lost its data still sits out maxTTL). It needs
 // WithDelayedRestart. Default off: every restart sits out.
 //
-// The client cannot verify the declaration; `redlease doctor --durable`
-// checks each node's settings. A node declared durable that restarts from
+// The client cannot verify the declaration; `redlease doctor --max-ttl …
+// --durable` checks each node's settings. Give every client of the same
+// nodes the same setting: the marker is shared, and a client without it
+// makes a restarted node sit out for everyone. A node declared durable that restarts from
 // an older snapshot votes at once and can grant a lock that is still held
 // elsewhere.
 func WithDurableNodes() Option {
