@@ -444,15 +444,25 @@ func (h holdBack) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 // acquisition counted. (A reply published before its worker read the
 // round's decision once let a release's late-write cleanup delete a counted
 // node's key, found only after tens of thousands of iterations.)
+//
+// The next acquisition may need more than one attempt: Release returns at
+// a quorum, and the rest of its deletes (and the undo of an acquisition's
+// late writes) land in the background, so right after a Release a few
+// nodes may still hold the old token for a moment. Under load, a single
+// TryLock then failed about once in 30 runs of this test (on the code
+// before the token-per-attempt change as well); that is liveness, which
+// this test does not measure, so it takes the lock with Lock.
 func TestRapidTakeAndReleaseKeepsCountedNodes(t *testing.T) {
 	_, clients := nodes(t, 5)
 	s := strategy(t, clients, quorum.WithNodeTimeout(time.Second))
-	locker := redlease.New(s, redlease.WithTTL(10*time.Second))
+	locker := redlease.New(s, redlease.WithTTL(10*time.Second), redlease.WithRetryDelay(time.Millisecond, 5*time.Millisecond))
 	ctx, key := t.Context(), contract.Key(t)
 	deadline := time.Now().Add(3 * time.Second)
 	n := 0
 	for ; time.Now().Before(deadline); n++ {
-		lk, err := locker.TryLock(ctx, key)
+		lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		lk, err := locker.Lock(lctx, key)
+		cancel()
 		require.NoError(t, err, "iteration %d", n)
 		require.NoError(t, lk.Release(ctx), "iteration %d", n)
 	}

@@ -47,17 +47,17 @@ func Run(t *testing.T, setup func(t *testing.T) Setup) {
 		assert.True(t, g.Until.After(time.Now()), "Until %v must lie in the future", g.Until)
 		assert.False(t, g.Until.After(before.Add(5*time.Second)), "Until %v must not exceed start+ttl", g.Until)
 		assert.GreaterOrEqual(t, holders(t, s, key, "tok-a"), s.Quorum)
-		settle(t, s, key, "tok-a")
 
 		g2, err := s.Strategy.Extend(ctx, key, "tok-a", 10*time.Second)
 		require.NoError(t, err)
 		assert.True(t, g2.Until.After(g.Until), "extended Until %v must pass the first %v", g2.Until, g.Until)
 		assert.Zero(t, g2.Fence, "Extend keeps the acquisition's fence; its Grant carries none")
-		for _, n := range s.Nodes {
-			// A quorum decides the call; the other nodes catch up in the background.
-			assert.Eventually(t, func() bool { return n.PTTL(ctx, key).Val() > 5*time.Second }, 2*time.Second, time.Millisecond,
-				"extend must reset the TTL on the node")
-		}
+		// A quorum decides the call. (Not every node need hold the key, let
+		// alone with the new TTL: a quorum strategy does not send a request
+		// still queued for a slow node once its round is decided, and an
+		// acquisition's write that lands after the extension passed that
+		// node keeps its first TTL.)
+		assert.GreaterOrEqual(t, extendedOn(t, s, key, "tok-a", 5*time.Second), s.Quorum, "extend must reset the TTL on a quorum")
 
 		require.NoError(t, s.Strategy.Release(ctx, key, "tok-a"))
 		// A release may return at a quorum and finish on the rest in the
@@ -100,13 +100,15 @@ func Run(t *testing.T, setup func(t *testing.T) Setup) {
 		ctx, key := t.Context(), Key(t)
 		_, err := s.Strategy.Acquire(ctx, key, "tok-a", 5*time.Second)
 		require.NoError(t, err)
-		settle(t, s, key, "tok-a")
+		// The lock is lost: someone else's token on every node. Overwriting
+		// (not deleting) keeps a late write of the acquisition, still on its
+		// way to a slow node, from bringing the key back: SET NX finds it.
 		for _, n := range s.Nodes {
-			require.NoError(t, n.Del(ctx, key).Err())
+			require.NoError(t, n.Set(ctx, key, "tok-other", 5*time.Second).Err())
 		}
 		_, err = s.Strategy.Extend(ctx, key, "tok-a", 5*time.Second)
 		assert.ErrorIs(t, err, redlease.ErrNotHeld)
-		assert.Zero(t, holders(t, s, key, "tok-a"), "a failed extend must not recreate the key")
+		assert.Zero(t, holders(t, s, key, "tok-a"), "a failed extend must not take the key back")
 	})
 
 	t.Run("ExpiresAtTTL", func(t *testing.T) {
@@ -182,15 +184,17 @@ func Run(t *testing.T, setup func(t *testing.T) Setup) {
 		var items []redlease.Extension
 		for i := range 3 {
 			key := fmt.Sprintf("{batch}:%s:%d", Key(t), i)
-			_, err := s.Strategy.Acquire(ctx, key, "tok", 5*time.Second)
-			require.NoError(t, err)
+			if i != 1 { // item 1 is never acquired: its extension must fail
+				_, err := s.Strategy.Acquire(ctx, key, "tok", 5*time.Second)
+				require.NoError(t, err)
+			}
 			items = append(items, redlease.Extension{Key: key, Token: "tok", TTL: 20 * time.Second})
 		}
-		for _, it := range items {
-			settle(t, s, it.Key, "tok")
-		}
-		for _, n := range s.Nodes {
-			require.NoError(t, n.Del(ctx, items[1].Key).Err())
+		// A quorum strategy returns at a majority; an acquisition's request
+		// still queued for a slow node is then not sent at all, so not every
+		// node need ever hold the key. Wait for a quorum to.
+		for _, i := range []int{0, 2} {
+			require.Eventually(t, func() bool { return holders(t, s, items[i].Key, "tok") >= s.Quorum }, 2*time.Second, time.Millisecond)
 		}
 		items = append(items, redlease.Extension{Key: "", Token: "tok", TTL: time.Second})
 		out := b.ExtendBatch(ctx, items)
@@ -200,12 +204,10 @@ func Run(t *testing.T, setup func(t *testing.T) Setup) {
 		assert.NoError(t, out[2].Err)
 		assert.ErrorIs(t, out[3].Err, redlease.ErrInvalid)
 		assert.True(t, out[0].Grant.Until.After(time.Now().Add(10*time.Second)), "Until follows the new ttl")
-		for _, n := range s.Nodes {
-			// A quorum decides the call; the other nodes catch up in the background.
-			assert.Eventually(t, func() bool { return n.PTTL(ctx, items[2].Key).Val() > 10*time.Second }, 2*time.Second, time.Millisecond,
-				"the batch resets the TTL on the node")
-		}
-		assert.Zero(t, holders(t, s, items[1].Key, "tok"), "a failed extension does not recreate the key")
+		// A quorum decides the call; the other nodes that hold the key catch
+		// up in the background.
+		assert.GreaterOrEqual(t, extendedOn(t, s, items[2].Key, "tok", 10*time.Second), s.Quorum, "the batch resets the TTL on a quorum")
+		assert.Zero(t, holders(t, s, items[1].Key, "tok"), "a failed extension does not create the key")
 	})
 
 	t.Run("ClusterSlotCompanions", func(t *testing.T) {
@@ -223,13 +225,17 @@ func Run(t *testing.T, setup func(t *testing.T) Setup) {
 	})
 }
 
-// settle waits until every node holds key under token: a quorum strategy
-// returns at a majority, and a test that tampers with keys must not be
-// overtaken by the other nodes' writes landing later.
-func settle(t *testing.T, s Setup, key, token string) {
+// extendedOn counts the nodes where key holds token with more than ttl
+// left on it.
+func extendedOn(t *testing.T, s Setup, key, token string, ttl time.Duration) int {
 	t.Helper()
-	require.Eventually(t, func() bool { return holders(t, s, key, token) == len(s.Nodes) }, 2*time.Second, time.Millisecond,
-		"the acquisition's writes never reached every node")
+	k := 0
+	for _, n := range s.Nodes {
+		if v, _ := n.Get(context.Background(), key).Result(); v == token && n.PTTL(context.Background(), key).Val() > ttl {
+			k++
+		}
+	}
+	return k
 }
 
 // holders counts the nodes where key holds token.
