@@ -10,6 +10,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -207,22 +208,35 @@ func lockAsync(ctx context.Context, l *redlease.Locker, key string, opts ...redl
 	return got
 }
 
-// ageMarkers waits (at most 10 s) until a quorum strategy with the
-// delayed-restart rule grants on every node of l's strategy: the nodes
-// have all passed the rule's max TTL since a client first saw them.
-func ageMarkers(t *testing.T, l *redlease.Locker, key string) {
+// ageMarkers waits (at most 10 s) until every server votes under the
+// delayed-restart rule with maxTTL: each is asked on its own (a quorum of
+// one), since a round that reaches a majority says nothing about the
+// others, whose requests may not even have been sent.
+func ageMarkers(t *testing.T, servers []*redistest.Server, maxTTL time.Duration) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		lk, err := l.TryLock(t.Context(), key)
-		if err == nil {
-			require.NoError(t, lk.Release(t.Context()))
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("nodes never started voting: %v", err)
-		}
-		time.Sleep(20 * time.Millisecond) // polling a server-side rule, not racing
+	errs := make([]error, len(servers))
+	var wg sync.WaitGroup
+	for i, s := range servers {
+		l := redlease.New(quorumOver(t, []redis.UniversalClient{s.Client()}, quorum.WithDelayedRestart(maxTTL)), redlease.WithTTL(maxTTL))
+		wg.Go(func() {
+			deadline := time.Now().Add(10 * time.Second)
+			for {
+				lk, err := l.TryLock(t.Context(), "attack:age")
+				if err == nil {
+					errs[i] = lk.Release(t.Context())
+					return
+				}
+				if time.Now().After(deadline) {
+					errs[i] = fmt.Errorf("node %d never started voting: %w", i, err)
+					return
+				}
+				time.Sleep(20 * time.Millisecond) // polling a server-side rule, not racing
+			}
+		})
+	}
+	wg.Wait()
+	for _, err := range errs {
+		require.NoError(t, err)
 	}
 }
 
@@ -241,7 +255,7 @@ func TestExtendRespectsDelayedRestartLimit(t *testing.T) {
 			redlease.WithTTL(maxTTL), redlease.WithPrefix("attack:"))
 	}
 	la, lb := mk(), mk()
-	ageMarkers(t, la, "extend")
+	ageMarkers(t, servers, maxTTL)
 
 	servers[2].Kill()
 	a, err := la.TryLock(ctx, "extend")
@@ -282,7 +296,7 @@ func TestSnapshotRestoredNodeSitsOut(t *testing.T) {
 	const maxTTL = 3 * time.Second
 	lb := redlease.New(quorumOver(t, directClients(t, servers), quorum.WithDelayedRestart(maxTTL)),
 		redlease.WithTTL(maxTTL), redlease.WithPrefix("attack:"))
-	ageMarkers(t, lb, "snapshot")
+	ageMarkers(t, servers, maxTTL)
 
 	gate := redistest.NewGate(t, servers[2].Addr)
 	gate.HoldRequests("attack:snapshot")
