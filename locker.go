@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"math/rand/v2"
+	"strconv"
 	"sync"
 	"time"
 )
@@ -85,11 +86,14 @@ func (l *Locker) TryLock(ctx context.Context, key string, opts ...LockOption) (*
 // When ctx ends the wait, the error errors.Is both ErrNotObtained and ctx's
 // error.
 //
-// Every attempt has its own token. A failed attempt's cleanup (the quorum
-// strategy's undo on every node that answered late, the one-primary
-// strategies' release of a grant that was not acknowledged or whose reply
-// was lost) compares the token, so it can only remove that attempt's own
-// writes, never a key that a later attempt counted, however late it lands.
+// Every attempt has its own token, "<base>.<n>" (see Strategy). A failed
+// attempt's cleanup (the quorum strategy's undo on every node that answered
+// late, the one-primary strategies' release of a grant that was not
+// acknowledged or whose reply was lost) compares the token, so it can only
+// remove that attempt's own writes, never a key that a later attempt
+// counted, however late it lands. A later attempt takes over a key an
+// earlier one of the same call left behind, so a lost reply costs one
+// retry, not the TTL.
 //
 // Without a ctx deadline and WithMaxAttempts, Lock waits as long as the key
 // stays taken, like sync.Mutex.
@@ -107,8 +111,9 @@ func (l *Locker) Lock(ctx context.Context, key string, opts ...LockOption) (*Loc
 // retry is Lock's loop.
 func (l *Locker) retry(ctx context.Context, c lockConfig, key string) (*Lock, error) {
 	var timer *time.Timer
+	base := newToken()
 	for attempt := 1; ; attempt++ {
-		lk, err := l.attempt(ctx, c, key, newToken())
+		lk, err := l.attempt(ctx, c, key, attemptToken(base, attempt))
 		if err == nil || !errors.Is(err, ErrNotObtained) {
 			return lk, err
 		}
@@ -215,6 +220,13 @@ func backoff(n int, minDelay, maxDelay time.Duration) time.Duration {
 	}
 	half := d / 2
 	return half + rand.N(d-half+1)
+}
+
+// attemptToken is the token of attempt n of a Lock call (see Strategy):
+// one allocation.
+func attemptToken(base string, n int) string {
+	var b [22 + 1 + 20]byte
+	return string(strconv.AppendInt(append(append(b[:0], base...), '.'), int64(n), 10))
 }
 
 // newToken returns 128 random bits from crypto/rand, base64url-encoded

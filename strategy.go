@@ -13,10 +13,19 @@ import (
 // so the caller's retry policy is the only one in play. Every method must be
 // safe for concurrent use.
 //
-// Tokens are opaque to a Strategy: it compares them byte for byte. An Acquire
-// that finds key already held under the same token counts that as a grant (a
-// retried request whose first reply was lost must not see its own lock as
-// taken).
+// Tokens are compared byte for byte. An Acquire that finds key already held
+// under the same token counts that as a grant (a retried request whose
+// first reply was lost must not see its own lock as taken).
+//
+// Locker.Lock gives every attempt a token of its own, "<base>.<n>": one
+// random base (base64url, no '.') per Lock call, and the attempt number n.
+// A failed attempt's cleanup compares its own token, so however late it
+// lands it cannot remove a key a later attempt counted. The strategies of
+// this module also let attempt n take over a key held by attempt m < n of
+// the same base (the earlier attempt's reply was lost and its cleanup has
+// not landed yet), so that a lost reply does not block the key until its
+// TTL. A Strategy that compares tokens only byte for byte is still correct,
+// just slower to recover from lost replies.
 type Strategy interface {
 	// Acquire makes ONE attempt to place key for ttl under token.
 	// It returns a Grant whose Until lies in the future, or an error that

@@ -164,6 +164,17 @@ func (s *Strategy) RevokeAll(cause error) int {
 // Name returns "failover", for observers.
 func (s *Strategy) Name() string { return "failover" }
 
+// WithFenceTTL keeps a lock's fence counter after its last grant: the counter expires
+// d after the lock was last acquired, instead of living forever (one small
+// key per lock name adds up for request ids that are never used again).
+// Use it only where nobody compares the lock's fences after d: once the
+// counter is gone, the next grant starts again at 1. d must be at least
+// the lock's TTL, and should cover the longest a lock is held (with its
+// extensions) plus however long its fences are compared afterwards; an
+// Acquire with a longer TTL is refused. Default: no TTL. Give every client
+// of the same keys the same setting.
+func WithFenceTTL(d time.Duration) Option { return optionFunc(primary.FenceTTL(d)) }
+
 // WithClock judges validity by c instead of the system clock (see
 // redlease.Clock: for tests that emulate a clock running at the wrong
 // rate). Give the Locker the same clock.

@@ -35,7 +35,9 @@ func Example() {
 	defer s.Close()
 	locker := redlease.New(s, redlease.WithTTL(10*time.Second))
 
-	lk, err := locker.Lock(ctx, "settle:2026-11-29")
+	wait, cancel := context.WithTimeout(ctx, 10*time.Second) // Lock waits as long as ctx allows
+	defer cancel()
+	lk, err := locker.Lock(wait, "settle:2026-11-29")
 	if err != nil {
 		panic(err)
 	}

@@ -31,6 +31,8 @@ type Strategy struct {
 	maxTTLArg   any           // maxTTL in ms, boxed once for the script
 	durable     bool          // WithDurableNodes
 	durableArg  any           // script.Durable or NotDurable, boxed once
+	fenceTTL    time.Duration // WithFenceTTL; 0: counters without TTL
+	fenceTTLArg any           // fenceTTL in ms, boxed once
 	clock       redlease.Clock
 
 	fan *fanout.Nodes // per-node workers; Close stops them
@@ -70,7 +72,10 @@ func New(nodeClients []redis.UniversalClient, opts ...Option) (*Strategy, error)
 			return nil, err
 		}
 	}
-	s.maxTTLArg, s.durableArg = any(script.RuleOff), any(script.NotDurable)
+	s.maxTTLArg, s.durableArg, s.fenceTTLArg = any(script.RuleOff), any(script.NotDurable), any(script.NoFenceTTL)
+	if s.fenceTTL > 0 {
+		s.fenceTTLArg = any(strconv.FormatInt(s.fenceTTL.Milliseconds(), 10))
+	}
 	if s.durable {
 		if s.maxTTL == 0 {
 			return nil, redlease.Invalid("quorum: WithDurableNodes qualifies the delayed-restart rule; give WithDelayedRestart too")
@@ -136,6 +141,9 @@ func (s *Strategy) Acquire(ctx context.Context, key, token string, ttl time.Dura
 	if err := s.checkTTL(ttl); err != nil {
 		return redlease.Grant{}, err
 	}
+	if err := s.checkFenceTTL(ttl); err != nil {
+		return redlease.Grant{}, err
+	}
 	if err := ctx.Err(); err != nil {
 		return redlease.Grant{}, errors.Join(redlease.ErrNotObtained, context.Cause(ctx))
 	}
@@ -147,7 +155,7 @@ func (s *Strategy) Acquire(ctx context.Context, key, token string, ttl time.Dura
 	if s.maxTTL > 0 {
 		marker = any(script.BootMarker)
 	}
-	line := script.Acquire.Args(k, fenceKey, marker, token, ttl.Milliseconds(), mode, s.maxTTLArg, s.durableArg)
+	line := script.Acquire.Args(k, fenceKey, marker, token, ttl.Milliseconds(), mode, s.maxTTLArg, s.durableArg, s.fenceTTLArg)
 
 	// 1. Fan out.
 	start := s.clock.Now()
@@ -197,11 +205,20 @@ func (s *Strategy) checkTTL(ttl time.Duration) error {
 	return nil
 }
 
+// checkFenceTTL refuses an acquisition whose lock could outlive its fence
+// counter.
+func (s *Strategy) checkFenceTTL(ttl time.Duration) error {
+	if s.fencing && s.fenceTTL > 0 && ttl > s.fenceTTL {
+		return redlease.Invalid("ttl %v: longer than the fence counter TTL %v, which must outlive the lock", ttl, s.fenceTTL)
+	}
+	return nil
+}
+
 // raiseFence is phase 2 of fencing: raise every node's counter to at least
 // fence and collect a quorum of nodes that still hold our token. Why this
 // makes fences rise across holders is in the package documentation.
 func (s *Strategy) raiseFence(ctx context.Context, key, fenceKey, token any, fence uint64) tally {
-	line := script.RaiseFence.Args(key, fenceKey, token, strconv.FormatUint(fence, 10))
+	line := script.RaiseFence.Args(key, fenceKey, token, strconv.FormatUint(fence, 10), s.fenceTTLArg)
 	round := s.fan.Start(ctx, fanout.Call{Script: script.RaiseFence, Line: line}, fanout.Call{})
 	return s.collect(ctx, round, isOne)
 }

@@ -28,6 +28,8 @@ type Config struct {
 	WaitTimeout time.Duration
 	// Clock judges validity (nil: the system clock).
 	Clock redlease.Clock
+	// FenceTTL > 0: a fence counter expires this long after its last grant.
+	FenceTTL time.Duration
 }
 
 // Primary runs the lock scripts on one client. It is safe for concurrent
@@ -72,8 +74,16 @@ func (p *Primary) Acquire(ctx context.Context, key, token string, ttl time.Durat
 	if p.cfg.Fencing {
 		mode, fenceKey = any(script.IncrFence), any(script.MustFenceKey(key))
 	}
+	fenceTTL := any(script.NoFenceTTL)
+	if p.cfg.FenceTTL > 0 {
+		if ttl > p.cfg.FenceTTL {
+			return redlease.Grant{}, redlease.Invalid("ttl %v: longer than the fence counter TTL %v, which must outlive the lock", ttl, p.cfg.FenceTTL)
+		}
+		fenceTTL = p.cfg.FenceTTL.Milliseconds()
+	}
 	start := p.cfg.Clock.Now()
-	v, err := p.run(ctx, script.Acquire, script.Acquire.Args(k, fenceKey, k, token, ttl.Milliseconds(), mode, any(script.RuleOff)))
+	v, err := p.run(ctx, script.Acquire, script.Acquire.Args(k, fenceKey, k, token, ttl.Milliseconds(), mode,
+		any(script.RuleOff), any(script.NotDurable), fenceTTL))
 	// Every undo below compares this attempt's token (the Locker gives each
 	// attempt its own), so however late it lands it removes only what this
 	// attempt wrote, never a key a later attempt holds.
@@ -221,6 +231,17 @@ func DriftFactor(factor float64) func(*Config) error {
 			return err
 		}
 		c.DriftFactor = factor
+		return nil
+	}
+}
+
+// FenceTTL makes fence counters expire d after their last grant.
+func FenceTTL(d time.Duration) func(*Config) error {
+	return func(c *Config) error {
+		if d < time.Millisecond {
+			return redlease.Invalid("fence TTL %v: must be at least 1ms", d)
+		}
+		c.FenceTTL = d
 		return nil
 	}
 }

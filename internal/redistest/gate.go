@@ -76,7 +76,7 @@ func (g *Gate) HoldRequests(match string) {
 }
 
 // HoldReplies keeps back, from now on, the reply to every request chunk
-// that contains match.
+// that contains match (for a held request: decided when it is released).
 func (g *Gate) HoldReplies(match string) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -283,6 +283,10 @@ func (g *Gate) copyRequests(p *pipe, client, server net.Conn) {
 			if h != nil {
 				<-h.release
 				answered = make(chan struct{})
+				// Whether its reply is held is decided when it is forwarded.
+				g.mu.Lock()
+				holdReply = g.replMatch != nil && bytes.Contains(data, g.replMatch)
+				g.mu.Unlock()
 			}
 			p.mu.Lock()
 			p.holdReply = p.holdReply || holdReply

@@ -36,7 +36,10 @@ const (
 const Taken = -1
 
 // Acquire places the lock if the key is free, or refreshes its TTL if it
-// already holds our token (a retried request whose first reply was lost).
+// already holds our token (a retried request whose first reply was lost),
+// or takes it over from an earlier attempt of the same acquisition: tokens
+// of the form "<base>.<n>" (see redlease.Strategy) with the same base and
+// a smaller n. Any other token is taken.
 //
 // With the delayed-restart rule on (ARGV[4] > 0), it first checks the node's
 // boot marker, a key without TTL holding "<ms>:<run_id>": the server time
@@ -53,10 +56,15 @@ const Taken = -1
 // vote; the marker only takes the new run_id. It costs no extra round trip:
 // the check is part of the acquire.
 //
+// With IncrFence and ARGV[6] > 0, the fence counter expires ARGV[6] ms
+// after its last grant (it is never shortened), for locks whose fences
+// nobody compares after that; "0" leaves it without a TTL.
+//
 //	KEYS[1] lock key, KEYS[2] fence counter key, KEYS[3] boot marker key
 //	ARGV[1] token, ARGV[2] ttl in ms, ARGV[3] mode (NoFence, IncrFence, ReadFence),
 //	ARGV[4] delayed-restart max TTL in ms ("0": rule off),
-//	ARGV[5] "1" if nodes are declared durable (read only with the rule on)
+//	ARGV[5] "1" if nodes are declared durable (read only with the rule on),
+//	ARGV[6] fence counter TTL in ms ("0": none)
 //	reply: Taken, TooYoung, or the fence (0 with NoFence)
 var Acquire = newScript(3, `
 if ARGV[4] ~= '0' then
@@ -83,10 +91,25 @@ if ARGV[4] ~= '0' then
   end
 end
 local held = redis.call('GET', KEYS[1])
+if held ~= false and held ~= ARGV[1] then
+  -- An earlier attempt of the same acquisition ("<base>.<n>" with the same
+  -- base and a smaller n): its reply was lost, and its undo, which
+  -- compares its own token, has not landed. It is ours to take over.
+  local hb, hn = string.match(held, '^([%w_-]+)%.(%d+)$')
+  local mb, mn = string.match(ARGV[1], '^([%w_-]+)%.(%d+)$')
+  if hb ~= nil and hb == mb and tonumber(hn) < tonumber(mn) then
+    held = false
+  end
+end
 if held == false then
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
   if ARGV[3] == '1' then
-    return redis.call('INCR', KEYS[2])
+    local f = redis.call('INCR', KEYS[2])
+    local keep = tonumber(ARGV[6] or '0')
+    if keep > 0 and redis.call('PTTL', KEYS[2]) < keep then
+      redis.call('PEXPIRE', KEYS[2], keep)
+    end
+    return f
   end
 elseif held == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
@@ -114,6 +137,10 @@ func Marker(ms int64, runID string) string {
 	return strconv.FormatInt(ms, 10) + ":" + runID
 }
 
+// NoFenceTTL is ARGV[6] of Acquire (ARGV[3] of RaiseFence) for fence
+// counters without a TTL.
+const NoFenceTTL = "0"
+
 // Durable and NotDurable are ARGV[5] of Acquire.
 const (
 	Durable    = "1"
@@ -129,12 +156,17 @@ const RuleOff = "0"
 // holds our token here, which is what the grant counts.
 //
 //	KEYS[1] lock key, KEYS[2] fence counter key
-//	ARGV[1] token, ARGV[2] fence
+//	ARGV[1] token, ARGV[2] fence, ARGV[3] fence counter TTL in ms ("0": none;
+//	as in Acquire, never shortened)
 //	reply: 1 if KEYS[1] holds ARGV[1], else 0
 var RaiseFence = newScript(2, `
 local f = tonumber(ARGV[2])
 if f > tonumber(redis.call('GET', KEYS[2]) or '0') then
-  redis.call('SET', KEYS[2], ARGV[2])
+  redis.call('SET', KEYS[2], ARGV[2], 'KEEPTTL')
+end
+local keep = tonumber(ARGV[3] or '0')
+if keep > 0 and redis.call('PTTL', KEYS[2]) < keep then
+  redis.call('PEXPIRE', KEYS[2], keep)
 end
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   return 1
