@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -41,7 +42,53 @@ var (
 	// ErrResultNotStored: the request completed, but its result was larger
 	// than the limit and was not kept; it will not run again.
 	ErrResultNotStored = errors.New("idempotency: request completed; result too large to replay")
+	// ErrRunCancelled: the handler's context was cancelled while it ran —
+	// its lock was lost or its caller's context ended — so its outcome is
+	// unknown and was not recorded, whatever it returned. The record was
+	// released and a retry will run the handler again; the handler's own
+	// storage must refuse a stale run by its fence. The error also wraps
+	// the handler's error and the context's cause (context.Cause: an error
+	// that errors.Is redlease.ErrLost when the lock was lost).
+	ErrRunCancelled = errors.New("idempotency: run cancelled; outcome unknown, not recorded")
+	// ErrNotRecorded: the handler ran and its effect may have happened, but
+	// its result could not be recorded (the store failed for as long as
+	// the request's lock was held). Do not treat it as a failure to retry:
+	// the Outcome still carries the handler's result and fence, and the
+	// error wraps the handler's error (if any) and the store's. The record
+	// stays in progress under this owner until its lock runs out, after
+	// which a retry takes the request over and runs it again (at once, if
+	// the store lost the record itself).
+	ErrNotRecorded = errors.New("idempotency: result not recorded")
 )
+
+// Permanent reports whether err refuses the request itself, so that no
+// retry of it can ever succeed: its key was first used with a different
+// payload (ErrMismatch), or it has no key (an empty request key or message
+// id, which also errors.Is redlease.ErrInvalid). A Consumer given ack
+// false and a permanent error should dead-letter the message (move it
+// aside for a person, and ack it): redelivered, it fails the same way
+// forever. A handler's error that wraps ErrMismatch (a nested Barrier's)
+// counts too.
+//
+// Everything else is not permanent, nil included: ErrInProgress, a
+// handler's failure, ErrRunCancelled, store and lock failures — and
+// redlease.ErrInvalid from the program rather than the request (a nil
+// handler, a lock strategy that refuses the lease): that is a bug or a
+// misconfiguration to fix, after which the same message goes through, so
+// dead-lettering every message meanwhile would be wrong. Outcomes that are
+// recorded (a Final or stored error, ErrResultNotStored) are not refusals:
+// the Consumer acks them.
+func Permanent(err error) bool {
+	var p permanent
+	return errors.Is(err, ErrMismatch) || errors.As(err, &p)
+}
+
+// permanent marks an error about the request itself, which no retry of it
+// can fix (see Permanent).
+type permanent struct{ err error }
+
+func (p permanent) Error() string { return p.err.Error() }
+func (p permanent) Unwrap() error { return p.err }
 
 // Option configures a Barrier.
 type Option interface {
@@ -54,6 +101,13 @@ func (f optionFunc) apply(b *Barrier) error { return f(b) }
 
 // WithStrategy keeps requests in flight exclusive with s (quorum, for a
 // settlement) instead of the default single strategy on the store.
+//
+// Every request key gets a lock of its own, and with fencing on each lock
+// name keeps a fence counter on the lock nodes: give s a fence TTL
+// (single.WithFenceTTL, quorum.WithFenceTTL, failover.WithFenceTTL) of at
+// least retention+lease, as the default strategy has, or one counter per
+// request ever made stays on the nodes forever. A shorter fence TTL would
+// let a request's fences start again at 1 while its record is still kept.
 func WithStrategy(s redlease.Strategy) Option {
 	return optionFunc(func(b *Barrier) error {
 		if s == nil {
@@ -65,8 +119,13 @@ func WithStrategy(s redlease.Strategy) Option {
 }
 
 // WithKeeper renews the lock of a request in flight while its handler runs
-// (share the process's renew.Watchdog). Without one a handler must finish
-// within the lease, or its context is cancelled.
+// (share the process's renew.Watchdog); the request's record is kept as
+// long. Without one a handler must finish within the lease, or its context
+// is cancelled. The default strategy's fence counters expire
+// retention+lease after a lock's grant, and renewals do not move that: a
+// handler kept longer than retention+lease that then dies leaves a record
+// whose fence the next grant (from 1 again) cannot take over, so its
+// request answers ErrInProgress until that record expires.
 func WithKeeper(k redlease.Keeper) Option {
 	return optionFunc(func(b *Barrier) error {
 		if k == nil {
@@ -116,7 +175,10 @@ func WithMaxResult(n int) Option {
 
 // WithStoreEverything stores every outcome once the handler ran: errors of
 // any kind are replayed too, not only Final ones. Default off: a transient
-// failure releases the request so a retry can run.
+// failure releases the request so a retry can run. Even with it, a run
+// whose context was cancelled (ErrRunCancelled), a handler's error that
+// says its lock was lost (redlease.ErrLost) and a handler's own
+// ErrInProgress are never stored: none of them is an outcome.
 func WithStoreEverything() Option {
 	return optionFunc(func(b *Barrier) error {
 		b.storeAll = true
@@ -204,7 +266,9 @@ func New(store redis.UniversalClient, opts ...Option) (*Barrier, error) {
 		return nil, redlease.Invalid("idempotency: retention %v must be longer than the lease %v", b.retention, b.lease)
 	}
 	if b.strategy == nil {
-		b.strategy = single.New(store)
+		// Fence counters of request locks expire with their records: a
+		// request's fences are compared only while its record is kept.
+		b.strategy = single.New(store, single.WithFenceTTL(b.retention+b.lease))
 	}
 	lopts := []redlease.Option{redlease.WithTTL(b.lease), redlease.WithPrefix(b.prefix + nsLock)}
 	if b.keeper != nil {
@@ -222,9 +286,12 @@ type Outcome struct {
 }
 
 // Handler does the request's work under the lock. Its ctx is cancelled if
-// the lock is lost. fence is the fence of this request's lock: it orders
-// the runs of this one request (a takeover gets a higher fence), so storage
-// written only by this request can refuse a stale run with it. It says
+// the lock is lost. If its ctx is done when it returns (the lock was lost,
+// or the caller's ctx ended), whatever it returned is discarded and the
+// request released: see ErrRunCancelled. fence is the fence of this
+// request's lock: it orders the runs of this one request (a takeover gets
+// a higher fence), so storage written only by this request can refuse a
+// stale run with it. It says
 // nothing about other requests: a shared row (an account balance) needs its
 // own lock and that lock's fence — see examples/settlement.
 type Handler func(ctx context.Context, fence uint64) ([]byte, error)
@@ -238,27 +305,60 @@ type Request struct {
 
 // Do runs h once for req.Key. See Barrier for what duplicates get. The
 // error is h's (a stored failure is replayed as a *StoredError), or
-// ErrInProgress, ErrMismatch, ErrNotOwner, ErrResultNotStored, or a lock or
-// store failure.
+// ErrInProgress, ErrMismatch, ErrNotOwner, ErrResultNotStored,
+// ErrRunCancelled, ErrNotRecorded, or a lock or store failure.
+//
+// Once h has returned, Do tries to record its outcome for as long as the
+// request's lock is held, at most a lease, even if ctx ends meanwhile: an
+// outcome that is not recorded lets a later retry run h again.
 func (b *Barrier) Do(ctx context.Context, req Request, h Handler) (Outcome, error) {
 	return b.do(ctx, nsRequest, req, h, 0)
 }
 
 // DoWait is Do, but a duplicate that finds the request in progress waits
 // up to wait for it to complete and replays its result (ErrInProgress if it
-// does not complete in time).
+// does not complete in time). Only the Barrier's own in-progress answer is
+// waited on: an ErrInProgress that h returns (a nested Barrier, a
+// downstream 409) is h's result, a transient failure, returned at once.
 func (b *Barrier) DoWait(ctx context.Context, req Request, wait time.Duration, h Handler) (Outcome, error) {
 	return b.do(ctx, nsRequest, req, h, wait)
 }
 
+// verdict says what became of a request, for the callers that act on it
+// (do waits on busy, the Consumer acks recorded and unrecorded) without
+// reading it from the error, which may wrap a handler's own sentinels.
+type verdict int
+
+const (
+	// failed: nothing is recorded — the request was refused, not run, or
+	// run and released (a transient failure, a cancelled run, a result
+	// refused because the record was taken over). A retry may run it.
+	failed verdict = iota
+	// busy: the Barrier's own in-progress answer (the lock is taken, or
+	// the record is in progress under a higher fence).
+	busy
+	// recorded: run now or before, and its outcome is on the record (or
+	// it completed with a result too large to keep).
+	recorded
+	// unrecorded: run now, but its outcome could not be recorded
+	// (ErrNotRecorded): its effect may have happened.
+	unrecorded
+)
+
 // do runs h once for req.Key in namespace ns (see keys.go): Do and DoWait,
 // the Consumer and the Middleware each have their own.
 func (b *Barrier) do(ctx context.Context, ns string, req Request, h Handler, wait time.Duration) (Outcome, error) {
+	out, _, err := b.exec(ctx, ns, req, h, wait)
+	return out, err
+}
+
+// exec is do, and says what became of the request.
+func (b *Barrier) exec(ctx context.Context, ns string, req Request, h Handler, wait time.Duration) (Outcome, verdict, error) {
 	if req.Key == "" {
-		return Outcome{}, redlease.Invalid("idempotency: empty key")
+		return Outcome{}, failed, permanent{redlease.Invalid("idempotency: empty key")}
 	}
 	if h == nil {
-		return Outcome{}, redlease.Invalid("idempotency: nil handler")
+		return Outcome{}, failed, redlease.Invalid("idempotency: nil handler")
 	}
 	rec := b.recordKey(ns, req.Key)
 	deadline := time.Now().Add(wait)
@@ -266,45 +366,52 @@ func (b *Barrier) do(ctx context.Context, ns string, req Request, h Handler, wai
 		// Cheap first look: most duplicates are replays, and need no lock.
 		st, err := b.peek(ctx, rec, req.Fingerprint)
 		if err != nil {
-			return Outcome{}, err
+			return Outcome{}, failed, err
 		}
 		switch st.state {
 		case "done":
-			return st.replay()
+			out, err := st.replay()
+			return out, recorded, err
 		case "mismatch":
-			return Outcome{}, ErrMismatch
+			return Outcome{}, failed, ErrMismatch
 		default: // none, or in progress: whoever holds the lock is running it
 			// An in-progress record whose owner's lock has expired (a crash,
 			// a pause) is taken over by whoever gets the lock next.
-			out, err := b.run(ctx, req, rec, lockKey(ns, req.Key), h)
-			if !errors.Is(err, ErrInProgress) || time.Now().After(deadline) {
-				return out, err
+			out, v, err := b.run(ctx, req, rec, lockKey(ns, req.Key), h)
+			// Only the Barrier's own in-progress answer is waited on: an
+			// ErrInProgress of the handler's is its result.
+			if v != busy || time.Now().After(deadline) {
+				return out, v, err
 			}
 		}
 		// Waiting for an in-flight duplicate: poll, bounded by the deadline.
 		if err := sleepCtx(ctx, min(50*time.Millisecond*time.Duration(attempt+1), time.Until(deadline), 500*time.Millisecond)); err != nil {
-			return Outcome{}, err
+			return Outcome{}, failed, err
 		}
 	}
 }
 
 // run takes the lock, claims the record and runs h.
-func (b *Barrier) run(ctx context.Context, req Request, rec, lockKey string, h Handler) (Outcome, error) {
+func (b *Barrier) run(ctx context.Context, req Request, rec, lockKey string, h Handler) (Outcome, verdict, error) {
 	lk, err := b.locker.TryLock(ctx, lockKey)
 	var nodeErr *redlease.NodeError
 	if errors.Is(err, redlease.ErrNotObtained) && ctx.Err() == nil && !errors.As(err, &nodeErr) {
 		// Taken, not failed: someone is running this request now.
-		return Outcome{}, &InProgressError{RetryAfter: time.Second}
+		return Outcome{}, busy, &InProgressError{RetryAfter: time.Second}
 	}
 	if err != nil {
-		return Outcome{}, err
+		return Outcome{}, failed, err
 	}
 	stopKeeping := func() {}
 	if b.keeper != nil {
 		stopKeeping = b.keeper.Keep(lk)
 	}
+	keepLock := false // an unrecorded outcome: duplicates wait for the lock to run out
 	defer func() {
 		stopKeeping()
+		if keepLock {
+			return
+		}
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.lease)
 		_ = lk.Release(rctx)
 		cancel()
@@ -314,40 +421,66 @@ func (b *Barrier) run(ctx context.Context, req Request, rec, lockKey string, h H
 	// completed while we took it.
 	st, err := b.claim(ctx, rec, lk.Token(), lk.Fence(), req.Fingerprint)
 	if err != nil {
-		return Outcome{}, err
+		return Outcome{}, failed, err
 	}
 	switch st.state {
 	case "done":
-		return st.replay()
+		out, err := st.replay()
+		return out, recorded, err
 	case "mismatch":
-		return Outcome{}, ErrMismatch
+		return Outcome{}, failed, ErrMismatch
 	case "progress":
 		// Only a double grant gets here (an owner with a higher fence): it
 		// will finish or lose its lock within a lease.
-		return Outcome{}, &InProgressError{RetryAfter: b.lease}
+		return Outcome{}, busy, &InProgressError{RetryAfter: b.lease}
 	}
 
-	// The handler's ctx ends when the lock is lost.
+	// The handler's ctx ends when the lock is lost; meanwhile the record
+	// is kept alive as long as the lock (see watch).
 	hctx, cancel := context.WithCancelCause(ctx)
-	lostWatch := make(chan struct{})
+	watching := make(chan struct{})
 	go func() {
-		defer close(lostWatch)
-		select {
-		case <-lk.Lost():
-			cancel(lk.Err())
-		case <-hctx.Done():
-		}
+		defer close(watching)
+		b.watch(hctx, cancel, lk, rec)
 	}()
-	defer func() { cancel(nil); <-lostWatch }()
+	stopWatching := sync.OnceFunc(func() { cancel(nil); <-watching })
+	defer stopWatching()
 
 	result, panicked, herr := b.call(hctx, h, lk.Fence())
+	// Decided the moment h returned: a lock that ran out before the
+	// watcher said so counts as lost too.
+	if hctx.Err() == nil && !lk.Valid() {
+		cancel(lostCause(lk))
+	}
+	var cause error
+	if hctx.Err() != nil {
+		cause = context.Cause(hctx)
+	}
+	stopWatching()
 	if panicked != nil {
-		b.release(ctx, rec, lk.Token())
+		_, _ = b.release(ctx, rec, lk.Token())
 		panic(panicked)
 	}
+	if cause != nil {
+		// Whatever h returned, its run was cut short: nothing is recorded.
+		errs := []error{ErrRunCancelled}
+		if herr != nil {
+			errs = append(errs, herr)
+		}
+		if !errors.Is(herr, cause) {
+			errs = append(errs, cause)
+		}
+		switch ok, err := b.release(ctx, rec, lk.Token()); {
+		case err != nil:
+			errs = append(errs, err)
+		case !ok:
+			errs = append(errs, ErrNotOwner)
+		}
+		return Outcome{Fence: lk.Fence()}, failed, errors.Join(errs...)
+	}
 	if herr != nil && !b.keep(herr) {
-		b.release(ctx, rec, lk.Token())
-		return Outcome{Fence: lk.Fence()}, herr
+		_, _ = b.release(ctx, rec, lk.Token())
+		return Outcome{Fence: lk.Fence()}, failed, herr
 	}
 	kind, payload := "ok", result
 	if herr != nil {
@@ -356,14 +489,106 @@ func (b *Barrier) run(ctx context.Context, req Request, rec, lockKey string, h H
 	if len(payload) > b.maxResult {
 		kind, payload = "big", nil
 	}
-	if err := b.complete(ctx, rec, lk.Token(), kind, payload); err != nil {
-		return Outcome{Result: result, Fence: lk.Fence()}, errors.Join(herr, err)
+	out := Outcome{Result: result, Fence: lk.Fence()}
+	switch err := b.record(ctx, rec, lk, kind, payload); {
+	case errors.Is(err, ErrNotOwner):
+		return out, failed, errors.Join(herr, err)
+	case err != nil:
+		keepLock = true
+		return out, unrecorded, notRecorded(herr, err)
 	}
 	if kind == "big" && herr == nil {
 		// The caller gets its result now; duplicates will not.
-		return Outcome{Result: result, Fence: lk.Fence()}, nil
+		return out, recorded, nil
 	}
-	return Outcome{Result: result, Fence: lk.Fence()}, herr
+	return out, recorded, herr
+}
+
+// watch runs beside a handler until hctx ends (the handler returned, or
+// the caller's ctx ended): it cancels hctx with the lock's loss, and keeps
+// the in-progress record alive at least as long as the lock, so a handler
+// whose lock a Keeper renews past the retention keeps its record. Renewals
+// come every third of the lease or of the retention, whichever is shorter;
+// one that fails is tried again at the next tick (the lock's own renewal
+// decides whether the handler may go on).
+func (b *Barrier) watch(hctx context.Context, cancel context.CancelCauseFunc, lk *redlease.Lock, rec string) {
+	interval := min(b.lease, b.retention) / 3
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-lk.Lost():
+			cancel(lostCause(lk))
+			return
+		case <-hctx.Done():
+			return
+		case <-tick.C:
+			rctx, done := context.WithTimeout(hctx, interval)
+			_ = b.renewRecord(rctx, rec, lk.Token())
+			done()
+		}
+	}
+}
+
+// lostCause is why the lock is gone: an error that errors.Is
+// redlease.ErrLost.
+func lostCause(lk *redlease.Lock) error {
+	if err := lk.Err(); err != nil {
+		return err
+	}
+	return fmt.Errorf("%w: the lock's validity ran out", redlease.ErrLost)
+}
+
+// notRecorded is the error of a run whose outcome could not be stored:
+// ErrNotRecorded, the handler's error if it returned one, and the store's.
+func notRecorded(herr, storeErr error) error {
+	if herr != nil {
+		return fmt.Errorf("%w: the handler ran (its effect may have happened) and returned its outcome (%w), but that outcome could not be stored: %w", ErrNotRecorded, herr, storeErr)
+	}
+	return fmt.Errorf("%w: the handler ran and succeeded (its effect may have happened), but its result could not be stored: %w", ErrNotRecorded, storeErr)
+}
+
+// Bounds of record's retries.
+const (
+	recordAttempts   = 50
+	recordFirstDelay = 5 * time.Millisecond
+	recordMaxDelay   = 200 * time.Millisecond
+)
+
+// record stores a run's outcome, trying again with backoff while the
+// store fails, for as long as the request's lock is valid and at most a
+// lease (and recordAttempts times). It goes on after ctx ends: an outcome
+// the handler produced is worth recording even if the caller has left.
+// Each attempt may be a repeat of one that landed unseen, which
+// completeScript answers as stored. It returns nil once stored,
+// ErrNotOwner if the record was taken over, or the store's last error.
+func (b *Barrier) record(ctx context.Context, rec string, lk *redlease.Lock, kind string, payload []byte) error {
+	ctx = context.WithoutCancel(ctx)
+	giveUp := time.Now().Add(b.lease)
+	delay := recordFirstDelay
+	for attempt := 1; ; attempt++ {
+		end := giveUp
+		if until := lk.Until(); until.Before(end) {
+			end = until
+		}
+		actx, cancel := context.WithDeadline(ctx, end)
+		err := b.complete(actx, rec, lk.Token(), kind, payload)
+		cancel()
+		if err == nil || errors.Is(err, ErrNotOwner) || errors.Is(err, errRecordGone) {
+			return err
+		}
+		if attempt >= recordAttempts || !lk.Valid() || time.Now().Add(delay).After(giveUp) {
+			return fmt.Errorf("%w (gave up after %d attempts)", err, attempt)
+		}
+		t := time.NewTimer(delay)
+		select {
+		case <-t.C:
+		case <-lk.Lost():
+			t.Stop()
+			return fmt.Errorf("%w (gave up after %d attempts, at the loss of the lock)", err, attempt)
+		}
+		delay = min(2*delay, recordMaxDelay)
+	}
 }
 
 // call runs h, turning a panic into a value so the record can be released
@@ -379,14 +604,20 @@ func (b *Barrier) call(ctx context.Context, h Handler, fence uint64) (res []byte
 }
 
 // keep decides whether a failed handler's outcome is stored: Final errors
-// (definitive business outcomes) yes; context cancellation and everything
-// else no, unless WithStoreEverything.
+// (definitive business outcomes) yes; everything else no, unless
+// WithStoreEverything — and even then not a handler's own ErrInProgress
+// (transient by nature) nor an error that says a lock was lost (the run
+// may not have been exclusive). A run whose own context ended never gets
+// here (ErrRunCancelled).
 func (b *Barrier) keep(err error) bool {
-	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, redlease.ErrLost) {
-		return b.storeAll && !errors.Is(err, redlease.ErrLost) // a lost lock means we may not be the owner any more
-	}
 	var f *FinalError
-	return b.storeAll || errors.As(err, &f)
+	switch {
+	case errors.As(err, &f):
+		return true
+	case errors.Is(err, ErrInProgress), errors.Is(err, redlease.ErrLost):
+		return false
+	}
+	return b.storeAll
 }
 
 // status is a record's classification.
@@ -438,19 +669,39 @@ func (b *Barrier) claim(ctx context.Context, rec, owner string, fence uint64, fp
 	return parseStatus(reply)
 }
 
+// errRecordGone: complete found no record at all (it expired, or the
+// store lost it).
+var errRecordGone = errors.New("the record is gone (expired, or lost by the store)")
+
 func (b *Barrier) complete(ctx context.Context, rec, owner, kind string, result []byte) error {
-	n, err := completeScript.Run(context.WithoutCancel(ctx), b.store, []string{rec}, owner, kind, result, b.retention.Milliseconds()).Int64()
-	if err != nil {
+	n, err := completeScript.Run(ctx, b.store, []string{rec}, owner, kind, result, b.retention.Milliseconds()).Int64()
+	switch {
+	case err != nil:
 		return fmt.Errorf("idempotency: complete %s: %w", rec, err)
-	}
-	if n != 1 {
+	case n == -1:
+		return fmt.Errorf("idempotency: complete %s: %w", rec, errRecordGone)
+	case n != 1:
 		return ErrNotOwner
 	}
 	return nil
 }
 
-func (b *Barrier) release(ctx context.Context, rec, owner string) {
-	_ = releaseScript.Run(context.WithoutCancel(ctx), b.store, []string{rec}, owner).Err()
+// release forgets the record if owner still owns it in progress: ok false
+// if not (taken over, or gone).
+func (b *Barrier) release(ctx context.Context, rec, owner string) (ok bool, err error) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.lease)
+	defer cancel()
+	n, err := releaseScript.Run(rctx, b.store, []string{rec}, owner).Int64()
+	if err != nil {
+		return false, fmt.Errorf("idempotency: release %s: %w", rec, err)
+	}
+	return n == 1, nil
+}
+
+// renewRecord keeps owner's in-progress record for at least the retention
+// from now.
+func (b *Barrier) renewRecord(ctx context.Context, rec, owner string) error {
+	return renewScript.Run(ctx, b.store, []string{rec}, owner, b.retention.Milliseconds()).Err()
 }
 
 // InProgressError is ErrInProgress with a hint of when to try again.

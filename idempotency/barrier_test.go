@@ -70,7 +70,9 @@ func TestFingerprintSurvivesCompletion(t *testing.T) {
 }
 
 // A handler that outlives its lock finds the request taken over when it
-// completes: its result is refused, the new owner's stands.
+// returns: its result is discarded (its lock was lost: ErrRunCancelled),
+// its release leaves the new owner's record alone (ErrNotOwner), and the
+// new owner's result stands.
 func TestStaleOwnersCompleteIsRejected(t *testing.T) {
 	c := store(t)
 	b := barrier(t, c, idempotency.WithLease(200*time.Millisecond), idempotency.WithRetention(time.Minute))
@@ -91,7 +93,9 @@ func TestStaleOwnersCompleteIsRejected(t *testing.T) {
 	out, err := b.Do(ctx, req, func(ctx context.Context, fence uint64) ([]byte, error) { return []byte("fresh"), nil })
 	require.NoError(t, err, "the request is taken over once its owner's lock expired")
 	assert.Equal(t, "fresh", string(out.Result))
-	assert.ErrorIs(t, <-stale, idempotency.ErrNotOwner, "the stale owner's result is refused")
+	staleErr := <-stale
+	assert.ErrorIs(t, staleErr, idempotency.ErrRunCancelled, "the stale owner's result is discarded")
+	assert.ErrorIs(t, staleErr, idempotency.ErrNotOwner, "the request was taken over")
 	replay, err := b.Do(ctx, req, func(context.Context, uint64) ([]byte, error) { return nil, errors.New("must not run") })
 	require.NoError(t, err)
 	assert.Equal(t, "fresh", string(replay.Result))
@@ -100,10 +104,14 @@ func TestStaleOwnersCompleteIsRejected(t *testing.T) {
 // A caller that does not own a record never deletes it: here the first
 // owner outlives its lock, the request is taken over, and the first owner
 // then fails transiently — its release must leave the new owner's record
-// alone, and the new owner's result stands.
+// alone, and the new owner's result stands. The new owner runs through a
+// second Barrier on the same prefix with a long lease, so that it holds
+// its lock for as long as the test keeps it running (a run that outlives
+// its own lock is not recorded).
 func TestRecordNeverDeletedByANonOwner(t *testing.T) {
 	c := store(t)
 	b := barrier(t, c, idempotency.WithLease(200*time.Millisecond), idempotency.WithRetention(time.Minute))
+	long := barrier(t, c, idempotency.WithLease(5*time.Second), idempotency.WithRetention(time.Minute))
 	ctx := t.Context()
 	req := idempotency.Request{Key: "k"}
 	aDone := make(chan error, 1)
@@ -122,7 +130,7 @@ func TestRecordNeverDeletedByANonOwner(t *testing.T) {
 	bFinish := make(chan struct{})
 	bDone := make(chan error, 1)
 	go func() {
-		_, err := b.Do(ctx, req, func(context.Context, uint64) ([]byte, error) {
+		_, err := long.Do(ctx, req, func(context.Context, uint64) ([]byte, error) {
 			close(bRunning)
 			<-bFinish
 			return []byte("b"), nil
@@ -130,7 +138,9 @@ func TestRecordNeverDeletedByANonOwner(t *testing.T) {
 		bDone <- err
 	}()
 	<-bRunning
-	require.Error(t, <-aDone) // A fails and tries to release
+	aErr := <-aDone // A fails and tries to release
+	require.ErrorIs(t, aErr, idempotency.ErrRunCancelled, "A's lock was lost while it ran")
+	assert.ErrorIs(t, aErr, idempotency.ErrNotOwner, "A's release found B's record")
 	n, err := c.Exists(ctx, "idem:r:k").Result()
 	require.NoError(t, err)
 	assert.EqualValues(t, 1, n, "B's in-progress record survives A's release")

@@ -2,7 +2,6 @@ package idempotency
 
 import (
 	"context"
-	"errors"
 
 	"github.com/redlease/redlease"
 )
@@ -24,19 +23,32 @@ func NewConsumer(b *Barrier) *Consumer { return &Consumer{b: b} }
 //   - ack true, err nil: done now or before (a duplicate); ack it.
 //   - ack true, err a Final or stored error: the outcome is definitive and
 //     recorded; ack it, it must not run again.
+//   - ack true, err ErrNotRecorded: h ran (its effect may have happened),
+//     but its outcome could not be recorded, the store failing for as long
+//     as the message's lock was held; ack it, since running it again could
+//     repeat the effect. If it comes back anyway (published again), it is
+//     in progress until that lock runs out and then runs again: h's fence
+//     is what guards its storage then.
 //   - ack false, err ErrInProgress: another consumer is handling it right
 //     now; do not ack — if that consumer dies, redelivery (XAUTOCLAIM)
 //     brings it back, and its lock will have expired by then.
-//   - ack false, other err: h failed transiently and the record was
-//     released; do not ack, let it be redelivered. An empty id is
-//     redlease.ErrInvalid.
+//   - ack false, err with Permanent(err) true: the message itself is
+//     refused (ErrMismatch, or an empty id: redlease.ErrInvalid) and will
+//     never succeed; dead-letter it (move it aside and ack it), or it is
+//     redelivered forever.
+//   - ack false, other err: nothing was recorded and the record was
+//     released — h failed transiently, its run was cancelled
+//     (ErrRunCancelled: its lock was lost or ctx ended), the message was
+//     taken over (ErrNotOwner), or the store or lock failed before h ran;
+//     do not ack, let it be redelivered.
 func (c *Consumer) Handle(ctx context.Context, id string, h Handler) (ack bool, err error) {
 	return c.handle(ctx, Request{Key: id}, h)
 }
 
 // HandlePayload is Handle that also fingerprints the message payload: a
 // message re-published under the same id with a different payload gets
-// ErrMismatch (ack false) instead of a silent replay.
+// ErrMismatch (ack false) instead of a silent replay. ErrMismatch is
+// Permanent: dead-letter such a message, since no redelivery can succeed.
 func (c *Consumer) HandlePayload(ctx context.Context, id string, payload []byte, h Handler) (ack bool, err error) {
 	return c.handle(ctx, Request{Key: id, Fingerprint: PayloadHash(payload)}, h)
 }
@@ -46,14 +58,11 @@ func (c *Consumer) handle(ctx context.Context, req Request, h Handler) (ack bool
 	case c == nil || c.b == nil:
 		return false, redlease.Invalid("idempotency: Consumer without a Barrier")
 	case req.Key == "":
-		return false, redlease.Invalid("idempotency: empty message id")
+		return false, permanent{redlease.Invalid("idempotency: empty message id")}
 	}
-	_, err = c.b.do(ctx, nsMessage, req, h, 0)
-	var final *FinalError
-	var stored *StoredError
-	switch {
-	case err == nil, errors.As(err, &final), errors.As(err, &stored), errors.Is(err, ErrResultNotStored):
-		return true, err
-	}
-	return false, err
+	// The verdict, not the error, decides: a handler's error may wrap any
+	// of the Barrier's sentinels (a nested Barrier's ErrNotRecorded, say)
+	// without meaning that this message's outcome is recorded.
+	_, v, err := c.b.exec(ctx, nsMessage, req, h, 0)
+	return v == recorded || v == unrecorded, err
 }

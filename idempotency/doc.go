@@ -15,11 +15,15 @@
 //
 // Each request key has one record on the store: in progress (owner, fence,
 // payload fingerprint), then completed (stored result) or released. Peek,
-// claim, complete and release are each one Lua script, and complete and
-// release check the owner, so no step races another and no caller deletes
-// a record it did not claim. A handler that outlived its lock (it was
-// paused, or partitioned) finds its record taken over and its result
-// refused (ErrNotOwner).
+// claim, renew, complete and release are each one Lua script, and renew,
+// complete and release check the owner, so no step races another and no
+// caller deletes a record it did not claim. A handler that outlived its
+// lock (it was paused, or partitioned) has its context cancelled and its
+// result discarded (ErrRunCancelled); should its lock still look valid to
+// it (a double grant), its record was taken over and complete refuses its
+// result (ErrNotOwner). An in-progress record lives at least as long as
+// its lock: while the handler runs, its record's TTL is renewed beside the
+// lock, so a handler that a Keeper keeps past the retention keeps it too.
 //
 // # Keys
 //
@@ -29,7 +33,8 @@
 // HTTP requests (Middleware) at prefix+"h:"+hash, and the in-flight locks
 // at prefix+"l:"+hex, 32 hex digits of a hash of the record's namespace and
 // key (the lock strategy adds each lock's fence counter, in its own
-// namespace). So any bytes
+// namespace; the default strategy lets it expire retention+lease after
+// its last grant, so a Barrier leaves no key without a TTL). So any bytes
 // may be a request key: none names another request's record or lock, and a
 // Consumer, a Middleware and direct calls can share one Barrier without
 // sharing requests. A prefix that would put keys under
@@ -47,11 +52,24 @@
 // # Result policy
 //
 // Successes are stored and replayed; so are errors marked Final (definitive
-// business outcomes: "insufficient funds"). Panics, context cancellation and
-// other errors release the record so a retry can run; WithStoreEverything
-// stores every outcome once the handler ran. Results are kept
-// WithRetention (default 24 h) — independent of the lease, which only
-// bounds a request in flight — and are bounded in size (WithMaxResult).
+// business outcomes: "insufficient funds"). Panics and other errors release
+// the record so a retry can run; WithStoreEverything stores every outcome
+// once the handler ran. Results are kept WithRetention (default 24 h) —
+// independent of the lease, which only bounds a request in flight — and
+// are bounded in size (WithMaxResult).
+//
+// What the handler returns counts only if its context was still live when
+// it returned. A run whose context was cancelled — its lock was lost, or
+// its caller's context ended — has an unknown outcome: nothing is stored,
+// not even WithStoreEverything, the record is released, and the caller
+// gets ErrRunCancelled. A handler's own ErrInProgress (a nested Barrier, a
+// downstream conflict) is a transient failure: released, returned, never
+// waited on by DoWait.
+//
+// A result the store cannot take when the handler returns is tried again
+// while the request's lock is held. If it never lands, the caller gets the
+// handler's Outcome with ErrNotRecorded: the effect may have happened, so
+// it is not a failure to retry (the Consumer acks it).
 //
 // # What the choices guarantee
 //

@@ -8,8 +8,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -40,6 +42,16 @@ const (
 	// DefaultMaxBody bounds the request body the middleware reads to
 	// fingerprint a request: 1 MiB.
 	DefaultMaxBody = 1 << 20
+	// DefaultHandlerTimeout bounds a keyed request's run on the server side
+	// (see WithHandlerTimeout): 20 s. Long enough for a handler that calls a
+	// payment provider, and longer than most clients wait, so that a
+	// client's retry after its own timeout finds the recorded response;
+	// two thirds of DefaultLease, so that a handler on a Barrier without a
+	// Keeper is stopped while its lock is still held, with a third of the
+	// lease left to record its response; and within the 30 s a server
+	// commonly gets to drain its requests on shutdown (Kubernetes's
+	// default grace period).
+	DefaultHandlerTimeout = 20 * time.Second
 )
 
 // ErrInvalidKey is the error of ParseKey (wrapped with the reason): the
@@ -161,6 +173,9 @@ type httpConfig struct {
 	failOpen          bool
 	wait              time.Duration
 	storeServerErrors bool
+	transient         map[int]bool
+	handlerTimeout    time.Duration // 0: not set, derived from the Barrier
+	runTimeout        time.Duration // wait + handlerTimeout: a keyed request's deadline
 	errorLog          func(*http.Request, error)
 }
 
@@ -171,9 +186,33 @@ func defaultHTTPConfig() httpConfig {
 		route:         func(r *http.Request) string { return r.URL.Path },
 		maxBody:       DefaultMaxBody,
 		maxKeyLen:     DefaultMaxKeyLength,
-		replayHeaders: []string{"Content-Type", "Location"},
-		errorLog:      func(*http.Request, error) {},
+		replayHeaders: []string{"Location"},
+		transient: map[int]bool{
+			http.StatusRequestTimeout:  true,
+			http.StatusTooEarly:        true,
+			http.StatusTooManyRequests: true,
+		},
+		errorLog: func(*http.Request, error) {},
 	}
+}
+
+// recordedHeaders are stored and replayed with every recorded response,
+// whatever WithReplayHeaders says: the representation fields, without
+// which the body cannot be read (a gzip body without its Content-Encoding
+// is garbage to its client), and Retry-After, which is part of the answer
+// wherever a handler sent it.
+var recordedHeaders = [...]string{"Content-Type", "Content-Encoding", "Content-Language", "Retry-After"}
+
+// withRecordedHeaders returns recordedHeaders followed by the names not
+// among them, each once.
+func withRecordedHeaders(names []string) []string {
+	out := append(make([]string, 0, len(recordedHeaders)+len(names)), recordedHeaders[:]...)
+	for _, n := range names {
+		if !slices.Contains(out, n) {
+			out = append(out, n)
+		}
+	}
+	return out
 }
 
 // WithMethods sets the methods the middleware covers; requests with other
@@ -260,10 +299,12 @@ func WithMaxKeyLength(n int) HTTPOption {
 }
 
 // WithReplayHeaders sets the response header fields stored with a response
-// and replayed with it (all their values). Default Content-Type and
-// Location. Other fields the handler set reach the first client only;
-// fields that vary per response (Date, request ids) or carry secrets
-// (Set-Cookie) should not be replayed.
+// and replayed with it (all their values), besides those that always are:
+// the representation fields Content-Type, Content-Encoding and
+// Content-Language, which a body cannot be read without, and Retry-After.
+// Default Location (and those four). Other fields the handler set reach the
+// first client only; fields that vary per response (Date, request ids) or
+// carry secrets (Set-Cookie) should not be replayed.
 func WithReplayHeaders(names ...string) HTTPOption {
 	return httpOptionFunc(func(c *httpConfig) error {
 		c.replayHeaders = make([]string, 0, len(names))
@@ -307,7 +348,8 @@ func WithInFlightWait(d time.Duration) HTTPOption {
 // other. Default false: a 5xx is treated as transient, returned to its
 // client but not recorded, so that a retry with the same key runs the
 // handler again. Use it only for handlers whose 5xx may follow a side
-// effect that must not be repeated.
+// effect that must not be repeated. A 5xx listed in WithTransientStatuses
+// is not recorded either way.
 func WithStoreServerErrors(store bool) HTTPOption {
 	return httpOptionFunc(func(c *httpConfig) error {
 		c.storeServerErrors = store
@@ -315,10 +357,63 @@ func WithStoreServerErrors(store bool) HTTPOption {
 	})
 }
 
+// WithTransientStatuses sets the statuses that say "not now" rather than
+// "no": a response with one of them is sent to its client but not
+// recorded, so a retry with the same key runs the handler again. Default
+// 408 (Request Timeout), 425 (Too Early) and 429 (Too Many Requests);
+// were it recorded, a 429 would be replayed for the whole retention, and
+// the request it refused would never run. Codes must be 400-599; with none,
+// every 4xx is recorded. 5xx are not recorded unless WithStoreServerErrors,
+// and a 5xx listed here is not recorded even then.
+func WithTransientStatuses(codes ...int) HTTPOption {
+	return httpOptionFunc(func(c *httpConfig) error {
+		c.transient = make(map[int]bool, len(codes))
+		for _, code := range codes {
+			if code < 400 || code > 599 {
+				return redlease.Invalid("idempotency: transient status %d: must be 400-599 (a 1xx, 2xx or 3xx is an answer)", code)
+			}
+			c.transient[code] = true
+		}
+		return nil
+	})
+}
+
+// WithHandlerTimeout bounds, on the server side, how long a keyed request
+// may run: its deadline, d after the middleware has read its body (plus
+// WithInFlightWait, if set), bounds the store calls before the handler and
+// the handler itself. A response the handler returned in time is then
+// recorded whatever the deadline (the Barrier tries for up to its lease).
+// When the deadline passes while the handler runs, its context is
+// cancelled, nothing is recorded, and the client (if still there) gets 503
+// "outcome-unknown". The client's disconnect does not cancel the handler:
+// a client that times out is the case Idempotency-Keys exist for, and its
+// retry should find the complete run's response, not a run cut off
+// half-way.
+//
+// Default DefaultHandlerTimeout (20 s), or, if the Middleware's Barrier
+// has no Keeper, two thirds of its lease when that is shorter: without a
+// Keeper the lock lasts one lease, and a run should end while its lock is
+// held, with time left to record its response. An explicit d is used as given; without a
+// Keeper the end of the lease cancels the run too, so keep d below it or
+// give the Barrier a Keeper. Make the handler's own outgoing calls (a payment
+// provider) time out well before d, so that the handler, not the
+// deadline, decides its answer.
+func WithHandlerTimeout(d time.Duration) HTTPOption {
+	return httpOptionFunc(func(c *httpConfig) error {
+		if d <= 0 {
+			return redlease.Invalid("idempotency: handler timeout %v: must be positive", d)
+		}
+		c.handlerTimeout = d
+		return nil
+	})
+}
+
 // WithErrorLog receives the failures a response does not reveal to the
 // operator: the store unreachable (with fail-open, a request that ran
-// unprotected), a handler's response that could not be recorded, an
-// unreadable record. Default: none. It must be safe for concurrent use.
+// unprotected), a handler's response that could not be recorded
+// (ErrNotRecorded), a run cancelled half-way by the handler timeout or the
+// loss of its lock (ErrRunCancelled), an unreadable record. Default: none.
+// It must be safe for concurrent use.
 func WithErrorLog(log func(r *http.Request, err error)) HTTPOption {
 	return httpOptionFunc(func(c *httpConfig) error {
 		if log == nil {
@@ -346,16 +441,44 @@ func WithErrorLog(log func(r *http.Request, err error)) HTTPOption {
 //
 //   - First request: the handler runs under b, once, with a buffering
 //     ResponseWriter (the whole response is held in memory; streaming,
-//     Flush and Hijack are not available to it); its status, its
-//     WithReplayHeaders fields and its body are recorded, then sent. Its
-//     context is cancelled if b's lock on the request is lost; FenceFrom
-//     gives it the fence to pass to its own storage. A panic records
-//     nothing and propagates.
+//     Flush and Hijack are not available to it); its status, its fields
+//     (see below) and its body are recorded, then sent. FenceFrom gives it
+//     the fence to pass to its own storage. A panic records nothing and
+//     propagates.
+//   - The handler's context: the request's values, but not its
+//     cancellation. A client that disconnects (it timed out: the case the
+//     key exists for) does not stop the handler; the run completes, is
+//     recorded, and the client's retry gets its response. The context is
+//     cancelled only if b's lock on the request is lost, or when
+//     WithHandlerTimeout passes (default DefaultHandlerTimeout, 20 s,
+//     shorter on a Barrier without a Keeper and with a short lease).
+//   - A run whose context was cancelled: whatever the handler left (a
+//     200 without a body, a 503, half a response) is neither recorded nor
+//     sent; the client gets 503 "outcome-unknown" with Retry-After, since
+//     the handler may have stopped before or after its effect. The record
+//     is released, so a retry runs the handler again (with a higher
+//     fence); reported to WithErrorLog.
 //   - What is recorded: 2xx, 3xx and 4xx responses (a 4xx is the
-//     request's definitive answer; 1xx interim responses are dropped). A
-//     5xx is sent to its client but not recorded, so a retry runs the
-//     handler again (see WithStoreServerErrors). A response larger than
-//     b's WithMaxResult is sent, and the request only marked done.
+//     request's definitive answer; 1xx interim responses are dropped),
+//     except the transient statuses of WithTransientStatuses (by default
+//     408, 425 and 429: "not now", not "no"), which are sent to their
+//     client but not recorded, so a retry runs the handler again. A 5xx is
+//     sent but not recorded either (see WithStoreServerErrors). A response
+//     larger than b's WithMaxResult is sent, and the request only marked
+//     done.
+//   - Fields recorded with a response: Content-Type, Content-Encoding and
+//     Content-Language (a body cannot be read without them) and
+//     Retry-After, always; then those of WithReplayHeaders (default
+//     Location).
+//   - A response that could not be recorded (the store failed after the
+//     handler ran, and b could not store it while it held the lock) is
+//     sent all the same: the handler ran and its effect happened. It is
+//     reported to WithErrorLog with an error that errors.Is
+//     ErrNotRecorded. The lock on the request is kept until it runs out,
+//     so a retry finds the request in progress (409) for up to b's lease,
+//     and then runs the handler again as a takeover (with a higher fence;
+//     at once, if the store lost the record itself): only the handler's
+//     own storage, keyed by the request, can refuse a second effect then.
 //   - Duplicate after completion: the recorded status, fields and body,
 //     with Idempotent-Replayed: true. The handler does not run.
 //   - Duplicate while the first runs: 409 with Retry-After (WithInFlightWait
@@ -369,7 +492,8 @@ func WithErrorLog(log func(r *http.Request, err error)) HTTPOption {
 //     Body over the limit: 413; a body that cannot be read: 400.
 //   - Store unreachable (network errors, timeouts, a loading or read-only
 //     server): 503 with Retry-After, or the handler runs unprotected with
-//     WithFailOpen.
+//     WithFailOpen (on a context its client's disconnect does not cancel,
+//     bounded by WithHandlerTimeout).
 //
 // Error responses are RFC 9457 problem details (application/problem+json)
 // with type "about:blank", the status phrase as title (as RFC 9457 asks
@@ -378,7 +502,7 @@ func WithErrorLog(log func(r *http.Request, err error)) HTTPOption {
 // "body-too-large", "unreadable-body", "in-progress", "key-reused" (422),
 // "result-not-retained", "stored-failure" (a failure recorded by a Barrier
 // with WithStoreEverything, replayed as 500), "store-unavailable",
-// "internal".
+// "outcome-unknown" (503: a run cancelled half-way), "internal".
 //
 // Requests with other methods, and requests without a key unless required,
 // pass through untouched.
@@ -395,12 +519,29 @@ func Middleware(b *Barrier, opts ...HTTPOption) func(http.Handler) http.Handler 
 			panic(err)
 		}
 	}
+	cfg.replayHeaders = withRecordedHeaders(cfg.replayHeaders)
+	if cfg.handlerTimeout == 0 {
+		cfg.handlerTimeout = defaultHandlerTimeout(b)
+	}
+	cfg.runTimeout = cfg.wait + cfg.handlerTimeout
+	if cfg.runTimeout < cfg.handlerTimeout { // overflowed
+		cfg.runTimeout = math.MaxInt64
+	}
 	return func(next http.Handler) http.Handler {
 		if next == nil {
 			panic(redlease.Invalid("idempotency: nil handler"))
 		}
 		return &middleware{b: b, cfg: cfg, next: next}
 	}
+}
+
+// defaultHandlerTimeout is DefaultHandlerTimeout, or two thirds of b's
+// lease if b has no Keeper and that is shorter (see WithHandlerTimeout).
+func defaultHandlerTimeout(b *Barrier) time.Duration {
+	if b.keeper == nil {
+		return min(DefaultHandlerTimeout, b.lease*2/3)
+	}
+	return DefaultHandlerTimeout
 }
 
 type middleware struct {
@@ -420,6 +561,7 @@ const (
 	codeResultNotRetained = "result-not-retained"
 	codeStoredFailure     = "stored-failure"
 	codeStoreUnavailable  = "store-unavailable"
+	codeOutcomeUnknown    = "outcome-unknown"
 	codeInternal          = "internal"
 )
 
@@ -460,14 +602,32 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		Key:         Key("http", m.cfg.principal(r), r.Method, m.cfg.route(r), key),
 		Fingerprint: PayloadHash(frame),
 	}
-	out, err := m.do(r.Context(), req, x.handle)
+	// The client's disconnect must not decide the record: a client that
+	// timed out is the very case the key exists for, and its retry should
+	// find the whole run's response. So the run ends only by the server's
+	// deadline or the loss of the Barrier's lock.
+	ctx, cancel := m.runContext(r, m.cfg.runTimeout)
+	defer cancel()
+	out, err := m.do(ctx, req, x.handle)
+	var unrecorded *unrecordedStatus
 	switch {
+	case x.cancelled || errors.Is(err, ErrRunCancelled):
+		// Whatever a cancelled handler left is not an answer: it may have
+		// stopped before or after its effect. Nothing was recorded.
+		m.cfg.errorLog(r, fmt.Errorf("idempotency: handler cancelled while it ran; outcome unknown, nothing recorded, a retry runs it again: %w", err))
+		setRetryAfter(w, unavailableRetryAfter)
+		writeProblem(w, http.StatusServiceUnavailable, codeOutcomeUnknown,
+			"the request was interrupted; it may or may not have taken effect; retry it with the same Idempotency-Key")
 	case x.resp != nil:
 		// The handler ran now: its response is this client's, whatever
-		// became of the record.
-		// A released 5xx comes back as the very error handle returned;
-		// anything else means the record could not be written.
-		if _, released := err.(*serverError); err != nil && !released {
+		// became of the record. A released status comes back as the error
+		// handle returned; anything else means the record could not be
+		// written.
+		switch {
+		case errors.Is(err, ErrNotRecorded): // first: it may wrap an unrecordedStatus b tried to store
+			m.cfg.errorLog(r, fmt.Errorf("idempotency: response sent but not recorded; a retry gets 409 while the request's lock lasts, then runs the handler again: %w", err))
+		case err == nil, errors.As(err, &unrecorded):
+		default:
 			m.cfg.errorLog(r, fmt.Errorf("idempotency: response sent but not recorded: %w", err))
 		}
 		x.resp.writeTo(w)
@@ -476,6 +636,16 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	default:
 		m.fail(w, r, x, err)
 	}
+}
+
+// errHandlerTimeout is the cause of a run's context when WithHandlerTimeout
+// passed.
+var errHandlerTimeout = errors.New("idempotency: handler timeout passed (WithHandlerTimeout)")
+
+// runContext is the context a keyed request runs on: r's values, not its
+// cancellation, and a deadline d from now.
+func (m *middleware) runContext(r *http.Request, d time.Duration) (context.Context, context.CancelFunc) {
+	return context.WithTimeoutCause(context.WithoutCancel(r.Context()), d, errHandlerTimeout)
 }
 
 // key parses the field: exactly one line of it.
@@ -558,7 +728,7 @@ func (m *middleware) fail(w http.ResponseWriter, r *http.Request, x *exchange, e
 		w.Header().Set(HeaderIdempotentReplayed, "true")
 		writeProblem(w, http.StatusInternalServerError, codeStoredFailure,
 			"the request with this Idempotency-Key failed, and its failure was recorded")
-	case storeUnavailable(err) || r.Context().Err() != nil:
+	case storeUnavailable(err):
 		m.unavailable(w, r, x, err)
 	default:
 		m.cfg.errorLog(r, err)
@@ -570,9 +740,13 @@ func (m *middleware) fail(w http.ResponseWriter, r *http.Request, x *exchange, e
 // fail closed, or run the handler unprotected.
 func (m *middleware) unavailable(w http.ResponseWriter, r *http.Request, x *exchange, err error) {
 	m.cfg.errorLog(r, fmt.Errorf("idempotency: store unavailable (fail open: %v): %w", m.cfg.failOpen, err))
-	// A request whose client is gone gets nothing run for it.
+	// A request whose client is gone gets nothing run for it. One that
+	// runs gets the whole handler timeout, and, as a protected run, is not
+	// cancelled if its client leaves.
 	if m.cfg.failOpen && r.Context().Err() == nil {
-		m.next.ServeHTTP(w, x.request(r.Context()))
+		ctx, cancel := m.runContext(r, m.cfg.handlerTimeout)
+		defer cancel()
+		m.next.ServeHTTP(w, x.request(ctx))
 		return
 	}
 	setRetryAfter(w, unavailableRetryAfter)
@@ -660,10 +834,11 @@ func FenceFrom(ctx context.Context) (fence uint64, ok bool) {
 // exchange is one keyed request: its body, and the response of its
 // handler if the handler ran now.
 type exchange struct {
-	m    *middleware
-	r    *http.Request
-	body []byte
-	resp *bufferedResponse
+	m         *middleware
+	r         *http.Request
+	body      []byte
+	resp      *bufferedResponse
+	cancelled bool // the handler's context had ended when it returned
 }
 
 // request is a shallow copy of the request with its body restored, so the
@@ -675,24 +850,36 @@ func (x *exchange) request(ctx context.Context) *http.Request {
 }
 
 // handle is the Barrier handler: it runs the HTTP handler and returns its
-// encoded response, or a non-Final error for a 5xx so that the record is
-// released.
+// encoded response, or a non-Final error so that the record is released:
+// for a status that is not recorded (a 5xx, a transient status), and for a
+// run whose context ended (the Barrier refuses to record those too).
 func (x *exchange) handle(ctx context.Context, fence uint64) ([]byte, error) {
 	resp := &bufferedResponse{header: make(http.Header)}
 	x.m.next.ServeHTTP(resp, x.request(context.WithValue(ctx, fenceKey{}, fence)))
 	resp.finish()
 	x.resp = resp
-	if resp.status >= 500 && !x.m.cfg.storeServerErrors {
-		return nil, &serverError{status: resp.status}
+	if err := ctx.Err(); err != nil {
+		x.cancelled = true
+		return nil, fmt.Errorf("idempotency: the handler's context ended while it ran: %w (%w)", err, context.Cause(ctx))
+	}
+	if x.m.unrecorded(resp.status) {
+		return nil, &unrecordedStatus{status: resp.status}
 	}
 	return encodeResponse(resp, x.m.cfg.replayHeaders), nil
 }
 
-// serverError is a handler's 5xx: transient, so not recorded.
-type serverError struct{ status int }
+// unrecorded reports whether a response with status is sent but not
+// recorded: a 5xx unless WithStoreServerErrors, a transient status.
+func (m *middleware) unrecorded(status int) bool {
+	return m.cfg.transient[status] || (status >= 500 && !m.cfg.storeServerErrors)
+}
 
-// Error names the 5xx status that released the request.
-func (e *serverError) Error() string {
+// unrecordedStatus is a handler's response with a status that is not
+// recorded (a 5xx, a transient status): the request is released.
+type unrecordedStatus struct{ status int }
+
+// Error names the status that released the request.
+func (e *unrecordedStatus) Error() string {
 	return fmt.Sprintf("idempotency: handler answered %d; not recorded", e.status)
 }
 

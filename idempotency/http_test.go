@@ -463,6 +463,11 @@ func TestMiddlewareRejectsBadConfiguration(t *testing.T) {
 		"header":     idempotency.WithReplayHeaders(""),
 		"wait":       idempotency.WithInFlightWait(-time.Second),
 		"error log":  idempotency.WithErrorLog(nil),
+		"timeout 0":  idempotency.WithHandlerTimeout(0),
+		"timeout <0": idempotency.WithHandlerTimeout(-time.Second),
+		"status 200": idempotency.WithTransientStatuses(http.StatusTooManyRequests, http.StatusOK),
+		"status 399": idempotency.WithTransientStatuses(399),
+		"status 600": idempotency.WithTransientStatuses(600),
 	} {
 		assert.Panics(t, func() { idempotency.Middleware(b, o) }, name)
 	}

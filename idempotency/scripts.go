@@ -5,7 +5,9 @@ import "github.com/redis/go-redis/v9"
 // The record of one idempotency key is a hash:
 //
 //	state  "p" (in progress) or "c" (completed)
-//	owner  the in-progress owner's token (its lock token)
+//	owner  the owner's token (its lock token): in progress, whoever runs it;
+//	       completed, whoever completed it (so a retried complete whose
+//	       first attempt landed knows it was its own)
 //	fence  the owner's fence (its lock fence), so a later owner can take over
 //	fp     the payload fingerprint of the first request ("" if none given)
 //	result the stored result (completed only)
@@ -54,15 +56,36 @@ return {'claimed'}
 `)
 
 // completeScript stores the result, if the caller still owns the record.
+// It may be sent again after a failure whose first attempt landed: a
+// record this owner already completed answers 1 again.
 //
 //	KEYS[1] record; ARGV[1] owner, ARGV[2] kind, ARGV[3] result, ARGV[4] retention ms
-//	reply: 1 stored, 0 not the owner (taken over, or never claimed)
+//	reply: 1 stored (now, or by an earlier attempt of the same owner),
+//	       0 not the owner (taken over), -1 no record (expired, or lost)
 var completeScript = redis.NewScript(`
 local r = redis.call('HMGET', KEYS[1], 'state', 'owner')
-if r[1] ~= 'p' or r[2] ~= ARGV[1] then return 0 end
+if not r[1] then return -1 end
+if r[2] ~= ARGV[1] then return 0 end
+if r[1] == 'c' then return 1 end
 redis.call('HSET', KEYS[1], 'state', 'c', 'kind', ARGV[2], 'result', ARGV[3])
-redis.call('HDEL', KEYS[1], 'owner')
 redis.call('PEXPIRE', KEYS[1], ARGV[4])
+return 1
+`)
+
+// renewScript keeps an in-progress record alive while its owner runs:
+// its TTL becomes at least ARGV[2] (never shortened), if the caller owns
+// it and it is in progress.
+//
+//	KEYS[1] record; ARGV[1] owner, ARGV[2] retention ms
+//	reply: 1 renewed (or already long enough), 0 not the owner, or not in progress
+var renewScript = redis.NewScript(`
+local r = redis.call('HMGET', KEYS[1], 'state', 'owner')
+if r[1] ~= 'p' or r[2] ~= ARGV[1] then return 0 end
+local keep = tonumber(ARGV[2])
+local left = redis.call('PTTL', KEYS[1])
+if left >= 0 and left < keep then
+  redis.call('PEXPIRE', KEYS[1], keep)
+end
 return 1
 `)
 

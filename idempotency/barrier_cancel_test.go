@@ -1,0 +1,132 @@
+package idempotency_test
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/redlease/redlease"
+	"github.com/redlease/redlease/idempotency"
+)
+
+// untilDone is a handler body that waits for its ctx to end, or fails the
+// run after 5 s if it never does.
+func untilDone(ctx context.Context) error {
+	select {
+	case <-ctx.Done():
+		return nil
+	case <-time.After(5 * time.Second):
+		return errors.New("the handler's ctx never ended")
+	}
+}
+
+// A handler whose lock is lost while it runs, and that returns a result
+// anyway (it did not look at its ctx in time): its outcome is unknown, so
+// nothing is recorded, the record is released, and the retry runs.
+func TestRunWithALostLockIsNotRecorded(t *testing.T) {
+	b := barrier(t, store(t), idempotency.WithLease(200*time.Millisecond), idempotency.WithRetention(time.Minute))
+	ctx := t.Context()
+	req := idempotency.Request{Key: "lost-lock"}
+	var runs atomic.Int32
+	out, err := b.Do(ctx, req, func(ctx context.Context, fence uint64) ([]byte, error) {
+		runs.Add(1)
+		if err := untilDone(ctx); err != nil { // no Keeper: the lock is lost at the end of the lease
+			return nil, err
+		}
+		return []byte("partial"), nil
+	})
+	t.Logf("%v", err)
+	assert.ErrorIs(t, err, idempotency.ErrRunCancelled)
+	assert.ErrorIs(t, err, redlease.ErrLost, "context.Cause: the lock was lost")
+	assert.Nil(t, out.Result, "an unknown outcome is not handed out as a result")
+
+	out, err = b.Do(ctx, req, result(&runs, "complete"))
+	require.NoError(t, err, "the retry runs")
+	assert.False(t, out.Replayed, "the cancelled run was not recorded")
+	assert.Equal(t, "complete", string(out.Result))
+	assert.EqualValues(t, 2, runs.Load())
+}
+
+// The caller's ctx ends while the handler runs: whatever the handler
+// returns — a partial success, or even a Final error — is not recorded.
+func TestRunWhoseCallerLeftIsNotRecorded(t *testing.T) {
+	b := barrier(t, store(t))
+	insufficient := errors.New("insufficient funds")
+	for _, c := range []struct {
+		name   string
+		cancel func(context.Context) (context.Context, func())
+		want   error
+		result []byte
+		err    error
+	}{
+		{"cancelled, returns a partial result", func(ctx context.Context) (context.Context, func()) {
+			ctx, cancel := context.WithCancel(ctx)
+			return ctx, cancel
+		}, context.Canceled, []byte("half done"), nil},
+		{"deadline, returns a Final error", func(ctx context.Context) (context.Context, func()) {
+			// Long enough for the lock and the claim, whatever the load.
+			ctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+			return ctx, cancel
+		}, context.DeadlineExceeded, nil, idempotency.Final(insufficient)},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			req := idempotency.Request{Key: c.name}
+			var runs atomic.Int32
+			cctx, cancel := c.cancel(t.Context())
+			defer cancel()
+			_, err := b.Do(cctx, req, func(ctx context.Context, fence uint64) ([]byte, error) {
+				runs.Add(1)
+				if c.want == context.Canceled {
+					cancel() // the caller gives up while the handler runs
+				}
+				if err := untilDone(ctx); err != nil {
+					return nil, err
+				}
+				return c.result, c.err
+			})
+			assert.ErrorIs(t, err, idempotency.ErrRunCancelled)
+			assert.ErrorIs(t, err, c.want)
+			if c.err != nil {
+				assert.ErrorIs(t, err, insufficient, "the handler's error is kept in the chain")
+			}
+
+			out, err := b.Do(t.Context(), req, result(&runs, "done"))
+			require.NoError(t, err, "the retry runs, instead of replaying the cancelled run")
+			assert.False(t, out.Replayed)
+			assert.Equal(t, "done", string(out.Result))
+			assert.EqualValues(t, 2, runs.Load())
+		})
+	}
+}
+
+// WithStoreEverything stores every outcome of a run — but a run aborted by
+// the loss of its lock has no outcome: its "context canceled" must not be
+// replayed forever.
+func TestStoreEverythingDoesNotStoreARunAbortedByItsLostLock(t *testing.T) {
+	b := barrier(t, store(t), idempotency.WithStoreEverything(),
+		idempotency.WithLease(200*time.Millisecond), idempotency.WithRetention(time.Minute))
+	ctx := t.Context()
+	req := idempotency.Request{Key: "aborted"}
+	var runs atomic.Int32
+	_, err := b.Do(ctx, req, func(ctx context.Context, fence uint64) ([]byte, error) {
+		runs.Add(1)
+		if err := untilDone(ctx); err != nil {
+			return nil, err
+		}
+		return nil, ctx.Err() // what a handler that honours its ctx returns
+	})
+	assert.ErrorIs(t, err, idempotency.ErrRunCancelled)
+	assert.ErrorIs(t, err, context.Canceled)
+	assert.ErrorIs(t, err, redlease.ErrLost, "context.Cause says why")
+
+	out, err := b.Do(ctx, req, result(&runs, "done"))
+	require.NoError(t, err, "not a replay of the aborted run")
+	assert.False(t, out.Replayed)
+	assert.Equal(t, "done", string(out.Result))
+	assert.EqualValues(t, 2, runs.Load())
+}

@@ -1,0 +1,118 @@
+package idempotency_test
+
+import (
+	"context"
+	"net"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/redlease/redlease/idempotency"
+	"github.com/redlease/redlease/internal/redistest"
+)
+
+// failFast is a store client that gives up on a silent server after
+// 100 ms, without retrying: a store "blink" is an error to it, not a wait.
+func failFast(t *testing.T, addr string) *redis.Client {
+	t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true,
+		ReadTimeout: 100 * time.Millisecond, WriteTimeout: 100 * time.Millisecond, MaxRetries: -1})
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// The handler books, then the store blinks (SIGSTOP for 300 ms) before the
+// result lands. The result is stored once the store is back — the request
+// is not left in progress, the caller is not told it failed, and a
+// duplicate replays instead of booking again.
+func TestResultIsRecordedAfterAStoreBlink(t *testing.T) {
+	srv := redistest.Start(t, redistest.Config{})
+	b := barrier(t, failFast(t, srv.Addr), idempotency.WithLease(5*time.Second), idempotency.WithRetention(time.Minute))
+	ctx := t.Context()
+	req := idempotency.Request{Key: "book"}
+	var runs atomic.Int32
+	resumed := make(chan struct{})
+	out, err := b.Do(ctx, req, func(context.Context, uint64) ([]byte, error) {
+		runs.Add(1)
+		srv.Pause() // booked; now the store blinks
+		go func() {
+			defer close(resumed)
+			time.Sleep(300 * time.Millisecond)
+			srv.Resume()
+		}()
+		return []byte("booked"), nil
+	})
+	<-resumed
+	require.NoError(t, err, "the result is recorded once the store is back")
+	assert.Equal(t, "booked", string(out.Result))
+	assert.NotZero(t, out.Fence)
+
+	replay, err := b.Do(ctx, req, result(&runs, "booked again"))
+	require.NoError(t, err)
+	assert.True(t, replay.Replayed)
+	assert.Equal(t, "booked", string(replay.Result))
+	assert.EqualValues(t, 1, runs.Load(), "booked once")
+}
+
+// heldStore is a Barrier whose store is reached through a Gate, with a
+// client that gives up after 100 ms, and a direct client to look at it.
+// One request has run through it, so the store knows every script: a held
+// EVALSHA that lands late is applied, not answered NOSCRIPT.
+func heldStore(t *testing.T, opts ...idempotency.Option) (*idempotency.Barrier, *redistest.Gate, *redis.Client) {
+	t.Helper()
+	srv := redistest.Start(t, redistest.Config{})
+	gate := redistest.NewGate(t, srv.Addr)
+	b := barrier(t, failFast(t, gate.Addr), opts...)
+	_, err := b.Do(t.Context(), idempotency.Request{Key: "warm-up"}, func(context.Context, uint64) ([]byte, error) { return nil, nil })
+	require.NoError(t, err)
+	return b, gate, srv.Client()
+}
+
+// land forwards every held request, oldest first, each answered before the
+// next: a store that comes back and applies what it was sent.
+func land(t *testing.T, gate *redistest.Gate) {
+	t.Helper()
+	gate.HoldRequests("")
+	for i := 0; gate.Held() > 0; i++ {
+		require.Less(t, i, 1000, "held requests keep coming")
+		require.NoError(t, gate.Step("", 2*time.Second))
+	}
+}
+
+// The store takes no result for as long as the request's lock is held:
+// the caller gets the handler's Outcome and ErrNotRecorded (with the store
+// error), not a failure to retry; the record stays in progress, and once
+// the store applies the late result a duplicate replays it.
+func TestResultThatCannotBeRecordedIsReportedAsSuch(t *testing.T) {
+	const mark = "booked-6c1f" // only the complete requests carry the result
+	b, gate, direct := heldStore(t, idempotency.WithLease(500*time.Millisecond), idempotency.WithRetention(time.Minute))
+	ctx := t.Context()
+	req := idempotency.Request{Key: "book"}
+	var runs atomic.Int32
+	gate.HoldRequests(mark)
+	start := time.Now()
+	out, err := b.Do(ctx, req, result(&runs, mark))
+	elapsed := time.Since(start)
+	t.Logf("after %v: %v", elapsed.Round(time.Millisecond), err)
+	require.ErrorIs(t, err, idempotency.ErrNotRecorded)
+	var netErr net.Error
+	assert.ErrorAs(t, err, &netErr, "the store error is kept")
+	assert.Equal(t, mark, string(out.Result), "the handler's result")
+	assert.NotZero(t, out.Fence)
+	assert.GreaterOrEqual(t, gate.HeldContaining(mark), 2, "tried again")
+	assert.Less(t, elapsed, 2*time.Second, "gave up at the loss of the lock")
+	state, err := direct.HGet(ctx, "idem:r:book", "state").Result()
+	require.NoError(t, err)
+	assert.Equal(t, "p", state, "the record stays in progress under its owner")
+
+	land(t, gate)
+	replay, err := b.Do(ctx, req, result(&runs, "booked again"))
+	require.NoError(t, err)
+	assert.True(t, replay.Replayed, "the late result landed: owner-checked, and idempotent")
+	assert.Equal(t, mark, string(replay.Result))
+	assert.EqualValues(t, 1, runs.Load())
+}

@@ -1,0 +1,95 @@
+package idempotency_test
+
+import (
+	"fmt"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/redlease/redlease/idempotency"
+	"github.com/redlease/redlease/internal/redistest"
+)
+
+// wireReceipt marks a response body; the only request to the store that
+// carries it is the one that records the response.
+const wireReceipt = "receipt-5b1f0c"
+
+// wireGatedStore starts a durable Redis (every acknowledged write survives a
+// restart) behind a Gate, and a Barrier that reaches it through the Gate.
+func wireGatedStore(t *testing.T, opts ...idempotency.Option) (*redistest.Server, *redistest.Gate, *idempotency.Barrier) {
+	t.Helper()
+	srv := redistest.Start(t, redistest.Config{Persist: true})
+	g := redistest.NewGate(t, srv.Addr)
+	c := redis.NewClient(&redis.Options{Addr: g.Addr, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = c.Close() })
+	b, err := idempotency.New(c, opts...)
+	require.NoError(t, err)
+	return srv, g, b
+}
+
+// wireCharger is a handler that charges (counts its runs) and answers 201
+// with a receipt (wireReceipt).
+func wireCharger(charges *atomic.Int32) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := charges.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		_, _ = fmt.Fprintf(w, `{"charge":%d,"receipt":%q}`, n, wireReceipt)
+	})
+}
+
+// The store blinks (crashes and comes back with its data) after the
+// handler ran and before its response is recorded. The client gets its
+// 201, and its retry replays that 201 instead of charging again.
+func TestHTTPStoreBlinkBeforeRecordIsSurvived(t *testing.T) {
+	wireNoLeaks(t)
+	srv, g, b := wireGatedStore(t, idempotency.WithLease(5*time.Second))
+	var charges atomic.Int32
+	var mu sync.Mutex
+	var logged []error
+	ts := wireServe(t, idempotency.Middleware(b,
+		idempotency.WithInFlightWait(10*time.Second),
+		idempotency.WithErrorLog(func(_ *http.Request, err error) {
+			mu.Lock()
+			defer mu.Unlock()
+			logged = append(logged, err)
+		}),
+	)(wireCharger(&charges)))
+	client := wireClient(t, 20*time.Second)
+
+	g.HoldRequests(wireReceipt)
+	firstDone := make(chan wireReply, 1)
+	go func() { firstDone <- wirePost(t.Context(), client, ts.URL+"/pay", httpKey, "100") }()
+	require.NoError(t, g.WaitHeld(1, wireReceipt, 10*time.Second), "the handler ran and its response is on its way to the store")
+	srv.Kill()
+	g.Open()
+	// The store is gone for a moment: until the first answer, or 500 ms.
+	var first wireReply
+	select {
+	case first = <-firstDone:
+	case <-time.After(500 * time.Millisecond):
+	}
+	srv.Restart()
+	if first.resp == nil && first.err == nil {
+		first = wireReceive(t, firstDone, 15*time.Second, "the first answer")
+	}
+
+	require.NoError(t, first.err)
+	assert.Equal(t, http.StatusCreated, first.resp.StatusCode, "body: %s", first.body)
+	assert.Contains(t, string(first.body), wireReceipt)
+	retry := wirePost(t.Context(), client, ts.URL+"/pay", httpKey, "100")
+	require.NoError(t, retry.err)
+	assert.Equal(t, http.StatusCreated, retry.resp.StatusCode, "body: %s", retry.body)
+	assert.Equal(t, string(first.body), string(retry.body))
+	assert.Equal(t, "true", retry.resp.Header.Get(idempotency.HeaderIdempotentReplayed), "replayed, not run again")
+	assert.EqualValues(t, 1, charges.Load(), "charged once")
+	mu.Lock()
+	assert.Empty(t, logged, "nothing to report: the response was recorded")
+	mu.Unlock()
+}
