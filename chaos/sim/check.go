@@ -1,0 +1,263 @@
+package sim
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Verdicts of a Result, with the meaning the chaos package gives them.
+const (
+	// Pass: every invariant held.
+	Pass = "PASS"
+	// Hazard: only invariants that a fault outside the strategy's
+	// assumptions may break were broken.
+	Hazard = "HAZARD"
+	// Fail: an invariant broke where the strategy promises it.
+	Fail = "FAIL"
+)
+
+// Invariants, as named in Violations.
+const (
+	InvOverlap     = "overlap"            // two belief intervals of one key intersect
+	InvFenceOrder  = "fence-order"        // a later holder got a fence not above an earlier one's
+	InvStale       = "stale-accepted"     // the fenced register accepted a stale fence
+	InvReleaseKept = "release-kept-valid" // Lost still open after a Release was sent
+	InvTwice       = "effect-twice"       // an idempotency key's handler effect happened twice
+	InvLeak        = "goroutine-leak"     // a goroutine outlived the run
+	InvStuck       = "stuck"              // the run did not end (a bound was hit)
+	InvPanic       = "panic"              // the library panicked
+)
+
+// Hold is one holder's belief interval: from the moment Lock/TryLock
+// returned the grant to the moment the lock stopped claiming validity
+// (Lost closed: released, lost or expired), capped at Until.
+type Hold struct {
+	Client  int
+	Seq     int // the client's acquisition number
+	Key     string
+	Via     string // "lock", "trylock", "do"
+	Fence   uint64
+	From    time.Duration
+	To      time.Duration
+	Until   time.Duration // last Until seen
+	LostAt  time.Duration // -1: never closed (should not happen)
+	RelSent time.Duration // -1: no Release sent by the workload
+}
+
+// Violation is one broken invariant. Hazard says it followed a fault
+// outside the strategy's assumptions; Faults names those faults' kinds.
+type Violation struct {
+	Inv    string
+	At     time.Duration
+	Detail string
+	Hazard bool
+	Faults []string
+}
+
+func (v Violation) String() string {
+	s := fmt.Sprintf("%s at %.3fms: %s", v.Inv, float64(v.At)/float64(time.Millisecond), v.Detail)
+	if v.Hazard {
+		s += fmt.Sprintf(" [hazard: %s]", strings.Join(v.Faults, ","))
+	}
+	return s
+}
+
+// regWrite is one write to the fenced register.
+type regWrite struct {
+	client, seq int
+	key         string
+	fence       uint64
+	at          time.Duration
+	accepted    bool
+}
+
+// history records what the clients did, on the run's virtual clock.
+type history struct {
+	start time.Time
+
+	mu      sync.Mutex
+	holds   []*Hold
+	writes  []regWrite
+	effects map[string]int // idempotency key → handler effects
+	lines   []string       // the log printed on replay
+	fails   int            // failed lock attempts
+	reg     map[string]uint64
+	keep    bool // keep log lines
+	direct  []Violation
+}
+
+// violation records a violation seen directly by the workload.
+func (h *history) violation(v Violation) {
+	h.mu.Lock()
+	h.direct = append(h.direct, v)
+	h.mu.Unlock()
+	h.logf("VIOLATION %s", v)
+}
+
+func newHistory(start time.Time, keep bool) *history {
+	return &history{start: start, effects: map[string]int{}, reg: map[string]uint64{}, keep: keep}
+}
+
+func (h *history) now() time.Duration { return time.Since(h.start) }
+
+func (h *history) logf(format string, args ...any) {
+	if !h.keep {
+		return
+	}
+	line := fmt.Sprintf("%9.3fms ", float64(h.now())/float64(time.Millisecond)) + fmt.Sprintf(format, args...)
+	h.mu.Lock()
+	h.lines = append(h.lines, line)
+	h.mu.Unlock()
+}
+
+func (h *history) event(what string) { h.logf("fault %s", what) }
+
+func (h *history) addHold(hd *Hold) {
+	h.mu.Lock()
+	h.holds = append(h.holds, hd)
+	h.mu.Unlock()
+}
+
+// write offers fence to the register of key: accepted only if strictly
+// above the last accepted fence (the storage the fences protect; never
+// faulted).
+func (h *history) write(client, seq int, key string, fence uint64) bool {
+	h.mu.Lock()
+	ok := fence > h.reg[key]
+	if ok {
+		h.reg[key] = fence
+	}
+	h.writes = append(h.writes, regWrite{client, seq, key, fence, h.nowLocked(), ok})
+	h.mu.Unlock()
+	h.logf("c%d register %s fence=%d accepted=%v", client, key, fence, ok)
+	return ok
+}
+
+func (h *history) nowLocked() time.Duration { return time.Since(h.start) }
+
+func (h *history) effect(key string) {
+	h.mu.Lock()
+	h.effects[key]++
+	h.mu.Unlock()
+}
+
+func (h *history) failed() {
+	h.mu.Lock()
+	h.fails++
+	h.mu.Unlock()
+}
+
+// check finds every violation in the history. fenced: the strategy hands
+// out fences that must rise.
+func (h *history) check(fenced bool) []Violation {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	vs := append([]Violation(nil), h.direct...)
+	byKey := map[string][]*Hold{}
+	var keys []string
+	for _, hd := range h.holds {
+		if hd.To <= hd.From {
+			continue // never valid: nothing believed
+		}
+		if _, ok := byKey[hd.Key]; !ok {
+			keys = append(keys, hd.Key)
+		}
+		byKey[hd.Key] = append(byKey[hd.Key], hd)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		hs := byKey[k]
+		slices.SortStableFunc(hs, func(a, b *Hold) int { return cmp.Compare(a.From, b.From) })
+		for i, a := range hs {
+			for _, b := range hs[i+1:] {
+				if b.From >= a.To {
+					if fenced && b.Fence <= a.Fence {
+						vs = append(vs, Violation{Inv: InvFenceOrder, At: b.From, Detail: fmt.Sprintf("key %s: %s then %s", k, a, b)})
+					}
+					continue
+				}
+				vs = append(vs, Violation{Inv: InvOverlap, At: b.From, Detail: fmt.Sprintf("key %s: %s and %s overlap for %v", k, a, b, min(a.To, b.To)-b.From)})
+			}
+		}
+	}
+	for _, hd := range h.holds {
+		if hd.RelSent >= 0 && (hd.LostAt < 0 || hd.LostAt > hd.RelSent) && hd.RelSent < hd.To {
+			vs = append(vs, Violation{Inv: InvReleaseKept, At: hd.RelSent, Detail: fmt.Sprintf("%s: Release sent at %.3fms, Lost closed at %.3fms", hd, msf(hd.RelSent), msf(hd.LostAt))})
+		}
+	}
+	vs = append(vs, h.staleLocked()...)
+	var ek []string
+	for k, n := range h.effects {
+		if n > 1 {
+			ek = append(ek, k)
+		}
+	}
+	slices.Sort(ek)
+	for _, k := range ek {
+		vs = append(vs, Violation{Inv: InvTwice, Detail: fmt.Sprintf("idempotency key %s: handler effect %d times", k, h.effects[k])})
+	}
+	return vs
+}
+
+// staleLocked finds accepted register writes that overwrote a value
+// written under a later grant.
+func (h *history) staleLocked() []Violation {
+	from := map[[2]int]time.Duration{}
+	for _, hd := range h.holds {
+		from[[2]int{hd.Client, hd.Seq}] = hd.From
+	}
+	last := map[string]regWrite{}
+	var vs []Violation
+	for _, w := range h.writes {
+		if !w.accepted {
+			continue
+		}
+		if p, ok := last[w.key]; ok && from[[2]int{p.client, p.seq}] > from[[2]int{w.client, w.seq}] {
+			vs = append(vs, Violation{Inv: InvStale, At: w.at, Detail: fmt.Sprintf("key %s: c%d#%d fence %d (granted %.3fms) overwrote c%d#%d fence %d (granted later, %.3fms)",
+				w.key, w.client, w.seq, w.fence, msf(from[[2]int{w.client, w.seq}]), p.client, p.seq, p.fence, msf(from[[2]int{p.client, p.seq}]))})
+		}
+		last[w.key] = w
+	}
+	return vs
+}
+
+func (hd *Hold) String() string {
+	return fmt.Sprintf("c%d#%d(%s fence=%d [%.3f,%.3f)ms until=%.3f)", hd.Client, hd.Seq, hd.Via, hd.Fence, msf(hd.From), msf(hd.To), msf(hd.Until))
+}
+
+func msf(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// grade marks violations as hazards where a fault outside the strategy's
+// assumptions came before them, and returns the verdict.
+func grade(vs []Violation, faults []Fault) string {
+	verdict := Pass
+	for i := range vs {
+		v := &vs[i]
+		for _, f := range faults {
+			if f.At > v.At && v.At > 0 {
+				continue
+			}
+			fenceInv := v.Inv == InvFenceOrder || v.Inv == InvStale
+			if f.Outside || (f.FenceOutside && fenceInv) {
+				v.Hazard = true
+				if !slices.Contains(v.Faults, f.Kind) {
+					v.Faults = append(v.Faults, f.Kind)
+				}
+			}
+		}
+		if v.Inv == InvLeak || v.Inv == InvStuck || v.Inv == InvReleaseKept || v.Inv == InvPanic {
+			v.Hazard, v.Faults = false, nil // no fault excuses these
+		}
+		switch {
+		case !v.Hazard:
+			verdict = Fail
+		case verdict == Pass:
+			verdict = Hazard
+		}
+	}
+	return verdict
+}

@@ -1,0 +1,290 @@
+package sim
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/alicebob/miniredis/v2/server"
+)
+
+// errClosed is what a cut or closed simulated connection returns.
+var errClosed = errors.New("sim: connection closed")
+
+// simAddr is the net.Addr of a simulated endpoint.
+type simAddr string
+
+func (a simAddr) Network() string { return "sim" }
+func (a simAddr) String() string  { return string(a) }
+
+// message is one request or reply in flight on a link.
+type message struct {
+	at    time.Time // delivery time (virtual)
+	args  []string  // a request
+	reply []byte    // a reply
+}
+
+// conn is the client's end of one simulated TCP connection to a node. Its
+// Write parses the RESP commands go-redis sends and hands each to the
+// World, which decides its fate (delay, loss) and delivers it to the node;
+// the node's replies come back the same way and are read by Read. Both
+// directions keep FIFO order, like TCP: a message is never delivered before
+// one sent earlier on the same connection.
+type conn struct {
+	w      *World
+	node   *Node
+	client int    // index of the workload client (for partitions), -1: the simulator itself
+	key    uint64 // identity for the per-message randomness
+	name   string
+
+	mu        sync.Mutex
+	closed    bool
+	done      chan struct{} // closed on cut/close
+	wbuf      []byte        // bytes written, not yet a full command
+	reqs      []message     // requests in flight to the node
+	reps      []message     // replies in flight to the client
+	rbuf      []byte        // replies delivered, not yet read
+	notify    chan struct{} // cap 1: rbuf grew
+	deadline  time.Time     // read deadline
+	nreq      uint64        // requests sent
+	nrep      uint64        // replies sent
+	lastReqAt time.Time
+	lastRepAt time.Time
+
+	deliverMu sync.Mutex // serialises delivery of requests to the node (FIFO)
+	peer      *server.Peer
+	pbuf      bytes.Buffer
+	pw        *bufio.Writer
+}
+
+func newConn(w *World, n *Node, client int, key uint64, name string) *conn {
+	c := &conn{w: w, node: n, client: client, key: key, name: name, done: make(chan struct{}), notify: make(chan struct{}, 1)}
+	c.pw = bufio.NewWriter(&c.pbuf)
+	c.peer = server.NewPeer(c.pw)
+	return c
+}
+
+// Read returns delivered reply bytes, waiting for them until the read
+// deadline or a cut.
+func (c *conn) Read(b []byte) (int, error) {
+	for {
+		c.mu.Lock()
+		if len(c.rbuf) > 0 {
+			n := copy(b, c.rbuf)
+			c.rbuf = c.rbuf[n:]
+			c.mu.Unlock()
+			return n, nil
+		}
+		if c.closed {
+			c.mu.Unlock()
+			return 0, io.EOF
+		}
+		dl := c.deadline
+		c.mu.Unlock()
+		var timeout <-chan time.Time
+		if !dl.IsZero() {
+			d := time.Until(dl)
+			if d <= 0 {
+				return 0, os.ErrDeadlineExceeded
+			}
+			t := time.NewTimer(d)
+			timeout = t.C
+			defer t.Stop()
+		}
+		select {
+		case <-c.notify:
+		case <-c.done:
+		case <-timeout:
+			return 0, os.ErrDeadlineExceeded
+		}
+	}
+}
+
+// Write sends every complete command in b (and what earlier writes left)
+// on its way to the node. It never blocks: the simulated network buffers.
+func (c *conn) Write(b []byte) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return 0, errClosed
+	}
+	c.wbuf = append(c.wbuf, b...)
+	for {
+		args, n, ok := parseCommand(c.wbuf)
+		if !ok {
+			break
+		}
+		c.wbuf = c.wbuf[n:]
+		c.sendRequestLocked(args)
+	}
+	if len(c.wbuf) == 0 {
+		c.wbuf = nil
+	}
+	return len(b), nil
+}
+
+// sendRequestLocked decides a request's fate and schedules its delivery.
+func (c *conn) sendRequestLocked(args []string) {
+	i := c.nreq
+	c.nreq++
+	now := time.Now()
+	delay, lost := c.w.fate(c, true, i, now)
+	c.w.noteMessage(c, true, lost)
+	if lost {
+		return
+	}
+	at := now.Add(delay)
+	if !at.After(c.lastReqAt) {
+		at = c.lastReqAt.Add(time.Nanosecond)
+	}
+	c.lastReqAt = at
+	c.reqs = append(c.reqs, message{at: at, args: args})
+	c.w.after(at.Sub(now), c.deliverRequests)
+}
+
+// deliverRequests hands every request that is due to the node, in order.
+func (c *conn) deliverRequests() {
+	c.deliverMu.Lock()
+	defer c.deliverMu.Unlock()
+	now := time.Now()
+	c.mu.Lock()
+	var due []message
+	for len(c.reqs) > 0 && !c.reqs[0].at.After(now) {
+		due = append(due, c.reqs[0])
+		c.reqs = c.reqs[1:]
+	}
+	closed := c.closed
+	c.mu.Unlock()
+	if closed {
+		return
+	}
+	for _, m := range due {
+		c.node.receive(c, m.args)
+	}
+}
+
+// sendReply decides a reply's fate and schedules its delivery. The node
+// calls it after applying a request.
+func (c *conn) sendReply(reply []byte) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return
+	}
+	i := c.nrep
+	c.nrep++
+	now := time.Now()
+	delay, lost := c.w.fate(c, false, i, now)
+	c.w.noteMessage(c, false, lost)
+	if lost {
+		return
+	}
+	at := now.Add(delay)
+	if !at.After(c.lastRepAt) {
+		at = c.lastRepAt.Add(time.Nanosecond)
+	}
+	c.lastRepAt = at
+	c.reps = append(c.reps, message{at: at, reply: reply})
+	c.w.after(at.Sub(now), c.deliverReplies)
+}
+
+func (c *conn) deliverReplies() {
+	now := time.Now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	grew := false
+	for len(c.reps) > 0 && !c.reps[0].at.After(now) {
+		if !c.closed {
+			c.rbuf = append(c.rbuf, c.reps[0].reply...)
+			grew = true
+		}
+		c.reps = c.reps[1:]
+	}
+	if grew {
+		select {
+		case c.notify <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// Close closes the connection from the client's side.
+func (c *conn) Close() error {
+	c.cut()
+	return nil
+}
+
+// cut closes the connection: whatever is in flight either way is lost.
+func (c *conn) cut() {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return
+	}
+	c.closed = true
+	c.reqs, c.reps, c.rbuf = nil, nil, nil
+	close(c.done)
+	c.mu.Unlock()
+	c.node.forget(c)
+}
+
+func (c *conn) LocalAddr() net.Addr  { return simAddr("client") }
+func (c *conn) RemoteAddr() net.Addr { return simAddr(c.node.name) }
+
+func (c *conn) SetDeadline(t time.Time) error { return c.SetReadDeadline(t) }
+
+func (c *conn) SetReadDeadline(t time.Time) error {
+	c.mu.Lock()
+	c.deadline = t
+	c.mu.Unlock()
+	return nil
+}
+
+// SetWriteDeadline is accepted and ignored: writes never block.
+func (c *conn) SetWriteDeadline(time.Time) error { return nil }
+
+// parseCommand parses one RESP array of bulk strings (what go-redis sends)
+// from the front of b. ok is false until a whole command is there.
+func parseCommand(b []byte) (args []string, n int, ok bool) {
+	line, rest, ok := cutLine(b)
+	if !ok || len(line) < 2 || line[0] != '*' {
+		return nil, 0, false
+	}
+	count, err := strconv.Atoi(string(line[1:]))
+	if err != nil || count < 0 {
+		return nil, 0, false
+	}
+	pos := len(b) - len(rest)
+	args = make([]string, 0, count)
+	for range count {
+		line, rest2, ok := cutLine(b[pos:])
+		if !ok || len(line) < 2 || line[0] != '$' {
+			return nil, 0, false
+		}
+		size, err := strconv.Atoi(string(line[1:]))
+		if err != nil || size < 0 {
+			return nil, 0, false
+		}
+		start := len(b) - len(rest2)
+		if len(b) < start+size+2 {
+			return nil, 0, false
+		}
+		args = append(args, string(b[start:start+size]))
+		pos = start + size + 2
+	}
+	return args, pos, true
+}
+
+func cutLine(b []byte) (line, rest []byte, ok bool) {
+	i := bytes.Index(b, []byte("\r\n"))
+	if i < 0 {
+		return nil, nil, false
+	}
+	return b[:i], b[i+2:], true
+}

@@ -1,0 +1,328 @@
+package sim
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/alicebob/miniredis/v2/server"
+
+	"github.com/redlease/redlease/internal/script"
+)
+
+// Node is one simulated Redis server: a miniredis command engine that the
+// simulator feeds with requests from its links, with key expiry driven by
+// the node's own clock (the bubble's virtual clock plus the node's offset),
+// and with the behaviour miniredis lacks provided by a hook (see the
+// package doc: INFO server's run_id, WAIT against a simulated replica).
+type Node struct {
+	w    *World
+	id   int
+	name string
+
+	mu       sync.Mutex
+	m        *miniredis.Miniredis
+	runID    string
+	boots    int
+	paused   bool
+	down     bool // restarting: dials refused
+	queue    []queued
+	offset   time.Duration // node clock minus virtual clock
+	conns    map[*conn]struct{}
+	replica  *Node       // failover: the replica this primary feeds, nil if none
+	repl     replLink    // failover: state of the replication stream
+	dialsBy  map[int]int // per client: connections dialled, for per-message randomness
+	snapshot []snapKey   // the last snapshot (for restarts that roll back)
+	atCrash  []snapKey   // the data when the node last crashed (durable restarts)
+}
+
+type queued struct {
+	c    *conn
+	args []string
+}
+
+func newNode(w *World, id int, name string) *Node {
+	n := &Node{w: w, id: id, name: name, conns: map[*conn]struct{}{}, dialsBy: map[int]int{}}
+	n.start()
+	return n
+}
+
+// start makes a fresh server process: empty data, a new run_id.
+func (n *Node) start() {
+	m := miniredis.NewMiniRedis()
+	// Dial starts the server without a listener; the pipe is not used.
+	if c, err := m.Dial(); err == nil {
+		_ = c.Close()
+	}
+	m.SetTime(n.clockLocked())
+	m.ClockTTL(true)
+	m.Server().SetPreHook(n.hook)
+	n.m = m
+	n.boots++
+	n.runID = fmt.Sprintf("%040x", mix(n.w.seed, uint64(n.id)<<32|uint64(n.boots)))
+}
+
+// clockLocked is the node's clock: virtual time plus its offset.
+func (n *Node) clockLocked() time.Time { return time.Now().Add(n.offset) }
+
+// hook supplies what miniredis lacks. It runs inside Dispatch, with n.mu
+// held by the caller (receive/exec), also for commands called from Lua.
+func (n *Node) hook(p *server.Peer, cmd string, args ...string) bool {
+	switch cmd {
+	case "INFO":
+		if len(args) == 1 && strings.EqualFold(args[0], "server") {
+			p.WriteBulk("# Server\r\nredis_version:7.0.15\r\nredis_mode:standalone\r\nrun_id:" + n.runID + "\r\n")
+			return true
+		}
+	case "WAIT":
+		if len(args) != 2 {
+			p.WriteError("ERR wrong number of arguments for 'wait' command")
+			return true
+		}
+		p.WriteInt(n.waitLocked())
+		return true
+	}
+	return false
+}
+
+// dial opens a connection from client to this node, or refuses it while
+// the node restarts.
+func (n *Node) dial(client int) (*conn, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.down {
+		return nil, fmt.Errorf("dial %s: connection refused (restarting)", n.name)
+	}
+	k := n.dialsBy[client]
+	n.dialsBy[client] = k + 1
+	key := mix(uint64(n.id+1)<<40|uint64(client+2)<<20|uint64(k), 0x5eed)
+	c := newConn(n.w, n, client, key, fmt.Sprintf("c%d>%s#%d", client, n.name, k))
+	n.conns[c] = struct{}{}
+	return c, nil
+}
+
+// forget drops a closed connection.
+func (n *Node) forget(c *conn) {
+	n.mu.Lock()
+	delete(n.conns, c)
+	n.mu.Unlock()
+}
+
+// receive applies a request now, or queues it while the node is paused.
+func (n *Node) receive(c *conn, args []string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if _, ok := n.conns[c]; !ok {
+		return // cut, or the node restarted since
+	}
+	if n.paused {
+		n.queue = append(n.queue, queued{c, args})
+		return
+	}
+	n.execLocked(c, args)
+}
+
+func (n *Node) execLocked(c *conn, args []string) {
+	n.m.SetTime(n.clockLocked())
+	n.m.Server().Dispatch(c.peer, args)
+	_ = c.pw.Flush()
+	reply := append([]byte(nil), c.pbuf.Bytes()...)
+	c.pbuf.Reset()
+	if n.w.opts.Log {
+		n.w.hist.logf("%s applied %s -> %s", c.name, describe(args), strings.TrimSpace(strings.ReplaceAll(string(reply), "\r\n", " ")))
+	}
+	if n.replica != nil {
+		n.replicateLocked(args)
+	}
+	c.sendReply(reply)
+}
+
+// pause makes the node serve nothing until resume.
+func (n *Node) pause() {
+	n.mu.Lock()
+	n.paused = true
+	n.mu.Unlock()
+}
+
+// resume serves everything queued during the pause, in arrival order.
+func (n *Node) resume() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if !n.paused {
+		return
+	}
+	n.paused = false
+	q := n.queue
+	n.queue = nil
+	for _, r := range q {
+		if _, ok := n.conns[r.c]; ok {
+			n.execLocked(r.c, r.args)
+		}
+	}
+}
+
+// crash stops the server process: every connection is cut, queued
+// requests are lost, dials are refused until restart.
+func (n *Node) crash() {
+	n.mu.Lock()
+	cs := make([]*conn, 0, len(n.conns))
+	for c := range n.conns {
+		cs = append(cs, c)
+	}
+	n.conns = map[*conn]struct{}{}
+	n.queue = nil
+	n.paused = false
+	n.down = true
+	old := n.m
+	n.atCrash = snapshotOf(old, n.clockLocked())
+	n.mu.Unlock()
+	for _, c := range cs {
+		c.cut()
+	}
+	old.Close()
+}
+
+// restart starts a new server process. With keep, the data survives (a
+// durable node); with fromSnapshot, the node comes back with its last
+// snapshot (older keys only); otherwise it comes back empty.
+func (n *Node) restart(keep, fromSnapshot bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	var data []snapKey
+	switch {
+	case keep:
+		data = n.atCrash
+	case fromSnapshot:
+		data = n.snapshot
+	}
+	n.start()
+	n.down = false
+	restore(n.m, data, n.clockLocked())
+}
+
+// takeSnapshot records the node's keys, as an RDB save would.
+func (n *Node) takeSnapshot() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.down {
+		return
+	}
+	n.m.SetTime(n.clockLocked())
+	n.snapshot = snapshotOf(n.m, n.clockLocked())
+}
+
+// jump moves the node's clock by d (forward when positive): key TTLs run
+// out d sooner (later), and TIME answers accordingly.
+func (n *Node) jump(d time.Duration) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.offset += d
+	if n.m != nil && !n.down {
+		n.m.SetTime(n.clockLocked())
+	}
+}
+
+// close stops the node for good (end of a run).
+func (n *Node) close() {
+	n.crash()
+}
+
+// set writes a string key directly (setup, e.g. boot markers).
+func (n *Node) set(key, val string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	_ = n.m.Set(key, val)
+}
+
+// get reads a string key directly ("" if absent).
+func (n *Node) get(key string) string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.m.SetTime(n.clockLocked())
+	v, _ := n.m.Get(key)
+	return v
+}
+
+// snapKey is one string key of a snapshot with its expiry on the node's
+// clock (zero: none), so that time spent down counts, as in Redis.
+type snapKey struct {
+	key, val string
+	exp      time.Time
+}
+
+// snapshotOf copies the string keys of m (locks, fence counters, boot
+// markers: everything the lock scripts write). Other types are skipped
+// and listed as a gap in the package doc.
+func snapshotOf(m *miniredis.Miniredis, now time.Time) []snapKey {
+	var out []snapKey
+	for _, k := range m.Keys() {
+		if m.Type(k) != "string" {
+			continue
+		}
+		v, err := m.Get(k)
+		if err != nil {
+			continue
+		}
+		var exp time.Time
+		if ttl := m.TTL(k); ttl > 0 {
+			exp = now.Add(ttl)
+		}
+		out = append(out, snapKey{k, v, exp})
+	}
+	return out
+}
+
+func restore(m *miniredis.Miniredis, data []snapKey, now time.Time) {
+	for _, k := range data {
+		if !k.exp.IsZero() && !k.exp.After(now) {
+			continue
+		}
+		_ = m.Set(k.key, k.val)
+		if !k.exp.IsZero() {
+			m.SetTTL(k.key, k.exp.Sub(now))
+		}
+	}
+}
+
+// itoa is strconv.Itoa, short.
+func itoa(i int) string { return strconv.Itoa(i) }
+
+// describe is a command line for the log, scripts named by their SHA.
+func describe(args []string) string {
+	out := make([]string, 0, len(args))
+	for i, a := range args {
+		if i == 1 && len(args) > 2 && (strings.EqualFold(args[0], "evalsha") || strings.EqualFold(args[0], "eval")) {
+			a = scriptName(a)
+		}
+		if len(a) > 40 {
+			a = a[:40] + "…"
+		}
+		out = append(out, a)
+	}
+	return strings.Join(out, " ")
+}
+
+// scriptNames maps the library's script SHAs (and sources) to names.
+var scriptNames = func() map[string]string {
+	m := map[string]string{}
+	for name, s := range map[string]*script.Script{
+		"acquire": script.Acquire, "raisefence": script.RaiseFence, "extend": script.Extend,
+		"release": script.Release, "extendmany": script.ExtendMany,
+	} {
+		m[s.Hash()] = name
+	}
+	return m
+}()
+
+func scriptName(shaOrSrc string) string {
+	if n, ok := scriptNames[shaOrSrc]; ok {
+		return n
+	}
+	if len(shaOrSrc) > 40 {
+		return "<script>"
+	}
+	return shaOrSrc
+}

@@ -1,0 +1,151 @@
+package sim
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/redlease/redlease"
+	"github.com/redlease/redlease/internal/script"
+	"github.com/redlease/redlease/quorum"
+	"github.com/redlease/redlease/single"
+)
+
+// Result is what one seed's run showed.
+type Result struct {
+	Seed       uint64
+	Scenario   string
+	Verdict    string // Pass, Hazard or Fail
+	Violations []Violation
+	Schedule   []Fault
+	Log        []string // with Run's log on: what happened, in virtual time
+	Grants     int
+	Failures   int // lock attempts that failed (expected under faults)
+	Messages   int
+	Lost       int
+	Elapsed    time.Duration // virtual time the run took
+}
+
+// maxRun bounds a run in virtual time: a workload still going after it is
+// reported stuck.
+const maxRun = 120 * time.Second
+
+// horizon is the window in which a schedule's faults start.
+const horizon = 1500 * time.Millisecond
+
+// Options tune a run without changing its schedule.
+type Options struct {
+	// Log keeps the run's history line by line in Result.Log.
+	Log bool
+	// LostFirst calls Lock.Lost on a fresh grant before anything else, as
+	// Locker.Do does, which exposes the library's double close (see the
+	// package doc). Off, the workload calls Valid first.
+	LostFirst bool
+}
+
+// Run runs scenario sc under seed and checks its history. Call it inside a
+// testing/synctest bubble (synctest.Test): the run then takes virtual
+// time only, and a goroutine that outlives it fails the bubble.
+func Run(sc Scenario, seed uint64, opts Options) *Result {
+	start := time.Now()
+	w := &World{seed: seed, sc: sc, opts: opts, start: start, hist: newHistory(start, opts.Log)}
+	w.faults = makeSchedule(seed, &sc, horizon)
+	for i := range max(sc.Nodes, 1) {
+		w.nodes = append(w.nodes, newNode(w, i, "node"+strconv.Itoa(i)))
+	}
+	if sc.Strategy == Quorum && sc.DelayedRestart > 0 {
+		// A deployment that has been up for a while: markers older than
+		// the max TTL, so the nodes vote from the start.
+		for _, n := range w.nodes {
+			n.set(script.BootMarker, script.Marker(start.Add(-2*sc.DelayedRestart).UnixMilli(), n.runID))
+		}
+	}
+
+	stop := make(chan struct{})
+	var driver sync.WaitGroup
+	driver.Go(func() { w.drive(stop) })
+
+	var clients sync.WaitGroup
+	for ci := range sc.Clients {
+		r := rand.New(rand.NewPCG(seed, uint64(ci)+1))
+		locker := w.locker(ci, r)
+		clients.Go(func() { w.lockClient(ci, locker, r) })
+	}
+	finished := make(chan struct{})
+	go func() { clients.Wait(); close(finished) }()
+	var vs []Violation
+	timer := time.NewTimer(maxRun)
+	select {
+	case <-finished:
+		timer.Stop()
+	case <-timer.C:
+		vs = append(vs, Violation{Inv: InvStuck, At: maxRun, Detail: "the workload was still running after " + maxRun.String()})
+	}
+	close(stop)
+	driver.Wait()
+	w.heal()
+	<-finished
+	for _, f := range w.closers {
+		f()
+	}
+	for _, c := range w.clients {
+		_ = c.Close()
+	}
+	for _, n := range w.nodes {
+		n.close()
+	}
+
+	vs = append(vs, w.hist.check(sc.fenced())...)
+	res := &Result{
+		Seed:       seed,
+		Scenario:   sc.Name,
+		Violations: vs,
+		Schedule:   w.faults,
+		Log:        w.hist.lines,
+		Grants:     len(w.hist.holds),
+		Failures:   w.hist.fails,
+		Messages:   w.msgs,
+		Lost:       w.lost,
+		Elapsed:    time.Since(start),
+	}
+	res.Verdict = grade(res.Violations, w.faults)
+	return res
+}
+
+// fenced reports whether the scenario's strategy hands out rising fences.
+func (sc *Scenario) fenced() bool {
+	return sc.Fencing || sc.Strategy == Single || sc.Strategy == Failover
+}
+
+// locker builds client ci's strategy and Locker: its own go-redis clients
+// to the nodes, unmodified but for the Dialer.
+func (w *World) locker(ci int, r *rand.Rand) *redlease.Locker {
+	ctxTimeouts := r.IntN(2) == 0
+	switch w.sc.Strategy {
+	case Single:
+		s := single.New(w.redisClient(ci, w.nodes[0], ctxTimeouts))
+		return redlease.New(s)
+	default:
+		var cs []redis.UniversalClient
+		for _, n := range w.nodes {
+			cs = append(cs, w.redisClient(ci, n, ctxTimeouts))
+		}
+		var opts []quorum.Option
+		if w.sc.Fencing {
+			opts = append(opts, quorum.WithFencing())
+		}
+		if w.sc.DelayedRestart > 0 {
+			opts = append(opts, quorum.WithDelayedRestart(w.sc.DelayedRestart))
+		}
+		q, err := quorum.New(cs, opts...)
+		if err != nil {
+			panic(fmt.Sprintf("sim: quorum.New: %v", err)) // a bug in the scenario table
+		}
+		w.onClose(func() { _ = q.Close() })
+		return redlease.New(q)
+	}
+}

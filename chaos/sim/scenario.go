@@ -1,0 +1,75 @@
+package sim
+
+import "time"
+
+// Strategy names of a Scenario.
+const (
+	Quorum   = "quorum"
+	Single   = "single"
+	Failover = "failover"
+)
+
+// Scenario is one kind of run: a strategy with its options, a workload, and
+// whether faults are drawn. A seed picks the faults, the delays and the
+// workload's choices.
+type Scenario struct {
+	Name     string
+	Strategy string // Quorum, Single or Failover
+	Nodes    int    // quorum: lock nodes; single, failover: 1 (failover adds a replica)
+	Clients  int    // workload clients, each with its own go-redis clients and Locker
+	Keys     int    // lock keys they contend for
+	Ops      int    // operations per client (bounded loop)
+	TTL      [2]time.Duration
+
+	Fencing        bool          // quorum.WithFencing (single and failover fence by default)
+	DelayedRestart time.Duration // quorum.WithDelayedRestart(maxTTL); 0: off
+	// Watchdog: half the clients run Locker.Do kept by a renew.Watchdog,
+	// on a second strategy (single) beside the scenario's own.
+	Watchdog bool
+	// Barrier: the clients send idempotent requests through an
+	// idempotency.Barrier on node 0 (the store), with client timeouts.
+	Barrier bool
+	Faults  bool // draw a fault schedule
+	// ShortExtends lets the workload extend a lock with a TTL shorter than
+	// the validity it has left (see the package doc, "Findings"). Off, an
+	// extension never shortens.
+	ShortExtends bool
+}
+
+// Scenarios is the default rotation: seed s runs Scenarios[s % len].
+var Scenarios = []Scenario{
+	{Name: "quorum5-fenced", Strategy: Quorum, Nodes: 5, Clients: 4, Keys: 2, Ops: 6, TTL: [2]time.Duration{60 * time.Millisecond, 300 * time.Millisecond}, Fencing: true, Faults: true},
+	{Name: "quorum5-restart", Strategy: Quorum, Nodes: 5, Clients: 4, Keys: 2, Ops: 6, TTL: [2]time.Duration{60 * time.Millisecond, 300 * time.Millisecond}, Fencing: true, DelayedRestart: 400 * time.Millisecond, Faults: true},
+	{Name: "quorum3-plain", Strategy: Quorum, Nodes: 3, Clients: 3, Keys: 1, Ops: 6, TTL: [2]time.Duration{60 * time.Millisecond, 300 * time.Millisecond}, Faults: true},
+	{Name: "single", Strategy: Single, Nodes: 1, Clients: 3, Keys: 2, Ops: 6, TTL: [2]time.Duration{60 * time.Millisecond, 300 * time.Millisecond}, Fencing: true, Faults: true},
+}
+
+// ScenarioByName returns the scenario called name, if any.
+func ScenarioByName(name string) (Scenario, bool) {
+	for _, sc := range Scenarios {
+		if sc.Name == name {
+			return sc, true
+		}
+	}
+	return Scenario{}, false
+}
+
+func (sc *Scenario) restartable() bool { return true }
+
+// storeNode is the node the idempotency store lives on.
+func (sc *Scenario) storeNode() int { return 0 }
+
+// restartOutside says whether a restart in mode breaks the strategy's
+// assumptions: for mutual exclusion (outside), or for fence order only.
+func (sc *Scenario) restartOutside(mode string) (outside, fenceOutside bool, why string) {
+	if mode == "durable" {
+		return false, false, ""
+	}
+	if sc.Strategy == Quorum && sc.DelayedRestart > 0 {
+		if sc.Fencing {
+			return false, true, "a restarted node lost fence counters (the delayed-restart rule keeps exclusion, not fence order)"
+		}
+		return false, false, ""
+	}
+	return true, false, "a node restarted without its data (" + mode + ") and voted at once"
+}

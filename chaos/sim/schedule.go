@@ -1,0 +1,143 @@
+package sim
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Fault kinds, as they appear in schedules and in hazard counts.
+const (
+	FaultDelay     = "delay"      // a node's links slow down (replies delayed past the next attempt)
+	FaultLoss      = "loss"       // a node's links lose requests (before apply) and replies (after apply)
+	FaultPartition = "partition"  // a client loses every message to and from some nodes
+	FaultCut       = "cut"        // a node's connections are cut
+	FaultPause     = "pause"      // a node serves nothing, then everything it queued
+	FaultRestart   = "restart"    // a node crashes and restarts (empty, from a snapshot, or durable)
+	FaultClockJump = "clock-jump" // a node's clock jumps forward
+	FaultClockSkew = "clock-skew" // a majority of nodes' clocks jump forward together
+	FaultBlink     = "blink"      // the idempotency store is unreachable for a moment
+)
+
+// Fault is one entry of a seed's schedule. Outside marks faults that lie
+// outside the strategy's documented assumptions: violations in a run that
+// had one are hazards, not failures.
+type Fault struct {
+	At      time.Duration // from the start of the run
+	Kind    string
+	Node    int           // -1: not node-specific
+	Nodes   []int         // partition, clock-skew
+	Client  int           // partition, cut: -1 for all clients
+	For     time.Duration // window length (delay, loss, partition, pause, restart downtime)
+	Amount  time.Duration // delay: extra delay bound; clock jumps: size
+	Prob    float64       // loss probability per message
+	Mode    string        // restart: "empty", "snapshot", "durable"
+	Outside bool
+	// FenceOutside marks faults outside the assumptions of fence order
+	// only (a node that lost its counters under the delayed-restart rule:
+	// mutual exclusion holds, fence order is not promised).
+	FenceOutside bool
+	Why          string // for Outside or FenceOutside: which assumption it breaks
+}
+
+func (f Fault) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%8.3fms %-10s", float64(f.At)/float64(time.Millisecond), f.Kind)
+	if f.Node >= 0 {
+		fmt.Fprintf(&b, " node=%d", f.Node)
+	}
+	if len(f.Nodes) > 0 {
+		fmt.Fprintf(&b, " nodes=%v", f.Nodes)
+	}
+	if f.Client >= 0 && (f.Kind == FaultPartition || f.Kind == FaultCut) {
+		fmt.Fprintf(&b, " client=%d", f.Client)
+	}
+	if f.For > 0 {
+		fmt.Fprintf(&b, " for=%v", f.For)
+	}
+	if f.Amount != 0 {
+		fmt.Fprintf(&b, " amount=%v", f.Amount)
+	}
+	if f.Prob > 0 {
+		fmt.Fprintf(&b, " p=%.2f", f.Prob)
+	}
+	if f.Mode != "" {
+		fmt.Fprintf(&b, " mode=%s", f.Mode)
+	}
+	switch {
+	case f.Outside:
+		fmt.Fprintf(&b, " OUTSIDE(%s)", f.Why)
+	case f.FenceOutside:
+		fmt.Fprintf(&b, " OUTSIDE-FENCES(%s)", f.Why)
+	}
+	return b.String()
+}
+
+// makeSchedule draws a seed's faults. It depends only on the seed and the
+// scenario, never on how the run goes: same seed, same schedule.
+func makeSchedule(seed uint64, sc *Scenario, horizon time.Duration) []Fault {
+	r := rand.New(rand.NewPCG(seed, 0xfa017))
+	if !sc.Faults {
+		return nil
+	}
+	n := sc.Nodes
+	var fs []Fault
+	count := 1 + r.IntN(5)
+	for range count {
+		f := Fault{At: time.Duration(r.Int64N(int64(horizon * 3 / 4))), Node: r.IntN(n), Client: -1}
+		switch k := r.IntN(100); {
+		case k < 18:
+			f.Kind, f.For, f.Amount = FaultDelay, ms(r, 20, 300), ms(r, 5, 150)
+		case k < 34:
+			f.Kind, f.For, f.Prob = FaultLoss, ms(r, 20, 300), 0.1+0.5*r.Float64()
+		case k < 46:
+			f.Kind, f.For, f.Client = FaultPartition, ms(r, 20, 300), r.IntN(sc.Clients)
+			f.Node = -1
+			f.Nodes = pick(r, n, 1+r.IntN(max(1, n/2+1)))
+		case k < 58:
+			f.Kind = FaultCut
+			if r.IntN(2) == 0 {
+				f.Client = r.IntN(sc.Clients)
+			}
+		case k < 76:
+			f.Kind, f.For = FaultPause, ms(r, 5, 250)
+		case k < 90:
+			if !sc.restartable() {
+				continue
+			}
+			f.Kind, f.For = FaultRestart, ms(r, 0, 100)
+			f.Mode = []string{"empty", "snapshot", "durable"}[r.IntN(3)]
+			f.Outside, f.FenceOutside, f.Why = sc.restartOutside(f.Mode)
+		case k < 96:
+			f.Kind, f.Amount = FaultClockJump, ms(r, 5, 400)
+			f.Outside, f.Why = true, "a node's clock ran faster than the drift factor allows"
+		default:
+			if n < 3 {
+				continue
+			}
+			f.Kind, f.Amount, f.Node = FaultClockSkew, ms(r, 20, 400), -1
+			f.Nodes = pick(r, n, n/2+1)
+			f.Outside, f.Why = true, "a majority's clocks jumped"
+		}
+		fs = append(fs, f)
+	}
+	if sc.Barrier && r.IntN(2) == 0 {
+		fs = append(fs, Fault{At: time.Duration(r.Int64N(int64(horizon / 2))), Kind: FaultBlink, Node: sc.storeNode(), Client: -1, For: ms(r, 5, 150)})
+	}
+	slices.SortStableFunc(fs, func(a, b Fault) int { return int(a.At - b.At) })
+	return fs
+}
+
+// ms draws a duration in [lo, hi] milliseconds, with microsecond grain.
+func ms(r *rand.Rand, lo, hi int) time.Duration {
+	return time.Duration(lo)*time.Millisecond + time.Duration(r.Int64N(int64(hi-lo)*1000+1))*time.Microsecond
+}
+
+// pick draws k distinct node indexes of n, sorted.
+func pick(r *rand.Rand, n, k int) []int {
+	p := r.Perm(n)[:min(k, n)]
+	slices.Sort(p)
+	return p
+}

@@ -1,0 +1,237 @@
+package sim
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
+)
+
+// World is one run: the nodes, the links between them and the clients,
+// the seed's fault schedule, and the history the checker reads. Run makes
+// one; its fields are the simulator's own.
+type World struct {
+	seed   uint64
+	sc     Scenario
+	opts   Options
+	start  time.Time
+	nodes  []*Node
+	faults []Fault
+	hist   *history
+
+	mu       sync.Mutex
+	msgs     int // messages sent (both directions)
+	lost     int // messages lost
+	clients  []*redis.Client
+	closers  []func()
+	verbose  bool
+	schedLog []string
+}
+
+// mix is splitmix64 over a and b: the simulator's only hash, for
+// per-message randomness that does not depend on the order in which
+// goroutines happen to draw it.
+func mix(a, b uint64) uint64 {
+	z := a ^ (b + 0x9e3779b97f4a7c15)
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
+	z = (z ^ (z >> 27)) * 0x94d049bb133111eb
+	return z ^ (z >> 31)
+}
+
+// unit maps h to [0, 1).
+func unit(h uint64) float64 { return float64(h>>11) / (1 << 53) }
+
+// fate decides the delay of message i in one direction of c, or that it is
+// lost. It reads the seed's schedule at the current virtual time, and
+// draws from a hash of (seed, connection, direction, index), so the fate
+// of a message does not depend on which goroutine sent first.
+func (w *World) fate(c *conn, toNode bool, i uint64, now time.Time) (time.Duration, bool) {
+	d := uint64(1)
+	if toNode {
+		d = 2
+	}
+	h := mix(mix(w.seed, c.key), i<<2|d)
+	u := func(k uint64) float64 { return unit(mix(h, k)) }
+	delay := 20*time.Microsecond + time.Duration(u(0)*float64(480*time.Microsecond))
+	if !w.sc.Faults || c.client < 0 {
+		return delay, false
+	}
+	if u(1) < 0.02 { // a spike: a reply can arrive after the next attempt started
+		delay += time.Duration(u(2) * float64(40*time.Millisecond))
+	}
+	if u(3) < 0.002 {
+		return 0, true
+	}
+	at := now.Sub(w.start)
+	for _, f := range w.faults {
+		if at < f.At || at >= f.At+f.For {
+			continue
+		}
+		switch f.Kind {
+		case FaultDelay:
+			if f.Node == c.node.id {
+				delay += time.Duration(u(4) * float64(f.Amount))
+			}
+		case FaultLoss:
+			if f.Node == c.node.id && u(5) < f.Prob {
+				return 0, true
+			}
+		case FaultPartition:
+			if f.Client == c.client && slices.Contains(f.Nodes, c.node.id) {
+				return 0, true
+			}
+		}
+	}
+	return delay, false
+}
+
+func (w *World) noteMessage(_ *conn, _ bool, lost bool) {
+	w.mu.Lock()
+	w.msgs++
+	if lost {
+		w.lost++
+	}
+	w.mu.Unlock()
+}
+
+// after runs f after d of virtual time.
+func (w *World) after(d time.Duration, f func()) { time.AfterFunc(d, f) }
+
+// redisClient returns a go-redis client of workload client ci to node n,
+// unmodified but for its Dialer, which opens a simulated connection.
+func (w *World) redisClient(ci int, n *Node, ctxTimeouts bool) *redis.Client {
+	c := redis.NewClient(&redis.Options{
+		Addr: n.name,
+		Dialer: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return n.dial(ci)
+		},
+		ContextTimeoutEnabled: ctxTimeouts,
+		DisableIdentity:       true,
+		PoolSize:              10,
+		// Auto mode resolves Addr in DNS to guess the endpoint type: a
+		// lookup leaves the bubble (and the machine). The notifications
+		// are a Redis Enterprise feature the library does not use.
+		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
+	})
+	w.mu.Lock()
+	w.clients = append(w.clients, c)
+	w.mu.Unlock()
+	return c
+}
+
+// onClose registers f to run when the run ends, before the go-redis
+// clients close (strategies' Close, watchdogs' Stop).
+func (w *World) onClose(f func()) {
+	w.mu.Lock()
+	w.closers = append(w.closers, f)
+	w.mu.Unlock()
+}
+
+// action is one step of the fault driver.
+type action struct {
+	at   time.Duration
+	what string
+	do   func()
+}
+
+// actions turns the schedule into timed steps: a window's start and end,
+// a snapshot some time before a restart from it.
+func (w *World) actions() []action {
+	var as []action
+	r := rand.New(rand.NewPCG(w.seed, 0xac7))
+	for _, f := range w.faults {
+		f := f
+		switch f.Kind {
+		case FaultCut:
+			as = append(as, action{f.At, f.String(), func() { w.cut(f.Node, f.Client) }})
+		case FaultPause:
+			n := w.nodes[f.Node]
+			as = append(as, action{f.At, f.String(), n.pause}, action{f.At + f.For, fmt.Sprintf("resume node=%d", f.Node), n.resume})
+		case FaultRestart:
+			n := w.nodes[f.Node]
+			if f.Mode == "snapshot" {
+				back := min(f.At, ms(r, 5, 200))
+				as = append(as, action{f.At - back, fmt.Sprintf("snapshot node=%d", f.Node), n.takeSnapshot})
+			}
+			as = append(as, action{f.At, f.String(), n.crash},
+				action{f.At + f.For, fmt.Sprintf("up node=%d (%s)", f.Node, f.Mode), func() { n.restart(f.Mode == "durable", f.Mode == "snapshot") }})
+		case FaultBlink:
+			n := w.nodes[f.Node]
+			as = append(as, action{f.At, f.String(), n.crash},
+				action{f.At + f.For, fmt.Sprintf("up node=%d (blink)", f.Node), func() { n.restart(true, false) }})
+		case FaultClockJump:
+			n := w.nodes[f.Node]
+			as = append(as, action{f.At, f.String(), func() { n.jump(f.Amount) }})
+		case FaultClockSkew:
+			as = append(as, action{f.At, f.String(), func() {
+				for _, i := range f.Nodes {
+					w.nodes[i].jump(f.Amount)
+				}
+			}})
+		}
+	}
+	slices.SortStableFunc(as, func(a, b action) int { return int(a.at - b.at) })
+	return as
+}
+
+// cut cuts the connections of node (all nodes if -1) from client (all
+// clients if -1).
+func (w *World) cut(node, client int) {
+	for _, n := range w.nodes {
+		if node >= 0 && n.id != node {
+			continue
+		}
+		n.mu.Lock()
+		var cs []*conn
+		for c := range n.conns {
+			if client < 0 || c.client == client {
+				cs = append(cs, c)
+			}
+		}
+		n.mu.Unlock()
+		for _, c := range cs {
+			c.cut()
+		}
+	}
+}
+
+// drive applies the schedule's actions until they run out or stop closes.
+// It returns the actions applied, for the log.
+func (w *World) drive(stop <-chan struct{}) {
+	as := w.actions()
+	for _, a := range as {
+		d := time.Until(w.start.Add(a.at))
+		if d > 0 {
+			t := time.NewTimer(d)
+			select {
+			case <-stop:
+				t.Stop()
+				return
+			case <-t.C:
+			}
+		}
+		a.do()
+		w.hist.event(a.what)
+	}
+}
+
+// heal ends every fault: paused nodes serve, crashed nodes come back with
+// their data. Called when the workload is done, so that closing the
+// clients does not wait on a fault.
+func (w *World) heal() {
+	for _, n := range w.nodes {
+		n.resume()
+		n.mu.Lock()
+		down := n.down
+		n.mu.Unlock()
+		if down {
+			n.restart(true, false)
+		}
+	}
+}
