@@ -15,6 +15,7 @@ var (
 	flagSeed      = flag.Int64("seed", -1, "replay one seed and print its schedule and history")
 	flagScenario  = flag.String("scenario", "", "only this scenario (default: the rotation)")
 	flagFirst     = flag.Uint64("first", 1, "first seed explored")
+	flagStop      = flag.Bool("stopfail", false, "stop at the first failing seed (power tests)")
 	flagLostFirst = flag.Bool("lostfirst", false, "call Lock.Lost first on every grant (exposes the double-close panic)")
 )
 
@@ -65,7 +66,10 @@ func TestSim(t *testing.T) {
 			for _, v := range res.Violations {
 				t.Log(v)
 			}
-			t.Errorf("seed %d (%s) FAILED; replay: %s", s, res.Scenario, replayCmd(res))
+			t.Errorf("seed %d (%s) FAILED after %d seeds in %v; replay: %s", s, res.Scenario, i+1, time.Since(began).Round(time.Millisecond), replayCmd(res))
+			if *flagStop {
+				return
+			}
 		case Hazard:
 			hazards.Add(1)
 		}
