@@ -3,6 +3,7 @@ package quorum
 import (
 	"context"
 	"fmt"
+	"slices"
 
 	"github.com/hashicorp/go-multierror"
 
@@ -18,6 +19,17 @@ var _ redlease.BatchExtender = (*Strategy)(nil)
 // script.MaxBatch keys: a watchdog keeping ten thousand locks pays twenty
 // calls per node per tick, not ten thousand. Each key is
 // judged as Extend would judge it: extended on a quorum, with validity left.
+//
+// Every node answers for every key on its own, and each key is counted on
+// its own: a node on which one key holds a value of another type (a hash
+// where our string was; WRONGTYPE) refuses that key, as a node where the
+// key is gone or not ours does, and still counts for every other key. Such
+// a refusal is kept as the key's own cause (a *redlease.NodeError whose Err
+// satisfies redis.HasErrorPrefix(err, "WRONGTYPE")), so that a key refused
+// by enough nodes fails with ErrNotHeld and says why. Any other error a
+// node reports for one key leaves that key undecided on that node. A node
+// that fails as a whole (down, timed out) counts for none of its chunk's
+// keys.
 func (s *Strategy) ExtendBatch(ctx context.Context, items []redlease.Extension) []redlease.Extended {
 	out := make([]redlease.Extended, len(items))
 	valid := make([]int, 0, len(items))
@@ -59,9 +71,14 @@ func (s *Strategy) ExtendBatch(ctx context.Context, items []redlease.Extension) 
 				fanout.Call{Script: script.ExtendMany, Line: line, Multi: true}, fanout.Call{})})
 		}
 		for _, c := range wave {
-			agreed, refused, answered, causes := s.collectBatch(ctx, c.round, len(c.idx))
+			agreed, refused, answered, causes, keyCauses := s.collectBatch(ctx, c.round, len(c.idx))
 			for j, i := range c.idx {
 				t := tally{agreed: agreed[j], refused: refused[j], answered: answered, causes: causes}
+				if keyCauses != nil && keyCauses[j] != nil {
+					// This key's causes: the nodes that failed as a whole, then
+					// its own. The shared list is copied, never appended to.
+					t.causes = &multierror.Error{Errors: append(slices.Clip(causes.WrappedErrors()), keyCauses[j]...)}
+				}
 				until := start.Add(items[i].TTL - drift.Allowance(items[i].TTL, s.driftFactor))
 				switch {
 				case t.agreed < s.quorum:
@@ -79,8 +96,17 @@ func (s *Strategy) ExtendBatch(ctx context.Context, items []redlease.Extension) 
 
 // collectBatch counts the replies of an ExtendMany round item by item, until
 // every item is decided, the round's deadline passes, or ctx is done.
-func (s *Strategy) collectBatch(ctx context.Context, round *fanout.Round, items int) (agreed, refused []int, answered int, causes *multierror.Error) {
+// causes are the failures of whole nodes, shared by every item; keyCauses
+// are each item's own, from nodes that answered for that item with
+// something other than "extended" or "not ours" (nil when there are none).
+func (s *Strategy) collectBatch(ctx context.Context, round *fanout.Round, items int) (agreed, refused []int, answered int, causes *multierror.Error, keyCauses [][]error) {
 	agreed, refused = make([]int, items), make([]int, items)
+	addCause := func(j int, err error) {
+		if keyCauses == nil {
+			keyCauses = make([][]error, items)
+		}
+		keyCauses[j] = append(keyCauses[j], err)
+	}
 	n := len(s.nodes)
 	replied := make([]bool, n)
 	decided := func() bool {
@@ -103,10 +129,18 @@ func (s *Strategy) collectBatch(ctx context.Context, round *fanout.Round, items 
 			return
 		}
 		for j, v := range r.Vals {
-			if v == 1 {
+			switch v {
+			case script.Extended:
 				agreed[j]++
-			} else {
+			case script.NotOurs:
 				refused[j]++
+			case script.WrongType: // not ours either, and worth naming
+				refused[j]++
+				addCause(j, s.nodeError(node, script.ErrWrongType))
+			default: // an error on this key alone: undecided here
+				ne := s.nodeError(node, script.KeyCause(v))
+				redlease.ReportNodeFailure(ctx, ne)
+				addCause(j, ne)
 			}
 		}
 	}

@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
+	"strings"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -12,11 +15,27 @@ import (
 	"github.com/redlease/redlease/internal/script"
 )
 
-// ExtendBatch extends many keys in one pipelined round trip: one
-// ExtendMany script call per script.MaxBatch keys (and one WAIT, which
-// covers them all, when replicas are required). On a Cluster client, whose
-// scripts may only touch keys of one slot, it pipelines one Extend call per
-// key instead; go-redis sends each node its share in one round trip.
+// ExtendBatch extends many keys with one ExtendMany script call per
+// script.MaxBatch keys, and gives every key its own outcome:
+//
+//   - The script answers for each key on its own. A key that holds a value
+//     of another type (a hash where our string was) cannot hold our token:
+//     that key alone gets ErrNotHeld, with the node's WRONGTYPE as its
+//     cause (redis.HasErrorPrefix(err, "WRONGTYPE") on the *NodeError's
+//     Err). Any other error on one key leaves that key undecided
+//     (ErrUnavailable).
+//   - A call that fails (NOPERM, a cut connection, a timeout) fails its own
+//     keys only, with ErrUnavailable: the other calls' replies stand.
+//
+// On one primary every call goes out in one pipelined round trip (and one
+// WAIT behind them, which covers them all, when replicas are required). On
+// a Cluster client, whose scripts may only touch keys of one slot, keys are
+// grouped by slot (one call per slot and script.MaxBatch keys) and the
+// calls by the master that serves the slot; each master gets its own
+// pipeline, sent at the same time as the others and bounded by its own
+// deadline (see shardDeadline), so a master that is down or paused costs
+// its own keys only (ErrUnavailable, undecided; the *NodeError names that
+// master) and the others' replies come back in time to count.
 func (p *Primary) ExtendBatch(ctx context.Context, items []redlease.Extension) []redlease.Extended {
 	out := make([]redlease.Extended, len(items))
 	var valid []int
@@ -31,106 +50,314 @@ func (p *Primary) ExtendBatch(ctx context.Context, items []redlease.Extension) [
 		return out
 	}
 	start := p.cfg.Clock.Now()
-	extended, err := p.extendMany(ctx, items, valid)
-	for j, i := range valid {
-		switch {
-		case extended == nil:
-			out[i].Err = p.fail(ctx, redlease.ErrUnavailable, err)
-		case extended[j] != 1:
-			out[i].Err = redlease.ErrNotHeld
-		case err != nil: // extended, but not acknowledged by enough replicas
-			out[i].Err = errors.Join(redlease.ErrUnavailable, err)
-		default:
-			until := start.Add(items[i].TTL - drift.Allowance(items[i].TTL, p.cfg.DriftFactor))
-			if !p.cfg.Clock.Now().Before(until) {
-				out[i].Err = fmt.Errorf("%w: no validity left after %v", redlease.ErrNotHeld, p.cfg.Clock.Now().Sub(start))
-				continue
-			}
-			out[i].Grant = redlease.Grant{Until: until}
-		}
+	if p.cluster != nil {
+		p.extendShards(ctx, items, valid, start, out)
+		return out
 	}
+	calls := chunk(items, valid, nil)
+	p.judge(ctx, p.addr, items, calls, p.send(ctx, p.client, calls), start, out)
 	return out
 }
 
-// batchCall is one command of an extension pipeline.
+// batchCall is one ExtendMany call: the items it covers and its command
+// line.
 type batchCall struct {
-	script *script.Script
-	line   []any
-	many   bool // ExtendMany (array reply) rather than Extend
+	idx  []int
+	line []any
 }
 
-// extendMany returns 1 or 0 for each item in valid, in order, and an error
-// that errors.Is ErrNotReplicated if the replies came but WAIT fell short
-// (nil replies and an error if the replies did not come).
-func (p *Primary) extendMany(ctx context.Context, items []redlease.Extension, valid []int) ([]int64, error) {
-	var calls []batchCall
-	if p.cluster {
-		for _, i := range valid {
-			calls = append(calls, batchCall{script.Extend,
-				script.Extend.Args(items[i].Key, items[i].Token, items[i].TTL.Milliseconds()), false})
+// reply is what came back for one batchCall.
+type reply struct {
+	vals []int64 // one per item, when err is nil
+	err  error   // the call failed: every item of it is undecided
+	repl error   // WAIT fell short for this call (ErrNotReplicated); nil without replicas
+}
+
+// chunk appends to calls one ExtendMany call per script.MaxBatch of idx.
+func chunk(items []redlease.Extension, idx []int, calls []batchCall) []batchCall {
+	for rest := idx; len(rest) > 0; {
+		n := min(len(rest), script.MaxBatch)
+		keys := make([]any, n)
+		args := make([]any, 0, 2*n)
+		for j, i := range rest[:n] {
+			keys[j] = items[i].Key
+			args = append(args, items[i].Token, items[i].TTL.Milliseconds())
 		}
-	} else {
-		for rest := valid; len(rest) > 0; {
-			n := min(len(rest), script.MaxBatch)
-			keys := make([]any, n)
-			args := make([]any, 0, 2*n)
-			for j, i := range rest[:n] {
-				keys[j] = items[i].Key
-				args = append(args, items[i].Token, items[i].TTL.Milliseconds())
-			}
-			rest = rest[n:]
-			calls = append(calls, batchCall{script.ExtendMany, script.ExtendMany.LineMany(keys, args), true})
-		}
+		calls = append(calls, batchCall{idx: rest[:n:n], line: script.ExtendMany.LineMany(keys, args)})
+		rest = rest[n:]
 	}
-	for attempt := 0; ; attempt++ {
-		res, wait, err := p.pipeline(ctx, calls)
-		if script.IsNoScript(err) && attempt == 0 {
-			if err := calls[0].script.Load(ctx, p.client); err != nil {
-				return nil, err
+	return calls
+}
+
+// send pipelines calls on c (followed by WAIT when replicas are required)
+// and returns one reply per call. Calls that find the script missing on
+// the node (NOSCRIPT: first use, a restart, SCRIPT FLUSH) are sent once
+// more as EVAL, which caches it, in a second pipeline with its own WAIT.
+func (p *Primary) send(ctx context.Context, c redis.UniversalClient, calls []batchCall) []reply {
+	replies := make([]reply, len(calls))
+	pending := make([]int, len(calls))
+	for k := range pending {
+		pending[k] = k
+	}
+	for attempt := 0; len(pending) > 0; attempt++ {
+		pipe := c.Pipeline()
+		cmds := make([]*redis.Cmd, len(pending))
+		for n, k := range pending {
+			line := calls[k].line
+			if attempt > 0 {
+				line = script.ExtendMany.Eval(line)
+			}
+			cmds[n] = pipe.Do(ctx, line...)
+		}
+		var wait *redis.Cmd
+		if p.cfg.Replicas > 0 {
+			wait = pipe.Do(ctx, "WAIT", p.cfg.Replicas, p.cfg.WaitTimeout.Milliseconds())
+		}
+		_, _ = pipe.Exec(ctx) // errors are read per command
+		var retry []int
+		var repl error
+		replChecked := false
+		for n, k := range pending {
+			vals, err := cmds[n].Int64Slice()
+			if attempt == 0 && script.IsNoScript(err) {
+				retry = append(retry, k)
+				continue
+			}
+			if err == nil && len(vals) != len(calls[k].idx) {
+				err = fmt.Errorf("extend batch: %d replies for %d keys", len(vals), len(calls[k].idx))
+			}
+			replies[k] = reply{vals: vals, err: err}
+			if err == nil && wait != nil {
+				if !replChecked {
+					repl, replChecked = p.replicated(wait), true
+				}
+				replies[k].repl = repl
+			}
+		}
+		pending = retry
+	}
+	return replies
+}
+
+// judge turns the replies of calls into outcomes, item by item. addr names
+// the node in causes.
+func (p *Primary) judge(ctx context.Context, addr string, items []redlease.Extension, calls []batchCall, replies []reply, start time.Time, out []redlease.Extended) {
+	now := p.cfg.Clock.Now()
+	for k, c := range calls {
+		r := replies[k]
+		if r.err != nil {
+			err := p.failAt(ctx, addr, redlease.ErrUnavailable, r.err) // one error, and one report, per failed call
+			for _, i := range c.idx {
+				out[i].Err = err
 			}
 			continue
 		}
-		if err != nil {
-			return nil, err
+		for j, i := range c.idx {
+			switch v := r.vals[j]; v {
+			case script.Extended:
+				if r.repl != nil { // extended, but not acknowledged by enough replicas
+					out[i].Err = errors.Join(redlease.ErrUnavailable, r.repl)
+					continue
+				}
+				ttl := items[i].TTL
+				until := start.Add(ttl - drift.Allowance(ttl, p.cfg.DriftFactor))
+				if !now.Before(until) {
+					out[i].Err = fmt.Errorf("%w: no validity left after %v", redlease.ErrNotHeld, now.Sub(start))
+					continue
+				}
+				out[i].Grant = redlease.Grant{Until: until}
+			case script.NotOurs:
+				out[i].Err = redlease.ErrNotHeld
+			case script.WrongType:
+				// A verdict, not a failure of the node: not reported as one.
+				out[i].Err = errors.Join(redlease.ErrNotHeld, &redlease.NodeError{Addr: addr, Err: script.ErrWrongType})
+			default:
+				out[i].Err = p.failAt(ctx, addr, redlease.ErrUnavailable, script.KeyCause(v))
+			}
 		}
-		if len(res) != len(valid) {
-			return nil, fmt.Errorf("extend batch: %d replies for %d keys", len(res), len(valid))
-		}
-		if wait != nil {
-			return res, p.replicated(wait)
-		}
-		return res, nil
 	}
 }
 
-// pipeline sends calls (and WAIT when replicas are required) in one round
-// trip and returns the replies in order.
-func (p *Primary) pipeline(ctx context.Context, calls []batchCall) ([]int64, *redis.Cmd, error) {
-	pipe := p.client.Pipeline()
-	cmds := make([]*redis.Cmd, len(calls))
-	for i, c := range calls {
-		cmds[i] = pipe.Do(ctx, c.line...)
+// shard is one Cluster master's share of a batch.
+type shard struct {
+	addr  string
+	calls []batchCall
+}
+
+// shardDone is a shard's replies, sent by its goroutine.
+type shardDone struct {
+	shard   int
+	replies []reply
+}
+
+// extendShards runs ExtendBatch on a Cluster client: items grouped by slot,
+// the slots by master, one pipeline per master, each in its own goroutine
+// under its own deadline. The results of a shard are judged as they
+// arrive. A shard that has not answered by its deadline (or by the end of
+// ctx) leaves its items undecided; its goroutine ends on its own, at the
+// deadline on a client with ContextTimeoutEnabled, after go-redis's
+// ReadTimeout otherwise, and nobody reads what it brings.
+func (p *Primary) extendShards(ctx context.Context, items []redlease.Extension, valid []int, start time.Time, out []redlease.Extended) {
+	var (
+		slots   [][]int // items per slot, in the order the slots first appear
+		slotIdx = map[int]int{}
+		shards  []shard
+		byAddr  = map[string]int{}
+	)
+	for _, i := range valid {
+		sl := keySlot(items[i].Key)
+		k, ok := slotIdx[sl]
+		if !ok {
+			k = len(slots)
+			slotIdx[sl] = k
+			slots = append(slots, nil)
+		}
+		slots[k] = append(slots[k], i)
 	}
-	var wait *redis.Cmd
-	if p.cfg.Replicas > 0 {
-		wait = pipe.Do(ctx, "WAIT", p.cfg.Replicas, p.cfg.WaitTimeout.Milliseconds())
-	}
-	_, _ = pipe.Exec(ctx) // errors are read per command
-	var res []int64
-	for i, c := range calls {
-		if c.many {
-			v, err := cmds[i].Int64Slice()
-			if err != nil {
-				return nil, nil, err
+	for _, idx := range slots {
+		m, err := p.cluster.MasterForKey(ctx, items[idx[0]].Key)
+		if err != nil {
+			err := p.fail(ctx, redlease.ErrUnavailable, err)
+			for _, i := range idx {
+				out[i].Err = err
 			}
-			res = append(res, v...)
 			continue
 		}
-		v, err := cmds[i].Int64()
-		if err != nil {
-			return nil, nil, err
+		addr := m.Options().Addr
+		k, ok := byAddr[addr]
+		if !ok {
+			k = len(shards)
+			byAddr[addr] = k
+			shards = append(shards, shard{addr: addr})
 		}
-		res = append(res, v)
+		shards[k].calls = chunk(items, idx, shards[k].calls)
 	}
-	return res, wait, nil
+	if len(shards) == 0 {
+		return
+	}
+
+	deadline := p.shardDeadline(ctx, items, valid)
+	sent := time.Now()
+	done := make(chan shardDone, len(shards)) // room for every shard: a straggler never blocks
+	for k := range shards {
+		go func() {
+			sctx, cancel := context.WithDeadline(ctx, deadline)
+			defer cancel()
+			done <- shardDone{shard: k, replies: p.send(sctx, p.cluster, shards[k].calls)}
+		}()
+	}
+	answered := make([]bool, len(shards))
+	remaining := len(shards)
+	take := func(d shardDone) {
+		answered[d.shard] = true
+		remaining--
+		p.judge(ctx, shards[d.shard].addr, items, shards[d.shard].calls, d.replies, start, out)
+	}
+	timer := time.NewTimer(time.Until(deadline))
+	defer timer.Stop()
+	var cause error
+	for remaining > 0 && cause == nil {
+		select {
+		case d := <-done:
+			take(d)
+		case <-timer.C:
+			cause = errShardSilent{deadline.Sub(sent)}
+		case <-ctx.Done():
+			cause = context.Cause(ctx)
+		}
+	}
+	for remaining > 0 { // replies that came together with the deadline still count
+		select {
+		case d := <-done:
+			take(d)
+			continue
+		default:
+		}
+		break
+	}
+	if remaining == 0 {
+		return
+	}
+	for k, sh := range shards {
+		if answered[k] {
+			continue
+		}
+		err := p.failAt(ctx, sh.addr, redlease.ErrUnavailable, cause)
+		for _, call := range sh.calls {
+			for _, i := range call.idx {
+				out[i].Err = err
+			}
+		}
+	}
 }
+
+// shardDeadline is when ExtendBatch stops waiting for a Cluster master:
+// after half the time ctx leaves, and at most half the shortest validity
+// among the items. A healthy master answers within a round trip; waiting
+// longer for one that does not only holds back the replies of the others,
+// and a reply that reaches a lock after its loss margin has begun comes too
+// late for it (the renew watchdog gives a batch until the first of its
+// locks' Until, and a lock is lost a tenth of its TTL, by default, before
+// that). The other half is left to the caller, to apply the results and to
+// try the silent master's keys again.
+func (p *Primary) shardDeadline(ctx context.Context, items []redlease.Extension, valid []int) time.Time {
+	now := time.Now()
+	wait := time.Duration(math.MaxInt64)
+	for _, i := range valid {
+		ttl := items[i].TTL
+		wait = min(wait, ttl-drift.Allowance(ttl, p.cfg.DriftFactor))
+	}
+	if d, ok := ctx.Deadline(); ok {
+		wait = min(wait, d.Sub(now))
+	}
+	return now.Add(wait / 2)
+}
+
+// errShardSilent is the cause recorded for a Cluster master that did not
+// answer by its deadline. It matches context.DeadlineExceeded with
+// errors.Is.
+type errShardSilent struct{ wait time.Duration }
+
+// Error says how long the batch waited.
+func (e errShardSilent) Error() string {
+	return "no reply within " + e.wait.Round(time.Microsecond).String() + ", the batch's wait for this master"
+}
+
+// Is makes errors.Is(err, context.DeadlineExceeded) true.
+func (e errShardSilent) Is(target error) bool { return target == context.DeadlineExceeded }
+
+// keySlot is Redis Cluster's hash slot of key: CRC16 (XMODEM) of its hash
+// tag (the bytes between the first '{' and the first '}' after it, if there
+// are any), or of the whole key, mod 16384.
+func keySlot(key string) int {
+	if open := strings.IndexByte(key, '{'); open >= 0 {
+		if end := strings.IndexByte(key[open+1:], '}'); end > 0 {
+			key = key[open+1 : open+1+end]
+		}
+	}
+	var crc uint16
+	for i := 0; i < len(key); i++ {
+		crc = crc<<8 ^ crc16Table[byte(crc>>8)^key[i]]
+	}
+	return int(crc) & (clusterSlots - 1)
+}
+
+// clusterSlots is the number of hash slots of a Redis Cluster.
+const clusterSlots = 16384
+
+// crc16Table is the byte-wise table of CRC16-CCITT (XMODEM: polynomial
+// 0x1021, initial value 0), the checksum Redis Cluster hashes keys with.
+var crc16Table = func() (t [256]uint16) {
+	for b := range t {
+		crc := uint16(b) << 8
+		for range 8 {
+			if crc&0x8000 != 0 {
+				crc = crc<<1 ^ 0x1021
+			} else {
+				crc <<= 1
+			}
+		}
+		t[b] = crc
+	}
+	return t
+}()

@@ -38,8 +38,8 @@ type Primary struct {
 	client  redis.UniversalClient
 	addr    string
 	cfg     Config
-	cluster bool
-	err     error // a rejected argument, returned by every call
+	cluster *redis.ClusterClient // client, if it is a Cluster client: ExtendBatch groups keys by master
+	err     error                // a rejected argument, returned by every call
 }
 
 // New returns a Primary on client. err, if not nil, is a construction
@@ -55,7 +55,7 @@ func New(client redis.UniversalClient, cfg Config, err error) *Primary {
 		return p
 	}
 	p.addr = nodes.Addr(client)
-	_, p.cluster = client.(*redis.ClusterClient)
+	p.cluster, _ = client.(*redis.ClusterClient)
 	return p
 }
 
@@ -210,7 +210,13 @@ func (p *Primary) check(key, token string, ttl time.Duration) error {
 // fail wraps a node failure under sentinel, and reports it to ctx's
 // observer.
 func (p *Primary) fail(ctx context.Context, sentinel, err error) error {
-	ne := &redlease.NodeError{Node: 0, Addr: p.addr, Err: err}
+	return p.failAt(ctx, p.addr, sentinel, err)
+}
+
+// failAt is fail naming addr as the node: one master of a Cluster client,
+// in ExtendBatch.
+func (p *Primary) failAt(ctx context.Context, addr string, sentinel, err error) error {
+	ne := &redlease.NodeError{Node: 0, Addr: addr, Err: err}
 	redlease.ReportNodeFailure(ctx, ne)
 	return errors.Join(sentinel, ne)
 }

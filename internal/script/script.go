@@ -14,6 +14,8 @@ package script
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"slices"
 	"strconv"
 	"strings"
@@ -275,21 +277,95 @@ func (s *Script) Run(ctx context.Context, c Doer, line []any) (int64, error) {
 	return v, err
 }
 
-// ExtendMany resets the TTL of many locks we hold, in one call.
+// ExtendMany resets the TTL of many locks we hold, in one call, and
+// answers for every key on its own: a key the node cannot read as a string
+// does not abort the call (redis.pcall), so it costs no other key its
+// extension.
 //
 //	KEYS[i] lock key i; ARGV[2i-1] its token, ARGV[2i] its ttl in ms
-//	reply: array, element i 1 if key i was extended, 0 if gone or not ours
+//	reply: array, element i one of Extended, NotOurs, WrongType, KeyFailed
+//
+// A key that holds a value of another type (a hash, a list: GET answers
+// WRONGTYPE) cannot hold our token, so WrongType means "not held" as
+// surely as NotOurs; the reply says which, so that the caller can name the
+// cause. KeyFailed is any other error on that key; the node's message is
+// not carried (the reply is an array of integers), and the caller must
+// treat that key as undecided.
 var ExtendMany = newScript(-1, `
 local out = {}
 for i, key in ipairs(KEYS) do
-  if redis.call('GET', key) == ARGV[2*i-1] then
-    out[i] = redis.call('PEXPIRE', key, ARGV[2*i])
+  local v = redis.pcall('GET', key)
+  if v == ARGV[2*i-1] then
+    v = redis.pcall('PEXPIRE', key, ARGV[2*i])
+    if type(v) == 'number' then
+      out[i] = v
+    else
+      out[i] = -2
+    end
+  elseif type(v) == 'table' then
+    if string.sub(tostring(v.err), 1, 9) == 'WRONGTYPE' then
+      out[i] = -1
+    else
+      out[i] = -2
+    end
   else
     out[i] = 0
   end
 end
 return out
 `)
+
+// The per-key replies of ExtendMany.
+const (
+	Extended  = 1  // the key held our token; its TTL was reset
+	NotOurs   = 0  // the key is missing or holds another token
+	WrongType = -1 // the key holds a value of another type: not ours either
+	KeyFailed = -2 // the node refused a command on this key: undecided
+)
+
+// ErrWrongType is the cause recorded for a key that held a value of
+// another type (ExtendMany's WrongType). It is the node's own WRONGTYPE
+// error, re-made on the client, so go-redis's predicates recognise it:
+// redis.HasErrorPrefix(err, "WRONGTYPE").
+var ErrWrongType error = redisError("WRONGTYPE Operation against a key holding the wrong kind of value")
+
+// ErrKeyFailed is the cause recorded for a key on which the node refused a
+// command inside ExtendMany with an error other than WRONGTYPE
+// (KeyFailed).
+var ErrKeyFailed = errors.New("the node refused a command on this key inside the batch (an error other than WRONGTYPE; the node's message is not carried)")
+
+// KeyCause returns the cause of an ExtendMany element that is neither
+// Extended nor NotOurs: ErrWrongType, ErrKeyFailed, or an error naming a
+// reply the script never gives.
+func KeyCause(v int64) error {
+	switch v {
+	case WrongType:
+		return ErrWrongType
+	case KeyFailed:
+		return ErrKeyFailed
+	}
+	return fmt.Errorf("extend batch: unexpected reply %d for a key", v)
+}
+
+// redisError is an error text as a Redis node sends it; it satisfies
+// redis.Error.
+type redisError string
+
+var _ redis.Error = redisError("")
+
+// Error returns the text.
+func (e redisError) Error() string { return string(e) }
+
+// RedisError marks the type as a Redis error for go-redis's predicates.
+func (redisError) RedisError() {}
+
+// Eval returns the EVAL form of a command line from Args or LineMany: the
+// script's source in place of its SHA1, for a node that answered NOSCRIPT.
+func (s *Script) Eval(line []any) []any {
+	eval := slices.Clone(line)
+	eval[0], eval[1] = "eval", s.src
+	return eval
+}
 
 // MaxBatch bounds the keys in one ExtendMany call: Redis runs a script to
 // completion before serving anyone else, so a batch must stay short (500
