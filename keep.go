@@ -53,18 +53,53 @@ type BatchExtender interface {
 }
 
 // ExtendAll extends every lock by its own TTL and records each outcome on
-// its lock exactly as Lock.Extend would (a new Until, or the lock marked
-// lost when it is no longer held). Locks are grouped by strategy; a strategy
-// that is a BatchExtender gets one call for its whole group, any other gets
-// one Extend per lock. Locks already released or lost get ErrNotHeld
-// without a round trip. The result matches locks one to one.
+// its lock as Lock.Extend would (a new Until, or the lock marked lost when
+// it is no longer held), except that an extension never moves Until back:
+// one that started before another already recorded says nothing newer.
+// Locks already released or lost get ErrNotHeld without a round trip. The
+// result matches locks one to one.
+//
+// Locks are grouped by strategy; a strategy that is a BatchExtender gets
+// one call for its whole group, any other gets one Extend per lock. Groups
+// run at the same time, each on its own goroutine (one group runs on the
+// caller's), and each under its own deadline: ctx's, narrowed to the
+// earliest Deadline (Until less the loss margin) among its locks, past
+// which an answer comes too late for that lock. A slow or hung strategy
+// therefore never delays another's group.
+//
+// ExtendAll returns once every group's call has returned. A strategy whose
+// client ignores the context (go-redis without ContextTimeoutEnabled waits
+// for its ReadTimeout and retries) can hold it past the deadline; the renew
+// package's Watchdog stops waiting at the deadline instead.
 func ExtendAll(ctx context.Context, locks []*Lock) []error {
 	errs := make([]error, len(locks))
-	type group struct {
-		s   Strategy
-		idx []int
+	groups := groupByStrategy(locks, errs)
+	switch len(groups) {
+	case 0:
+		return errs
+	case 1:
+		extendGroup(ctx, locks, groups[0], errs)
+		return errs
 	}
-	var groups []group
+	var wg sync.WaitGroup
+	for _, g := range groups[1:] {
+		wg.Go(func() { extendGroup(ctx, locks, g, errs) })
+	}
+	extendGroup(ctx, locks, groups[0], errs)
+	wg.Wait()
+	return errs
+}
+
+// strategyGroup is the locks (indexes into ExtendAll's slice) of one strategy.
+type strategyGroup struct {
+	s   Strategy
+	idx []int
+}
+
+// groupByStrategy groups the usable locks by strategy and records ErrNotHeld
+// (with its cause) in errs for the others.
+func groupByStrategy(locks []*Lock, errs []error) []strategyGroup {
+	var groups []strategyGroup
 	for i, lk := range locks {
 		if lk == nil {
 			errs[i] = ErrNotHeld
@@ -75,7 +110,7 @@ func ExtendAll(ctx context.Context, locks []*Lock) []error {
 			continue
 		}
 		g := -1
-		if reflect.TypeOf(lk.strategy).Comparable() { // == on an incomparable dynamic type panics
+		if comparableStrategy(lk.strategy) { // == on an incomparable dynamic value panics
 			for j := range groups {
 				if groups[j].s == lk.strategy {
 					g = j
@@ -84,38 +119,113 @@ func ExtendAll(ctx context.Context, locks []*Lock) []error {
 			}
 		}
 		if g < 0 {
-			groups = append(groups, group{s: lk.strategy})
+			groups = append(groups, strategyGroup{s: lk.strategy})
 			g = len(groups) - 1
 		}
 		groups[g].idx = append(groups[g].idx, i)
 	}
-	for _, grp := range groups {
-		s, idx := grp.s, grp.idx
-		b, ok := s.(BatchExtender)
-		if !ok {
-			for _, i := range idx {
-				lk := locks[i]
-				g, err := s.Extend(ctx, lk.fullKey, lk.token, lk.ttl)
-				errs[i] = lk.applyExtension(g, err)
-				lk.observeRenewal(errs[i])
-			}
-			continue
-		}
-		items := make([]Extension, len(idx))
-		for j, i := range idx {
-			items[j] = Extension{Key: locks[i].fullKey, Token: locks[i].token, TTL: locks[i].ttl}
-		}
-		out := b.ExtendBatch(ctx, items)
-		for j, i := range idx {
-			if j >= len(out) {
-				errs[i] = fmt.Errorf("%w: strategy returned %d results for %d extensions", ErrUnavailable, len(out), len(items))
-				continue
-			}
-			errs[i] = locks[i].applyExtension(out[j].Grant, out[j].Err)
-			locks[i].observeRenewal(errs[i])
+	return groups
+}
+
+// comparableStrategy reports whether s can be compared with == (and used as
+// a map key) without a panic: every strategy in this module is a pointer,
+// but a struct holding a slice, or an interface holding one, is not.
+func comparableStrategy(s Strategy) bool {
+	if s == nil {
+		return true
+	}
+	t := reflect.TypeOf(s)
+	return t.Kind() == reflect.Pointer || reflect.ValueOf(s).Comparable()
+}
+
+// extendGroup extends one strategy's locks under the group's own deadline
+// and records the outcomes in errs.
+func extendGroup(ctx context.Context, locks []*Lock, grp strategyGroup, errs []error) {
+	deadline := locks[grp.idx[0]].Deadline()
+	for _, i := range grp.idx[1:] {
+		if d := locks[i].Deadline(); d.Before(deadline) {
+			deadline = d
 		}
 	}
-	return errs
+	ctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+
+	s, idx := grp.s, grp.idx
+	b, ok := s.(BatchExtender)
+	if !ok {
+		for _, i := range idx {
+			lk := locks[i]
+			g, err := s.Extend(ctx, lk.fullKey, lk.token, lk.ttl)
+			errs[i] = lk.applyRenewal(g, err)
+			lk.observeRenewal(errs[i])
+		}
+		return
+	}
+	items := make([]Extension, len(idx))
+	for j, i := range idx {
+		items[j] = Extension{Key: locks[i].fullKey, Token: locks[i].token, TTL: locks[i].ttl}
+	}
+	out := b.ExtendBatch(ctx, items)
+	for j, i := range idx {
+		if j >= len(out) {
+			errs[i] = fmt.Errorf("%w: strategy returned %d results for %d extensions", ErrUnavailable, len(out), len(items))
+			continue
+		}
+		errs[i] = locks[i].applyRenewal(out[j].Grant, out[j].Err)
+		locks[i].observeRenewal(errs[i])
+	}
+}
+
+// applyRenewal records the outcome of an extension by the lock's own TTL,
+// like applyExtension, except that it never moves Until back: an answer a
+// keeper stopped waiting for may arrive after that of the retry that
+// followed it, and the retry, which started later, knows better.
+func (lk *Lock) applyRenewal(g Grant, err error) error {
+	if err != nil {
+		return lk.applyExtension(g, err)
+	}
+	lk.mu.Lock()
+	defer lk.unlock()
+	lk.checkExpiryLocked()
+	if !lk.heldLocked() {
+		// Lost or given up while the extension was in flight: the earlier
+		// verdict stands.
+		if lk.cause != nil {
+			return errors.Join(ErrNotHeld, lk.cause)
+		}
+		return fmt.Errorf("%w: released", ErrNotHeld)
+	}
+	if g.Until.After(lk.until) {
+		lk.until = g.Until
+		if lk.expiry != nil {
+			lk.expiry.Reset(lk.deadlineLocked().Sub(lk.clock.Now()))
+		}
+	}
+	return nil
+}
+
+// Deadline returns when the lock counts as lost unless an extension comes
+// first: Until minus the loss margin (WithLossMargin), when Lost closes.
+// An extension that has not answered by then comes too late for the
+// holder, so keepers wait for none beyond it. Extend moves it. It is the
+// zero time for a nil Lock.
+func (lk *Lock) Deadline() time.Time {
+	if lk == nil {
+		return time.Time{}
+	}
+	lk.mu.Lock()
+	defer lk.unlock()
+	return lk.deadlineLocked()
+}
+
+// Strategy returns the strategy the lock was taken through (nil for a nil
+// Lock). Keepers group locks by it, since locks of one strategy share its
+// nodes and can be extended in one call.
+func (lk *Lock) Strategy() Strategy {
+	if lk == nil {
+		return nil
+	}
+	return lk.strategy
 }
 
 // Do takes key (with the Locker's retry policy, like Lock), keeps it alive

@@ -1,0 +1,205 @@
+package renew_test
+
+import (
+	"fmt"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/redlease/redlease"
+	"github.com/redlease/redlease/internal/redistest"
+	"github.com/redlease/redlease/quorum"
+	"github.com/redlease/redlease/renew"
+	"github.com/redlease/redlease/single"
+)
+
+// renewalTimeout is the Watchdog's default renewal timeout (renew.DefaultTimeout),
+// spelled out so that these tests also build against a Watchdog without one.
+const renewalTimeout = time.Second
+
+// pausedSingle starts a redis-server for the single strategy, reached through
+// a client with go-redis's default options (no ContextTimeoutEnabled: a
+// paused node holds a call for the 3 s ReadTimeout and go-redis's retries,
+// whatever the context says). The node is resumed on cleanup, before the
+// client closes and the server stops.
+func pausedSingle(t *testing.T) (*single.Strategy, *redistest.Server) {
+	t.Helper()
+	srv := redistest.Start(t, redistest.Config{})
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	t.Cleanup(func() { _ = c.Close() })
+	t.Cleanup(srv.Resume)
+	return single.New(c), srv
+}
+
+// threeNodes starts a quorum over three healthy redis-server processes.
+func threeNodes(t *testing.T) *quorum.Strategy {
+	t.Helper()
+	var clients []redis.UniversalClient
+	for _, srv := range redistest.StartN(t, 3, redistest.Config{}) {
+		clients = append(clients, srv.Client())
+	}
+	s, err := quorum.New(clients)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+// lostAfter watches lk: the function it returns reports how long after
+// taken lk was lost, and whether it was lost yet.
+func lostAfter(t *testing.T, lk *redlease.Lock, taken time.Time) func() (time.Duration, bool) {
+	t.Helper()
+	var at time.Time
+	lost, over := make(chan struct{}), make(chan struct{})
+	go func() {
+		select {
+		case <-lk.Lost():
+			at = time.Now()
+			close(lost)
+		case <-over:
+		}
+	}()
+	t.Cleanup(func() { close(over) })
+	return func() (time.Duration, bool) {
+		select {
+		case <-lost:
+			return at.Sub(taken), true
+		default:
+			return 0, false
+		}
+	}
+}
+
+// One watchdog keeps a lock on a single node that is paused and a quorum
+// lock on three healthy nodes, due in the same batch. The quorum lock must
+// be kept for as long as we care to look (here a TTL and a half), the
+// single lock must be reported lost before its Until, and Stop must return
+// within one renewal timeout although a call to the paused node is still
+// inside go-redis.
+func TestPausedNodeDoesNotCostAnotherStrategysLockInTheSameBatch(t *testing.T) {
+	const ttl = 3 * time.Second
+	s, srv := pausedSingle(t)
+	q := threeNodes(t)
+	w, err := renew.New()
+	require.NoError(t, err)
+	t.Cleanup(w.Stop)
+
+	taken := time.Now()
+	a, err := redlease.New(s, redlease.WithTTL(ttl)).TryLock(t.Context(), "iso:same:single")
+	require.NoError(t, err)
+	b, err := redlease.New(q, redlease.WithTTL(ttl)).TryLock(t.Context(), "iso:same:quorum")
+	require.NoError(t, err)
+	aLost, bLost := lostAfter(t, a, taken), lostAfter(t, b, taken)
+	w.Keep(a)
+	w.Keep(b)
+	srv.Pause()
+
+	time.Sleep(ttl + ttl/2)
+	if d, lost := bLost(); lost {
+		t.Errorf("quorum lock on healthy nodes lost %v after it was taken: %v", d.Round(10*time.Millisecond), b.Err())
+	}
+	d, lost := aLost()
+	assert.True(t, lost, "the single lock on the paused node is reported lost")
+	assert.ErrorIs(t, a.Err(), redlease.ErrLost)
+	assert.Less(t, d, a.Until().Sub(taken), "lost before its Until")
+
+	start := time.Now()
+	w.Stop()
+	stop := time.Since(start)
+	t.Logf("Stop returned after %v with a call to the paused node in flight", stop.Round(time.Millisecond))
+	assert.Less(t, stop, renewalTimeout+500*time.Millisecond, "Stop must return within one renewal timeout")
+}
+
+// Two locks on a paused single node, taken far enough apart to fall into
+// separate batches, and a quorum lock with a short TTL on healthy nodes: the
+// hung batches must not keep the quorum lock's renewals waiting.
+func TestHungBatchesDoNotStarveAnotherStrategy(t *testing.T) {
+	const ttl, short = 3 * time.Second, 1500 * time.Millisecond
+	s, srv := pausedSingle(t)
+	q := threeNodes(t)
+	w, err := renew.New()
+	require.NoError(t, err)
+	t.Cleanup(w.Stop)
+
+	ls := redlease.New(s, redlease.WithTTL(ttl))
+	a1, err := ls.TryLock(t.Context(), "iso:sep:single:1")
+	require.NoError(t, err)
+	w.Keep(a1)
+	time.Sleep(ttl / 6) // half an interval: a1 and a2 are never due together
+	a2, err := ls.TryLock(t.Context(), "iso:sep:single:2")
+	require.NoError(t, err)
+	w.Keep(a2)
+	srv.Pause()
+
+	taken := time.Now()
+	b, err := redlease.New(q, redlease.WithTTL(short)).TryLock(t.Context(), "iso:sep:quorum")
+	require.NoError(t, err)
+	bLost := lostAfter(t, b, taken)
+	w.Keep(b)
+
+	time.Sleep(2 * ttl)
+	if d, lost := bLost(); lost {
+		t.Errorf("quorum lock (TTL %v) on healthy nodes lost %v after it was taken: %v", short, d.Round(10*time.Millisecond), b.Err())
+	}
+	for _, a := range []*redlease.Lock{a1, a2} {
+		assert.ErrorIs(t, a.Err(), redlease.ErrLost, "a lock on the paused node is lost")
+	}
+}
+
+// Locks on a paused node, falling due at scattered moments: every call the
+// watchdog stops waiting for stays inside go-redis for seconds, and such
+// calls must not pile up; a healthy strategy's lock is kept meanwhile.
+func TestCallsToAHungNodeAreCapped(t *testing.T) {
+	const ttl, locks = 3 * time.Second, 12
+	s, srv := pausedSingle(t)
+	q := threeNodes(t)
+	w, err := renew.New()
+	require.NoError(t, err)
+	t.Cleanup(w.Stop)
+
+	b, err := redlease.New(q, redlease.WithTTL(ttl/2)).TryLock(t.Context(), "cap:quorum")
+	require.NoError(t, err)
+	w.Keep(b)
+	ls := redlease.New(s, redlease.WithTTL(ttl))
+	for i := range locks {
+		lk, err := ls.TryLock(t.Context(), fmt.Sprintf("cap:single:%d", i))
+		require.NoError(t, err)
+		w.Keep(lk)
+		time.Sleep(ttl / 3 / locks) // spread over one interval: many batches
+	}
+	time.Sleep(100 * time.Millisecond) // let the client's connections settle
+	before := runtime.NumGoroutine()
+	srv.Pause()
+	peak := before
+	for range 50 { // until every single lock is past its Until
+		time.Sleep(60 * time.Millisecond)
+		peak = max(peak, runtime.NumGoroutine())
+	}
+	t.Logf("goroutines: %d before the pause, at most %d during", before, peak)
+	assert.LessOrEqual(t, peak, before+6, "calls to a hung node must be capped")
+	assert.True(t, b.Valid(), "the quorum lock is kept throughout: %v", b.Err())
+}
+
+// Stop, while a renewal call is stuck on a paused node inside go-redis,
+// returns within one renewal timeout.
+func TestStopDoesNotWaitForAHungCall(t *testing.T) {
+	const ttl = 3 * time.Second
+	s, srv := pausedSingle(t)
+	w, err := renew.New()
+	require.NoError(t, err)
+	t.Cleanup(w.Stop)
+	lk, err := redlease.New(s, redlease.WithTTL(ttl)).TryLock(t.Context(), "stop:hung")
+	require.NoError(t, err)
+	w.Keep(lk)
+	srv.Pause()
+	time.Sleep(ttl/3 + 200*time.Millisecond) // the first renewal is in flight
+
+	start := time.Now()
+	w.Stop()
+	stop := time.Since(start)
+	t.Logf("Stop returned after %v", stop.Round(time.Millisecond))
+	assert.Less(t, stop, renewalTimeout+500*time.Millisecond, "Stop must return within one renewal timeout")
+}
