@@ -2,10 +2,15 @@ package failover
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
+	"os"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -17,27 +22,71 @@ import (
 // current primary, as a backstop for a +switch-master message it missed.
 const DefaultPollInterval = 500 * time.Millisecond
 
+const (
+	// maxAskTimeout caps how long a poll waits for one Sentinel; below it,
+	// the poll interval is the cap.
+	maxAskTimeout = time.Second
+	// startWait is the least time Watch gives the Sentinels to answer.
+	startWait = time.Second
+	// minSubscribeTimeout is the least time a subscription attempt, or a
+	// PING on a subscription, is given.
+	minSubscribeTimeout = 500 * time.Millisecond
+	// pingAfter is how long a subscription may stay silent before the
+	// Watcher checks it with PING.
+	pingAfter = time.Second
+	// resubscribeMin and resubscribeMax bound the pause between attempts to
+	// subscribe on one Sentinel; it doubles after each failed attempt.
+	resubscribeMin = 100 * time.Millisecond
+	resubscribeMax = 2 * time.Second
+)
+
+const switchChannel = "+switch-master"
+
+// errStillAsking is the cause for a Sentinel left out of a poll because it
+// has not answered the previous one yet.
+var errStillAsking = errors.New("failover: previous question to this Sentinel still unanswered")
+
 // Watcher revokes a Strategy's locks when Sentinel moves the primary. It
 // listens for +switch-master on every Sentinel it is given, and polls them
 // for the primary's address in case a message was lost with a connection.
 type Watcher struct {
-	s        *Strategy
-	master   string
-	sents    []*redis.SentinelClient
-	pubsubs  []*redis.PubSub
-	interval time.Duration
-	stop     chan struct{}
-	wg       sync.WaitGroup
+	s          *Strategy
+	master     string
+	sents      []*sentinel
+	interval   time.Duration
+	askTimeout time.Duration // bounds one Sentinel's answer to a poll
+	subTimeout time.Duration // bounds a subscription attempt, and a PING's answer
+	ctx        context.Context
+	cancel     context.CancelFunc
+	wg         sync.WaitGroup
 
-	mu      sync.Mutex
-	current string // the primary's address as last agreed
-	revoked int
+	mu          sync.Mutex
+	closed      bool
+	current     string // the primary's address as last seen
+	epoch       int64  // the config epoch of the newest configuration a poll saw
+	unconfirmed bool   // current came from a +switch-master no poll has confirmed yet
+	revoked     int
+}
+
+// sentinel is one of the Watcher's Sentinels.
+type sentinel struct {
+	i      int
+	client *redis.SentinelClient
+	busy   atomic.Bool   // a question to it is still out
+	ps     *redis.PubSub // the subscription being made or read; guarded by Watcher.mu
+}
+
+// report is one Sentinel's answer: the primary's address and the config
+// epoch of the configuration that names it.
+type report struct {
+	epoch int64
+	addr  string
 }
 
 // Watch starts a Watcher for master on sentinels (at least one; use all of
-// them, so one Sentinel's restart cannot hide a failover). It fails if no
-// Sentinel knows master. pollInterval 0 means DefaultPollInterval. Close
-// stops it.
+// them, so one Sentinel's trouble cannot hide a failover). It fails if no
+// Sentinel names master's primary in time. pollInterval 0 means
+// DefaultPollInterval. Close stops it.
 //
 // On a failover every lock the strategy granted and that is still held is
 // marked lost, with a cause that errors.Is redlease.ErrFailover: its Lost
@@ -45,6 +94,43 @@ type Watcher struct {
 // the new primary did receive (WAIT covered it) is revoked too, and its
 // holder must take it again; the key itself stays until it is released or
 // expires, so the next holder waits for that, and gets a higher fence.
+//
+// One Sentinel's trouble does not blind the Watcher:
+//
+//   - Every poll asks all Sentinels at once, each in its own goroutine and
+//     under its own timeout (the poll interval, at most a second), and
+//     decides from those that answered in time. A Sentinel still busy with
+//     the previous poll's question is left out rather than asked twice.
+//   - Each Sentinel answers with the primary's address and the config epoch
+//     of the configuration that names it (SENTINEL MASTER and SENTINEL
+//     GET-MASTER-ADDR-BY-NAME). Sentinel raises the config epoch with every
+//     failover, so one answering Sentinel is enough to act on: an address
+//     other than the current one, with a config epoch at least as new as the
+//     newest the Watcher has seen, is a move and revokes. An answer with an
+//     older epoch comes from a Sentinel that has not heard of the latest
+//     failover yet and is ignored, so a lagging Sentinel cannot make the
+//     Watcher flip back and forth.
+//   - Every Sentinel has its own subscription, made again (pausing from
+//     100 ms, doubling up to 2 s) whenever it fails or drops, for as long as
+//     the Watcher runs; a subscription silent for a second is checked with
+//     PING and made again if the PING goes unanswered.
+//
+// Watch itself asks every Sentinel at once, each for at most ctx's time and
+// max(a second, the poll interval); it returns when all have answered or
+// failed, and takes the answer with the newest config epoch. If none
+// answered, the error errors.Is redlease.ErrUnavailable, and each
+// Sentinel's cause is a *redlease.NodeError whose Node is its index in
+// sentinels.
+//
+// The Sentinel clients stay the caller's; the Watcher never closes them.
+// Build them with ContextTimeoutEnabled (redis.NewSentinelClient(
+// &redis.Options{Addr: addr, ContextTimeoutEnabled: true})): every call the
+// Watcher makes carries a deadline, but without that option go-redis does
+// not apply a context's deadline to socket reads, so a Sentinel that accepts
+// connections and never answers would hold a call for the client's
+// ReadTimeout (5 s by default) instead. Even then the other Sentinels are
+// asked and heard meanwhile; only Close (and Watch, if it fails) waits for
+// such a call to end.
 func Watch(ctx context.Context, s *Strategy, master string, pollInterval time.Duration, sentinels ...*redis.SentinelClient) (*Watcher, error) {
 	if s == nil || master == "" || len(sentinels) == 0 {
 		return nil, redlease.Invalid("failover.Watch: need a strategy, a master name and at least one Sentinel")
@@ -55,34 +141,40 @@ func Watch(ctx context.Context, s *Strategy, master string, pollInterval time.Du
 	if pollInterval == 0 {
 		pollInterval = DefaultPollInterval
 	}
-	w := &Watcher{s: s, master: master, sents: append([]*redis.SentinelClient(nil), sentinels...),
-		interval: pollInterval, stop: make(chan struct{})}
-	addr, err := w.agreedPrimary(ctx)
-	if err != nil {
-		return nil, err
-	}
-	w.current = addr
-	for _, sc := range w.sents {
-		ps := sc.Subscribe(ctx, "+switch-master")
-		if _, err := ps.Receive(ctx); err != nil {
-			_ = ps.Close()
-			continue // this Sentinel is down now; polling still covers it
+	sents := make([]*sentinel, len(sentinels))
+	for i, sc := range sentinels {
+		if sc == nil {
+			return nil, redlease.Invalid("failover.Watch: Sentinel %d is nil", i)
 		}
-		w.pubsubs = append(w.pubsubs, ps)
-		ch := ps.Channel()
-		w.wg.Go(func() {
-			for {
-				select {
-				case msg, ok := <-ch:
-					if !ok {
-						return
-					}
-					w.onSwitch(msg.Payload)
-				case <-w.stop:
-					return
-				}
-			}
-		})
+		sents[i] = &sentinel{i: i, client: sc}
+	}
+	wctx, cancel := context.WithCancel(context.Background())
+	w := &Watcher{s: s, master: master, sents: sents, interval: pollInterval,
+		askTimeout: min(pollInterval, maxAskTimeout), ctx: wctx, cancel: cancel}
+	w.subTimeout = max(w.askTimeout, minSubscribeTimeout)
+
+	sctx, scancel := context.WithTimeout(ctx, max(w.askTimeout, startWait))
+	reports, errs := w.ask(sctx)
+	scancel()
+	if len(reports) == 0 {
+		cancel()
+		w.wg.Wait()
+		format, args := "%w: failover.Watch: no Sentinel named the primary of %q", []any{redlease.ErrUnavailable, master}
+		for _, err := range errs {
+			format += "; %w"
+			args = append(args, err)
+		}
+		return nil, fmt.Errorf(format, args...)
+	}
+	best := reports[0]
+	for _, r := range reports[1:] {
+		if r.epoch > best.epoch {
+			best = r
+		}
+	}
+	w.current, w.epoch = best.addr, best.epoch
+	for _, sn := range w.sents {
+		w.wg.Go(func() { w.listen(sn) })
 	}
 	w.wg.Go(w.poll)
 	return w, nil
@@ -90,6 +182,9 @@ func Watch(ctx context.Context, s *Strategy, master string, pollInterval time.Du
 
 // Primary returns the primary's address as the Watcher last saw it.
 func (w *Watcher) Primary() string {
+	if w == nil {
+		return ""
+	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.current
@@ -97,92 +192,288 @@ func (w *Watcher) Primary() string {
 
 // Revoked returns how many locks the Watcher has revoked so far.
 func (w *Watcher) Revoked() int {
+	if w == nil {
+		return 0
+	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.revoked
 }
 
-// Close stops the Watcher's goroutines and subscriptions. It does not close
-// the Sentinel clients.
+// Close stops the Watcher's goroutines and subscriptions and waits for them
+// to end. It does not close the Sentinel clients. With clients built as
+// Watch asks, it returns within about a second even while a Sentinel hangs:
+// a call in flight to a hung Sentinel ends at its deadline. Calling Close
+// again does nothing.
 func (w *Watcher) Close() error {
-	select {
-	case <-w.stop:
-	default:
-		close(w.stop)
+	if w == nil {
+		return nil
 	}
-	for _, ps := range w.pubsubs {
-		_ = ps.Close()
+	w.mu.Lock()
+	w.closed = true
+	var subs []*redis.PubSub
+	for _, sn := range w.sents {
+		if sn.ps != nil {
+			subs = append(subs, sn.ps)
+		}
+	}
+	w.mu.Unlock()
+	w.cancel()
+	for _, ps := range subs {
+		_ = ps.Close() // ends a read in progress at once
 	}
 	w.wg.Wait()
 	return nil
 }
 
-// onSwitch handles "<master> <old-ip> <old-port> <new-ip> <new-port>".
-func (w *Watcher) onSwitch(payload string) {
-	f := strings.Fields(payload)
-	if len(f) != 5 || f[0] != w.master {
-		return
-	}
-	w.switched(net.JoinHostPort(f[3], f[4]))
-}
-
-func (w *Watcher) switched(addr string) {
-	w.mu.Lock()
-	if addr == w.current {
-		w.mu.Unlock()
-		return // another Sentinel's message, or a poll, got here first
-	}
-	w.current = addr
-	w.mu.Unlock()
-	n := w.s.RevokeAll(fmt.Errorf("%w: %s now at %s", redlease.ErrFailover, w.master, addr))
-	w.mu.Lock()
-	w.revoked += n
-	w.mu.Unlock()
-}
-
-// poll asks the Sentinels for the primary every interval. Right after a
-// failover some Sentinels still name the old primary for a moment, so only
-// an address that a majority of the answering Sentinels agree on counts.
+// poll asks the Sentinels for the primary every interval.
 func (w *Watcher) poll() {
 	t := time.NewTicker(w.interval)
 	defer t.Stop()
 	for {
 		select {
 		case <-t.C:
-			ctx, cancel := context.WithTimeout(context.Background(), w.interval)
-			addr, err := w.agreedPrimary(ctx)
-			cancel()
-			if err == nil {
-				w.switched(addr)
-			}
-		case <-w.stop:
+		case <-w.ctx.Done():
 			return
+		}
+		ctx, cancel := context.WithTimeout(w.ctx, w.askTimeout)
+		reports, _ := w.ask(ctx)
+		cancel()
+		if len(reports) > 0 {
+			w.observe(reports)
 		}
 	}
 }
 
-// agreedPrimary returns the primary address named by a majority of the
-// Sentinels that answered.
-func (w *Watcher) agreedPrimary(ctx context.Context) (string, error) {
-	votes := map[string]int{}
-	answered := 0
-	var lastErr error
-	for _, sc := range w.sents {
-		a, err := sc.GetMasterAddrByName(ctx, w.master).Result()
-		if err != nil || len(a) != 2 {
-			lastErr = err
+// ask puts the question to every Sentinel that has none outstanding, each in
+// its own goroutine under ctx, and returns the answers that came before ctx
+// ended, and a *redlease.NodeError for every Sentinel that gave none. A
+// Sentinel that does not answer delays nobody but itself: its goroutine
+// ends at ctx's deadline (or, with a client that ignores deadlines, at its
+// read timeout, and the Sentinel is left out of polls until then).
+func (w *Watcher) ask(ctx context.Context) ([]report, []error) {
+	type answer struct {
+		i   int
+		r   report
+		err error
+	}
+	answers := make(chan answer, len(w.sents))
+	pending := make([]bool, len(w.sents))
+	var errs []error
+	asked := 0
+	for _, sn := range w.sents {
+		if !sn.busy.CompareAndSwap(false, true) {
+			errs = append(errs, &redlease.NodeError{Node: sn.i, Err: errStillAsking})
 			continue
 		}
-		answered++
-		votes[net.JoinHostPort(a[0], a[1])]++
+		pending[sn.i] = true
+		asked++
+		w.wg.Go(func() {
+			r, err := w.askOne(ctx, sn.client)
+			sn.busy.Store(false)
+			answers <- answer{sn.i, r, err} // buffered: never blocks
+		})
 	}
-	for addr, n := range votes {
-		if 2*n > answered {
-			return addr, nil
+	var reports []report
+	for ; asked > 0; asked-- {
+		select {
+		case a := <-answers:
+			pending[a.i] = false
+			if a.err != nil {
+				errs = append(errs, &redlease.NodeError{Node: a.i, Err: a.err})
+				continue
+			}
+			reports = append(reports, a.r)
+		case <-ctx.Done():
+			for i, p := range pending {
+				if p {
+					errs = append(errs, &redlease.NodeError{Node: i, Err: ctx.Err()})
+				}
+			}
+			return reports, errs
 		}
 	}
-	if answered == 0 {
-		return "", fmt.Errorf("failover.Watch: no Sentinel knows master %q: %w", w.master, lastErr)
+	return reports, errs
+}
+
+// askOne asks one Sentinel for the config epoch of master's configuration
+// and the primary's address.
+func (w *Watcher) askOne(ctx context.Context, sc *redis.SentinelClient) (report, error) {
+	m, err := sc.Master(ctx, w.master).Result()
+	if err != nil {
+		return report{}, err
 	}
-	return "", fmt.Errorf("failover.Watch: Sentinels disagree on master %q: %v", w.master, votes)
+	epoch, err := strconv.ParseInt(m["config-epoch"], 10, 64)
+	if err != nil {
+		return report{}, fmt.Errorf("SENTINEL MASTER %s: config-epoch: %w", w.master, err)
+	}
+	// The address comes from GET-MASTER-ADDR-BY-NAME, which the Sentinel
+	// leading a failover answers with the promoted replica as soon as it is
+	// promoted, before SENTINEL MASTER names it (and as go-redis's failover
+	// client asks).
+	a, err := sc.GetMasterAddrByName(ctx, w.master).Result()
+	if err != nil {
+		return report{}, err
+	}
+	if len(a) != 2 {
+		return report{}, fmt.Errorf("SENTINEL GET-MASTER-ADDR-BY-NAME %s: unexpected reply %q", w.master, a)
+	}
+	return report{epoch: epoch, addr: net.JoinHostPort(a[0], a[1])}, nil
+}
+
+// observe acts on one poll's answers. The newest configuration among them
+// (highest config epoch; between equal epochs, one naming another address
+// than the current one) decides:
+//
+//   - older than the newest the Watcher has seen: stale, ignored;
+//   - as old, while the current address came from a +switch-master no poll
+//     has confirmed yet: that message's configuration if it names the same
+//     address (now confirmed), else the configuration the message replaced,
+//     ignored;
+//   - naming the current address: nothing moved (the epoch is adopted);
+//   - naming another address: a move, which revokes.
+func (w *Watcher) observe(reports []report) {
+	w.mu.Lock()
+	best := reports[0]
+	for _, r := range reports[1:] {
+		if r.epoch > best.epoch || r.epoch == best.epoch && best.addr == w.current && r.addr != w.current {
+			best = r
+		}
+	}
+	moved := false
+	switch {
+	case best.epoch < w.epoch:
+	case best.epoch == w.epoch && w.unconfirmed:
+		if best.addr == w.current {
+			w.unconfirmed = false
+		}
+	case best.addr == w.current:
+		w.epoch, w.unconfirmed = best.epoch, false
+	default:
+		w.current, w.epoch, w.unconfirmed = best.addr, best.epoch, false
+		moved = true
+	}
+	w.mu.Unlock()
+	if moved {
+		w.revoke(best.addr)
+	}
+}
+
+// onSwitch handles "<master> <old-ip> <old-port> <new-ip> <new-port>". A
+// message carries no epoch; the next poll that hears the same address
+// confirms it.
+func (w *Watcher) onSwitch(payload string) {
+	f := strings.Fields(payload)
+	if len(f) != 5 || f[0] != w.master {
+		return
+	}
+	addr := net.JoinHostPort(f[3], f[4])
+	w.mu.Lock()
+	if addr == w.current {
+		w.mu.Unlock()
+		return // another Sentinel's message, or a poll, got here first
+	}
+	w.current, w.unconfirmed = addr, true
+	w.mu.Unlock()
+	w.revoke(addr)
+}
+
+func (w *Watcher) revoke(addr string) {
+	n := w.s.RevokeAll(fmt.Errorf("%w: %s now at %s", redlease.ErrFailover, w.master, addr))
+	w.mu.Lock()
+	w.revoked += n
+	w.mu.Unlock()
+}
+
+// listen keeps a subscription to +switch-master on one Sentinel until the
+// Watcher closes, making it again after every failure with a jittered
+// pause that doubles from resubscribeMin up to resubscribeMax, and starts
+// again from resubscribeMin once a subscription was made.
+func (w *Watcher) listen(sn *sentinel) {
+	delay := resubscribeMin
+	for w.ctx.Err() == nil {
+		if w.subscribe(sn) {
+			delay = resubscribeMin
+		}
+		pause := delay/2 + rand.N(delay/2+1)
+		select {
+		case <-w.ctx.Done():
+			return
+		case <-time.After(pause):
+		}
+		delay = min(2*delay, resubscribeMax)
+	}
+}
+
+// subscribe makes one subscription on sn and reads it until it fails, goes
+// silent (a PING unanswered), or the Watcher closes. It reports whether the
+// subscription was made.
+func (w *Watcher) subscribe(sn *sentinel) (made bool) {
+	ps := sn.client.Subscribe(w.ctx) // no channel yet: no connection either
+	w.mu.Lock()
+	if w.closed {
+		w.mu.Unlock()
+		_ = ps.Close()
+		return false
+	}
+	sn.ps = ps
+	w.mu.Unlock()
+	defer func() {
+		w.mu.Lock()
+		sn.ps = nil
+		w.mu.Unlock()
+		_ = ps.Close()
+	}()
+
+	ctx, cancel := context.WithTimeout(w.ctx, w.subTimeout)
+	err := ps.Subscribe(ctx, switchChannel)
+	var msg any
+	if err == nil {
+		msg, err = ps.ReceiveTimeout(ctx, w.subTimeout)
+	}
+	cancel()
+	if _, ok := msg.(*redis.Subscription); err != nil || !ok {
+		return false
+	}
+
+	heard := time.Now() // anything read proves the connection alive
+	var pinged time.Time
+	for {
+		wait := time.Until(heard.Add(pingAfter))
+		if !pinged.IsZero() {
+			wait = time.Until(pinged.Add(w.subTimeout))
+		}
+		wait = max(wait, time.Millisecond)
+		ctx, cancel := context.WithTimeout(w.ctx, wait)
+		msg, err := ps.ReceiveTimeout(ctx, wait)
+		cancel()
+		switch {
+		case w.ctx.Err() != nil:
+			return true
+		case err == nil:
+			heard, pinged = time.Now(), time.Time{}
+			if m, ok := msg.(*redis.Message); ok {
+				w.onSwitch(m.Payload)
+			}
+		case !isTimeout(err):
+			return true // dropped
+		case !pinged.IsZero():
+			return true // PING unanswered: the Sentinel hangs, or the link does
+		default:
+			ctx, cancel := context.WithTimeout(w.ctx, w.subTimeout)
+			err := ps.Ping(ctx)
+			cancel()
+			if err != nil {
+				return true
+			}
+			pinged = time.Now()
+		}
+	}
+}
+
+// isTimeout reports whether err is a read that timed out.
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, context.DeadlineExceeded) ||
+		errors.As(err, &ne) && ne.Timeout()
 }

@@ -1,0 +1,227 @@
+package failover_test
+
+import (
+	"context"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/redlease/redlease"
+	"github.com/redlease/redlease/failover"
+	"github.com/redlease/redlease/internal/contract"
+	"github.com/redlease/redlease/internal/redistest"
+	"github.com/redlease/redlease/renew"
+)
+
+// watcherName is the client name of the Watcher's Sentinel connections, so
+// that a test can find its subscriptions in CLIENT LIST.
+const watcherName = "redlease-watcher"
+
+// proxiedSentinels puts a proxy in front of each of g's Sentinels and
+// returns the proxies and, for each, a Sentinel client that connects
+// through it, built as Watch requires (ContextTimeoutEnabled).
+func proxiedSentinels(t *testing.T, g *group) ([]*redistest.Proxy, []*redis.SentinelClient) {
+	t.Helper()
+	proxies := make([]*redistest.Proxy, len(g.sentinels))
+	clients := make([]*redis.SentinelClient, len(g.sentinels))
+	for i, s := range g.sentinels {
+		proxies[i] = redistest.NewProxy(t, s.Addr)
+		c := redis.NewSentinelClient(&redis.Options{Addr: proxies[i].Addr, ContextTimeoutEnabled: true, ClientName: watcherName})
+		t.Cleanup(func() { _ = c.Close() })
+		clients[i] = c
+	}
+	return proxies, clients
+}
+
+// heldLock takes a lock on s, kept alive by a watchdog.
+func heldLock(t *testing.T, s *failover.Strategy) *redlease.Lock {
+	t.Helper()
+	w, err := renew.New()
+	require.NoError(t, err)
+	t.Cleanup(w.Stop)
+	locker := redlease.New(s, redlease.WithTTL(10*time.Second), redlease.WithKeeper(w))
+	lk, err := locker.TryLock(t.Context(), contract.Key(t))
+	require.NoError(t, err)
+	return lk
+}
+
+// failOver makes Sentinel sc move the primary away from old and returns the
+// new primary's address and when sc first named it.
+func failOver(t *testing.T, sc *redis.SentinelClient, old string) (string, time.Time) {
+	t.Helper()
+	ctx := t.Context()
+	require.NoError(t, sc.Failover(ctx, master).Err())
+	var addr string
+	var moved time.Time
+	require.Eventually(t, func() bool {
+		a, err := sc.GetMasterAddrByName(ctx, master).Result()
+		if err != nil || len(a) != 2 || net.JoinHostPort(a[0], a[1]) == old {
+			return false
+		}
+		addr, moved = net.JoinHostPort(a[0], a[1]), time.Now()
+		return true
+	}, 15*time.Second, 10*time.Millisecond, "Sentinel never moved the primary")
+	return addr, moved
+}
+
+// primaryOf asks Sentinel sc for the primary's address.
+func primaryOf(t *testing.T, sc *redis.SentinelClient) string {
+	t.Helper()
+	a, err := sc.GetMasterAddrByName(t.Context(), master).Result()
+	require.NoError(t, err)
+	return net.JoinHostPort(a[0], a[1])
+}
+
+// revokeWithin fails the test unless lk is revoked for the failover within
+// d of moved.
+func revokeWithin(t *testing.T, lk *redlease.Lock, moved time.Time, d time.Duration, what string) {
+	t.Helper()
+	select {
+	case <-lk.Lost():
+		t.Logf("holder told %v after Sentinel named the new primary (negative: before)", time.Since(moved).Round(time.Millisecond))
+	case <-time.After(time.Until(moved.Add(d))):
+		t.Fatalf("lock not revoked %v after Sentinel named the new primary, %s", d, what)
+	}
+	assert.ErrorIs(t, lk.Err(), redlease.ErrFailover)
+}
+
+// closePromptly closes w and fails the test if that takes longer than d.
+func closePromptly(t *testing.T, w *failover.Watcher, d time.Duration, what string) {
+	t.Helper()
+	start := time.Now()
+	require.NoError(t, w.Close())
+	took := time.Since(start)
+	t.Logf("Close took %v %s", took.Round(time.Millisecond), what)
+	assert.Less(t, took, d, "Close held up %s", what)
+}
+
+// Issue item 4: Sentinels 1 and 2 are unreachable when Watch starts, so it
+// subscribes on Sentinel 0 only; then 1 and 2 come back and Sentinel 0
+// hangs (accepts connections, never answers). A failover must still revoke
+// the holder, from what 1 and 2 say. The control is the same with Sentinel
+// 0 refusing connections instead of hanging.
+func TestWatchSeesFailoverWhileOneSentinelHangs(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		fault func(p *redistest.Proxy)
+	}{
+		{"hung", func(p *redistest.Proxy) { p.BlackHole("hung") }},
+		{"refused", func(p *redistest.Proxy) { p.Cut() }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := startGroup(t)
+			proxies, clients := proxiedSentinels(t, g)
+			direct := g.sentinels[1].Client(t)
+			old := primaryOf(t, direct)
+			s := failover.New(g.client)
+
+			proxies[1].Cut()
+			proxies[2].Cut()
+			w, err := failover.Watch(t.Context(), s, master, 100*time.Millisecond, clients...)
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = w.Close() })
+			require.Equal(t, old, w.Primary())
+			lk := heldLock(t, s)
+
+			proxies[1].Heal()
+			proxies[2].Heal()
+			tc.fault(proxies[0])
+			addr, moved := failOver(t, direct, old)
+
+			revokeWithin(t, lk, moved, 5*time.Second, "with Sentinel 0 "+tc.name+" and Sentinels 1 and 2 answering")
+			assert.Equal(t, 1, w.Revoked())
+			assert.Eventually(t, func() bool { return w.Primary() == addr }, 5*time.Second, 10*time.Millisecond,
+				"the Watcher never named the new primary %s", addr)
+			closePromptly(t, w, 2*time.Second, "with Sentinel 0 "+tc.name)
+		})
+	}
+}
+
+// A Sentinel that hangs when Watch starts must not hold Watch up, nor keep
+// it from hearing the others.
+func TestWatchStartsWhileOneSentinelHangs(t *testing.T) {
+	g := startGroup(t)
+	proxies, clients := proxiedSentinels(t, g)
+	direct := g.sentinels[1].Client(t)
+	old := primaryOf(t, direct)
+	s := failover.New(g.client)
+
+	proxies[0].BlackHole("hung")
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	start := time.Now()
+	w, err := failover.Watch(ctx, s, master, 100*time.Millisecond, clients...)
+	require.NoError(t, err, "Watch with Sentinel 0 hung, after %v", time.Since(start).Round(time.Millisecond))
+	t.Cleanup(func() { _ = w.Close() })
+	t.Logf("Watch returned after %v", time.Since(start).Round(time.Millisecond))
+	assert.Less(t, time.Since(start), 3*time.Second, "Watch waited for the hung Sentinel")
+	require.Equal(t, old, w.Primary())
+	lk := heldLock(t, s)
+
+	_, moved := failOver(t, direct, old)
+	revokeWithin(t, lk, moved, 5*time.Second, "with Sentinel 0 hung since Watch started")
+	closePromptly(t, w, 2*time.Second, "with Sentinel 0 hung")
+}
+
+// subscribed reports whether the Sentinel sc has a connection named
+// watcherName that is subscribed to a channel.
+func subscribed(t *testing.T, sc *redis.SentinelClient) bool {
+	t.Helper()
+	cmd := redis.NewStringCmd(t.Context(), "client", "list")
+	if err := sc.Process(t.Context(), cmd); err != nil {
+		return false
+	}
+	for line := range strings.SplitSeq(cmd.Val(), "\n") {
+		if strings.Contains(line, " name="+watcherName+" ") && strings.Contains(line, " sub=1 ") {
+			return true
+		}
+	}
+	return false
+}
+
+// Subscriptions that failed when Watch started, or dropped later, are made
+// again. The poll interval is an hour, so only +switch-master messages can
+// tell the Watcher of the failover here.
+func TestWatchResubscribes(t *testing.T) {
+	g := startGroup(t)
+	proxies, clients := proxiedSentinels(t, g)
+	direct := make([]*redis.SentinelClient, len(g.sentinels))
+	for i, sn := range g.sentinels {
+		direct[i] = sn.Client(t)
+	}
+	old := primaryOf(t, direct[1])
+	s := failover.New(g.client)
+
+	proxies[1].Cut()
+	proxies[2].Cut()
+	w, err := failover.Watch(t.Context(), s, master, time.Hour, clients...)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = w.Close() })
+	lk := heldLock(t, s)
+	require.Eventually(t, func() bool { return subscribed(t, direct[0]) }, 10*time.Second, 20*time.Millisecond,
+		"the Watcher never subscribed on Sentinel 0")
+
+	proxies[1].Heal()
+	proxies[2].Heal()
+	for i := 1; i <= 2; i++ {
+		require.Eventually(t, func() bool { return subscribed(t, direct[i]) }, 10*time.Second, 20*time.Millisecond,
+			"the Watcher never subscribed on Sentinel %d after it came back", i)
+	}
+	// A subscription that drops (its connection closed) is made again.
+	proxies[2].Cut()
+	require.Eventually(t, func() bool { return !subscribed(t, direct[2]) }, 10*time.Second, 20*time.Millisecond,
+		"Sentinel 2 kept the subscription of a cut connection")
+	proxies[2].Heal()
+	require.Eventually(t, func() bool { return subscribed(t, direct[2]) }, 10*time.Second, 20*time.Millisecond,
+		"the Watcher never subscribed on Sentinel 2 again after its connection dropped")
+
+	proxies[0].BlackHole("hung")
+	_, moved := failOver(t, direct[1], old)
+	revokeWithin(t, lk, moved, 5*time.Second, "with Sentinel 0 hung and only subscriptions to tell")
+	closePromptly(t, w, 3*time.Second, "with Sentinel 0 hung")
+}
