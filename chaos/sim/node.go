@@ -9,6 +9,7 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/alicebob/miniredis/v2/server"
+	lua "github.com/yuin/gopher-lua"
 
 	"github.com/redlease/redlease/internal/script"
 )
@@ -32,11 +33,13 @@ type Node struct {
 	queue    []queued
 	offset   time.Duration // node clock minus virtual clock
 	conns    map[*conn]struct{}
-	replica  *Node       // failover: the replica this primary feeds, nil if none
-	repl     replLink    // failover: state of the replication stream
-	dialsBy  map[int]int // per client: connections dialled, for per-message randomness
-	snapshot []snapKey   // the last snapshot (for restarts that roll back)
-	atCrash  []snapKey   // the data when the node last crashed (durable restarts)
+	replica  *Node             // failover: the replica this primary feeds, nil if none
+	repl     replLink          // failover: state of the replication stream
+	dialsBy  map[int]int       // per client: connections dialled, for per-message randomness
+	snapshot []snapKey         // the last snapshot (for restarts that roll back)
+	atCrash  []snapKey         // the data when the node last crashed (durable restarts)
+	scripts  map[string]string // script cache: SHA → source (lost on restart)
+	lua      *lua.LState       // the node's Lua state (see lua.go)
 }
 
 type queued struct {
@@ -61,6 +64,11 @@ func (n *Node) start() {
 	m.ClockTTL(true)
 	m.Server().SetPreHook(n.hook)
 	n.m = m
+	n.scripts = map[string]string{}
+	if n.lua != nil {
+		n.lua.Close()
+		n.lua = nil
+	}
 	n.boots++
 	n.runID = fmt.Sprintf("%040x", mix(n.w.seed, uint64(n.id)<<32|uint64(n.boots)))
 }
@@ -71,6 +79,9 @@ func (n *Node) clockLocked() time.Time { return time.Now().Add(n.offset) }
 // hook supplies what miniredis lacks. It runs inside Dispatch, with n.mu
 // held by the caller (receive/exec), also for commands called from Lua.
 func (n *Node) hook(p *server.Peer, cmd string, args ...string) bool {
+	if n.evalHook(p, cmd, args) {
+		return true
+	}
 	switch cmd {
 	case "INFO":
 		if len(args) == 1 && strings.EqualFold(args[0], "server") {
@@ -228,6 +239,12 @@ func (n *Node) jump(d time.Duration) {
 // close stops the node for good (end of a run).
 func (n *Node) close() {
 	n.crash()
+	n.mu.Lock()
+	if n.lua != nil {
+		n.lua.Close()
+		n.lua = nil
+	}
+	n.mu.Unlock()
 }
 
 // set writes a string key directly (setup, e.g. boot markers).

@@ -1,0 +1,281 @@
+package sim
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/sha1"
+	"encoding/hex"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/alicebob/miniredis/v2/server"
+	lua "github.com/yuin/gopher-lua"
+	"github.com/yuin/gopher-lua/parse"
+)
+
+// The simulator runs EVAL and EVALSHA itself, on one Lua state per node
+// that lives as long as the node's process, as Redis does: miniredis
+// builds a fresh Lua state (and opens every library) for each call, which
+// cost 60 % of a run's CPU. The scripts are the library's own, run by the
+// same interpreter (gopher-lua) as miniredis; redis.call dispatches into
+// the node's miniredis as miniredis's own binding does.
+
+// protos caches compiled scripts by source.
+var protos sync.Map // string → *lua.FunctionProto
+
+func compileScript(src string) (*lua.FunctionProto, error) {
+	if p, ok := protos.Load(src); ok {
+		return p.(*lua.FunctionProto), nil
+	}
+	chunk, err := parse.Parse(strings.NewReader(src), "@user_script")
+	if err != nil {
+		return nil, err
+	}
+	p, err := lua.Compile(chunk, "user_script")
+	if err != nil {
+		return nil, err
+	}
+	protos.Store(src, p)
+	return p, nil
+}
+
+func sha1hex(src string) string {
+	h := sha1.Sum([]byte(src))
+	return hex.EncodeToString(h[:])
+}
+
+// luaState returns the node's Lua state, made on first use. Call with
+// n.mu held.
+func (n *Node) luaState() *lua.LState {
+	if n.lua != nil {
+		return n.lua
+	}
+	L := lua.NewState(lua.Options{SkipOpenLibs: true})
+	for _, lib := range []struct {
+		name string
+		f    lua.LGFunction
+	}{{lua.BaseLibName, lua.OpenBase}, {lua.TabLibName, lua.OpenTable}, {lua.StringLibName, lua.OpenString}, {lua.MathLibName, lua.OpenMath}} {
+		L.Push(L.NewFunction(lib.f))
+		L.Push(lua.LString(lib.name))
+		L.Call(1, 0)
+	}
+	mod := L.NewTable()
+	mod.RawSetString("call", L.NewFunction(func(L *lua.LState) int { return n.luaCall(L, true) }))
+	mod.RawSetString("pcall", L.NewFunction(func(L *lua.LState) int { return n.luaCall(L, false) }))
+	mod.RawSetString("error_reply", L.NewFunction(func(L *lua.LState) int {
+		t := L.NewTable()
+		t.RawSetString("err", lua.LString(L.CheckString(1)))
+		L.Push(t)
+		return 1
+	}))
+	mod.RawSetString("status_reply", L.NewFunction(func(L *lua.LState) int {
+		t := L.NewTable()
+		t.RawSetString("ok", lua.LString(L.CheckString(1)))
+		L.Push(t)
+		return 1
+	}))
+	mod.RawSetString("log", L.NewFunction(func(*lua.LState) int { return 0 }))
+	for i, name := range []string{"LOG_DEBUG", "LOG_VERBOSE", "LOG_NOTICE", "LOG_WARNING"} {
+		mod.RawSetString(name, lua.LNumber(i))
+	}
+	L.SetGlobal("redis", mod)
+	n.lua = L
+	return L
+}
+
+// evalHook answers EVAL, EVALSHA and SCRIPT LOAD/EXISTS/FLUSH. It reports
+// false for anything else (miniredis answers).
+func (n *Node) evalHook(p *server.Peer, cmd string, args []string) bool {
+	switch cmd {
+	case "SCRIPT":
+		if len(args) == 0 {
+			return false
+		}
+		switch strings.ToUpper(args[0]) {
+		case "LOAD":
+			if len(args) != 2 {
+				return false
+			}
+			if _, err := compileScript(args[1]); err != nil {
+				p.WriteError("ERR Error compiling script: " + err.Error())
+				return true
+			}
+			sha := sha1hex(args[1])
+			n.scripts[sha] = args[1]
+			p.WriteBulk(sha)
+			return true
+		case "FLUSH":
+			clear(n.scripts)
+			p.WriteOK()
+			return true
+		case "EXISTS":
+			p.WriteLen(len(args) - 1)
+			for _, sha := range args[1:] {
+				if _, ok := n.scripts[strings.ToLower(sha)]; ok {
+					p.WriteInt(1)
+				} else {
+					p.WriteInt(0)
+				}
+			}
+			return true
+		}
+		return false
+	case "EVAL", "EVALSHA":
+	default:
+		return false
+	}
+	if len(args) < 2 {
+		p.WriteError(fmt.Sprintf("ERR wrong number of arguments for '%s' command", strings.ToLower(cmd)))
+		return true
+	}
+	src := args[0]
+	if cmd == "EVALSHA" {
+		s, ok := n.scripts[strings.ToLower(args[0])]
+		if !ok {
+			p.WriteError("NOSCRIPT No matching script. Please use EVAL.")
+			return true
+		}
+		src = s
+	}
+	nkeys, err := strconv.Atoi(args[1])
+	if err != nil || nkeys < 0 || nkeys > len(args)-2 {
+		p.WriteError("ERR Number of keys can't be greater than number of args")
+		return true
+	}
+	proto, err := compileScript(src)
+	if err != nil {
+		p.WriteError("ERR Error compiling script: " + err.Error())
+		return true
+	}
+	if cmd == "EVAL" {
+		n.scripts[sha1hex(src)] = src
+	}
+	L := n.luaState()
+	keys, argv := L.NewTable(), L.NewTable()
+	for i, k := range args[2 : 2+nkeys] {
+		keys.RawSetInt(i+1, lua.LString(k))
+	}
+	for i, a := range args[2+nkeys:] {
+		argv.RawSetInt(i+1, lua.LString(a))
+	}
+	L.SetGlobal("KEYS", keys)
+	L.SetGlobal("ARGV", argv)
+	defer L.SetTop(0)
+	L.Push(L.NewFunctionFromProto(proto))
+	if err := L.PCall(0, 1, nil); err != nil {
+		p.WriteError("ERR user_script: " + err.Error())
+		return true
+	}
+	writeLua(p, L.Get(-1))
+	return true
+}
+
+// luaCall is redis.call (raise) and redis.pcall (return {err=…}).
+func (n *Node) luaCall(L *lua.LState, raise bool) int {
+	top := L.GetTop()
+	args := make([]string, 0, top)
+	for i := 1; i <= top; i++ {
+		switch a := L.Get(i).(type) {
+		case lua.LNumber:
+			args = append(args, a.String())
+		case lua.LString:
+			args = append(args, string(a))
+		default:
+			L.RaiseError("Lua redis lib command arguments must be strings or integers")
+			return 0
+		}
+	}
+	if len(args) == 0 {
+		L.RaiseError("Please specify at least one argument for this redis lib call")
+		return 0
+	}
+	var buf bytes.Buffer
+	w := bufio.NewWriter(&buf)
+	peer := server.NewPeer(w)
+	n.m.Server().Dispatch(peer, args)
+	_ = w.Flush()
+	res, err := server.ParseReply(bufio.NewReader(&buf))
+	if err != nil {
+		if raise {
+			L.RaiseError("%s", err.Error())
+			return 0
+		}
+		t := L.NewTable()
+		t.RawSetString("err", lua.LString(err.Error()))
+		L.Push(t)
+		return 1
+	}
+	L.Push(toLua(L, res))
+	return 1
+}
+
+// toLua converts a parsed reply, as miniredis's binding does.
+func toLua(L *lua.LState, v any) lua.LValue {
+	switch r := v.(type) {
+	case nil:
+		return lua.LFalse
+	case int64:
+		return lua.LNumber(r)
+	case int:
+		return lua.LNumber(r)
+	case []uint8:
+		return lua.LString(string(r))
+	case string:
+		return lua.LString(r)
+	case server.Simple:
+		t := L.NewTable()
+		t.RawSetString("ok", lua.LString(string(r)))
+		return t
+	case []any:
+		t := L.NewTable()
+		for i, e := range r {
+			t.RawSetInt(i+1, toLua(L, e))
+		}
+		return t
+	default:
+		return lua.LString(fmt.Sprint(r))
+	}
+}
+
+// writeLua writes a script's result as Redis converts it.
+func writeLua(p *server.Peer, v lua.LValue) {
+	switch r := v.(type) {
+	case *lua.LNilType:
+		p.WriteNull()
+	case lua.LBool:
+		if r {
+			p.WriteInt(1)
+		} else {
+			p.WriteNull()
+		}
+	case lua.LNumber:
+		p.WriteInt(int(r))
+	case lua.LString:
+		p.WriteBulk(string(r))
+	case *lua.LTable:
+		if e := r.RawGetString("err"); e != lua.LNil {
+			p.WriteError(e.String())
+			return
+		}
+		if ok := r.RawGetString("ok"); ok != lua.LNil {
+			p.WriteInline(ok.String())
+			return
+		}
+		var items []lua.LValue
+		for i := 1; ; i++ {
+			e := r.RawGetInt(i)
+			if e == lua.LNil {
+				break
+			}
+			items = append(items, e)
+		}
+		p.WriteLen(len(items))
+		for _, e := range items {
+			writeLua(p, e)
+		}
+	default:
+		p.WriteNull()
+	}
+}
