@@ -1,9 +1,13 @@
 package sim
 
 import (
+	"crypto/sha256"
 	"flag"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -15,6 +19,8 @@ var (
 	flagSeed      = flag.Int64("seed", -1, "replay one seed and print its schedule and history")
 	flagScenario  = flag.String("scenario", "", "only this scenario (default: the rotation)")
 	flagFirst     = flag.Uint64("first", 1, "first seed explored")
+	flagInv       = flag.String("inv", "", "comma-separated invariants that count (default: all); power tests use it to show which check finds a defect")
+	flagReplays   = flag.Int("replays", 1, "with -seed: run it this many times and report how often each verdict and each history came back")
 	flagStop      = flag.Bool("stopfail", false, "stop at the first failing seed (power tests)")
 	flagLostFirst = flag.Bool("lostfirst", false, "call Lock.Lost first on every grant (exposes the double-close panic)")
 )
@@ -36,6 +42,10 @@ func replayCmd(r *Result) string {
 }
 
 func TestSim(t *testing.T) {
+	if *flagSeed >= 0 && *flagReplays > 1 {
+		replays(t, uint64(*flagSeed), *flagReplays)
+		return
+	}
 	if *flagSeed >= 0 {
 		s := uint64(*flagSeed)
 		var res *Result
@@ -61,6 +71,7 @@ func TestSim(t *testing.T) {
 		s := *flagFirst + uint64(i)
 		var res *Result
 		synctest.Test(t, func(t *testing.T) { res = Run(scenarioOf(s), s, Options{LostFirst: *flagLostFirst}) })
+		onlyInvariants(res)
 		switch res.Verdict {
 		case Fail:
 			for _, v := range res.Violations {
@@ -73,9 +84,11 @@ func TestSim(t *testing.T) {
 		case Hazard:
 			hazards.Add(1)
 		}
+		tally(res)
 	}
 	el := time.Since(began)
 	t.Logf("%d seeds in %v (%.0f/s), %d hazards", n, el.Round(time.Millisecond), float64(n)/el.Seconds(), hazards.Load())
+	t.Log(tallyReport())
 }
 
 func joinFaults(fs []Fault) string {
@@ -94,4 +107,99 @@ func defaultSeeds() int {
 		return 30
 	}
 	return 200
+}
+
+// onlyInvariants drops the violations -inv does not name and grades again.
+func onlyInvariants(res *Result) {
+	if *flagInv == "" {
+		return
+	}
+	keep := strings.Split(*flagInv, ",")
+	var vs []Violation
+	for _, v := range res.Violations {
+		if slices.Contains(keep, v.Inv) {
+			vs = append(vs, v)
+		}
+	}
+	res.Violations = vs
+	res.Verdict = grade(vs, res.Schedule)
+}
+
+// replays runs one seed n times and reports how often it failed and how
+// many distinct histories it produced (client-level events and faults,
+// virtual times included; node-level lines carry random tokens and are
+// left out).
+func replays(t *testing.T, s uint64, n int) {
+	verdicts := map[string]int{}
+	histories := map[[32]byte]int{}
+	for range n {
+		var res *Result
+		synctest.Test(t, func(t *testing.T) { res = Run(scenarioOf(s), s, Options{Log: true, LostFirst: *flagLostFirst}) })
+		onlyInvariants(res)
+		verdicts[res.Verdict]++
+		h := sha256.New()
+		for _, l := range res.Log {
+			if !strings.Contains(l, " applied ") {
+				h.Write([]byte(l))
+			}
+		}
+		histories[[32]byte(h.Sum(nil))]++
+	}
+	t.Logf("seed %d (%s) run %d times: verdicts %v; %d distinct client-level histories", s, scenarioOf(s).Name, n, verdicts, len(histories))
+}
+
+// Per scenario and per fault kind: seeds run, seeds with the fault, and
+// hazard violations attributed to the fault kind.
+var (
+	tallyMu     sync.Mutex
+	seedsBy     = map[string]int{}
+	verdictsBy  = map[string]int{}
+	faultSeeds  = map[string]int{}
+	hazardsKind = map[string]int{}
+)
+
+func tally(res *Result) {
+	tallyMu.Lock()
+	defer tallyMu.Unlock()
+	seedsBy[res.Scenario]++
+	verdictsBy[res.Scenario+" "+res.Verdict]++
+	seen := map[string]bool{}
+	for _, f := range res.Schedule {
+		k := f.Kind
+		if f.Outside {
+			k += "(outside)"
+		} else if f.FenceOutside {
+			k += "(outside-fences)"
+		}
+		if !seen[k] {
+			seen[k] = true
+			faultSeeds[k]++
+		}
+	}
+	for _, v := range res.Violations {
+		if v.Hazard {
+			for _, k := range v.Faults {
+				hazardsKind[v.Inv+" after "+k]++
+			}
+		}
+	}
+}
+
+func tallyReport() string {
+	tallyMu.Lock()
+	defer tallyMu.Unlock()
+	var b strings.Builder
+	b.WriteString("per scenario (seeds, verdicts):\n")
+	for _, k := range slices.Sorted(maps.Keys(seedsBy)) {
+		fmt.Fprintf(&b, "  %-18s %6d  pass=%d hazard=%d fail=%d\n", k, seedsBy[k], verdictsBy[k+" "+Pass], verdictsBy[k+" "+Hazard], verdictsBy[k+" "+Fail])
+	}
+	b.WriteString("seeds per fault kind:\n")
+	for _, k := range slices.Sorted(maps.Keys(faultSeeds)) {
+		fmt.Fprintf(&b, "  %-28s %6d\n", k, faultSeeds[k])
+	}
+	b.WriteString("hazard violations per invariant and fault kind:\n")
+	for _, k := range slices.Sorted(maps.Keys(hazardsKind)) {
+		fmt.Fprintf(&b, "  %-40s %6d\n", k, hazardsKind[k])
+	}
+	return b.String()
 }

@@ -26,7 +26,11 @@ func (w *World) lockClient(ci int, locker *redlease.Locker, r *rand.Rand) {
 			via = "trylock"
 			lk, err = locker.TryLock(ctx, key, redlease.WithTTL(ttl))
 		} else {
-			lk, err = locker.Lock(ctx, key, redlease.WithTTL(ttl), redlease.WithRetryDelay(2*time.Millisecond, 30*time.Millisecond))
+			// Lock's own backoff draws its jitter from math/rand/v2's
+			// global source, which no seed controls: retry at once (its
+			// jitter is then at most 1 ns) a bounded number of times, and
+			// back off between Lock calls with the client's seeded draws.
+			lk, err = locker.Lock(ctx, key, redlease.WithTTL(ttl), redlease.WithRetryDelay(time.Nanosecond, time.Nanosecond), redlease.WithMaxAttempts(2+r.IntN(5)))
 		}
 		cancel()
 		if err != nil {
