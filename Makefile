@@ -3,6 +3,7 @@
 #   make demo   the settlement demo: exactly-once settlements on 5 in-process quorum nodes + SQLite
 #   make bench  go test -bench, ours and the peers side by side, with -benchmem
 #   make chaos  every fault scenario against real processes; table + HTML/SVG report in $(CHAOS_REPORT)
+#   make sim    the seeded virtual-time simulation (chaos/sim) over SIM_SEEDS seeds, with a progress line
 
 SHELL := /bin/bash
 GO    ?= go
@@ -21,7 +22,7 @@ BENCHSTAT_VERSION ?= v0.0.0-20260908200009-22c9c6c9d4da
 BENCHSTAT ?= $(or $(shell $(GO) env GOBIN),$(shell $(GO) env GOPATH)/bin)/benchstat
 CHAOS_REPORT ?= $(CURDIR)/.chaos-report
 
-.PHONY: test demo bench chaos redis
+.PHONY: test demo bench chaos redis sim
 
 # redis is on PATH, or installed here when we are root on Debian.
 redis:
@@ -82,3 +83,10 @@ bench: redis
 chaos: redis
 	@set -o pipefail; $(GO) test -count=1 -timeout 10m -run 'TestScenario' -v ./chaos/ -chaos.full -chaos.report=$(CHAOS_REPORT) \
 	  | grep -v '^redis: '
+
+# sim: SIM_SEEDS seeds of the simulation (no redis-server needed), a progress
+# line every 10 s, per-scenario verdicts and hazards per fault kind at the end;
+# a failing seed prints its replay command.
+SIM_SEEDS ?= 100000
+sim:
+	$(GO) test -count=1 -timeout 0 -run 'TestSim$$' -v ./chaos/sim -seeds $(SIM_SEEDS) -progress

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"maps"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -21,6 +22,7 @@ var (
 	flagFirst     = flag.Uint64("first", 1, "first seed explored")
 	flagInv       = flag.String("inv", "", "comma-separated invariants that count (default: all); power tests use it to show which check finds a defect")
 	flagReplays   = flag.Int("replays", 1, "with -seed: run it this many times and report how often each verdict and each history came back")
+	flagProgress  = flag.Bool("progress", false, "log a progress line every 10 s")
 	flagStop      = flag.Bool("stopfail", false, "stop at the first failing seed (power tests)")
 	flagLostFirst = flag.Bool("lostfirst", false, "call Lock.Lost first on every grant (exposes the double-close panic)")
 )
@@ -65,27 +67,54 @@ func TestSim(t *testing.T) {
 	if n == 0 {
 		n = defaultSeeds()
 	}
-	var hazards atomic.Int64
+	var hazards, done, fails atomic.Int64
+	var next atomic.Uint64
+	var stopped atomic.Bool
 	began := time.Now()
-	for i := range n {
-		s := *flagFirst + uint64(i)
-		var res *Result
-		synctest.Test(t, func(t *testing.T) { res = Run(scenarioOf(s), s, Options{LostFirst: *flagLostFirst}) })
-		onlyInvariants(res)
-		switch res.Verdict {
-		case Fail:
-			for _, v := range res.Violations {
-				t.Log(v)
+	lastProgress := began
+	var progressMu sync.Mutex
+	// Seeds run on GOMAXPROCS workers, each seed in its own bubble.
+	var workers sync.WaitGroup
+	for range max(1, runtime.GOMAXPROCS(0)) {
+		workers.Go(func() {
+			for !stopped.Load() {
+				i := next.Add(1) - 1
+				if i >= uint64(n) {
+					return
+				}
+				s := *flagFirst + i
+				var res *Result
+				synctest.Test(t, func(t *testing.T) { res = Run(scenarioOf(s), s, Options{LostFirst: *flagLostFirst}) })
+				onlyInvariants(res)
+				switch res.Verdict {
+				case Fail:
+					fails.Add(1)
+					for _, v := range res.Violations {
+						t.Log(v)
+					}
+					t.Errorf("seed %d (%s) FAILED after %d seeds in %v; replay: %s", s, res.Scenario, done.Load()+1, time.Since(began).Round(time.Millisecond), replayCmd(res))
+					if *flagStop {
+						stopped.Store(true)
+					}
+				case Hazard:
+					hazards.Add(1)
+				}
+				tally(res)
+				d := done.Add(1)
+				if *flagProgress {
+					progressMu.Lock()
+					if time.Since(lastProgress) >= 10*time.Second {
+						lastProgress = time.Now()
+						el := time.Since(began)
+						t.Logf("progress: %d/%d seeds, %v, %.0f/s, %d hazards, %d failures", d, n, el.Round(time.Second), float64(d)/el.Seconds(), hazards.Load(), fails.Load())
+					}
+					progressMu.Unlock()
+				}
 			}
-			t.Errorf("seed %d (%s) FAILED after %d seeds in %v; replay: %s", s, res.Scenario, i+1, time.Since(began).Round(time.Millisecond), replayCmd(res))
-			if *flagStop {
-				return
-			}
-		case Hazard:
-			hazards.Add(1)
-		}
-		tally(res)
+		})
 	}
+	workers.Wait()
+	n = int(done.Load())
 	el := time.Since(began)
 	t.Logf("%d seeds in %v (%.0f/s), %d hazards", n, el.Round(time.Millisecond), float64(n)/el.Seconds(), hazards.Load())
 	t.Log(tallyReport())
