@@ -155,14 +155,17 @@ func extendGroup(ctx context.Context, locks []*Lock, grp strategyGroup, errs []e
 	if !ok {
 		for _, i := range idx {
 			lk := locks[i]
+			start := lk.clock.Now()
 			g, err := s.Extend(ctx, lk.fullKey, lk.token, lk.ttl)
-			errs[i] = lk.applyRenewal(g, err)
+			errs[i] = lk.applyRenewal(start, g, err)
 			lk.observeRenewal(errs[i])
 		}
 		return
 	}
 	items := make([]Extension, len(idx))
+	starts := make([]time.Time, len(idx))
 	for j, i := range idx {
+		starts[j] = locks[i].clock.Now()
 		items[j] = Extension{Key: locks[i].fullKey, Token: locks[i].token, TTL: locks[i].ttl}
 	}
 	out := b.ExtendBatch(ctx, items)
@@ -171,7 +174,7 @@ func extendGroup(ctx context.Context, locks []*Lock, grp strategyGroup, errs []e
 			errs[i] = fmt.Errorf("%w: strategy returned %d results for %d extensions", ErrUnavailable, len(out), len(items))
 			continue
 		}
-		errs[i] = locks[i].applyRenewal(out[j].Grant, out[j].Err)
+		errs[i] = locks[i].applyRenewal(starts[j], out[j].Grant, out[j].Err)
 		locks[i].observeRenewal(errs[i])
 	}
 }
@@ -180,7 +183,14 @@ func extendGroup(ctx context.Context, locks []*Lock, grp strategyGroup, errs []e
 // like applyExtension, except that it never moves Until back: an answer a
 // keeper stopped waiting for may arrive after that of the retry that
 // followed it, and the retry, which started later, knows better.
-func (lk *Lock) applyRenewal(g Grant, err error) error {
+//
+// The max is safe between renewals, which all use the lock's TTL: whichever
+// a node applied last, it expires the key no sooner than the later start
+// plus that TTL. It is not safe against a Lock.Extend to another TTL that a
+// node may have applied after this renewal (one sent before the renewal
+// started, or before its reply came): then Until is also held to that
+// Extend's start plus its TTL, less drift.
+func (lk *Lock) applyRenewal(start time.Time, g Grant, err error) error {
 	if err != nil {
 		return lk.applyExtension(g, err)
 	}
@@ -195,8 +205,24 @@ func (lk *Lock) applyRenewal(g Grant, err error) error {
 		}
 		return fmt.Errorf("%w: released", ErrNotHeld)
 	}
-	if g.Until.After(lk.until) {
-		lk.until = g.Until
+	until := g.Until
+	if !lk.capUntil.IsZero() {
+		if lk.capFrom.IsZero() || start.Before(lk.capFrom) {
+			until = minTime(until, lk.capUntil) // the Extend may land after this renewal
+		} else {
+			lk.capUntil, lk.capFrom = time.Time{}, time.Time{} // this renewal landed after it
+		}
+	}
+	if until.Before(lk.until) && !lk.capUntil.IsZero() {
+		lk.until = until
+		if lk.expiry != nil {
+			lk.expiry.Reset(max(lk.deadlineLocked().Sub(lk.clock.Now()), 0))
+		}
+		lk.checkExpiryLocked()
+		return nil
+	}
+	if until.After(lk.until) {
+		lk.until = until
 		if lk.expiry != nil {
 			lk.expiry.Reset(lk.deadlineLocked().Sub(lk.clock.Now()))
 		}
@@ -289,4 +315,11 @@ func (lk *Lock) observeRenewal(err error) {
 	}
 	_, done := lk.observer.Start(context.Background(), lk.op("extend"))
 	done(err)
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
 }

@@ -26,8 +26,14 @@ type Lock struct {
 	margin   time.Duration // Lost closes this long before until
 	fence    uint64
 
-	mu       sync.Mutex
-	until    time.Time
+	mu    sync.Mutex
+	until time.Time
+	// capUntil, when not zero, bounds until: a Lock.Extend to another TTL
+	// was sent, and a node may apply it after any renewal that did not
+	// start after its reply came (capFrom; zero while it has not come, and
+	// for ever if it never does). See applyRenewal.
+	capUntil time.Time
+	capFrom  time.Time
 	cause    error         // non-nil once lost
 	sent     bool          // a Release was sent: whatever came back, the lock claims nothing any more
 	released bool          // a Release confirmed the key gone (or not ours)
@@ -142,8 +148,11 @@ func (lk *Lock) Lost() <-chan struct{} {
 	lk.mu.Lock()
 	defer lk.unlock()
 	if lk.lost == nil {
-		lk.lost = make(chan struct{})
+		// Look at the deadline before the channel exists: a lock found
+		// expired here is ended by checkExpiryLocked, which would close a
+		// channel made before it (and this code would close it again).
 		lk.checkExpiryLocked()
+		lk.lost = make(chan struct{})
 		if lk.heldLocked() {
 			lk.expiry = time.AfterFunc(lk.deadlineLocked().Sub(lk.clock.Now()), lk.expire)
 		} else {
@@ -169,8 +178,12 @@ func (lk *Lock) Err() error {
 // Extend resets the lock's TTL to ttl on the strategy's nodes and moves
 // Until. If the strategy says the lock is no longer held, the lock is marked
 // lost and the error errors.Is ErrNotHeld. Other failures (ErrUnavailable,
-// ctx) leave the lock as it was: it stays valid until its current Until, and
-// Extend may be tried again.
+// ctx) are undecided: the extension may still be applied, so the lock stays
+// valid until the earlier of its current Until and the time the extension
+// would end the key (its start plus ttl, less a 5% drift allowance), and
+// Extend may be tried again. An Extend to a shorter TTL therefore shortens
+// the hold whether or not its answer comes, and a keeper's renewal that
+// was in flight meanwhile cannot move Until past it.
 func (lk *Lock) Extend(ctx context.Context, ttl time.Duration) error {
 	if lk == nil {
 		return ErrNotHeld
@@ -182,10 +195,59 @@ func (lk *Lock) Extend(ctx context.Context, ttl time.Duration) error {
 		return err
 	}
 	ctx, done := observe(ctx, lk.observer, lk.op("extend"))
+	start := lk.clock.Now()
+	limit := start.Add(ttl - time.Duration(float64(ttl)*undecidedDriftFactor) - undecidedDriftFixed)
+	lk.mu.Lock()
+	if lk.capUntil.IsZero() || limit.Before(lk.capUntil) {
+		lk.capUntil = limit
+	}
+	lk.capFrom = time.Time{}
+	lk.mu.Unlock()
 	g, err := lk.strategy.Extend(ctx, lk.fullKey, lk.token, ttl)
+	if undecided(err) {
+		lk.shorten(limit)
+	} else {
+		lk.mu.Lock()
+		lk.capFrom = lk.clock.Now() // a renewal started from now is applied after it
+		lk.mu.Unlock()
+	}
 	err = lk.applyExtension(g, err)
 	done(err)
 	return err
+}
+
+// undecided reports whether an extension that returned err may still have
+// been applied: it failed, but neither because the lock is not held nor
+// because an argument was refused before anything was sent.
+func undecided(err error) bool {
+	return err != nil && !errors.Is(err, ErrNotHeld) && !errors.Is(err, ErrInvalid)
+}
+
+// undecidedDriftFactor is the clock drift assumed for an extension whose
+// outcome is unknown: five times the strategies' default (1%), since the
+// strategy that would have measured it did not answer;
+// undecidedDriftFixed is added to it, like the strategies' fixed 2 ms.
+const (
+	undecidedDriftFactor = 0.05
+	undecidedDriftFixed  = 2 * time.Millisecond
+)
+
+// shorten records that an extension sent at start may have been applied
+// although nobody said so: a node that applied it expires the key its TTL
+// after it arrived, so the lock is valid no longer than limit (start + that
+// TTL, less drift) if that comes before its Until. An extension to a longer
+// TTL changes nothing; one to a shorter TTL shortens the hold.
+func (lk *Lock) shorten(limit time.Time) {
+	lk.mu.Lock()
+	defer lk.unlock()
+	if !lk.heldLocked() || !limit.Before(lk.until) {
+		return
+	}
+	lk.until = limit
+	if lk.expiry != nil {
+		lk.expiry.Reset(max(lk.deadlineLocked().Sub(lk.clock.Now()), 0))
+	}
+	lk.checkExpiryLocked()
 }
 
 // op describes an operation on this lock for the Observer.

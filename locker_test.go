@@ -349,3 +349,71 @@ func TestLocksFollowTheInjectedClock(t *testing.T) {
 		assert.ErrorIs(t, redlease.New(f, redlease.WithClock(nil)).Do(t.Context(), "k", func(context.Context, *redlease.Lock) error { return nil }), redlease.ErrInvalid)
 	})
 }
+
+// Found by the simulator: the first call to Lost made after the lock's
+// deadline had passed closed its channel twice (a panic) — once when it
+// found the lock expired, once more because it was no longer held.
+func TestLostFirstCalledAfterTheDeadline(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFake()
+		lk, err := redlease.New(f, redlease.WithTTL(time.Second)).TryLock(t.Context(), "k")
+		require.NoError(t, err)
+		time.Sleep(time.Until(lk.Until())) // past the deadline; Lost never called
+		var lost <-chan struct{}
+		require.NotPanics(t, func() { lost = lk.Lost() })
+		select {
+		case <-lost:
+		default:
+			t.Fatal("Lost is not closed past the deadline")
+		}
+		assert.ErrorIs(t, lk.Err(), redlease.ErrLost)
+	})
+}
+
+// heldRenewals is the fake strategy, except that an Extend by the lock's
+// own TTL (a keeper's renewal) waits for release before it answers.
+type heldRenewals struct {
+	*fake
+	ttl     time.Duration
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (h *heldRenewals) Extend(ctx context.Context, key, token string, ttl time.Duration) (redlease.Grant, error) {
+	if ttl == h.ttl {
+		h.entered <- struct{}{}
+		<-h.release
+	}
+	return h.fake.Extend(ctx, key, token, ttl)
+}
+
+// A renewal (the lock's own TTL) and a Lock.Extend to a shorter TTL in
+// flight together: a node may apply the Extend last, so the renewal's
+// later answer must not move Until past the Extend's start plus its TTL.
+// Forced order: the renewal is sent and held, Extend(2 s) completes, then
+// the renewal answers with Until ten seconds on.
+func TestRenewalDoesNotOutbidAShorterExtend(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const ttl = 10 * time.Second
+		h := &heldRenewals{fake: newFake(), ttl: ttl, entered: make(chan struct{}), release: make(chan struct{})}
+		lk, err := redlease.New(h, redlease.WithTTL(ttl)).TryLock(t.Context(), "k")
+		require.NoError(t, err)
+		done := make(chan []error)
+		go func() { done <- redlease.ExtendAll(t.Context(), []*redlease.Lock{lk}) }()
+		<-h.entered // the renewal is on its way
+		time.Sleep(time.Second)
+		extendStart := time.Now()
+		require.NoError(t, lk.Extend(t.Context(), 2*time.Second))
+		close(h.release) // the renewal answers now, with Until 10 s from when it started
+		require.NoError(t, (<-done)[0])
+		assert.False(t, lk.Until().After(extendStart.Add(2*time.Second)),
+			"Until %v after the Extend's start, whose 2 s TTL a node may have applied last", lk.Until().Sub(extendStart))
+		// A renewal that starts after the Extend answered may move it again.
+		go func() { done <- redlease.ExtendAll(t.Context(), []*redlease.Lock{lk}) }()
+		h.release = make(chan struct{})
+		<-h.entered
+		close(h.release)
+		require.NoError(t, (<-done)[0])
+		assert.True(t, lk.Until().After(extendStart.Add(5*time.Second)), "a later renewal extends it")
+	})
+}

@@ -447,3 +447,50 @@ func TestLockKeysCannotEnterReservedNamespace(t *testing.T) {
 	_, err := redlease.New(single.New(srv.Client()), redlease.WithPrefix(redlease.ReservedPrefix)).TryLock(ctx, "k")
 	require.ErrorIs(t, err, redlease.ErrInvalid)
 }
+
+// Found by the simulator (chaos/sim, seed 204 of quorum5-fenced). An Extend
+// to a TTL shorter than the validity left whose reply never comes (ctx
+// ended) may still be applied: the key then expires at the shorter TTL,
+// and the lock must not go on claiming its old Until. Forced order: the
+// extension is held in the gate until its caller gave up, then applied;
+// the key expires; B takes it.
+func TestUndecidedShorterExtendShortensValidity(t *testing.T) {
+	ctx := t.Context()
+	srv := redistest.Start(t, redistest.Config{})
+	loadScripts(t, srv.Client())
+	gate := redistest.NewGate(t, srv.Addr)
+	c := redis.NewClient(&redis.Options{Addr: gate.Addr, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = c.Close() })
+	la := redlease.New(single.New(c), redlease.WithTTL(20*time.Second))
+	lb := redlease.New(single.New(srv.Client()), redlease.WithTTL(20*time.Second))
+	a, err := la.TryLock(ctx, "attack:shortextend")
+	require.NoError(t, err)
+	lost := a.Lost()
+
+	gate.HoldRequests(script.Extend.Hash())
+	ectx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	extErr := a.Extend(ectx, 300*time.Millisecond)
+	cancel()
+	require.Error(t, extErr)
+	require.NotErrorIs(t, extErr, redlease.ErrNotHeld, "undecided, not refused")
+	require.NoError(t, gate.Step("", 5*time.Second)) // the extension lands after all
+	gate.Open()
+	var b *redlease.Lock
+	for range 100 { // the key expires 300 ms after the extension landed
+		if b, err = lb.TryLock(ctx, "attack:shortextend"); err == nil {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	require.NoError(t, err, "the key expired: B may take it")
+	if a.Valid() {
+		t.Fatalf("double grant: B holds the lock (fence %d) and A's lock still says Valid for %v (extend error: %v)",
+			b.Fence(), time.Until(a.Until()).Round(time.Millisecond), extErr)
+	}
+	select {
+	case <-lost:
+	default:
+		t.Fatal("Lost not closed although the lock's validity ended")
+	}
+	require.NoError(t, b.Release(ctx))
+}

@@ -58,7 +58,6 @@ func testWorld(t *testing.T, seed uint64) (*World, func()) {
 // quorum5-fenced scenario (extends were drawn shorter than the validity
 // left, which the default workload no longer does).
 func TestFindingShortExtend(t *testing.T) {
-	findingsOnly(t, "an undecided Extend with a shorter TTL keeps the old Until (double grant)")
 	synctest.Test(t, func(t *testing.T) {
 		w, done := testWorld(t, 1)
 		defer done()
@@ -100,7 +99,6 @@ func TestFindingShortExtend(t *testing.T) {
 // reply arrived late) crashes the process instead of learning the lock
 // is lost. Found by the first sim runs (seed ~300 of the rotation).
 func TestFindingLostAfterDeadline(t *testing.T) {
-	findingsOnly(t, "Lock.Lost panics when first called after the deadline")
 	synctest.Test(t, func(t *testing.T) {
 		w, done := testWorld(t, 2)
 		defer done()
