@@ -41,6 +41,7 @@ var Scenarios = []Scenario{
 	{Name: "quorum5-fenced", Strategy: Quorum, Nodes: 5, Clients: 4, Keys: 2, Ops: 6, TTL: [2]time.Duration{60 * time.Millisecond, 300 * time.Millisecond}, Fencing: true, Faults: true},
 	{Name: "quorum5-restart", Strategy: Quorum, Nodes: 5, Clients: 4, Keys: 2, Ops: 6, TTL: [2]time.Duration{60 * time.Millisecond, 300 * time.Millisecond}, Fencing: true, DelayedRestart: 400 * time.Millisecond, Faults: true},
 	{Name: "quorum3-plain", Strategy: Quorum, Nodes: 3, Clients: 3, Keys: 1, Ops: 6, TTL: [2]time.Duration{60 * time.Millisecond, 300 * time.Millisecond}, Faults: true},
+	{Name: "quorum3-restart", Strategy: Quorum, Nodes: 3, Clients: 3, Keys: 1, Ops: 6, TTL: [2]time.Duration{60 * time.Millisecond, 200 * time.Millisecond}, DelayedRestart: 200 * time.Millisecond, Faults: true},
 	{Name: "single", Strategy: Single, Nodes: 1, Clients: 3, Keys: 2, Ops: 6, TTL: [2]time.Duration{60 * time.Millisecond, 300 * time.Millisecond}, Fencing: true, Faults: true},
 }
 
