@@ -70,14 +70,23 @@ type QuorumError struct {
 	Expired bool              // a quorum agreed, but too late: no validity was left
 	Err     error             // the sentinel
 	Causes  *multierror.Error // one *NodeError per failed node; nil if none failed
+	// Unavailable is set on an acquisition that failures (nodes down,
+	// timed out, erroring) decided rather than refusals: not enough nodes
+	// said "taken" to rule the quorum out. The error then also matches
+	// ErrUnavailable, while still matching ErrNotObtained.
+	Unavailable bool
 }
 
 // Error says how many nodes agreed out of how many, how many were needed,
 // how long it took, and every per-node cause.
 func (e *QuorumError) Error() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%v: %s: %d of %d nodes agreed, %d needed, after %s",
-		e.Err, e.Op, e.Votes, e.Nodes, e.Quorum, e.Elapsed.Round(time.Microsecond))
+	fmt.Fprintf(&b, "%v", e.Err)
+	if e.Unavailable {
+		b.WriteString(" (nodes unavailable)")
+	}
+	fmt.Fprintf(&b, ": %s: %d of %d nodes agreed, %d needed, after %s",
+		e.Op, e.Votes, e.Nodes, e.Quorum, e.Elapsed.Round(time.Microsecond))
 	if e.Expired {
 		b.WriteString(", with no validity left")
 	}
@@ -90,9 +99,13 @@ func (e *QuorumError) Error() string {
 	return b.String()
 }
 
-// Unwrap returns the sentinel followed by every per-node cause.
+// Unwrap returns the sentinel (and ErrUnavailable when Unavailable is set)
+// followed by every per-node cause.
 func (e *QuorumError) Unwrap() []error {
 	errs := []error{e.Err}
+	if e.Unavailable && e.Err != ErrUnavailable {
+		errs = append(errs, ErrUnavailable)
+	}
 	if e.Causes != nil {
 		errs = append(errs, e.Causes.Errors...)
 	}
@@ -102,6 +115,10 @@ func (e *QuorumError) Unwrap() []error {
 // ErrUnavailable means too few nodes answered in time to decide an extend or
 // release either way. The lock may still be held; its last Until still
 // bounds it. Per-node causes are reachable with errors.As (*NodeError).
+//
+// An acquisition that failed because nodes were down or timed out, rather
+// than because the lock is held, returns an error that matches both
+// ErrNotObtained and ErrUnavailable.
 var ErrUnavailable = errors.New("redlease: too few nodes answered")
 
 // ErrNotReplicated means a write was not acknowledged by as many replicas as

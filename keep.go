@@ -2,7 +2,6 @@ package redlease
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"reflect"
 	"sync"
@@ -201,7 +200,7 @@ func (lk *Lock) applyRenewal(start time.Time, g Grant, err error) error {
 		// Lost or given up while the extension was in flight: the earlier
 		// verdict stands.
 		if lk.cause != nil {
-			return errors.Join(ErrNotHeld, lk.cause)
+			return fmt.Errorf("%w: %w", ErrNotHeld, lk.cause)
 		}
 		return fmt.Errorf("%w: released", ErrNotHeld)
 	}
@@ -300,8 +299,12 @@ func (l *Locker) Do(ctx context.Context, key string, fn func(ctx context.Context
 		relCtx, relCancel := context.WithTimeout(context.WithoutCancel(ctx), lk.ttl)
 		_ = lk.Release(relCtx)
 		relCancel()
-		if lost != nil {
-			err = errors.Join(err, lost)
+		switch {
+		case lost == nil:
+		case err == nil:
+			err = lost
+		default:
+			err = fmt.Errorf("%w; %w", err, lost)
 		}
 	}()
 	return fn(fnCtx, lk)

@@ -272,7 +272,7 @@ func (lk *Lock) applyExtension(g Grant, err error) error {
 		// Lost or given up while the extension was in flight: the earlier
 		// verdict stands.
 		if lk.cause != nil {
-			return errors.Join(ErrNotHeld, lk.cause)
+			return fmt.Errorf("%w: %w", ErrNotHeld, lk.cause)
 		}
 		return fmt.Errorf("%w: released", ErrNotHeld)
 	}
@@ -334,7 +334,7 @@ func (lk *Lock) usable() error {
 	lk.checkExpiryLocked()
 	switch {
 	case lk.cause != nil:
-		return errors.Join(ErrNotHeld, lk.cause)
+		return fmt.Errorf("%w: %w", ErrNotHeld, lk.cause)
 	case lk.sent:
 		return fmt.Errorf("%w: released", ErrNotHeld)
 	}

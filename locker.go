@@ -5,6 +5,7 @@ import (
 	cryptorand "crypto/rand"
 	"encoding/base64"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"strconv"
 	"sync"
@@ -118,7 +119,7 @@ func (l *Locker) retry(ctx context.Context, c lockConfig, key string) (*Lock, er
 			return lk, err
 		}
 		if ctx.Err() != nil {
-			return nil, errors.Join(err, context.Cause(ctx))
+			return nil, withCause(err, context.Cause(ctx))
 		}
 		if c.maxAttempts > 0 && attempt >= c.maxAttempts {
 			return nil, err
@@ -132,7 +133,7 @@ func (l *Locker) retry(ctx context.Context, c lockConfig, key string) (*Lock, er
 		}
 		select {
 		case <-ctx.Done():
-			return nil, errors.Join(err, context.Cause(ctx))
+			return nil, withCause(err, context.Cause(ctx))
 		case <-timer.C:
 		}
 	}
@@ -141,7 +142,7 @@ func (l *Locker) retry(ctx context.Context, c lockConfig, key string) (*Lock, er
 // attempt makes one attempt under token, which no other attempt uses.
 func (l *Locker) attempt(ctx context.Context, c lockConfig, key, token string) (*Lock, error) {
 	if err := ctx.Err(); err != nil {
-		return nil, errors.Join(ErrNotObtained, context.Cause(ctx))
+		return nil, fmt.Errorf("%w: %w", ErrNotObtained, context.Cause(ctx))
 	}
 	full := l.prefix + key
 	// A Revoker tracks the grant from before the request is sent: a
@@ -237,4 +238,13 @@ func newToken() string {
 	var out [22]byte
 	base64.RawURLEncoding.Encode(out[:], b[:])
 	return string(out[:])
+}
+
+// withCause adds cause to err on the same line, unless err already says it
+// (an attempt cut short by the same context names it already).
+func withCause(err, cause error) error {
+	if cause == nil || errors.Is(err, cause) {
+		return err
+	}
+	return fmt.Errorf("%w: %w", err, cause)
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/go-redsync/redsync/v4"
 
 	"github.com/redlease/redlease"
+	"github.com/redlease/redlease/quorum"
 )
 
 const (
@@ -39,7 +40,7 @@ type cycle func(ctx context.Context) (bool, error)
 // the least and most any goroutine got, as a share of the fair 1/32.
 func BenchmarkContention(b *testing.B) {
 	cs := clients(b, nodes(b, 5))
-	ours := newQuorum(b, cs)
+	ours := newQuorum(b, cs, quorum.WithoutFencing()) // like for like: redsync has no fences
 	peer := redsync.New(pools(cs)...)
 	name := fmt.Sprintf("nodes=5/goroutines=%d/keys=%d", contenders, contendedKeys)
 

@@ -33,8 +33,9 @@ func newQuorum(b *testing.B, cs []*redis.Client, opts ...quorum.Option) *quorum.
 }
 
 // BenchmarkQuorum: one acquire and one release of one key per op, on five
-// nodes, redlease's quorum strategy (defaults: majority, 100 ms node
-// timeout) beside redsync (defaults but WithTries(1), so that both make one
+// nodes, redlease's quorum strategy (majority, 100 ms node timeout; fences
+// off, like for like, except in lib=redlease-fencing, which is the
+// default) beside redsync (defaults but WithTries(1), so that both make one
 // attempt; both hold the key for quorumTTL).
 //
 // Direct cases connect straight to the nodes. The slow=, down= cases put all
@@ -47,9 +48,9 @@ func BenchmarkQuorum(b *testing.B) {
 	proxied := clients(b, px.Addrs)
 	inflight := countInflight(proxied)
 
-	ours := newQuorum(b, direct)
-	oursFenced := newQuorum(b, direct, quorum.WithFencing())
-	oursProxied := newQuorum(b, proxied)
+	ours := newQuorum(b, direct, quorum.WithoutFencing()) // like for like: redsync has no fences
+	oursFenced := newQuorum(b, direct)                    // the default
+	oursProxied := newQuorum(b, proxied, quorum.WithoutFencing())
 	peer := redsync.New(pools(direct)...)
 	peerProxied := redsync.New(pools(proxied)...)
 

@@ -42,7 +42,7 @@ func TestMetricsWithOneNodeDown(t *testing.T) {
 		t.Cleanup(func() { _ = c.Close() })
 		clients[i] = c
 	}
-	s, err := quorum.New(clients, quorum.WithNodeTimeout(500*time.Millisecond))
+	s, err := quorum.New(clients, quorum.WithNodeTimeout(500*time.Millisecond), quorum.WithoutFencing())
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = s.Close() })
 
@@ -89,7 +89,7 @@ func TestMetricsWithOneNodeDown(t *testing.T) {
 	require.ErrorIs(t, lk.Extend(ctx, 5*time.Second), redlease.ErrNotHeld)
 	<-lk.Lost()
 
-	dead := attribute.String("node", servers[4].Addr)
+	dead := attribute.Int("server.port", servers[4].Port)
 	got := map[string]metricdata.Aggregation{}
 	collect := func() {
 		var rm metricdata.ResourceMetrics
@@ -106,12 +106,25 @@ func TestMetricsWithOneNodeDown(t *testing.T) {
 	for collect(); sum(got["redlease.node.errors"], &dead) < grants && time.Now().Before(deadline); collect() {
 		time.Sleep(50 * time.Millisecond)
 	}
-	acquired := histogramCount(got["redlease.acquire.duration"], attribute.String("outcome", "ok"))
+	acquired := histogramCount(got["redlease.acquire.duration"], attribute.String("redlease.outcome", "ok"))
 	assert.EqualValues(t, grants+1, acquired, "grants")
 	assert.EqualValues(t, 1, sum(got["redlease.locks.lost"], nil), "lost locks")
-	assert.EqualValues(t, 1, sum(got["redlease.renewals"], ptr(attribute.String("outcome", "not_held"))), "failed renewal")
+	assert.EqualValues(t, 1, sum(got["redlease.renewals"], ptr(attribute.String("redlease.outcome", "not_held"))), "failed renewal")
 	assert.GreaterOrEqual(t, sum(got["redlease.node.errors"], &dead), int64(grants), "the dead node's failures, at least one per acquisition")
-	assert.EqualValues(t, grants, histogramCount(got["redlease.hold.duration"], attribute.String("ended", "released")))
+	assert.EqualValues(t, grants, histogramCount(got["redlease.hold.duration"], attribute.String("redlease.ended", "released")))
+	// The dead node is named by server.address and server.port, and its
+	// failures are classified (a refused or broken connection, a timeout),
+	// never by their text.
+	if s, ok := got["redlease.node.errors"].(metricdata.Sum[int64]); assert.True(t, ok) {
+		for _, dp := range s.DataPoints {
+			if !has(dp.Attributes, dead) {
+				continue
+			}
+			assert.True(t, has(dp.Attributes, attribute.String("server.address", "127.0.0.1")), "server.address")
+			et, _ := dp.Attributes.Value("error.type")
+			assert.Contains(t, []string{"connection_refused", "connection_reset", "io.EOF", "timeout"}, et.AsString(), "error.type")
+		}
+	}
 
 	// With a majority down the acquisition fails once the failures are in,
 	// so they land inside its span, one event per failed node.
@@ -125,7 +138,7 @@ func TestMetricsWithOneNodeDown(t *testing.T) {
 			acquireSpans++
 		}
 		for _, e := range sp.Events() {
-			if e.Name == "node failed" {
+			if e.Name == "redlease.node.failed" {
 				events++
 			}
 		}

@@ -62,7 +62,7 @@
 // nothing on a restart (appendonly yes, appendfsync always) can be declared
 // with WithDurableNodes and keep their vote when their marker survived.
 //
-// # Fencing (WithFencing)
+// # Fencing (on by default; WithoutFencing turns it off)
 //
 // Per node, a counter key without a TTL sits beside the lock key. Fencing
 // costs one more round trip to a quorum per acquisition:

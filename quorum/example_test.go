@@ -53,7 +53,7 @@ func Example() {
 	if err := lk.Release(ctx); err != nil {
 		panic(err)
 	}
-	next, err := locker.TryLock(ctx, "settle:2026-11-29")
+	next, err := locker.Lock(wait, "settle:2026-11-29")
 	if err != nil {
 		panic(err)
 	}

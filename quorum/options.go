@@ -62,12 +62,26 @@ func WithNodeTimeout(d time.Duration) Option {
 	})
 }
 
-// WithFencing turns fencing tokens on. Default off, because it costs one
-// more round trip to a majority per acquisition (see the package
-// documentation for the design and why it is correct).
+// WithFencing turns fencing tokens on. They are on by default (the strategy
+// is the one for money, and a fence is what lets storage refuse a late
+// holder); the option remains so that existing code keeps compiling and
+// reads as it means. See the package documentation for the design and why
+// it is correct.
 func WithFencing() Option {
 	return optionFunc(func(s *Strategy) error {
 		s.fencing = true
+		return nil
+	})
+}
+
+// WithoutFencing turns fencing tokens off: every grant's fence is 0, and an
+// acquisition saves the second round trip to a majority that fences cost.
+// Use it only where nothing downstream compares fences (a lock that merely
+// avoids duplicate work); a holder paused past its lease can then not be
+// refused by storage.
+func WithoutFencing() Option {
+	return optionFunc(func(s *Strategy) error {
+		s.fencing = false
 		return nil
 	})
 }

@@ -3,6 +3,8 @@ package quorum
 import (
 	"context"
 	"errors"
+	"fmt"
+	"reflect"
 	"strconv"
 	"time"
 
@@ -56,6 +58,7 @@ func New(nodeClients []redis.UniversalClient, opts ...Option) (*Strategy, error)
 		nodeTimeout: DefaultNodeTimeout,
 		workers:     DefaultWorkersPerNode,
 		clock:       redlease.SystemClock(),
+		fencing:     true,
 	}
 	for i, c := range nodeClients {
 		if nodes.IsNil(c) {
@@ -63,6 +66,13 @@ func New(nodeClients []redis.UniversalClient, opts ...Option) (*Strategy, error)
 		}
 		s.nodes[i] = c
 		s.addrs[i] = nodes.Addr(c)
+		for j := range i {
+			// Two entries for one server would let it vote twice: a
+			// "majority" of it alone. The same client, or the same address.
+			if sameClient(s.nodes[j], c) || (s.addrs[i] != "" && s.addrs[j] == s.addrs[i]) {
+				return nil, redlease.Invalid("quorum: nodes %d and %d are the same server (%s): each node must be an independent Redis primary", j, i, s.addrs[i])
+			}
+		}
 	}
 	for _, o := range opts {
 		if o == nil {
@@ -145,7 +155,7 @@ func (s *Strategy) Acquire(ctx context.Context, key, token string, ttl time.Dura
 		return redlease.Grant{}, err
 	}
 	if err := ctx.Err(); err != nil {
-		return redlease.Grant{}, errors.Join(redlease.ErrNotObtained, context.Cause(ctx))
+		return redlease.Grant{}, fmt.Errorf("%w: %w", redlease.ErrNotObtained, context.Cause(ctx))
 	}
 	k := any(key) // boxed once, passed for every key the script does not touch
 	mode, fenceKey, marker := any(script.NoFence), k, k
@@ -403,9 +413,11 @@ func (s *Strategy) failure(ctx context.Context, op string, sentinel error, t tal
 	qe := &redlease.QuorumError{
 		Op: op, Votes: t.agreed, Quorum: s.quorum, Nodes: len(s.nodes),
 		Elapsed: s.clock.Now().Sub(start), Expired: expired, Err: sentinel, Causes: t.causes,
+		// Down is not held: refusals alone did not rule the quorum out.
+		Unavailable: sentinel == redlease.ErrNotObtained && !expired && len(s.nodes)-t.refused >= s.quorum,
 	}
 	if ctx.Err() != nil {
-		return errors.Join(qe, context.Cause(ctx))
+		return fmt.Errorf("%w: %w", qe, context.Cause(ctx))
 	}
 	return qe
 }
@@ -424,4 +436,11 @@ func (e errNoReply) Is(target error) bool { return target == context.DeadlineExc
 
 func (s *Strategy) nodeError(i int, err error) *redlease.NodeError {
 	return &redlease.NodeError{Node: i, Addr: s.addrs[i], Err: err}
+}
+
+// sameClient reports whether a and b are one client value (== on an
+// incomparable dynamic type would panic; such values are never the same).
+func sameClient(a, b redis.UniversalClient) bool {
+	ta, tb := reflect.TypeOf(a), reflect.TypeOf(b)
+	return ta == tb && ta.Comparable() && a == b
 }

@@ -61,7 +61,7 @@ func TestContract(t *testing.T) {
 
 func TestContractWithoutFencing(t *testing.T) {
 	_, clients := nodes(t, 3)
-	s := strategy(t, clients, quorum.WithNodeTimeout(time.Second))
+	s := strategy(t, clients, quorum.WithNodeTimeout(time.Second), quorum.WithoutFencing())
 	contract.Run(t, func(t *testing.T) contract.Setup {
 		return contract.Setup{Strategy: s, Nodes: clients, Quorum: 2}
 	})
@@ -70,7 +70,12 @@ func TestContractWithoutFencing(t *testing.T) {
 func TestNewRejectsNonsense(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
 	t.Cleanup(func() { _ = c.Close() })
-	five := []redis.UniversalClient{c, c, c, c, c}
+	five := []redis.UniversalClient{c}
+	for i := 2; i <= 5; i++ { // distinct nodes: one server twice is refused
+		ci := redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", i)})
+		t.Cleanup(func() { _ = ci.Close() })
+		five = append(five, ci)
+	}
 	var typedNil *redis.Client
 	cases := []struct {
 		name  string

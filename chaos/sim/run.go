@@ -56,7 +56,7 @@ type Options struct {
 // time only, and a goroutine that outlives it fails the bubble.
 func Run(sc Scenario, seed uint64, opts Options) *Result {
 	start := time.Now()
-	w := &World{seed: seed, sc: sc, opts: opts, start: start, hist: newHistory(start, opts.Log)}
+	w := &World{seed: seed, sc: sc, opts: opts, start: start, hist: newHistory(start, opts.Log), net: newSched()}
 	w.faults = makeSchedule(seed, &sc, horizon)
 	for i := range max(sc.Nodes, 1) {
 		w.nodes = append(w.nodes, newNode(w, i, "node"+strconv.Itoa(i)))
@@ -102,6 +102,7 @@ func Run(sc Scenario, seed uint64, opts Options) *Result {
 	for _, n := range w.nodes {
 		n.close()
 	}
+	w.net.close()
 	// go-redis may still be backing off between dial retries that began
 	// before Close (its dial goroutines wait on timers, up to DialerRetries
 	// times); synctest stops the clock once this function returns, so give
@@ -147,6 +148,8 @@ func (w *World) locker(ci int, r *rand.Rand) *redlease.Locker {
 		var opts []quorum.Option
 		if w.sc.Fencing {
 			opts = append(opts, quorum.WithFencing())
+		} else {
+			opts = append(opts, quorum.WithoutFencing()) // fences are on by default
 		}
 		if w.sc.DelayedRestart > 0 {
 			opts = append(opts, quorum.WithDelayedRestart(w.sc.DelayedRestart))

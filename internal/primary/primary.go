@@ -67,7 +67,7 @@ func (p *Primary) Acquire(ctx context.Context, key, token string, ttl time.Durat
 		return redlease.Grant{}, err
 	}
 	if err := ctx.Err(); err != nil {
-		return redlease.Grant{}, errors.Join(redlease.ErrNotObtained, context.Cause(ctx))
+		return redlease.Grant{}, fmt.Errorf("%w: %w", redlease.ErrNotObtained, context.Cause(ctx))
 	}
 	k := any(key) // boxed once, passed for every key the script does not touch
 	mode, fenceKey := any(script.NoFence), k
@@ -90,7 +90,7 @@ func (p *Primary) Acquire(ctx context.Context, key, token string, ttl time.Durat
 	switch {
 	case errors.Is(err, redlease.ErrNotReplicated) && v != script.Taken:
 		_ = p.Release(context.WithoutCancel(ctx), key, token)
-		return redlease.Grant{}, errors.Join(redlease.ErrNotObtained, err)
+		return redlease.Grant{}, fmt.Errorf("%w: %w", redlease.ErrNotObtained, err)
 	case err != nil:
 		if !notSent(err) {
 			// The script may have run and its reply been lost (a timeout,
@@ -98,7 +98,8 @@ func (p *Primary) Acquire(ctx context.Context, key, token string, ttl time.Durat
 			// key would block every other attempt until its TTL.
 			_ = p.Release(context.WithoutCancel(ctx), key, token)
 		}
-		return redlease.Grant{}, p.fail(ctx, redlease.ErrNotObtained, err)
+		// Down is not held: the node failed, nobody refused.
+		return redlease.Grant{}, p.fail(ctx, errNotObtainedUnavailable, err)
 	case v == script.Taken:
 		return redlease.Grant{}, redlease.ErrNotObtained
 	}
@@ -131,7 +132,7 @@ func (p *Primary) Extend(ctx context.Context, key, token string, ttl time.Durati
 	case err == nil && v != 1, errors.Is(err, redlease.ErrNotReplicated) && v != 1:
 		return redlease.Grant{}, redlease.ErrNotHeld
 	case errors.Is(err, redlease.ErrNotReplicated):
-		return redlease.Grant{}, errors.Join(redlease.ErrUnavailable, err)
+		return redlease.Grant{}, fmt.Errorf("%w: %w", redlease.ErrUnavailable, err)
 	case err != nil:
 		return redlease.Grant{}, p.fail(ctx, redlease.ErrUnavailable, err)
 	}
@@ -207,6 +208,20 @@ func (p *Primary) check(key, token string, ttl time.Duration) error {
 	return script.Check(key, token, ttl, p.cfg.DriftFactor)
 }
 
+// errNotObtainedUnavailable is the sentinel of an acquisition that a node
+// failure decided: it matches ErrNotObtained and ErrUnavailable, on one line.
+var errNotObtainedUnavailable error = notObtainedUnavailable{}
+
+type notObtainedUnavailable struct{}
+
+func (notObtainedUnavailable) Error() string {
+	return "redlease: lock not obtained (nodes unavailable)"
+}
+
+func (notObtainedUnavailable) Unwrap() []error {
+	return []error{redlease.ErrNotObtained, redlease.ErrUnavailable}
+}
+
 // fail wraps a node failure under sentinel, and reports it to ctx's
 // observer.
 func (p *Primary) fail(ctx context.Context, sentinel, err error) error {
@@ -218,7 +233,7 @@ func (p *Primary) fail(ctx context.Context, sentinel, err error) error {
 func (p *Primary) failAt(ctx context.Context, addr string, sentinel, err error) error {
 	ne := &redlease.NodeError{Node: 0, Addr: addr, Err: err}
 	redlease.ReportNodeFailure(ctx, ne)
-	return errors.Join(sentinel, ne)
+	return fmt.Errorf("%w: %w", sentinel, ne)
 }
 
 // The settings single and failover share, checked in one place; each

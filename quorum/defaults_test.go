@@ -1,0 +1,100 @@
+package quorum_test
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/redlease/redlease"
+	"github.com/redlease/redlease/internal/redistest"
+	"github.com/redlease/redlease/quorum"
+)
+
+// The strategy for money hands out fences without being asked, and they
+// rise from holder to holder; WithoutFencing turns them off.
+func TestFencesAreOnByDefault(t *testing.T) {
+	var clients []redis.UniversalClient
+	for _, srv := range redistest.StartN(t, 3, redistest.Config{}) {
+		clients = append(clients, srv.Client())
+	}
+	q, err := quorum.New(clients)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = q.Close() })
+	l := redlease.New(q)
+	ctx := t.Context()
+	var last uint64
+	for i := range 3 {
+		lk, err := l.TryLock(ctx, "defaults:fence")
+		require.NoError(t, err)
+		assert.Greater(t, lk.Fence(), last, "grant %d", i)
+		last = lk.Fence()
+		require.NoError(t, lk.Release(ctx))
+	}
+
+	off, err := quorum.New(clients, quorum.WithoutFencing())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = off.Close() })
+	lk, err := redlease.New(off).TryLock(ctx, "defaults:nofence")
+	require.NoError(t, err)
+	assert.Zero(t, lk.Fence(), "WithoutFencing")
+	require.NoError(t, lk.Release(ctx))
+}
+
+// One server named twice would vote twice: refused at construction, for the
+// same client and for two clients of the same address.
+func TestDuplicateNodesAreRefused(t *testing.T) {
+	a := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6390"})
+	b := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6391"})
+	a2 := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6390"})
+	t.Cleanup(func() { _ = a.Close(); _ = b.Close(); _ = a2.Close() })
+
+	_, err := quorum.New([]redis.UniversalClient{a, a, a})
+	require.ErrorIs(t, err, redlease.ErrInvalid)
+	assert.Contains(t, err.Error(), "nodes 0 and 1 are the same server")
+
+	_, err = quorum.New([]redis.UniversalClient{a, b, a2})
+	require.ErrorIs(t, err, redlease.ErrInvalid)
+	assert.Contains(t, err.Error(), "nodes 0 and 2 are the same server (127.0.0.1:6390)")
+
+	q, err := quorum.New([]redis.UniversalClient{a, b})
+	require.NoError(t, err)
+	require.NoError(t, q.Close())
+}
+
+// Down is not held: an acquisition that dead nodes decided matches
+// ErrUnavailable as well as ErrNotObtained, one refused because the lock is
+// held matches ErrNotObtained only; both messages are one line, with one
+// "redlease:" prefix.
+func TestDownIsNotHeld(t *testing.T) {
+	servers := redistest.StartN(t, 3, redistest.Config{})
+	var clients []redis.UniversalClient
+	for _, srv := range servers {
+		clients = append(clients, srv.Client())
+	}
+	q, err := quorum.New(clients)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = q.Close() })
+	l := redlease.New(q)
+	ctx := t.Context()
+
+	held, err := l.TryLock(ctx, "defaults:held")
+	require.NoError(t, err)
+	_, err = l.TryLock(ctx, "defaults:held")
+	require.ErrorIs(t, err, redlease.ErrNotObtained)
+	assert.NotErrorIs(t, err, redlease.ErrUnavailable, "refused by every node: held, not down")
+	require.NoError(t, held.Release(ctx))
+
+	servers[1].Kill()
+	servers[2].Kill()
+	_, err = l.TryLock(ctx, "defaults:down")
+	require.ErrorIs(t, err, redlease.ErrNotObtained)
+	require.ErrorIs(t, err, redlease.ErrUnavailable, "two of three nodes down")
+	var ne *redlease.NodeError
+	require.ErrorAs(t, err, &ne)
+	assert.NotContains(t, err.Error(), "\n", "one line")
+	assert.Equal(t, 1, strings.Count(err.Error(), "redlease:"), "one prefix: %s", err)
+	t.Log(err)
+}
