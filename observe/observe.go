@@ -1,47 +1,46 @@
-// Package observe reports what redlease locks do as OpenTelemetry metrics
-// and trace spans, and as structured logs through log/slog.
-//
-// It uses the OpenTelemetry API only: by default the global providers,
-// which do nothing until the program installs an SDK. Logs go nowhere
-// unless WithLogger is given.
-//
-// # Metrics
-//
-//	redlease.acquire.duration  histogram, s   one attempt; strategy, outcome
-//	redlease.wait.duration     histogram, s   Lock, every attempt until granted or given up; strategy, outcome
-//	redlease.hold.duration     histogram, s   grant to release or loss; strategy, ended (released|lost)
-//	redlease.renewals          counter        extensions (Extend, the watchdog); strategy, outcome
-//	redlease.locks.lost        counter        locks lost while held; strategy
-//	redlease.node.errors       counter        per-node failures inside an operation; strategy, op, node
-//
-// outcome is one of ok, not_obtained, not_held, unavailable, canceled,
-// invalid, error. Keys are never metric attributes (unbounded
-// cardinality); they are span attributes.
-//
-// # Traces
-//
-// One span per operation ("redlease.acquire", "redlease.wait",
-// "redlease.extend", "redlease.release"), with one event per failed node.
 package observe
 
 import (
 	"context"
 	"errors"
 	"log/slog"
-	"strconv"
 	"time"
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/metric"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/redlease/redlease"
 )
 
+// ScopeName is the name of the instrumentation scope of every metric and
+// span this package reports: its import path.
+const ScopeName = "github.com/redlease/redlease/observe"
+
+// Version is the version of the instrumentation scope. It versions the
+// telemetry this package reports (instrument names, units, attributes,
+// bucket boundaries; see the package documentation) and changes whenever
+// any of them does. The unversioned first cut, under the scope name
+// "github.com/redlease/redlease", had bare attribute names (strategy,
+// outcome, node), no units on counters and the SDK's default buckets.
+const Version = "0.2.0"
+
+// Bucket boundaries, in seconds, advised for the histograms. The package
+// documentation lists them; keep the two in step.
+var (
+	// latencyBuckets suit one acquisition (sub-millisecond on a LAN, up to
+	// node timeouts) and Lock's waiting (up to tens of seconds).
+	latencyBuckets = []float64{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}
+	// holdBuckets suit holds from a short critical section to an hour-long
+	// job kept alive by a watchdog.
+	holdBuckets = []float64{0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600}
+)
+
 // Observer implements redlease.Observer. Create it with New and give it to
-// redlease.WithObserver.
+// redlease.WithObserver. It is safe for concurrent use.
 type Observer struct {
 	tracer     trace.Tracer
 	log        *slog.Logger
@@ -74,9 +73,9 @@ func WithTracerProvider(tp trace.TracerProvider) Option { return func(c *config)
 // (Debug). Default: no logs.
 func WithLogger(l *slog.Logger) Option { return func(c *config) { c.log = l } }
 
-const scope = "github.com/redlease/redlease"
-
-// New builds an Observer.
+// New builds an Observer. It fails with redlease.ErrInvalid for a nil
+// provider or logger, and with the meter's error if an instrument cannot be
+// created.
 func New(opts ...Option) (*Observer, error) {
 	c := config{mp: otel.GetMeterProvider(), tp: otel.GetTracerProvider(), log: slog.New(slog.DiscardHandler)}
 	for _, o := range opts {
@@ -87,25 +86,29 @@ func New(opts ...Option) (*Observer, error) {
 	if c.mp == nil || c.tp == nil || c.log == nil {
 		return nil, redlease.Invalid("observe: nil provider or logger")
 	}
-	m := c.mp.Meter(scope)
-	o := &Observer{tracer: c.tp.Tracer(scope), log: c.log}
+	m := c.mp.Meter(ScopeName, metric.WithInstrumentationVersion(Version), metric.WithSchemaURL(semconv.SchemaURL))
+	o := &Observer{
+		tracer: c.tp.Tracer(ScopeName, trace.WithInstrumentationVersion(Version), trace.WithSchemaURL(semconv.SchemaURL)),
+		log:    c.log,
+	}
 	var errs []error
-	hist := func(name, desc string) metric.Float64Histogram {
-		h, err := m.Float64Histogram(name, metric.WithUnit("s"), metric.WithDescription(desc))
+	hist := func(name, desc string, bounds []float64) metric.Float64Histogram {
+		h, err := m.Float64Histogram(name, metric.WithUnit("s"), metric.WithDescription(desc),
+			metric.WithExplicitBucketBoundaries(bounds...))
 		errs = append(errs, err)
 		return h
 	}
-	count := func(name, desc string) metric.Int64Counter {
-		c, err := m.Int64Counter(name, metric.WithDescription(desc))
+	count := func(name, unit, desc string) metric.Int64Counter {
+		c, err := m.Int64Counter(name, metric.WithUnit(unit), metric.WithDescription(desc))
 		errs = append(errs, err)
 		return c
 	}
-	o.acquire = hist("redlease.acquire.duration", "Duration of one acquisition attempt.")
-	o.wait = hist("redlease.wait.duration", "Time Lock spent until the lock was obtained or it gave up.")
-	o.hold = hist("redlease.hold.duration", "Time from grant to release or loss.")
-	o.renewals = count("redlease.renewals", "Lock extensions, by outcome.")
-	o.lost = count("redlease.locks.lost", "Locks lost while held.")
-	o.nodeErrors = count("redlease.node.errors", "Failures of single nodes inside an operation.")
+	o.acquire = hist("redlease.acquire.duration", "Duration of one acquisition attempt.", latencyBuckets)
+	o.wait = hist("redlease.wait.duration", "Time Lock spent until the lock was obtained or it gave up.", latencyBuckets)
+	o.hold = hist("redlease.hold.duration", "Time from grant to release or loss.", holdBuckets)
+	o.renewals = count("redlease.renewals", "{renewal}", "Lock extensions, by outcome.")
+	o.lost = count("redlease.locks.lost", "{lock}", "Locks lost while held.")
+	o.nodeErrors = count("redlease.node.errors", "{error}", "Failures of single nodes inside an operation.")
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
@@ -117,22 +120,28 @@ func New(opts ...Option) (*Observer, error) {
 func (o *Observer) Start(ctx context.Context, op redlease.Op) (context.Context, func(error)) {
 	start := time.Now()
 	ctx, span := o.tracer.Start(ctx, "redlease."+op.Name, trace.WithAttributes(
-		attribute.String("redlease.strategy", op.Strategy), attribute.String("redlease.key", op.Key)))
+		keyStrategy.String(op.Strategy), keyOperation.String(op.Name), keyKey.String(op.Key)))
 	return ctx, func(err error) {
 		d := time.Since(start)
 		outcome := Outcome(err)
-		attrs := metric.WithAttributes(attribute.String("strategy", op.Strategy), attribute.String("outcome", outcome))
+		attrs := []attribute.KeyValue{keyStrategy.String(op.Strategy), keyOutcome.String(outcome)}
+		span.SetAttributes(keyOutcome.String(outcome))
+		bad := failed(err, outcome)
+		if bad {
+			et := semconv.ErrorTypeKey.String(ErrorType(err))
+			attrs = append(attrs, et)
+			span.SetAttributes(et)
+			span.SetStatus(codes.Error, err.Error())
+		}
 		switch op.Name {
 		case "acquire":
-			o.acquire.Record(ctx, d.Seconds(), attrs)
+			o.acquire.Record(ctx, d.Seconds(), metric.WithAttributes(attrs...))
 		case "wait":
-			o.wait.Record(ctx, d.Seconds(), attrs)
+			o.wait.Record(ctx, d.Seconds(), metric.WithAttributes(attrs...))
 		case "extend":
-			o.renewals.Add(ctx, 1, attrs)
+			o.renewals.Add(ctx, 1, metric.WithAttributes(attrs...))
 		}
-		span.SetAttributes(attribute.String("redlease.outcome", outcome))
-		if err != nil && outcome != "not_obtained" {
-			span.SetStatus(codes.Error, err.Error())
+		if bad {
 			o.log.Warn("redlease "+op.Name+" failed", "strategy", op.Strategy, "key", op.Key, "outcome", outcome, "err", err)
 		} else {
 			o.log.Debug("redlease "+op.Name, "strategy", op.Strategy, "key", op.Key, "outcome", outcome, "took", d)
@@ -144,47 +153,42 @@ func (o *Observer) Start(ctx context.Context, op redlease.Op) (context.Context, 
 // NodeFailed counts one node's failure and adds it to the operation's span
 // as an event.
 func (o *Observer) NodeFailed(ctx context.Context, op redlease.Op, ne *redlease.NodeError) {
-	o.nodeErrors.Add(ctx, 1, metric.WithAttributes(attribute.String("strategy", op.Strategy),
-		attribute.String("op", op.Name), attribute.String("node", nodeName(ne))))
-	trace.SpanFromContext(ctx).AddEvent("node failed", trace.WithAttributes(attribute.Int("redlease.node", ne.Node),
-		attribute.String("redlease.node.addr", ne.Addr), attribute.String("error", ne.Err.Error())))
-	o.log.Debug("redlease node failed", "strategy", op.Strategy, "op", op.Name, "node", nodeName(ne), "err", ne.Err)
+	node := nodeAttrs(ne)
+	et := semconv.ErrorTypeKey.String(errorTypeOther)
+	if ne.Err != nil {
+		et = semconv.ErrorTypeKey.String(ErrorType(ne.Err))
+	}
+	attrs := make([]attribute.KeyValue, 0, len(node)+3)
+	attrs = append(attrs, keyStrategy.String(op.Strategy), keyOperation.String(op.Name), et)
+	attrs = append(attrs, node...)
+	o.nodeErrors.Add(ctx, 1, metric.WithAttributes(attrs...))
+	if span := trace.SpanFromContext(ctx); span.IsRecording() {
+		event := make([]attribute.KeyValue, 0, len(node)+2)
+		event = append(event, node...)
+		event = append(event, et, semconv.ExceptionMessage(errText(ne.Err)))
+		span.AddEvent("redlease.node.failed", trace.WithAttributes(event...))
+	}
+	o.log.Debug("redlease node failed", "strategy", op.Strategy, "op", op.Name, "node", ne.Node, "addr", ne.Addr, "err", ne.Err)
 }
 
 // Held records how long a lock was held and, if it was lost, the loss.
 func (o *Observer) Held(op redlease.Op, d time.Duration, lost error) {
 	ctx := context.Background()
-	ended := "released"
-	if lost != nil {
-		ended = "lost"
-		o.lost.Add(ctx, 1, metric.WithAttributes(attribute.String("strategy", op.Strategy)))
-		o.log.Warn("redlease lock lost", "strategy", op.Strategy, "key", op.Key, "held", d, "err", lost)
+	strategy := keyStrategy.String(op.Strategy)
+	if lost == nil {
+		o.hold.Record(ctx, d.Seconds(), metric.WithAttributes(strategy, keyEnded.String("released")))
+		return
 	}
-	o.hold.Record(ctx, d.Seconds(), metric.WithAttributes(attribute.String("strategy", op.Strategy), attribute.String("ended", ended)))
+	et := semconv.ErrorTypeKey.String(ErrorType(lost))
+	o.lost.Add(ctx, 1, metric.WithAttributes(strategy, et))
+	o.hold.Record(ctx, d.Seconds(), metric.WithAttributes(strategy, keyEnded.String("lost"), et))
+	o.log.Warn("redlease lock lost", "strategy", op.Strategy, "key", op.Key, "held", d, "err", lost)
 }
 
-// Outcome classifies an operation's error for metrics.
-func Outcome(err error) string {
-	switch {
-	case err == nil:
-		return "ok"
-	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, redlease.ErrNotObtained):
-		return "canceled"
-	case errors.Is(err, redlease.ErrInvalid):
-		return "invalid"
-	case errors.Is(err, redlease.ErrNotObtained):
-		return "not_obtained"
-	case errors.Is(err, redlease.ErrNotHeld), errors.Is(err, redlease.ErrLost):
-		return "not_held"
-	case errors.Is(err, redlease.ErrUnavailable):
-		return "unavailable"
+// errText is err's text, or "<nil>" for a NodeError without a cause.
+func errText(err error) string {
+	if err == nil {
+		return "<nil>"
 	}
-	return "error"
-}
-
-func nodeName(ne *redlease.NodeError) string {
-	if ne.Addr != "" {
-		return ne.Addr
-	}
-	return "node" + strconv.Itoa(ne.Node)
+	return err.Error()
 }
