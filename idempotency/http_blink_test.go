@@ -53,7 +53,7 @@ func TestHTTPStoreBlinkBeforeRecordIsSurvived(t *testing.T) {
 	var charges atomic.Int32
 	var mu sync.Mutex
 	var logged []error
-	ts := wireServe(t, idempotency.Middleware(b,
+	ts := wireServe(t, idempotency.Middleware(b, idempotency.WithGlobalKeys(),
 		idempotency.WithInFlightWait(10*time.Second),
 		idempotency.WithErrorLog(func(_ *http.Request, err error) {
 			mu.Lock()

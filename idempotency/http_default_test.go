@@ -34,11 +34,11 @@ func TestDefaultHandlerTimeout(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			m := Middleware(b)(http.NotFoundHandler()).(*middleware)
+			m := Middleware(b, WithGlobalKeys())(http.NotFoundHandler()).(*middleware)
 			if got := m.cfg.handlerTimeout; got != tc.want {
 				t.Errorf("default: got %v, want %v", got, tc.want)
 			}
-			m = Middleware(b, WithHandlerTimeout(time.Hour))(http.NotFoundHandler()).(*middleware)
+			m = Middleware(b, WithGlobalKeys(), WithHandlerTimeout(time.Hour))(http.NotFoundHandler()).(*middleware)
 			if got := m.cfg.handlerTimeout; got != time.Hour {
 				t.Errorf("explicit: got %v, want %v", got, time.Hour)
 			}

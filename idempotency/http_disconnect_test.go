@@ -48,7 +48,7 @@ func TestHTTPClientTimeoutDoesNotDecideTheRecord(t *testing.T) {
 				w.WriteHeader(http.StatusCreated)
 				_, _ = fmt.Fprintf(w, `{"charge":%d}`, n)
 			})
-			mw := idempotency.Middleware(b, idempotency.WithInFlightWait(10*time.Second))(pay)
+			mw := idempotency.Middleware(b, idempotency.WithGlobalKeys(), idempotency.WithInFlightWait(10*time.Second))(pay)
 
 			// The first request's own context tells when the server saw its
 			// client leave.
@@ -113,7 +113,7 @@ func TestHTTPRunThatLostItsLockIsNotAnAnswer(t *testing.T) {
 	})
 	var mu sync.Mutex
 	var logged []error
-	ts := wireServe(t, idempotency.Middleware(b,
+	ts := wireServe(t, idempotency.Middleware(b, idempotency.WithGlobalKeys(),
 		idempotency.WithInFlightWait(10*time.Second),
 		idempotency.WithErrorLog(func(_ *http.Request, err error) {
 			mu.Lock()

@@ -98,7 +98,7 @@ func retryAfter(t *testing.T, h http.Header) int {
 func TestHTTPFirstRunsDuplicateReplays(t *testing.T) {
 	_, b := httpStore(t)
 	o := &orders{}
-	h := idempotency.Middleware(b)(o)
+	h := idempotency.Middleware(b, idempotency.WithGlobalKeys())(o)
 
 	first := serveHTTP(h, keyed("POST", "/orders", httpKey, `{"sku":"a"}`))
 	require.Equal(t, http.StatusCreated, first.Code)
@@ -126,7 +126,7 @@ func TestHTTPFirstRunsDuplicateReplays(t *testing.T) {
 func TestHTTPUnquotedKeyIsTheSameKey(t *testing.T) {
 	_, b := httpStore(t)
 	o := &orders{}
-	h := idempotency.Middleware(b)(o)
+	h := idempotency.Middleware(b, idempotency.WithGlobalKeys())(o)
 	serveHTTP(h, keyed("POST", "/orders", httpKey, "x"))
 	dup := serveHTTP(h, keyed("POST", "/orders", strings.Trim(httpKey, `"`), "x"))
 	assert.Equal(t, "true", dup.Header().Get(idempotency.HeaderIdempotentReplayed))
@@ -137,7 +137,7 @@ func TestHTTPConcurrentDuplicateGets409(t *testing.T) {
 	_, b := httpStore(t)
 	var calls atomic.Int32
 	entered, release := make(chan struct{}, 1), make(chan struct{})
-	h := idempotency.Middleware(b)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := idempotency.Middleware(b, idempotency.WithGlobalKeys())(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		calls.Add(1)
 		entered <- struct{}{}
 		<-release
@@ -166,7 +166,7 @@ func TestHTTPInFlightWaitReplaysInsteadOf409(t *testing.T) {
 	_, b := httpStore(t)
 	var calls atomic.Int32
 	entered, release := make(chan struct{}, 1), make(chan struct{})
-	h := idempotency.Middleware(b, idempotency.WithInFlightWait(5*time.Second))(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := idempotency.Middleware(b, idempotency.WithGlobalKeys(), idempotency.WithInFlightWait(5*time.Second))(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		calls.Add(1)
 		entered <- struct{}{}
 		<-release
@@ -189,7 +189,7 @@ func TestHTTPInFlightWaitReplaysInsteadOf409(t *testing.T) {
 func TestHTTPDifferentPayloadGets422(t *testing.T) {
 	_, b := httpStore(t)
 	o := &orders{}
-	h := idempotency.Middleware(b)(o)
+	h := idempotency.Middleware(b, idempotency.WithGlobalKeys())(o)
 	require.Equal(t, http.StatusCreated, serveHTTP(h, keyed("POST", "/orders", httpKey, `{"amount":100}`)).Code)
 
 	for name, r := range map[string]*http.Request{
@@ -207,11 +207,11 @@ func TestHTTPMissingKey(t *testing.T) {
 	_, b := httpStore(t)
 	o := &orders{}
 
-	required := idempotency.Middleware(b, idempotency.WithRequired(true))(o)
+	required := idempotency.Middleware(b, idempotency.WithGlobalKeys(), idempotency.WithRequired(true))(o)
 	requireRecProblem(t, serveHTTP(required, keyed("POST", "/orders", "", "x")), http.StatusBadRequest, "missing-key")
 	assert.EqualValues(t, 0, o.calls.Load())
 
-	optional := idempotency.Middleware(b)(o)
+	optional := idempotency.Middleware(b, idempotency.WithGlobalKeys())(o)
 	for range 2 {
 		rec := serveHTTP(optional, keyed("POST", "/orders", "", "x"))
 		assert.Equal(t, http.StatusCreated, rec.Code)
@@ -223,7 +223,7 @@ func TestHTTPMissingKey(t *testing.T) {
 func TestHTTPMalformedKeyGets400(t *testing.T) {
 	_, b := httpStore(t)
 	o := &orders{}
-	h := idempotency.Middleware(b)(o)
+	h := idempotency.Middleware(b, idempotency.WithGlobalKeys())(o)
 	for name, key := range map[string]string{
 		"empty quoted":   `""`,
 		"blank":          `"   "`,
@@ -246,7 +246,7 @@ func TestHTTPMalformedKeyGets400(t *testing.T) {
 		requireRecProblem(t, serveHTTP(h, r), http.StatusBadRequest, "invalid-key")
 	})
 	t.Run("longer limit", func(t *testing.T) {
-		long := idempotency.Middleware(b, idempotency.WithMaxKeyLength(300))(o)
+		long := idempotency.Middleware(b, idempotency.WithGlobalKeys(), idempotency.WithMaxKeyLength(300))(o)
 		r := keyed("POST", "/orders", strings.Repeat("k", 300), "x")
 		assert.Equal(t, http.StatusCreated, serveHTTP(long, r).Code)
 	})
@@ -256,7 +256,7 @@ func TestHTTPMalformedKeyGets400(t *testing.T) {
 func TestHTTPOtherMethodsPassThrough(t *testing.T) {
 	_, b := httpStore(t)
 	o := &orders{}
-	h := idempotency.Middleware(b, idempotency.WithRequired(true))(o)
+	h := idempotency.Middleware(b, idempotency.WithGlobalKeys(), idempotency.WithRequired(true))(o)
 	for _, m := range []string{"GET", "PUT", "DELETE"} {
 		for range 2 {
 			rec := serveHTTP(h, keyed(m, "/orders", httpKey, ""))
@@ -266,7 +266,7 @@ func TestHTTPOtherMethodsPassThrough(t *testing.T) {
 	}
 	assert.EqualValues(t, 6, o.calls.Load())
 
-	puts := idempotency.Middleware(b, idempotency.WithMethods("PUT"))(o)
+	puts := idempotency.Middleware(b, idempotency.WithGlobalKeys(), idempotency.WithMethods("PUT"))(o)
 	serveHTTP(puts, keyed("PUT", "/orders", httpKey, "x"))
 	assert.Equal(t, "true", serveHTTP(puts, keyed("PUT", "/orders", httpKey, "x")).Header().Get(idempotency.HeaderIdempotentReplayed))
 	serveHTTP(puts, keyed("POST", "/orders", httpKey, "x"))
@@ -276,7 +276,7 @@ func TestHTTPOtherMethodsPassThrough(t *testing.T) {
 func TestHTTPBodyTooLargeGets413(t *testing.T) {
 	_, b := httpStore(t)
 	o := &orders{}
-	h := idempotency.Middleware(b, idempotency.WithMaxBody(8))(o)
+	h := idempotency.Middleware(b, idempotency.WithGlobalKeys(), idempotency.WithMaxBody(8))(o)
 	requireRecProblem(t, serveHTTP(h, keyed("POST", "/orders", httpKey, "123456789")), http.StatusRequestEntityTooLarge, "body-too-large")
 
 	chunked := keyed("POST", "/orders", httpKey, "123456789")
@@ -290,7 +290,7 @@ func TestHTTPBodyTooLargeGets413(t *testing.T) {
 func TestHTTPServerErrorsAreNotRecorded(t *testing.T) {
 	_, b := httpStore(t)
 	var calls atomic.Int32
-	h := idempotency.Middleware(b)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := idempotency.Middleware(b, idempotency.WithGlobalKeys())(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if calls.Add(1) == 1 {
 			http.Error(w, "database down", http.StatusServiceUnavailable)
 			return
@@ -307,7 +307,7 @@ func TestHTTPServerErrorsAreNotRecorded(t *testing.T) {
 func TestHTTPServerErrorsRecordedOnRequest(t *testing.T) {
 	_, b := httpStore(t)
 	var calls atomic.Int32
-	h := idempotency.Middleware(b, idempotency.WithStoreServerErrors(true))(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := idempotency.Middleware(b, idempotency.WithGlobalKeys(), idempotency.WithStoreServerErrors(true))(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		calls.Add(1)
 		http.Error(w, "charged, then crashed", http.StatusInternalServerError)
 	}))
@@ -322,7 +322,7 @@ func TestHTTPServerErrorsRecordedOnRequest(t *testing.T) {
 func TestHTTPStoreEverythingBarrierReplaysFailure(t *testing.T) {
 	_, b := httpStore(t, idempotency.WithStoreEverything())
 	var calls atomic.Int32
-	h := idempotency.Middleware(b)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := idempotency.Middleware(b, idempotency.WithGlobalKeys())(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		calls.Add(1)
 		w.WriteHeader(http.StatusBadGateway)
 	}))
@@ -336,7 +336,7 @@ func TestHTTPStoreEverythingBarrierReplaysFailure(t *testing.T) {
 func TestHTTPClientErrorsAreRecorded(t *testing.T) {
 	_, b := httpStore(t)
 	var calls atomic.Int32
-	h := idempotency.Middleware(b)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := idempotency.Middleware(b, idempotency.WithGlobalKeys())(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		calls.Add(1)
 		http.Error(w, "insufficient funds", http.StatusPaymentRequired)
 	}))
@@ -352,7 +352,7 @@ func TestHTTPResultTooLargeIsNotReplayed(t *testing.T) {
 	_, b := httpStore(t, idempotency.WithMaxResult(64))
 	var calls atomic.Int32
 	big := strings.Repeat("x", 1000)
-	h := idempotency.Middleware(b)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := idempotency.Middleware(b, idempotency.WithGlobalKeys())(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		calls.Add(1)
 		_, _ = io.WriteString(w, big)
 	}))
@@ -368,7 +368,7 @@ func TestHTTPResultTooLargeIsNotReplayed(t *testing.T) {
 func TestHTTPPanicReleasesTheKey(t *testing.T) {
 	_, b := httpStore(t)
 	var calls atomic.Int32
-	h := idempotency.Middleware(b)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := idempotency.Middleware(b, idempotency.WithGlobalKeys())(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if calls.Add(1) == 1 {
 			panic("boom")
 		}
@@ -395,7 +395,7 @@ func TestHTTPPrincipalScopesKeys(t *testing.T) {
 func TestHTTPRouteNamesTheOperation(t *testing.T) {
 	_, b := httpStore(t)
 	o := &orders{}
-	h := idempotency.Middleware(b, idempotency.WithRoute(func(*http.Request) string { return "orders" }))(o)
+	h := idempotency.Middleware(b, idempotency.WithGlobalKeys(), idempotency.WithRoute(func(*http.Request) string { return "orders" }))(o)
 	serveHTTP(h, keyed("POST", "/orders/1", httpKey, "x"))
 	// Same operation and key, another path: the key was used for another request.
 	requireRecProblem(t, serveHTTP(h, keyed("POST", "/orders/2", httpKey, "x")), http.StatusUnprocessableEntity, "key-reused")
@@ -405,7 +405,7 @@ func TestHTTPRouteNamesTheOperation(t *testing.T) {
 func TestHTTPHandlerGetsFence(t *testing.T) {
 	_, b := httpStore(t)
 	var fences []uint64
-	h := idempotency.Middleware(b)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := idempotency.Middleware(b, idempotency.WithGlobalKeys())(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		f, ok := idempotency.FenceFrom(r.Context())
 		require.True(t, ok)
 		fences = append(fences, f)
@@ -434,13 +434,13 @@ func TestHTTPStoreDown(t *testing.T) {
 	srv.Kill()
 
 	t.Run("fail closed", func(t *testing.T) {
-		rec := serveHTTP(idempotency.Middleware(b, logErr)(handler), keyed("POST", "/orders", httpKey, "payload"))
+		rec := serveHTTP(idempotency.Middleware(b, idempotency.WithGlobalKeys(), logErr)(handler), keyed("POST", "/orders", httpKey, "payload"))
 		requireRecProblem(t, rec, http.StatusServiceUnavailable, "store-unavailable")
 		assert.GreaterOrEqual(t, retryAfter(t, rec.Header()), 1)
 		assert.EqualValues(t, 0, calls.Load())
 	})
 	t.Run("fail open", func(t *testing.T) {
-		h := idempotency.Middleware(b, logErr, idempotency.WithFailOpen(true))(handler)
+		h := idempotency.Middleware(b, idempotency.WithGlobalKeys(), logErr, idempotency.WithFailOpen(true))(handler)
 		rec := serveHTTP(h, keyed("POST", "/orders", httpKey, "payload"))
 		assert.Equal(t, http.StatusOK, rec.Code)
 		assert.Equal(t, "payload", rec.Body.String(), "the handler gets the body")
@@ -453,7 +453,7 @@ func TestHTTPStoreDown(t *testing.T) {
 func TestMiddlewareRejectsBadConfiguration(t *testing.T) {
 	_, b := httpStore(t)
 	assert.Panics(t, func() { idempotency.Middleware(nil) })
-	assert.Panics(t, func() { idempotency.Middleware(b)(nil) })
+	assert.Panics(t, func() { idempotency.Middleware(b, idempotency.WithGlobalKeys())(nil) })
 	for name, o := range map[string]idempotency.HTTPOption{
 		"max body":   idempotency.WithMaxBody(0),
 		"key length": idempotency.WithMaxKeyLength(0),
@@ -469,7 +469,7 @@ func TestMiddlewareRejectsBadConfiguration(t *testing.T) {
 		"status 399": idempotency.WithTransientStatuses(399),
 		"status 600": idempotency.WithTransientStatuses(600),
 	} {
-		assert.Panics(t, func() { idempotency.Middleware(b, o) }, name)
+		assert.Panics(t, func() { idempotency.Middleware(b, idempotency.WithGlobalKeys(), o) }, name)
 	}
 }
 
@@ -489,7 +489,7 @@ func TestHTTPRealServer(t *testing.T) {
 		<-release
 		w.WriteHeader(http.StatusNoContent)
 	})
-	ts := httptest.NewServer(idempotency.Middleware(b, idempotency.WithReplayHeaders("Content-Type", "Location", "X-Request-Id"))(mux))
+	ts := httptest.NewServer(idempotency.Middleware(b, idempotency.WithGlobalKeys(), idempotency.WithReplayHeaders("Content-Type", "Location", "X-Request-Id"))(mux))
 	t.Cleanup(ts.Close)
 	tr := &http.Transport{}
 	t.Cleanup(tr.CloseIdleConnections)

@@ -55,7 +55,7 @@ func TestHTTPHandlerTimeoutAnswersOutcomeUnknown(t *testing.T) {
 	seen := make(chan wireRunSeen, 1)
 	var mu sync.Mutex
 	var logged []error
-	ts := wireServe(t, idempotency.Middleware(b,
+	ts := wireServe(t, idempotency.Middleware(b, idempotency.WithGlobalKeys(),
 		idempotency.WithHandlerTimeout(200*time.Millisecond),
 		idempotency.WithErrorLog(func(_ *http.Request, err error) {
 			mu.Lock()
@@ -99,7 +99,7 @@ func TestHTTPDefaultHandlerTimeoutEndsRunBeforeItsLock(t *testing.T) {
 	_, b := httpStore(t, idempotency.WithLease(lease))
 	var charges atomic.Int32
 	seen := make(chan wireRunSeen, 1)
-	ts := wireServe(t, idempotency.Middleware(b)(wireStuckThenOK(&charges, seen)))
+	ts := wireServe(t, idempotency.Middleware(b, idempotency.WithGlobalKeys())(wireStuckThenOK(&charges, seen)))
 
 	first := wirePost(t.Context(), wireClient(t, 15*time.Second), ts.URL+"/pay", httpKey, "100")
 	require.NoError(t, first.err)

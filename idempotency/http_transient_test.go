@@ -54,7 +54,7 @@ func TestHTTPTransientStatusesAreNotRecorded(t *testing.T) {
 			wireNoLeaks(t)
 			_, b := httpStore(t)
 			a := &wireAnswers{statuses: []int{status, http.StatusCreated}, retryAfter: "2"}
-			ts := wireServe(t, idempotency.Middleware(b)(a))
+			ts := wireServe(t, idempotency.Middleware(b, idempotency.WithGlobalKeys())(a))
 
 			got := wireExchanges(t, ts.URL+"/pay", 3)
 			assert.Equal(t, status, got[0].resp.StatusCode)
@@ -86,7 +86,7 @@ func TestHTTPRetryAfterIsRecorded(t *testing.T) {
 			wireNoLeaks(t)
 			_, b := httpStore(t)
 			a := &wireAnswers{statuses: []int{tc.status}}
-			ts := wireServe(t, idempotency.Middleware(b, tc.opts...)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			ts := wireServe(t, idempotency.Middleware(b, append([]idempotency.HTTPOption{idempotency.WithGlobalKeys()}, tc.opts...)...)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				w.Header().Set("Retry-After", "5") // a 202 says when to look
 				a.ServeHTTP(w, r)
 			})))

@@ -38,7 +38,7 @@ func TestHTTPTransientStatusesOption(t *testing.T) {
 			wireNoLeaks(t)
 			_, b := httpStore(t)
 			a := &wireAnswers{statuses: []int{tc.status, http.StatusCreated}, retryAfter: "3"}
-			ts := wireServe(t, idempotency.Middleware(b, sets[tc.set]...)(a))
+			ts := wireServe(t, idempotency.Middleware(b, append([]idempotency.HTTPOption{idempotency.WithGlobalKeys()}, sets[tc.set]...)...)(a))
 
 			got := wireExchanges(t, ts.URL+"/pay", 2)
 			assert.Equal(t, tc.status, got[0].resp.StatusCode)

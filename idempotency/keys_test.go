@@ -120,7 +120,7 @@ func TestConsumerMessagesAndRequestKeysNeverShareARecord(t *testing.T) {
 func TestMiddlewareAndRequestKeysNeverShareARecord(t *testing.T) {
 	_, b := httpStore(t)
 	o := &orders{}
-	h := idempotency.Middleware(b)(o)
+	h := idempotency.Middleware(b, idempotency.WithGlobalKeys())(o)
 	rec := serveHTTP(h, keyed(http.MethodPost, "/orders", httpKey, "x"))
 	require.Equal(t, http.StatusCreated, rec.Code)
 

@@ -99,7 +99,7 @@ func TestStormOfRetriesChargesEachPaymentOnce(t *testing.T) {
 	require.NoError(t, err)
 
 	s := &storm{seed: seed, ledger: &stormLedger{entries: map[string]*ledgerEntry{}}}
-	mw := idempotency.Middleware(b,
+	mw := idempotency.Middleware(b, idempotency.WithGlobalKeys(),
 		idempotency.WithRoute(func(*http.Request) string { return "POST /payments" }),
 		idempotency.WithErrorLog(s.errorLog),
 	)(http.HandlerFunc(s.pay))

@@ -114,6 +114,7 @@ func run(ctx context.Context, redisAddr, serveAddr string) error {
 	retry := send(ctx, base, "order-42", `{"to":"bob","amount":1250}`, "the client retries: same key, same body")
 	reused := send(ctx, base, "order-42", `{"to":"bob","amount":9999}`, "same key, different body")
 	unkeyed := send(ctx, base, "", `{"to":"bob","amount":1250}`, "no key at all")
+	anonymous := sendAs(ctx, base, "", "order-42", `{"to":"bob","amount":1250}`, "alice's key, sent by nobody: keys are scoped to who sends them")
 
 	// The claim.
 	var problems []string
@@ -122,7 +123,7 @@ func run(ctx context.Context, redisAddr, serveAddr string) error {
 			problems = append(problems, fmt.Sprintf(format, args...))
 		}
 	}
-	for _, r := range []*reply{first, retry, reused, unkeyed} {
+	for _, r := range []*reply{first, retry, reused, unkeyed, anonymous} {
 		if r.err != nil {
 			return r.err
 		}
@@ -133,12 +134,13 @@ func run(ctx context.Context, redisAddr, serveAddr string) error {
 	check(first.location == retry.location && first.location != "", "Location %q then %q; want the same", first.location, retry.location)
 	check(reused.status == http.StatusUnprocessableEntity, "same key, different body: %d; want 422", reused.status)
 	check(unkeyed.status == http.StatusBadRequest, "no key: %d; want 400", unkeyed.status)
+	check(anonymous.status == http.StatusUnauthorized && !bytes.Equal(anonymous.body, first.body), "a keyed request without a principal: %d; want 401, and never alice's response", anonymous.status)
 	calls, payments := bank.count()
 	check(calls == 1 && payments == 1, "the handler ran %d times and made %d payments; want 1 and 1", calls, payments)
 	if len(problems) > 0 {
 		return errors.New(strings.Join(problems, "; "))
 	}
-	fmt.Println("4 requests, the handler ran once, one payment made: verified")
+	fmt.Println("5 requests, the handler ran once, one payment made, nobody else read alice's response: verified")
 	return nil
 }
 
@@ -219,11 +221,18 @@ type reply struct {
 // send POSTs body as alice with the given Idempotency-Key (none if empty)
 // and prints the exchange.
 func send(ctx context.Context, base, key, body, what string) *reply {
+	return sendAs(ctx, base, "alice", key, body, what)
+}
+
+// sendAs is send on behalf of principal ("" sends no credentials).
+func sendAs(ctx context.Context, base, principal, key, body, what string) *reply {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/payments", strings.NewReader(body))
 	if err != nil {
 		return &reply{err: err}
 	}
-	req.Header.Set("Authorization", "Bearer alice")
+	if principal != "" {
+		req.Header.Set("Authorization", "Bearer "+principal)
+	}
 	req.Header.Set("Content-Type", "application/json")
 	header := ""
 	if key != "" {
