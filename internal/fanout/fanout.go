@@ -452,15 +452,17 @@ func (nd *node) run(j job) {
 			r.deliver(j.node, Result{Err: fmt.Errorf("not sent: %w", err)}, false)
 			return
 		}
-		if d := r.decision.Load(); d == undo || d == lateUndo || (d == keep && r.undo.Script != nil) {
-			// Decided (or let go) while this request waited. Failed: sending
-			// it would only write a key that then has to be undone. Granted:
-			// the grant does not need this node, and a node that slow would
-			// only fall further behind (every request it cannot take in
-			// time ends in a cut connection and a redial).
+		if d := r.decision.Load(); d == undo || d == lateUndo {
+			// Failed (or let go) while this request waited: sending it
+			// would only write a key that then has to be undone.
 			r.deliver(j.node, Result{Err: errDecided}, false)
 			return
 		}
+		// Granted while this request waited: it is still sent (within the
+		// round's deadline, checked above). The grant did not need this
+		// node, but the lock does: a key left on a bare majority survives
+		// no node failure for its whole life, and renewals only extend the
+		// copies that exist.
 		// A request that waited in the queue for most of its round would be
 		// cut off mid-reply by the round's deadline, and go-redis would drop
 		// the connection and dial a new one for the next: a slow node would
