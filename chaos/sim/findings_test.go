@@ -29,7 +29,7 @@ func testWorld(t *testing.T, seed uint64) (*World, func()) {
 	t.Helper()
 	sc := Scenario{Name: "hand", Strategy: Quorum, Nodes: 5, Clients: 2, Keys: 1, Fencing: true}
 	start := time.Now()
-	w := &World{seed: seed, sc: sc, start: start, hist: newHistory(start, testing.Verbose())}
+	w := &World{seed: seed, sc: sc, start: start, hist: newHistory(start, testing.Verbose()), net: newSched()}
 	for i := range sc.Nodes {
 		w.nodes = append(w.nodes, newNode(w, i, "node"+itoa(i)))
 	}
@@ -44,6 +44,7 @@ func testWorld(t *testing.T, seed uint64) (*World, func()) {
 		for _, n := range w.nodes {
 			n.close()
 		}
+		w.net.close()
 		for _, l := range w.hist.lines {
 			t.Log(l)
 		}

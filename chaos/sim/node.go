@@ -40,6 +40,7 @@ type Node struct {
 	atCrash  []snapKey         // the data when the node last crashed (durable restarts)
 	scripts  map[string]string // script cache: SHA → source (lost on restart)
 	lua      *lua.LState       // the node's Lua state (see lua.go)
+	lcall    luaCallBufs       // redis.call's peer and buffers (see lua.go)
 }
 
 type queued struct {

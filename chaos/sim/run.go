@@ -28,6 +28,7 @@ type Result struct {
 	Messages   int
 	Lost       int
 	Elapsed    time.Duration // virtual time the run took
+	WorkEnd    time.Duration // virtual time the workload ended
 }
 
 // maxRun bounds a run in virtual time: a workload still going after it is
@@ -38,8 +39,17 @@ const maxRun = 120 * time.Second
 // end on their own after Close.
 const leakGrace = 10 * time.Second
 
-// horizon is the window in which a schedule's faults start.
-const horizon = 1500 * time.Millisecond
+// defaultHorizon is the window in which a schedule's faults start
+// (the first three quarters of it), for scenarios that set none.
+const defaultHorizon = 1500 * time.Millisecond
+
+// horizon is sc's fault window.
+func (sc *Scenario) horizon() time.Duration {
+	if sc.Horizon > 0 {
+		return sc.Horizon
+	}
+	return defaultHorizon
+}
 
 // Options tune a run without changing its schedule.
 type Options struct {
@@ -57,7 +67,7 @@ type Options struct {
 func Run(sc Scenario, seed uint64, opts Options) *Result {
 	start := time.Now()
 	w := &World{seed: seed, sc: sc, opts: opts, start: start, hist: newHistory(start, opts.Log), net: newSched()}
-	w.faults = makeSchedule(seed, &sc, horizon)
+	w.faults = makeSchedule(seed, &sc, sc.horizon())
 	for i := range max(sc.Nodes, 1) {
 		w.nodes = append(w.nodes, newNode(w, i, "node"+strconv.Itoa(i)))
 	}
@@ -89,6 +99,7 @@ func Run(sc Scenario, seed uint64, opts Options) *Result {
 	case <-timer.C:
 		vs = append(vs, Violation{Inv: InvStuck, At: maxRun, Detail: "the workload was still running after " + maxRun.String()})
 	}
+	workEnd := time.Since(start)
 	close(stop)
 	driver.Wait()
 	w.heal()
@@ -122,6 +133,7 @@ func Run(sc Scenario, seed uint64, opts Options) *Result {
 		Messages:   w.msgs,
 		Lost:       w.lost,
 		Elapsed:    time.Since(start),
+		WorkEnd:    workEnd,
 	}
 	res.Verdict = grade(res.Violations, w.faults)
 	return res

@@ -30,6 +30,10 @@ type Scenario struct {
 	// idempotency.Barrier on node 0 (the store), with client timeouts.
 	Barrier bool
 	Faults  bool // draw a fault schedule
+	// Horizon: faults start in its first three quarters (0: 1.5 s). Set
+	// near the workload's mean virtual length: a fault drawn after the
+	// workload ended tests nothing.
+	Horizon time.Duration
 	// ShortExtends lets the workload extend a lock with a TTL shorter than
 	// the validity it has left (see the package doc, "Findings"). Off, an
 	// extension never shortens.
@@ -38,11 +42,11 @@ type Scenario struct {
 
 // Scenarios is the default rotation: seed s runs Scenarios[s % len].
 var Scenarios = []Scenario{
-	{Name: "quorum5-fenced", Strategy: Quorum, Nodes: 5, Clients: 4, Keys: 2, Ops: 6, TTL: [2]time.Duration{60 * time.Millisecond, 300 * time.Millisecond}, Fencing: true, Faults: true},
-	{Name: "quorum5-restart", Strategy: Quorum, Nodes: 5, Clients: 4, Keys: 2, Ops: 6, TTL: [2]time.Duration{60 * time.Millisecond, 300 * time.Millisecond}, Fencing: true, DelayedRestart: 400 * time.Millisecond, Faults: true},
-	{Name: "quorum3-plain", Strategy: Quorum, Nodes: 3, Clients: 3, Keys: 1, Ops: 6, TTL: [2]time.Duration{60 * time.Millisecond, 300 * time.Millisecond}, Faults: true},
-	{Name: "quorum3-restart", Strategy: Quorum, Nodes: 3, Clients: 3, Keys: 1, Ops: 6, TTL: [2]time.Duration{60 * time.Millisecond, 200 * time.Millisecond}, DelayedRestart: 200 * time.Millisecond, Faults: true},
-	{Name: "single", Strategy: Single, Nodes: 1, Clients: 3, Keys: 2, Ops: 6, TTL: [2]time.Duration{60 * time.Millisecond, 300 * time.Millisecond}, Fencing: true, Faults: true},
+	{Name: "quorum5-fenced", Strategy: Quorum, Nodes: 5, Clients: 4, Keys: 2, Ops: 4, TTL: [2]time.Duration{60 * time.Millisecond, 300 * time.Millisecond}, Fencing: true, Faults: true, Horizon: 600 * time.Millisecond},
+	{Name: "quorum5-restart", Strategy: Quorum, Nodes: 5, Clients: 4, Keys: 2, Ops: 4, TTL: [2]time.Duration{60 * time.Millisecond, 300 * time.Millisecond}, Fencing: true, DelayedRestart: 400 * time.Millisecond, Faults: true, Horizon: 600 * time.Millisecond},
+	{Name: "quorum3-plain", Strategy: Quorum, Nodes: 3, Clients: 3, Keys: 1, Ops: 4, TTL: [2]time.Duration{60 * time.Millisecond, 300 * time.Millisecond}, Faults: true, Horizon: 550 * time.Millisecond},
+	{Name: "quorum3-restart", Strategy: Quorum, Nodes: 3, Clients: 3, Keys: 1, Ops: 4, TTL: [2]time.Duration{60 * time.Millisecond, 200 * time.Millisecond}, DelayedRestart: 200 * time.Millisecond, Faults: true, Horizon: 450 * time.Millisecond},
+	{Name: "single", Strategy: Single, Nodes: 1, Clients: 3, Keys: 2, Ops: 4, TTL: [2]time.Duration{60 * time.Millisecond, 300 * time.Millisecond}, Fencing: true, Faults: true, Horizon: 1100 * time.Millisecond},
 }
 
 // ScenarioByName returns the scenario called name, if any.

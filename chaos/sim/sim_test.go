@@ -5,7 +5,9 @@ import (
 	"flag"
 	"fmt"
 	"maps"
+	"os"
 	"runtime"
+	"runtime/debug"
 	"slices"
 	"strings"
 	"sync"
@@ -25,6 +27,7 @@ var (
 	flagProgress  = flag.Bool("progress", false, "log a progress line every 10 s")
 	flagStop      = flag.Bool("stopfail", false, "stop at the first failing seed (power tests)")
 	flagLostFirst = flag.Bool("lostfirst", false, "call Lock.Lost first on every grant (exposes the double-close panic)")
+	flagWorkers   = flag.Int("workers", 0, "seeds run at once (0: 4 per GOMAXPROCS)")
 )
 
 // scenarioOf is the scenario seed s runs.
@@ -44,6 +47,11 @@ func replayCmd(r *Result) string {
 }
 
 func TestSim(t *testing.T) {
+	if os.Getenv("GOGC") == "" {
+		// A run allocates a few MB and keeps little: GC at 4x the live
+		// heap instead of 2x cut a tenth of the CPU.
+		defer debug.SetGCPercent(debug.SetGCPercent(400))
+	}
 	if *flagSeed >= 0 && *flagReplays > 1 {
 		replays(t, uint64(*flagSeed), *flagReplays)
 		return
@@ -74,9 +82,13 @@ func TestSim(t *testing.T) {
 	lastProgress := began
 	var progressMu sync.Mutex
 	// Seeds run on GOMAXPROCS workers, each seed in its own bubble.
-	var workers sync.WaitGroup
-	for range max(1, runtime.GOMAXPROCS(0)) {
-		workers.Go(func() {
+	var pool sync.WaitGroup
+	workers := *flagWorkers
+	if workers <= 0 {
+		workers = 4 * runtime.GOMAXPROCS(0)
+	}
+	for range workers {
+		pool.Go(func() {
 			for !stopped.Load() {
 				i := next.Add(1) - 1
 				if i >= uint64(n) {
@@ -113,7 +125,7 @@ func TestSim(t *testing.T) {
 			}
 		})
 	}
-	workers.Wait()
+	pool.Wait()
 	n = int(done.Load())
 	el := time.Since(began)
 	t.Logf("%d seeds in %v (%.0f/s), %d hazards", n, el.Round(time.Millisecond), float64(n)/el.Seconds(), hazards.Load())
@@ -185,12 +197,24 @@ var (
 	verdictsBy  = map[string]int{}
 	faultSeeds  = map[string]int{}
 	hazardsKind = map[string]int{}
+	workBy      = map[string]time.Duration{}
+	grantsBy    = map[string]int{}
+	faultsBy    = map[string]int{}
+	lateBy      = map[string]int{} // faults scheduled after the workload ended
 )
 
 func tally(res *Result) {
 	tallyMu.Lock()
 	defer tallyMu.Unlock()
 	seedsBy[res.Scenario]++
+	workBy[res.Scenario] += res.WorkEnd
+	grantsBy[res.Scenario] += res.Grants
+	for _, f := range res.Schedule {
+		faultsBy[res.Scenario]++
+		if f.At >= res.WorkEnd {
+			lateBy[res.Scenario]++
+		}
+	}
 	verdictsBy[res.Scenario+" "+res.Verdict]++
 	seen := map[string]bool{}
 	for _, f := range res.Schedule {
@@ -220,7 +244,8 @@ func tallyReport() string {
 	var b strings.Builder
 	b.WriteString("per scenario (seeds, verdicts):\n")
 	for _, k := range slices.Sorted(maps.Keys(seedsBy)) {
-		fmt.Fprintf(&b, "  %-18s %6d  pass=%d hazard=%d fail=%d\n", k, seedsBy[k], verdictsBy[k+" "+Pass], verdictsBy[k+" "+Hazard], verdictsBy[k+" "+Fail])
+		fmt.Fprintf(&b, "  %-18s %6d  pass=%d hazard=%d fail=%d  (per seed: %.1f grants, workload %v virtual; %d of %d faults after it ended)\n", k, seedsBy[k], verdictsBy[k+" "+Pass], verdictsBy[k+" "+Hazard], verdictsBy[k+" "+Fail],
+			float64(grantsBy[k])/float64(seedsBy[k]), (workBy[k] / time.Duration(seedsBy[k])).Round(time.Millisecond), lateBy[k], faultsBy[k])
 	}
 	b.WriteString("seeds per fault kind:\n")
 	for _, k := range slices.Sorted(maps.Keys(faultSeeds)) {

@@ -24,6 +24,7 @@ type World struct {
 	nodes  []*Node
 	faults []Fault
 	hist   *history
+	net    *sched // delivers messages, runs the nodes' commands
 
 	mu       sync.Mutex
 	msgs     int // messages sent (both directions)
@@ -100,8 +101,8 @@ func (w *World) noteMessage(_ *conn, _ bool, lost bool) {
 	w.mu.Unlock()
 }
 
-// after runs f after d of virtual time.
-func (w *World) after(d time.Duration, f func()) { time.AfterFunc(d, f) }
+// after runs f after d of virtual time, on the network's goroutine.
+func (w *World) after(d time.Duration, f func()) { w.net.at(time.Now().Add(d), f) }
 
 // redisClient returns a go-redis client of workload client ci to node n,
 // unmodified but for its Dialer, which opens a simulated connection.
@@ -114,6 +115,18 @@ func (w *World) redisClient(ci int, n *Node, ctxTimeouts bool) *redis.Client {
 		ContextTimeoutEnabled: ctxTimeouts,
 		DisableIdentity:       true,
 		PoolSize:              10,
+		// RESP2 (HELLO 2): with RESP3, go-redis peeks for push
+		// notifications before every reply (6 % of a run's CPU); the
+		// library's commands get the same replies either way (see the
+		// package doc's gaps). Small buffers: go-redis's 32 KiB per
+		// connection and direction (128 KiB for its pipeline pool) were
+		// half of a run's allocations; the library's messages are a few
+		// hundred bytes and bufio handles longer ones in pieces.
+		Protocol:                2,
+		ReadBufferSize:          1024,
+		WriteBufferSize:         1024,
+		PipelineReadBufferSize:  1024,
+		PipelineWriteBufferSize: 1024,
 		// Auto mode resolves Addr in DNS to guess the endpoint type: a
 		// lookup leaves the bubble (and the machine). The notifications
 		// are a Redis Enterprise feature the library does not use.
