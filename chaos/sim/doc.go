@@ -145,13 +145,20 @@
 //
 // # Findings
 //
-// Two library defects on main, each with a regression test in
-// findings_test.go that is skipped unless -findings is given (it fails):
-// an undecided Extend with a TTL shorter than the validity left keeps the
-// lock's old Until while the nodes that applied it expire the key early
-// (a double grant; TestFindingShortExtend), and Lock.Lost first called
-// after the lock's deadline closes its channel twice and panics
-// (TestFindingLostAfterDeadline). The default workload steps around both
-// (extensions never shorten; Valid is called before Lost); the
-// ShortExtends scenario field and the -lostfirst flag bring them back.
+// Defects the simulator found, each with a regression test in
+// findings_test.go. Fixed in 69a7671 (their tests run by default): an
+// undecided Extend with a TTL shorter than the validity left kept the
+// lock's old Until (TestFindingShortExtend), and Lock.Lost first called
+// after the deadline closed its channel twice (TestFindingLostAfterDeadline).
+//
+// Open on main (the test is skipped unless -findings is given; it fails):
+// an Extend that succeeds after an undecided Extend to a shorter TTL sets
+// Until from its own TTL and drops the cap the undecided one set
+// (Lock.applyExtension; keeper renewals honour the cap in applyRenewal),
+// while the undecided request may still land last on the nodes and expire
+// the key at its shorter TTL: a double grant with no fault at all
+// (TestFindingExtendAfterUndecided, found as seed 2586 of quorum3-extend).
+// The default workload steps around it (after an undecided Extend it does
+// not extend that lock again); -afterundecided brings it back.
+//
 package sim

@@ -114,3 +114,56 @@ func TestFindingLostAfterDeadline(t *testing.T) {
 		}
 	})
 }
+
+// TestFindingExtendAfterUndecided: an Extend that ends undecided (its ctx
+// ended before a quorum answered) caps the lock's Until at its start plus
+// its TTL, but a later Extend that succeeds sets Until from its own TTL
+// and drops the cap (Lock.applyExtension; keeper renewals honour it in
+// applyRenewal). The undecided request may still land after the later
+// one: the nodes that apply it last expire the key at its shorter TTL,
+// and a second client is granted the key while the first lock is still
+// Valid. Found by seed 2586 of quorum3-extend (with the maxTTL bound of
+// Extend reverted, the 150 ms extension went through after an undecided
+// 68 ms one); here the order is forced with the nodes' gates, within the
+// delayed-restart max TTL and with no fault at all.
+func TestFindingExtendAfterUndecided(t *testing.T) {
+	findingsOnly(t, "a successful Extend after an undecided shorter one drops the cap on Until (double grant)")
+	synctest.Test(t, func(t *testing.T) {
+		w, done := testWorld(t, 3)
+		defer done()
+		r := rand.New(rand.NewPCG(3, 1))
+		a, b := w.locker(0, r), w.locker(1, r)
+		ctx := context.Background()
+		lk, err := a.TryLock(ctx, "k", redlease.WithTTL(100*time.Millisecond))
+		if err != nil {
+			t.Fatalf("first TryLock: %v", err)
+		}
+		short := func(args []string) bool { // the 40 ms extension
+			return len(args) > 1 && scriptName(args[1]) == "extend" && args[len(args)-1] == "40"
+		}
+		for _, n := range w.nodes {
+			n.setGate(short)
+		}
+		ectx, cancel := context.WithTimeout(ctx, 5*time.Millisecond)
+		err = lk.Extend(ectx, 40*time.Millisecond) // held on every node: undecided
+		cancel()
+		t.Logf("Extend(40ms): %v; Until in %v", err, time.Until(lk.Until()))
+		if err = lk.Extend(ctx, 100*time.Millisecond); err != nil {
+			t.Fatalf("Extend(100ms): %v", err)
+		}
+		t.Logf("Extend(100ms): ok; Until in %v", time.Until(lk.Until()))
+		for _, n := range w.nodes {
+			n.openGate() // the 40 ms extension lands last: the key now expires in 40 ms
+		}
+		time.Sleep(45 * time.Millisecond)
+		lk2, err := b.TryLock(ctx, "k", redlease.WithTTL(50*time.Millisecond))
+		if err == nil && lk.Valid() {
+			t.Errorf("double grant: second holder (fence %d) granted while the first (fence %d) is Valid for %v more",
+				lk2.Fence(), lk.Fence(), time.Until(lk.Until()))
+		}
+		_ = lk.Release(ctx)
+		if lk2 != nil {
+			_ = lk2.Release(ctx)
+		}
+	})
+}

@@ -41,6 +41,11 @@ type Node struct {
 	scripts  map[string]string // script cache: SHA → source (lost on restart)
 	lua      *lua.LState       // the node's Lua state (see lua.go)
 	lcall    luaCallBufs       // redis.call's peer and buffers (see lua.go)
+	// gate, when set (hand-written tests), holds back the requests it
+	// returns true for until openGate, as redistest.Gate does with
+	// redis-server: the test decides the order in which they land.
+	gate func(args []string) bool
+	held []queued
 }
 
 type queued struct {
@@ -130,11 +135,36 @@ func (n *Node) receive(c *conn, args []string) {
 	if _, ok := n.conns[c]; !ok {
 		return // cut, or the node restarted since
 	}
+	if n.gate != nil && n.gate(args) {
+		n.held = append(n.held, queued{c, args})
+		return
+	}
 	if n.paused {
 		n.queue = append(n.queue, queued{c, args})
 		return
 	}
 	n.execLocked(c, args)
+}
+
+// setGate makes the node hold back the requests gate returns true for.
+func (n *Node) setGate(gate func(args []string) bool) {
+	n.mu.Lock()
+	n.gate = gate
+	n.mu.Unlock()
+}
+
+// openGate applies the requests held back, in arrival order, even those
+// whose connection the client has closed since (Redis runs what it read
+// before it sees the connection close), and removes the gate.
+func (n *Node) openGate() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.gate = nil
+	held := n.held
+	n.held = nil
+	for _, r := range held {
+		n.execLocked(r.c, r.args)
+	}
 }
 
 func (n *Node) execLocked(c *conn, args []string) {

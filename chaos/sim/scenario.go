@@ -1,6 +1,9 @@
 package sim
 
-import "time"
+import (
+	"cmp"
+	"time"
+)
 
 // Strategy names of a Scenario.
 const (
@@ -34,6 +37,14 @@ type Scenario struct {
 	// near the workload's mean virtual length: a fault drawn after the
 	// workload ended tests nothing.
 	Horizon time.Duration
+	// HoldSteps bounds the steps of a hold (sleep, write, maybe extend):
+	// 0 to HoldSteps-1 of them (0: 4).
+	HoldSteps int
+	// PastMax: with the delayed-restart rule, one extension in PastMax
+	// asks for 1.5 times the rule's max TTL, which must be refused (0: 4).
+	PastMax int
+	// Kinds restricts the fault kinds drawn (nil: all).
+	Kinds []string
 	// ShortExtends lets the workload extend a lock with a TTL shorter than
 	// the validity it has left (see the package doc, "Findings"). Off, an
 	// extension never shortens.
@@ -46,6 +57,13 @@ var Scenarios = []Scenario{
 	{Name: "quorum5-restart", Strategy: Quorum, Nodes: 5, Clients: 4, Keys: 2, Ops: 4, TTL: [2]time.Duration{60 * time.Millisecond, 300 * time.Millisecond}, Fencing: true, DelayedRestart: 400 * time.Millisecond, Faults: true, Horizon: 600 * time.Millisecond},
 	{Name: "quorum3-plain", Strategy: Quorum, Nodes: 3, Clients: 3, Keys: 1, Ops: 4, TTL: [2]time.Duration{60 * time.Millisecond, 300 * time.Millisecond}, Faults: true, Horizon: 550 * time.Millisecond},
 	{Name: "quorum3-restart", Strategy: Quorum, Nodes: 3, Clients: 3, Keys: 1, Ops: 4, TTL: [2]time.Duration{60 * time.Millisecond, 200 * time.Millisecond}, DelayedRestart: 200 * time.Millisecond, Faults: true, Horizon: 450 * time.Millisecond},
+	// quorum3-extend is built to catch an Extend past the rule's max TTL
+	// (the bound of 8a56ae8): long holds, half the extensions asking for
+	// 1.5x the max TTL, restarts, and request loss so that grants land
+	// on bare majorities; a node restarted empty votes again max TTL
+	// later, while a lock extended past it may still be believed held.
+	{Name: "quorum3-extend", Strategy: Quorum, Nodes: 3, Clients: 3, Keys: 1, Ops: 6, TTL: [2]time.Duration{40 * time.Millisecond, 100 * time.Millisecond}, DelayedRestart: 100 * time.Millisecond, HoldSteps: 7, PastMax: 2,
+		Kinds: []string{FaultRestart, FaultPartition, FaultLoss, FaultPause}, Faults: true, Horizon: 600 * time.Millisecond},
 	{Name: "single", Strategy: Single, Nodes: 1, Clients: 3, Keys: 2, Ops: 4, TTL: [2]time.Duration{60 * time.Millisecond, 300 * time.Millisecond}, Fencing: true, Faults: true, Horizon: 1100 * time.Millisecond},
 }
 
@@ -60,6 +78,9 @@ func ScenarioByName(name string) (Scenario, bool) {
 }
 
 func (sc *Scenario) restartable() bool { return true }
+
+func (sc *Scenario) holdSteps() int { return cmp.Or(sc.HoldSteps, 4) }
+func (sc *Scenario) pastMax() int   { return cmp.Or(sc.PastMax, 4) }
 
 // storeNode is the node the idempotency store lives on.
 func (sc *Scenario) storeNode() int { return 0 }

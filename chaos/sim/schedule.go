@@ -87,7 +87,14 @@ func makeSchedule(seed uint64, sc *Scenario, horizon time.Duration) []Fault {
 	count := 1 + r.IntN(5)
 	for range count {
 		f := Fault{At: time.Duration(r.Int64N(int64(horizon * 3 / 4))), Node: r.IntN(n), Client: -1}
-		switch k := r.IntN(100); {
+		k := r.IntN(100)
+		for try := 0; len(sc.Kinds) > 0 && !slices.Contains(sc.Kinds, kindOf(k)) && try < 64; try++ {
+			k = r.IntN(100)
+		}
+		if len(sc.Kinds) > 0 && !slices.Contains(sc.Kinds, kindOf(k)) {
+			continue
+		}
+		switch {
 		case k < 18:
 			f.Kind, f.For, f.Amount = FaultDelay, ms(r, 20, 300), ms(r, 5, 150)
 		case k < 34:
@@ -128,6 +135,28 @@ func makeSchedule(seed uint64, sc *Scenario, horizon time.Duration) []Fault {
 	}
 	slices.SortStableFunc(fs, func(a, b Fault) int { return int(a.At - b.At) })
 	return fs
+}
+
+// kindOf is the fault kind makeSchedule's draw k (0–99) stands for.
+func kindOf(k int) string {
+	switch {
+	case k < 18:
+		return FaultDelay
+	case k < 34:
+		return FaultLoss
+	case k < 46:
+		return FaultPartition
+	case k < 58:
+		return FaultCut
+	case k < 76:
+		return FaultPause
+	case k < 90:
+		return FaultRestart
+	case k < 96:
+		return FaultClockJump
+	default:
+		return FaultClockSkew
+	}
 }
 
 // ms draws a duration in [lo, hi] milliseconds, with microsecond grain.

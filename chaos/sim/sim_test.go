@@ -27,6 +27,7 @@ var (
 	flagProgress  = flag.Bool("progress", false, "log a progress line every 10 s")
 	flagStop      = flag.Bool("stopfail", false, "stop at the first failing seed (power tests)")
 	flagLostFirst = flag.Bool("lostfirst", false, "call Lock.Lost first on every grant (exposes the double-close panic)")
+	flagAfterUnd  = flag.Bool("afterundecided", false, "extend a lock again after an undecided Extend (exposes the dropped cap on Until)")
 	flagWorkers   = flag.Int("workers", 0, "seeds run at once (0: 4 per GOMAXPROCS)")
 )
 
@@ -59,7 +60,9 @@ func TestSim(t *testing.T) {
 	if *flagSeed >= 0 {
 		s := uint64(*flagSeed)
 		var res *Result
-		synctest.Test(t, func(t *testing.T) { res = Run(scenarioOf(s), s, Options{Log: true, LostFirst: *flagLostFirst}) })
+		synctest.Test(t, func(t *testing.T) {
+			res = Run(scenarioOf(s), s, Options{Log: true, LostFirst: *flagLostFirst, AfterUndecided: *flagAfterUnd})
+		})
 		t.Logf("scenario %s seed %d: %s", res.Scenario, res.Seed, res.Verdict)
 		t.Log("schedule:\n" + joinFaults(res.Schedule))
 		t.Log("history:\n" + strings.Join(res.Log, "\n"))
@@ -96,7 +99,9 @@ func TestSim(t *testing.T) {
 				}
 				s := *flagFirst + i
 				var res *Result
-				synctest.Test(t, func(t *testing.T) { res = Run(scenarioOf(s), s, Options{LostFirst: *flagLostFirst}) })
+				synctest.Test(t, func(t *testing.T) {
+					res = Run(scenarioOf(s), s, Options{LostFirst: *flagLostFirst, AfterUndecided: *flagAfterUnd})
+				})
 				onlyInvariants(res)
 				switch res.Verdict {
 				case Fail:
@@ -175,7 +180,9 @@ func replays(t *testing.T, s uint64, n int) {
 	histories := map[[32]byte]int{}
 	for range n {
 		var res *Result
-		synctest.Test(t, func(t *testing.T) { res = Run(scenarioOf(s), s, Options{Log: true, LostFirst: *flagLostFirst}) })
+		synctest.Test(t, func(t *testing.T) {
+			res = Run(scenarioOf(s), s, Options{Log: true, LostFirst: *flagLostFirst, AfterUndecided: *flagAfterUnd})
+		})
 		onlyInvariants(res)
 		verdicts[res.Verdict]++
 		h := sha256.New()

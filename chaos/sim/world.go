@@ -114,7 +114,13 @@ func (w *World) redisClient(ci int, n *Node, ctxTimeouts bool) *redis.Client {
 		},
 		ContextTimeoutEnabled: ctxTimeouts,
 		DisableIdentity:       true,
-		PoolSize:              10,
+		// Never exhausted: go-redis waits for a pool turn on a timer from
+		// a process-wide sync.Pool, and a timer made in one seed's bubble
+		// and reused in another's is a fatal error ("select on synctest
+		// channel from outside bubble"; seen with 10 connections while
+		// dials to a restarting node retried). The library's quorum
+		// workers (8 per node) and dials stay far below 64.
+		PoolSize: 64,
 		// RESP2 (HELLO 2): with RESP3, go-redis peeks for push
 		// notifications before every reply (6 % of a run's CPU); the
 		// library's commands get the same replies either way (see the
