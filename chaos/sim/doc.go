@@ -160,5 +160,4 @@
 // (TestFindingExtendAfterUndecided, found as seed 2586 of quorum3-extend).
 // The default workload steps around it (after an undecided Extend it does
 // not extend that lock again); -afterundecided brings it back.
-//
 package sim
