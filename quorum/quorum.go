@@ -122,9 +122,11 @@ func (s *Strategy) Quorum() int { return s.quorum }
 func (s *Strategy) Name() string { return "quorum" }
 
 // Close stops the strategy's per-node workers after their current request
-// (each bounded by the node timeout, or by the client's ReadTimeout where
-// the client lacks ContextTimeoutEnabled) and releases the connections they
-// held. Calls after Close fail. It does not close the node clients.
+// and returns within two node timeouts: a worker whose request is held by a
+// hung node through a client without ContextTimeoutEnabled (go-redis then
+// waits for its ReadTimeout and retries) is left to end when that request
+// returns, at the client's own timeouts or when the client is closed.
+// Calls after Close fail. It does not close the node clients.
 func (s *Strategy) Close() error {
 	s.fan.Close()
 	return nil

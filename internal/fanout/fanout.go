@@ -123,13 +123,30 @@ func New(clients []redis.UniversalClient, workersPerNode int, timeout time.Durat
 	return ns
 }
 
-// Close stops every worker after its current request and waits for them.
-// Rounds started afterwards fail on every node with ErrClosed.
+// Close stops every worker after its current request and waits for them,
+// at most two node timeouts. Rounds started afterwards fail on every node
+// with ErrClosed.
 func (ns *Nodes) Close() {
 	if ns.closed.CompareAndSwap(false, true) {
 		close(ns.stop)
 	}
-	ns.workers.Wait()
+	// Workers stop between requests. One blocked in a call to a hung node
+	// through a client that ignores contexts (go-redis without
+	// ContextTimeoutEnabled: its read timeout, then retries) would hold
+	// Close for seconds: wait at most two node timeouts, then leave such
+	// workers to end when their call returns (the client's own timeouts,
+	// or its Close).
+	done := make(chan struct{})
+	go func() {
+		ns.workers.Wait()
+		close(done)
+	}()
+	t := time.NewTimer(2 * ns.timeout)
+	select {
+	case <-done:
+	case <-t.C:
+	}
+	t.Stop()
 	ns.mu.Lock()
 	if ns.bucketStop != nil {
 		ns.bucketStop()

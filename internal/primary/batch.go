@@ -291,14 +291,16 @@ func (p *Primary) extendShards(ctx context.Context, items []redlease.Extension, 
 }
 
 // shardDeadline is when ExtendBatch stops waiting for a Cluster master:
-// after half the time ctx leaves, and at most half the shortest validity
-// among the items. A healthy master answers within a round trip; waiting
-// longer for one that does not only holds back the replies of the others,
-// and a reply that reaches a lock after its loss margin has begun comes too
-// late for it (the renew watchdog gives a batch until the first of its
-// locks' Until, and a lock is lost a tenth of its TTL, by default, before
-// that). The other half is left to the caller, to apply the results and to
-// try the silent master's keys again.
+// after nine tenths of the time ctx leaves, and at most nine tenths of the
+// shortest validity among the items. A master that does not answer by then
+// costs only its own keys: the others' pipelines run at the same time, each
+// under this deadline. The last tenth is left to the caller to apply the
+// results (the renew watchdog gives a call until the first of its locks'
+// deadlines, past which an answer is useless). An earlier version waited
+// half of that time, so that the caller could try a silent master's keys
+// again; under load a healthy master's pipeline of thousands of per-slot
+// calls did not fit in half, and every retry had less time than the one
+// before (renew's mixed-strategy test lost every healthy Cluster lock).
 func (p *Primary) shardDeadline(ctx context.Context, items []redlease.Extension, valid []int) time.Time {
 	now := time.Now()
 	wait := time.Duration(math.MaxInt64)
@@ -309,7 +311,7 @@ func (p *Primary) shardDeadline(ctx context.Context, items []redlease.Extension,
 	if d, ok := ctx.Deadline(); ok {
 		wait = min(wait, d.Sub(now))
 	}
-	return now.Add(wait / 2)
+	return now.Add(wait - wait/10)
 }
 
 // errShardSilent is the cause recorded for a Cluster master that did not

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -40,6 +41,10 @@ type Primary struct {
 	cfg     Config
 	cluster *redis.ClusterClient // client, if it is a Cluster client: ExtendBatch groups keys by master
 	err     error                // a rejected argument, returned by every call
+	// bound: the client does not apply ctx deadlines to its socket I/O
+	// (go-redis without ContextTimeoutEnabled waits for its ReadTimeout and
+	// retries), so calls are bounded by ctx here (see call).
+	bound bool
 }
 
 // New returns a Primary on client. err, if not nil, is a construction
@@ -56,7 +61,79 @@ func New(client redis.UniversalClient, cfg Config, err error) *Primary {
 	}
 	p.addr = nodes.Addr(client)
 	p.cluster, _ = client.(*redis.ClusterClient)
+	p.bound = !honorsContext(client)
 	return p
+}
+
+// honorsContext reports whether go-redis applies a context's deadline to
+// the client's socket reads and writes (ContextTimeoutEnabled); for a
+// client it cannot tell, it assumes not.
+func honorsContext(c redis.UniversalClient) bool {
+	switch c := c.(type) {
+	case *redis.Client:
+		return c.Options().ContextTimeoutEnabled
+	case *redis.ClusterClient:
+		return c.Options().ContextTimeoutEnabled
+	}
+	return false
+}
+
+// errAbandoned is the cause recorded for a call that ctx ended before the
+// client returned: the call goes on in the background, and may still be
+// applied.
+type errAbandoned struct{ cause error }
+
+func (e errAbandoned) Error() string {
+	return "no reply before the context ended (" + e.cause.Error() + "); the call may still be applied"
+}
+
+func (e errAbandoned) Unwrap() error { return e.cause }
+
+type result struct {
+	v   int64
+	err error
+}
+
+// call runs f, and returns when it does or, for a client that ignores
+// contexts, when ctx is done, whichever comes first: with go-redis's
+// defaults a paused node would otherwise hold the caller for the read
+// timeout and its retries, whatever ctx says. An abandoned call finishes
+// in the background (bounded by the client's own timeouts, or its Close)
+// and then late, if not nil, runs with its outcome: the undo of an
+// acquisition reported as failed, which compares the attempt's own token.
+func (p *Primary) call(ctx context.Context, f func(context.Context) (int64, error), late func(int64, error)) (int64, error) {
+	if !p.bound || ctx.Done() == nil {
+		return f(ctx)
+	}
+	var mu sync.Mutex
+	abandoned := false
+	done := make(chan result, 1)
+	go func() {
+		v, err := f(ctx)
+		mu.Lock()
+		ab := abandoned
+		if !ab {
+			done <- result{v, err} // buffered: never blocks
+		}
+		mu.Unlock()
+		if ab && late != nil {
+			late(v, err)
+		}
+	}()
+	select {
+	case r := <-done:
+		return r.v, r.err
+	case <-ctx.Done():
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	select {
+	case r := <-done: // it returned meanwhile: not abandoned
+		return r.v, r.err
+	default:
+	}
+	abandoned = true
+	return 0, errAbandoned{cause: context.Cause(ctx)}
 }
 
 // Acquire takes key in one round trip (plus WAIT in the same pipeline when
@@ -82,8 +159,16 @@ func (p *Primary) Acquire(ctx context.Context, key, token string, ttl time.Durat
 		fenceTTL = p.cfg.FenceTTL.Milliseconds()
 	}
 	start := p.cfg.Clock.Now()
-	v, err := p.run(ctx, script.Acquire, script.Acquire.Args(k, fenceKey, k, token, ttl.Milliseconds(), mode,
-		any(script.RuleOff), any(script.NotDurable), fenceTTL))
+	line := script.Acquire.Args(k, fenceKey, k, token, ttl.Milliseconds(), mode,
+		any(script.RuleOff), any(script.NotDurable), fenceTTL)
+	v, err := p.call(ctx, func(ctx context.Context) (int64, error) { return p.run(ctx, script.Acquire, line) },
+		func(v int64, err error) {
+			// Abandoned: reported as not obtained, so whatever it wrote
+			// goes, by this attempt's token only.
+			if (err == nil && v != script.Taken) || (err != nil && !notSent(err)) {
+				_ = p.Release(context.Background(), key, token)
+			}
+		})
 	// Every undo below compares this attempt's token (the Locker gives each
 	// attempt its own), so however late it lands it removes only what this
 	// attempt wrote, never a key a later attempt holds.
@@ -92,7 +177,8 @@ func (p *Primary) Acquire(ctx context.Context, key, token string, ttl time.Durat
 		_ = p.Release(context.WithoutCancel(ctx), key, token)
 		return redlease.Grant{}, fmt.Errorf("%w: %w", redlease.ErrNotObtained, err)
 	case err != nil:
-		if !notSent(err) {
+		var ab errAbandoned
+		if !notSent(err) && !errors.As(err, &ab) { // an abandoned call undoes itself when it returns
 			// The script may have run and its reply been lost (a timeout,
 			// a cut connection), or failed after its SET: without this the
 			// key would block every other attempt until its TTL.
@@ -127,7 +213,8 @@ func (p *Primary) Extend(ctx context.Context, key, token string, ttl time.Durati
 		return redlease.Grant{}, err
 	}
 	start := p.cfg.Clock.Now()
-	v, err := p.run(ctx, script.Extend, script.Extend.Args(key, token, ttl.Milliseconds()))
+	line := script.Extend.Args(key, token, ttl.Milliseconds())
+	v, err := p.call(ctx, func(ctx context.Context) (int64, error) { return p.run(ctx, script.Extend, line) }, nil)
 	switch {
 	case err == nil && v != 1, errors.Is(err, redlease.ErrNotReplicated) && v != 1:
 		return redlease.Grant{}, redlease.ErrNotHeld
@@ -153,7 +240,8 @@ func (p *Primary) Release(ctx context.Context, key, token string) error {
 	if key == "" {
 		return redlease.Invalid("empty key")
 	}
-	v, err := script.Release.Run(ctx, p.client, script.Release.Args(key, token))
+	line := script.Release.Args(key, token)
+	v, err := p.call(ctx, func(ctx context.Context) (int64, error) { return script.Release.Run(ctx, p.client, line) }, nil)
 	switch {
 	case err != nil:
 		return p.fail(ctx, redlease.ErrUnavailable, err)

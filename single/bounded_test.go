@@ -1,0 +1,65 @@
+package single_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/redlease/redlease"
+	"github.com/redlease/redlease/internal/redistest"
+	"github.com/redlease/redlease/single"
+)
+
+// With go-redis's default options (no ContextTimeoutEnabled: a read waits
+// for the 3 s ReadTimeout, then retries), a paused node must not hold a
+// call past its ctx: TryLock, Extend and Release with a 300 ms ctx return
+// within it (plus scheduling), the TryLock as not obtained and
+// unavailable. An acquisition that was abandoned but applied once the node
+// resumed is undone by its own token, so the key frees up.
+func TestCallsAreBoundedByTheirContextWithDefaultClientOptions(t *testing.T) {
+	srv := redistest.Start(t, redistest.Config{})
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	t.Cleanup(func() { _ = c.Close() })
+	t.Cleanup(srv.Resume)
+	l := redlease.New(single.New(c), redlease.WithTTL(10*time.Second))
+	ctx := t.Context()
+	held, err := l.TryLock(ctx, "bounded:held") // scripts loaded, a connection open
+	require.NoError(t, err)
+
+	srv.Pause()
+	const bound, slack = 300 * time.Millisecond, 400 * time.Millisecond
+	timed := func(what string, f func(context.Context) error) error {
+		cctx, cancel := context.WithTimeout(ctx, bound)
+		defer cancel()
+		start := time.Now()
+		err := f(cctx)
+		took := time.Since(start)
+		t.Logf("%s on a paused node: %v after %v", what, err, took.Round(time.Millisecond))
+		assert.Less(t, took, bound+slack, "%s must return near its ctx's deadline", what)
+		return err
+	}
+	err = timed("TryLock", func(c context.Context) error { _, err := l.TryLock(c, "bounded:new"); return err })
+	require.ErrorIs(t, err, redlease.ErrNotObtained)
+	require.ErrorIs(t, err, redlease.ErrUnavailable)
+	err = timed("Extend", func(c context.Context) error { return held.Extend(c, 10*time.Second) })
+	require.ErrorIs(t, err, redlease.ErrUnavailable)
+	err = timed("Release", func(c context.Context) error { return held.Release(c) })
+	require.Error(t, err)
+	srv.Resume()
+
+	// The abandoned acquisition reached the node when it resumed; its undo
+	// removes it, so the key can be taken.
+	var lk *redlease.Lock
+	for range 100 {
+		if lk, err = l.TryLock(ctx, "bounded:new"); err == nil {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	require.NoError(t, err, "the abandoned acquisition's key was never undone")
+	require.NoError(t, lk.Release(ctx))
+}
