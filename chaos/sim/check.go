@@ -27,6 +27,7 @@ const (
 	InvStale       = "stale-accepted"     // the fenced register accepted a stale fence
 	InvReleaseKept = "release-kept-valid" // Lost still open after a Release was sent
 	InvTwice       = "effect-twice"       // an idempotency key's handler effect happened twice
+	InvPastExpiry  = "held-past-expiry"   // a lock claimed validity while fewer than a quorum of its nodes held it
 	InvLeak        = "goroutine-leak"     // a goroutine outlived the run
 	InvStuck       = "stuck"              // the run did not end (a bound was hit)
 	InvPanic       = "panic"              // the library panicked
@@ -79,15 +80,18 @@ type regWrite struct {
 type history struct {
 	start time.Time
 
-	mu      sync.Mutex
-	holds   []*Hold
-	writes  []regWrite
-	effects map[string]int // idempotency key → handler effects
-	lines   []string       // the log printed on replay
-	fails   int            // failed lock attempts
-	reg     map[string]uint64
-	keep    bool // keep log lines
-	direct  []Violation
+	mu       sync.Mutex
+	holds    []*Hold
+	writes   []regWrite
+	effects  map[string][]effectRec // idempotency key → effects the fenced store accepted
+	effFence map[string]uint64
+	runErr   map[effectRun]error // what Do returned to each run's caller
+	excused  int                 // repeated effects after an unknown outcome
+	lines    []string            // the log printed on replay
+	fails    int                 // failed lock attempts
+	reg      map[string]uint64
+	keep     bool // keep log lines
+	direct   []Violation
 }
 
 // violation records a violation seen directly by the workload.
@@ -99,7 +103,7 @@ func (h *history) violation(v Violation) {
 }
 
 func newHistory(start time.Time, keep bool) *history {
-	return &history{start: start, effects: map[string]int{}, reg: map[string]uint64{}, keep: keep}
+	return &history{start: start, effects: map[string][]effectRec{}, effFence: map[string]uint64{}, runErr: map[effectRun]error{}, reg: map[string]uint64{}, keep: keep}
 }
 
 func (h *history) now() time.Duration { return time.Since(h.start) }
@@ -138,12 +142,6 @@ func (h *history) write(client, seq int, key string, fence uint64) bool {
 }
 
 func (h *history) nowLocked() time.Duration { return time.Since(h.start) }
-
-func (h *history) effect(key string) {
-	h.mu.Lock()
-	h.effects[key]++
-	h.mu.Unlock()
-}
 
 func (h *history) failed() {
 	h.mu.Lock()
@@ -190,16 +188,7 @@ func (h *history) check(fenced bool) []Violation {
 		}
 	}
 	vs = append(vs, h.staleLocked()...)
-	var ek []string
-	for k, n := range h.effects {
-		if n > 1 {
-			ek = append(ek, k)
-		}
-	}
-	slices.Sort(ek)
-	for _, k := range ek {
-		vs = append(vs, Violation{Inv: InvTwice, Detail: fmt.Sprintf("idempotency key %s: handler effect %d times", k, h.effects[k])})
-	}
+	vs = append(vs, h.twiceLocked()...)
 	return vs
 }
 
@@ -227,6 +216,15 @@ func (h *history) staleLocked() []Violation {
 
 func (hd *Hold) String() string {
 	return fmt.Sprintf("c%d#%d(%s fence=%d [%.3f,%.3f)ms until=%.3f)", hd.Client, hd.Seq, hd.Via, hd.Fence, msf(hd.From), msf(hd.To), msf(hd.Until))
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	ks := make([]string, 0, len(m))
+	for k := range m {
+		ks = append(ks, k)
+	}
+	slices.Sort(ks)
+	return ks
 }
 
 func msf(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

@@ -285,6 +285,19 @@ func (n *Node) set(key, val string) {
 	_ = n.m.Set(key, val)
 }
 
+// holds reports whether key's value is val on the node now (true while
+// the node is down: see checkHeld).
+func (n *Node) holds(key, val string) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.down {
+		return true
+	}
+	n.m.SetTime(n.clockLocked())
+	v, err := n.m.Get(key)
+	return err == nil && v == val
+}
+
 // get reads a string key directly ("" if absent).
 func (n *Node) get(key string) string {
 	n.mu.Lock()
@@ -298,27 +311,41 @@ func (n *Node) get(key string) string {
 // clock (zero: none), so that time spent down counts, as in Redis.
 type snapKey struct {
 	key, val string
+	hash     []string // a hash's fields and values (val unused)
 	exp      time.Time
 }
 
-// snapshotOf copies the string keys of m (locks, fence counters, boot
-// markers: everything the lock scripts write). Other types are skipped
-// and listed as a gap in the package doc.
+// snapshotOf copies the string and hash keys of m (locks, fence
+// counters, boot markers, idempotency records: everything the library's
+// scripts write). Other types are skipped and listed as a gap in the
+// package doc.
 func snapshotOf(m *miniredis.Miniredis, now time.Time) []snapKey {
 	var out []snapKey
 	for _, k := range m.Keys() {
-		if m.Type(k) != "string" {
+		var sk snapKey
+		switch m.Type(k) {
+		case "string":
+			v, err := m.Get(k)
+			if err != nil {
+				continue
+			}
+			sk = snapKey{key: k, val: v}
+		case "hash":
+			fs, err := m.HKeys(k)
+			if err != nil {
+				continue
+			}
+			sk = snapKey{key: k, hash: []string{}}
+			for _, f := range fs {
+				sk.hash = append(sk.hash, f, m.HGet(k, f))
+			}
+		default:
 			continue
 		}
-		v, err := m.Get(k)
-		if err != nil {
-			continue
-		}
-		var exp time.Time
 		if ttl := m.TTL(k); ttl > 0 {
-			exp = now.Add(ttl)
+			sk.exp = now.Add(ttl)
 		}
-		out = append(out, snapKey{k, v, exp})
+		out = append(out, sk)
 	}
 	return out
 }
@@ -328,7 +355,11 @@ func restore(m *miniredis.Miniredis, data []snapKey, now time.Time) {
 		if !k.exp.IsZero() && !k.exp.After(now) {
 			continue
 		}
-		_ = m.Set(k.key, k.val)
+		if k.hash != nil {
+			m.HSet(k.key, k.hash...)
+		} else {
+			_ = m.Set(k.key, k.val)
+		}
 		if !k.exp.IsZero() {
 			m.SetTTL(k.key, k.exp.Sub(now))
 		}

@@ -27,6 +27,8 @@ type Result struct {
 	Failures   int // lock attempts that failed (expected under faults)
 	Messages   int
 	Lost       int
+	Effects    int           // Barrier: effects the fenced store accepted
+	Excused    int           // Barrier: repeated effects after an unknown outcome
 	Elapsed    time.Duration // virtual time the run took
 	WorkEnd    time.Duration // virtual time the workload ended
 }
@@ -72,7 +74,7 @@ func Run(sc Scenario, seed uint64, opts Options) *Result {
 	start := time.Now()
 	w := &World{seed: seed, sc: sc, opts: opts, start: start, hist: newHistory(start, opts.Log), net: newSched()}
 	w.faults = makeSchedule(seed, &sc, sc.horizon())
-	for i := range max(sc.Nodes, 1) {
+	for i := range sc.allNodes() {
 		w.nodes = append(w.nodes, newNode(w, i, "node"+strconv.Itoa(i)))
 	}
 	if sc.Strategy == Quorum && sc.DelayedRestart > 0 {
@@ -90,6 +92,15 @@ func Run(sc Scenario, seed uint64, opts Options) *Result {
 	var clients sync.WaitGroup
 	for ci := range sc.Clients {
 		r := rand.New(rand.NewPCG(seed, uint64(ci)+1))
+		if sc.Barrier {
+			clients.Go(func() { w.barrierClient(ci, r) })
+			continue
+		}
+		if sc.Watchdog {
+			ls := w.doLockers(ci, r)
+			clients.Go(func() { w.doClient(ci, ls, r) })
+			continue
+		}
 		locker := w.locker(ci, r)
 		clients.Go(func() { w.lockClient(ci, locker, r) })
 	}
@@ -136,6 +147,8 @@ func Run(sc Scenario, seed uint64, opts Options) *Result {
 		Failures:   w.hist.fails,
 		Messages:   w.msgs,
 		Lost:       w.lost,
+		Excused:    w.hist.excused,
+		Effects:    w.hist.effectCount(),
 		Elapsed:    time.Since(start),
 		WorkEnd:    workEnd,
 	}
@@ -157,9 +170,21 @@ func (w *World) locker(ci int, r *rand.Rand) *redlease.Locker {
 		s := single.New(w.redisClient(ci, w.nodes[0], ctxTimeouts))
 		return redlease.New(s)
 	default:
+		return w.quorumLocker(ci, r, w.nodes, nil, ctxTimeouts)
+	}
+}
+
+// quorumLocker builds client ci's quorum strategy over nodes, and its
+// Locker with opt (nil: none).
+func (w *World) quorumLocker(ci int, r *rand.Rand, nodes []*Node, opt redlease.Option, ctxTimeouts ...bool) *redlease.Locker {
+	ct := r.IntN(2) == 0
+	if len(ctxTimeouts) > 0 {
+		ct = ctxTimeouts[0]
+	}
+	{
 		var cs []redis.UniversalClient
-		for _, n := range w.nodes {
-			cs = append(cs, w.redisClient(ci, n, ctxTimeouts))
+		for _, n := range nodes {
+			cs = append(cs, w.redisClient(ci, n, ct))
 		}
 		var opts []quorum.Option
 		if w.sc.Fencing {
@@ -175,6 +200,9 @@ func (w *World) locker(ci int, r *rand.Rand) *redlease.Locker {
 			panic(fmt.Sprintf("sim: quorum.New: %v", err)) // a bug in the scenario table
 		}
 		w.onClose(func() { _ = q.Close() })
+		if opt != nil {
+			return redlease.New(q, opt)
+		}
 		return redlease.New(q)
 	}
 }

@@ -64,6 +64,17 @@ var Scenarios = []Scenario{
 	// later, while a lock extended past it may still be believed held.
 	{Name: "quorum3-extend", Strategy: Quorum, Nodes: 3, Clients: 3, Keys: 1, Ops: 6, TTL: [2]time.Duration{40 * time.Millisecond, 100 * time.Millisecond}, DelayedRestart: 100 * time.Millisecond, HoldSteps: 7, PastMax: 2,
 		Kinds: []string{FaultRestart, FaultPartition, FaultLoss, FaultPause}, Faults: true, Horizon: 600 * time.Millisecond},
+	// watchdog-mixed: Locker.Do kept by one renew.Watchdog per client over
+	// two strategies (quorum over nodes 0-4 with fences, single on node
+	// 5), fn working one to three TTLs, under pauses, black holes, lossy
+	// and cut links, partitions and slow links.
+	{Name: "watchdog-mixed", Strategy: Quorum, Nodes: 5, Clients: 3, Keys: 2, Ops: 3, TTL: [2]time.Duration{60 * time.Millisecond, 200 * time.Millisecond}, Fencing: true, Watchdog: true,
+		Kinds: []string{FaultPause, FaultBlackhole, FaultLoss, FaultCut, FaultPartition, FaultDelay}, Faults: true, Horizon: 700 * time.Millisecond},
+	// barrier: idempotency.Barrier clients on one store (node 0) with
+	// client timeouts and retries, the store blinking (crash and durable
+	// restart), paused, slow, lossy and cut.
+	{Name: "barrier", Strategy: Single, Nodes: 1, Clients: 3, Keys: 3, Ops: 4, TTL: [2]time.Duration{30 * time.Millisecond, 150 * time.Millisecond}, Fencing: true, Barrier: true,
+		Kinds: []string{FaultPause, FaultDelay, FaultLoss, FaultCut}, Faults: true, Horizon: 600 * time.Millisecond},
 	{Name: "single", Strategy: Single, Nodes: 1, Clients: 3, Keys: 2, Ops: 4, TTL: [2]time.Duration{60 * time.Millisecond, 300 * time.Millisecond}, Fencing: true, Faults: true, Horizon: 1100 * time.Millisecond},
 }
 
@@ -78,6 +89,15 @@ func ScenarioByName(name string) (Scenario, bool) {
 }
 
 func (sc *Scenario) restartable() bool { return true }
+
+// allNodes is how many nodes a run has: with Watchdog, the single
+// strategy's node after the quorum's.
+func (sc *Scenario) allNodes() int {
+	if sc.Watchdog {
+		return sc.Nodes + 1
+	}
+	return max(sc.Nodes, 1)
+}
 
 func (sc *Scenario) holdSteps() int { return cmp.Or(sc.HoldSteps, 4) }
 func (sc *Scenario) pastMax() int   { return cmp.Or(sc.PastMax, 4) }

@@ -19,6 +19,7 @@ const (
 	FaultClockJump = "clock-jump" // a node's clock jumps forward
 	FaultClockSkew = "clock-skew" // a majority of nodes' clocks jump forward together
 	FaultBlink     = "blink"      // the idempotency store is unreachable for a moment
+	FaultBlackhole = "blackhole"  // every message to and from a node is lost (connections stay open)
 )
 
 // Fault is one entry of a seed's schedule. Outside marks faults that lie
@@ -82,7 +83,7 @@ func makeSchedule(seed uint64, sc *Scenario, horizon time.Duration) []Fault {
 	if !sc.Faults {
 		return nil
 	}
-	n := sc.Nodes
+	n := sc.allNodes()
 	var fs []Fault
 	count := 1 + r.IntN(5)
 	for range count {
@@ -129,6 +130,11 @@ func makeSchedule(seed uint64, sc *Scenario, horizon time.Duration) []Fault {
 			f.Outside, f.Why = true, "a majority's clocks jumped"
 		}
 		fs = append(fs, f)
+	}
+	if slices.Contains(sc.Kinds, FaultBlackhole) {
+		for range r.IntN(3) {
+			fs = append(fs, Fault{At: time.Duration(r.Int64N(int64(horizon * 3 / 4))), Kind: FaultBlackhole, Node: r.IntN(n), Client: -1, For: ms(r, 20, 400)})
+		}
 	}
 	if sc.Barrier && r.IntN(2) == 0 {
 		fs = append(fs, Fault{At: time.Duration(r.Int64N(int64(horizon / 2))), Kind: FaultBlink, Node: sc.storeNode(), Client: -1, For: ms(r, 5, 150)})

@@ -205,7 +205,8 @@ var (
 	faultSeeds  = map[string]int{}
 	hazardsKind = map[string]int{}
 	workBy      = map[string]time.Duration{}
-	grantsBy    = map[string]int{}
+	grantsBy    = map[string]int{} // grants, or effects for the Barrier
+	excusedBy   = map[string]int{}
 	faultsBy    = map[string]int{}
 	lateBy      = map[string]int{} // faults scheduled after the workload ended
 )
@@ -215,7 +216,8 @@ func tally(res *Result) {
 	defer tallyMu.Unlock()
 	seedsBy[res.Scenario]++
 	workBy[res.Scenario] += res.WorkEnd
-	grantsBy[res.Scenario] += res.Grants
+	grantsBy[res.Scenario] += res.Grants + res.Effects
+	excusedBy[res.Scenario] += res.Excused
 	for _, f := range res.Schedule {
 		faultsBy[res.Scenario]++
 		if f.At >= res.WorkEnd {
@@ -251,8 +253,8 @@ func tallyReport() string {
 	var b strings.Builder
 	b.WriteString("per scenario (seeds, verdicts):\n")
 	for _, k := range slices.Sorted(maps.Keys(seedsBy)) {
-		fmt.Fprintf(&b, "  %-18s %6d  pass=%d hazard=%d fail=%d  (per seed: %.1f grants, workload %v virtual; %d of %d faults after it ended)\n", k, seedsBy[k], verdictsBy[k+" "+Pass], verdictsBy[k+" "+Hazard], verdictsBy[k+" "+Fail],
-			float64(grantsBy[k])/float64(seedsBy[k]), (workBy[k] / time.Duration(seedsBy[k])).Round(time.Millisecond), lateBy[k], faultsBy[k])
+		fmt.Fprintf(&b, "  %-18s %6d  pass=%d hazard=%d fail=%d  (per seed: %.1f grants/effects, workload %v virtual; %d of %d faults after it ended%s)\n", k, seedsBy[k], verdictsBy[k+" "+Pass], verdictsBy[k+" "+Hazard], verdictsBy[k+" "+Fail],
+			float64(grantsBy[k])/float64(seedsBy[k]), (workBy[k] / time.Duration(seedsBy[k])).Round(time.Millisecond), lateBy[k], faultsBy[k], excusedNote(excusedBy[k]))
 	}
 	b.WriteString("seeds per fault kind:\n")
 	for _, k := range slices.Sorted(maps.Keys(faultSeeds)) {
@@ -263,4 +265,11 @@ func tallyReport() string {
 		fmt.Fprintf(&b, "  %-40s %6d\n", k, hazardsKind[k])
 	}
 	return b.String()
+}
+
+func excusedNote(n int) string {
+	if n == 0 {
+		return ""
+	}
+	return fmt.Sprintf("; %d repeated effects after an unknown outcome (ErrRunCancelled, ErrNotRecorded)", n)
 }

@@ -83,6 +83,10 @@ func (w *World) fate(c *conn, toNode bool, i uint64, now time.Time) (time.Durati
 			if f.Node == c.node.id && u(5) < f.Prob {
 				return 0, true
 			}
+		case FaultBlackhole:
+			if f.Node == c.node.id {
+				return 0, true
+			}
 		case FaultPartition:
 			if f.Client == c.client && slices.Contains(f.Nodes, c.node.id) {
 				return 0, true

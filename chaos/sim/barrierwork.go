@@ -1,0 +1,139 @@
+package sim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/redlease/redlease/idempotency"
+	"github.com/redlease/redlease/renew"
+)
+
+// barrierClient is one Barrier workload client: its own idempotency
+// Barrier on the store (node 0; the default single lock strategy there,
+// kept by the client's own renew.Watchdog), sending Ops requests, each on
+// one of a few shared keys, with a timeout of 20–150 ms and up to four
+// tries (ErrInProgress, a timeout, an unavailable store: try again after
+// a seeded pause). The handler works 5–100 ms, then, if its ctx is still
+// live, applies its effect to a fenced effect store (refused under a
+// fence below the key's highest) and returns.
+func (w *World) barrierClient(ci int, r *rand.Rand) {
+	wd, err := renew.New()
+	if err != nil {
+		panic(fmt.Sprintf("sim: renew.New: %v", err))
+	}
+	w.onClose(wd.Stop)
+	store := w.redisClient(ci, w.nodes[w.sc.storeNode()], r.IntN(2) == 0)
+	b, err := idempotency.New(store, idempotency.WithLease(w.drawTTL(r)), idempotency.WithRetention(30*time.Second), idempotency.WithKeeper(wd))
+	if err != nil {
+		panic(fmt.Sprintf("sim: idempotency.New: %v", err))
+	}
+	for seq := range w.sc.Ops {
+		key := fmt.Sprintf("p%d", r.IntN(w.sc.Keys))
+		req := idempotency.Request{Key: key, Fingerprint: "fp-" + key}
+		for try := range 4 {
+			run := effectRun{client: ci, seq: seq, try: try}
+			work := ms(r, 5, 100)
+			ctx, cancel := context.WithTimeout(context.Background(), ms(r, 20, 150))
+			out, err := b.Do(ctx, req, func(hctx context.Context, fence uint64) ([]byte, error) {
+				t := time.NewTimer(work)
+				select {
+				case <-hctx.Done():
+					t.Stop()
+					return nil, hctx.Err()
+				case <-t.C:
+				}
+				if hctx.Err() != nil {
+					return nil, hctx.Err()
+				}
+				w.hist.effect(key, fence, run)
+				return []byte(fmt.Sprintf("c%d#%d.%d", ci, seq, try)), nil
+			})
+			cancel()
+			w.hist.runEnded(run, err)
+			w.hist.logf("c%d#%d.%d barrier %s: replayed=%v fence=%d result=%q: %v", ci, seq, try, key, out.Replayed, out.Fence, out.Result, short(err))
+			if err == nil || errors.Is(err, idempotency.ErrMismatch) {
+				break
+			}
+			sleep(ms(r, 0, 40))
+		}
+		sleep(ms(r, 0, 20))
+	}
+}
+
+// effectRun names one try of a Barrier client's request.
+type effectRun struct{ client, seq, try int }
+
+func (e effectRun) String() string { return fmt.Sprintf("c%d#%d.%d", e.client, e.seq, e.try) }
+
+// effectRec is one effect the fenced effect store accepted.
+type effectRec struct {
+	run   effectRun
+	fence uint64
+	at    time.Duration
+}
+
+// effect offers a handler's effect to the fenced effect store of key: it
+// refuses a fence below the highest it accepted (a stale run), as the
+// storage a Barrier's fences protect would.
+func (h *history) effect(key string, fence uint64, run effectRun) {
+	h.mu.Lock()
+	ok := fence >= h.effFence[key]
+	if ok {
+		h.effFence[key] = fence
+		h.effects[key] = append(h.effects[key], effectRec{run, fence, h.nowLocked()})
+	}
+	h.mu.Unlock()
+	h.logf("%s effect %s fence=%d accepted=%v", run, key, fence, ok)
+}
+
+// runEnded records what Do returned to a run's caller.
+func (h *history) runEnded(run effectRun, err error) {
+	h.mu.Lock()
+	h.runErr[run] = err
+	h.mu.Unlock()
+}
+
+// unknownOutcome: Do told the caller its handler's outcome is unknown
+// (the documented limit of the Barrier: a cancelled run, or a result the
+// store never took), so a later run of the same key is allowed.
+func unknownOutcome(err error) bool {
+	return errors.Is(err, idempotency.ErrRunCancelled) || errors.Is(err, idempotency.ErrNotRecorded)
+}
+
+// twiceLocked finds keys whose effect the store accepted more than once,
+// where no earlier run of the key ended with an unknown outcome.
+func (h *history) twiceLocked() []Violation {
+	var vs []Violation
+	for _, k := range sortedKeys(h.effects) {
+		es := h.effects[k]
+		for i := 1; i < len(es); i++ {
+			excused := false
+			for _, p := range es[:i] {
+				if unknownOutcome(h.runErr[p.run]) {
+					excused = true
+				}
+			}
+			if excused {
+				h.excused++
+				continue
+			}
+			p := es[i-1]
+			vs = append(vs, Violation{Inv: InvTwice, At: es[i].at, Detail: fmt.Sprintf("idempotency key %s: effect of %s (fence %d) after that of %s (fence %d at %.3fms, Do returned %v)",
+				k, es[i].run, es[i].fence, p.run, p.fence, msf(p.at), short(h.runErr[p.run]))})
+		}
+	}
+	return vs
+}
+
+func (h *history) effectCount() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	n := 0
+	for _, es := range h.effects {
+		n += len(es)
+	}
+	return n
+}
