@@ -43,8 +43,13 @@ type conn struct {
 	key    uint64 // identity for the per-message randomness
 	name   string
 
-	mu        sync.Mutex
-	closed    bool
+	mu     sync.Mutex
+	closed bool
+	// closing: the client closed its end while requests were in flight;
+	// they still reach the node (TCP delivers data before the FIN, and
+	// Redis runs what it read before it sees the close), their replies
+	// are dropped, and the node forgets the connection after the last.
+	closing   bool
 	done      chan struct{} // closed on cut/close
 	wbuf      []byte        // bytes written, not yet a full command
 	reqs      []message     // requests in flight to the node
@@ -159,13 +164,16 @@ func (c *conn) deliverRequests() {
 		due = append(due, c.reqs[0])
 		c.reqs = c.reqs[1:]
 	}
-	closed := c.closed
+	closed, closing, last := c.closed, c.closing, len(c.reqs) == 0
 	c.mu.Unlock()
-	if closed {
+	if closed && !closing {
 		return
 	}
 	for _, m := range due {
 		c.node.receive(c, m.args)
+	}
+	if closing && last {
+		c.node.forget(c)
 	}
 }
 
@@ -214,9 +222,23 @@ func (c *conn) deliverReplies() {
 	}
 }
 
-// Close closes the connection from the client's side.
+// Close closes the connection from the client's side: replies in flight
+// are lost, requests in flight still reach the node.
 func (c *conn) Close() error {
-	c.cut()
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.closed = true
+	c.reps, c.rbuf = nil, nil
+	close(c.done)
+	pending := len(c.reqs) > 0
+	c.closing = pending
+	c.mu.Unlock()
+	if !pending {
+		c.node.forget(c)
+	}
 	return nil
 }
 
@@ -227,7 +249,7 @@ func (c *conn) cut() {
 		c.mu.Unlock()
 		return
 	}
-	c.closed = true
+	c.closed, c.closing = true, false
 	c.reqs, c.reps, c.rbuf = nil, nil, nil
 	close(c.done)
 	c.mu.Unlock()
