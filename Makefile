@@ -41,6 +41,7 @@ redis:
 test: redis
 	$(GO) vet ./...
 	$(GO) test -race -count=1 ./...
+	$(GO) test -count=1 ./chaos/sim/ -run 'TestSim$$' -seeds 10000
 
 demo:
 	$(GO) run ./examples/settlement

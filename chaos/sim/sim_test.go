@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"context"
 	"crypto/sha256"
 	"flag"
 	"fmt"
@@ -15,6 +16,8 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 var (
@@ -30,6 +33,17 @@ var (
 	flagAfterUnd  = flag.Bool("afterundecided", false, "extend a lock again after an undecided Extend (exposes the dropped cap on Until)")
 	flagWorkers   = flag.Int("workers", 0, "seeds run at once (0: 4 per GOMAXPROCS)")
 )
+
+// TestMain silences go-redis's own log (its dial retries while a node
+// restarts print a line each; thousands per big run).
+func TestMain(m *testing.M) {
+	redis.SetLogger(quiet{})
+	os.Exit(m.Run())
+}
+
+type quiet struct{}
+
+func (quiet) Printf(context.Context, string, ...any) {}
 
 // scenarioOf is the scenario seed s runs.
 func scenarioOf(s uint64) Scenario {
