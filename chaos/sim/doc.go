@@ -29,20 +29,40 @@
 //     (it queues everything, then serves the queue in order), a node
 //     crashed and restarted empty, from an earlier snapshot or with its
 //     data (restart), a node's clock jumping forward (clock-jump), a
-//     majority's clocks jumping (clock-skew), and 0.2 % of messages lost
-//     at random.
-//   - Scenarios (Scenarios, rotated by seed): quorum over 5 nodes with
-//     fences, quorum over 5 with fences and the delayed-restart rule,
-//     quorum over 3 without fences, quorum over 3 with the rule, and
-//     single. Not simulated yet: failover (replica and WAIT), Locker.Do
-//     with a renew.Watchdog, the idempotency Barrier (hooks for the
-//     replica exist in replica.go; the workloads do not).
-//   - Workload (lockClient): several clients per run, each with its own
-//     go-redis clients and strategy, doing Lock (with retries) or TryLock
-//     on a few contended keys, holding for a while, writing their fence
-//     to a fenced register while Valid, extending, and releasing — with a
-//     ctx too short for the reply a quarter of the time, and not at all
-//     one time in ten.
+//     majority's clocks jumping (clock-skew), every message to and from a
+//     node lost while its connections stay open (blackhole; Watchdog
+//     scenario), the idempotency store crashing and coming back with its
+//     data (blink; Barrier scenario), and 0.2 % of messages lost at
+//     random. Faults start in the first three quarters of the scenario's
+//     Horizon, set near its workload's mean virtual length (with one
+//     horizon of 1.5 s for all, half the faults fell after the workload
+//     had ended); Kinds restricts the kinds a scenario draws.
+//   - Scenarios (Scenarios, rotated by seed): quorum5-fenced,
+//     quorum5-restart (fences and the delayed-restart rule),
+//     quorum3-plain (no fences), quorum3-restart (the rule),
+//     quorum3-extend (the rule with long holds, half the extensions past
+//     its max TTL, restarts and loss: built for the bound of 8a56ae8),
+//     watchdog-mixed, barrier and single. Not simulated yet: failover
+//     (replica and WAIT; hooks in replica.go, no workload).
+//   - Workload lockClient (the quorum and single scenarios): several
+//     clients per run, each with its own go-redis clients and strategy,
+//     doing Lock (with retries) or TryLock on a few contended keys,
+//     holding for a while, writing their fence to a fenced register while
+//     Valid, extending, and releasing — with a ctx too short for the
+//     reply a quarter of the time, and not at all one time in ten.
+//   - Workload doClient (watchdog-mixed): each client has one
+//     renew.Watchdog keeping two Lockers, quorum over nodes 0–4 (fenced)
+//     and single on node 5, and runs Locker.Do on keys of either, its fn
+//     working one to three TTLs in steps (so the watchdog must renew),
+//     stopping when its ctx ends, checking the nodes and writing to the
+//     fenced register while the lock is Valid.
+//   - Workload barrierClient (barrier): each client has its own
+//     idempotency.Barrier on the store (node 0; the default single lock,
+//     kept by the client's own Watchdog, a lease of 30–150 ms) and sends
+//     requests on three shared keys with a 20–150 ms timeout and up to
+//     four tries; the handler works 5–100 ms and, if its ctx is still
+//     live, applies its effect to a fenced effect store (it refuses a
+//     fence below the key's highest) and returns.
 //
 // # Invariants (checked on every run)
 //
@@ -57,6 +77,15 @@
 //   - stale-accepted: the fenced register (in the simulator, never
 //     faulted; it accepts a write only above the last accepted fence)
 //     never accepts a write that overwrites one made under a later grant.
+//   - held-past-expiry (watchdog-mixed): whenever a lock kept by the
+//     watchdog says it is Valid, a quorum of its strategy's nodes hold its
+//     token, read straight from the nodes (a node that is down counts as
+//     holding it). A lock is never believed held past its real expiry.
+//   - effect-twice (barrier): the fenced effect store accepts a key's
+//     effect at most once (all within the records' 30 s retention), unless
+//     an earlier run of that key was told its outcome is unknown
+//     (ErrRunCancelled, ErrNotRecorded: the Barrier's documented limit;
+//     such repeats are counted in the report).
 //   - panic: the library never panics.
 //   - goroutine-leak: no goroutine outlives a run (synctest.Test fails the
 //     bubble otherwise); stuck: a run ends within 120 virtual seconds.
@@ -90,17 +119,28 @@
 //     as "ERR user_script: …" rather than Redis's exact text.
 //   - Expiry is exact and lazy (a key is gone the instant its TTL passes);
 //     Redis's active expiry cycle and replica-side expiry are not modelled.
-//   - Snapshots and durable restarts keep string keys only (locks, fence
-//     counters, boot markers); other types are lost on any restart.
+//   - Snapshots and durable restarts keep string and hash keys (locks,
+//     fence counters, boot markers, idempotency records); other types are
+//     lost on any restart.
 //   - A lost message models a black-holed link: the connection stays open
 //     and the client waits for its read deadline. Real TCP retransmits; it
 //     loses data only with the connection.
+//   - A connection the client closes still delivers the requests it had
+//     in flight (TCP sends data before the FIN, and Redis runs what it read
+//     before it sees the close); their replies are dropped. A cut or a
+//     crash loses what was in flight.
 //   - go-redis runs with DisableIdentity (no CLIENT SETINFO), maintenance
 //     notifications disabled (their auto mode resolves the address in
 //     DNS, which would leave the bubble), RESP2 (HELLO 2; with RESP3 it
 //     peeks for push notifications before every reply, 6 % of the CPU;
 //     the library's commands get the same replies) and 1 KiB connection
-//     buffers instead of 32 KiB (half of a run's allocations).
+//     buffers instead of 32 KiB (half of a run's allocations), and a pool
+//     of 64 connections per client and node, never exhausted: go-redis
+//     waits for a pool turn on a timer from a process-wide sync.Pool, and
+//     a timer made in one seed's bubble and reused in another's is a fatal
+//     error ("select on synctest channel from outside bubble"; it happened
+//     with 10 while dials to a restarting node retried). Its log is
+//     silenced in tests.
 //   - string.match in scripts: the library's four patterns run as
 //     precompiled Go regexps written to match what the Lua patterns
 //     match (TestMatchPatterns compares them with gopher-lua's on 3,000
@@ -151,13 +191,26 @@
 // lock's old Until (TestFindingShortExtend), and Lock.Lost first called
 // after the deadline closed its channel twice (TestFindingLostAfterDeadline).
 //
-// Open on main (the test is skipped unless -findings is given; it fails):
-// an Extend that succeeds after an undecided Extend to a shorter TTL sets
-// Until from its own TTL and drops the cap the undecided one set
-// (Lock.applyExtension; keeper renewals honour the cap in applyRenewal),
-// while the undecided request may still land last on the nodes and expire
-// the key at its shorter TTL: a double grant with no fault at all
-// (TestFindingExtendAfterUndecided, found as seed 2586 of quorum3-extend).
-// The default workload steps around it (after an undecided Extend it does
-// not extend that lock again); -afterundecided brings it back.
+// Open on main (their tests are skipped unless -findings is given; they
+// fail):
+//
+//   - An Extend that succeeds after an undecided Extend to a shorter TTL
+//     sets Until from its own TTL and drops the cap the undecided one set
+//     (Lock.applyExtension; keeper renewals honour the cap in
+//     applyRenewal), while the undecided request may still land last on
+//     the nodes and expire the key at its shorter TTL: a double grant with
+//     no fault at all (TestFindingExtendAfterUndecided; found as seed 2586
+//     of quorum3-extend). The default workload steps around it (after an
+//     undecided Extend it does not extend that lock again);
+//     -afterundecided brings it back.
+//   - idempotency: a handler that ran and succeeded, whose result reached
+//     the store only after its lock had run out there (a slow store, a
+//     go-redis client without ContextTimeoutEnabled that waits for the
+//     reply past the lock's Until) and another caller had taken the
+//     request over and run the handler again, gets ErrNotOwner — "its
+//     result was not stored", the Consumer does not ack it — not
+//     ErrNotRecorded ("its effect may have happened"): the effect happened
+//     twice and the first caller was not told it may have
+//     (TestFindingBarrierNotOwnerAfterEffect; found as seed 10542 of
+//     barrier, effect-twice, 10 of 10 replays). The checker counts it.
 package sim

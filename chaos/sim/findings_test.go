@@ -2,6 +2,7 @@ package sim
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"math/rand/v2"
 	"testing"
@@ -9,6 +10,8 @@ import (
 	"time"
 
 	"github.com/redlease/redlease"
+	"github.com/redlease/redlease/idempotency"
+	"github.com/redlease/redlease/renew"
 )
 
 var flagFindings = flag.Bool("findings", false, "run the regression tests of library defects that main still has (they fail)")
@@ -138,7 +141,7 @@ func TestFindingExtendAfterUndecided(t *testing.T) {
 		if err != nil {
 			t.Fatalf("first TryLock: %v", err)
 		}
-		short := func(args []string) bool { // the 40 ms extension
+		short := func(_ *conn, args []string) bool { // the 40 ms extension
 			return len(args) > 1 && scriptName(args[1]) == "extend" && args[len(args)-1] == "40"
 		}
 		for _, n := range w.nodes {
@@ -164,6 +167,66 @@ func TestFindingExtendAfterUndecided(t *testing.T) {
 		_ = lk.Release(ctx)
 		if lk2 != nil {
 			_ = lk2.Release(ctx)
+		}
+	})
+}
+
+// TestFindingBarrierNotOwnerAfterEffect: a handler ran and succeeded (its
+// effect happened), but recording its result took longer than its lock
+// (the store slow, the go-redis client without ContextTimeoutEnabled, so
+// a complete sent before the lock ran out is answered after it). Another
+// caller took the request over meanwhile and ran the handler again, and
+// the first caller's complete is refused: Do returns ErrNotOwner, which
+// the package documents as "nothing was recorded, let it be redelivered"
+// (the Consumer does not ack it), not ErrNotRecorded ("its effect may
+// have happened; do not run it again"). Found by seed 10542 of the barrier
+// scenario (effect-twice, the first Do returned ErrNotOwner); here the
+// order is forced with the store's gate.
+func TestFindingBarrierNotOwnerAfterEffect(t *testing.T) {
+	findingsOnly(t, "a handler that ran and succeeded gets ErrNotOwner, not ErrNotRecorded, when its result is recorded after a takeover")
+	synctest.Test(t, func(t *testing.T) {
+		w, done := testWorld(t, 4)
+		defer done()
+		store := w.nodes[0]
+		barrier := func(ci int) *idempotency.Barrier {
+			wd, err := renew.New()
+			if err != nil {
+				t.Fatal(err)
+			}
+			w.onClose(wd.Stop)
+			b, err := idempotency.New(w.redisClient(ci, store, false), idempotency.WithLease(50*time.Millisecond), idempotency.WithRetention(10*time.Second), idempotency.WithKeeper(wd))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return b
+		}
+		a, b := barrier(0), barrier(1)
+		req := idempotency.Request{Key: "pay-1", Fingerprint: "fp"}
+		effects := 0
+		var aErr error
+		aDone := make(chan struct{})
+		go func() {
+			defer close(aDone)
+			_, aErr = a.Do(context.Background(), req, func(ctx context.Context, fence uint64) ([]byte, error) {
+				effects++ // the charge
+				// From now on client 0's requests (the complete, the
+				// lock's renewals) reach the store only when the gate
+				// opens: a slow store, as seen by this client.
+				store.setGate(func(c *conn, _ []string) bool { return c.client == 0 })
+				return []byte("charged by a"), nil
+			})
+		}()
+		time.Sleep(200 * time.Millisecond) // a's lock runs out on the store
+		out, err := b.Do(context.Background(), req, func(ctx context.Context, fence uint64) ([]byte, error) {
+			effects++ // the charge, again
+			return []byte("charged by b"), nil
+		})
+		t.Logf("b: %q replayed=%v fence=%d: %v", out.Result, out.Replayed, out.Fence, err)
+		store.openGate()
+		<-aDone
+		t.Logf("a: %v; handler effects: %d", aErr, effects)
+		if effects > 1 && !errors.Is(aErr, idempotency.ErrNotRecorded) {
+			t.Errorf("the handler ran twice, and the first caller was told %v, not ErrNotRecorded (its effect happened)", aErr)
 		}
 	})
 }

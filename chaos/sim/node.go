@@ -44,7 +44,7 @@ type Node struct {
 	// gate, when set (hand-written tests), holds back the requests it
 	// returns true for until openGate, as redistest.Gate does with
 	// redis-server: the test decides the order in which they land.
-	gate func(args []string) bool
+	gate func(c *conn, args []string) bool
 	held []queued
 }
 
@@ -135,7 +135,7 @@ func (n *Node) receive(c *conn, args []string) {
 	if _, ok := n.conns[c]; !ok {
 		return // cut, or the node restarted since
 	}
-	if n.gate != nil && n.gate(args) {
+	if n.gate != nil && n.gate(c, args) {
 		n.held = append(n.held, queued{c, args})
 		return
 	}
@@ -147,7 +147,7 @@ func (n *Node) receive(c *conn, args []string) {
 }
 
 // setGate makes the node hold back the requests gate returns true for.
-func (n *Node) setGate(gate func(args []string) bool) {
+func (n *Node) setGate(gate func(c *conn, args []string) bool) {
 	n.mu.Lock()
 	n.gate = gate
 	n.mu.Unlock()
