@@ -147,14 +147,15 @@ func TestNotObtainedExitCode(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(js), &v))
 	assert.True(t, v.Majority)
 	assert.GreaterOrEqual(t, v.Agreeing, 2)
-	assert.Equal(t, prefix(lk.Token()), v.Holder)
+	assert.Equal(t, lk.Token(), v.Token)
+	assert.Equal(t, "held", v.State)
 }
 
 // Killing the majority while the command runs: the lock can no longer be
 // renewed, the CLI sends the command SIGTERM and exits with the lost code.
 func TestMajorityKilledStopsTheCommand(t *testing.T) {
 	servers := redistest.StartN(t, 3, redistest.Config{})
-	cmd := exec.Command(bin, "run", "--key", "job", "--ttl", "2s", "--grace", "2s", "--",
+	cmd := exec.Command(bin, "run", "--key", "job", "--ttl", "2s", "--loss-margin", "800ms", "--grace", "500ms", "--",
 		"sh", "-c", `trap 'echo TERM; exit 143' TERM; echo started; sleep 30 & wait`)
 	cmd.Env = append(os.Environ(), nodesEnv(servers))
 	stdout, err := cmd.StdoutPipe()

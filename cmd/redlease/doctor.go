@@ -27,7 +27,11 @@ func newDoctor(nf *nodeFlags) *cobra.Command {
 		Short: "Check each node for what makes locking unsafe, and say why; exit 1 if anything is",
 		Args:  cobra.NoArgs,
 		RunE: func(c *cobra.Command, args []string) error {
-			cs, closeAll, err := nf.clients()
+			addrs, err := nf.dataNodes(c.Context())
+			if err != nil {
+				return err
+			}
+			cs, closeAll, err := nf.connect(addrs)
 			if err != nil {
 				return err
 			}
@@ -35,7 +39,7 @@ func newDoctor(nf *nodeFlags) *cobra.Command {
 			if maxTTL == 0 {
 				maxTTL = 30 * time.Second
 			}
-			findings := doctor(c.Context(), c.OutOrStdout(), cs, nf.addrsOrNil(), maxTTL, rule{on: nf.maxTTL > 0, durable: nf.durable})
+			findings := doctor(c.Context(), c.OutOrStdout(), cs, addrs, maxTTL, rule{on: nf.maxTTL > 0, durable: nf.durable})
 			unsafe := 0
 			for _, f := range findings {
 				mark := "ok  "

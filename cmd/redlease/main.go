@@ -7,26 +7,70 @@
 //
 // Nodes come from --nodes or REDLEASE_NODES (comma-separated host:port).
 // One node means the single strategy; several mean quorum with fencing on;
-// --strategy failover treats the nodes as Sentinels of --master.
+// --strategy failover treats the nodes as Sentinels of --master: run starts
+// a Sentinel watcher (a failover revokes the lock at once), and inspect and
+// doctor talk to the primary the Sentinels name.
 //
-// Exit codes of run: the command's own status (128+signal if it was killed
-// by a signal); 75 when the lock was not obtained (EX_TEMPFAIL); 76 when the
-// lock was lost while the command ran (the command was sent SIGTERM, then
-// SIGKILL after --grace); 64 for a usage error; 70 for anything else.
+// # run as a supervisor
+//
+// run starts the command in a process group of its own, led by a small
+// redlease process (the group leader) that starts the command, reaps
+// everything it leaves behind and, on Linux, dies with run (Pdeathsig): if
+// run itself is killed, even with SIGKILL, the leader kills the whole group
+// at once, long before the lock's TTL lets anyone else in. Processes that
+// leave the group (setsid, setpgid) are out of run's reach.
+//
+// While the command runs, run keeps the lock alive. When the lock is lost,
+// run sends SIGTERM to the whole group, then SIGKILL after --grace, and no
+// later than the lock's validity (Until) minus a safety margin of a quarter
+// of the loss margin; when the loss is certain (a node said the key is no
+// longer ours, or the primary failed over) it sends SIGKILL at once. --grace
+// must fit in the loss margin (at most three quarters of it) or run refuses
+// to start. SIGINT, SIGTERM and SIGHUP sent to run are passed on to the
+// group, which gets --grace to exit before SIGKILL. In every case run
+// releases the lock only once every process of the group is gone: a command
+// that leaves background processes behind keeps the lock until they exit,
+// as with flock(1), whose descriptor they inherit. Being in its own group,
+// the command is in the background of a terminal: run is meant for
+// unattended jobs.
+//
+// # Holder metadata
+//
+// The lock's value stays a plain random token, as redsync writes it, so
+// redsync and the library can share lock names. Beside it, on every node
+// that granted it, run writes a hash redlease:holder:{KEY} (KEY with the
+// prefix; redlease:holder:tag:KEY for a key with a hash tag) with host,
+// pid, start time, command and token, only while the lock key still holds
+// that token, with the lock key's remaining TTL; run refreshes it every
+// third of the TTL and deletes it before releasing. inspect shows it,
+// on every node where its token matches the lock's.
+//
+// # Exit codes
+//
+//	0      the command exited 0 (inspect: a majority answered; doctor: nothing unsafe)
+//	1-125  the command's own exit status (doctor: 1 when a finding is unsafe)
+//	64     usage: bad flags, node list, TTL, --grace or strategy (EX_USAGE)
+//	69     unavailable: too few nodes answered to tell free from held (EX_UNAVAILABLE)
+//	70     internal error (EX_SOFTWARE)
+//	71     the command's process group could not be started (EX_OSERR)
+//	75     the lock is held by another holder, within --wait (EX_TEMPFAIL)
+//	76     the lock was lost while the command ran; its process group was stopped
+//	126    the command was found but cannot be executed
+//	127    the command was not found
+//	128+n  the command was killed by signal n, or run got signal n (HUP 129, INT 130, TERM 143), passed it on and released the lock
+//
+// Codes run reports about itself come with a "redlease:" line on stderr.
+// As with flock(1) and the shells, a command's own status can collide with
+// them; 126 and 127 are checked before the lock is taken.
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
-)
 
-// Exit codes.
-const (
-	exitUsage       = 64 // EX_USAGE
-	exitSoftware    = 70 // EX_SOFTWARE
-	exitNotObtained = 75 // EX_TEMPFAIL: try again later
-	exitLost        = 76 // the lock was lost while the command ran
+	"github.com/redis/go-redis/v9"
 )
 
 // exitError carries an exit code out of a command.
@@ -47,8 +91,18 @@ func (e *exitError) Error() string {
 func (e *exitError) Unwrap() error { return e.err }
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == leaderArg {
+		os.Exit(leaderMain(os.Args[2:]))
+	}
+	// go-redis logs dial failures and pool trouble on its own; run reports
+	// what matters, once, with its exit code.
+	redis.SetLogger(quietLogger{})
 	os.Exit(run(os.Args[1:]))
 }
+
+type quietLogger struct{}
+
+func (quietLogger) Printf(context.Context, string, ...any) {}
 
 // run executes the CLI and returns the process's exit code.
 func run(args []string) int {
@@ -58,7 +112,7 @@ func run(args []string) int {
 	var ee *exitError
 	switch {
 	case err == nil:
-		return 0
+		return exitOK
 	case errors.As(err, &ee):
 		if ee.err != nil {
 			fmt.Fprintln(os.Stderr, "redlease:", ee.err)

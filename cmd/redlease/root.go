@@ -1,10 +1,14 @@
 package main
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
+	"net"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -58,13 +62,23 @@ func newRoot() *cobra.Command {
 	return root
 }
 
-// addrs returns the node addresses, or a usage error.
+// addrs returns the node addresses, or a usage error: each must be
+// host:port with a port from 1 to 65535.
 func (nf *nodeFlags) addrs() ([]string, error) {
 	var out []string
 	for _, a := range strings.Split(nf.nodes, ",") {
-		if a = strings.TrimSpace(a); a != "" {
-			out = append(out, a)
+		a = strings.TrimSpace(a)
+		if a == "" {
+			continue
 		}
+		host, port, err := net.SplitHostPort(a)
+		if err != nil {
+			return nil, &exitError{exitUsage, fmt.Errorf("node %q: want host:port: %v", a, err)}
+		}
+		if p, err := strconv.Atoi(port); err != nil || p < 1 || p > 65535 || host == "" {
+			return nil, &exitError{exitUsage, fmt.Errorf("node %q: want host:port with a port from 1 to 65535", a)}
+		}
+		out = append(out, a)
 	}
 	if len(out) == 0 {
 		return nil, &exitError{exitUsage, fmt.Errorf("no nodes: give --nodes or set REDLEASE_NODES")}
@@ -72,11 +86,12 @@ func (nf *nodeFlags) addrs() ([]string, error) {
 	return out, nil
 }
 
-// options builds go-redis options for one node.
+// options builds go-redis options for one node. One try per command:
+// go-redis's retries would turn "connection refused" into a timeout.
 func (nf *nodeFlags) options(addr string) (*redis.Options, error) {
 	o := &redis.Options{
 		Addr: addr, Username: nf.username, Password: nf.passwordOrEnv(),
-		ContextTimeoutEnabled: true, DialTimeout: time.Second, ReadTimeout: time.Second,
+		ContextTimeoutEnabled: true, DialTimeout: time.Second, ReadTimeout: time.Second, MaxRetries: -1,
 	}
 	if nf.tls {
 		cfg, err := nf.tlsConfig(addr)
@@ -115,12 +130,8 @@ func (nf *nodeFlags) tlsConfig(addr string) (*tls.Config, error) {
 	return cfg, nil
 }
 
-// clients connects to every node; close them when done.
-func (nf *nodeFlags) clients() ([]redis.UniversalClient, func(), error) {
-	addrs, err := nf.addrs()
-	if err != nil {
-		return nil, nil, err
-	}
+// connect connects to addrs; close them when done.
+func (nf *nodeFlags) connect(addrs []string) ([]redis.UniversalClient, func(), error) {
 	var out []redis.UniversalClient
 	closeAll := func() {
 		for _, c := range out {
@@ -138,13 +149,44 @@ func (nf *nodeFlags) clients() ([]redis.UniversalClient, func(), error) {
 	return out, closeAll, nil
 }
 
-// strategy builds the strategy the flags ask for; stop releases what it
-// holds (clients, workers).
-func (nf *nodeFlags) strategyFor() (s redlease.Strategy, name string, stop func(), err error) {
-	name = nf.strategy
+// dataNodes returns the addresses of the nodes that hold locks: --nodes,
+// or with --strategy failover the primary the Sentinels in --nodes name.
+func (nf *nodeFlags) dataNodes(ctx context.Context) ([]string, error) {
 	addrs, err := nf.addrs()
 	if err != nil {
-		return nil, "", nil, err
+		return nil, err
+	}
+	if nf.strategy != "failover" {
+		return addrs, nil
+	}
+	if nf.master == "" {
+		return nil, &exitError{exitUsage, fmt.Errorf("failover needs --master and the Sentinels in --nodes")}
+	}
+	b, err := nf.failover(ctx, addrs)
+	if err != nil {
+		return nil, err
+	}
+	defer b.stop()
+	return []string{b.watcher.Primary()}, nil
+}
+
+// backend is a strategy and what it needs: the clients of its data nodes
+// (for holder metadata) and a stop that closes everything.
+type backend struct {
+	s       redlease.Strategy
+	name    string
+	clients []redis.UniversalClient // the nodes that hold lock keys
+	watcher *failover.Watcher       // failover only
+	stop    func()
+}
+
+// strategyFor builds the strategy the flags ask for; b.stop releases what
+// it holds (clients, workers, the Sentinel watcher).
+func (nf *nodeFlags) strategyFor(ctx context.Context) (*backend, error) {
+	name := nf.strategy
+	addrs, err := nf.addrs()
+	if err != nil {
+		return nil, err
 	}
 	if name == "" {
 		name = "single"
@@ -155,17 +197,17 @@ func (nf *nodeFlags) strategyFor() (s redlease.Strategy, name string, stop func(
 	switch name {
 	case "single":
 		if len(addrs) != 1 {
-			return nil, "", nil, &exitError{exitUsage, fmt.Errorf("single needs one node, got %d", len(addrs))}
+			return nil, &exitError{exitUsage, fmt.Errorf("single needs one node, got %d", len(addrs))}
 		}
-		cs, closeAll, err := nf.clients()
+		cs, closeAll, err := nf.connect(addrs)
 		if err != nil {
-			return nil, "", nil, err
+			return nil, err
 		}
-		return single.New(cs[0]), name, closeAll, nil
+		return &backend{s: single.New(cs[0]), name: name, clients: cs, stop: closeAll}, nil
 	case "quorum":
-		cs, closeAll, err := nf.clients()
+		cs, closeAll, err := nf.connect(addrs)
 		if err != nil {
-			return nil, "", nil, err
+			return nil, err
 		}
 		opts := []quorum.Option{quorum.WithFencing(), quorum.WithNodeTimeout(nf.timeout)}
 		if nf.maxTTL > 0 {
@@ -177,24 +219,73 @@ func (nf *nodeFlags) strategyFor() (s redlease.Strategy, name string, stop func(
 		q, err := quorum.New(cs, opts...)
 		if err != nil {
 			closeAll()
-			return nil, "", nil, &exitError{exitUsage, err}
+			return nil, &exitError{exitUsage, err}
 		}
-		return q, name, func() { _ = q.Close(); closeAll() }, nil
+		return &backend{s: q, name: name, clients: cs, stop: func() { _ = q.Close(); closeAll() }}, nil
 	case "failover":
 		if nf.master == "" {
-			return nil, "", nil, &exitError{exitUsage, fmt.Errorf("failover needs --master and the Sentinels in --nodes")}
+			return nil, &exitError{exitUsage, fmt.Errorf("failover needs --master and the Sentinels in --nodes")}
 		}
-		o := &redis.FailoverOptions{MasterName: nf.master, SentinelAddrs: addrs, Username: nf.username,
-			Password: nf.passwordOrEnv(), ContextTimeoutEnabled: true}
+		return nf.failover(ctx, addrs)
+	}
+	return nil, &exitError{exitUsage, fmt.Errorf("unknown strategy %q: single, quorum or failover", name)}
+}
+
+// failover builds the failover strategy on the Sentinels at addrs and
+// starts its watcher, which revokes the lock when the primary moves.
+func (nf *nodeFlags) failover(ctx context.Context, addrs []string) (*backend, error) {
+	o := &redis.FailoverOptions{MasterName: nf.master, SentinelAddrs: addrs, Username: nf.username,
+		Password: nf.passwordOrEnv(), ContextTimeoutEnabled: true, MaxRetries: -1}
+	var sentinels []*redis.SentinelClient
+	for _, a := range addrs {
+		so := &redis.Options{Addr: a, ContextTimeoutEnabled: true, DialTimeout: time.Second, MaxRetries: -1}
 		if nf.tls {
-			cfg, err := nf.tlsConfig(addrs[0])
+			cfg, err := nf.tlsConfig(a)
 			if err != nil {
-				return nil, "", nil, err
+				return nil, err
 			}
+			so.TLSConfig = cfg
 			o.TLSConfig = cfg
 		}
-		c := redis.NewFailoverClient(o)
-		return failover.New(c, failover.WithReplicas(nf.replicas)), name, func() { _ = c.Close() }, nil
+		sentinels = append(sentinels, redis.NewSentinelClient(so))
 	}
-	return nil, "", nil, &exitError{exitUsage, fmt.Errorf("unknown strategy %q: single, quorum or failover", name)}
+	closeSentinels := func() {
+		for _, s := range sentinels {
+			_ = s.Close()
+		}
+	}
+	c := redis.NewFailoverClient(o)
+	s := failover.New(c, failover.WithReplicas(nf.replicas))
+	w, err := failover.Watch(ctx, s, nf.master, 0, sentinels...)
+	if err != nil {
+		_ = c.Close()
+		closeSentinels()
+		if unknownMaster(err) {
+			return nil, &exitError{exitUsage, fmt.Errorf("the Sentinels do not know --master %q: %w", nf.master, err)}
+		}
+		return nil, &exitError{exitUnavailable, err}
+	}
+	return &backend{s: s, name: "failover", clients: []redis.UniversalClient{c}, watcher: w,
+		stop: func() { _ = w.Close(); _ = c.Close(); closeSentinels() }}, nil
+}
+
+// unknownMaster reports whether every Sentinel that failed did so with a
+// reply (no such master), rather than by not answering.
+func unknownMaster(err error) bool {
+	var ne interface{ Unwrap() []error }
+	if !errors.As(err, &ne) {
+		return false
+	}
+	replies := 0
+	for _, e := range ne.Unwrap() {
+		var re redis.Error
+		switch {
+		case errors.Is(e, redlease.ErrUnavailable):
+		case errors.As(e, &re):
+			replies++
+		default:
+			return false
+		}
+	}
+	return replies > 0
 }

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"strconv"
+	"sync"
 	"syscall"
 	"time"
 
@@ -17,124 +18,313 @@ import (
 	"github.com/redlease/redlease/renew"
 )
 
+const (
+	// releaseTimeout bounds the release (and the metadata's deletion).
+	releaseTimeout = 5 * time.Second
+	// killWait bounds the wait for the group to be gone after SIGKILL; past
+	// it (a process stuck in the kernel) run exits without releasing the
+	// lock, which then lapses at its TTL.
+	killWait = 10 * time.Second
+	// groupPoll is how often run looks for processes of the group once the
+	// leader has exited.
+	groupPoll = 20 * time.Millisecond
+)
+
+// runOpts are run's own flags.
+type runOpts struct {
+	key    string
+	ttl    time.Duration
+	wait   time.Duration
+	grace  time.Duration
+	margin time.Duration
+	// graceSet and marginSet: given on the command line (else: half the
+	// loss margin, and a tenth of the TTL).
+	graceSet, marginSet bool
+}
+
+// safety is how long before Until the group gets SIGKILL at the latest.
+func (o runOpts) safety() time.Duration { return o.margin / 4 }
+
+// check validates the flags and fills in the defaults.
+func (o *runOpts) check() error {
+	usage := func(format string, args ...any) error { return &exitError{exitUsage, fmt.Errorf(format, args...)} }
+	switch {
+	case o.key == "":
+		return usage("--key is required")
+	case o.ttl < 10*time.Millisecond:
+		return usage("--ttl %v: must be at least 10ms", o.ttl)
+	case o.wait < 0:
+		return usage("--wait %v: must not be negative", o.wait)
+	case o.grace < 0:
+		return usage("--grace %v: must not be negative", o.grace)
+	}
+	if !o.marginSet {
+		o.margin = o.ttl / redlease.DefaultLossMarginDivisor
+	} else if o.margin == 0 || o.margin >= o.ttl/2 {
+		return usage("--loss-margin %v: must be more than 0 and less than half the TTL (%v)", o.margin, o.ttl/2)
+	}
+	if !o.graceSet {
+		o.grace = o.margin / 2
+	} else if limit := o.margin - o.safety(); o.grace > limit {
+		return usage("--grace %v does not fit in the loss margin %v (at most %v, so that SIGKILL comes a quarter of the margin before the lock's validity ends): lower --grace or raise --loss-margin",
+			o.grace, o.margin, limit)
+	}
+	return nil
+}
+
 func newRun(nf *nodeFlags) *cobra.Command {
-	var (
-		key   string
-		ttl   time.Duration
-		wait  time.Duration
-		grace time.Duration
-	)
+	var o runOpts
 	cmd := &cobra.Command{
 		Use:   "run --key K [flags] -- CMD [ARGS...]",
-		Short: "Run a command while holding a lock (kept alive, released when the command exits)",
+		Short: "Run a command while holding a lock (kept alive, released once every process of the command is gone)",
 		Long: `run takes the lock (waiting up to --wait), keeps it alive while CMD runs, and
-releases it when CMD exits. CMD gets the lock's fence in REDLEASE_FENCE (pass it
-to the storage CMD writes to) and the key in REDLEASE_KEY. If the lock is lost
-while CMD runs, CMD is sent SIGTERM, then SIGKILL after --grace, and run exits
-76. If the lock is not obtained, run exits 75 without starting CMD. Otherwise
-run exits with CMD's status.`,
+releases it once CMD and every process it left in its process group are gone.
+CMD gets the lock's fence in REDLEASE_FENCE (pass it to the storage CMD writes
+to), the key in REDLEASE_KEY and the strategy in REDLEASE_STRATEGY.
+
+CMD runs in a process group of its own, whose leader kills the group if run
+dies. If the lock is lost while CMD runs, the group gets SIGTERM, then SIGKILL
+after --grace, and at the latest a quarter of the loss margin before the lock's
+validity ends (at once if the key is known to be gone); run exits 76. --grace
+must fit in three quarters of the loss margin (--loss-margin, a tenth of the
+TTL by default). SIGINT, SIGTERM and SIGHUP to run are passed on to the group;
+run waits --grace, then sends SIGKILL, releases the lock and exits 128+signal.
+
+Exit codes:
+` + exitTableText("  "),
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(c *cobra.Command, args []string) error {
-			if key == "" {
-				return &exitError{exitUsage, errors.New("--key is required")}
+			o.graceSet, o.marginSet = c.Flags().Changed("grace"), c.Flags().Changed("loss-margin")
+			if err := o.check(); err != nil {
+				return err
 			}
-			return runLocked(c.Context(), nf, key, ttl, wait, grace, args)
+			return runLocked(c.Context(), nf, o, args)
 		},
 	}
-	cmd.Flags().StringVar(&key, "key", "", "lock key (required)")
-	cmd.Flags().DurationVar(&ttl, "ttl", 30*time.Second, "lock TTL; the lock is extended every third of it")
-	cmd.Flags().DurationVar(&wait, "wait", 0, "how long to wait for the lock (0: one attempt)")
-	cmd.Flags().DurationVar(&grace, "grace", 10*time.Second, "time between SIGTERM and SIGKILL when the lock is lost")
+	cmd.Flags().StringVar(&o.key, "key", "", "lock key (required)")
+	cmd.Flags().DurationVar(&o.ttl, "ttl", 30*time.Second, "lock TTL; the lock is extended every third of it")
+	cmd.Flags().DurationVar(&o.wait, "wait", 0, "how long to wait for the lock (0: one attempt)")
+	cmd.Flags().DurationVar(&o.grace, "grace", 0, "time between SIGTERM and SIGKILL (default half the loss margin; at most three quarters of it)")
+	cmd.Flags().DurationVar(&o.margin, "loss-margin", 0, "the lock counts as lost this long before its validity ends (default a tenth of the TTL; less than half of it)")
 	return cmd
 }
 
-func runLocked(ctx context.Context, nf *nodeFlags, key string, ttl, wait, grace time.Duration, args []string) error {
+// errSignal is the cause of an acquisition stopped by a signal.
+var errSignal = errors.New("interrupted by a signal")
+
+func runLocked(ctx context.Context, nf *nodeFlags, o runOpts, args []string) error {
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	ctx, stopSignals := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
-	defer stopSignals()
-	s, name, stop, err := nf.strategyFor()
+	// Fail as a shell would, before taking the lock, if CMD cannot run.
+	if _, err := exec.LookPath(args[0]); err != nil {
+		return &exitError{execFailure(err), err}
+	}
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+	defer signal.Stop(sigs)
+
+	b, err := nf.strategyFor(ctx)
 	if err != nil {
 		return err
 	}
-	defer stop()
+	defer b.stop()
 	w, err := renew.New()
 	if err != nil {
 		return &exitError{exitSoftware, err}
 	}
 	defer w.Stop()
-	locker := redlease.New(s, redlease.WithTTL(ttl), redlease.WithPrefix(nf.prefix), redlease.WithKeeper(w))
+	locker := redlease.New(b.s, redlease.WithTTL(o.ttl), redlease.WithLossMargin(o.margin),
+		redlease.WithPrefix(nf.prefix), redlease.WithKeeper(w))
 
-	var lk *redlease.Lock
-	if wait > 0 {
-		wctx, cancel := context.WithTimeout(ctx, wait)
-		lk, err = locker.Lock(wctx, key)
-		cancel()
-	} else {
-		lk, err = locker.TryLock(ctx, key)
+	lk, sig, err := acquire(ctx, locker, o, sigs)
+	if sig != 0 {
+		if lk != nil {
+			rctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+			_ = lk.Release(rctx)
+			cancel()
+		}
+		return &exitError{exitSignalBase + int(sig), fmt.Errorf("%v before the lock was taken; the command did not run", sig)}
 	}
 	switch {
+	case errors.Is(err, redlease.ErrInvalid):
+		return &exitError{exitUsage, err}
+	case errors.Is(err, redlease.ErrUnavailable):
+		return &exitError{exitUnavailable, fmt.Errorf("lock %q: too few nodes answered (%s): %w", o.key, b.name, err)}
 	case errors.Is(err, redlease.ErrNotObtained):
-		return &exitError{exitNotObtained, fmt.Errorf("lock %q not obtained (%s): %w", key, name, err)}
+		return &exitError{exitNotObtained, fmt.Errorf("lock %q held by another holder (%s): %w", o.key, b.name, err)}
 	case err != nil:
-		return &exitError{exitSoftware, err}
+		return &exitError{exitUnavailable, err}
 	}
 	stopKeeping := w.Keep(lk)
-	defer func() {
+	meta := keepHolder(b.clients, nf.prefix+o.key, lk, args)
+	release := func() {
+		meta.stop(releaseTimeout)
 		stopKeeping()
-		rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		rctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
 		_ = lk.Release(rctx)
 		cancel()
-	}()
-
-	child := exec.Command(args[0], args[1:]...)
-	child.Stdin, child.Stdout, child.Stderr = os.Stdin, os.Stdout, os.Stderr
-	child.Env = append(os.Environ(),
-		"REDLEASE_FENCE="+strconv.FormatUint(lk.Fence(), 10), "REDLEASE_KEY="+key, "REDLEASE_STRATEGY="+name)
-	if err := child.Start(); err != nil {
-		return &exitError{exitSoftware, err}
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- child.Wait() }()
 
-	select {
-	case err := <-exited:
-		return childStatus(err)
-	case <-lk.Lost():
-		fmt.Fprintf(os.Stderr, "redlease: lock %q lost (%v): stopping the command\n", key, lk.Err())
-		stopChild(child, exited, grace)
+	becomeSubreaper() // orphans of a leader that died come to run, which reaps them
+	env := append(os.Environ(), "REDLEASE_FENCE="+strconv.FormatUint(lk.Fence(), 10),
+		"REDLEASE_KEY="+o.key, "REDLEASE_STRATEGY="+b.name)
+	g, err := startGroup(args, env)
+	if err != nil {
+		release()
+		return &exitError{exitOSErr, fmt.Errorf("starting the command's process group: %w", err)}
+	}
+	res := supervise(g, lk, o, sigs)
+	if !res.gone {
+		// Do not release: a process of the group may still act. The key
+		// lapses at its TTL.
+		meta.cancel()
+		meta.wg.Wait()
+		stopKeeping()
+		return &exitError{exitLost, fmt.Errorf("lock %q: processes of group %d still running %v after SIGKILL; the lock was not released", o.key, g.pgid, killWait)}
+	}
+	release()
+	switch {
+	case res.lost:
 		return &exitError{exitLost, nil}
-	case <-ctx.Done(): // we were told to stop: pass it on, then let go
-		stopChild(child, exited, grace)
-		return &exitError{128 + int(syscall.SIGTERM), nil}
+	case res.sig != 0:
+		return &exitError{exitSignalBase + int(res.sig), nil}
+	case res.status != 0:
+		return &exitError{res.status, nil}
 	}
+	return nil
 }
 
-// stopChild sends SIGTERM, then SIGKILL after grace, and waits.
-func stopChild(child *exec.Cmd, exited <-chan error, grace time.Duration) {
-	_ = child.Process.Signal(syscall.SIGTERM)
-	t := time.NewTimer(grace)
-	defer t.Stop()
-	select {
-	case <-exited:
-	case <-t.C:
-		_ = child.Process.Kill()
-		<-exited
-	}
-}
-
-// childStatus turns the command's exit into ours.
-func childStatus(err error) error {
-	if err == nil {
-		return nil
-	}
-	var ee *exec.ExitError
-	if errors.As(err, &ee) {
-		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-			return &exitError{128 + int(ws.Signal()), nil}
+// acquire takes the lock; a signal stops it and is returned.
+func acquire(ctx context.Context, locker *redlease.Locker, o runOpts, sigs <-chan os.Signal) (*redlease.Lock, syscall.Signal, error) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	var (
+		got  syscall.Signal
+		wg   sync.WaitGroup
+		done = make(chan struct{})
+	)
+	wg.Go(func() {
+		select {
+		case s := <-sigs:
+			got = s.(syscall.Signal)
+			cancel(errSignal)
+		case <-done:
 		}
-		return &exitError{ee.ExitCode(), nil}
+	})
+	var (
+		lk  *redlease.Lock
+		err error
+	)
+	if o.wait > 0 {
+		wctx, wcancel := context.WithTimeout(ctx, o.wait)
+		lk, err = locker.Lock(wctx, o.key)
+		wcancel()
+	} else {
+		lk, err = locker.TryLock(ctx, o.key)
 	}
-	return &exitError{exitSoftware, err}
+	close(done)
+	wg.Wait()
+	return lk, got, err
+}
+
+// outcome is how the command's group ended.
+type outcome struct {
+	status int            // the leader's exit code (the command's status)
+	lost   bool           // the lock was lost meanwhile
+	sig    syscall.Signal // the first signal run got and passed on; 0: none
+	gone   bool           // no process of the group is left
+}
+
+// supervise waits until every process of the group is gone, stopping the
+// group when the lock is lost or run is told to stop.
+func supervise(g *group, lk *redlease.Lock, o runOpts, sigs <-chan os.Signal) outcome {
+	var (
+		res       outcome
+		lost      = lk.Lost()
+		leader    = g.done
+		killT     *time.Timer
+		killC     <-chan time.Time
+		killAt    time.Time
+		killed    bool
+		giveUp    time.Time
+		pollT     *time.Ticker
+		pollC     <-chan time.Time
+		leaderOut bool
+	)
+	defer func() {
+		if killT != nil {
+			killT.Stop()
+		}
+		if pollT != nil {
+			pollT.Stop()
+		}
+	}()
+	// killBy schedules SIGKILL for the group no later than at.
+	killBy := func(at time.Time) {
+		if killed || (killT != nil && !at.Before(killAt)) {
+			return
+		}
+		killAt = at
+		d := max(time.Until(at), 0)
+		if killT == nil {
+			killT = time.NewTimer(d)
+			killC = killT.C
+		} else {
+			killT.Reset(d)
+		}
+	}
+	for {
+		select {
+		case <-lost:
+			lost = nil
+			res.lost = true
+			cause := lk.Err()
+			fmt.Fprintf(os.Stderr, "redlease: lock %q lost (%v): stopping the command's process group\n", o.key, cause)
+			g.signal(syscall.SIGTERM)
+			at := time.Now().Add(o.grace)
+			if limit := lk.Until().Add(-o.safety()); limit.Before(at) {
+				at = limit
+			}
+			if errors.Is(cause, redlease.ErrNotHeld) || errors.Is(cause, redlease.ErrFailover) {
+				at = time.Now() // the key is gone or may be: someone else may hold it now
+			}
+			killBy(at)
+		case s := <-sigs:
+			sig := s.(syscall.Signal)
+			if res.sig == 0 {
+				res.sig = sig
+			}
+			g.signal(sig)
+			killBy(time.Now().Add(o.grace))
+		case <-killC:
+			killC = nil
+			killed = true
+			giveUp = time.Now().Add(killWait)
+			g.signal(syscall.SIGKILL)
+		case <-leader:
+			leader = nil
+			leaderOut = true
+			res.status = g.status()
+			if g.gone() {
+				res.gone = true
+				return res
+			}
+			pollT = time.NewTicker(groupPoll)
+			pollC = pollT.C
+		case <-pollC:
+			if leaderOut && g.gone() {
+				res.gone = true
+				return res
+			}
+			if killed && time.Now().After(giveUp) {
+				return res
+			}
+		}
+		if killed && pollC == nil {
+			// The leader may be stuck too: bound the wait from here.
+			pollT = time.NewTicker(groupPoll)
+			pollC = pollT.C
+		}
+	}
 }

@@ -1,0 +1,55 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+)
+
+// Exit codes, aligned with flock(1), the shells and sysexits.h. Codes that
+// run reports about itself (64–78) come with a "redlease:" line on stderr;
+// the command's own status passes through unchanged, so a command that
+// exits 75 itself is indistinguishable from "held", as with flock -E.
+const (
+	exitOK          = 0
+	exitUnsafe      = 1   // doctor: at least one finding is unsafe for locking
+	exitUsage       = 64  // EX_USAGE: bad flags, node list, TTL, grace, strategy
+	exitUnavailable = 69  // EX_UNAVAILABLE: too few nodes answered to decide
+	exitSoftware    = 70  // EX_SOFTWARE: an internal error
+	exitOSErr       = 71  // EX_OSERR: could not start the process group
+	exitNotObtained = 75  // EX_TEMPFAIL: the lock is held by another (within --wait)
+	exitLost        = 76  // the lock was lost while the command ran; its group was stopped
+	exitCannotExec  = 126 // the command exists but cannot be executed (as in sh)
+	exitNotFound    = 127 // the command was not found (as in sh)
+	exitSignalBase  = 128 // 128+n: the command was killed by signal n, or run got signal n (INT 130, TERM 143, HUP 129) and passed it on
+)
+
+// exitRow is one row of the documented table.
+type exitRow struct {
+	code string
+	what string
+}
+
+// exitTable is the table printed in run's help and repeated, word for word,
+// in the package documentation (TestExitTableDocumented checks both).
+var exitTable = []exitRow{
+	{"0", "the command exited 0 (inspect: a majority answered; doctor: nothing unsafe)"},
+	{"1-125", "the command's own exit status (doctor: 1 when a finding is unsafe)"},
+	{"64", "usage: bad flags, node list, TTL, --grace or strategy (EX_USAGE)"},
+	{"69", "unavailable: too few nodes answered to tell free from held (EX_UNAVAILABLE)"},
+	{"70", "internal error (EX_SOFTWARE)"},
+	{"71", "the command's process group could not be started (EX_OSERR)"},
+	{"75", "the lock is held by another holder, within --wait (EX_TEMPFAIL)"},
+	{"76", "the lock was lost while the command ran; its process group was stopped"},
+	{"126", "the command was found but cannot be executed"},
+	{"127", "the command was not found"},
+	{"128+n", "the command was killed by signal n, or run got signal n (HUP 129, INT 130, TERM 143), passed it on and released the lock"},
+}
+
+// exitTableText renders exitTable as an indented two-column list.
+func exitTableText(indent string) string {
+	var b strings.Builder
+	for _, r := range exitTable {
+		fmt.Fprintf(&b, "%s%-6s %s\n", indent, r.code, r.what)
+	}
+	return b.String()
+}

@@ -1,0 +1,134 @@
+package main
+
+import (
+	"context"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/redlease/redlease"
+)
+
+// holderPrefix starts every holder metadata key (see the package doc).
+const holderPrefix = redlease.ReservedPrefix + "holder:"
+
+// maxCommandLen bounds the command line stored in the metadata.
+const maxCommandLen = 4096
+
+// holderKey is the metadata key beside the lock key fullKey, in the same
+// Cluster slot (as the library's fence keys are).
+func holderKey(fullKey string) string {
+	if hasHashTag(fullKey) {
+		return holderPrefix + "tag:" + fullKey
+	}
+	return holderPrefix + "{" + fullKey + "}"
+}
+
+// hasHashTag applies Redis Cluster's rule: a '{' followed later by a '}'
+// with at least one byte between.
+func hasHashTag(key string) bool {
+	open := strings.IndexByte(key, '{')
+	if open < 0 {
+		return false
+	}
+	end := strings.IndexByte(key[open+1:], '}')
+	return end > 0
+}
+
+// holder is who holds a lock: what run stores beside the grant.
+type holder struct {
+	Token   string `json:"token"`
+	Host    string `json:"host"`
+	PID     int    `json:"pid"`
+	Start   string `json:"start"` // RFC 3339, UTC
+	Command string `json:"command"`
+	Fence   uint64 `json:"fence,omitempty"`
+}
+
+// writeHolder stores the metadata only while the lock key holds the token,
+// with the lock key's remaining TTL, so it never outlives the grant.
+var writeHolder = redis.NewScript(`
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+local ttl = redis.call('PTTL', KEYS[1])
+if ttl <= 0 then return 0 end
+redis.call('DEL', KEYS[2])
+redis.call('HSET', KEYS[2], 'token', ARGV[1], 'host', ARGV[2], 'pid', ARGV[3], 'start', ARGV[4], 'command', ARGV[5], 'fence', ARGV[6])
+redis.call('PEXPIRE', KEYS[2], ttl)
+return 1`)
+
+// deleteHolder deletes the metadata if it is this holder's.
+var deleteHolder = redis.NewScript(`
+if redis.call('HGET', KEYS[1], 'token') == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0`)
+
+// holderKeeper writes a lock's metadata on every node and refreshes it
+// every third of the TTL until stop, which deletes it.
+type holderKeeper struct {
+	clients []redis.UniversalClient
+	keys    []string
+	args    []any
+	every   time.Duration
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+}
+
+func keepHolder(clients []redis.UniversalClient, fullKey string, lk *redlease.Lock, command []string) *holderKeeper {
+	host, _ := os.Hostname()
+	cmdline := strings.Join(command, " ")
+	if len(cmdline) > maxCommandLen {
+		cmdline = cmdline[:maxCommandLen]
+	}
+	h := &holderKeeper{
+		clients: clients,
+		keys:    []string{fullKey, holderKey(fullKey)},
+		args: []any{lk.Token(), host, strconv.Itoa(os.Getpid()), time.Now().UTC().Format(time.RFC3339Nano),
+			cmdline, strconv.FormatUint(lk.Fence(), 10)},
+		every: max(lk.TTL()/3, 10*time.Millisecond),
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	h.cancel = cancel
+	h.write(ctx)
+	h.wg.Go(func() {
+		t := time.NewTicker(h.every)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				h.write(ctx)
+			}
+		}
+	})
+	return h
+}
+
+// write refreshes the metadata on every node at once, each within a third
+// of the TTL (a second at most); failures are left to the next round.
+func (h *holderKeeper) write(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, min(h.every, time.Second))
+	defer cancel()
+	var wg sync.WaitGroup
+	for _, c := range h.clients {
+		wg.Go(func() { _ = writeHolder.Run(ctx, c, h.keys, h.args...).Err() })
+	}
+	wg.Wait()
+}
+
+// stop ends the refreshing and deletes the metadata (best effort, within
+// timeout).
+func (h *holderKeeper) stop(timeout time.Duration) {
+	h.cancel()
+	h.wg.Wait()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	var wg sync.WaitGroup
+	for _, c := range h.clients {
+		wg.Go(func() { _ = deleteHolder.Run(ctx, c, h.keys[1:], h.args[0]).Err() })
+	}
+	wg.Wait()
+}

@@ -1,0 +1,212 @@
+package main
+
+import (
+	"bufio"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/redlease/redlease/internal/redistest"
+)
+
+// proc is a `redlease` process started in the background.
+type proc struct {
+	cmd   *exec.Cmd
+	lines chan string // stdout, line by line; closed at EOF
+	done  chan struct{}
+	code  int
+}
+
+// startCLI starts the binary and returns at once; t.Cleanup kills it if
+// it is still running.
+func startCLI(t *testing.T, env string, args ...string) *proc {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(), env)
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	p := &proc{cmd: cmd, lines: make(chan string, 100), done: make(chan struct{})}
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			p.lines <- sc.Text()
+		}
+		close(p.lines)
+		err := cmd.Wait()
+		var ee *exec.ExitError
+		switch {
+		case errors.As(err, &ee):
+			p.code = ee.ExitCode()
+			if ws, ok := ee.Sys().(interface{ Signaled() bool }); ok && ws.Signaled() {
+				p.code = -1
+			}
+		case err != nil:
+			p.code = -2
+		}
+		close(p.done)
+	}()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-p.done
+	})
+	return p
+}
+
+// line waits (up to d) for the next stdout line.
+func (p *proc) line(t *testing.T, d time.Duration) string {
+	t.Helper()
+	select {
+	case l, ok := <-p.lines:
+		require.True(t, ok, "stdout closed")
+		return l
+	case <-time.After(d):
+		t.Fatalf("no line on stdout within %v", d)
+	}
+	return ""
+}
+
+// wait waits (up to d) for the process to exit and returns its exit code.
+func (p *proc) wait(t *testing.T, d time.Duration) int {
+	t.Helper()
+	select {
+	case <-p.done:
+		return p.code
+	case <-time.After(d):
+		t.Fatalf("still running after %v", d)
+	}
+	return 0
+}
+
+// waitFor polls cond every 10 ms, for up to d.
+func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %v", what, d)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// writerScript starts a background loop that appends "A <ns>" to file
+// every 20 ms, ignoring SIGTERM (only SIGKILL stops it), then waits.
+func writerScript(file string) string {
+	return `trap '' TERM; (trap '' TERM; while :; do echo "A $(date +%s%N)" >> ` + file +
+		`; sleep 0.02; done) & echo started; wait`
+}
+
+// secondHolder is the next holder's command: it marks its start, then
+// gives the first holder's group half a second to show itself.
+func secondHolder(file string) string {
+	return `echo "B $(date +%s%N) start" >> ` + file + `; sleep 0.5; echo "B $(date +%s%N) end" >> ` + file
+}
+
+// checkNoWriteAfter asserts that no "A" line follows the first "B" line,
+// and returns how many A lines came before it and the gap between the last
+// A and the B start.
+func checkNoWriteAfter(t *testing.T, file string) (int, time.Duration) {
+	t.Helper()
+	data, err := os.ReadFile(file)
+	require.NoError(t, err)
+	lines := strings.Split(strings.TrimSpace(string(data)), "\n")
+	bAt, lastA := -1, int64(0)
+	as := 0
+	for i, l := range lines {
+		f := strings.Fields(l)
+		require.GreaterOrEqual(t, len(f), 2, "line %q", l)
+		ns, err := strconv.ParseInt(f[1], 10, 64)
+		require.NoError(t, err)
+		switch {
+		case f[0] == "B" && bAt < 0:
+			bAt = i
+			require.Greater(t, ns, lastA, "the second holder started before the first holder's last write")
+		case f[0] == "A" && bAt >= 0:
+			t.Errorf("write from the first holder's group after the second holder started: line %d %q (B started at line %d)", i, l, bAt)
+		case f[0] == "A":
+			as++
+			lastA = ns
+		}
+	}
+	require.GreaterOrEqual(t, bAt, 0, "the second holder never ran")
+	require.Positive(t, as, "the first holder's group never wrote")
+	start, _ := strconv.ParseInt(strings.Fields(lines[bAt])[1], 10, 64)
+	return as, time.Duration(start - lastA)
+}
+
+// Must-show 1: the lock is lost (every node SIGSTOPped past the TTL); the
+// first holder's whole group — a shell ignoring SIGTERM and its background
+// loop — is killed before the second holder's command starts.
+func TestLossKillsTheWholeGroup(t *testing.T) {
+	servers := redistest.StartN(t, 3, redistest.Config{})
+	env := nodesEnv(servers)
+	file := filepath.Join(t.TempDir(), "writes")
+	const ttl = 2 * time.Second
+	first := startCLI(t, env, "run", "--key", "money", "--ttl", ttl.String(), "--", "sh", "-c", writerScript(file))
+	require.Equal(t, "started", first.line(t, 10*time.Second))
+	waitFor(t, 5*time.Second, "first writes", func() bool { fi, err := os.Stat(file); return err == nil && fi.Size() > 0 })
+
+	for _, s := range servers {
+		s.Pause()
+	}
+	paused := time.Now()
+	// Past the TTL: the first holder's keys have expired on every node by
+	// the time they run again.
+	time.Sleep(ttl + 200*time.Millisecond - time.Since(paused))
+	for _, s := range servers {
+		s.Resume()
+	}
+	second := startCLI(t, env, "run", "--key", "money", "--wait", "10s", "--", "sh", "-c", secondHolder(file))
+	assert.Equal(t, 0, second.wait(t, 20*time.Second), "second holder")
+	assert.Equal(t, exitLost, first.wait(t, 20*time.Second), "first holder: lost")
+	n, gap := checkNoWriteAfter(t, file)
+	t.Logf("lock lost: %d writes by the first holder's group, none after the second holder started; the last %v before it", n, gap)
+}
+
+// Must-show 1, again with run itself SIGKILLed: its group leader notices
+// (Pdeathsig) and kills the group; the lock lapses at its TTL and the next
+// holder finds nobody writing.
+func TestRunKilledTakesItsGroupAlong(t *testing.T) {
+	servers := redistest.StartN(t, 3, redistest.Config{})
+	env := nodesEnv(servers)
+	file := filepath.Join(t.TempDir(), "writes")
+	first := startCLI(t, env, "run", "--key", "money", "--ttl", "2s", "--", "sh", "-c", writerScript(file))
+	require.Equal(t, "started", first.line(t, 10*time.Second))
+	waitFor(t, 5*time.Second, "first writes", func() bool { fi, err := os.Stat(file); return err == nil && fi.Size() > 0 })
+
+	require.NoError(t, first.cmd.Process.Kill())
+	assert.Equal(t, -1, first.wait(t, 5*time.Second), "killed by a signal")
+	second := startCLI(t, env, "run", "--key", "money", "--wait", "10s", "--", "sh", "-c", secondHolder(file))
+	assert.Equal(t, 0, second.wait(t, 20*time.Second), "second holder")
+	n, gap := checkNoWriteAfter(t, file)
+	t.Logf("run SIGKILLed: %d writes by the first holder's group, none after the second holder started; the last %v before it", n, gap)
+}
+
+// A command that leaves a background process behind keeps the lock until
+// that process exits, as flock's inherited descriptor does.
+func TestLockHeldUntilTheGroupIsGone(t *testing.T) {
+	env := nodesEnv(redistest.StartN(t, 1, redistest.Config{}))
+	dir := t.TempDir()
+	release := filepath.Join(dir, "release")
+	// The background process waits (at most 10 s) for the release file.
+	script := `(i=0; while [ ! -e ` + release + ` ] && [ $i -lt 500 ]; do sleep 0.02; i=$((i+1)); done) & echo started; exit 0`
+	first := startCLI(t, env, "run", "--key", "bg", "--", "sh", "-c", script)
+	require.Equal(t, "started", first.line(t, 10*time.Second))
+
+	_, code := cli(t, env, "run", "--key", "bg", "--", "true")
+	assert.Equal(t, exitNotObtained, code, "the shell exited, its background process still holds the lock")
+	require.NoError(t, os.WriteFile(release, nil, 0o600))
+	assert.Zero(t, first.wait(t, 15*time.Second))
+	_, code = cli(t, env, "run", "--key", "bg", "--", "true")
+	assert.Zero(t, code, "released once the group was gone")
+}
