@@ -15,7 +15,6 @@ const (
 	exitUsage       = 64  // EX_USAGE: bad flags, node list, TTL, grace, strategy
 	exitUnavailable = 69  // EX_UNAVAILABLE: too few nodes answered to decide
 	exitSoftware    = 70  // EX_SOFTWARE: an internal error
-	exitOSErr       = 71  // EX_OSERR: could not start the process group
 	exitNotObtained = 75  // EX_TEMPFAIL: the lock is held by another (within --wait)
 	exitLost        = 76  // the lock was lost while the command ran; its group was stopped
 	exitCannotExec  = 126 // the command exists but cannot be executed (as in sh)
@@ -36,8 +35,7 @@ var exitTable = []exitRow{
 	{"1-125", "the command's own exit status (doctor: 1 when a finding is unsafe)"},
 	{"64", "usage: bad flags, node list, TTL, --grace or strategy (EX_USAGE)"},
 	{"69", "unavailable: too few nodes answered to tell free from held (EX_UNAVAILABLE)"},
-	{"70", "internal error (EX_SOFTWARE)"},
-	{"71", "the command's process group could not be started (EX_OSERR)"},
+	{"70", "internal error, or the command's process group could not be started (EX_SOFTWARE)"},
 	{"75", "the lock is held by another holder, within --wait (EX_TEMPFAIL)"},
 	{"76", "the lock was lost while the command ran; its process group was stopped"},
 	{"126", "the command was found but cannot be executed"},

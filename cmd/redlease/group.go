@@ -105,7 +105,7 @@ func execFailure(err error) int {
 	case errors.Is(err, fs.ErrPermission), errors.Is(err, syscall.ENOEXEC), errors.Is(err, syscall.EISDIR):
 		return exitCannotExec
 	}
-	return exitOSErr
+	return exitSoftware
 }
 
 // group is the command's process group, as run sees it.

@@ -51,8 +51,7 @@
 //	1-125  the command's own exit status (doctor: 1 when a finding is unsafe)
 //	64     usage: bad flags, node list, TTL, --grace or strategy (EX_USAGE)
 //	69     unavailable: too few nodes answered to tell free from held (EX_UNAVAILABLE)
-//	70     internal error (EX_SOFTWARE)
-//	71     the command's process group could not be started (EX_OSERR)
+//	70     internal error, or the command's process group could not be started (EX_SOFTWARE)
 //	75     the lock is held by another holder, within --wait (EX_TEMPFAIL)
 //	76     the lock was lost while the command ran; its process group was stopped
 //	126    the command was found but cannot be executed

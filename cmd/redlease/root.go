@@ -92,6 +92,7 @@ func (nf *nodeFlags) options(addr string) (*redis.Options, error) {
 	o := &redis.Options{
 		Addr: addr, Username: nf.username, Password: nf.passwordOrEnv(),
 		ContextTimeoutEnabled: true, DialTimeout: time.Second, ReadTimeout: time.Second, MaxRetries: -1,
+		ClientName: clientName(),
 	}
 	if nf.tls {
 		cfg, err := nf.tlsConfig(addr)
@@ -101,6 +102,12 @@ func (nf *nodeFlags) options(addr string) (*redis.Options, error) {
 		o.TLSConfig = cfg
 	}
 	return o, nil
+}
+
+// clientName names this process's connections in CLIENT LIST.
+func clientName() string {
+	host, _ := os.Hostname()
+	return "redlease:" + strings.ReplaceAll(host, " ", "_") + ":" + strconv.Itoa(os.Getpid())
 }
 
 func (nf *nodeFlags) passwordOrEnv() string {

@@ -172,7 +172,7 @@ func runLocked(ctx context.Context, nf *nodeFlags, o runOpts, args []string) err
 	g, err := startGroup(args, env)
 	if err != nil {
 		release()
-		return &exitError{exitOSErr, fmt.Errorf("starting the command's process group: %w", err)}
+		return &exitError{exitSoftware, fmt.Errorf("starting the command's process group: %w", err)}
 	}
 	res := supervise(g, lk, o, sigs)
 	if !res.gone {
