@@ -70,6 +70,7 @@ host, pid, start time and command beside its grant), free, or split. It exits
 			if asJSON {
 				enc := json.NewEncoder(c.OutOrStdout())
 				enc.SetIndent("", "  ")
+				enc.SetEscapeHTML(false)
 				if err := enc.Encode(v); err != nil {
 					return &exitError{exitSoftware, err}
 				}

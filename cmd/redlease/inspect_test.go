@@ -1,0 +1,74 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/redlease/redlease/internal/redistest"
+)
+
+// Must-show 3: while run holds a key, inspect --json names its host, pid
+// and command on every node; the metadata goes with the lock; with a
+// majority down inspect says "unavailable" and exits 69, and a node that
+// refuses connections is reported as such.
+func TestInspectNamesTheHolder(t *testing.T) {
+	servers := redistest.StartN(t, 3, redistest.Config{})
+	env := nodesEnv(servers)
+	done := filepath.Join(t.TempDir(), "done")
+	script := `echo started; i=0; while [ ! -e ` + done + ` ] && [ $i -lt 500 ]; do sleep 0.02; i=$((i+1)); done`
+	p := startCLI(t, env, "run", "--key", "settle", "--", "sh", "-c", script)
+	require.Equal(t, "started", p.line(t, 10*time.Second))
+
+	js, code := cli(t, env, "inspect", "--json", "settle")
+	require.Zero(t, code, js)
+	var v keyView
+	require.NoError(t, json.Unmarshal([]byte(js), &v), js)
+	t.Logf("inspect --json while run holds the key (pid %d):\n%s", p.cmd.Process.Pid, js)
+	assert.Equal(t, "held", v.State)
+	assert.Equal(t, 3, v.Agreeing)
+	require.NotNil(t, v.Holder)
+	host, _ := os.Hostname()
+	assert.Equal(t, host, v.Holder.Host)
+	assert.Equal(t, p.cmd.Process.Pid, v.Holder.PID)
+	assert.Equal(t, "sh -c "+script, v.Holder.Command)
+	assert.Equal(t, v.Token, v.Holder.Token)
+	assert.Len(t, v.Token, len(v.Holder.Token), "the full token")
+	_, err := time.Parse(time.RFC3339Nano, v.Holder.Start)
+	assert.NoError(t, err)
+	for _, n := range v.Nodes {
+		require.NotNil(t, n.Holder, "node %s", n.Node)
+		assert.Equal(t, p.cmd.Process.Pid, n.Holder.PID)
+		assert.Positive(t, n.TTLms)
+	}
+
+	out, code := cli(t, env, "inspect", "settle")
+	require.Zero(t, code)
+	assert.Contains(t, out, "holder: host "+host+", pid "+strconv.Itoa(p.cmd.Process.Pid))
+
+	require.NoError(t, os.WriteFile(done, nil, 0o600))
+	require.Zero(t, p.wait(t, 15*time.Second))
+	for _, s := range servers {
+		n, err := s.Client().Exists(t.Context(), holderKey("lock:settle")).Result()
+		require.NoError(t, err)
+		assert.Zero(t, n, "metadata deleted with the release on %s", s.Addr)
+	}
+
+	servers[1].Kill()
+	servers[2].Kill()
+	js, code = cli(t, env, "inspect", "--json", "settle")
+	assert.Equal(t, exitUnavailable, code, js)
+	require.NoError(t, json.Unmarshal([]byte(js), &v), js)
+	assert.Equal(t, "unavailable", v.State)
+	assert.Equal(t, 1, v.Answered)
+	for _, n := range v.Nodes[1:] {
+		assert.Equal(t, "error", n.State)
+		assert.Contains(t, n.Error, "connection refused")
+	}
+}
