@@ -130,7 +130,6 @@ func TestFindingLostAfterDeadline(t *testing.T) {
 // 68 ms one); here the order is forced with the nodes' gates, within the
 // delayed-restart max TTL and with no fault at all.
 func TestFindingExtendAfterUndecided(t *testing.T) {
-	findingsOnly(t, "a successful Extend after an undecided shorter one drops the cap on Until (double grant)")
 	synctest.Test(t, func(t *testing.T) {
 		w, done := testWorld(t, 3)
 		defer done()
@@ -183,7 +182,6 @@ func TestFindingExtendAfterUndecided(t *testing.T) {
 // scenario (effect-twice, the first Do returned ErrNotOwner); here the
 // order is forced with the store's gate.
 func TestFindingBarrierNotOwnerAfterEffect(t *testing.T) {
-	findingsOnly(t, "a handler that ran and succeeded gets ErrNotOwner, not ErrNotRecorded, when its result is recorded after a takeover")
 	synctest.Test(t, func(t *testing.T) {
 		w, done := testWorld(t, 4)
 		defer done()

@@ -45,6 +45,9 @@ type Scenario struct {
 	PastMax int
 	// Kinds restricts the fault kinds drawn (nil: all).
 	Kinds []string
+	// RestartModes restricts the restart modes drawn (nil: empty,
+	// snapshot, durable).
+	RestartModes []string
 	// ShortExtends lets the workload extend a lock with a TTL shorter than
 	// the validity it has left (see the package doc, "Findings"). Off, an
 	// extension never shortens.
@@ -58,12 +61,13 @@ var Scenarios = []Scenario{
 	{Name: "quorum3-plain", Strategy: Quorum, Nodes: 3, Clients: 3, Keys: 1, Ops: 4, TTL: [2]time.Duration{60 * time.Millisecond, 300 * time.Millisecond}, Faults: true, Horizon: 550 * time.Millisecond},
 	{Name: "quorum3-restart", Strategy: Quorum, Nodes: 3, Clients: 3, Keys: 1, Ops: 4, TTL: [2]time.Duration{60 * time.Millisecond, 200 * time.Millisecond}, DelayedRestart: 200 * time.Millisecond, Faults: true, Horizon: 450 * time.Millisecond},
 	// quorum3-extend is built to catch an Extend past the rule's max TTL
-	// (the bound of 8a56ae8): long holds, half the extensions asking for
-	// 1.5x the max TTL, restarts, and request loss so that grants land
-	// on bare majorities; a node restarted empty votes again max TTL
-	// later, while a lock extended past it may still be believed held.
-	{Name: "quorum3-extend", Strategy: Quorum, Nodes: 3, Clients: 3, Keys: 1, Ops: 6, TTL: [2]time.Duration{40 * time.Millisecond, 100 * time.Millisecond}, DelayedRestart: 100 * time.Millisecond, HoldSteps: 7, PastMax: 2,
-		Kinds: []string{FaultRestart, FaultPartition, FaultLoss, FaultPause}, Faults: true, Horizon: 600 * time.Millisecond},
+	// (the bound of 8a56ae8): long holds (up to 9 steps), every extension
+	// asking for 1.5x the max TTL, restarts that lose the data, and
+	// request loss and partitions so that grants land on bare majorities;
+	// a node restarted empty votes again max TTL after its first contact,
+	// while a lock extended past it may still be believed held.
+	{Name: "quorum3-extend", Strategy: Quorum, Nodes: 3, Clients: 3, Keys: 1, Ops: 6, TTL: [2]time.Duration{40 * time.Millisecond, 100 * time.Millisecond}, DelayedRestart: 100 * time.Millisecond, HoldSteps: 10, PastMax: 1,
+		Kinds: []string{FaultRestart, FaultPartition, FaultLoss}, RestartModes: []string{"empty"}, Faults: true, Horizon: 600 * time.Millisecond},
 	// watchdog-mixed: Locker.Do kept by one renew.Watchdog per client over
 	// two strategies (quorum over nodes 0-4 with fences, single on node
 	// 5), fn working one to three TTLs, under pauses, black holes, lossy

@@ -117,6 +117,9 @@ func makeSchedule(seed uint64, sc *Scenario, horizon time.Duration) []Fault {
 			}
 			f.Kind, f.For = FaultRestart, ms(r, 0, 100)
 			f.Mode = []string{"empty", "snapshot", "durable"}[r.IntN(3)]
+			if len(sc.RestartModes) > 0 {
+				f.Mode = sc.RestartModes[r.IntN(len(sc.RestartModes))]
+			}
 			f.Outside, f.FenceOutside, f.Why = sc.restartOutside(f.Mode)
 		case k < 96:
 			f.Kind, f.Amount = FaultClockJump, ms(r, 5, 400)
