@@ -37,7 +37,8 @@ var (
 	ErrMismatch = errors.New("idempotency: key reused with a different payload")
 	// ErrNotOwner: the caller no longer owns the in-progress record (its
 	// lock expired and someone took the request over); its result was not
-	// stored.
+	// stored. When the handler had already run, Do wraps it in
+	// ErrNotRecorded (the effect may have happened).
 	ErrNotOwner = errors.New("idempotency: record taken over by another owner")
 	// ErrResultNotStored: the request completed, but its result was larger
 	// than the limit and was not kept; it will not run again.
@@ -492,7 +493,12 @@ func (b *Barrier) run(ctx context.Context, req Request, rec, lockKey string, h H
 	out := Outcome{Result: result, Fence: lk.Fence()}
 	switch err := b.record(ctx, rec, lk, kind, payload); {
 	case errors.Is(err, ErrNotOwner):
-		return out, failed, errors.Join(herr, err)
+		// The handler ran to completion under its lock, but the record
+		// was taken over before its result was stored (the store answered
+		// after the lock ran out): the effect happened and nothing says
+		// so. That is "not recorded", not "taken over before anything
+		// ran": the caller must not treat it as a failure to retry.
+		return out, unrecorded, notRecorded(herr, err)
 	case err != nil:
 		keepLock = true
 		return out, unrecorded, notRecorded(herr, err)
