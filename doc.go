@@ -14,6 +14,18 @@
 // retries with jittered backoff until ctx is done. Both return a *Lock that
 // knows its Fence, its Until, and whether it was Lost.
 //
+// # Do keeps its lock alive
+//
+// Locker.Do runs a function under a lock and renews the lock while the
+// function runs, with no option given: a Locker without WithKeeper uses
+// the one process-wide default watchdog, which this package starts on the
+// first Do and whose goroutines (one, plus at most two per strategy, however
+// many Do calls run) end whenever no Do is running. WithKeeper chooses
+// another Keeper (a renew.Watchdog with options of your own);
+// WithoutKeeper turns renewal off, and Do then cancels the function's
+// context at the lock's loss margin, within its first TTL. Either way the
+// function's context is cancelled as soon as the lock is known lost.
+//
 // # What a grant guarantees, and under which assumptions
 //
 // While time.Now() is before Lock.Until, no other holder can be granted the

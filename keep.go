@@ -2,15 +2,18 @@ package redlease
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"reflect"
 	"sync"
 	"time"
+
+	"github.com/redlease/redlease/internal/watch"
 )
 
 // Keeper keeps locks alive by extending them before they expire. The renew
-// package's Watchdog is one, shared by a whole process; Locker.Do uses the
-// Keeper given with WithKeeper.
+// package's Watchdog is one, shared by a whole process. Locker.Do uses the
+// Keeper given with WithKeeper, or else the process-wide default watchdog.
 type Keeper interface {
 	// Keep extends lk from now on until stop is called, lk is released, or
 	// lk is lost. Calling stop more than once is harmless.
@@ -178,55 +181,16 @@ func extendGroup(ctx context.Context, locks []*Lock, grp strategyGroup, errs []e
 	}
 }
 
-// applyRenewal records the outcome of an extension by the lock's own TTL,
-// like applyExtension, except that it never moves Until back: an answer a
-// keeper stopped waiting for may arrive after that of the retry that
-// followed it, and the retry, which started later, knows better.
-//
-// The max is safe between renewals, which all use the lock's TTL: whichever
-// a node applied last, it expires the key no sooner than the later start
-// plus that TTL. It is not safe against a Lock.Extend to another TTL that a
-// node may have applied after this renewal (one sent before the renewal
-// started, or before its reply came): then Until is also held to that
-// Extend's start plus its TTL, less drift.
+// applyRenewal records the outcome of an extension by the lock's own TTL
+// that started at start, like Lock.Extend does (applySuccess): Until never
+// moves back, since an answer a keeper stopped waiting for may arrive after
+// that of the retry that followed it; and it is held to start plus the
+// shortest TTL of any Lock.Extend a node may have applied after it.
 func (lk *Lock) applyRenewal(start time.Time, g Grant, err error) error {
 	if err != nil {
 		return lk.applyExtension(g, err)
 	}
-	lk.mu.Lock()
-	defer lk.unlock()
-	lk.checkExpiryLocked()
-	if !lk.heldLocked() {
-		// Lost or given up while the extension was in flight: the earlier
-		// verdict stands.
-		if lk.cause != nil {
-			return fmt.Errorf("%w: %w", ErrNotHeld, lk.cause)
-		}
-		return fmt.Errorf("%w: released", ErrNotHeld)
-	}
-	until := g.Until
-	if !lk.capUntil.IsZero() {
-		if lk.capFrom.IsZero() || start.Before(lk.capFrom) {
-			until = minTime(until, lk.capUntil) // the Extend may land after this renewal
-		} else {
-			lk.capUntil, lk.capFrom = time.Time{}, time.Time{} // this renewal landed after it
-		}
-	}
-	if until.Before(lk.until) && !lk.capUntil.IsZero() {
-		lk.until = until
-		if lk.expiry != nil {
-			lk.expiry.Reset(max(lk.deadlineLocked().Sub(lk.clock.Now()), 0))
-		}
-		lk.checkExpiryLocked()
-		return nil
-	}
-	if until.After(lk.until) {
-		lk.until = until
-		if lk.expiry != nil {
-			lk.expiry.Reset(lk.deadlineLocked().Sub(lk.clock.Now()))
-		}
-	}
-	return nil
+	return lk.applySuccess(start, g)
 }
 
 // Deadline returns when the lock counts as lost unless an extension comes
@@ -254,30 +218,53 @@ func (lk *Lock) Strategy() Strategy {
 }
 
 // Do takes key (with the Locker's retry policy, like Lock), keeps it alive
-// with the Locker's Keeper while fn runs, and releases it only after fn has
-// returned, so that whatever fn committed is visible before anyone else can
-// take the key.
+// while fn runs, and releases it only after fn has returned, so that
+// whatever fn committed is visible before anyone else can take the key.
+//
+// The lock is kept alive by the Locker's Keeper (WithKeeper) or, by
+// default, by the one process-wide default watchdog: it extends the lock
+// every third of its TTL, like a renew.Watchdog with default options, and
+// costs one goroutine plus at most two per strategy however many Do calls
+// run at once. It starts with the first Do and ends its goroutines
+// whenever no Do is running (after a renewal call still in flight
+// returns), so a program or test that waits for its Do calls leaves none
+// behind. WithoutKeeper turns renewal off: fn must then finish within the
+// lock's first TTL, less the loss margin.
 //
 // fn's ctx is cancelled, with the lock's error as its cause, as soon as the
-// lock is known lost; fn should stop and not commit then. Do returns fn's
-// error; if the lock was lost before fn returned, the error also errors.Is
-// ErrLost, even if fn returned nil. Failing to obtain the lock returns the
-// error of Lock and does not call fn.
+// lock is known lost (a renewal found it no longer held, or none succeeded
+// before the loss margin); fn should stop and not commit then. Do returns
+// fn's error; if the lock was lost before fn returned, the error also
+// errors.Is ErrLost, even if fn returned nil. Failing to obtain the lock
+// returns the error of Lock and does not call fn.
 //
 // A failed release after fn (a node down, say) is not reported: fn's work
 // was done under a valid lock, and the key expires at its TTL. A panic in fn
 // stops the renewal, releases the lock and is then re-raised.
+//
+// The default watchdog runs on the real clock. Inside a testing/synctest
+// bubble, give Do WithoutKeeper or a Keeper made in the bubble
+// (WithKeeper(renew.New())): the default's goroutines and channels belong
+// to whichever bubble, or none, started them.
 func (l *Locker) Do(ctx context.Context, key string, fn func(ctx context.Context, lk *Lock) error, opts ...LockOption) (err error) {
 	if fn == nil {
 		return Invalid("nil function")
+	}
+	c, err := l.config(key, opts)
+	if err != nil {
+		return err
 	}
 	lk, err := l.Lock(ctx, key, opts...)
 	if err != nil {
 		return err
 	}
 	stopKeeping := func() {}
-	if l.keeper != nil {
+	switch {
+	case c.noKeeper:
+	case l.keeper != nil:
 		stopKeeping = l.keeper.Keep(lk)
+	default:
+		stopKeeping = defaultKeeper().Keep(lk)
 	}
 
 	fnCtx, cancel := context.WithCancelCause(ctx)
@@ -326,3 +313,16 @@ func minTime(a, b time.Time) time.Time {
 	}
 	return a
 }
+
+// defaultKeeper is the one process-wide default watchdog that Do uses
+// without WithKeeper: renew.Watchdog's engine with its default options,
+// made on first use, whose goroutines run only while it keeps a lock or a
+// renewal call is in flight.
+var defaultKeeper = sync.OnceValue(func() *watch.Engine[*Lock] {
+	return watch.New(watch.Config[*Lock]{
+		Extend:   ExtendAll,
+		NotHeld:  func(err error) bool { return errors.Is(err, ErrNotHeld) },
+		Lane:     func(lk *Lock) any { return watch.LaneKey(lk.strategy, lk) },
+		IdleStop: true,
+	})
+})

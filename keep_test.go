@@ -83,7 +83,7 @@ func TestDoReportsLossEvenWhenFnSucceeds(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := newFake()
 		var cause error
-		err := redlease.New(f, redlease.WithTTL(time.Second)).Do(t.Context(), "job",
+		err := redlease.New(f, redlease.WithTTL(time.Second), redlease.WithoutKeeper()).Do(t.Context(), "job",
 			func(ctx context.Context, lk *redlease.Lock) error {
 				<-ctx.Done() // no keeper: the lock runs out, and fn hears of it
 				cause = context.Cause(ctx)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 )
@@ -28,19 +29,21 @@ type Lock struct {
 
 	mu    sync.Mutex
 	until time.Time
-	// capUntil, when not zero, bounds until: a Lock.Extend to another TTL
-	// was sent, and a node may apply it after any renewal that did not
-	// start after its reply came (capFrom; zero while it has not come, and
-	// for ever if it never does). See applyRenewal.
-	capUntil time.Time
-	capFrom  time.Time
-	cause    error         // non-nil once lost
-	sent     bool          // a Release was sent: whatever came back, the lock claims nothing any more
-	released bool          // a Release confirmed the key gone (or not ours)
-	reported bool          // the Observer was told how the hold ended
-	lost     chan struct{} // made by the first Lost call; closed once lost or a release was sent
-	expiry   *time.Timer   // started by the first Lost call; marks the lock lost at until−margin
-	untrack  func()        // from a Revoker strategy; run once the lock is released or lost
+	// Lock.Extend calls a node may apply after another extension: those in
+	// flight, and those answered (replied) after that other one started.
+	// An extension that succeeded can only vouch for its start plus the
+	// shortest TTL among them (see extensionCapLocked). undecidedTTL is the
+	// shortest TTL of those whose answer never came: they may land at any
+	// time, so they cap every later extension.
+	extends      []*pendingExtend
+	undecidedTTL time.Duration
+	cause        error         // non-nil once lost
+	sent         bool          // a Release was sent: whatever came back, the lock claims nothing any more
+	released     bool          // a Release confirmed the key gone (or not ours)
+	reported     bool          // the Observer was told how the hold ended
+	lost         chan struct{} // made by the first Lost call; closed once lost or a release was sent
+	expiry       *time.Timer   // started by the first Lost call; marks the lock lost at until−margin
+	untrack      func()        // from a Revoker strategy; run once the lock is released or lost
 
 	observer Observer  // nil: none
 	granted  time.Time // for the hold time an Observer is told
@@ -182,8 +185,11 @@ func (lk *Lock) Err() error {
 // valid until the earlier of its current Until and the time the extension
 // would end the key (its start plus ttl, less a 5% drift allowance), and
 // Extend may be tried again. An Extend to a shorter TTL therefore shortens
-// the hold whether or not its answer comes, and a keeper's renewal that
-// was in flight meanwhile cannot move Until past it.
+// the hold from the moment it is sent, whether or not its answer comes; an
+// extension whose answer comes later (a keeper's renewal, another Extend)
+// cannot move Until past its own start plus the shortest TTL of the Extend
+// calls a node may have applied after it, and one never answered caps
+// every later extension so.
 func (lk *Lock) Extend(ctx context.Context, ttl time.Duration) error {
 	if lk == nil {
 		return ErrNotHeld
@@ -196,24 +202,124 @@ func (lk *Lock) Extend(ctx context.Context, ttl time.Duration) error {
 	}
 	ctx, done := observe(ctx, lk.observer, lk.op("extend"))
 	start := lk.clock.Now()
-	limit := start.Add(ttl - time.Duration(float64(ttl)*undecidedDriftFactor) - undecidedDriftFixed)
+	// From the moment it is sent, a node may apply it: the key then lives
+	// ttl from its arrival, no longer, whatever an earlier extension said.
 	lk.mu.Lock()
-	if lk.capUntil.IsZero() || limit.Before(lk.capUntil) {
-		lk.capUntil = limit
-	}
-	lk.capFrom = time.Time{}
-	lk.mu.Unlock()
+	rec := &pendingExtend{ttl: ttl}
+	lk.extends = append(lk.extends, rec)
+	lk.shortenLocked(capLimit(start, ttl))
+	lk.unlock()
 	g, err := lk.strategy.Extend(ctx, lk.fullKey, lk.token, ttl)
-	if undecided(err) {
-		lk.shorten(limit)
+	lk.mu.Lock()
+	lk.settleExtendLocked(rec, undecided(err))
+	lk.mu.Unlock()
+	if err == nil {
+		err = lk.applySuccess(start, g)
 	} else {
-		lk.mu.Lock()
-		lk.capFrom = lk.clock.Now() // a renewal started from now is applied after it
-		lk.mu.Unlock()
+		err = lk.applyExtension(g, err)
 	}
-	err = lk.applyExtension(g, err)
 	done(err)
 	return err
+}
+
+// pendingExtend is a Lock.Extend that a node may apply after another
+// extension: replied is when its answer came (zero while it is in flight).
+type pendingExtend struct {
+	ttl     time.Duration
+	replied time.Time
+	done    bool
+}
+
+// maxPendingExtends bounds Lock.extends: past it the two oldest answered
+// records merge into one that caps more (the later reply, the shorter TTL).
+const maxPendingExtends = 16
+
+// settleExtendLocked records the answer to rec: an undecided one caps every
+// later extension for good; a decided one caps extensions that started
+// before its answer came.
+func (lk *Lock) settleExtendLocked(rec *pendingExtend, undecided bool) {
+	if undecided {
+		if lk.undecidedTTL == 0 || rec.ttl < lk.undecidedTTL {
+			lk.undecidedTTL = rec.ttl
+		}
+		lk.extends = slices.DeleteFunc(lk.extends, func(p *pendingExtend) bool { return p == rec })
+		return
+	}
+	rec.replied, rec.done = lk.clock.Now(), true
+	for len(lk.extends) > maxPendingExtends {
+		i := slices.IndexFunc(lk.extends, func(p *pendingExtend) bool { return p.done })
+		j := -1
+		if i >= 0 {
+			j = slices.IndexFunc(lk.extends[i+1:], func(p *pendingExtend) bool { return p.done })
+		}
+		if j < 0 {
+			break // all in flight: they stay
+		}
+		a, b := lk.extends[i], lk.extends[i+1+j]
+		b.ttl, b.replied = min(a.ttl, b.ttl), maxTime(a.replied, b.replied)
+		lk.extends = slices.Delete(lk.extends, i, i+1)
+	}
+}
+
+// extensionCapLocked returns the shortest TTL among the Lock.Extend calls a
+// node may have applied after an extension that started at start (in
+// flight, answered after start, or never answered), and whether there is
+// any.
+func (lk *Lock) extensionCapLocked(start time.Time) (time.Duration, bool) {
+	c := lk.undecidedTTL
+	for _, p := range lk.extends {
+		if p.done && !p.replied.After(start) {
+			continue
+		}
+		if c == 0 || p.ttl < c {
+			c = p.ttl
+		}
+	}
+	return c, c > 0
+}
+
+// capLimit is the latest Until an extension to ttl sent at start can vouch
+// for when its answer is unknown: a node that applies it expires the key
+// ttl after it arrives, which is no sooner than start.
+func capLimit(start time.Time, ttl time.Duration) time.Time {
+	return start.Add(ttl - time.Duration(float64(ttl)*undecidedDriftFactor) - undecidedDriftFixed)
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
+
+// applySuccess records an extension, started at start, that the strategy
+// confirmed with g. Until moves to g.Until, held to start plus the shortest
+// TTL among the Lock.Extend calls that a node may have applied after it,
+// and never back: every earlier Until was a bound that calls sent since
+// could only shorten, and those shortened it when they were sent.
+func (lk *Lock) applySuccess(start time.Time, g Grant) error {
+	lk.mu.Lock()
+	defer lk.unlock()
+	lk.checkExpiryLocked()
+	if !lk.heldLocked() {
+		// Lost or given up while the extension was in flight: the earlier
+		// verdict stands.
+		if lk.cause != nil {
+			return fmt.Errorf("%w: %w", ErrNotHeld, lk.cause)
+		}
+		return fmt.Errorf("%w: released", ErrNotHeld)
+	}
+	until := g.Until
+	if c, ok := lk.extensionCapLocked(start); ok {
+		until = minTime(until, capLimit(start, c))
+	}
+	if until.After(lk.until) {
+		lk.until = until
+		if lk.expiry != nil {
+			lk.expiry.Reset(lk.deadlineLocked().Sub(lk.clock.Now()))
+		}
+	}
+	return nil
 }
 
 // undecided reports whether an extension that returned err may still have
@@ -232,14 +338,12 @@ const (
 	undecidedDriftFixed  = 2 * time.Millisecond
 )
 
-// shorten records that an extension sent at start may have been applied
-// although nobody said so: a node that applied it expires the key its TTL
-// after it arrived, so the lock is valid no longer than limit (start + that
-// TTL, less drift) if that comes before its Until. An extension to a longer
-// TTL changes nothing; one to a shorter TTL shortens the hold.
-func (lk *Lock) shorten(limit time.Time) {
-	lk.mu.Lock()
-	defer lk.unlock()
+// shortenLocked records that an extension sent at start may be applied
+// although nobody said so yet: a node that applies it expires the key its
+// TTL after it arrived, so the lock is valid no longer than limit (start +
+// that TTL, less drift) if that comes before its Until. An extension to a
+// longer TTL changes nothing; one to a shorter TTL shortens the hold.
+func (lk *Lock) shortenLocked(limit time.Time) {
 	if !lk.heldLocked() || !limit.Before(lk.until) {
 		return
 	}

@@ -13,8 +13,10 @@ import (
 )
 
 // Locker hands out locks on one default Strategy (replaceable per call with
-// WithStrategy). It holds no connections and starts no goroutines; it is safe
-// for concurrent use and meant to be shared by a whole process.
+// WithStrategy). It holds no connections and starts no goroutines of its
+// own (Do uses the process-wide default watchdog unless given WithKeeper or
+// WithoutKeeper); it is safe for concurrent use and meant to be shared by a
+// whole process.
 type Locker struct {
 	defaults lockConfig
 	prefix   string

@@ -494,3 +494,45 @@ func TestUndecidedShorterExtendShortensValidity(t *testing.T) {
 	}
 	require.NoError(t, b.Release(ctx))
 }
+
+// Found by the simulator (TestFindingExtendAfterUndecided, seed 2586 of
+// quorum3-extend): an Extend to a short TTL whose answer never came, then
+// an Extend to a long TTL that succeeded. The short one may land after the
+// long one and expire the key early, so the long one's success cannot
+// vouch for more than its own start plus the short TTL. Forced order: the
+// short extension is held in the gate, the long one goes through, then
+// the short one lands; the key expires; B takes it.
+func TestSuccessfulExtendAfterAnUndecidedShorterOne(t *testing.T) {
+	ctx := t.Context()
+	srv := redistest.Start(t, redistest.Config{})
+	loadScripts(t, srv.Client())
+	gate := redistest.NewGate(t, srv.Addr)
+	c := redis.NewClient(&redis.Options{Addr: gate.Addr, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = c.Close() })
+	la := redlease.New(single.New(c), redlease.WithTTL(3*time.Second)) // loss margin 300 ms
+	lb := redlease.New(single.New(srv.Client()), redlease.WithTTL(20*time.Second))
+	a, err := la.TryLock(ctx, "attack:extendafter")
+	require.NoError(t, err)
+
+	gate.HoldRequests("$4\r\n1333\r\n") // the 1333 ms extension's TTL argument, and nothing else
+	ectx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	shortErr := a.Extend(ectx, 1333*time.Millisecond)
+	cancel()
+	require.Error(t, shortErr)
+	require.NotErrorIs(t, shortErr, redlease.ErrNotHeld, "undecided, not refused")
+	require.NoError(t, a.Extend(ctx, 10*time.Second), "the long extension goes through")
+	require.NoError(t, gate.Step("", 5*time.Second)) // the short one lands last
+	gate.Open()
+	var b *redlease.Lock
+	for range 100 { // the key expires 1333 ms after the short extension landed
+		if b, err = lb.TryLock(ctx, "attack:extendafter"); err == nil {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	require.NoError(t, err, "the key expired: B may take it")
+	if a.Valid() {
+		t.Fatalf("double grant: B holds the lock (fence %d) and A's lock still says Valid for %v", b.Fence(), time.Until(a.Until()).Round(time.Millisecond))
+	}
+	require.NoError(t, b.Release(ctx))
+}

@@ -39,6 +39,7 @@ type lockConfig struct {
 	maxAttempts int // 0: until ctx is done
 	margin      time.Duration
 	marginSet   bool // false: DefaultLossMargin of the ttl
+	noKeeper    bool // WithoutKeeper: Do keeps nothing alive
 	err         error
 }
 
@@ -145,16 +146,41 @@ func WithLossMargin(d time.Duration) LockOption {
 	})
 }
 
-// WithKeeper gives the Locker a Keeper (renew.Watchdog) that Do uses to
-// keep its locks alive while its function runs. Default none: Do then runs
-// its function within the lock's first TTL and cancels its context when the
-// lock is about to expire.
+// WithKeeper gives the Locker a Keeper (a renew.Watchdog, say) that Do
+// uses to keep its locks alive while its function runs, instead of the
+// process-wide default watchdog (see Locker.Do). A nil Keeper, or
+// WithKeeper and WithoutKeeper both given to New, is rejected with
+// ErrInvalid. WithoutKeeper given to one Do call still turns keeping off
+// for that call.
 func WithKeeper(k Keeper) Option {
 	return lockerOption(func(l *Locker) {
-		if k == nil {
+		switch {
+		case k == nil:
 			l.defaults.fail(Invalid("nil Keeper"))
-			return
+		case l.defaults.noKeeper:
+			l.defaults.fail(Invalid("WithKeeper and WithoutKeeper together"))
+		default:
+			l.keeper = k
 		}
-		l.keeper = k
 	})
+}
+
+// WithoutKeeper turns off the renewal of Do's lock: given to New, for every
+// Do of the Locker; given to one Do call, for that call (even on a Locker
+// with WithKeeper). Do then runs its function within the lock's first TTL
+// and cancels its context at the loss margin (WithLossMargin), when the
+// lock counts as lost. TryLock and Lock, which keep nothing, ignore it.
+// Given to New together with WithKeeper, it is rejected with ErrInvalid.
+func WithoutKeeper() LockOption { return withoutKeeper{} }
+
+type withoutKeeper struct{}
+
+func (withoutKeeper) applyLock(c *lockConfig) { c.noKeeper = true }
+
+func (withoutKeeper) applyLocker(l *Locker) {
+	if l.keeper != nil {
+		l.defaults.fail(Invalid("WithKeeper and WithoutKeeper together"))
+		return
+	}
+	l.defaults.noKeeper = true
 }

@@ -7,6 +7,13 @@
 // quorum) pays one round trip per node per batch, not one per lock: ten
 // thousand locks cost a handful of script calls per node per tick.
 //
+// Locker.Do does not need a Watchdog: without redlease.WithKeeper it keeps
+// its lock with a process-wide default watchdog, the same engine with the
+// default options, whose goroutines end whenever it keeps no lock. Make a
+// Watchdog for other options (WithFraction, WithTimeout, WithMaxCalls), to
+// keep locks taken with Lock, or to Stop renewal yourself; give it to Do
+// with redlease.WithKeeper.
+//
 // # What a kept lock guarantees
 //
 // A renewal that finds the lock no longer held (expired, taken over, or

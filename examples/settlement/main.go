@@ -187,7 +187,9 @@ func run(ctx context.Context, nodeList, storeAddr string, n, clients int) error 
 	if err != nil {
 		return err
 	}
-	svc.frozenAccounts = redlease.New(q, redlease.WithTTL(stallLease), redlease.WithPrefix(prefix+"account:"))
+	// The frozen holder stands for a process paused past its lease: nothing
+	// renews its lock (Do would, by default), so it expires under it.
+	svc.frozenAccounts = redlease.New(q, redlease.WithTTL(stallLease), redlease.WithPrefix(prefix+"account:"), redlease.WithoutKeeper())
 
 	fmt.Printf("%d settlements on %d accounts, sent %d times in all by %d clients (timeout %v, then resend)\n",
 		n, accounts, len(sends), clients, clientTimeout)

@@ -1,0 +1,237 @@
+package redlease_test
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/redlease/redlease"
+	"github.com/redlease/redlease/internal/redistest"
+	"github.com/redlease/redlease/renew"
+	"github.com/redlease/redlease/single"
+)
+
+// singleNode starts a real redis-server and returns a single strategy on it.
+func singleNode(t *testing.T) redlease.Strategy {
+	t.Helper()
+	return single.New(redistest.Start(t, redistest.Config{}).Client())
+}
+
+// watchGoroutines counts the goroutines of the default watchdog (any
+// goroutine with a frame in the renewal engine).
+func watchGoroutines() int {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			buf = buf[:n]
+			break
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+	count := 0
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		if strings.Contains(g, "github.com/redlease/redlease/internal/watch.") {
+			count++
+		}
+	}
+	return count
+}
+
+// waitNoWatchGoroutines waits for the default watchdog to go idle.
+func waitNoWatchGoroutines(t *testing.T) {
+	t.Helper()
+	require.Eventually(t, func() bool { return watchGoroutines() == 0 }, 5*time.Second, 5*time.Millisecond,
+		"the default watchdog's goroutines end once no Do runs")
+}
+
+// holdLong runs one Do with fn longer than 3×ttl on l, and checks on the
+// way that the lock stays held: fn's ctx is not cancelled, another locker
+// is refused, Until moves. It returns once Do has.
+func holdLong(t *testing.T, l, other *redlease.Locker, key string, ttl time.Duration, opts ...redlease.LockOption) {
+	t.Helper()
+	ctx := t.Context()
+	var refused, checks int
+	var firstUntil, lastUntil time.Time
+	err := l.Do(ctx, key, func(ctx context.Context, lk *redlease.Lock) error {
+		firstUntil = lk.Until()
+		end := time.Now().Add(3*ttl + ttl/2)
+		for time.Now().Before(end) {
+			select {
+			case <-ctx.Done():
+				return context.Cause(ctx)
+			case <-time.After(ttl / 4):
+			}
+			checks++
+			if _, err := other.TryLock(ctx, key); assert.ErrorIs(t, err, redlease.ErrNotObtained, "the key is held while fn runs") {
+				refused++
+			}
+		}
+		lastUntil = lk.Until()
+		assert.NoError(t, ctx.Err(), "fn's ctx is not cancelled")
+		assert.True(t, lk.Valid())
+		return nil
+	}, opts...)
+	require.NoError(t, err, "Do keeps its lock past 3×TTL without any option")
+	assert.Equal(t, checks, refused)
+	assert.Greater(t, lastUntil.Sub(firstUntil), 2*ttl, "the lock was extended several times")
+
+	lk, err := other.TryLock(ctx, key)
+	require.NoError(t, err, "released after Do")
+	require.NoError(t, lk.Release(ctx))
+}
+
+// Do with no option renews its lock: a function three and a half TTLs long
+// keeps it from start to end, and the key is free after. The default
+// watchdog's goroutines exist while it runs and are gone once Do returned,
+// and a later Do starts them again.
+func TestDoKeepsLockByDefault(t *testing.T) {
+	s := singleNode(t)
+	const ttl = time.Second
+	l := redlease.New(s, redlease.WithTTL(ttl))
+	other := redlease.New(s, redlease.WithTTL(ttl))
+	waitNoWatchGoroutines(t) // a Do of an earlier test may still be ending
+	baseline := goleak.IgnoreCurrent()
+
+	for round := range 2 { // the second round restarts the idle watchdog
+		var during int
+		var wg sync.WaitGroup
+		stop := make(chan struct{})
+		wg.Go(func() {
+			for {
+				during = max(during, watchGoroutines())
+				select {
+				case <-stop:
+					return
+				case <-time.After(50 * time.Millisecond):
+				}
+			}
+		})
+		holdLong(t, l, other, t.Name(), ttl)
+		close(stop)
+		wg.Wait()
+		assert.Positive(t, during, "round %d: the default watchdog ran", round)
+		goleak.VerifyNone(t, baseline)
+		assert.Zero(t, watchGoroutines(), "round %d", round)
+	}
+}
+
+// WithoutKeeper keeps the former behaviour: nothing renews the lock, and
+// fn's ctx is cancelled at the loss margin, before Until, with ErrLost.
+func TestDoWithoutKeeperLosesAtLossMargin(t *testing.T) {
+	s := singleNode(t)
+	const ttl = time.Second
+	w, err := renew.New()
+	require.NoError(t, err)
+	t.Cleanup(w.Stop)
+	for name, l := range map[string]struct {
+		locker *redlease.Locker
+		opts   []redlease.LockOption
+	}{
+		"locker":                       {redlease.New(s, redlease.WithTTL(ttl), redlease.WithoutKeeper()), nil},
+		"call":                         {redlease.New(s, redlease.WithTTL(ttl)), []redlease.LockOption{redlease.WithoutKeeper()}},
+		"call on a locker with keeper": {redlease.New(s, redlease.WithTTL(ttl), redlease.WithKeeper(w)), []redlease.LockOption{redlease.WithoutKeeper()}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			var start, lostAt, until time.Time
+			var cause error
+			err := l.locker.Do(t.Context(), t.Name(), func(ctx context.Context, lk *redlease.Lock) error {
+				start, until = time.Now(), lk.Until()
+				select {
+				case <-ctx.Done():
+				case <-time.After(3 * ttl):
+					t.Error("fn's ctx was not cancelled within 3×TTL")
+				}
+				lostAt, cause = time.Now(), context.Cause(ctx)
+				assert.Zero(t, w.Len(), "the locker's keeper is not used")
+				return nil
+			}, l.opts...)
+			require.ErrorIs(t, err, redlease.ErrLost)
+			assert.ErrorIs(t, cause, redlease.ErrLost)
+			margin := ttl / redlease.DefaultLossMarginDivisor
+			assert.False(t, lostAt.Before(until.Add(-margin)), "not cancelled before the loss margin")
+			assert.True(t, lostAt.Before(until), "cancelled before Until")
+			assert.Less(t, lostAt.Sub(start), ttl, "within the first TTL")
+		})
+	}
+}
+
+// The default watchdog's goroutines do not grow with the number of Do
+// calls: 200 at once on one strategy, all renewed, cost the scheduler and
+// at most renew.DefaultMaxCalls renewal calls.
+func TestDefaultWatchdogGoroutinesAreConstant(t *testing.T) {
+	s := singleNode(t)
+	const (
+		n   = 200
+		ttl = time.Second
+	)
+	l := redlease.New(s, redlease.WithTTL(ttl))
+	waitNoWatchGoroutines(t)
+	baseline := goleak.IgnoreCurrent()
+
+	ctx := t.Context()
+	var started, wg sync.WaitGroup
+	started.Add(n)
+	all := make(chan struct{})
+	errs := make(chan error, n)
+	for i := range n {
+		wg.Go(func() {
+			errs <- l.Do(ctx, fmt.Sprintf("%s:%d", t.Name(), i), func(ctx context.Context, lk *redlease.Lock) error {
+				first := lk.Until()
+				started.Done()
+				<-all
+				time.Sleep(ttl) // three renewal intervals
+				if !lk.Until().After(first.Add(ttl / 2)) {
+					t.Errorf("%s not renewed: Until %v, first %v", lk.Key(), lk.Until(), first)
+				}
+				return ctx.Err()
+			})
+		})
+	}
+	started.Wait()
+	close(all)
+	most := 0
+	for end := time.Now().Add(ttl); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+		most = max(most, watchGoroutines())
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	assert.Positive(t, most, "the default watchdog ran")
+	assert.LessOrEqual(t, most, 1+renew.DefaultMaxCalls, "one scheduler and at most DefaultMaxCalls calls, for %d Do calls", n)
+	goleak.VerifyNone(t, baseline)
+}
+
+// Contradictory keeper options are refused with ErrInvalid, never a panic,
+// and fn does not run.
+func TestDoKeeperOptionsInvalid(t *testing.T) {
+	f := newFake()
+	k := &keeper{}
+	fn := func(context.Context, *redlease.Lock) error { t.Error("fn ran"); return nil }
+	for name, l := range map[string]*redlease.Locker{
+		"keeper then without": redlease.New(f, redlease.WithKeeper(k), redlease.WithoutKeeper()),
+		"without then keeper": redlease.New(f, redlease.WithoutKeeper(), redlease.WithKeeper(k)),
+		"nil keeper":          redlease.New(f, redlease.WithKeeper(nil)),
+	} {
+		assert.ErrorIs(t, l.Do(t.Context(), "k", fn), redlease.ErrInvalid, name)
+		_, err := l.TryLock(t.Context(), "k")
+		assert.ErrorIs(t, err, redlease.ErrInvalid, name)
+	}
+	assert.Empty(t, k.kept)
+
+	// WithoutKeeper on a call to TryLock is accepted and changes nothing.
+	lk, err := redlease.New(f).TryLock(t.Context(), "k", redlease.WithoutKeeper())
+	require.NoError(t, err)
+	require.NoError(t, lk.Release(t.Context()))
+}

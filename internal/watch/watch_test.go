@@ -1,0 +1,158 @@
+package watch_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/redlease/redlease/internal/watch"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+var errNotHeld = errors.New("not held")
+
+// item is a kept thing with a TTL, valid until a tenth of it before Until.
+type item struct {
+	mu    sync.Mutex
+	ttl   time.Duration
+	until time.Time
+}
+
+func newItem(ttl time.Duration) *item { return &item{ttl: ttl, until: time.Now().Add(ttl)} }
+
+func (i *item) TTL() time.Duration { return i.ttl }
+func (i *item) Until() time.Time {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	return i.until
+}
+func (i *item) Deadline() time.Time { return i.Until().Add(-i.ttl / 10) }
+func (i *item) Valid() bool         { return time.Now().Before(i.Deadline()) }
+
+// extender extends items, counting calls; while block is non-nil a call
+// waits for it to close (like a client that ignores its context).
+type extender struct {
+	mu    sync.Mutex
+	calls int
+	block chan struct{}
+}
+
+func (x *extender) extend(ctx context.Context, items []*item) []error {
+	x.mu.Lock()
+	x.calls++
+	block := x.block
+	x.mu.Unlock()
+	if block != nil {
+		<-block
+	}
+	errs := make([]error, len(items))
+	for _, it := range items {
+		it.mu.Lock()
+		it.until = time.Now().Add(it.ttl)
+		it.mu.Unlock()
+	}
+	return errs
+}
+
+func (x *extender) count() int {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return x.calls
+}
+
+func newEngine(x *extender, idle bool) *watch.Engine[*item] {
+	return watch.New(watch.Config[*item]{
+		Extend:   x.extend,
+		NotHeld:  func(err error) bool { return errors.Is(err, errNotHeld) },
+		Lane:     func(*item) any { return "one" },
+		IdleStop: idle,
+	})
+}
+
+// An IdleStop engine runs no goroutine before the first Keep, extends what
+// it keeps, ends its goroutines when it keeps nothing, and starts again on
+// the next Keep. synctest.Test itself fails if a goroutine is left over.
+func TestIdleStopEndsAndRestarts(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		x := &extender{}
+		e := newEngine(x, true)
+		if e.Running() {
+			t.Fatal("running before the first Keep")
+		}
+		for round := range 3 {
+			it := newItem(3 * time.Second)
+			first := it.Until()
+			stop := e.Keep(it)
+			if !e.Running() {
+				t.Fatalf("round %d: not running after Keep", round)
+			}
+			time.Sleep(5 * time.Second)
+			if got := it.Until(); !got.After(first.Add(time.Second)) || !it.Valid() {
+				t.Fatalf("round %d: not extended: until %v, first %v", round, got, first)
+			}
+			stop()
+			synctest.Wait()
+			if e.Running() || e.Len() != 0 {
+				t.Fatalf("round %d: running %v with %d kept after the last stop", round, e.Running(), e.Len())
+			}
+		}
+		e.Stop()
+		if stop := e.Keep(newItem(time.Second)); e.Running() || e.Len() != 0 {
+			t.Fatal("Keep after Stop started the engine")
+		} else {
+			stop()
+		}
+	})
+}
+
+// An item dropped while its call is in flight leaves the engine running
+// until the call returns; then it goes idle.
+func TestIdleStopWaitsForCallInFlight(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		block := make(chan struct{})
+		x := &extender{block: block}
+		e := newEngine(x, true)
+		stop := e.Keep(newItem(3 * time.Second))
+		time.Sleep(time.Second) // due at 1 s, taken at 0.75 s
+		synctest.Wait()
+		if x.count() != 1 {
+			t.Fatalf("calls = %d, want 1 in flight", x.count())
+		}
+		stop()
+		synctest.Wait()
+		if !e.Running() {
+			t.Fatal("idle while a call is in flight")
+		}
+		close(block)
+		synctest.Wait()
+		if e.Running() {
+			t.Fatal("still running after the call returned")
+		}
+	})
+}
+
+// Without IdleStop the scheduler runs from New to Stop, kept items or not.
+func TestWithoutIdleStopRunsUntilStop(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newEngine(&extender{}, false)
+		if !e.Running() {
+			t.Fatal("not running after New")
+		}
+		e.Keep(newItem(time.Second))()
+		synctest.Wait()
+		if !e.Running() {
+			t.Fatal("stopped when idle without IdleStop")
+		}
+		e.Stop()
+		if e.Running() {
+			t.Fatal("running after Stop")
+		}
+		e.Stop()
+	})
+}

@@ -1,0 +1,98 @@
+package redlease_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/redlease/redlease"
+	"github.com/redlease/redlease/internal/redistest"
+	"github.com/redlease/redlease/quorum"
+	"github.com/redlease/redlease/single"
+)
+
+// A newcomer's program, written from the README's quick start only: go-redis
+// clients with default options (no ContextTimeoutEnabled), quorum.New and
+// redlease.New with nothing but a TTL. It gets the safe behaviour without
+// asking: duplicate nodes refused, rising fences, Do renewing past its TTL,
+// calls bounded by their ctx on a paused node, ErrUnavailable for dead ones.
+func TestNewcomerGetsTheSafeDefaults(t *testing.T) {
+	servers := redistest.StartN(t, 3, redistest.Config{})
+	newClient := func(addr string) *redis.Client {
+		c := redis.NewClient(&redis.Options{Addr: addr}) // as the README writes it
+		t.Cleanup(func() { _ = c.Close() })
+		return c
+	}
+	var nodes []redis.UniversalClient
+	for _, srv := range servers {
+		nodes = append(nodes, newClient(srv.Addr))
+		t.Cleanup(srv.Resume)
+	}
+	ctx := t.Context()
+
+	// Duplicate nodes are refused.
+	_, err := quorum.New([]redis.UniversalClient{nodes[0], nodes[1], newClient(servers[0].Addr)})
+	require.ErrorIs(t, err, redlease.ErrInvalid, "the same server twice")
+
+	q, err := quorum.New(nodes)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = q.Close() })
+	locker := redlease.New(q, redlease.WithTTL(time.Second))
+
+	// Quorum grants carry rising fences.
+	var last uint64
+	for i := range 3 {
+		lk, err := locker.TryLock(ctx, "newcomer:fence")
+		require.NoError(t, err)
+		require.Greater(t, lk.Fence(), last, "grant %d", i)
+		last = lk.Fence()
+		require.NoError(t, lk.Release(ctx))
+	}
+
+	// Do outlives its TTL: renewed by the default watchdog.
+	other := redlease.New(q, redlease.WithTTL(time.Second))
+	err = locker.Do(ctx, "newcomer:do", func(ctx context.Context, lk *redlease.Lock) error {
+		for range 7 { // 3.5 s, over three TTLs
+			time.Sleep(500 * time.Millisecond)
+			if ctx.Err() != nil {
+				return context.Cause(ctx)
+			}
+			if _, err := other.TryLock(ctx, "newcomer:do"); !errors.Is(err, redlease.ErrNotObtained) {
+				return errors.New("another holder got in while Do ran")
+			}
+		}
+		return nil
+	})
+	require.NoError(t, err, "Do kept its lock past the TTL with no option given")
+
+	// A paused node bounds TryLock by its ctx: on its own (single), and
+	// as one of three (quorum, which still grants).
+	servers[2].Pause()
+	one := redlease.New(single.New(nodes[2]))
+	tctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	start := time.Now()
+	_, err = one.TryLock(tctx, "newcomer:paused")
+	cancel()
+	took := time.Since(start)
+	assert.ErrorIs(t, err, redlease.ErrUnavailable, "a paused node is unavailable, not a holder")
+	assert.Less(t, took, time.Second, "TryLock with a 300 ms ctx on a paused node took %v", took)
+	tctx, cancel = context.WithTimeout(ctx, 300*time.Millisecond)
+	lk, err := locker.TryLock(tctx, "newcomer:minority")
+	cancel()
+	require.NoError(t, err, "two of three nodes answer")
+	require.NoError(t, lk.Release(context.WithoutCancel(ctx)))
+	servers[2].Resume()
+
+	// Dead nodes yield ErrUnavailable, still ErrNotObtained.
+	servers[1].Kill()
+	servers[2].Kill()
+	_, err = locker.TryLock(ctx, "newcomer:dead")
+	require.ErrorIs(t, err, redlease.ErrNotObtained)
+	require.ErrorIs(t, err, redlease.ErrUnavailable)
+	t.Log(err)
+}
