@@ -44,7 +44,8 @@ type Strategy interface {
 }
 
 // ReservedPrefix starts every key that redlease writes for its own
-// bookkeeping: fence counters, the quorum strategy's boot markers. No lock
+// bookkeeping: fence counters, the quorum strategy's boot markers, the
+// CLI's holder metadata (redlease:holder:{key}). No lock
 // key may start with it: every strategy rejects such a key (and a Locker
 // prefix that puts keys there) with ErrInvalid, so a lock can never land on
 // a counter or a marker, or the other way round.
