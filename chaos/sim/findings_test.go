@@ -118,13 +118,13 @@ func TestFindingLostAfterDeadline(t *testing.T) {
 	})
 }
 
-// TestFindingExtendAfterUndecided: an Extend that ends undecided (its ctx
-// ended before a quorum answered) caps the lock's Until at its start plus
-// its TTL, but a later Extend that succeeds sets Until from its own TTL
-// and drops the cap (Lock.applyExtension; keeper renewals honour it in
+// TestFindingExtendAfterUndecided (fixed in 2a5388f): an Extend that
+// ends undecided (its ctx ended before a quorum answered) capped the
+// lock's Until at its start plus its TTL, but a later Extend that
+// succeeded set Until from its own TTL and dropped the cap (Lock.applyExtension; keeper renewals honour it in
 // applyRenewal). The undecided request may still land after the later
 // one: the nodes that apply it last expire the key at its shorter TTL,
-// and a second client is granted the key while the first lock is still
+// and a second client was granted the key while the first lock was still
 // Valid. Found by seed 2586 of quorum3-extend (with the maxTTL bound of
 // Extend reverted, the 150 ms extension went through after an undecided
 // 68 ms one); here the order is forced with the nodes' gates, within the
@@ -170,12 +170,13 @@ func TestFindingExtendAfterUndecided(t *testing.T) {
 	})
 }
 
-// TestFindingBarrierNotOwnerAfterEffect: a handler ran and succeeded (its
+// TestFindingBarrierNotOwnerAfterEffect (fixed in 127e250: Do now returns
+// ErrNotRecorded wrapping ErrNotOwner): a handler ran and succeeded (its
 // effect happened), but recording its result took longer than its lock
 // (the store slow, the go-redis client without ContextTimeoutEnabled, so
 // a complete sent before the lock ran out is answered after it). Another
 // caller took the request over meanwhile and ran the handler again, and
-// the first caller's complete is refused: Do returns ErrNotOwner, which
+// the first caller's complete is refused: Do returned ErrNotOwner, which
 // the package documents as "nothing was recorded, let it be redelivered"
 // (the Consumer does not ack it), not ErrNotRecorded ("its effect may
 // have happened; do not run it again"). Found by seed 10542 of the barrier

@@ -61,10 +61,6 @@ type Options struct {
 	// Locker.Do does, which exposes the library's double close (see the
 	// package doc). Off, the workload calls Valid first.
 	LostFirst bool
-	// AfterUndecided lets the workload extend a lock again after an
-	// Extend of it ended undecided, which exposes the library's dropped
-	// cap (see the package doc, "Findings"). Off, it does not.
-	AfterUndecided bool
 }
 
 // Run runs scenario sc under seed and checks its history. Call it inside a

@@ -30,7 +30,6 @@ var (
 	flagProgress  = flag.Bool("progress", false, "log a progress line every 10 s")
 	flagStop      = flag.Bool("stopfail", false, "stop at the first failing seed (power tests)")
 	flagLostFirst = flag.Bool("lostfirst", false, "call Lock.Lost first on every grant (exposes the double-close panic)")
-	flagAfterUnd  = flag.Bool("afterundecided", false, "extend a lock again after an undecided Extend (exposes the dropped cap on Until)")
 	flagWorkers   = flag.Int("workers", 0, "seeds run at once (0: 4 per GOMAXPROCS)")
 )
 
@@ -75,7 +74,7 @@ func TestSim(t *testing.T) {
 		s := uint64(*flagSeed)
 		var res *Result
 		synctest.Test(t, func(t *testing.T) {
-			res = Run(scenarioOf(s), s, Options{Log: true, LostFirst: *flagLostFirst, AfterUndecided: *flagAfterUnd})
+			res = Run(scenarioOf(s), s, Options{Log: true, LostFirst: *flagLostFirst})
 		})
 		t.Logf("scenario %s seed %d: %s", res.Scenario, res.Seed, res.Verdict)
 		t.Log("schedule:\n" + joinFaults(res.Schedule))
@@ -114,7 +113,7 @@ func TestSim(t *testing.T) {
 				s := *flagFirst + i
 				var res *Result
 				synctest.Test(t, func(t *testing.T) {
-					res = Run(scenarioOf(s), s, Options{LostFirst: *flagLostFirst, AfterUndecided: *flagAfterUnd})
+					res = Run(scenarioOf(s), s, Options{LostFirst: *flagLostFirst})
 				})
 				onlyInvariants(res)
 				switch res.Verdict {
@@ -195,7 +194,7 @@ func replays(t *testing.T, s uint64, n int) {
 	for range n {
 		var res *Result
 		synctest.Test(t, func(t *testing.T) {
-			res = Run(scenarioOf(s), s, Options{Log: true, LostFirst: *flagLostFirst, AfterUndecided: *flagAfterUnd})
+			res = Run(scenarioOf(s), s, Options{Log: true, LostFirst: *flagLostFirst})
 		})
 		onlyInvariants(res)
 		verdicts[res.Verdict]++

@@ -69,7 +69,6 @@ func (w *World) hold(ci, seq int, key, via string, ttl time.Duration, lk *redlea
 		close(done)
 	}()
 	steps := r.IntN(w.sc.holdSteps())
-	undecidedExt := false // an Extend of this lock ended undecided
 	for range steps {
 		sleep(time.Duration(r.Int64N(int64(ttl * 7 / 10))))
 		if lk.Valid() {
@@ -87,18 +86,8 @@ func (w *World) hold(ci, seq int, key, via string, ttl time.Duration, lk *redlea
 				ttl2 = w.sc.DelayedRestart * 3 / 2 // past the rule's max TTL: must be refused
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), ms(r, 5, 200))
-			if undecidedExt && !w.opts.AfterUndecided {
-				// Step around a library defect (see the package doc,
-				// "Findings"): an Extend that succeeds after an undecided
-				// one drops the cap the undecided one put on Until.
-				cancel()
-				continue
-			}
 			err := lk.Extend(ctx, ttl2)
 			cancel()
-			if err != nil && !errors.Is(err, redlease.ErrNotHeld) && !errors.Is(err, redlease.ErrInvalid) {
-				undecidedExt = true
-			}
 			w.hist.logf("c%d#%d extend %s ttl=%v: %v", ci, seq, key, ttl2, short(err))
 		}
 	}
