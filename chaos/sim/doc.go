@@ -177,7 +177,8 @@
 // 10 runs. Since one goroutine delivers every message (sched.go), ties
 // at one virtual instant go in send order. Measured since, -replays 10
 // each: quorum3-extend seed 9814 with the maxTTL bound of Extend reverted
-// failed 10 of 10 (4 distinct histories); barrier seed 10542 on main
+// failed 10 of 10 at 59e7f42 (4 distinct histories), seed 15455 9 of 10
+// at 66c8697 (10 histories); barrier seed 10542 on main
 // failed 10 of 10 (1 history); watchdog-mixed seed 2478 with a batch
 // renewal counting validity from its reply failed 10 of 10 (1 history);
 // barrier seed 1373 with the Barrier's cancel-on-loss removed failed 10
@@ -222,7 +223,8 @@
 // before (cc0e868: 6 ops per client, 8.5 grants per seed): 27–33 seeds/s,
 // 24.5–24.8 ms of user CPU per seed; after (4 ops, faults within the
 // workload, 6.4 grants per seed): 89–160 seeds/s, 8.5–9.9 ms of user CPU
-// per seed, so 200–235 seeds/s on two idle cores. Over the whole rotation
+// per seed, so 200–235 seeds/s on two idle cores (at load 2.5, 115
+// seeds/s with 8.5 ms of CPU per seed, the base 50 seeds/s with 24.6). Over the whole rotation
 // make test's 10,000 seeds (go test -count=1 ./chaos/sim/ -run 'TestSim$'
 // -seeds 10000) took 91–94 s of wall time at load 6–8.6 and 62–72 s of
 // user CPU: 31–36 s on two idle cores, by CPU time; not measured on an
@@ -232,7 +234,8 @@
 // # Seeds on main
 //
 // 200,000 seeds of the rotation at 3c08b2e (25,000 per scenario; 20 min
-// 42 s, 161 seeds/s): no failure but the Barrier finding below (9 seeds
+// 42 s, 161 seeds/s): no failure but the Barrier finding below, since
+// fixed (9 seeds
 // of barrier, all effect-twice after a Do that returned ErrNotOwner:
 // 10542, 47030, 48670, 63862, 70150, 86638, 97958, 157358, 182614), 5,524
 // hazards: overlap after clock-skew 2,348, after clock-jump 1,465, after
@@ -242,7 +245,12 @@
 // clock-skew 1, restart 1. No hazard in watchdog-mixed, barrier or
 // quorum3-extend (their faults are inside the assumptions); 12,728
 // repeated Barrier effects after ErrRunCancelled or ErrNotRecorded. Then
-// 25,000 seeds of quorum3-extend as it is now (59e7f42): no failure.
+// 25,000 seeds of quorum3-extend as it is now (59e7f42): no failure. With
+// both findings fixed, 60,000 more seeds at 66c8697 (-first 200001; 7 min
+// 24 s beside other runs): no failure, 1,645 hazards (fence-order after a
+// restart under the rule 1,081, after clock-jump 69; overlap after
+// clock-skew 675, clock-jump 503, restart 249; stale-accepted after
+// restart 1), and the nine barrier seeds above now pass.
 //
 //	go test -count=1 -timeout 0 ./chaos/sim -run 'TestSim$' -seeds 200000 -progress -v
 //
@@ -253,13 +261,15 @@
 // load):
 //
 //   - Extend past the delayed-restart max TTL (8a56ae8's bound reverted:
-//     quorum.Strategy.Extend without checkTTL; git worktree add at
-//     59e7f42): quorum3-extend seed 9814, after 9,814 seeds and 75 s —
-//     a lock extended to 150 ms past the 100 ms max TTL on two nodes, one
-//     of them restarted empty, voting again 100 ms after its first
-//     contact, and a second client granted while the first still held.
-//     An earlier version of the scenario (pauses, any restart mode, half
-//     the extensions past the max TTL) took 21,000–23,500 seeds.
+//     quorum.Strategy.Extend without its checkTTL call): on a worktree at
+//     66c8697, quorum3-extend seed 15455 after 15,456 seeds and 4 min 7 s
+//     (beside another run); at 59e7f42 (before 2a5388f changed Extend),
+//     seed 9814 after 9,814 seeds and 75 s — a lock extended to 150 ms
+//     past the 100 ms max TTL on two nodes, one of them restarted empty
+//     and voting again 100 ms after its first contact, a second client
+//     granted while the first still held. An earlier version of the
+//     scenario (pauses, any restart mode, half the extensions past the
+//     max TTL) took 21,000–23,500 seeds. Both seeds pass on main.
 //   - A batch renewal that counts validity from its reply instead of its
 //     request (quorum/batch.go): watchdog-mixed seed 2478 after 2,478
 //     seeds and 18 s, held-past-expiry.
