@@ -31,6 +31,7 @@ const (
 	InvLeak        = "goroutine-leak"     // a goroutine outlived the run
 	InvStuck       = "stuck"              // the run did not end (a bound was hit)
 	InvPanic       = "panic"              // the library panicked
+	InvBusyRetry   = "renew-busy-retry"   // a lock's renewals to a node answering errors came closer than the retry delay
 )
 
 // Hold is one holder's belief interval: from the moment Lock/TryLock
@@ -47,6 +48,12 @@ type Hold struct {
 	Until   time.Duration // last Until seen
 	LostAt  time.Duration // -1: never closed (should not happen)
 	RelSent time.Duration // -1: no Release sent by the workload
+	// Watchdog workload only (Strat != ""):
+	Strat     string        // "q" or "s"
+	Token     string        // the lock's token on the nodes
+	TTL       time.Duration // the lock's TTL (the watchdog renews every TTL/3)
+	End       time.Duration // fn's return
+	WrongType bool          // the lock's Err names WRONGTYPE
 }
 
 // Violation is one broken invariant. Hazard says it followed a fault

@@ -2,12 +2,15 @@ package sim
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/redlease/redlease"
+	"github.com/redlease/redlease/internal/script"
 	"github.com/redlease/redlease/renew"
 	"github.com/redlease/redlease/single"
 )
@@ -61,7 +64,7 @@ func (w *World) doClient(ci int, ls []doLocker, r *rand.Rand) {
 		ran := false
 		err := dl.locker.Do(ctx, key, func(fctx context.Context, lk *redlease.Lock) error {
 			ran = true
-			w.doHold(ci, seq, key, dl, lk, fctx, pauses)
+			w.doHold(ci, seq, key, dl, lk, fctx, pauses, ttl)
 			return nil
 		}, redlease.WithTTL(ttl), redlease.WithRetryDelay(time.Nanosecond, time.Nanosecond), redlease.WithMaxAttempts(2+r.IntN(5)))
 		cancel()
@@ -74,8 +77,8 @@ func (w *World) doClient(ci int, ls []doLocker, r *rand.Rand) {
 }
 
 // doHold is Do's fn: work in steps, check the nodes and write while Valid.
-func (w *World) doHold(ci, seq int, key string, dl doLocker, lk *redlease.Lock, fctx context.Context, pauses []time.Duration) {
-	hd := &Hold{Client: ci, Seq: seq, Key: key, Via: "do", Fence: lk.Fence(), From: w.hist.now(), LostAt: -1, RelSent: -1}
+func (w *World) doHold(ci, seq int, key string, dl doLocker, lk *redlease.Lock, fctx context.Context, pauses []time.Duration, ttl time.Duration) {
+	hd := &Hold{Client: ci, Seq: seq, Key: key, Via: "do", Fence: lk.Fence(), From: w.hist.now(), LostAt: -1, RelSent: -1, Strat: dl.name, Token: lk.Token(), TTL: ttl}
 	w.hist.logf("c%d#%d do %s granted fence=%d until=+%.3fms", ci, seq, key, lk.Fence(), msf(time.Until(lk.Until())))
 	var mu sync.Mutex
 	fnDone, watched := make(chan struct{}), make(chan struct{})
@@ -107,6 +110,10 @@ func (w *World) doHold(ci, seq int, key string, dl doLocker, lk *redlease.Lock, 
 	end := w.hist.now()
 	close(fnDone)
 	<-watched
+	hd.End = end
+	if err := lk.Err(); err != nil && (errors.Is(err, script.ErrWrongType) || strings.Contains(err.Error(), "WRONGTYPE")) {
+		hd.WrongType = true
+	}
 	hd.Until = lk.Until().Sub(w.start)
 	hd.To = min(end, hd.Until)
 	if hd.LostAt >= 0 {

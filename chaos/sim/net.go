@@ -26,6 +26,7 @@ func (a simAddr) String() string  { return string(a) }
 // message is one request or reply in flight on a link.
 type message struct {
 	at    time.Time // delivery time (virtual)
+	sent  time.Time // when the client sent it (a request)
 	args  []string  // a request
 	reply []byte    // a reply
 }
@@ -149,7 +150,7 @@ func (c *conn) sendRequestLocked(args []string) {
 		at = c.lastReqAt.Add(time.Nanosecond)
 	}
 	c.lastReqAt = at
-	c.reqs = append(c.reqs, message{at: at, args: args})
+	c.reqs = append(c.reqs, message{at: at, sent: now, args: args})
 	c.w.after(at.Sub(now), c.deliverRequests)
 }
 
@@ -170,7 +171,7 @@ func (c *conn) deliverRequests() {
 		return
 	}
 	for _, m := range due {
-		c.node.receive(c, m.args)
+		c.node.receive(c, m.args, m.sent)
 	}
 	if closing && last {
 		c.node.forget(c)

@@ -46,11 +46,22 @@ type Node struct {
 	// redis-server: the test decides the order in which they land.
 	gate func(c *conn, args []string) bool
 	held []queued
+	// badKeys: lock keys a badkey fault overwrote on this node while they
+	// held a token, with the moment (virtual time) the token would have
+	// expired; holds counts the token as held until then (nobody else can
+	// take the key before: the hash outlives it).
+	badKeys map[string]badKey
+}
+
+type badKey struct {
+	token string
+	exp   time.Time // virtual time
 }
 
 type queued struct {
 	c    *conn
 	args []string
+	sent time.Time // when the client sent it
 }
 
 func newNode(w *World, id int, name string) *Node {
@@ -129,21 +140,21 @@ func (n *Node) forget(c *conn) {
 }
 
 // receive applies a request now, or queues it while the node is paused.
-func (n *Node) receive(c *conn, args []string) {
+func (n *Node) receive(c *conn, args []string, sent time.Time) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if _, ok := n.conns[c]; !ok {
 		return // cut, or the node restarted since
 	}
 	if n.gate != nil && n.gate(c, args) {
-		n.held = append(n.held, queued{c, args})
+		n.held = append(n.held, queued{c, args, sent})
 		return
 	}
 	if n.paused {
-		n.queue = append(n.queue, queued{c, args})
+		n.queue = append(n.queue, queued{c, args, sent})
 		return
 	}
-	n.execLocked(c, args)
+	n.execLocked(c, args, sent)
 }
 
 // setGate makes the node hold back the requests gate returns true for.
@@ -163,18 +174,21 @@ func (n *Node) openGate() {
 	held := n.held
 	n.held = nil
 	for _, r := range held {
-		n.execLocked(r.c, r.args)
+		n.execLocked(r.c, r.args, r.sent)
 	}
 }
 
-func (n *Node) execLocked(c *conn, args []string) {
+func (n *Node) execLocked(c *conn, args []string, sent time.Time) {
+	if n.w.scriptCall(n, c, args, sent) {
+		return
+	}
 	n.m.SetTime(n.clockLocked())
 	n.m.Server().Dispatch(c.peer, args)
 	_ = c.pw.Flush()
 	reply := append([]byte(nil), c.pbuf.Bytes()...)
 	c.pbuf.Reset()
 	if n.w.opts.Log {
-		n.w.hist.logf("%s applied %s -> %s", c.name, describe(args), strings.TrimSpace(strings.ReplaceAll(string(reply), "\r\n", " ")))
+		n.w.hist.logf("%s applied %s -> %s (sent %.3fms)", c.name, describe(args), strings.TrimSpace(strings.ReplaceAll(string(reply), "\r\n", " ")), msf(sent.Sub(n.w.start)))
 	}
 	if n.replica != nil {
 		n.replicateLocked(args)
@@ -201,7 +215,7 @@ func (n *Node) resume() {
 	n.queue = nil
 	for _, r := range q {
 		if _, ok := n.conns[r.c]; ok {
-			n.execLocked(r.c, r.args)
+			n.execLocked(r.c, r.args, r.sent)
 		}
 	}
 }
@@ -295,7 +309,43 @@ func (n *Node) holds(key, val string) bool {
 	}
 	n.m.SetTime(n.clockLocked())
 	v, err := n.m.Get(key)
-	return err == nil && v == val
+	if err == nil && v == val {
+		return true
+	}
+	bk, ok := n.badKeys[key]
+	return ok && bk.token == val && time.Now().Before(bk.exp)
+}
+
+// overwrite replaces key with a hash (a badkey fault) that lives as long
+// as the key would have, plus extra. It returns the token the key held
+// ("" if none) and when it would have expired (virtual time).
+func (n *Node) overwrite(key string, extra time.Duration) (string, time.Time) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.down {
+		return "", time.Time{}
+	}
+	n.m.SetTime(n.clockLocked())
+	var tok string
+	var exp time.Time
+	ttl := time.Duration(0)
+	if n.m.Type(key) == "string" {
+		v, err := n.m.Get(key)
+		if err == nil {
+			ttl = n.m.TTL(key)
+			if ttl > 0 {
+				tok, exp = v, time.Now().Add(ttl)
+				if n.badKeys == nil {
+					n.badKeys = map[string]badKey{}
+				}
+				n.badKeys[key] = badKey{tok, exp}
+			}
+		}
+	}
+	n.m.Del(key)
+	n.m.HSet(key, "bad", "1")
+	n.m.SetTTL(key, max(ttl, 0)+extra)
+	return tok, exp
 }
 
 // get reads a string key directly ("" if absent).

@@ -31,6 +31,7 @@ type Result struct {
 	Excused    int           // Barrier: repeated effects after an unknown outcome
 	Elapsed    time.Duration // virtual time the run took
 	WorkEnd    time.Duration // virtual time the workload ended
+	Watch      WatchStats    // watchdog-mixed: badkey, healthy and errnode figures
 }
 
 // maxRun bounds a run in virtual time: a workload still going after it is
@@ -133,6 +134,8 @@ func Run(sc Scenario, seed uint64, opts Options) *Result {
 	time.Sleep(leakGrace)
 
 	vs = append(vs, w.hist.check(sc.fenced())...)
+	wvs, wst := w.checkWatch()
+	vs = append(vs, wvs...)
 	res := &Result{
 		Seed:       seed,
 		Scenario:   sc.Name,
@@ -147,6 +150,7 @@ func Run(sc Scenario, seed uint64, opts Options) *Result {
 		Effects:    w.hist.effectCount(),
 		Elapsed:    time.Since(start),
 		WorkEnd:    workEnd,
+		Watch:      wst,
 	}
 	res.Verdict = grade(res.Violations, w.faults)
 	return res

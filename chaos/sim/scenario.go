@@ -71,9 +71,11 @@ var Scenarios = []Scenario{
 	// watchdog-mixed: Locker.Do kept by one renew.Watchdog per client over
 	// two strategies (quorum over nodes 0-4 with fences, single on node
 	// 5), fn working one to three TTLs, under pauses, black holes, lossy
-	// and cut links, partitions and slow links.
+	// and cut links, partitions and slow links, lock keys overwritten with
+	// a hash (badkey) and nodes answering every script call with a fast
+	// error (errnode).
 	{Name: "watchdog-mixed", Strategy: Quorum, Nodes: 5, Clients: 3, Keys: 2, Ops: 3, TTL: [2]time.Duration{60 * time.Millisecond, 200 * time.Millisecond}, Fencing: true, Watchdog: true,
-		Kinds: []string{FaultPause, FaultBlackhole, FaultLoss, FaultCut, FaultPartition, FaultDelay}, Faults: true, Horizon: 700 * time.Millisecond},
+		Kinds: []string{FaultPause, FaultBlackhole, FaultLoss, FaultCut, FaultPartition, FaultDelay, FaultBadKey, FaultErrNode}, Faults: true, Horizon: 700 * time.Millisecond},
 	// barrier: idempotency.Barrier clients on one store (node 0) with
 	// client timeouts and retries, the store blinking (crash and durable
 	// restart), paused, slow, lossy and cut.

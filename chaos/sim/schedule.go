@@ -20,7 +20,22 @@ const (
 	FaultClockSkew = "clock-skew" // a majority of nodes' clocks jump forward together
 	FaultBlink     = "blink"      // the idempotency store is unreachable for a moment
 	FaultBlackhole = "blackhole"  // every message to and from a node is lost (connections stay open)
+	// FaultBadKey: a lock key is overwritten with a hash on one or more
+	// nodes (GET answers WRONGTYPE); the hash lives as long as the lock
+	// it replaced would have, plus For (watchdog-mixed).
+	FaultBadKey = "badkey"
+	// FaultErrNode: a node answers every EVAL and EVALSHA with a fast
+	// error (Mode: NOPERM or BUSY) for For (watchdog-mixed).
+	FaultErrNode = "errnode"
 )
+
+// errReplies are the error replies of an errnode fault, by Mode. READONLY
+// and LOADING are left out: go-redis retries them itself (MaxRetries)
+// with a backoff jittered from math/rand, which no seed controls.
+var errReplies = map[string]string{
+	"NOPERM": "NOPERM User default has no permissions to run the 'evalsha' command",
+	"BUSY":   "BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSAVE.",
+}
 
 // Fault is one entry of a seed's schedule. Outside marks faults that lie
 // outside the strategy's documented assumptions: violations in a run that
@@ -34,7 +49,8 @@ type Fault struct {
 	For     time.Duration // window length (delay, loss, partition, pause, restart downtime)
 	Amount  time.Duration // delay: extra delay bound; clock jumps: size
 	Prob    float64       // loss probability per message
-	Mode    string        // restart: "empty", "snapshot", "durable"
+	Mode    string        // restart: "empty", "snapshot", "durable"; errnode: the error
+	Key     string        // badkey: the lock key overwritten
 	Outside bool
 	// FenceOutside marks faults outside the assumptions of fence order
 	// only (a node that lost its counters under the delayed-restart rule:
@@ -51,6 +67,9 @@ func (f Fault) String() string {
 	}
 	if len(f.Nodes) > 0 {
 		fmt.Fprintf(&b, " nodes=%v", f.Nodes)
+	}
+	if f.Key != "" {
+		fmt.Fprintf(&b, " key=%s", f.Key)
 	}
 	if f.Client >= 0 && (f.Kind == FaultPartition || f.Kind == FaultCut) {
 		fmt.Fprintf(&b, " client=%d", f.Client)
@@ -141,6 +160,26 @@ func makeSchedule(seed uint64, sc *Scenario, horizon time.Duration) []Fault {
 	}
 	if sc.Barrier && r.IntN(2) == 0 {
 		fs = append(fs, Fault{At: time.Duration(r.Int64N(int64(horizon / 2))), Kind: FaultBlink, Node: sc.storeNode(), Client: -1, For: ms(r, 5, 150)})
+	}
+	// Drawn last, so that the faults above are the ones the same seed drew
+	// before these kinds existed.
+	if slices.Contains(sc.Kinds, FaultBadKey) && sc.Watchdog {
+		for range r.IntN(3) {
+			f := Fault{At: time.Duration(r.Int64N(int64(horizon * 3 / 4))), Kind: FaultBadKey, Node: -1, Client: -1, For: ms(r, 20, 400)}
+			if r.IntN(2) == 0 {
+				f.Key = fmt.Sprintf("q%d", r.IntN(sc.Keys))
+				f.Nodes = pick(r, sc.Nodes, 1+r.IntN(sc.Nodes))
+			} else {
+				f.Key = fmt.Sprintf("s%d", r.IntN(sc.Keys))
+				f.Nodes = []int{sc.Nodes}
+			}
+			fs = append(fs, f)
+		}
+	}
+	if slices.Contains(sc.Kinds, FaultErrNode) {
+		for range r.IntN(3) {
+			fs = append(fs, Fault{At: time.Duration(r.Int64N(int64(horizon * 3 / 4))), Kind: FaultErrNode, Node: r.IntN(n), Client: -1, For: ms(r, 50, 600), Mode: []string{"NOPERM", "BUSY"}[r.IntN(2)]})
+		}
 	}
 	slices.SortStableFunc(fs, func(a, b Fault) int { return int(a.At - b.At) })
 	return fs

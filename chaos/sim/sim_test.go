@@ -222,6 +222,7 @@ var (
 	excusedBy   = map[string]int{}
 	faultsBy    = map[string]int{}
 	lateBy      = map[string]int{} // faults scheduled after the workload ended
+	watchBy     = map[string]*WatchStats{}
 )
 
 func tally(res *Result) {
@@ -238,6 +239,12 @@ func tally(res *Result) {
 		}
 	}
 	verdictsBy[res.Scenario+" "+res.Verdict]++
+	if res.Watch != (WatchStats{}) {
+		if watchBy[res.Scenario] == nil {
+			watchBy[res.Scenario] = &WatchStats{}
+		}
+		watchBy[res.Scenario].add(res.Watch)
+	}
 	seen := map[string]bool{}
 	for _, f := range res.Schedule {
 		k := f.Kind
@@ -268,6 +275,11 @@ func tallyReport() string {
 	for _, k := range slices.Sorted(maps.Keys(seedsBy)) {
 		fmt.Fprintf(&b, "  %-18s %6d  pass=%d hazard=%d fail=%d  (per seed: %.1f grants/effects, workload %v virtual; %d of %d faults after it ended%s)\n", k, seedsBy[k], verdictsBy[k+" "+Pass], verdictsBy[k+" "+Hazard], verdictsBy[k+" "+Fail],
 			float64(grantsBy[k])/float64(seedsBy[k]), (workBy[k] / time.Duration(seedsBy[k])).Round(time.Millisecond), lateBy[k], faultsBy[k], excusedNote(excusedBy[k]))
+	}
+	for _, k := range slices.Sorted(maps.Keys(watchBy)) {
+		s := watchBy[k]
+		fmt.Fprintf(&b, "  %s watchdog: healthy holds %d, lost %d; bystanders of badkey/errnode %d, lost %d; token replaced on a quorum %d (lost while fn ran %d, WRONGTYPE named %d), on a minority only %d (lost %d); renewals answered by errnode %d, at most %d per lock per node per virtual second, closest %.2f retry delays apart; at most %d script calls per erroring node per virtual second\n",
+			k, s.Healthy, s.HealthyLost, s.Bystander, s.BystanderLost, s.BadHeld, s.BadLost, s.BadWrongType, s.BadMinority, s.BadMinorityLost, s.ErrRenews, s.MaxLockPerSec, s.MinGapRatio, s.MaxNodePerSec)
 	}
 	b.WriteString("seeds per fault kind:\n")
 	for _, k := range slices.Sorted(maps.Keys(faultSeeds)) {

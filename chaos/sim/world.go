@@ -6,6 +6,8 @@ import (
 	"math/rand/v2"
 	"net"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -33,6 +35,35 @@ type World struct {
 	closers  []func()
 	verbose  bool
 	schedLog []string
+	badHits  []badHit       // badkey faults that replaced a token
+	hashes   []hashWin      // badkey faults: where and while a hash stood in a lock key
+	renews   []renewCall    // renewal script calls answered by an errnode fault
+	errCalls map[[2]int]int // (node, virtual second) → script calls answered with a fast error
+}
+
+// badHit is one node on which a badkey fault replaced a lock's token.
+type badHit struct {
+	at    time.Duration
+	node  int
+	key   string
+	token string
+	exp   time.Duration // when the token would have expired there
+}
+
+// hashWin is a hash a badkey fault left in a lock key on a node.
+type hashWin struct {
+	node     int
+	key      string
+	from, to time.Duration
+}
+
+// renewCall is one renewal (extend, extendmany) of one lock sent to a
+// node while it answered every script call with an error.
+type renewCall struct {
+	node       int
+	key, token string
+	at         time.Duration // answered
+	sent       time.Duration // sent by the client (the gap check's clock)
 }
 
 // mix is splitmix64 over a and b: the simulator's only hash, for
@@ -188,6 +219,25 @@ func (w *World) actions() []action {
 			n := w.nodes[f.Node]
 			as = append(as, action{f.At, f.String(), n.crash},
 				action{f.At + f.For, fmt.Sprintf("up node=%d (blink)", f.Node), func() { n.restart(true, false) }})
+		case FaultBadKey:
+			as = append(as, action{f.At, f.String(), func() {
+				for _, i := range f.Nodes {
+					tok, exp := w.nodes[i].overwrite(f.Key, f.For)
+					w.mu.Lock()
+					to := f.At + f.For
+					if tok != "" {
+						to = exp.Sub(w.start) + f.For
+					}
+					w.hashes = append(w.hashes, hashWin{node: i, key: f.Key, from: f.At, to: to})
+					if tok == "" {
+						w.mu.Unlock()
+						continue
+					}
+					w.badHits = append(w.badHits, badHit{at: f.At, node: i, key: f.Key, token: tok, exp: exp.Sub(w.start)})
+					w.mu.Unlock()
+					w.hist.logf("fault badkey node=%d %s replaced a token (it would have expired at %.3fms)", i, f.Key, msf(exp.Sub(w.start)))
+				}
+			}})
 		case FaultClockJump:
 			n := w.nodes[f.Node]
 			as = append(as, action{f.At, f.String(), func() { n.jump(f.Amount) }})
@@ -201,6 +251,59 @@ func (w *World) actions() []action {
 	}
 	slices.SortStableFunc(as, func(a, b action) int { return int(a.at - b.at) })
 	return as
+}
+
+// scriptCall answers an EVAL or EVALSHA with the fast error of an
+// errnode fault active on n now, and records it (renewals per lock, calls
+// per node and virtual second). It reports whether it answered. Called
+// with n.mu held.
+func (w *World) scriptCall(n *Node, c *conn, args []string, sent time.Time) bool {
+	if len(args) < 3 || !w.sc.Faults {
+		return false
+	}
+	cmd := strings.ToUpper(args[0])
+	if cmd != "EVAL" && cmd != "EVALSHA" {
+		return false
+	}
+	at := time.Since(w.start)
+	msg := ""
+	for _, f := range w.faults {
+		if f.Kind == FaultErrNode && f.Node == n.id && at >= f.At && at < f.At+f.For {
+			msg = errReplies[f.Mode]
+			break
+		}
+	}
+	if msg == "" {
+		return false
+	}
+	sha := args[1]
+	if cmd == "EVAL" {
+		sha = sha1hex(args[1])
+	}
+	w.mu.Lock()
+	if w.errCalls == nil {
+		w.errCalls = map[[2]int]int{}
+	}
+	w.errCalls[[2]int{n.id, int(at / time.Second)}]++
+	if name := scriptName(sha); name == "extend" || name == "extendmany" {
+		if nk, err := strconv.Atoi(args[2]); err == nil && nk >= 0 && 3+nk <= len(args) {
+			for i, k := range args[3 : 3+nk] {
+				if j := 3 + nk + 2*i; j < len(args) {
+					w.renews = append(w.renews, renewCall{node: n.id, key: k, token: args[j], at: at, sent: sent.Sub(w.start)})
+				}
+			}
+		}
+	}
+	w.mu.Unlock()
+	c.peer.WriteError(msg)
+	_ = c.pw.Flush()
+	reply := append([]byte(nil), c.pbuf.Bytes()...)
+	c.pbuf.Reset()
+	if w.opts.Log {
+		w.hist.logf("%s errnode %s -> %s (sent %.3fms)", c.name, describe(args), msg[:strings.IndexByte(msg, ' ')], msf(sent.Sub(w.start)))
+	}
+	c.sendReply(reply)
+	return true
 }
 
 // cut cuts the connections of node (all nodes if -1) from client (all
