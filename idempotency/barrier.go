@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -477,7 +478,7 @@ func (b *Barrier) run(ctx context.Context, req Request, rec, lockKey string, h H
 		case !ok:
 			errs = append(errs, ErrNotOwner)
 		}
-		return Outcome{Fence: lk.Fence()}, failed, errors.Join(errs...)
+		return Outcome{Fence: lk.Fence()}, failed, oneLine(errs...)
 	}
 	if herr != nil && !b.keep(herr) {
 		_, _ = b.release(ctx, rec, lk.Token())
@@ -762,3 +763,33 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 		return context.Cause(ctx)
 	}
 }
+
+// oneLine joins errs like errors.Join (errors.Is and errors.As see every
+// one of them) into a one-line message: "first: second: third".
+func oneLine(errs ...error) error {
+	var kept []error
+	for _, e := range errs {
+		if e != nil {
+			kept = append(kept, e)
+		}
+	}
+	switch len(kept) {
+	case 0:
+		return nil
+	case 1:
+		return kept[0]
+	}
+	return lineErrors(kept)
+}
+
+type lineErrors []error
+
+func (e lineErrors) Error() string {
+	msgs := make([]string, len(e))
+	for i, err := range e {
+		msgs[i] = err.Error()
+	}
+	return strings.Join(msgs, ": ")
+}
+
+func (e lineErrors) Unwrap() []error { return e }

@@ -70,3 +70,19 @@ func TestResultRefusedAfterTakeoverIsNotRecordedNotFailed(t *testing.T) {
 	assert.ErrorIs(t, d.err, idempotency.ErrNotOwner, "and why")
 	assert.Equal(t, "charged by a", string(d.out.Result))
 }
+
+// A run whose lock was lost is reported in one line, with every cause
+// reachable by errors.Is: the cancelled run, the loss, the handler's own
+// error.
+func TestRunCancelledErrorIsOneLine(t *testing.T) {
+	srv := redistest.Start(t, redistest.Config{})
+	b := barrier(t, srv.Client(), idempotency.WithLease(300*time.Millisecond), idempotency.WithRetention(time.Minute))
+	_, err := b.Do(t.Context(), idempotency.Request{Key: "oneline"}, func(ctx context.Context, _ uint64) ([]byte, error) {
+		<-ctx.Done() // the lease runs out: the lock is lost
+		return nil, ctx.Err()
+	})
+	require.ErrorIs(t, err, idempotency.ErrRunCancelled)
+	assert.ErrorIs(t, err, context.Canceled)
+	assert.NotContains(t, err.Error(), "\n", "one line")
+	t.Log(err)
+}

@@ -132,6 +132,7 @@ func TestMetricsWithOneNodeDown(t *testing.T) {
 	servers[3].Kill()
 	_, err = locker.TryLock(ctx, "job2")
 	require.ErrorIs(t, err, redlease.ErrNotObtained)
+	t.Logf("the failed acquisition: %v", err)
 	var events, acquireSpans int
 	for _, sp := range spans.Ended() {
 		if sp.Name() == "redlease.acquire" {
@@ -144,7 +145,15 @@ func TestMetricsWithOneNodeDown(t *testing.T) {
 		}
 	}
 	assert.Equal(t, grants+2, acquireSpans, "one span per acquisition attempt")
-	assert.GreaterOrEqual(t, events, 3, "per-node span events for the failed acquisition")
+	// The two nodes killed just now refuse at once: their failures are in
+	// the span. The node dead from the start may instead be silent until
+	// the node timeout (go-redis retries dials to it, and the quorum asks
+	// it for its run_id at first contact): then it is named in the error
+	// as silent, not as a span event.
+	assert.GreaterOrEqual(t, events, 2, "per-node span events for the failed acquisition")
+	if events < 3 {
+		assert.Contains(t, err.Error(), "no reply within the node timeout", "the third failed node is named in the error")
+	}
 	assert.Contains(t, logs.String(), "redlease lock lost")
 	t.Logf("grants %d, node errors on the dead node %d, span events %d", acquired, sum(got["redlease.node.errors"], &dead), events)
 }

@@ -117,12 +117,16 @@ func (s *Strategy) collectBatch(ctx context.Context, round *fanout.Round, items 
 		}
 		return true
 	}
+	dup := *s.dup.Load()
 	record := func(node int) {
 		r := round.Result(node)
 		answered++
 		replied[node] = true
 		if r.Err == nil && len(r.Vals) != items {
 			r.Err = fmt.Errorf("extend batch: %d replies for %d keys", len(r.Vals), items)
+		}
+		if r.Err == nil && dup[node] >= 0 {
+			r.Err = errSameServer{of: dup[node]}
 		}
 		if r.Err != nil {
 			causes = multierror.Append(causes, s.nodeError(node, r.Err))

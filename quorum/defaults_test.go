@@ -127,3 +127,32 @@ func TestCloseIsBoundedWithAHungNode(t *testing.T) {
 	t.Logf("Close with a hung node took %v", took.Round(time.Millisecond))
 	assert.Less(t, took, time.Second, "Close must not wait for go-redis's read timeout")
 }
+
+// Two addresses of one server (here a forwarder in front of node 0) pass
+// quorum.New, which can only compare addresses; at first contact their
+// run_id gives them away, and that server's vote counts once. With the
+// real second server down, the "majority" would be one server twice: it
+// is refused, and the error says why.
+func TestOneServerUnderTwoAddressesVotesOnce(t *testing.T) {
+	servers := redistest.StartN(t, 2, redistest.Config{})
+	gate := redistest.NewGate(t, servers[0].Addr) // forwards everything
+	clients := []redis.UniversalClient{servers[0].Client(), servers[1].Client()}
+	alias := redis.NewClient(&redis.Options{Addr: gate.Addr})
+	t.Cleanup(func() { _ = alias.Close() })
+	clients = append(clients, alias)
+	q, err := quorum.New(clients)
+	require.NoError(t, err, "different addresses")
+	t.Cleanup(func() { _ = q.Close() })
+	l := redlease.New(q)
+	ctx := t.Context()
+
+	lk, err := l.TryLock(ctx, "defaults:alias")
+	require.NoError(t, err, "nodes 0 and 1 agree: a majority of two real servers")
+	require.NoError(t, lk.Release(ctx))
+
+	servers[1].Kill()
+	_, err = l.TryLock(ctx, "defaults:alias2")
+	require.ErrorIs(t, err, redlease.ErrNotObtained, "node 0 twice is not a majority")
+	assert.Contains(t, err.Error(), "the same server as node 0")
+	t.Log(err)
+}

@@ -5,7 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-multierror"
@@ -28,6 +31,14 @@ type Strategy struct {
 	driftFactor float64
 	nodeTimeout time.Duration
 	fencing     bool
+	// Which entries are one server (same run_id), learnt at first contact
+	// (identify): dup[i] = j means node i is node j's server, and its
+	// answers count for nothing. identified: every node answered once.
+	idMu        sync.Mutex
+	ids         []int64
+	idTried     time.Time // the last identification round, for its rate limit
+	dup         atomic.Pointer[[]int]
+	identified  atomic.Bool
 	workers     int
 	maxTTL      time.Duration // delayed-restart rule; 0: off
 	maxTTLArg   any           // maxTTL in ms, boxed once for the script
@@ -46,6 +57,12 @@ var _ redlease.Strategy = (*Strategy)(nil)
 // primaries (not replicas of each other, not shards of one cluster). The
 // slice is copied. An odd number of nodes is best: four nodes tolerate one
 // failure, like three, at a higher cost.
+//
+// One server listed twice would vote twice: New refuses the same client or
+// the same address twice (ErrInvalid), and at first contact the strategy
+// asks every node for its run_id, so that two addresses of one server (a
+// DNS alias, a forwarder) count once; the error of an acquisition that
+// needed such a vote says so.
 func New(nodeClients []redis.UniversalClient, opts ...Option) (*Strategy, error) {
 	if len(nodeClients) == 0 {
 		return nil, redlease.Invalid("quorum: no nodes")
@@ -72,6 +89,17 @@ func New(nodeClients []redis.UniversalClient, opts ...Option) (*Strategy, error)
 			if sameClient(s.nodes[j], c) || (s.addrs[i] != "" && s.addrs[j] == s.addrs[i]) {
 				return nil, redlease.Invalid("quorum: nodes %d and %d are the same server (%s): each node must be an independent Redis primary", j, i, s.addrs[i])
 			}
+		}
+	}
+	s.ids = make([]int64, len(nodeClients))
+	dup := make([]int, len(nodeClients))
+	for i := range dup {
+		dup[i] = -1
+	}
+	s.dup.Store(&dup)
+	for _, c := range s.nodes {
+		if _, ok := c.(*redis.ClusterClient); ok {
+			s.identified.Store(true) // a script without keys lands on any master: no identity to learn
 		}
 	}
 	for _, o := range opts {
@@ -159,6 +187,7 @@ func (s *Strategy) Acquire(ctx context.Context, key, token string, ttl time.Dura
 	if err := ctx.Err(); err != nil {
 		return redlease.Grant{}, fmt.Errorf("%w: %w", redlease.ErrNotObtained, context.Cause(ctx))
 	}
+	s.identify(ctx)
 	k := any(key) // boxed once, passed for every key the script does not touch
 	mode, fenceKey, marker := any(script.NoFence), k, k
 	if s.fencing {
@@ -331,10 +360,14 @@ func (s *Strategy) collect(ctx context.Context, round *fanout.Round, agree func(
 	} else {
 		replied = make([]bool, len(s.nodes))
 	}
+	dup := *s.dup.Load()
 	record := func(node int) {
 		r := round.Result(node)
 		t.answered++
 		replied[node] = true
+		if r.Err == nil && dup[node] >= 0 {
+			r.Err = errSameServer{of: dup[node]}
+		}
 		if r.Err != nil {
 			t.causes = multierror.Append(t.causes, s.nodeError(node, r.Err))
 			return
@@ -445,4 +478,73 @@ func (s *Strategy) nodeError(i int, err error) *redlease.NodeError {
 func sameClient(a, b redis.UniversalClient) bool {
 	ta, tb := reflect.TypeOf(a), reflect.TypeOf(b)
 	return ta == tb && ta.Comparable() && a == b
+}
+
+// identify learns, at first contact, which entries are one server: every
+// node is asked for its run_id, in one round before the first acquisition
+// that waits at most a quarter of the node timeout (and again at most
+// every identifyInterval until every node has answered), and a node whose
+// run_id an earlier node has counts for nothing from then on (errSameServer in the error). quorum.New refuses
+// the same client or address twice; this catches two addresses of one
+// server (a DNS alias, a forwarder). A node that did not answer yet is
+// counted as its own server until it does. Acquisitions that start while
+// another asks do not wait for it.
+//
+// identifyInterval bounds how often a node that has not answered is asked
+// again (each round may wait up to the node timeout for it).
+const identifyInterval = 30 * time.Second
+
+func (s *Strategy) identify(ctx context.Context) {
+	if s.identified.Load() {
+		return
+	}
+	if !s.idMu.TryLock() {
+		return // another acquisition is asking; this one goes on
+	}
+	defer s.idMu.Unlock()
+	if s.identified.Load() || time.Since(s.idTried) < identifyInterval {
+		return
+	}
+	s.idTried = time.Now()
+	round := s.fan.Start(ctx, fanout.Call{Script: script.Identify, Line: script.Identify.Args()}, fanout.Call{})
+	// Wait a quarter of the node timeout at most: nodes that are down must
+	// not double the first acquisition's time; they are asked again later.
+	wctx, cancel := context.WithTimeout(ctx, s.nodeTimeout/4)
+	defer cancel()
+	answered := 0
+	await(wctx, round, func() bool { return answered == len(s.nodes) }, func(node int) {
+		answered++
+		if r := round.Result(node); r.Err == nil && r.Val != 0 {
+			s.ids[node] = r.Val
+		}
+	})
+	dup := slices.Clone(*s.dup.Load())
+	known := 0
+	for i, id := range s.ids {
+		if id == 0 {
+			continue
+		}
+		known++
+		if dup[i] >= 0 {
+			continue
+		}
+		for j := range i {
+			if s.ids[j] == id {
+				dup[i] = j
+				break
+			}
+		}
+	}
+	s.dup.Store(&dup)
+	if known == len(s.ids) {
+		s.identified.Store(true)
+	}
+}
+
+// errSameServer is the cause recorded for a node that is the same server
+// as an earlier node of the list (same run_id): its answers count once.
+type errSameServer struct{ of int }
+
+func (e errSameServer) Error() string {
+	return fmt.Sprintf("the same server as node %d (same run_id): its vote counts once; list each server once", e.of)
 }

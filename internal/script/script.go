@@ -277,6 +277,18 @@ func (s *Script) Run(ctx context.Context, c Doer, line []any) (int64, error) {
 	return v, err
 }
 
+// Identify answers with the node's run_id (INFO server; a new one on every
+// start), as an integer: its first 13 hex digits (52 bits, exact in Lua's
+// numbers), or 0 if the node shows none. Two entries of a quorum that
+// answer the same number are one server.
+var Identify = newScript(0, `
+local run = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')
+if not run then
+  return 0
+end
+return tonumber(string.sub(run, 1, 13), 16)
+`)
+
 // ExtendMany resets the TTL of many locks we hold, in one call, and
 // answers for every key on its own: a key the node cannot read as a string
 // does not abort the call (redis.pcall), so it costs no other key its
