@@ -132,3 +132,31 @@ var ErrNotReplicated = errors.New("redlease: write not acknowledged by enough re
 // over (a Sentinel +switch-master): the promoted replica may not have had
 // them. A lock revoked this way errors.Is both ErrLost and ErrFailover.
 var ErrFailover = errors.New("redlease: primary failed over")
+
+// chain is err1: err2: … on one line, each message once: a cause that
+// starts with the "redlease: " prefix the sentinel before it already shows
+// loses it. errors.Is and errors.As see every error in it.
+type chain []error
+
+func (c chain) Error() string {
+	var b strings.Builder
+	for i, e := range c {
+		m := e.Error()
+		if i > 0 {
+			b.WriteString(": ")
+			m = strings.TrimPrefix(m, "redlease: ")
+		}
+		b.WriteString(m)
+	}
+	return b.String()
+}
+
+func (c chain) Unwrap() []error { return c }
+
+// wrapCause returns err followed by cause on one line (see chain).
+func wrapCause(err, cause error) error {
+	if cause == nil {
+		return err
+	}
+	return chain{err, cause}
+}
