@@ -153,8 +153,11 @@ func (c chain) Error() string {
 
 func (c chain) Unwrap() []error { return c }
 
-// wrapCause returns err followed by cause on one line (see chain).
-func wrapCause(err, cause error) error {
+// Wrap returns err followed by cause on one line, "err: cause", where a
+// cause that starts with the "redlease: " prefix loses it (the message
+// shows it once); errors.Is and errors.As see both. A nil cause returns
+// err. Strategies use it to put a sentinel in front of a cause.
+func Wrap(err, cause error) error {
 	if cause == nil {
 		return err
 	}

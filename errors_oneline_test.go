@@ -38,3 +38,11 @@ func TestErrorsAreOneLineWithOnePrefix(t *testing.T) {
 		assert.Equal(t, 1, strings.Count(err.Error(), "context canceled"), "%s", err)
 	})
 }
+
+func TestWrapShowsThePrefixOnce(t *testing.T) {
+	err := redlease.Wrap(redlease.ErrNotObtained, redlease.ErrNotReplicated)
+	assert.Equal(t, "redlease: lock not obtained: write not acknowledged by enough replicas", err.Error())
+	assert.ErrorIs(t, err, redlease.ErrNotObtained)
+	assert.ErrorIs(t, err, redlease.ErrNotReplicated)
+	assert.Same(t, redlease.ErrLost, redlease.Wrap(redlease.ErrLost, nil))
+}

@@ -305,7 +305,7 @@ func (lk *Lock) applySuccess(start time.Time, g Grant) error {
 		// Lost or given up while the extension was in flight: the earlier
 		// verdict stands.
 		if lk.cause != nil {
-			return wrapCause(ErrNotHeld, lk.cause)
+			return Wrap(ErrNotHeld, lk.cause)
 		}
 		return fmt.Errorf("%w: released", ErrNotHeld)
 	}
@@ -376,7 +376,7 @@ func (lk *Lock) applyExtension(g Grant, err error) error {
 		// Lost or given up while the extension was in flight: the earlier
 		// verdict stands.
 		if lk.cause != nil {
-			return wrapCause(ErrNotHeld, lk.cause)
+			return Wrap(ErrNotHeld, lk.cause)
 		}
 		return fmt.Errorf("%w: released", ErrNotHeld)
 	}
@@ -438,7 +438,7 @@ func (lk *Lock) usable() error {
 	lk.checkExpiryLocked()
 	switch {
 	case lk.cause != nil:
-		return wrapCause(ErrNotHeld, lk.cause)
+		return Wrap(ErrNotHeld, lk.cause)
 	case lk.sent:
 		return fmt.Errorf("%w: released", ErrNotHeld)
 	}

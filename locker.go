@@ -143,7 +143,7 @@ func (l *Locker) retry(ctx context.Context, c lockConfig, key string) (*Lock, er
 // attempt makes one attempt under token, which no other attempt uses.
 func (l *Locker) attempt(ctx context.Context, c lockConfig, key, token string) (*Lock, error) {
 	if err := ctx.Err(); err != nil {
-		return nil, wrapCause(ErrNotObtained, context.Cause(ctx))
+		return nil, Wrap(ErrNotObtained, context.Cause(ctx))
 	}
 	full := l.prefix + key
 	// A Revoker tracks the grant from before the request is sent: a
@@ -247,5 +247,5 @@ func withCause(err, cause error) error {
 	if cause == nil || errors.Is(err, cause) {
 		return err
 	}
-	return wrapCause(err, cause)
+	return Wrap(err, cause)
 }

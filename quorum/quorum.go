@@ -185,7 +185,7 @@ func (s *Strategy) Acquire(ctx context.Context, key, token string, ttl time.Dura
 		return redlease.Grant{}, err
 	}
 	if err := ctx.Err(); err != nil {
-		return redlease.Grant{}, fmt.Errorf("%w: %w", redlease.ErrNotObtained, context.Cause(ctx))
+		return redlease.Grant{}, redlease.Wrap(redlease.ErrNotObtained, context.Cause(ctx))
 	}
 	s.identify(ctx)
 	k := any(key) // boxed once, passed for every key the script does not touch

@@ -155,7 +155,7 @@ func (p *Primary) judge(ctx context.Context, addr string, items []redlease.Exten
 			switch v := r.vals[j]; v {
 			case script.Extended:
 				if r.repl != nil { // extended, but not acknowledged by enough replicas
-					out[i].Err = fmt.Errorf("%w: %w", redlease.ErrUnavailable, r.repl)
+					out[i].Err = redlease.Wrap(redlease.ErrUnavailable, r.repl)
 					continue
 				}
 				ttl := items[i].TTL
@@ -169,7 +169,7 @@ func (p *Primary) judge(ctx context.Context, addr string, items []redlease.Exten
 				out[i].Err = redlease.ErrNotHeld
 			case script.WrongType:
 				// A verdict, not a failure of the node: not reported as one.
-				out[i].Err = fmt.Errorf("%w: %w", redlease.ErrNotHeld, &redlease.NodeError{Addr: addr, Err: script.ErrWrongType})
+				out[i].Err = redlease.Wrap(redlease.ErrNotHeld, &redlease.NodeError{Addr: addr, Err: script.ErrWrongType})
 			default:
 				out[i].Err = p.failAt(ctx, addr, redlease.ErrUnavailable, script.KeyCause(v))
 			}

@@ -144,7 +144,7 @@ func (p *Primary) Acquire(ctx context.Context, key, token string, ttl time.Durat
 		return redlease.Grant{}, err
 	}
 	if err := ctx.Err(); err != nil {
-		return redlease.Grant{}, fmt.Errorf("%w: %w", redlease.ErrNotObtained, context.Cause(ctx))
+		return redlease.Grant{}, redlease.Wrap(redlease.ErrNotObtained, context.Cause(ctx))
 	}
 	k := any(key) // boxed once, passed for every key the script does not touch
 	mode, fenceKey := any(script.NoFence), k
@@ -175,7 +175,7 @@ func (p *Primary) Acquire(ctx context.Context, key, token string, ttl time.Durat
 	switch {
 	case errors.Is(err, redlease.ErrNotReplicated) && v != script.Taken:
 		_ = p.Release(context.WithoutCancel(ctx), key, token)
-		return redlease.Grant{}, fmt.Errorf("%w: %w", redlease.ErrNotObtained, err)
+		return redlease.Grant{}, redlease.Wrap(redlease.ErrNotObtained, err)
 	case err != nil:
 		var ab errAbandoned
 		if !notSent(err) && !errors.As(err, &ab) { // an abandoned call undoes itself when it returns
@@ -219,7 +219,7 @@ func (p *Primary) Extend(ctx context.Context, key, token string, ttl time.Durati
 	case err == nil && v != 1, errors.Is(err, redlease.ErrNotReplicated) && v != 1:
 		return redlease.Grant{}, redlease.ErrNotHeld
 	case errors.Is(err, redlease.ErrNotReplicated):
-		return redlease.Grant{}, fmt.Errorf("%w: %w", redlease.ErrUnavailable, err)
+		return redlease.Grant{}, redlease.Wrap(redlease.ErrUnavailable, err)
 	case err != nil:
 		return redlease.Grant{}, p.fail(ctx, redlease.ErrUnavailable, err)
 	}
