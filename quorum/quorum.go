@@ -480,6 +480,11 @@ func sameClient(a, b redis.UniversalClient) bool {
 	return ta == tb && ta.Comparable() && a == b
 }
 
+// CallBound is how long one round to the nodes may take: the node timeout.
+// A keeper (renew.Watchdog, Do's default) waits at least twice that for a
+// renewal of this strategy's locks, whatever its own renewal timeout.
+func (s *Strategy) CallBound() time.Duration { return s.nodeTimeout }
+
 // identify learns, at first contact, which entries are one server: every
 // node is asked for its run_id, in one round before the first acquisition
 // that waits at most a quarter of the node timeout (and again at most

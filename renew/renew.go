@@ -60,9 +60,10 @@ func WithFraction(fraction float64) Option {
 // call's locks) before it counts the call as failed and schedules a retry,
 // and the longest Stop waits for calls in flight. Default DefaultTimeout
 // (1 s). Must be at least a millisecond. Keep it above the strategy's own
-// bound on a call (quorum's node timeout, failover's WAIT timeout) and
-// below the renewal interval, so that a timed-out renewal leaves time for
-// retries.
+// bound on a call (failover's WAIT timeout) and below the renewal
+// interval, so that a timed-out renewal leaves time for retries. A
+// strategy that states its bound (quorum: CallBound, its node timeout) is
+// waited for at least twice that, whatever this timeout says.
 func WithTimeout(d time.Duration) Option {
 	return optionFunc(func(w *Watchdog) error {
 		if d < time.Millisecond {

@@ -65,6 +65,28 @@ type Config[T Item] struct {
 	IdleStop bool
 }
 
+// CallBounder is a lane key (a strategy) whose calls may take up to a bound
+// of their own: the quorum strategy's node timeout, for each round of a
+// batch (the rounds run at once). The engine waits for such a lane's call
+// at least twice that bound, whatever its renewal timeout: giving up on a
+// call the strategy is still entitled to finish keeps its call slot busy
+// and sends a retry behind it (with a 2 s node timeout and the 1 s default,
+// under load, whole lanes ran out of validity).
+type CallBounder interface {
+	CallBound() time.Duration
+}
+
+// laneTimeout is the renewal timeout for calls of lane key: the engine's,
+// or twice the key's own CallBound when that is longer.
+func (w *Engine[T]) laneTimeout(key any) time.Duration {
+	if b, ok := key.(CallBounder); ok {
+		if d := 2 * b.CallBound(); d > w.timeout {
+			return d
+		}
+	}
+	return w.timeout
+}
+
 // LaneKey is the lane of an item of strategy s: s itself, or the item for
 // a strategy that cannot be a map key (== on an incomparable dynamic value
 // panics).
@@ -442,12 +464,13 @@ func (e *entry[T]) takeAt() time.Time {
 }
 
 // callLocked starts one call with ln's pending items, under a deadline of
-// the renewal timeout, narrowed to the earliest Deadline of its items. It
-// returns nil if none of them is still worth extending.
+// the lane's renewal timeout (laneTimeout), narrowed to the earliest
+// Deadline of its items. It returns nil if none of them is still worth
+// extending.
 func (w *Engine[T]) callLocked(g *generation[T], ln *lane[T], now time.Time) *call[T] {
 	batch := ln.pending
 	ln.pending = nil
-	c := &call[T]{lane: ln, start: now, deadline: now.Add(w.timeout)}
+	c := &call[T]{lane: ln, start: now, deadline: now.Add(w.laneTimeout(ln.key))}
 	items := make([]T, 0, len(batch))
 	for _, e := range batch {
 		if e.dropped {

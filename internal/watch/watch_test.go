@@ -8,6 +8,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"go.uber.org/goleak"
 
 	"github.com/redlease/redlease/internal/watch"
@@ -154,5 +155,66 @@ func TestWithoutIdleStopRunsUntilStop(t *testing.T) {
 			t.Fatal("running after Stop")
 		}
 		e.Stop()
+	})
+}
+
+// bounded is a lane key with a call bound of its own, like the quorum
+// strategy with its node timeout.
+type bounded struct{ d time.Duration }
+
+func (b *bounded) CallBound() time.Duration { return b.d }
+
+// slowExtender takes its time for every call, counting how many overlap.
+type slowExtender struct {
+	mu            sync.Mutex
+	took          time.Duration
+	inFlight, max int
+	calls         int
+}
+
+func (x *slowExtender) extend(ctx context.Context, items []*item) []error {
+	x.mu.Lock()
+	x.calls++
+	x.inFlight++
+	x.max = max(x.max, x.inFlight)
+	x.mu.Unlock()
+	time.Sleep(x.took) // a call the strategy may take: within its bound
+	x.mu.Lock()
+	x.inFlight--
+	x.mu.Unlock()
+	for _, it := range items {
+		it.mu.Lock()
+		it.until = time.Now().Add(it.ttl)
+		it.mu.Unlock()
+	}
+	return make([]error, len(items))
+}
+
+// A strategy whose calls may take up to 1 s (its CallBound) gets twice
+// that before the engine gives up on a renewal, although the engine's own
+// renewal timeout is 1 s: a 1.5 s renewal is waited for, not abandoned and
+// retried beside itself.
+func TestLaneWaitsForItsStrategysCallBound(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		x := &slowExtender{took: 1500 * time.Millisecond}
+		key := &bounded{d: time.Second}
+		w := watch.New(watch.Config[*item]{
+			Timeout:  time.Second,
+			Extend:   x.extend,
+			NotHeld:  func(err error) bool { return errors.Is(err, errNotHeld) },
+			Lane:     func(*item) any { return key },
+			IdleStop: true,
+		})
+		it := newItem(6 * time.Second)
+		stop := w.Keep(it)
+		time.Sleep(10 * time.Second)
+		assert.True(t, it.Valid(), "kept")
+		x.mu.Lock()
+		calls, most := x.calls, x.max
+		x.mu.Unlock()
+		assert.Equal(t, 1, most, "no renewal abandoned and retried beside itself (%d calls)", calls)
+		stop()
+		time.Sleep(2 * time.Second) // a call in flight returns; the idle engine then ends
+		synctest.Wait()
 	})
 }
