@@ -159,7 +159,7 @@ func extendGroup(ctx context.Context, locks []*Lock, grp strategyGroup, errs []e
 			lk := locks[i]
 			start := lk.clock.Now()
 			g, err := s.Extend(ctx, lk.fullKey, lk.token, lk.ttl)
-			errs[i] = lk.applyRenewal(start, g, err)
+			errs[i] = lk.applyExtension(start, g, err)
 			lk.observeRenewal(errs[i])
 		}
 		return
@@ -176,21 +176,9 @@ func extendGroup(ctx context.Context, locks []*Lock, grp strategyGroup, errs []e
 			errs[i] = fmt.Errorf("%w: strategy returned %d results for %d extensions", ErrUnavailable, len(out), len(items))
 			continue
 		}
-		errs[i] = locks[i].applyRenewal(starts[j], out[j].Grant, out[j].Err)
+		errs[i] = locks[i].applyExtension(starts[j], out[j].Grant, out[j].Err)
 		locks[i].observeRenewal(errs[i])
 	}
-}
-
-// applyRenewal records the outcome of an extension by the lock's own TTL
-// that started at start, like Lock.Extend does (applySuccess): Until never
-// moves back, since an answer a keeper stopped waiting for may arrive after
-// that of the retry that followed it; and it is held to start plus the
-// shortest TTL of any Lock.Extend a node may have applied after it.
-func (lk *Lock) applyRenewal(start time.Time, g Grant, err error) error {
-	if err != nil {
-		return lk.applyExtension(g, err)
-	}
-	return lk.applySuccess(start, g)
 }
 
 // Deadline returns when the lock counts as lost unless an extension comes
@@ -305,13 +293,6 @@ func (lk *Lock) observeRenewal(err error) {
 	}
 	_, done := lk.observer.Start(context.Background(), lk.op("extend"))
 	done(err)
-}
-
-func minTime(a, b time.Time) time.Time {
-	if b.Before(a) {
-		return b
-	}
-	return a
 }
 
 // defaultKeeper is the one process-wide default watchdog that Do uses

@@ -213,11 +213,7 @@ func (lk *Lock) Extend(ctx context.Context, ttl time.Duration) error {
 	lk.mu.Lock()
 	lk.settleExtendLocked(rec, undecided(err))
 	lk.mu.Unlock()
-	if err == nil {
-		err = lk.applySuccess(start, g)
-	} else {
-		err = lk.applyExtension(g, err)
-	}
+	err = lk.applyExtension(start, g, err)
 	done(err)
 	return err
 }
@@ -285,6 +281,13 @@ func capLimit(start time.Time, ttl time.Duration) time.Time {
 	return start.Add(ttl - time.Duration(float64(ttl)*undecidedDriftFactor) - undecidedDriftFixed)
 }
 
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
+}
+
 func maxTime(a, b time.Time) time.Time {
 	if b.After(a) {
 		return b
@@ -296,7 +299,9 @@ func maxTime(a, b time.Time) time.Time {
 // confirmed with g. Until moves to g.Until, held to start plus the shortest
 // TTL among the Lock.Extend calls that a node may have applied after it,
 // and never back: every earlier Until was a bound that calls sent since
-// could only shorten, and those shortened it when they were sent.
+// could only shorten, and those shortened it when they were sent (and an
+// answer a keeper stopped waiting for may arrive after that of the retry
+// that followed it, which knows better).
 func (lk *Lock) applySuccess(start time.Time, g Grant) error {
 	lk.mu.Lock()
 	defer lk.unlock()
@@ -314,10 +319,7 @@ func (lk *Lock) applySuccess(start time.Time, g Grant) error {
 		until = minTime(until, capLimit(start, c))
 	}
 	if until.After(lk.until) {
-		lk.until = until
-		if lk.expiry != nil {
-			lk.expiry.Reset(lk.deadlineLocked().Sub(lk.clock.Now()))
-		}
+		lk.setUntilLocked(until)
 	}
 	return nil
 }
@@ -344,10 +346,15 @@ const (
 // that TTL, less drift) if that comes before its Until. An extension to a
 // longer TTL changes nothing; one to a shorter TTL shortens the hold.
 func (lk *Lock) shortenLocked(limit time.Time) {
-	if !lk.heldLocked() || !limit.Before(lk.until) {
-		return
+	if lk.heldLocked() && limit.Before(lk.until) {
+		lk.setUntilLocked(limit)
 	}
-	lk.until = limit
+}
+
+// setUntilLocked moves Until to until, and the expiry timer with it; a
+// deadline already past ends the hold now.
+func (lk *Lock) setUntilLocked(until time.Time) {
+	lk.until = until
 	if lk.expiry != nil {
 		lk.expiry.Reset(max(lk.deadlineLocked().Sub(lk.clock.Now()), 0))
 	}
@@ -359,32 +366,19 @@ func (lk *Lock) op(name string) Op {
 	return Op{Name: name, Strategy: strategyName(lk.strategy), Key: lk.key}
 }
 
-// applyExtension records the outcome of an extension: a new Until, or the
-// loss of the lock if the strategy says it is no longer held. Other errors
-// leave the lock as it was.
-func (lk *Lock) applyExtension(g Grant, err error) error {
-	if err != nil {
-		if errors.Is(err, ErrNotHeld) {
-			lk.markLost(err)
-		}
-		return err
+// applyExtension records the outcome of an extension that started at
+// start, Lock.Extend's or a keeper's renewal: on success a new Until (see
+// applySuccess); the loss of the lock if the strategy says it is no longer
+// held; other errors leave the lock as it was (Lock.Extend shortened it
+// when it sent a shorter TTL).
+func (lk *Lock) applyExtension(start time.Time, g Grant, err error) error {
+	if err == nil {
+		return lk.applySuccess(start, g)
 	}
-	lk.mu.Lock()
-	defer lk.unlock()
-	lk.checkExpiryLocked()
-	if !lk.heldLocked() {
-		// Lost or given up while the extension was in flight: the earlier
-		// verdict stands.
-		if lk.cause != nil {
-			return Wrap(ErrNotHeld, lk.cause)
-		}
-		return fmt.Errorf("%w: released", ErrNotHeld)
+	if errors.Is(err, ErrNotHeld) {
+		lk.markLost(err)
 	}
-	lk.until = g.Until
-	if lk.expiry != nil {
-		lk.expiry.Reset(lk.deadlineLocked().Sub(lk.clock.Now()))
-	}
-	return nil
+	return err
 }
 
 // Release gives the lock up: the key is removed on the strategy's nodes
