@@ -360,30 +360,58 @@ func (s *Strategy) collect(ctx context.Context, round *fanout.Round, agree func(
 	} else {
 		replied = make([]bool, len(s.nodes))
 	}
+	// Votes count per server: an entry that is another's server (dup, by
+	// run_id) speaks for that server. Its request acts on the same data,
+	// so either entry's "yes" is the server's (a release's delete may land
+	// through either address, and the other then finds the key gone); a
+	// server counts once, and a "yes" outweighs a "no".
 	dup := *s.dup.Load()
+	var (
+		smallVotes [16]int8 // per server: 0 none, 1 refused, 2 agreed
+		votes      = smallVotes[:0]
+	)
+	if len(s.nodes) <= len(smallVotes) {
+		votes = smallVotes[:len(s.nodes)]
+	} else {
+		votes = make([]int8, len(s.nodes))
+	}
 	record := func(node int) {
 		r := round.Result(node)
 		t.answered++
 		replied[node] = true
-		if r.Err == nil && dup[node] >= 0 {
-			r.Err = errSameServer{of: dup[node]}
-		}
 		if r.Err != nil {
 			t.causes = multierror.Append(t.causes, s.nodeError(node, r.Err))
 			return
 		}
+		server := node
+		if dup[node] >= 0 {
+			server = dup[node]
+		}
 		ok, why := agree(r.Val)
 		switch {
 		case ok:
-			t.agreed++
 			t.highest = max(t.highest, r.Val)
 			if node < 64 {
 				t.agreeing |= 1 << node
 			}
+			switch votes[server] {
+			case 2: // this server said yes already, through its other address
+				t.causes = multierror.Append(t.causes, s.nodeError(node, errSameServer{of: server}))
+				return
+			case 1:
+				t.refused--
+			}
+			votes[server] = 2
+			t.agreed++
 		default:
-			t.refused++
 			if why != nil {
 				t.causes = multierror.Append(t.causes, s.nodeError(node, why))
+			}
+			if votes[server] == 0 {
+				votes[server] = 1
+				t.refused++
+			} else if dup[node] >= 0 {
+				t.causes = multierror.Append(t.causes, s.nodeError(node, errSameServer{of: server}))
 			}
 		}
 	}
