@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -465,20 +464,17 @@ func (b *Barrier) run(ctx context.Context, req Request, rec, lockKey string, h H
 	}
 	if cause != nil {
 		// Whatever h returned, its run was cut short: nothing is recorded.
-		errs := []error{ErrRunCancelled}
-		if herr != nil {
-			errs = append(errs, herr)
-		}
+		err := redlease.Wrap(ErrRunCancelled, herr)
 		if !errors.Is(herr, cause) {
-			errs = append(errs, cause)
+			err = redlease.Wrap(err, cause)
 		}
-		switch ok, err := b.release(ctx, rec, lk.Token()); {
-		case err != nil:
-			errs = append(errs, err)
+		switch ok, rerr := b.release(ctx, rec, lk.Token()); {
+		case rerr != nil:
+			err = redlease.Wrap(err, rerr)
 		case !ok:
-			errs = append(errs, ErrNotOwner)
+			err = redlease.Wrap(err, ErrNotOwner)
 		}
-		return Outcome{Fence: lk.Fence()}, failed, oneLine(errs...)
+		return Outcome{Fence: lk.Fence()}, failed, err
 	}
 	if herr != nil && !b.keep(herr) {
 		_, _ = b.release(ctx, rec, lk.Token())
@@ -763,33 +759,3 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 		return context.Cause(ctx)
 	}
 }
-
-// oneLine joins errs like errors.Join (errors.Is and errors.As see every
-// one of them) into a one-line message: "first: second: third".
-func oneLine(errs ...error) error {
-	var kept []error
-	for _, e := range errs {
-		if e != nil {
-			kept = append(kept, e)
-		}
-	}
-	switch len(kept) {
-	case 0:
-		return nil
-	case 1:
-		return kept[0]
-	}
-	return lineErrors(kept)
-}
-
-type lineErrors []error
-
-func (e lineErrors) Error() string {
-	msgs := make([]string, len(e))
-	for i, err := range e {
-		msgs[i] = err.Error()
-	}
-	return strings.Join(msgs, ": ")
-}
-
-func (e lineErrors) Unwrap() []error { return e }
