@@ -793,15 +793,25 @@ func stormRecordOf(ctx context.Context, c *redis.Client, p *stormPayment) stormK
 		return stormKey{state: err.Error()}
 	}
 	rec := stormKey{key: "idem:h:" + idempotency.Key("http", "", http.MethodPost, "POST /payments", key), kind: "record"}
-	switch state, err := c.HGet(ctx, rec.key, "state").Result(); {
+	// State and TTL in one transaction: read apart, a record could expire
+	// between them ("c" with TTL -2ns).
+	var hget *redis.StringCmd
+	var pttl *redis.DurationCmd
+	_, _ = c.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		hget = p.HGet(ctx, rec.key, "state")
+		pttl = p.PTTL(ctx, rec.key)
+		return nil
+	})
+	switch state, err := hget.Result(); {
 	case errors.Is(err, redis.Nil): // gone: state ""
 	case err != nil:
 		rec.state = "HGET: " + err.Error()
 	default:
 		rec.state = state
 	}
-	if rec.ttl, err = c.PTTL(ctx, rec.key).Result(); err != nil {
-		rec.state += "; PTTL: " + err.Error()
+	var err2 error
+	if rec.ttl, err2 = pttl.Result(); err2 != nil {
+		rec.state += "; PTTL: " + err2.Error()
 	}
 	return rec
 }
