@@ -28,6 +28,13 @@ func singleNode(t *testing.T) redlease.Strategy {
 // watchGoroutines counts the goroutines of the default watchdog (any
 // goroutine with a frame in the renewal engine).
 func watchGoroutines() int {
+	n, _ := watchStacks()
+	return n
+}
+
+// watchStacks returns the number of the default watchdog's goroutines and
+// their stacks.
+func watchStacks() (int, []string) {
 	buf := make([]byte, 1<<20)
 	for {
 		n := runtime.Stack(buf, true)
@@ -37,13 +44,13 @@ func watchGoroutines() int {
 		}
 		buf = make([]byte, 2*len(buf))
 	}
-	count := 0
+	var stacks []string
 	for _, g := range strings.Split(string(buf), "\n\n") {
 		if strings.Contains(g, "github.com/redlease/redlease/internal/watch.") {
-			count++
+			stacks = append(stacks, g)
 		}
 	}
-	return count
+	return len(stacks), stacks
 }
 
 // waitNoWatchGoroutines waits for the default watchdog to go idle.
@@ -199,9 +206,27 @@ func TestDefaultWatchdogGoroutinesAreConstant(t *testing.T) {
 	}
 	started.Wait()
 	close(all)
-	most := 0
-	for end := time.Now().Add(ttl); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
-		most = max(most, watchGoroutines())
+	// Goroutines of the watchdog, and those of them inside a renewal call
+	// (below the engine, in the strategy or go-redis). A call's goroutine
+	// lives on for a moment after its slot was given back (it hands its
+	// outcome to the scheduler, which may start the next call at once,
+	// then takes the engine's mutex to leave): the bound on calls is
+	// exact, the one on goroutines allows one leaving per slot.
+	most, mostInCall := 0, 0
+	var mostStacks []string
+	for end := time.Now().Add(ttl); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
+		n, st := watchStacks()
+		inCall := 0
+		for _, g := range st {
+			if strings.Contains(g, "github.com/redlease/redlease/single.") || strings.Contains(g, "github.com/redlease/redlease/internal/primary.") ||
+				strings.Contains(g, "github.com/redis/go-redis/") {
+				inCall++
+			}
+		}
+		mostInCall = max(mostInCall, inCall)
+		if n > most {
+			most, mostStacks = n, st
+		}
 	}
 	wg.Wait()
 	close(errs)
@@ -209,7 +234,11 @@ func TestDefaultWatchdogGoroutinesAreConstant(t *testing.T) {
 		require.NoError(t, err)
 	}
 	assert.Positive(t, most, "the default watchdog ran")
-	assert.LessOrEqual(t, most, 1+renew.DefaultMaxCalls, "one scheduler and at most DefaultMaxCalls calls, for %d Do calls", n)
+	t.Logf("at most %d watchdog goroutines, %d of them in a renewal call", most, mostInCall)
+	assert.LessOrEqual(t, mostInCall, renew.DefaultMaxCalls, "at most DefaultMaxCalls renewal calls at once, for %d Do calls", n)
+	if !assert.LessOrEqual(t, most, 1+2*renew.DefaultMaxCalls, "one scheduler, DefaultMaxCalls calls and one leaving call per slot, for %d Do calls", n) {
+		t.Logf("the watchdog's goroutines:\n%s", strings.Join(mostStacks, "\n\n"))
+	}
 	goleak.VerifyNone(t, baseline)
 }
 
