@@ -280,7 +280,7 @@ func TestStormOfRetriesChargesEachPaymentOnce(t *testing.T) {
 	for _, l := range s.otherLogs() {
 		t.Logf("storm: error log: %s", l)
 	}
-	for _, kind := range []string{logNotRecorded, logLockLost, logCancelled} {
+	for _, kind := range []string{logNotRecorded, logLockLost, logCancelled, logTold} {
 		for _, l := range s.samples(kind, 2) {
 			t.Logf("storm: error log, %s: %s", kind, l)
 		}
@@ -337,6 +337,17 @@ func (s *storm) pay(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "bad payment", http.StatusBadRequest)
 		return
 	}
+	// When the run is told its lock is gone (its ctx cancelled with
+	// ErrLost), whatever happens to the middleware's log line later: a
+	// successor may only begin after that (the lock's Lost closes a loss
+	// margin before its validity ends, and the store grants nobody else
+	// before it does).
+	ctx := r.Context()
+	context.AfterFunc(ctx, func() {
+		if cause := context.Cause(ctx); errors.Is(cause, redlease.ErrLost) {
+			s.log(p.Payment, logTold, cause)
+		}
+	})
 	run := &stormRun{fence: fence, began: time.Now()}
 	if !s.ledger.begin(p.Payment, run) {
 		http.Error(w, "superseded by a newer run", http.StatusInternalServerError)
@@ -362,6 +373,9 @@ const (
 	logNotRecorded = "not recorded"
 	logStoreDown   = "store unavailable"
 	logOther       = "other"
+	// logTold is not the middleware's: the handler's ctx was cancelled
+	// because its lock was lost (recorded when it happened).
+	logTold = "told: lock lost"
 )
 
 // errorLog keeps what the middleware reported, by payment (the key names
@@ -391,6 +405,18 @@ func (s *storm) errorLog(r *http.Request, err error) {
 	if kind != logStoreDown {
 		s.logs[id] = append(s.logs[id], stormLog{at: time.Now(), kind: kind, err: err})
 	}
+}
+
+// log records a line of kind for payment id (the handler's own record of
+// when it was told its lock was lost).
+func (s *storm) log(id, kind string, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.kind == nil {
+		s.kind, s.logs = map[string]int{}, map[string][]stormLog{}
+	}
+	s.kind[kind]++
+	s.logs[id] = append(s.logs[id], stormLog{at: time.Now(), kind: kind, err: err})
 }
 
 func (s *storm) logSummary() string {
@@ -484,7 +510,7 @@ func (s *storm) refusals() []stormRefusal {
 			case e.charge != "" && run.began.Sub(e.appliedAt) >= stormRetention:
 				r.cause = causeRetention
 			case slices.ContainsFunc(logs[id], func(l stormLog) bool {
-				return l.at.Before(run.began) && (l.kind == logLockLost || l.kind == logCancelled)
+				return l.at.Before(run.began) && (l.kind == logLockLost || l.kind == logCancelled || l.kind == logTold)
 			}):
 				r.cause = causeCancelled
 			case slices.ContainsFunc(logs[id], func(l stormLog) bool { return l.at.Before(run.began) && l.kind == logNotRecorded }):
@@ -493,7 +519,7 @@ func (s *storm) refusals() []stormRefusal {
 				// A run refused for its fence was overtaken by a newer one:
 				// whatever started that newer run explains this one too.
 				if slices.ContainsFunc(logs[id], func(l stormLog) bool {
-					return l.kind == logLockLost || l.kind == logCancelled || l.kind == logNotRecorded
+					return l.kind == logLockLost || l.kind == logCancelled || l.kind == logNotRecorded || l.kind == logTold
 				}) {
 					r.cause = causeCancelled
 				}
