@@ -514,15 +514,26 @@ func (b *Barrier) run(ctx context.Context, req Request, rec, lockKey string, h H
 // come every third of the lease or of the retention, whichever is shorter;
 // one that fails is tried again at the next tick (the lock's own renewal
 // decides whether the handler may go on).
+//
+// The loss is passed on by a goroutine of its own: a renewal stuck on a
+// slow or paused store (a go-redis client without ContextTimeoutEnabled
+// waits for its read timeout and retries, whatever the ctx) must not hold
+// back the handler's notice past the lock's validity.
 func (b *Barrier) watch(hctx context.Context, cancel context.CancelCauseFunc, lk *redlease.Lock, rec string) {
+	var told sync.WaitGroup
+	defer told.Wait()
+	told.Go(func() {
+		select {
+		case <-lk.Lost():
+			cancel(lostCause(lk))
+		case <-hctx.Done():
+		}
+	})
 	interval := min(b.lease, b.retention) / 3
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
 	for {
 		select {
-		case <-lk.Lost():
-			cancel(lostCause(lk))
-			return
 		case <-hctx.Done():
 			return
 		case <-tick.C:
