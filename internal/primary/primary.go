@@ -8,12 +8,12 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/redlease/redlease"
+	"github.com/redlease/redlease/internal/bounded"
 	"github.com/redlease/redlease/internal/drift"
 	"github.com/redlease/redlease/internal/nodes"
 	"github.com/redlease/redlease/internal/script"
@@ -61,37 +61,8 @@ func New(client redis.UniversalClient, cfg Config, err error) *Primary {
 	}
 	p.addr = nodes.Addr(client)
 	p.cluster, _ = client.(*redis.ClusterClient)
-	p.bound = !honorsContext(client)
+	p.bound = !bounded.HonorsContext(client)
 	return p
-}
-
-// honorsContext reports whether go-redis applies a context's deadline to
-// the client's socket reads and writes (ContextTimeoutEnabled); for a
-// client it cannot tell, it assumes not.
-func honorsContext(c redis.UniversalClient) bool {
-	switch c := c.(type) {
-	case *redis.Client:
-		return c.Options().ContextTimeoutEnabled
-	case *redis.ClusterClient:
-		return c.Options().ContextTimeoutEnabled
-	}
-	return false
-}
-
-// errAbandoned is the cause recorded for a call that ctx ended before the
-// client returned: the call goes on in the background, and may still be
-// applied.
-type errAbandoned struct{ cause error }
-
-func (e errAbandoned) Error() string {
-	return "no reply before the context ended (" + e.cause.Error() + "); the call may still be applied"
-}
-
-func (e errAbandoned) Unwrap() error { return e.cause }
-
-type result struct {
-	v   int64
-	err error
 }
 
 // call runs f, and returns when it does or, for a client that ignores
@@ -102,38 +73,7 @@ type result struct {
 // and then late, if not nil, runs with its outcome: the undo of an
 // acquisition reported as failed, which compares the attempt's own token.
 func (p *Primary) call(ctx context.Context, f func(context.Context) (int64, error), late func(int64, error)) (int64, error) {
-	if !p.bound || ctx.Done() == nil {
-		return f(ctx)
-	}
-	var mu sync.Mutex
-	abandoned := false
-	done := make(chan result, 1)
-	go func() {
-		v, err := f(ctx)
-		mu.Lock()
-		ab := abandoned
-		if !ab {
-			done <- result{v, err} // buffered: never blocks
-		}
-		mu.Unlock()
-		if ab && late != nil {
-			late(v, err)
-		}
-	}()
-	select {
-	case r := <-done:
-		return r.v, r.err
-	case <-ctx.Done():
-	}
-	mu.Lock()
-	defer mu.Unlock()
-	select {
-	case r := <-done: // it returned meanwhile: not abandoned
-		return r.v, r.err
-	default:
-	}
-	abandoned = true
-	return 0, errAbandoned{cause: context.Cause(ctx)}
+	return bounded.Call(ctx, p.bound, f, late)
 }
 
 // Acquire takes key in one round trip (plus WAIT in the same pipeline when
@@ -177,7 +117,7 @@ func (p *Primary) Acquire(ctx context.Context, key, token string, ttl time.Durat
 		_ = p.Release(context.WithoutCancel(ctx), key, token)
 		return redlease.Grant{}, redlease.Wrap(redlease.ErrNotObtained, err)
 	case err != nil:
-		var ab errAbandoned
+		var ab bounded.Abandoned
 		if !notSent(err) && !errors.As(err, &ab) { // an abandoned call undoes itself when it returns
 			// The script may have run and its reply been lost (a timeout,
 			// a cut connection), or failed after its SET: without this the
