@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/redlease/redlease"
+	"github.com/redlease/redlease/internal/bounded"
 	"github.com/redlease/redlease/internal/nodes"
 	"github.com/redlease/redlease/single"
 )
@@ -239,6 +240,7 @@ func WithPrefix(prefix string) Option {
 // storage, since no lock can stop a paused handler's side effects.
 type Barrier struct {
 	store     redis.UniversalClient
+	bound     bool // store ignores contexts on its sockets: calls return at their ctx (internal/bounded)
 	locker    *redlease.Locker
 	strategy  redlease.Strategy
 	keeper    redlease.Keeper
@@ -254,7 +256,7 @@ func New(store redis.UniversalClient, opts ...Option) (*Barrier, error) {
 	if nodes.IsNil(store) {
 		return nil, redlease.Invalid("idempotency: nil store client")
 	}
-	b := &Barrier{store: store, retention: DefaultRetention, lease: DefaultLease, maxResult: DefaultMaxResult, prefix: "idem:"}
+	b := &Barrier{store: store, bound: !bounded.HonorsContext(store), retention: DefaultRetention, lease: DefaultLease, maxResult: DefaultMaxResult, prefix: "idem:"}
 	for _, o := range opts {
 		if o == nil {
 			continue
@@ -668,7 +670,9 @@ func parseStatus(reply []any) (status, error) {
 }
 
 func (b *Barrier) peek(ctx context.Context, rec, fp string) (status, error) {
-	reply, err := peekScript.Run(ctx, b.store, []string{rec}, fp).Slice()
+	reply, err := bounded.Call(ctx, b.bound, func(ctx context.Context) ([]any, error) {
+		return peekScript.Run(ctx, b.store, []string{rec}, fp).Slice()
+	}, nil)
 	if err != nil {
 		return status{}, fmt.Errorf("idempotency: read %s: %w", rec, err)
 	}
@@ -676,7 +680,12 @@ func (b *Barrier) peek(ctx context.Context, rec, fp string) (status, error) {
 }
 
 func (b *Barrier) claim(ctx context.Context, rec, owner string, fence uint64, fp string) (status, error) {
-	reply, err := claimScript.Run(ctx, b.store, []string{rec}, owner, strconv.FormatUint(fence, 10), fp, b.retention.Milliseconds()).Slice()
+	// An abandoned claim that lands later leaves a record owned by a lock
+	// this run gives up: the next request takes it over (its owner's lock
+	// is gone), as after a crash.
+	reply, err := bounded.Call(ctx, b.bound, func(ctx context.Context) ([]any, error) {
+		return claimScript.Run(ctx, b.store, []string{rec}, owner, strconv.FormatUint(fence, 10), fp, b.retention.Milliseconds()).Slice()
+	}, nil)
 	if err != nil {
 		return status{}, fmt.Errorf("idempotency: claim %s: %w", rec, err)
 	}
@@ -688,7 +697,11 @@ func (b *Barrier) claim(ctx context.Context, rec, owner string, fence uint64, fp
 var errRecordGone = errors.New("the record is gone (expired, or lost by the store)")
 
 func (b *Barrier) complete(ctx context.Context, rec, owner, kind string, result []byte) error {
-	n, err := completeScript.Run(ctx, b.store, []string{rec}, owner, kind, result, b.retention.Milliseconds()).Int64()
+	// An abandoned completion may still land: the caller is told the
+	// outcome is unknown (ErrNotRecorded), and a duplicate then replays it.
+	n, err := bounded.Call(ctx, b.bound, func(ctx context.Context) (int64, error) {
+		return completeScript.Run(ctx, b.store, []string{rec}, owner, kind, result, b.retention.Milliseconds()).Int64()
+	}, nil)
 	switch {
 	case err != nil:
 		return fmt.Errorf("idempotency: complete %s: %w", rec, err)
@@ -705,7 +718,9 @@ func (b *Barrier) complete(ctx context.Context, rec, owner, kind string, result 
 func (b *Barrier) release(ctx context.Context, rec, owner string) (ok bool, err error) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.lease)
 	defer cancel()
-	n, err := releaseScript.Run(rctx, b.store, []string{rec}, owner).Int64()
+	n, err := bounded.Call(rctx, b.bound, func(ctx context.Context) (int64, error) {
+		return releaseScript.Run(ctx, b.store, []string{rec}, owner).Int64()
+	}, nil)
 	if err != nil {
 		return false, fmt.Errorf("idempotency: release %s: %w", rec, err)
 	}
@@ -715,7 +730,10 @@ func (b *Barrier) release(ctx context.Context, rec, owner string) (ok bool, err 
 // renewRecord keeps owner's in-progress record for at least the retention
 // from now.
 func (b *Barrier) renewRecord(ctx context.Context, rec, owner string) error {
-	return renewScript.Run(ctx, b.store, []string{rec}, owner, b.retention.Milliseconds()).Err()
+	_, err := bounded.Call(ctx, b.bound, func(ctx context.Context) (struct{}, error) {
+		return struct{}{}, renewScript.Run(ctx, b.store, []string{rec}, owner, b.retention.Milliseconds()).Err()
+	}, nil)
+	return err
 }
 
 // InProgressError is ErrInProgress with a hint of when to try again.

@@ -67,7 +67,10 @@ func TestResultRefusedAfterTakeoverIsNotRecordedNotFailed(t *testing.T) {
 	}
 	t.Logf("A: %v", d.err)
 	require.ErrorIs(t, d.err, idempotency.ErrNotRecorded, "the handler ran: its effect happened, unrecorded")
-	assert.ErrorIs(t, d.err, idempotency.ErrNotOwner, "and why")
+	// And why: the store refused it (taken over), or — A's store calls end
+	// with its lock's validity, whatever the client's read timeout — no
+	// reply came before then and the result may still land (refused).
+	assert.True(t, errors.Is(d.err, idempotency.ErrNotOwner) || errors.Is(d.err, context.DeadlineExceeded), "and why: %v", d.err)
 	assert.Equal(t, "charged by a", string(d.out.Result))
 }
 

@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/redlease/redlease"
+	"github.com/redlease/redlease/internal/bounded"
 	"github.com/redlease/redlease/internal/nodes"
 )
 
@@ -69,7 +70,10 @@ func (t *Tokens) Issue(ctx context.Context, scope string, ttl time.Duration) (st
 	_, _ = rand.Read(b[:])
 	expiry := time.Now().Add(ttl).UnixMilli()
 	tok := base64.RawURLEncoding.EncodeToString(b[:]) + "." + strconv.FormatInt(expiry, 36)
-	if err := t.client.Set(ctx, t.key(scope, tok), "1", ttl).Err(); err != nil {
+	_, err := bounded.Call(ctx, !bounded.HonorsContext(t.client), func(ctx context.Context) (string, error) {
+		return t.client.Set(ctx, t.key(scope, tok), "1", ttl).Result()
+	}, nil)
+	if err != nil {
 		return "", fmt.Errorf("idempotency: issue token: %w", err)
 	}
 	return tok, nil
@@ -94,7 +98,11 @@ func (t *Tokens) Consume(ctx context.Context, scope, tok string) error {
 	// A used token is remembered until it would have expired, so that a
 	// second use says "used", not "unknown".
 	remember := max(time.Until(expiry), time.Second)
-	n, err := consumeScript.Run(ctx, t.client, []string{t.key(scope, tok)}, remember.Milliseconds()).Int64()
+	// An abandoned call may still use the token up: its error says the
+	// call may still be applied.
+	n, err := bounded.Call(ctx, !bounded.HonorsContext(t.client), func(ctx context.Context) (int64, error) {
+		return consumeScript.Run(ctx, t.client, []string{t.key(scope, tok)}, remember.Milliseconds()).Int64()
+	}, nil)
 	switch {
 	case err != nil:
 		return fmt.Errorf("idempotency: consume token: %w", err)
