@@ -437,6 +437,15 @@ func (b *Barrier) run(ctx context.Context, req Request, rec, lockKey string, h H
 		// will finish or lose its lock within a lease.
 		return Outcome{}, busy, &InProgressError{RetryAfter: b.lease}
 	}
+	if !lk.Valid() {
+		// The claim's reply came back after the lock ran out (a slow
+		// store): another run may have taken the request over and be
+		// running it now. Nothing runs here; the record goes back if it
+		// is still ours, and the caller hears "in progress", as it would
+		// have a moment later.
+		_, _ = b.release(ctx, rec, lk.Token())
+		return Outcome{}, busy, &InProgressError{RetryAfter: time.Second}
+	}
 
 	// The handler's ctx ends when the lock is lost; meanwhile the record
 	// is kept alive as long as the lock (see watch).

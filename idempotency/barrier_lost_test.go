@@ -59,3 +59,67 @@ func TestHandlerIsToldOfALostLockWhileTheStoreHangs(t *testing.T) {
 		"the handler was told %v after Do began: past the lease (%v), when the store may already grant the request to another run", told.Sub(start), lease)
 	assert.True(t, errors.Is(err, idempotency.ErrRunCancelled), "Do: %v", err)
 }
+
+// Found by the simulator (barrier scenario, seed 15380, with the
+// handler-overlap invariant). A's claim of the record is applied while its
+// lock is valid, but the reply comes back only after the lock ran out and
+// B took the request over and started its handler. A must not start its
+// handler then: its lock is gone, and B runs. Forced order: the reply to
+// A's claim is held in a gate until B's handler runs.
+func TestNoHandlerStartsAfterItsLockRanOut(t *testing.T) {
+	srv := redistest.Start(t, redistest.Config{})
+	gate := redistest.NewGate(t, srv.Addr)
+	slow := redis.NewClient(&redis.Options{Addr: gate.Addr, ReadTimeout: 30 * time.Second})
+	t.Cleanup(func() { _ = slow.Close() })
+	const lease = 300 * time.Millisecond
+	// 61 s of retention: "61000" is in A's claim (not in its peek).
+	a := barrier(t, slow, idempotency.WithLease(lease), idempotency.WithRetention(61*time.Second))
+	b := barrier(t, srv.Client(), idempotency.WithLease(lease), idempotency.WithRetention(61*time.Second))
+	ctx := t.Context()
+	req := idempotency.Request{Key: "settle:9"}
+
+	// Load the scripts first (a first EVALSHA answers NOSCRIPT).
+	_, err := a.Do(ctx, idempotency.Request{Key: "warm-up"}, func(context.Context, uint64) ([]byte, error) { return nil, nil })
+	require.NoError(t, err)
+
+	gate.HoldReplies("61000")
+	aStarted := make(chan struct{}, 1)
+	aDone := make(chan error, 1)
+	go func() {
+		_, err := a.Do(ctx, req, func(context.Context, uint64) ([]byte, error) {
+			aStarted <- struct{}{}
+			return []byte("a"), nil
+		})
+		aDone <- err
+	}()
+	require.NoError(t, gate.WaitHeld(1, "claimed", 5*time.Second), "the reply to A's claim is held")
+	gate.HoldReplies("")
+
+	var bOut idempotency.Outcome
+	for range 100 {
+		bOut, err = b.Do(ctx, req, func(context.Context, uint64) ([]byte, error) {
+			gate.Open() // A learns it claimed the record, long after its lock ran out
+			select {
+			case err := <-aDone:
+				aDone <- err
+			case <-time.After(2 * time.Second):
+				t.Error("A's Do did not return within 2s of its claim's reply")
+			}
+			return []byte("b"), nil
+		})
+		if !errors.Is(err, idempotency.ErrInProgress) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	require.NoError(t, err)
+	assert.Equal(t, "b", string(bOut.Result))
+	select {
+	case <-aStarted:
+		t.Error("A's handler started after its lock ran out, while B's ran")
+	default:
+	}
+	aErr := <-aDone
+	t.Logf("A: %v", aErr)
+	assert.ErrorIs(t, aErr, idempotency.ErrInProgress, "A: nothing ran; B has the request")
+}
