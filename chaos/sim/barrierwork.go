@@ -38,6 +38,13 @@ func (w *World) barrierClient(ci int, r *rand.Rand) {
 			work := ms(r, 5, 100)
 			ctx, cancel := context.WithTimeout(context.Background(), ms(r, 20, 150))
 			out, err := b.Do(ctx, req, func(hctx context.Context, fence uint64) ([]byte, error) {
+				span := w.hist.handlerStart(key, run, fence)
+				stop := context.AfterFunc(hctx, func() { w.hist.handlerEnd(span) })
+				defer func() {
+					if stop() {
+						w.hist.handlerEnd(span)
+					}
+				}()
 				t := time.NewTimer(work)
 				select {
 				case <-hctx.Done():
@@ -136,4 +143,65 @@ func (h *history) effectCount() int {
 		n += len(es)
 	}
 	return n
+}
+
+// handlerSpan is the time a Barrier handler believed it ran alone for its
+// key: from its start until its ctx ended or it returned.
+type handlerSpan struct {
+	key      string
+	run      effectRun
+	fence    uint64
+	from, to time.Duration // to < 0: not ended yet
+}
+
+// handlerStart records a handler's start.
+func (h *history) handlerStart(key string, run effectRun, fence uint64) *handlerSpan {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	sp := &handlerSpan{key: key, run: run, fence: fence, from: h.nowLocked(), to: -1}
+	h.spans[key] = append(h.spans[key], sp)
+	return sp
+}
+
+// handlerEnd records the end of a handler's belief: its ctx ended or it
+// returned, whichever came first.
+func (h *history) handlerEnd(sp *handlerSpan) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if sp.to < 0 {
+		sp.to = h.nowLocked()
+	}
+}
+
+// handlerOverlapLocked finds two handlers of one key that both believed
+// they ran alone at the same moment: the second began before the first's
+// ctx was cancelled (its lock lost) and before it returned. Within the
+// strategy's assumptions the Barrier's lock makes that impossible: a
+// handler's ctx ends when its lock's Lost closes, before its validity
+// ends, and the store grants the key to nobody else before then.
+func (h *history) handlerOverlapLocked() []Violation {
+	var vs []Violation
+	for _, k := range sortedKeys(h.spans) {
+		sp := h.spans[k]
+		for i, a := range sp {
+			for _, b := range sp[i+1:] {
+				aEnd, bEnd := a.to, b.to
+				if aEnd < 0 {
+					aEnd = h.nowLocked()
+				}
+				if bEnd < 0 {
+					bEnd = h.nowLocked()
+				}
+				if a.from < bEnd && b.from < aEnd {
+					first, second := a, b
+					if second.from < first.from {
+						first, second = second, first
+					}
+					vs = append(vs, Violation{Inv: InvHandlerOverlap, At: second.from, Detail: fmt.Sprintf("idempotency key %s: handler %s (fence %d) began at %.3fms while %s (fence %d, began %.3fms) still ran with a live ctx until %.3fms",
+						k, second.run, second.fence, msf(second.from), first.run, first.fence, msf(first.from), msf(min(aEnd, bEnd)))})
+				}
+			}
+		}
+	}
+	return vs
 }

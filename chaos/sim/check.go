@@ -27,11 +27,14 @@ const (
 	InvStale       = "stale-accepted"     // the fenced register accepted a stale fence
 	InvReleaseKept = "release-kept-valid" // Lost still open after a Release was sent
 	InvTwice       = "effect-twice"       // an idempotency key's handler effect happened twice
-	InvPastExpiry  = "held-past-expiry"   // a lock claimed validity while fewer than a quorum of its nodes held it
-	InvLeak        = "goroutine-leak"     // a goroutine outlived the run
-	InvStuck       = "stuck"              // the run did not end (a bound was hit)
-	InvPanic       = "panic"              // the library panicked
-	InvBusyRetry   = "renew-busy-retry"   // a lock's renewals to a node answering errors came closer than the retry delay
+	// InvHandlerOverlap: two Barrier handlers of one key ran at once, each
+	// with a live ctx.
+	InvHandlerOverlap = "handler-overlap"
+	InvPastExpiry     = "held-past-expiry" // a lock claimed validity while fewer than a quorum of its nodes held it
+	InvLeak           = "goroutine-leak"   // a goroutine outlived the run
+	InvStuck          = "stuck"            // the run did not end (a bound was hit)
+	InvPanic          = "panic"            // the library panicked
+	InvBusyRetry      = "renew-busy-retry" // a lock's renewals to a node answering errors came closer than the retry delay
 )
 
 // Hold is one holder's belief interval: from the moment Lock/TryLock
@@ -93,9 +96,10 @@ type history struct {
 	effects  map[string][]effectRec // idempotency key → effects the fenced store accepted
 	effFence map[string]uint64
 	runErr   map[effectRun]error // what Do returned to each run's caller
-	excused  int                 // repeated effects after an unknown outcome
-	lines    []string            // the log printed on replay
-	fails    int                 // failed lock attempts
+	spans    map[string][]*handlerSpan
+	excused  int      // repeated effects after an unknown outcome
+	lines    []string // the log printed on replay
+	fails    int      // failed lock attempts
 	reg      map[string]uint64
 	keep     bool // keep log lines
 	direct   []Violation
@@ -110,7 +114,7 @@ func (h *history) violation(v Violation) {
 }
 
 func newHistory(start time.Time, keep bool) *history {
-	return &history{start: start, effects: map[string][]effectRec{}, effFence: map[string]uint64{}, runErr: map[effectRun]error{}, reg: map[string]uint64{}, keep: keep}
+	return &history{start: start, effects: map[string][]effectRec{}, effFence: map[string]uint64{}, runErr: map[effectRun]error{}, spans: map[string][]*handlerSpan{}, reg: map[string]uint64{}, keep: keep}
 }
 
 func (h *history) now() time.Duration { return time.Since(h.start) }
@@ -196,6 +200,7 @@ func (h *history) check(fenced bool) []Violation {
 	}
 	vs = append(vs, h.staleLocked()...)
 	vs = append(vs, h.twiceLocked()...)
+	vs = append(vs, h.handlerOverlapLocked()...)
 	return vs
 }
 

@@ -106,6 +106,15 @@
 //     an earlier run of that key was told its outcome is unknown
 //     (ErrRunCancelled, ErrNotRecorded: the Barrier's documented limit;
 //     such repeats are counted in the report).
+//   - handler-overlap (barrier): two handlers of one idempotency key
+//     never run at once with live contexts: a handler's span runs from its
+//     start until its ctx ended or it returned. The Barrier's lock makes
+//     that impossible inside the assumptions (the handler's ctx ends when
+//     the lock's Lost closes, before its validity ends). It found two
+//     defects: a loss held back behind a record renewal stuck on the store
+//     (37d81c8, found by replaying that mutation: seed 1039), and a
+//     handler started after the reply to its claim came back past the
+//     lock's validity (seed 15380).
 //   - panic: the library never panics.
 //   - goroutine-leak: no goroutine outlives a run (synctest.Test fails the
 //     bubble otherwise); stuck: a run ends within 120 virtual seconds.
