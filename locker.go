@@ -168,6 +168,19 @@ func (l *Locker) attempt(ctx context.Context, c lockConfig, key, token string) (
 	if tr != nil {
 		tr.attach(lk)
 	}
+	if !lk.Valid() {
+		// The grant came back with less validity than the loss margin (a
+		// slow reply, a revocation on its way): the lock is born lost, and
+		// work started under it could outlive it. It goes back (by this
+		// attempt's token; the key expires within the margin anyway) and
+		// counts as not obtained, so Lock tries again and Do never starts
+		// fn with it.
+		cause := lk.Err()
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.lossMargin())
+		_ = lk.Release(rctx)
+		cancel()
+		return nil, Wrap(ErrNotObtained, cause)
+	}
 	return lk, nil
 }
 
