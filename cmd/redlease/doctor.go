@@ -43,7 +43,8 @@ func newDoctor(nf *nodeFlags) *cobra.Command {
 			if maxTTL == 0 {
 				maxTTL = 30 * time.Second
 			}
-			findings := doctor(c.Context(), c.OutOrStdout(), cs, addrs, maxTTL, rule{on: nf.maxTTL > 0, durable: nf.durable, maxTTL: nf.maxTTL}, nf.prefix)
+			out := &outWriter{w: c.OutOrStdout()}
+			findings := doctor(c.Context(), out, cs, addrs, maxTTL, rule{on: nf.maxTTL > 0, durable: nf.durable, maxTTL: nf.maxTTL}, nf.prefix)
 			unsafe := 0
 			for _, f := range findings {
 				mark := "ok  "
@@ -51,7 +52,10 @@ func newDoctor(nf *nodeFlags) *cobra.Command {
 					mark = "UNSAFE"
 					unsafe++
 				}
-				fmt.Fprintf(c.OutOrStdout(), "%-6s %s: %s\n", mark, f.node, f.text)
+				fmt.Fprintf(out, "%-6s %s: %s\n", mark, f.node, f.text)
+			}
+			if err := out.check(); err != nil {
+				return err
 			}
 			if unsafe > 0 {
 				return &exitError{exitUnsafe, fmt.Errorf("%d finding(s) unsafe for locking", unsafe)}

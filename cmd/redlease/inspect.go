@@ -67,15 +67,17 @@ host, pid, start time and command beside its grant), free, or split. It exits
 			defer closeAll()
 			v := inspect(c.Context(), cs, addrs, nf.prefix+args[0])
 			v.Key = args[0]
+			out := &outWriter{w: c.OutOrStdout()}
 			if asJSON {
-				enc := json.NewEncoder(c.OutOrStdout())
+				enc := json.NewEncoder(out)
 				enc.SetIndent("", "  ")
 				enc.SetEscapeHTML(false)
-				if err := enc.Encode(v); err != nil {
-					return &exitError{exitSoftware, err}
-				}
+				_ = enc.Encode(v) // keyView always encodes; out keeps a write error
 			} else {
-				printView(c.OutOrStdout(), v)
+				printView(out, v)
+			}
+			if err := out.check(); err != nil {
+				return err
 			}
 			if v.State == "unavailable" {
 				return &exitError{exitUnavailable, fmt.Errorf("%s: only %d of %d nodes answered, %d needed to tell free from held",

@@ -172,8 +172,9 @@ func runLocked(ctx context.Context, nf *nodeFlags, o runOpts, args []string) err
 	g, err := startGroup(args, env)
 	if err != nil {
 		release()
-		return &exitError{exitSoftware, fmt.Errorf("starting the command's process group: %w", err)}
+		return &exitError{groupFailure(err), fmt.Errorf("starting the command's process group: %w", err)}
 	}
+	afterGroupStart()
 	res := supervise(g, lk, o, sigs)
 	if !res.gone {
 		// Do not release: a process of the group may still act. The key
