@@ -31,6 +31,9 @@ func newDoctor(nf *nodeFlags) *cobra.Command {
 		Short: "Check each node for what makes locking unsafe, and say why; exit 1 if anything is",
 		Args:  cobra.NoArgs,
 		RunE: func(c *cobra.Command, args []string) error {
+			if maxTTL < 0 {
+				return &exitError{exitUsage, fmt.Errorf("--ttl %v: must not be negative", maxTTL)}
+			}
 			addrs, err := nf.dataNodes(c.Context())
 			if err != nil {
 				return err

@@ -148,7 +148,7 @@ func inspectNode(ctx context.Context, c redis.UniversalClient, addr, key, fk, hk
 	get := pipe.Get(ctx, key)
 	pttl := pipe.PTTL(ctx, key)
 	fence := pipe.Get(ctx, fk)
-	meta := pipe.HGetAll(ctx, hk)
+	meta := pipe.HMGet(ctx, hk, "token", "host", "pid", "start", "command", "fence") // HMGET: in docs/redis-acl.conf
 	_, _ = pipe.Exec(ctx)
 	switch tok, err := get.Result(); {
 	case errors.Is(err, redis.Nil):
@@ -159,10 +159,14 @@ func inspectNode(ctx context.Context, c redis.UniversalClient, addr, key, fk, hk
 	default:
 		nv.State, nv.Token = "held", tok
 		nv.TTLms = pttl.Val().Milliseconds()
-		if m := meta.Val(); m["token"] == tok {
-			pid, _ := strconv.Atoi(m["pid"])
-			f, _ := strconv.ParseUint(m["fence"], 10, 64)
-			nv.Holder = &holder{Token: tok, Host: m["host"], PID: pid, Start: m["start"], Command: m["command"], Fence: f}
+		m := make([]string, 6)
+		for i, x := range meta.Val() {
+			m[i], _ = x.(string)
+		}
+		if m[0] == tok {
+			pid, _ := strconv.Atoi(m[2])
+			f, _ := strconv.ParseUint(m[5], 10, 64)
+			nv.Holder = &holder{Token: tok, Host: m[1], PID: pid, Start: m[3], Command: m[4], Fence: f}
 		}
 	}
 	if f, err := fence.Int64(); err == nil {

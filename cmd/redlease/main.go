@@ -72,6 +72,7 @@ import (
 	"io"
 	"os"
 	"runtime/debug"
+	"strings"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -151,10 +152,16 @@ func run(args []string) (code int) {
 		return exitOK
 	case errors.As(err, &ee):
 		if ee.err != nil {
-			fmt.Fprintln(os.Stderr, "redlease:", ee.err)
+			report(ee.err)
 		}
 		return ee.code
 	}
-	fmt.Fprintln(os.Stderr, "redlease:", err)
+	report(err)
 	return exitUsage
+}
+
+// report prints err on stderr with the redlease: prefix once (errors from
+// the library already start with it).
+func report(err error) {
+	fmt.Fprintln(os.Stderr, "redlease:", strings.TrimPrefix(err.Error(), "redlease: "))
 }

@@ -60,7 +60,7 @@ func (o *runOpts) check() error {
 	}
 	if !o.marginSet {
 		o.margin = o.ttl / redlease.DefaultLossMarginDivisor
-	} else if o.margin == 0 || o.margin >= o.ttl/2 {
+	} else if o.margin <= 0 || o.margin >= o.ttl/2 {
 		return usage("--loss-margin %v: must be more than 0 and less than half the TTL (%v)", o.margin, o.ttl/2)
 	}
 	if !o.graceSet {
