@@ -109,7 +109,7 @@ func doctor(ctx context.Context, w io.Writer, cs []redis.UniversalClient, addrs 
 		if err != nil {
 			cancel()
 			fmt.Fprintf(tw, "%s\tno: %v\t\t\t\t\t\t\t\n", node, err)
-			add(node, true, "unreachable: %v", err)
+			add(node, true, "unreachable: %v; check that redis-server runs there and the address, or remove it from --nodes", err)
 			continue
 		}
 		offset := srvTime.Sub(before.Add(rtt / 2))
@@ -181,20 +181,24 @@ func doctor(ctx context.Context, w io.Writer, cs []redis.UniversalClient, addrs 
 		add("set", false, "%d nodes: an even count tolerates no more failures than %d; use an odd count", len(cs), len(cs)-1)
 	}
 	if len(offsets) > 1 {
-		lo, hi := offsets[0], offsets[0]
-		for _, o := range offsets {
-			lo, hi = min(lo, o), max(hi, o)
-		}
-		skew := hi - lo
-		// Locks depend on clock rates, not offsets; a large offset still
-		// says the clocks are not disciplined (no NTP), and then rates drift.
-		if skew > time.Second {
-			add("set", true, "clock skew between nodes %v (TIME): their clocks are not disciplined, and then their rates drift too; run NTP on every node", skew.Round(time.Millisecond))
-		} else {
-			add("set", false, "clock skew between nodes %v (TIME)", skew.Round(time.Millisecond))
-		}
+		out = append(out, skewFinding(offsets))
 	}
 	return out
+}
+
+// skewFinding judges the spread of the nodes' clock offsets (two or more).
+// Locks depend on clock rates, not offsets; a large offset still says the
+// clocks are not disciplined (no NTP), and then rates drift.
+func skewFinding(offsets []time.Duration) finding {
+	lo, hi := offsets[0], offsets[0]
+	for _, o := range offsets {
+		lo, hi = min(lo, o), max(hi, o)
+	}
+	skew := (hi - lo).Round(time.Millisecond)
+	if skew > time.Second {
+		return finding{"set", true, fmt.Sprintf("clock skew between nodes %v (TIME): their clocks are not disciplined, and then their rates drift too; run NTP on every node", skew)}
+	}
+	return finding{"set", false, fmt.Sprintf("clock skew between nodes %v (TIME)", skew)}
 }
 
 func infoFields(info string) map[string]string {

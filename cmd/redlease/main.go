@@ -17,8 +17,21 @@
 // redlease process (the group leader) that starts the command, reaps
 // everything it leaves behind and, on Linux, dies with run (Pdeathsig): if
 // run itself is killed, even with SIGKILL, the leader kills the whole group
-// at once, long before the lock's TTL lets anyone else in. Processes that
-// leave the group (setsid, setpgid) are out of run's reach.
+// at once, long before the lock's TTL lets anyone else in.
+//
+// Known limits, not solved:
+//   - A process that leaves the group (setsid, setpgid, a daemon that
+//     double-forks into a new session) is out of run's reach: no signal
+//     reaches it. On Linux the leader, its subreaper, waits for it while
+//     the command ends normally; but when the group is killed (lock lost,
+//     a signal to run) the leader dies with it, and run releases the lock
+//     while that process may still write. Do not daemonize under run.
+//   - A process of the group that survives SIGKILL for 10 s (stuck in the
+//     kernel, e.g. on a hung NFS mount) makes run exit 76 without
+//     releasing the lock: the key lapses at its TTL, and that process may
+//     still act once it wakes. Fences (REDLEASE_FENCE) are the defence.
+//   - An internal error (70) or run being killed leaves the lock to lapse
+//     at its TTL; the group is killed at once by its leader.
 //
 // While the command runs, run keeps the lock alive. When the lock is lost,
 // run sends SIGTERM to the whole group, then SIGKILL after --grace, and no

@@ -63,7 +63,7 @@ func newRoot() *cobra.Command {
 	pf.StringVar(&nf.password, "password", "", "password (default $REDLEASE_PASSWORD; prefer the variable, flags show in ps)")
 	pf.BoolVar(&nf.tls, "tls", false, "connect with TLS")
 	pf.StringVar(&nf.tlsCA, "tls-ca", "", "PEM file of the CA that signed the nodes' certificates (default: the system pool)")
-	pf.StringVar(&nf.prefix, "prefix", "lock:", "key prefix")
+	pf.StringVar(&nf.prefix, "prefix", "lock:", `key prefix ("lock:", as docs/redis-acl.conf assumes; a library Locker shares locks with the CLI only with redlease.WithPrefix("lock:"), its default is none)`)
 	pf.StringVar(&nf.strategy, "strategy", "", "single, quorum or failover (default: single for one node, quorum with fencing for several)")
 	pf.StringVar(&nf.master, "master", "", "Sentinel master name (--strategy failover)")
 	pf.DurationVar(&nf.timeout, "node-timeout", quorum.DefaultNodeTimeout, "quorum: how long one round waits for the nodes")

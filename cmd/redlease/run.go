@@ -90,6 +90,13 @@ must fit in three quarters of the loss margin (--loss-margin, a tenth of the
 TTL by default). SIGINT, SIGTERM and SIGHUP to run are passed on to the group;
 run waits --grace, then sends SIGKILL, releases the lock and exits 128+signal.
 
+Known limits: a process that leaves the group (setsid, a daemon) gets no
+signal; once the group is killed (lock lost, a signal to run) run no longer
+waits for it, and it may outlive the lock: do not daemonize under run. If a process of the group survives SIGKILL for 10s (stuck in the
+kernel), run exits 76 without releasing and the lock lapses at its TTL.
+Pass REDLEASE_FENCE to the storage CMD writes to: it refuses such late
+writes.
+
 Exit codes:
 ` + exitTableText("  "),
 		Args: cobra.MinimumNArgs(1),
