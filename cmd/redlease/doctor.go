@@ -31,6 +31,9 @@ func newDoctor(nf *nodeFlags) *cobra.Command {
 		Short: "Check each node for what makes locking unsafe, and say why; exit 1 if anything is",
 		Args:  cobra.NoArgs,
 		RunE: func(c *cobra.Command, args []string) error {
+			if maxTTL < 0 {
+				return &exitError{exitUsage, fmt.Errorf("--ttl %v: must not be negative", maxTTL)}
+			}
 			addrs, err := nf.dataNodes(c.Context())
 			if err != nil {
 				return err
@@ -43,7 +46,8 @@ func newDoctor(nf *nodeFlags) *cobra.Command {
 			if maxTTL == 0 {
 				maxTTL = 30 * time.Second
 			}
-			findings := doctor(c.Context(), c.OutOrStdout(), cs, addrs, maxTTL, rule{on: nf.maxTTL > 0, durable: nf.durable, maxTTL: nf.maxTTL}, nf.prefix)
+			out := &outWriter{w: c.OutOrStdout()}
+			findings := doctor(c.Context(), out, cs, addrs, maxTTL, rule{on: nf.maxTTL > 0, durable: nf.durable, maxTTL: nf.maxTTL}, nf.prefix)
 			unsafe := 0
 			for _, f := range findings {
 				mark := "ok  "
@@ -51,7 +55,10 @@ func newDoctor(nf *nodeFlags) *cobra.Command {
 					mark = "UNSAFE"
 					unsafe++
 				}
-				fmt.Fprintf(c.OutOrStdout(), "%-6s %s: %s\n", mark, f.node, f.text)
+				fmt.Fprintf(out, "%-6s %s: %s\n", mark, f.node, f.text)
+			}
+			if err := out.check(); err != nil {
+				return err
 			}
 			if unsafe > 0 {
 				return &exitError{exitUnsafe, fmt.Errorf("%d finding(s) unsafe for locking", unsafe)}
@@ -102,7 +109,7 @@ func doctor(ctx context.Context, w io.Writer, cs []redis.UniversalClient, addrs 
 		if err != nil {
 			cancel()
 			fmt.Fprintf(tw, "%s\tno: %v\t\t\t\t\t\t\t\n", node, err)
-			add(node, true, "unreachable: %v", err)
+			add(node, true, "unreachable: %v; check that redis-server runs there and the address, or remove it from --nodes", err)
 			continue
 		}
 		offset := srvTime.Sub(before.Add(rtt / 2))
@@ -174,20 +181,24 @@ func doctor(ctx context.Context, w io.Writer, cs []redis.UniversalClient, addrs 
 		add("set", false, "%d nodes: an even count tolerates no more failures than %d; use an odd count", len(cs), len(cs)-1)
 	}
 	if len(offsets) > 1 {
-		lo, hi := offsets[0], offsets[0]
-		for _, o := range offsets {
-			lo, hi = min(lo, o), max(hi, o)
-		}
-		skew := hi - lo
-		// Locks depend on clock rates, not offsets; a large offset still
-		// says the clocks are not disciplined (no NTP), and then rates drift.
-		if skew > time.Second {
-			add("set", true, "clock skew between nodes %v (TIME): their clocks are not disciplined, and then their rates drift too; run NTP on every node", skew.Round(time.Millisecond))
-		} else {
-			add("set", false, "clock skew between nodes %v (TIME)", skew.Round(time.Millisecond))
-		}
+		out = append(out, skewFinding(offsets))
 	}
 	return out
+}
+
+// skewFinding judges the spread of the nodes' clock offsets (two or more).
+// Locks depend on clock rates, not offsets; a large offset still says the
+// clocks are not disciplined (no NTP), and then rates drift.
+func skewFinding(offsets []time.Duration) finding {
+	lo, hi := offsets[0], offsets[0]
+	for _, o := range offsets {
+		lo, hi = min(lo, o), max(hi, o)
+	}
+	skew := (hi - lo).Round(time.Millisecond)
+	if skew > time.Second {
+		return finding{"set", true, fmt.Sprintf("clock skew between nodes %v (TIME): their clocks are not disciplined, and then their rates drift too; run NTP on every node", skew)}
+	}
+	return finding{"set", false, fmt.Sprintf("clock skew between nodes %v (TIME)", skew)}
 }
 
 func infoFields(info string) map[string]string {

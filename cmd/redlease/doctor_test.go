@@ -2,8 +2,10 @@ package main
 
 import (
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 
@@ -50,4 +52,30 @@ func TestDoctorChecksACLRights(t *testing.T) {
 	out, code := cli(t, "REDLEASE_NODES="+s.Addr, "doctor", "--ttl", "1ms", "--user", "weak", "--password", "pw")
 	assert.Equal(t, exitUnsafe, code, out)
 	assert.Regexp(t, `UNSAFE\s+`+regexp.QuoteMeta(s.Addr)+`: a probe lock under "lock:" failed: .*NOPERM.*docs/redis-acl.conf`, out)
+}
+
+// Every unsafe line says what to change, an unreachable node too.
+func TestDoctorUnreachableSaysWhatToChange(t *testing.T) {
+	addr := "127.0.0.1:" + strconv.Itoa(redistest.FreePort(t))
+	out, code := cli(t, "REDLEASE_NODES="+addr, "doctor")
+	assert.Equal(t, exitUnsafe, code)
+	assert.Regexp(t, `UNSAFE\s+`+regexp.QuoteMeta(addr)+`: unreachable: .*connection refused.*; check that redis-server runs there and the address, or remove it from --nodes`, out)
+}
+
+// Clock skew above a second is unsafe (TIME cannot be skewed on one
+// redis-server here, so the rule is checked on offsets).
+func TestSkewFinding(t *testing.T) {
+	for _, c := range []struct {
+		offsets []time.Duration
+		unsafe  bool
+		text    string
+	}{
+		{[]time.Duration{0, 3 * time.Millisecond}, false, "clock skew between nodes 3ms (TIME)"},
+		{[]time.Duration{-600 * time.Millisecond, 0, 600 * time.Millisecond}, true, "clock skew between nodes 1.2s (TIME): their clocks are not disciplined, and then their rates drift too; run NTP on every node"},
+	} {
+		got := skewFinding(c.offsets)
+		assert.Equal(t, c.unsafe, got.unsafe, "%v", c.offsets)
+		assert.Equal(t, c.text, got.text)
+		assert.Equal(t, "set", got.node)
+	}
 }

@@ -14,7 +14,9 @@ const (
 	exitUnsafe      = 1   // doctor: at least one finding is unsafe for locking
 	exitUsage       = 64  // EX_USAGE: bad flags, node list, TTL, grace, strategy
 	exitUnavailable = 69  // EX_UNAVAILABLE: too few nodes answered to decide
-	exitSoftware    = 70  // EX_SOFTWARE: an internal error
+	exitSoftware    = 70  // EX_SOFTWARE: an internal error (a bug in redlease)
+	exitOSErr       = 71  // EX_OSERR: a system error: the command's process group could not be started
+	exitIOErr       = 74  // EX_IOERR: output could not be written
 	exitNotObtained = 75  // EX_TEMPFAIL: the lock is held by another (within --wait)
 	exitLost        = 76  // the lock was lost while the command ran; its group was stopped
 	exitCannotExec  = 126 // the command exists but cannot be executed (as in sh)
@@ -35,7 +37,9 @@ var exitTable = []exitRow{
 	{"1-125", "the command's own exit status (doctor: 1 when a finding is unsafe)"},
 	{"64", "usage: bad flags, node list, TTL, --grace or strategy (EX_USAGE)"},
 	{"69", "unavailable: too few nodes answered to tell free from held (EX_UNAVAILABLE)"},
-	{"70", "internal error, or the command's process group could not be started (EX_SOFTWARE)"},
+	{"70", "internal error: a bug in redlease; the command's group dies with run, the lock lapses at its TTL (EX_SOFTWARE)"},
+	{"71", "the command's process group could not be started: fork failed, or no /proc/self/exe (EX_OSERR)"},
+	{"74", "inspect, doctor: the output could not be written (EX_IOERR)"},
 	{"75", "the lock is held by another holder, within --wait (EX_TEMPFAIL)"},
 	{"76", "the lock was lost while the command ran; its process group was stopped"},
 	{"126", "the command was found but cannot be executed"},

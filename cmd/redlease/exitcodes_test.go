@@ -29,8 +29,8 @@ func TestExitTableDocumented(t *testing.T) {
 
 // Must-show 2: every row of the exit-code table, from a real process. 76
 // (lost) is TestMajorityKilledStopsTheCommand's and
-// TestLossKillsTheWholeGroup's; 70 (internal error) has no way to be
-// provoked from outside.
+// TestLossKillsTheWholeGroup's; 70 (internal error) is
+// TestInternalErrorExitCode's.
 func TestExitCodes(t *testing.T) {
 	servers := redistest.StartN(t, 3, redistest.Config{})
 	env := nodesEnv(servers)
@@ -58,6 +58,11 @@ func TestExitCodes(t *testing.T) {
 		{"64 negative wait", env, []string{"run", "--key", "x", "--wait", "-1s", "--", "true"}, exitUsage},
 		{"64 negative grace", env, []string{"run", "--key", "x", "--grace", "-1s", "--", "true"}, exitUsage},
 		{"64 grace beyond the loss margin", env, []string{"run", "--key", "x", "--grace", "10s", "--", "true"}, exitUsage},
+		{"64 negative loss margin", env, []string{"run", "--key", "x", "--loss-margin", "-1s", "--", "true"}, exitUsage},
+		{"64 negative max TTL", env, []string{"run", "--key", "x", "--max-ttl", "-1s", "--", "true"}, exitUsage},
+		{"64 negative replicas", env, []string{"inspect", "--replicas", "-1", "x"}, exitUsage},
+		{"64 zero node timeout (inspect)", env, []string{"inspect", "--node-timeout", "0s", "x"}, exitUsage},
+		{"64 doctor negative TTL", env, []string{"doctor", "--ttl", "-1s"}, exitUsage},
 		{"64 loss margin of half the TTL", env, []string{"run", "--key", "x", "--ttl", "2s", "--loss-margin", "1s", "--", "true"}, exitUsage},
 		{"64 TTL above --max-ttl", env, []string{"run", "--key", "x", "--ttl", "2s", "--max-ttl", "1s", "--", "true"}, exitUsage},
 		{"64 failover without --master", env, []string{"inspect", "--strategy", "failover", "x"}, exitUsage},
@@ -78,6 +83,67 @@ func TestExitCodes(t *testing.T) {
 			if r.want >= 64 && r.want < 128 {
 				assert.NotContains(t, out, "ran")
 			}
+		})
+	}
+
+	t.Run("126 text file busy", func(t *testing.T) {
+		// The script is open for writing (by this process) while run
+		// starts it: execve fails with ETXTBSY, which sh reports as 126.
+		script := filepath.Join(t.TempDir(), "busy.sh")
+		require.NoError(t, os.WriteFile(script, []byte("#!/bin/sh\necho ran\n"), 0o700))
+		f, err := os.OpenFile(script, os.O_WRONLY|os.O_APPEND, 0)
+		require.NoError(t, err)
+		defer f.Close()
+		out, code := cli(t, env, "run", "--key", "x", "--", script)
+		assert.Equal(t, exitCannotExec, code)
+		assert.Empty(t, out)
+	})
+
+	t.Run("71 no /proc: the process group cannot be started", func(t *testing.T) {
+		// run starts its group leader from /proc/self/exe; in a mount
+		// namespace without /proc (a bare chroot or container) it cannot.
+		if os.Geteuid() != 0 {
+			t.Skip("needs root for unshare -m and umount /proc")
+		}
+		unshare, err := exec.LookPath("unshare")
+		if err != nil {
+			t.Skip("no unshare(1)")
+		}
+		cmd := exec.Command(unshare, "-m", "sh", "-c", `umount -l /proc && exec "$0" "$@"`,
+			bin, "run", "--key", "noproc", "--", "echo", "ran")
+		cmd.Env = append(os.Environ(), env)
+		var stdout, stderr strings.Builder
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		err = cmd.Run()
+		var ee *exec.ExitError
+		require.ErrorAs(t, err, &ee, "stderr %q", stderr.String())
+		assert.Equal(t, exitOSErr, ee.ExitCode(), "stderr %q", stderr.String())
+		assert.Contains(t, stderr.String(), "redlease: starting the command's process group: ")
+		assert.Empty(t, stdout.String())
+		js, code := cli(t, env, "inspect", "--json", "noproc")
+		require.Zero(t, code)
+		var v keyView
+		require.NoError(t, json.Unmarshal([]byte(js), &v))
+		assert.Equal(t, "free", v.State, "released: nothing ran")
+	})
+
+	// Output that cannot be written is an I/O error, not a success.
+	for _, args := range [][]string{{"inspect", "--json", "x"}, {"inspect", "x"}, {"doctor", "--ttl", "1ms"}} {
+		t.Run("74 "+strings.Join(args, " ")+" > /dev/full", func(t *testing.T) {
+			full, err := os.OpenFile("/dev/full", os.O_WRONLY, 0)
+			if err != nil {
+				t.Skip("no /dev/full")
+			}
+			defer full.Close()
+			cmd := exec.Command(bin, args...)
+			cmd.Env = append(os.Environ(), env)
+			var stderr strings.Builder
+			cmd.Stdout, cmd.Stderr = full, &stderr
+			err = cmd.Run()
+			var ee *exec.ExitError
+			require.ErrorAs(t, err, &ee)
+			assert.Equal(t, exitIOErr, ee.ExitCode())
+			assert.Contains(t, stderr.String(), "no space left on device")
 		})
 	}
 
@@ -154,5 +220,41 @@ func TestExecFailureCodes(t *testing.T) {
 	assert.Equal(t, exitNotFound, execFailure(err))
 	_, err = exec.LookPath("/etc")
 	assert.Equal(t, exitCannotExec, execFailure(err))
-	assert.Equal(t, exitCannotExec, execFailure(&os.PathError{Op: "fork/exec", Path: "x", Err: syscall.ENOEXEC}))
+	for _, errno := range []syscall.Errno{syscall.ENOEXEC, syscall.ETXTBSY, syscall.E2BIG, syscall.ELOOP, syscall.EACCES} {
+		assert.Equal(t, exitCannotExec, execFailure(&os.PathError{Op: "fork/exec", Path: "x", Err: errno}), "%v", errno)
+	}
+	// A fork that fails is a system error (sysexits: "cannot fork").
+	for _, errno := range []syscall.Errno{syscall.EAGAIN, syscall.ENOMEM} {
+		assert.Equal(t, exitOSErr, execFailure(&os.PathError{Op: "fork/exec", Path: "x", Err: errno}), "%v", errno)
+	}
+}
+
+// 70: a panic in run (a bug) is reported as an internal error; run dies,
+// its group leader kills the command's group, and the lock is left to
+// lapse at its TTL. The panic comes from a test seam compiled in only with
+// the build tag redlease_testseam_panic (testseam_panic.go); the binary
+// built without it has no such code.
+func TestInternalErrorExitCode(t *testing.T) {
+	env := nodesEnv(redistest.StartN(t, 1, redistest.Config{}))
+	seam := filepath.Join(t.TempDir(), "redlease-seam")
+	out, err := exec.Command("go", "build", "-tags", "redlease_testseam_panic", "-o", seam, ".").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+
+	cmd := exec.Command(seam, "run", "--key", "bug", "--ttl", "2s", "--", "sh", "-c", "exec sleep 30")
+	cmd.Env = append(os.Environ(), env)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	err = cmd.Run()
+	var ee *exec.ExitError
+	require.ErrorAs(t, err, &ee)
+	assert.Equal(t, exitSoftware, ee.ExitCode(), "stderr %q", stderr.String())
+	assert.Contains(t, stderr.String(), "redlease: internal error (a bug in redlease; please report it): redlease_testseam_panic")
+
+	js, code := cli(t, env, "inspect", "--json", "bug")
+	require.Zero(t, code)
+	var v keyView
+	require.NoError(t, json.Unmarshal([]byte(js), &v))
+	assert.Equal(t, "held", v.State, "not released: the group may still have been dying; the lock lapses at its TTL")
+	require.NotNil(t, v.Holder)
+	assert.Equal(t, cmd.Process.Pid, v.Holder.PID)
 }

@@ -97,15 +97,28 @@ func waitCode(ws syscall.WaitStatus) int {
 }
 
 // execFailure is the exit code for a command that could not be started:
-// 127 not found, 126 not executable, as in sh.
+// 127 not found and 126 for any other exec failure (permission, format,
+// text file busy, argument list too long), as in sh; 71 when the system
+// could not fork (EX_OSERR, as flock(1) does).
 func execFailure(err error) int {
 	switch {
 	case errors.Is(err, exec.ErrNotFound), errors.Is(err, fs.ErrNotExist):
 		return exitNotFound
-	case errors.Is(err, fs.ErrPermission), errors.Is(err, syscall.ENOEXEC), errors.Is(err, syscall.EISDIR):
+	case errors.Is(err, syscall.EAGAIN), errors.Is(err, syscall.ENOMEM):
+		return exitOSErr
+	}
+	return exitCannotExec
+}
+
+// groupFailure is the exit code for a group leader that could not be
+// started: a system error (71: fork failed, no /proc/self/exe), or 126
+// when the command's arguments and environment, with what run adds, are
+// too long for exec.
+func groupFailure(err error) int {
+	if errors.Is(err, syscall.E2BIG) {
 		return exitCannotExec
 	}
-	return exitSoftware
+	return exitOSErr
 }
 
 // group is the command's process group, as run sees it.

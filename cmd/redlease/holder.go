@@ -60,9 +60,11 @@ redis.call('HSET', KEYS[2], 'token', ARGV[1], 'host', ARGV[2], 'pid', ARGV[3], '
 redis.call('PEXPIRE', KEYS[2], ttl)
 return 1`)
 
-// deleteHolder deletes the metadata if it is this holder's.
+// deleteHolder deletes the metadata if it is this holder's. Both scripts,
+// and inspect, use only commands docs/redis-acl.conf grants (HMGET, not
+// HGET or HGETALL).
 var deleteHolder = redis.NewScript(`
-if redis.call('HGET', KEYS[1], 'token') == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+if redis.call('HMGET', KEYS[1], 'token')[1] == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0`)
 
 // holderKeeper writes a lock's metadata on every node and refreshes it

@@ -67,15 +67,17 @@ host, pid, start time and command beside its grant), free, or split. It exits
 			defer closeAll()
 			v := inspect(c.Context(), cs, addrs, nf.prefix+args[0])
 			v.Key = args[0]
+			out := &outWriter{w: c.OutOrStdout()}
 			if asJSON {
-				enc := json.NewEncoder(c.OutOrStdout())
+				enc := json.NewEncoder(out)
 				enc.SetIndent("", "  ")
 				enc.SetEscapeHTML(false)
-				if err := enc.Encode(v); err != nil {
-					return &exitError{exitSoftware, err}
-				}
+				_ = enc.Encode(v) // keyView always encodes; out keeps a write error
 			} else {
-				printView(c.OutOrStdout(), v)
+				printView(out, v)
+			}
+			if err := out.check(); err != nil {
+				return err
 			}
 			if v.State == "unavailable" {
 				return &exitError{exitUnavailable, fmt.Errorf("%s: only %d of %d nodes answered, %d needed to tell free from held",
@@ -146,7 +148,7 @@ func inspectNode(ctx context.Context, c redis.UniversalClient, addr, key, fk, hk
 	get := pipe.Get(ctx, key)
 	pttl := pipe.PTTL(ctx, key)
 	fence := pipe.Get(ctx, fk)
-	meta := pipe.HGetAll(ctx, hk)
+	meta := pipe.HMGet(ctx, hk, "token", "host", "pid", "start", "command", "fence") // HMGET: in docs/redis-acl.conf
 	_, _ = pipe.Exec(ctx)
 	switch tok, err := get.Result(); {
 	case errors.Is(err, redis.Nil):
@@ -157,10 +159,14 @@ func inspectNode(ctx context.Context, c redis.UniversalClient, addr, key, fk, hk
 	default:
 		nv.State, nv.Token = "held", tok
 		nv.TTLms = pttl.Val().Milliseconds()
-		if m := meta.Val(); m["token"] == tok {
-			pid, _ := strconv.Atoi(m["pid"])
-			f, _ := strconv.ParseUint(m["fence"], 10, 64)
-			nv.Holder = &holder{Token: tok, Host: m["host"], PID: pid, Start: m["start"], Command: m["command"], Fence: f}
+		m := make([]string, 6)
+		for i, x := range meta.Val() {
+			m[i], _ = x.(string)
+		}
+		if m[0] == tok {
+			pid, _ := strconv.Atoi(m[2])
+			f, _ := strconv.ParseUint(m[5], 10, 64)
+			nv.Holder = &holder{Token: tok, Host: m[1], PID: pid, Start: m[3], Command: m[4], Fence: f}
 		}
 	}
 	if f, err := fence.Int64(); err == nil {

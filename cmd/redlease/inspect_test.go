@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -71,4 +72,58 @@ func TestInspectNamesTheHolder(t *testing.T) {
 		assert.Equal(t, "error", n.State)
 		assert.Contains(t, n.Error, "connection refused")
 	}
+}
+
+// aclUser creates a user with exactly the rights docs/redis-acl.conf
+// grants, and returns its name and password.
+func aclUser(t *testing.T, s *redistest.Server) (string, string) {
+	t.Helper()
+	conf, err := os.ReadFile("../../docs/redis-acl.conf")
+	require.NoError(t, err)
+	var rules []string
+	for _, l := range strings.Split(string(conf), "\n") {
+		if f := strings.Fields(l); len(f) > 2 && f[0] == "user" {
+			rules = f[2:]
+		}
+	}
+	require.NotEmpty(t, rules, "a user line in docs/redis-acl.conf")
+	for i, r := range rules {
+		if strings.HasPrefix(r, ">") {
+			rules[i] = ">pw"
+		}
+	}
+	args := []any{"ACL", "SETUSER", "locker"}
+	for _, r := range rules {
+		args = append(args, r)
+	}
+	require.NoError(t, s.Client().Do(t.Context(), args...).Err())
+	return "locker", "pw"
+}
+
+// With only the rights docs/redis-acl.conf grants, run writes and deletes
+// its holder metadata and inspect reads it.
+func TestHolderMetadataWithTheDocumentedACL(t *testing.T) {
+	s := redistest.Start(t, redistest.Config{})
+	user, pw := aclUser(t, s)
+	env := "REDLEASE_NODES=" + s.Addr
+	creds := []string{"--user", user, "--password", pw}
+	done := filepath.Join(t.TempDir(), "done")
+	script := `echo started; i=0; while [ ! -e ` + done + ` ] && [ $i -lt 500 ]; do sleep 0.02; i=$((i+1)); done`
+	p := startCLI(t, env, append(append([]string{"run", "--key", "acl"}, creds...), "--", "sh", "-c", script)...)
+	require.Equal(t, "started", p.line(t, 10*time.Second))
+
+	js, code := cli(t, env, append(append([]string{"inspect", "--json"}, creds...), "acl")...)
+	require.Zero(t, code, js)
+	var v keyView
+	require.NoError(t, json.Unmarshal([]byte(js), &v), js)
+	assert.Equal(t, "held", v.State)
+	assert.Empty(t, v.Nodes[0].Error)
+	require.NotNil(t, v.Holder, "the holder, read with the documented rights")
+	assert.Equal(t, p.cmd.Process.Pid, v.Holder.PID)
+
+	require.NoError(t, os.WriteFile(done, nil, 0o600))
+	require.Zero(t, p.wait(t, 15*time.Second))
+	n, err := s.Client().Exists(t.Context(), holderKey("lock:acl")).Result()
+	require.NoError(t, err)
+	assert.Zero(t, n, "the metadata deleted with the release, with the documented rights")
 }

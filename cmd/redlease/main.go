@@ -17,8 +17,21 @@
 // redlease process (the group leader) that starts the command, reaps
 // everything it leaves behind and, on Linux, dies with run (Pdeathsig): if
 // run itself is killed, even with SIGKILL, the leader kills the whole group
-// at once, long before the lock's TTL lets anyone else in. Processes that
-// leave the group (setsid, setpgid) are out of run's reach.
+// at once, long before the lock's TTL lets anyone else in.
+//
+// Known limits, not solved:
+//   - A process that leaves the group (setsid, setpgid, a daemon that
+//     double-forks into a new session) is out of run's reach: no signal
+//     reaches it. On Linux the leader, its subreaper, waits for it while
+//     the command ends normally; but when the group is killed (lock lost,
+//     a signal to run) the leader dies with it, and run releases the lock
+//     while that process may still write. Do not daemonize under run.
+//   - A process of the group that survives SIGKILL for 10 s (stuck in the
+//     kernel, e.g. on a hung NFS mount) makes run exit 76 without
+//     releasing the lock: the key lapses at its TTL, and that process may
+//     still act once it wakes. Fences (REDLEASE_FENCE) are the defence.
+//   - An internal error (70) or run being killed leaves the lock to lapse
+//     at its TTL; the group is killed at once by its leader.
 //
 // While the command runs, run keeps the lock alive. When the lock is lost,
 // run sends SIGTERM to the whole group, then SIGKILL after --grace, and no
@@ -51,7 +64,9 @@
 //	1-125  the command's own exit status (doctor: 1 when a finding is unsafe)
 //	64     usage: bad flags, node list, TTL, --grace or strategy (EX_USAGE)
 //	69     unavailable: too few nodes answered to tell free from held (EX_UNAVAILABLE)
-//	70     internal error, or the command's process group could not be started (EX_SOFTWARE)
+//	70     internal error: a bug in redlease; the command's group dies with run, the lock lapses at its TTL (EX_SOFTWARE)
+//	71     the command's process group could not be started: fork failed, or no /proc/self/exe (EX_OSERR)
+//	74     inspect, doctor: the output could not be written (EX_IOERR)
 //	75     the lock is held by another holder, within --wait (EX_TEMPFAIL)
 //	76     the lock was lost while the command ran; its process group was stopped
 //	126    the command was found but cannot be executed
@@ -67,7 +82,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
+	"runtime/debug"
+	"strings"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -99,12 +117,45 @@ func main() {
 	os.Exit(run(os.Args[1:]))
 }
 
+// outWriter passes output on and remembers the first write that failed.
+type outWriter struct {
+	w   io.Writer
+	err error
+}
+
+func (o *outWriter) Write(p []byte) (int, error) {
+	if o.err != nil {
+		return 0, o.err
+	}
+	n, err := o.w.Write(p)
+	o.err = err
+	return n, err
+}
+
+// check is an I/O error (74) if some output could not be written.
+func (o *outWriter) check() error {
+	if o.err != nil {
+		return &exitError{exitIOErr, o.err}
+	}
+	return nil
+}
+
 type quietLogger struct{}
 
 func (quietLogger) Printf(context.Context, string, ...any) {}
 
-// run executes the CLI and returns the process's exit code.
-func run(args []string) int {
+// run executes the CLI and returns the process's exit code: 70 if it
+// panics (a bug). Then the process exits without releasing a lock it
+// holds: the group leader kills the command's group as run exits, and the
+// lock lapses at its TTL. A panic on another goroutine ends the process
+// with Go's exit status 2; the group leader kills the group all the same.
+func run(args []string) (code int) {
+	defer func() {
+		if r := recover(); r != nil {
+			fmt.Fprintf(os.Stderr, "redlease: internal error (a bug in redlease; please report it): %v\n%s", r, debug.Stack())
+			code = exitSoftware
+		}
+	}()
 	root := newRoot()
 	root.SetArgs(args)
 	err := root.Execute()
@@ -114,10 +165,16 @@ func run(args []string) int {
 		return exitOK
 	case errors.As(err, &ee):
 		if ee.err != nil {
-			fmt.Fprintln(os.Stderr, "redlease:", ee.err)
+			report(ee.err)
 		}
 		return ee.code
 	}
-	fmt.Fprintln(os.Stderr, "redlease:", err)
+	report(err)
 	return exitUsage
+}
+
+// report prints err on stderr with the redlease: prefix once (errors from
+// the library already start with it).
+func report(err error) {
+	fmt.Fprintln(os.Stderr, "redlease:", strings.TrimPrefix(err.Error(), "redlease: "))
 }

@@ -44,6 +44,18 @@ func newRoot() *cobra.Command {
 		Short:         "Distributed locks on Redis: guard commands across hosts, inspect locks, check nodes",
 		SilenceUsage:  true,
 		SilenceErrors: true,
+		PersistentPreRunE: func(*cobra.Command, []string) error {
+			usage := func(format string, args ...any) error { return &exitError{exitUsage, fmt.Errorf(format, args...)} }
+			switch {
+			case nf.timeout <= 0:
+				return usage("--node-timeout %v: must be positive", nf.timeout)
+			case nf.maxTTL < 0:
+				return usage("--max-ttl %v: must not be negative (0: off)", nf.maxTTL)
+			case nf.replicas < 0:
+				return usage("--replicas %d: must not be negative", nf.replicas)
+			}
+			return nil
+		},
 	}
 	pf := root.PersistentFlags()
 	pf.StringVar(&nf.nodes, "nodes", os.Getenv("REDLEASE_NODES"), "comma-separated host:port of the Redis nodes (default $REDLEASE_NODES); Sentinels with --strategy failover")
@@ -51,7 +63,7 @@ func newRoot() *cobra.Command {
 	pf.StringVar(&nf.password, "password", "", "password (default $REDLEASE_PASSWORD; prefer the variable, flags show in ps)")
 	pf.BoolVar(&nf.tls, "tls", false, "connect with TLS")
 	pf.StringVar(&nf.tlsCA, "tls-ca", "", "PEM file of the CA that signed the nodes' certificates (default: the system pool)")
-	pf.StringVar(&nf.prefix, "prefix", "lock:", "key prefix")
+	pf.StringVar(&nf.prefix, "prefix", "lock:", `key prefix ("lock:", as docs/redis-acl.conf assumes; a library Locker shares locks with the CLI only with redlease.WithPrefix("lock:"), its default is none)`)
 	pf.StringVar(&nf.strategy, "strategy", "", "single, quorum or failover (default: single for one node, quorum with fencing for several)")
 	pf.StringVar(&nf.master, "master", "", "Sentinel master name (--strategy failover)")
 	pf.DurationVar(&nf.timeout, "node-timeout", quorum.DefaultNodeTimeout, "quorum: how long one round waits for the nodes")
@@ -89,10 +101,17 @@ func (nf *nodeFlags) addrs() ([]string, error) {
 // options builds go-redis options for one node. One try per command:
 // go-redis's retries would turn "connection refused" into a timeout.
 func (nf *nodeFlags) options(addr string) (*redis.Options, error) {
+	name := clientName()
 	o := &redis.Options{
 		Addr: addr, Username: nf.username, Password: nf.passwordOrEnv(),
 		ContextTimeoutEnabled: true, DialTimeout: time.Second, ReadTimeout: time.Second, MaxRetries: -1,
-		ClientName: clientName(),
+		// Not ClientName: go-redis fails the connection when CLIENT SETNAME
+		// does, and the least-privilege user of docs/redis-acl.conf may not
+		// run it. The name is a courtesy to operators, so try it and go on.
+		OnConnect: func(ctx context.Context, cn *redis.Conn) error {
+			_ = cn.ClientSetName(ctx, name).Err()
+			return nil
+		},
 	}
 	if nf.tls {
 		cfg, err := nf.tlsConfig(addr)

@@ -60,7 +60,7 @@ func (o *runOpts) check() error {
 	}
 	if !o.marginSet {
 		o.margin = o.ttl / redlease.DefaultLossMarginDivisor
-	} else if o.margin == 0 || o.margin >= o.ttl/2 {
+	} else if o.margin <= 0 || o.margin >= o.ttl/2 {
 		return usage("--loss-margin %v: must be more than 0 and less than half the TTL (%v)", o.margin, o.ttl/2)
 	}
 	if !o.graceSet {
@@ -89,6 +89,13 @@ validity ends (at once if the key is known to be gone); run exits 76. --grace
 must fit in three quarters of the loss margin (--loss-margin, a tenth of the
 TTL by default). SIGINT, SIGTERM and SIGHUP to run are passed on to the group;
 run waits --grace, then sends SIGKILL, releases the lock and exits 128+signal.
+
+Known limits: a process that leaves the group (setsid, a daemon) gets no
+signal; once the group is killed (lock lost, a signal to run) run no longer
+waits for it, and it may outlive the lock: do not daemonize under run. If a process of the group survives SIGKILL for 10s (stuck in the
+kernel), run exits 76 without releasing and the lock lapses at its TTL.
+Pass REDLEASE_FENCE to the storage CMD writes to: it refuses such late
+writes.
 
 Exit codes:
 ` + exitTableText("  "),
@@ -172,8 +179,9 @@ func runLocked(ctx context.Context, nf *nodeFlags, o runOpts, args []string) err
 	g, err := startGroup(args, env)
 	if err != nil {
 		release()
-		return &exitError{exitSoftware, fmt.Errorf("starting the command's process group: %w", err)}
+		return &exitError{groupFailure(err), fmt.Errorf("starting the command's process group: %w", err)}
 	}
+	afterGroupStart()
 	res := supervise(g, lk, o, sigs)
 	if !res.gone {
 		// Do not release: a process of the group may still act. The key
