@@ -41,6 +41,7 @@ type Lock struct {
 	sent         bool          // a Release was sent: whatever came back, the lock claims nothing any more
 	released     bool          // a Release confirmed the key gone (or not ours)
 	reported     bool          // the Observer was told how the hold ended
+	report       func()        // that telling, run by unlock outside lk.mu
 	lost         chan struct{} // made by the first Lost call; closed once lost or a release was sent
 	expiry       *time.Timer   // started by the first Lost call; marks the lock lost at until−margin
 	untrack      func()        // from a Revoker strategy; run once the lock is released or lost
@@ -212,7 +213,7 @@ func (lk *Lock) Extend(ctx context.Context, ttl time.Duration) error {
 	g, err := lk.strategy.Extend(ctx, lk.fullKey, lk.token, ttl)
 	lk.mu.Lock()
 	lk.settleExtendLocked(rec, undecided(err))
-	lk.mu.Unlock()
+	lk.unlock()
 	err = lk.applyExtension(start, g, err)
 	done(err)
 	return err
@@ -480,9 +481,14 @@ func (lk *Lock) unlock() {
 	if lk.untrack != nil && !lk.heldLocked() {
 		untrack, lk.untrack = lk.untrack, nil
 	}
+	report := lk.report
+	lk.report = nil
 	lk.mu.Unlock()
 	if untrack != nil {
 		untrack()
+	}
+	if report != nil {
+		report()
 	}
 }
 
@@ -491,8 +497,8 @@ func (lk *Lock) markLostLocked(cause error) {
 		return
 	}
 	lk.cause = fmt.Errorf("%w: %s: %w", ErrLost, lk.key, cause)
-	lk.reportLocked(lk.cause)
 	lk.endLocked()
+	lk.reportLocked(lk.cause)
 }
 
 // endLocked stops the expiry timer and closes Lost. Call it exactly once,
@@ -506,13 +512,17 @@ func (lk *Lock) endLocked() {
 	}
 }
 
-// reportLocked tells the Observer, once, how the hold ended (nil: released).
+// reportLocked arranges to tell the Observer, once, how the hold ended
+// (nil: released). The telling runs in unlock, after lk.mu is released
+// and Lost closed: a slow Observer costs its own time, never the loss
+// notice or another caller's Valid.
 func (lk *Lock) reportLocked(cause error) {
 	if lk.reported {
 		return
 	}
 	lk.reported = true
-	if lk.observer != nil {
-		lk.observer.Held(lk.op("hold"), time.Since(lk.granted), cause)
+	if o := lk.observer; o != nil {
+		op, d := lk.op("hold"), time.Since(lk.granted)
+		lk.report = func() { o.Held(op, d, cause) }
 	}
 }
