@@ -93,32 +93,59 @@ func keepHolder(clients []redis.UniversalClient, fullKey string, lk *redlease.Lo
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	h.cancel = cancel
-	h.write(ctx)
+	missing := h.write(ctx)
+	// A node's copy of the lock may land after the grant (a majority
+	// answered first): while a node lacks the metadata, the first seconds
+	// of the hold try again every holderRetry, then every third of the TTL.
+	quickUntil := time.Now().Add(holderQuick)
 	h.wg.Go(func() {
-		t := time.NewTicker(h.every)
-		defer t.Stop()
 		for {
+			d := h.every
+			if missing > 0 && time.Now().Before(quickUntil) {
+				d = min(d, holderRetry)
+			}
+			t := time.NewTimer(d)
 			select {
 			case <-ctx.Done():
+				t.Stop()
 				return
 			case <-t.C:
-				h.write(ctx)
+				missing = h.write(ctx)
 			}
 		}
 	})
 	return h
 }
 
+// How soon, and for how long after the grant, a node that lacked the
+// metadata is asked again.
+const (
+	holderRetry = 50 * time.Millisecond
+	holderQuick = 2 * time.Second
+)
+
 // write refreshes the metadata on every node at once, each within a third
-// of the TTL (a second at most); failures are left to the next round.
-func (h *holderKeeper) write(ctx context.Context) {
+// of the TTL (a second at most), and returns on how many nodes it is
+// missing (the key not ours there yet, or a failure): left to the next
+// round.
+func (h *holderKeeper) write(ctx context.Context) int {
 	ctx, cancel := context.WithTimeout(ctx, min(h.every, time.Second))
 	defer cancel()
 	var wg sync.WaitGroup
+	var mu sync.Mutex
+	missing := 0
 	for _, c := range h.clients {
-		wg.Go(func() { _ = writeHolder.Run(ctx, c, h.keys, h.args...).Err() })
+		wg.Go(func() {
+			n, err := writeHolder.Run(ctx, c, h.keys, h.args...).Int64()
+			if err != nil || n != 1 {
+				mu.Lock()
+				missing++
+				mu.Unlock()
+			}
+		})
 	}
 	wg.Wait()
+	return missing
 }
 
 // stop ends the refreshing and deletes the metadata (best effort, within

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -27,10 +28,20 @@ func TestInspectNamesTheHolder(t *testing.T) {
 	p := startCLI(t, env, "run", "--key", "settle", "--", "sh", "-c", script)
 	require.Equal(t, "started", p.line(t, 10*time.Second))
 
-	js, code := cli(t, env, "inspect", "--json", "settle")
-	require.Zero(t, code, js)
+	// A node's copy of the lock (and so its metadata) may land a moment
+	// after the grant: run writes it there within holderRetry of that.
 	var v keyView
-	require.NoError(t, json.Unmarshal([]byte(js), &v), js)
+	var js string
+	for end := time.Now().Add(2 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		var code int
+		js, code = cli(t, env, "inspect", "--json", "settle")
+		require.Zero(t, code, js)
+		v = keyView{}
+		require.NoError(t, json.Unmarshal([]byte(js), &v), js)
+		if !slices.ContainsFunc(v.Nodes, func(n nodeView) bool { return n.Holder == nil }) || time.Now().After(end) {
+			break
+		}
+	}
 	t.Logf("inspect --json while run holds the key (pid %d):\n%s", p.cmd.Process.Pid, js)
 	assert.Equal(t, "held", v.State)
 	assert.Equal(t, 3, v.Agreeing)
