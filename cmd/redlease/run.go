@@ -288,7 +288,6 @@ func supervise(g *group, lk *redlease.Lock, o runOpts, sigs <-chan os.Signal) ou
 			lost = nil
 			res.lost = true
 			cause := lk.Err()
-			fmt.Fprintf(os.Stderr, "redlease: lock %q lost (%v): stopping the command's process group\n", o.key, cause)
 			g.signal(syscall.SIGTERM)
 			at := time.Now().Add(o.grace)
 			if limit := lk.Until().Add(-o.safety()); limit.Before(at) {
@@ -298,6 +297,9 @@ func supervise(g *group, lk *redlease.Lock, o runOpts, sigs <-chan os.Signal) ou
 				at = time.Now() // the key is gone or may be: someone else may hold it now
 			}
 			killBy(at)
+			// Said after the group was signalled: a stderr that blocks (a
+			// full pipe) must not hold the signal back.
+			fmt.Fprintf(os.Stderr, "redlease: lock %q lost (%v): stopping the command's process group\n", o.key, cause)
 		case s := <-sigs:
 			sig := s.(syscall.Signal)
 			if res.sig == 0 {
