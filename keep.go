@@ -65,9 +65,11 @@ type BatchExtender interface {
 // one call for its whole group, any other gets one Extend per lock. Groups
 // run at the same time, each on its own goroutine (one group runs on the
 // caller's), and each under its own deadline: ctx's, narrowed to the
-// earliest Deadline (Until less the loss margin) among its locks, past
-// which an answer comes too late for that lock. A slow or hung strategy
-// therefore never delays another's group.
+// latest Deadline (Until less the loss margin) among its locks, past which
+// an answer comes too late for every one of them (a lock whose own
+// deadline passes first is lost then, and a late answer does not revive
+// it; a lock near its deadline does not cut the call short for the
+// others). A slow or hung strategy therefore never delays another's group.
 //
 // ExtendAll returns once every group's call has returned. A strategy whose
 // client ignores the context (go-redis without ContextTimeoutEnabled waits
@@ -141,11 +143,11 @@ func comparableStrategy(s Strategy) bool {
 }
 
 // extendGroup extends one strategy's locks under the group's own deadline
-// and records the outcomes in errs.
+// (the latest of theirs) and records the outcomes in errs.
 func extendGroup(ctx context.Context, locks []*Lock, grp strategyGroup, errs []error) {
 	deadline := locks[grp.idx[0]].Deadline()
 	for _, i := range grp.idx[1:] {
-		if d := locks[i].Deadline(); d.Before(deadline) {
+		if d := locks[i].Deadline(); d.After(deadline) {
 			deadline = d
 		}
 	}

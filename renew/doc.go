@@ -29,8 +29,9 @@
 //
 // Locks are renewed per strategy: each strategy's due locks go out in
 // their own call, on their own goroutine, under their own deadline (the
-// renewal timeout, WithTimeout, never past the earliest of its locks'
-// Until less the loss margin), and at most WithMaxCalls calls per strategy
+// renewal timeout, WithTimeout, never past the latest of its locks'
+// Until less the loss margin: a lock near its deadline does not cut the
+// call short for the others), and at most WithMaxCalls calls per strategy
 // are in flight, counting calls the Watchdog stopped waiting for. A paused
 // node, a hung Cluster master or a strategy whose client ignores its
 // context therefore delays only its own strategy's locks. Within a batch

@@ -56,7 +56,7 @@ func WithFraction(fraction float64) Option {
 }
 
 // WithTimeout sets the renewal timeout: the longest the Watchdog waits for
-// one strategy's renewal call (never past the earliest Deadline of the
+// one strategy's renewal call (never past the latest Deadline of the
 // call's locks) before it counts the call as failed and schedules a retry,
 // and the longest Stop waits for calls in flight. Default DefaultTimeout
 // (1 s). Must be at least a millisecond. Keep it above the strategy's own

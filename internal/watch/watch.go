@@ -464,13 +464,16 @@ func (e *entry[T]) takeAt() time.Time {
 }
 
 // callLocked starts one call with ln's pending items, under a deadline of
-// the lane's renewal timeout (laneTimeout), narrowed to the earliest
-// Deadline of its items. It returns nil if none of them is still worth
-// extending.
+// the lane's renewal timeout (laneTimeout), narrowed to the latest
+// Deadline of its items: no item needs an answer after its own deadline
+// (the item is lost then, and a late success does not revive it), but one
+// item near its deadline must not cut short the call for the others. It
+// returns nil if none of them is still worth extending.
 func (w *Engine[T]) callLocked(g *generation[T], ln *lane[T], now time.Time) *call[T] {
 	batch := ln.pending
 	ln.pending = nil
-	c := &call[T]{lane: ln, start: now, deadline: now.Add(w.laneTimeout(ln.key))}
+	limit := now.Add(w.laneTimeout(ln.key))
+	c := &call[T]{lane: ln, start: now}
 	items := make([]T, 0, len(batch))
 	for _, e := range batch {
 		if e.dropped {
@@ -481,7 +484,7 @@ func (w *Engine[T]) callLocked(g *generation[T], ln *lane[T], now time.Time) *ca
 			w.forgetLocked(e) // released or lost meanwhile
 			continue
 		}
-		if d.Before(c.deadline) {
+		if d.After(c.deadline) {
 			c.deadline = d
 		}
 		e.call = c
@@ -491,6 +494,7 @@ func (w *Engine[T]) callLocked(g *generation[T], ln *lane[T], now time.Time) *ca
 	if len(items) == 0 {
 		return nil
 	}
+	c.deadline = minTime(c.deadline, limit)
 	ln.calls++
 	w.running++
 	ctx, cancel := context.WithDeadline(g.ctx, c.deadline)
@@ -604,4 +608,11 @@ func (h *dueHeap[T]) Pop() any {
 	*h = old[:len(old)-1]
 	e.index = -1
 	return e
+}
+
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
 }
