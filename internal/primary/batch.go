@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/redlease/redlease"
+	"github.com/redlease/redlease/internal/bounded"
 	"github.com/redlease/redlease/internal/drift"
 	"github.com/redlease/redlease/internal/script"
 )
@@ -54,7 +55,20 @@ func (p *Primary) ExtendBatch(ctx context.Context, items []redlease.Extension) [
 		return out
 	}
 	calls := chunk(items, valid, nil)
-	p.judge(ctx, p.addr, items, calls, p.send(ctx, p.client, calls), start, out)
+	// Bounded by ctx like every other call (a client without
+	// ContextTimeoutEnabled would wait out its read timeout and retries on
+	// a lost message, holding the watchdog's call slot): an abandoned
+	// batch leaves every item undecided; it may still be applied.
+	replies, err := bounded.Call(ctx, p.bound, func(ctx context.Context) ([]reply, error) {
+		return p.send(ctx, p.client, calls), nil
+	}, nil)
+	if err != nil {
+		replies = make([]reply, len(calls))
+		for k := range replies {
+			replies[k].err = err
+		}
+	}
+	p.judge(ctx, p.addr, items, calls, replies, start, out)
 	return out
 }
 
