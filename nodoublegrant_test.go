@@ -307,7 +307,12 @@ func TestSnapshotRestoredNodeSitsOut(t *testing.T) {
 		redlease.WithTTL(maxTTL), redlease.WithPrefix("attack:"))
 
 	require.NoError(t, servers[0].Client().Save(ctx).Err())
-	a, err := la.TryLock(ctx, "snapshot")
+	// Lock, not TryLock: under load a 100 ms node timeout can pass with no
+	// reply at all (failed once with load average 10: "0 of 3 nodes
+	// agreed"); retries change nothing here (node 2 holds every attempt).
+	actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	a, err := la.Lock(actx, "snapshot")
+	cancel()
 	require.NoError(t, err)
 	servers[0].Restart() // from the snapshot: the marker is back, A's key is not
 	require.Equal(t, int64(0), servers[0].Client().Exists(ctx, "attack:snapshot").Val())
