@@ -34,7 +34,7 @@ import (
 // restarts with a short downtime inside the holds, and sometimes a lossy
 // link; the workload keeps the lock contended for the whole run: whoever
 // holds it extends it every few milliseconds, mostly past the max TTL
-// (1.1–2.5 times it), while the others try again every 1–12 ms. Every draw
+// (1.1–2.5 times it), while the others try again every 2–20 ms. Every draw
 // comes from the seed (the schedule's PCG, each client's PCG). Every
 // fault is inside the assumptions: an empty restart under the rule keeps
 // exclusion (see the package doc, Grading), partitions and loss are
@@ -74,7 +74,7 @@ func pastMaxSchedule(r *rand.Rand, sc *Scenario, horizon time.Duration) []Fault 
 
 // pastMaxClient is one quorum3-pastmax client: until the scenario's
 // horizon (and at most Ops attempts), it tries the one key with TryLock
-// (or Lock, a few attempts at once) every 1–12 ms, and holds what it gets
+// (or Lock, a few attempts at once) every 2–20 ms, and holds what it gets
 // with pastMaxHold.
 func (w *World) pastMaxClient(ci int, locker *redlease.Locker, r *rand.Rand) {
 	end := w.sc.horizon()
@@ -100,7 +100,7 @@ func (w *World) pastMaxClient(ci int, locker *redlease.Locker, r *rand.Rand) {
 		if err != nil {
 			w.hist.failed()
 			w.hist.logf("c%d#%d %s %s ttl=%v: %v", ci, seq, via, key, ttl, short(err))
-			sleep(ms(r, 1, 12))
+			sleep(ms(r, 2, 20))
 			continue
 		}
 		w.pastMaxHold(ci, seq, key, via, ttl, lk, r)

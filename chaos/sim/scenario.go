@@ -90,7 +90,7 @@ var Scenarios = []Scenario{
 	// quorum3-pastmax: built for the bound of 8a56ae8 (see pastmax.go):
 	// clients partitioned from one node each, empty restarts inside long
 	// holds extended mostly past the max TTL, the key contended throughout.
-	{Name: "quorum3-pastmax", Strategy: Quorum, Nodes: 3, Clients: 3, Keys: 1, Ops: 120, TTL: [2]time.Duration{40 * time.Millisecond, 100 * time.Millisecond}, DelayedRestart: 100 * time.Millisecond, HoldSteps: 12, Faults: true, Horizon: 400 * time.Millisecond,
+	{Name: "quorum3-pastmax", Strategy: Quorum, Nodes: 3, Clients: 3, Keys: 1, Ops: 120, TTL: [2]time.Duration{40 * time.Millisecond, 100 * time.Millisecond}, DelayedRestart: 100 * time.Millisecond, HoldSteps: 12, Faults: true, Horizon: 300 * time.Millisecond,
 		Schedule: pastMaxSchedule, Client: (*World).pastMaxClient},
 }
 
