@@ -42,14 +42,24 @@
 //     quorum3-plain (no fences), quorum3-restart (the rule),
 //     quorum3-extend (the rule with long holds, half the extensions past
 //     its max TTL, restarts and loss: built for the bound of 8a56ae8),
-//     watchdog-mixed, barrier and single. Not simulated yet: failover
-//     (replica and WAIT; hooks in replica.go, no workload).
+//     watchdog-mixed, barrier, single and quorum3-pastmax (aimed at
+//     the same bound, with its own schedule and client: pastmax.go). Not
+//     simulated yet: failover (replica and WAIT; hooks in replica.go, no
+//     workload).
 //   - Workload lockClient (the quorum and single scenarios): several
 //     clients per run, each with its own go-redis clients and strategy,
 //     doing Lock (with retries) or TryLock on a few contended keys,
 //     holding for a while, writing their fence to a fenced register while
 //     Valid, extending, and releasing — with a ctx too short for the
 //     reply a quarter of the time, and not at all one time in ten.
+//   - Workload pastMaxClient (quorum3-pastmax, pastmax.go): three
+//     clients on one key until the 300 ms horizon, each trying again
+//     every 2–20 ms, the holder extending every 3–30 ms, three times in
+//     four to 1.1–2.5 times the 100 ms max TTL; its schedule partitions
+//     each client (p 2/3) from one node for most of the run, so grants and
+//     extensions land on bare majorities and the holder hears no refusal
+//     from the node it cannot reach, and restarts one or two nodes empty
+//     (down 0–15 ms) inside the holds, sometimes with a lossy node.
 //   - Workload doClient (watchdog-mixed): each client has one
 //     renew.Watchdog keeping two Lockers, quorum over nodes 0–4 (fenced)
 //     and single on node 5, and runs Locker.Do on keys of either, its fn
@@ -305,9 +315,58 @@
 //
 // # Power
 //
-// Library defects put back on a scratch worktree, and how far the
-// simulator went to find them (-stopfail, 2 workers, under the same
-// load):
+// Library defects put back on a scratch copy, and how far the simulator
+// went to find them. The three no-double-grant fixes were
+// measured at this scenario list with make test's own command plus
+// -stopfail, from eight (c) or five (a, b) starting seeds (-first 1,
+// 100001, 200001, …), on the 2-core VM at load 6–10. Each defect was put
+// back with a go build overlay (f.json replacing the fixed file by a copy
+// without the fix), so nothing reverted is ever committed:
+//
+//	go test -count=1 ./chaos/sim/ -run 'TestSim$' -seeds 10000 -stopfail -first 100001 -overlay /tmp/f.json
+//
+// The findings:
+//
+//   - (c) Extend past the delayed-restart max TTL (8a56ae8's bound: the
+//     checkTTL calls of quorum.Strategy.Extend and ExtendBatch removed):
+//     quorum3-pastmax found it every time, after 24–676 seeds and
+//     0.23–6.3 s (seeds 413, 100025, 200672, 300284, 400121, 500021,
+//     600614, 700136). Over seeds 1–20,000 of quorum3-pastmax alone, 485
+//     failed (2.4 %), every one by overlap; each of the 20 runs of 1,000
+//     consecutive seeds had 16–34 failures, the first at its 1st–159th
+//     seed, so a make test run (about 1,100 of the scenario's seeds)
+//     misses it with probability about 0.976^1100 ≈ 1e-12. Seeds 413, 48
+//     and 100025 replayed 10 of 10 (one history each); seed 413 passes
+//     10 of 10 with the bound. In seed 413 clients 0 and 2 are cut off
+//     from node 0; client 2's lock, extended past the max TTL on nodes 1
+//     and 2, is still believed held when node 2, restarted empty at
+//     194 ms, has sat out its 100 ms, and client 1 is granted on nodes 0
+//     and 2 at 324 ms (47.6 ms of overlap). quorum3-extend, the scenario
+//     built for it first, found it in none of seeds 1–20,000 at this tree
+//     (2 min 13 s; earlier trees below).
+//   - (a) one token for every attempt of Lock (the retry/undo fix:
+//     Locker.retry passing its base token to every attempt):
+//     quorum3-restart, overlap, after 51–356 seeds and 0.6–3.5 s (seeds
+//     291, 100047, 200055, 300360, 400188).
+//   - (b) a failed Release that leaves the lock valid (Lock.Release
+//     ending the hold only once the release is confirmed): single, after
+//     1–2 seeds and under 0.05 s (fence-order, release-kept-valid); with
+//     -inv overlap,fence-order,stale-accepted, after 1–18 seeds and
+//     0.05–0.44 s (single, quorum3-restart, quorum5-fenced,
+//     quorum5-restart).
+//
+// Replay (c)'s first seed:
+//
+//	go test ./chaos/sim -run 'TestSim$' -scenario quorum3-pastmax -seed 413
+//
+// With the bound in place, seeds 1–20,000 of quorum3-pastmax pass, no
+// hazard (5 min 6 s at load 9; 147 s of user CPU, 7.4 ms per seed, the
+// rotation's mean being about 6.3). make test's 10,000 seeds with it in
+// the rotation took 60.6–69.9 s of user CPU (95 s of wall time at load
+// 7–9), against 63.1–64.9 s for the rotation without it (562bfdf) in the
+// same hour: no change beyond the noise, about 30–35 s on two idle cores.
+//
+// Earlier figures (-stopfail, 2 workers, under the same load):
 //
 //   - Extend past the delayed-restart max TTL (8a56ae8's bound reverted:
 //     quorum.Strategy.Extend without its checkTTL call): on a worktree at

@@ -99,6 +99,10 @@ func Run(sc Scenario, seed uint64, opts Options) *Result {
 			continue
 		}
 		locker := w.locker(ci, r)
+		if sc.Client != nil {
+			clients.Go(func() { sc.Client(w, ci, locker, r) })
+			continue
+		}
 		clients.Go(func() { w.lockClient(ci, locker, r) })
 	}
 	finished := make(chan struct{})

@@ -52,6 +52,11 @@ type Scenario struct {
 	// the validity it has left (see the package doc, "Findings"). Off, an
 	// extension never shortens.
 	ShortExtends bool
+	// Schedule, if set, draws the faults instead of the generic draw
+	// (quorum3-pastmax); Client, if set, is the workload's client instead
+	// of lockClient.
+	Schedule scheduleFunc
+	Client   clientFunc
 }
 
 // Scenarios is the default rotation: seed s runs Scenarios[s % len].
@@ -82,6 +87,11 @@ var Scenarios = []Scenario{
 	{Name: "barrier", Strategy: Single, Nodes: 1, Clients: 3, Keys: 3, Ops: 4, TTL: [2]time.Duration{30 * time.Millisecond, 150 * time.Millisecond}, Fencing: true, Barrier: true,
 		Kinds: []string{FaultPause, FaultDelay, FaultLoss, FaultCut}, Faults: true, Horizon: 600 * time.Millisecond},
 	{Name: "single", Strategy: Single, Nodes: 1, Clients: 3, Keys: 2, Ops: 4, TTL: [2]time.Duration{60 * time.Millisecond, 300 * time.Millisecond}, Fencing: true, Faults: true, Horizon: 1100 * time.Millisecond},
+	// quorum3-pastmax: built for the bound of 8a56ae8 (see pastmax.go):
+	// clients partitioned from one node each, empty restarts inside long
+	// holds extended mostly past the max TTL, the key contended throughout.
+	{Name: "quorum3-pastmax", Strategy: Quorum, Nodes: 3, Clients: 3, Keys: 1, Ops: 120, TTL: [2]time.Duration{40 * time.Millisecond, 100 * time.Millisecond}, DelayedRestart: 100 * time.Millisecond, HoldSteps: 12, Faults: true, Horizon: 300 * time.Millisecond,
+		Schedule: pastMaxSchedule, Client: (*World).pastMaxClient},
 }
 
 // ScenarioByName returns the scenario called name, if any.

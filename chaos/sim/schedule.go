@@ -102,6 +102,9 @@ func makeSchedule(seed uint64, sc *Scenario, horizon time.Duration) []Fault {
 	if !sc.Faults {
 		return nil
 	}
+	if sc.Schedule != nil {
+		return sc.Schedule(r, sc, horizon)
+	}
 	n := sc.allNodes()
 	var fs []Fault
 	count := 1 + r.IntN(5)
