@@ -49,7 +49,7 @@ type Hold struct {
 	LostAt  time.Duration // -1: never closed (should not happen)
 	RelSent time.Duration // -1: no Release sent by the workload
 	// Watchdog workload only (Strat != ""):
-	Strat     string        // "q" or "s"
+	Strat     string        // "q", "s" or "c" (the Cluster)
 	Token     string        // the lock's token on the nodes
 	TTL       time.Duration // the lock's TTL (the watchdog renews every TTL/3)
 	End       time.Duration // fn's return

@@ -14,6 +14,18 @@
 //     EVAL/EVALSHA run the library's Lua scripts as they are), its key
 //     expiry driven by the node's own clock: the virtual clock plus an
 //     offset (miniredis ClockTTL and SetTime before every command).
+//   - A Redis Cluster (watchdog-mixed): three nodes acting as its
+//     masters, the 16,384 slots split as redis-cli --cluster create
+//     splits them (cluster.go). A go-redis ClusterClient, unmodified but
+//     for its Dialer, learns the topology from CLUSTER SLOTS (answered
+//     by the simulator, which also answers CLUSTER SHARDS, NODES, MYID,
+//     KEYSLOT and INFO: miniredis's own CLUSTER claims every slot for
+//     one node) and COMMAND (miniredis's). A master refuses, as Redis
+//     does, a command on a key of another master's slot (MOVED, nothing
+//     applied), keys of several slots in one command (CROSSSLOT), and a
+//     script touching a key of another master or of another slot than
+//     its declared keys (Redis 7's errors). The refusals are counted;
+//     since nothing moves, any is a key routed to the wrong master.
 //   - Links: every go-redis connection is a simulated one. Its writes are
 //     parsed into commands; each request and each reply gets a delay drawn
 //     from a hash of (seed, connection, direction, message index), so its
@@ -51,11 +63,16 @@
 //     Valid, extending, and releasing — with a ctx too short for the
 //     reply a quarter of the time, and not at all one time in ten.
 //   - Workload doClient (watchdog-mixed): each client has one
-//     renew.Watchdog keeping two Lockers, quorum over nodes 0–4 (fenced)
-//     and single on node 5, and runs Locker.Do on keys of either, its fn
-//     working one to three TTLs in steps (so the watchdog must renew),
-//     stopping when its ctx ends, checking the nodes and writing to the
-//     fenced register while the lock is Valid.
+//     renew.Watchdog keeping three Lockers, quorum over nodes 0–4
+//     (fenced), single on node 5, and single on a ClusterClient to the
+//     Cluster (nodes 6–8; one lock key per master), and runs one lane
+//     per Locker at once, each doing Locker.Do three times on keys of its
+//     strategy, so that the one watchdog keeps locks of all three
+//     strategies together; fn works one to three TTLs in steps (so the
+//     watchdog must renew), stops when its ctx ends, checks the nodes
+//     and writes to the fenced register while the lock is Valid. The
+//     Cluster's faults are drawn apart: one to three per seed, all on one
+//     master (pause, blackhole, errnode, badkey of the key it serves).
 //   - Workload barrierClient (barrier): each client has its own
 //     idempotency.Barrier on the store (node 0; the default single lock,
 //     kept by the client's own Watchdog, a lease of 30–150 ms) and sends
@@ -79,7 +96,7 @@
 //     never accepts a write that overwrites one made under a later grant.
 //   - held-past-expiry (watchdog-mixed): whenever a lock kept by the
 //     watchdog says it is Valid, a quorum of its strategy's nodes hold its
-//     token, read straight from the nodes (a node that is down counts as
+//     token (a Cluster lock: the master serving its key), read straight from the nodes (a node that is down counts as
 //     holding it; a node whose token a badkey fault replaced counts as
 //     holding it until the token would have expired there). A lock is
 //     never believed held past its real expiry. At the end of every hold
@@ -88,7 +105,8 @@
 //     quorum stopped holding it (watchcheck.go).
 //   - renew-busy-retry (watchdog-mixed): renewals (extend, extendmany) of
 //     one lock sent to the single strategy's node while errnode makes it
-//     answer errors are at least min(interval/4, 250 ms) apart, timed at
+//     answer errors (and to a Cluster master, which gets one pipeline per
+//     renewal call) are at least min(interval/4, 250 ms) apart, timed at
 //     the client's send. On a quorum node they are counted, not failed:
 //     a node's fan-out queue holds requests while its workers wait for
 //     delayed replies and sends them bunched (up to four within 2 ms),
@@ -169,6 +187,28 @@
 //   - Process-wide objects cannot cross seeds' bubbles, so every
 //     Watchdog is made in its run (WithKeeper on every Locker and
 //     Barrier): Locker.Do's process-wide default keeper is not exercised.
+//   - The Cluster: three masters, no replicas, so no failover, no
+//     replica reads (READONLY) and no CLUSTERDOWN; the slots never move
+//     (no resharding: ASK and TRYAGAIN are never sent, MOVED only refuses
+//     a misrouted key, and go-redis's reload after a MOVED learns nothing
+//     new); no cluster bus, gossip or node failure detection (a paused
+//     master is not failed over); CLUSTER SHARDS is answered in its RESP2
+//     shape with a subset of the fields; multi-key commands are checked
+//     for the few Redis commands the library and go-redis send (other
+//     commands are taken to have their key first). A ClusterClient
+//     fetches COMMAND holding a mutex that its other commands wait for,
+//     and a goroutine waiting on a mutex stops synctest's clock: a
+//     COMMAND reply held by a paused master hung a run in real time. So
+//     every Cluster client sends one PING while the run sets up, on a
+//     quiet network (no spike, loss or fault; a pause drawn at the very
+//     start still delays it), which loads the topology and COMMAND once.
+//   - A lost message models a hole in a TCP stream only for the message
+//     itself: a later request or reply on the same connection still
+//     arrives. In a pipeline of several commands that would misalign the
+//     replies (go-redis would read the next reply as the lost one's); the
+//     workloads never pipeline more than one command per connection (a
+//     client's watchdog keeps one lock per strategy at a time: a Cluster
+//     batch has one call per master).
 //   - Each Dispatch is atomic per node (a node mutex), like Redis's single
 //     thread; a node's command cost is zero virtual time. One goroutine
 //     per run (sched.go) delivers every message at its virtual time, in
@@ -183,7 +223,8 @@
 // retry delay and a bounded number of attempts (the jitter is then at most
 // 1 ns) and backs off between Lock calls with its own seeded draws;
 // tokens come from crypto/rand (only their equality matters to the
-// scripts); and when goroutines become runnable at the same virtual
+// scripts); go-redis's ClusterClient picks the node it asks CLUSTER SLOTS
+// and COMMAND with math/rand (every master answers the same); and when goroutines become runnable at the same virtual
 // instant the Go scheduler picks their order, which could change which
 // pooled connection go-redis hands out and so which per-message draws a
 // command gets. Measured with -replays (client-level history: every grant,

@@ -40,6 +40,10 @@ type WatchStats struct {
 	// one node in one virtual second; MaxNodePerSec: the most script
 	// calls one erroring node answered in one virtual second.
 	ErrRenews, MaxLockPerSec, MaxNodePerSec int
+	// Moved: commands a Cluster master refused as another master's (MOVED,
+	// or a script's non-local key). The topology never changes, so any is
+	// a key the library or go-redis routed to the wrong master.
+	Moved int
 	// MinGapRatio: the closest two renewals of one lock to an erroring
 	// node came, as a share of the retry delay min(interval/4, 250 ms)
 	// (0: no lock was renewed twice there).
@@ -57,23 +61,12 @@ func (s *WatchStats) add(o WatchStats) {
 	s.BadMinority += o.BadMinority
 	s.BadMinorityLost += o.BadMinorityLost
 	s.ErrRenews += o.ErrRenews
+	s.Moved += o.Moved
 	s.MaxLockPerSec = max(s.MaxLockPerSec, o.MaxLockPerSec)
 	s.MaxNodePerSec = max(s.MaxNodePerSec, o.MaxNodePerSec)
 	if o.MinGapRatio > 0 && (s.MinGapRatio == 0 || o.MinGapRatio < s.MinGapRatio) {
 		s.MinGapRatio = o.MinGapRatio
 	}
-}
-
-// stratNodes are the node ids and quorum of a watchdog hold's strategy.
-func (w *World) stratNodes(strat string) ([]int, int) {
-	if strat == "s" {
-		return []int{w.sc.Nodes}, 1
-	}
-	ids := make([]int, w.sc.Nodes)
-	for i := range ids {
-		ids[i] = i
-	}
-	return ids, w.sc.Nodes/2 + 1
 }
 
 // checkWatch checks the watchdog workload's holds against the badkey and
@@ -101,7 +94,7 @@ func (w *World) checkWatch() ([]Violation, WatchStats) {
 			continue
 		}
 		ttlOf[hd.Token] = hd.TTL
-		nodes, q := w.stratNodes(hd.Strat)
+		nodes, q := w.holdNodes(hd.Strat, hd.Key)
 		lost := hd.LostAt >= 0
 		// Badkey: the nodes on which this lock's token was replaced.
 		var exps []time.Duration
@@ -250,5 +243,6 @@ func (w *World) checkWatch() ([]Violation, WatchStats) {
 	for _, n := range w.errCalls {
 		st.MaxNodePerSec = max(st.MaxNodePerSec, n)
 	}
+	st.Moved = w.moved
 	return vs, st
 }

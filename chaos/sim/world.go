@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -31,7 +32,7 @@ type World struct {
 	mu       sync.Mutex
 	msgs     int // messages sent (both directions)
 	lost     int // messages lost
-	clients  []*redis.Client
+	clients  []redis.UniversalClient
 	closers  []func()
 	verbose  bool
 	schedLog []string
@@ -39,6 +40,10 @@ type World struct {
 	hashes   []hashWin      // badkey faults: where and while a hash stood in a lock key
 	renews   []renewCall    // renewal script calls answered by an errnode fault
 	errCalls map[[2]int]int // (node, virtual second) → script calls answered with a fast error
+	moved    int            // commands a Cluster node refused as another master's (MOVED, non-local key)
+	// quiet: while the run sets its clients up (Cluster clients warm up),
+	// messages get their base delay only: no spike, loss or fault.
+	quiet atomic.Bool
 }
 
 // badHit is one node on which a badkey fault replaced a lock's token.
@@ -91,7 +96,7 @@ func (w *World) fate(c *conn, toNode bool, i uint64, now time.Time) (time.Durati
 	h := mix(mix(w.seed, c.key), i<<2|d)
 	u := func(k uint64) float64 { return unit(mix(h, k)) }
 	delay := 20*time.Microsecond + time.Duration(u(0)*float64(480*time.Microsecond))
-	if !w.sc.Faults || c.client < 0 {
+	if !w.sc.Faults || c.client < 0 || w.quiet.Load() {
 		return delay, false
 	}
 	if u(1) < 0.02 { // a spike: a reply can arrive after the next attempt started
