@@ -32,6 +32,7 @@ const (
 	InvStuck       = "stuck"              // the run did not end (a bound was hit)
 	InvPanic       = "panic"              // the library panicked
 	InvBusyRetry   = "renew-busy-retry"   // a lock's renewals to a node answering errors came closer than the retry delay
+	InvHealthyLost = "healthy-lost"       // a lock the network and the faults left enough time and nodes to renew was lost
 )
 
 // Hold is one holder's belief interval: from the moment Lock/TryLock
@@ -53,6 +54,9 @@ type Hold struct {
 	Token     string        // the lock's token on the nodes
 	TTL       time.Duration // the lock's TTL (the watchdog renews every TTL/3)
 	End       time.Duration // fn's return
+	Until0    time.Duration // Until at the grant
+	Cause     string        // lost: the lock's Err
+	HeldOn    []int         // the nodes that held its token at the grant
 	WrongType bool          // the lock's Err names WRONGTYPE
 }
 

@@ -36,7 +36,9 @@ func (w *World) doLockers(ci int, r *rand.Rand) []doLocker {
 	w.onClose(wd.Stop)
 	q := w.quorumLocker(ci, r, w.nodes[:w.sc.Nodes], redlease.WithKeeper(wd))
 	sn := w.nodes[w.sc.Nodes]
-	s := redlease.New(single.New(w.redisClient(ci, sn, r.IntN(2) == 0)), redlease.WithKeeper(wd))
+	sct := r.IntN(2) == 0
+	w.hist.logf("c%d single client ContextTimeoutEnabled=%v", ci, sct)
+	s := redlease.New(single.New(w.redisClient(ci, sn, sct)), redlease.WithKeeper(wd))
 	ls := []doLocker{{name: "q", locker: q}, {name: "s", locker: s}}
 	if w.sc.Cluster {
 		c := redlease.New(single.New(w.clusterClient(ci, r.IntN(2) == 0)), redlease.WithKeeper(wd))
@@ -114,8 +116,14 @@ func (w *World) doLane(ci, li, lanes int, dl doLocker, r *rand.Rand) {
 
 // doHold is Do's fn: work in steps, check the nodes and write while Valid.
 func (w *World) doHold(ci, seq int, key string, dl doLocker, lk *redlease.Lock, fctx context.Context, pauses []time.Duration, ttl time.Duration) {
-	hd := &Hold{Client: ci, Seq: seq, Key: key, Via: "do", Fence: lk.Fence(), From: w.hist.now(), LostAt: -1, RelSent: -1, Strat: dl.name, Token: lk.Token(), TTL: ttl}
-	w.hist.logf("c%d#%d do %s granted fence=%d until=+%.3fms", ci, seq, key, lk.Fence(), msf(time.Until(lk.Until())))
+	hd := &Hold{Client: ci, Seq: seq, Key: key, Via: "do", Fence: lk.Fence(), From: w.hist.now(), LostAt: -1, RelSent: -1, Strat: dl.name, Token: lk.Token(), TTL: ttl, Until0: lk.Until().Sub(w.start)}
+	ids, _ := w.holdNodes(dl.name, key)
+	for _, i := range ids {
+		if w.nodes[i].holds(key, hd.Token) {
+			hd.HeldOn = append(hd.HeldOn, i)
+		}
+	}
+	w.hist.logf("c%d#%d do %s granted fence=%d until=+%.3fms on nodes %v", ci, seq, key, lk.Fence(), msf(time.Until(lk.Until())), hd.HeldOn)
 	var mu sync.Mutex
 	fnDone, watched := make(chan struct{}), make(chan struct{})
 	go func() { // ends with fn at the latest
@@ -147,6 +155,9 @@ func (w *World) doHold(ci, seq int, key string, dl doLocker, lk *redlease.Lock, 
 	close(fnDone)
 	<-watched
 	hd.End = end
+	if hd.LostAt >= 0 && lk.Err() != nil {
+		hd.Cause = lk.Err().Error()
+	}
 	if err := lk.Err(); err != nil && (errors.Is(err, script.ErrWrongType) || strings.Contains(err.Error(), "WRONGTYPE")) {
 		hd.WrongType = true
 	}

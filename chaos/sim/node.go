@@ -206,7 +206,13 @@ func (n *Node) execLocked(c *conn, args []string, sent time.Time) {
 	if n.replica != nil {
 		n.replicateLocked(args)
 	}
-	c.sendReply(reply)
+	d, lost, dropped := c.sendReply(reply)
+	if lost && n.w.opts.Log {
+		n.w.hist.logf("%s lost the reply to %s", c.name, describe(args))
+	}
+	if n.w.sc.Watchdog {
+		n.w.noteRenewReply(c, args, sent, d, lost, dropped)
+	}
 }
 
 // pause makes the node serve nothing until resume.
