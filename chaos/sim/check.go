@@ -35,6 +35,7 @@ const (
 	InvStuck          = "stuck"            // the run did not end (a bound was hit)
 	InvPanic          = "panic"            // the library panicked
 	InvBusyRetry      = "renew-busy-retry" // a lock's renewals to a node answering errors came closer than the retry delay
+	InvHealthyLost    = "healthy-lost"     // a lock the network and the faults left enough time and nodes to renew was lost
 )
 
 // Hold is one holder's belief interval: from the moment Lock/TryLock
@@ -52,10 +53,13 @@ type Hold struct {
 	LostAt  time.Duration // -1: never closed (should not happen)
 	RelSent time.Duration // -1: no Release sent by the workload
 	// Watchdog workload only (Strat != ""):
-	Strat     string        // "q" or "s"
+	Strat     string        // "q", "s" or "c" (the Cluster)
 	Token     string        // the lock's token on the nodes
 	TTL       time.Duration // the lock's TTL (the watchdog renews every TTL/3)
 	End       time.Duration // fn's return
+	Until0    time.Duration // Until at the grant
+	Cause     string        // lost: the lock's Err
+	HeldOn    []int         // the nodes that held its token at the grant
 	WrongType bool          // the lock's Err names WRONGTYPE
 }
 

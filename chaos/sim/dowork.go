@@ -15,19 +15,19 @@ import (
 	"github.com/redlease/redlease/single"
 )
 
-// doLocker is one of a Do client's strategies: its Locker, the nodes its
-// keys live on and the quorum of them a held key must be on.
+// doLocker is one of a Do client's strategies: its Locker and its key
+// prefix ("q" quorum, "s" single, "c" single on the Cluster).
 type doLocker struct {
-	name   string // key prefix: "q" (quorum), "s" (single)
+	name   string
 	locker *redlease.Locker
-	nodes  []*Node
-	quorum int
 }
 
 // doLockers builds client ci's strategies for the Watchdog workload: the
-// scenario's quorum over nodes 0..Nodes-1 and a single strategy on node
-// Nodes, both kept by one renew.Watchdog of the client's (a process's
-// watchdog keeps every strategy it is handed, in lanes per strategy).
+// scenario's quorum over nodes 0..Nodes-1, a single strategy on node
+// Nodes and, with Cluster, a single strategy on a go-redis ClusterClient
+// to the Cluster's masters, all kept by one renew.Watchdog of the
+// client's (a process's watchdog keeps every strategy it is handed, in
+// lanes per strategy).
 func (w *World) doLockers(ci int, r *rand.Rand) []doLocker {
 	wd, err := renew.New()
 	if err != nil {
@@ -36,24 +36,62 @@ func (w *World) doLockers(ci int, r *rand.Rand) []doLocker {
 	w.onClose(wd.Stop)
 	q := w.quorumLocker(ci, r, w.nodes[:w.sc.Nodes], redlease.WithKeeper(wd))
 	sn := w.nodes[w.sc.Nodes]
-	s := redlease.New(single.New(w.redisClient(ci, sn, r.IntN(2) == 0)), redlease.WithKeeper(wd))
-	return []doLocker{
-		{name: "q", locker: q, nodes: w.nodes[:w.sc.Nodes], quorum: w.sc.Nodes/2 + 1},
-		{name: "s", locker: s, nodes: []*Node{sn}, quorum: 1},
+	sct := r.IntN(2) == 0
+	w.hist.logf("c%d single client ContextTimeoutEnabled=%v", ci, sct)
+	s := redlease.New(single.New(w.redisClient(ci, sn, sct)), redlease.WithKeeper(wd))
+	ls := []doLocker{{name: "q", locker: q}, {name: "s", locker: s}}
+	if w.sc.Cluster {
+		c := redlease.New(single.New(w.clusterClient(ci, r.IntN(2) == 0)), redlease.WithKeeper(wd))
+		ls = append(ls, doLocker{name: "c", locker: c})
 	}
+	return ls
 }
 
-// doClient is one Watchdog workload client: Ops times it runs Locker.Do on
-// a key of one of its strategies, with a fn that works for one to three
-// TTLs (so that the watchdog must renew), stops when its ctx ends, and
-// writes to the fenced register while the lock is Valid. The hold's
-// belief interval runs from fn's start to the earliest of fn's return,
-// Lost and Until; while Valid, a quorum of the strategy's nodes must hold
-// the lock's token (held-past-expiry).
-func (w *World) doClient(ci int, ls []doLocker, r *rand.Rand) {
-	for seq := range w.sc.Ops {
-		dl := ls[r.IntN(len(ls))]
+// holdNodes are the node ids a lock key of strategy strat lives on, and
+// how many of them must hold its token: the quorum's nodes and a
+// majority, the single strategy's node, or the Cluster master serving
+// the key.
+func (w *World) holdNodes(strat, key string) ([]int, int) {
+	switch strat {
+	case "s":
+		return []int{w.sc.Nodes}, 1
+	case "c":
+		return []int{w.master(key).id}, 1
+	}
+	ids := make([]int, w.sc.Nodes)
+	for i := range ids {
+		ids[i] = i
+	}
+	return ids, w.sc.Nodes/2 + 1
+}
+
+// doClient is one Watchdog workload client: one goroutine per strategy
+// (lane), each running Locker.Do Ops times on keys of its strategy, so
+// that the client's one watchdog keeps locks of every strategy at once.
+// Each lane draws from its own PCG (seeded by seed, client and lane):
+// goroutines sharing one would draw in scheduler order.
+func (w *World) doClient(ci int, ls []doLocker) {
+	var wg sync.WaitGroup
+	for li, dl := range ls {
+		r := rand.New(rand.NewPCG(w.seed, uint64(ci+1)<<8|uint64(li+1)))
+		wg.Go(func() { w.doLane(ci, li, len(ls), dl, r) })
+	}
+	wg.Wait()
+}
+
+// doLane runs Ops holds of one strategy: Locker.Do with a fn that works
+// for one to three TTLs (so that the watchdog must renew), stops when its
+// ctx ends, and writes to the fenced register while the lock is Valid.
+// The hold's belief interval runs from fn's start to the earliest of fn's
+// return, Lost and Until; while Valid, a quorum of the strategy's nodes
+// must hold the lock's token (held-past-expiry).
+func (w *World) doLane(ci, li, lanes int, dl doLocker, r *rand.Rand) {
+	for op := range w.sc.Ops {
+		seq := op*lanes + li // unique per client
 		key := fmt.Sprintf("%s%d", dl.name, r.IntN(w.sc.Keys))
+		if dl.name == "c" {
+			key = clusterKeys[r.IntN(ClusterMasters)]
+		}
 		ttl := w.drawTTL(r)
 		steps := 1 + r.IntN(6)
 		var pauses []time.Duration
@@ -78,8 +116,14 @@ func (w *World) doClient(ci int, ls []doLocker, r *rand.Rand) {
 
 // doHold is Do's fn: work in steps, check the nodes and write while Valid.
 func (w *World) doHold(ci, seq int, key string, dl doLocker, lk *redlease.Lock, fctx context.Context, pauses []time.Duration, ttl time.Duration) {
-	hd := &Hold{Client: ci, Seq: seq, Key: key, Via: "do", Fence: lk.Fence(), From: w.hist.now(), LostAt: -1, RelSent: -1, Strat: dl.name, Token: lk.Token(), TTL: ttl}
-	w.hist.logf("c%d#%d do %s granted fence=%d until=+%.3fms", ci, seq, key, lk.Fence(), msf(time.Until(lk.Until())))
+	hd := &Hold{Client: ci, Seq: seq, Key: key, Via: "do", Fence: lk.Fence(), From: w.hist.now(), LostAt: -1, RelSent: -1, Strat: dl.name, Token: lk.Token(), TTL: ttl, Until0: lk.Until().Sub(w.start)}
+	ids, _ := w.holdNodes(dl.name, key)
+	for _, i := range ids {
+		if w.nodes[i].holds(key, hd.Token) {
+			hd.HeldOn = append(hd.HeldOn, i)
+		}
+	}
+	w.hist.logf("c%d#%d do %s granted fence=%d until=+%.3fms on nodes %v", ci, seq, key, lk.Fence(), msf(time.Until(lk.Until())), hd.HeldOn)
 	var mu sync.Mutex
 	fnDone, watched := make(chan struct{}), make(chan struct{})
 	go func() { // ends with fn at the latest
@@ -111,6 +155,9 @@ func (w *World) doHold(ci, seq int, key string, dl doLocker, lk *redlease.Lock, 
 	close(fnDone)
 	<-watched
 	hd.End = end
+	if hd.LostAt >= 0 && lk.Err() != nil {
+		hd.Cause = lk.Err().Error()
+	}
 	if err := lk.Err(); err != nil && (errors.Is(err, script.ErrWrongType) || strings.Contains(err.Error(), "WRONGTYPE")) {
 		hd.WrongType = true
 	}
@@ -129,14 +176,15 @@ func (w *World) doHold(ci, seq int, key string, dl doLocker, lk *redlease.Lock, 
 // brings it back; a restart that loses it is outside the assumptions).
 func (w *World) checkHeld(ci, seq int, key string, dl doLocker, lk *redlease.Lock) {
 	tok := lk.Token()
+	ids, quorum := w.holdNodes(dl.name, key)
 	held := 0
-	for _, n := range dl.nodes {
-		if n.holds(key, tok) {
+	for _, i := range ids {
+		if w.nodes[i].holds(key, tok) {
 			held++
 		}
 	}
-	if held < dl.quorum {
+	if held < quorum {
 		w.hist.violation(Violation{Inv: InvPastExpiry, At: w.hist.now(), Detail: fmt.Sprintf("c%d#%d %s: Valid for %.3fms more, but %d of %d nodes hold its token (%d needed)",
-			ci, seq, key, msf(time.Until(lk.Until())), held, len(dl.nodes), dl.quorum)})
+			ci, seq, key, msf(time.Until(lk.Until())), held, len(ids), quorum)})
 	}
 }

@@ -141,8 +141,14 @@ func (c *conn) sendRequestLocked(args []string) {
 	c.nreq++
 	now := time.Now()
 	delay, lost := c.w.fate(c, true, i, now)
-	c.w.noteMessage(c, true, lost)
+	c.w.noteMessage(c, now, delay, lost)
+	if c.w.sc.Watchdog {
+		c.w.noteRenewRequest(c, args, now, delay, lost)
+	}
 	if lost {
+		if c.w.opts.Log {
+			c.w.hist.logf("%s lost request %s", c.name, describe(args))
+		}
 		return
 	}
 	at := now.Add(delay)
@@ -180,19 +186,22 @@ func (c *conn) deliverRequests() {
 
 // sendReply decides a reply's fate and schedules its delivery. The node
 // calls it after applying a request.
-func (c *conn) sendReply(reply []byte) {
+//
+// It returns the reply's fate: its delay, lost (by the network), or
+// dropped (the client had closed the connection).
+func (c *conn) sendReply(reply []byte) (delay time.Duration, lost, dropped bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
-		return
+		return 0, false, true
 	}
 	i := c.nrep
 	c.nrep++
 	now := time.Now()
-	delay, lost := c.w.fate(c, false, i, now)
-	c.w.noteMessage(c, false, lost)
+	delay, lost = c.w.fate(c, false, i, now)
+	c.w.noteMessage(c, now, delay, lost)
 	if lost {
-		return
+		return delay, true, false
 	}
 	at := now.Add(delay)
 	if !at.After(c.lastRepAt) {
@@ -201,6 +210,7 @@ func (c *conn) sendReply(reply []byte) {
 	c.lastRepAt = at
 	c.reps = append(c.reps, message{at: at, reply: reply})
 	c.w.after(at.Sub(now), c.deliverReplies)
+	return at.Sub(now), false, false
 }
 
 func (c *conn) deliverReplies() {

@@ -23,6 +23,12 @@ type Node struct {
 	w    *World
 	id   int
 	name string
+	// cluster: a master of the simulated Cluster (cluster.go), announced
+	// as addr; scriptSlot is the slot of the script running on it (-1:
+	// none yet).
+	cluster    bool
+	addr       string
+	scriptSlot int
 
 	mu       sync.Mutex
 	m        *miniredis.Miniredis
@@ -96,13 +102,20 @@ func (n *Node) clockLocked() time.Time { return time.Now().Add(n.offset) }
 // hook supplies what miniredis lacks. It runs inside Dispatch, with n.mu
 // held by the caller (receive/exec), also for commands called from Lua.
 func (n *Node) hook(p *server.Peer, cmd string, args ...string) bool {
+	if n.cluster && n.clusterHook(p, cmd, args) {
+		return true
+	}
 	if n.evalHook(p, cmd, args) {
 		return true
 	}
 	switch cmd {
 	case "INFO":
 		if len(args) == 1 && strings.EqualFold(args[0], "server") {
-			p.WriteBulk("# Server\r\nredis_version:7.0.15\r\nredis_mode:standalone\r\nrun_id:" + n.runID + "\r\n")
+			mode := "standalone"
+			if n.cluster {
+				mode = "cluster"
+			}
+			p.WriteBulk("# Server\r\nredis_version:7.0.15\r\nredis_mode:" + mode + "\r\nrun_id:" + n.runID + "\r\n")
 			return true
 		}
 	case "WAIT":
@@ -193,7 +206,13 @@ func (n *Node) execLocked(c *conn, args []string, sent time.Time) {
 	if n.replica != nil {
 		n.replicateLocked(args)
 	}
-	c.sendReply(reply)
+	d, lost, dropped := c.sendReply(reply)
+	if lost && n.w.opts.Log {
+		n.w.hist.logf("%s lost the reply to %s", c.name, describe(args))
+	}
+	if n.w.sc.Watchdog {
+		n.w.noteRenewReply(c, args, sent, d, lost, dropped)
+	}
 }
 
 // pause makes the node serve nothing until resume.

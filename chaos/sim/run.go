@@ -68,12 +68,8 @@ type Options struct {
 // testing/synctest bubble (synctest.Test): the run then takes virtual
 // time only, and a goroutine that outlives it fails the bubble.
 func Run(sc Scenario, seed uint64, opts Options) *Result {
-	start := time.Now()
-	w := &World{seed: seed, sc: sc, opts: opts, start: start, hist: newHistory(start, opts.Log), net: newSched()}
-	w.faults = makeSchedule(seed, &sc, sc.horizon())
-	for i := range sc.allNodes() {
-		w.nodes = append(w.nodes, newNode(w, i, "node"+strconv.Itoa(i)))
-	}
+	w := newWorld(sc, seed, opts)
+	start := w.start
 	if sc.Strategy == Quorum && sc.DelayedRestart > 0 {
 		// A deployment that has been up for a while: markers older than
 		// the max TTL, so the nodes vote from the start.
@@ -87,6 +83,16 @@ func Run(sc Scenario, seed uint64, opts Options) *Result {
 	driver.Go(func() { w.drive(stop) })
 
 	var clients sync.WaitGroup
+	var lockers [][]doLocker
+	if sc.Watchdog {
+		// Every client's strategies first, while the network is quiet
+		// (warming: see clusterClient), then the workload.
+		w.quiet.Store(true)
+		for ci := range sc.Clients {
+			lockers = append(lockers, w.doLockers(ci, rand.New(rand.NewPCG(seed, uint64(ci)+1))))
+		}
+		w.quiet.Store(false)
+	}
 	for ci := range sc.Clients {
 		r := rand.New(rand.NewPCG(seed, uint64(ci)+1))
 		if sc.Barrier {
@@ -94,8 +100,7 @@ func Run(sc Scenario, seed uint64, opts Options) *Result {
 			continue
 		}
 		if sc.Watchdog {
-			ls := w.doLockers(ci, r)
-			clients.Go(func() { w.doClient(ci, ls, r) })
+			clients.Go(func() { w.doClient(ci, lockers[ci]) })
 			continue
 		}
 		locker := w.locker(ci, r)
@@ -158,6 +163,22 @@ func Run(sc Scenario, seed uint64, opts Options) *Result {
 	}
 	res.Verdict = grade(res.Violations, w.faults)
 	return res
+}
+
+// newWorld makes a run's world: its schedule, its nodes (Cluster nodes
+// announcing their address) and its network goroutine.
+func newWorld(sc Scenario, seed uint64, opts Options) *World {
+	start := time.Now()
+	w := &World{seed: seed, sc: sc, opts: opts, start: start, hist: newHistory(start, opts.Log), net: newSched()}
+	w.faults = makeSchedule(seed, &sc, sc.horizon())
+	for i := range sc.allNodes() {
+		n := newNode(w, i, "node"+strconv.Itoa(i))
+		if sc.Cluster && i >= sc.clusterBase() {
+			n.cluster, n.addr = true, n.name+":"+strconv.Itoa(clusterPort)
+		}
+		w.nodes = append(w.nodes, n)
+	}
+	return w
 }
 
 // fenced reports whether the scenario's strategy hands out rising fences.

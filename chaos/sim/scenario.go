@@ -26,9 +26,15 @@ type Scenario struct {
 
 	Fencing        bool          // quorum.WithFencing (single and failover fence by default)
 	DelayedRestart time.Duration // quorum.WithDelayedRestart(maxTTL); 0: off
-	// Watchdog: half the clients run Locker.Do kept by a renew.Watchdog,
-	// on a second strategy (single) beside the scenario's own.
+	// Watchdog: the clients run Locker.Do kept by a renew.Watchdog of
+	// their own, on a second strategy (single) beside the scenario's own
+	// (and the Cluster with Cluster).
 	Watchdog bool
+	// Cluster (with Watchdog): a third strategy, single on a go-redis
+	// ClusterClient to ClusterMasters simulated Cluster masters (after the
+	// single strategy's node), kept by the same watchdog; one master per
+	// seed gets pauses, black holes, errnode and badkey faults.
+	Cluster bool
 	// Barrier: the clients send idempotent requests through an
 	// idempotency.Barrier on node 0 (the store), with client timeouts.
 	Barrier bool
@@ -74,12 +80,14 @@ var Scenarios = []Scenario{
 	{Name: "quorum3-extend", Strategy: Quorum, Nodes: 3, Clients: 3, Keys: 1, Ops: 6, TTL: [2]time.Duration{40 * time.Millisecond, 100 * time.Millisecond}, DelayedRestart: 100 * time.Millisecond, HoldSteps: 10, PastMax: 1,
 		Kinds: []string{FaultRestart, FaultPartition, FaultLoss}, RestartModes: []string{"empty"}, Faults: true, Horizon: 600 * time.Millisecond},
 	// watchdog-mixed: Locker.Do kept by one renew.Watchdog per client over
-	// two strategies (quorum over nodes 0-4 with fences, single on node
-	// 5), fn working one to three TTLs, under pauses, black holes, lossy
-	// and cut links, partitions and slow links, lock keys overwritten with
-	// a hash (badkey) and nodes answering every script call with a fast
-	// error (errnode).
-	{Name: "watchdog-mixed", Strategy: Quorum, Nodes: 5, Clients: 3, Keys: 2, Ops: 3, TTL: [2]time.Duration{60 * time.Millisecond, 200 * time.Millisecond}, Fencing: true, Watchdog: true,
+	// three strategies at once (quorum over nodes 0-4 with fences, single
+	// on node 5, single on a 3-master Cluster, nodes 6-8), fn working one
+	// to three TTLs, under pauses, black holes, lossy and cut links,
+	// partitions and slow links, lock keys overwritten with a hash
+	// (badkey) and nodes answering every script call with a fast error
+	// (errnode); on the Cluster, pauses, black holes, errnode and badkey
+	// on one master per seed.
+	{Name: "watchdog-mixed", Strategy: Quorum, Nodes: 5, Clients: 3, Keys: 2, Ops: 3, TTL: [2]time.Duration{60 * time.Millisecond, 200 * time.Millisecond}, Fencing: true, Watchdog: true, Cluster: true,
 		Kinds: []string{FaultPause, FaultBlackhole, FaultLoss, FaultCut, FaultPartition, FaultDelay, FaultBadKey, FaultErrNode}, Faults: true, Horizon: 700 * time.Millisecond},
 	// barrier: idempotency.Barrier clients on one store (node 0) with
 	// client timeouts and retries, the store blinking (crash and durable
@@ -107,8 +115,19 @@ func ScenarioByName(name string) (Scenario, bool) {
 func (sc *Scenario) restartable() bool { return true }
 
 // allNodes is how many nodes a run has: with Watchdog, the single
-// strategy's node after the quorum's.
+// strategy's node after the quorum's, and with Cluster the Cluster's
+// masters after it.
 func (sc *Scenario) allNodes() int {
+	if sc.Cluster {
+		return sc.Nodes + 1 + ClusterMasters
+	}
+	return sc.faultNodes()
+}
+
+// faultNodes is how many nodes makeSchedule draws its general faults on:
+// every node but the Cluster's, whose faults are drawn apart (so the
+// seeds drawn before the Cluster existed keep their other faults).
+func (sc *Scenario) faultNodes() int {
 	if sc.Watchdog {
 		return sc.Nodes + 1
 	}

@@ -105,7 +105,7 @@ func makeSchedule(seed uint64, sc *Scenario, horizon time.Duration) []Fault {
 	if sc.Schedule != nil {
 		return sc.Schedule(r, sc, horizon)
 	}
-	n := sc.allNodes()
+	n := sc.faultNodes()
 	var fs []Fault
 	count := 1 + r.IntN(5)
 	for range count {
@@ -184,7 +184,35 @@ func makeSchedule(seed uint64, sc *Scenario, horizon time.Duration) []Fault {
 			fs = append(fs, Fault{At: time.Duration(r.Int64N(int64(horizon * 3 / 4))), Kind: FaultErrNode, Node: r.IntN(n), Client: -1, For: ms(r, 50, 600), Mode: []string{"NOPERM", "BUSY"}[r.IntN(2)]})
 		}
 	}
+	if sc.Cluster {
+		fs = append(fs, clusterFaults(r, sc, horizon)...)
+	}
 	slices.SortStableFunc(fs, func(a, b Fault) int { return int(a.At - b.At) })
+	return fs
+}
+
+// clusterFaults draws one to three faults on one master of the Cluster
+// (the same one: the sick shard), each a pause, a black hole, an errnode
+// or a badkey of the lock key that master serves.
+func clusterFaults(r *rand.Rand, sc *Scenario, horizon time.Duration) []Fault {
+	m := r.IntN(ClusterMasters)
+	node := sc.clusterBase() + m
+	var fs []Fault
+	for range 1 + r.IntN(3) {
+		f := Fault{At: time.Duration(r.Int64N(int64(horizon * 3 / 4))), Node: node, Client: -1}
+		switch r.IntN(4) {
+		case 0:
+			f.Kind, f.For = FaultPause, ms(r, 5, 250)
+		case 1:
+			f.Kind, f.For = FaultBlackhole, ms(r, 20, 400)
+		case 2:
+			f.Kind, f.For, f.Mode = FaultErrNode, ms(r, 50, 600), []string{"NOPERM", "BUSY"}[r.IntN(2)]
+		default:
+			f.Kind, f.For, f.Node = FaultBadKey, ms(r, 20, 400), -1
+			f.Key, f.Nodes = clusterKeys[m], []int{node}
+		}
+		fs = append(fs, f)
+	}
 	return fs
 }
 

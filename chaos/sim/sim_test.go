@@ -278,8 +278,10 @@ func tallyReport() string {
 	}
 	for _, k := range slices.Sorted(maps.Keys(watchBy)) {
 		s := watchBy[k]
-		fmt.Fprintf(&b, "  %s watchdog: healthy holds %d, lost %d; bystanders of badkey/errnode %d, lost %d; token replaced on a quorum %d (lost while fn ran %d, WRONGTYPE named %d), on a minority only %d (lost %d); renewals answered by errnode %d, at most %d per lock per node per virtual second, closest %.2f retry delays apart; at most %d script calls per erroring node per virtual second\n",
-			k, s.Healthy, s.HealthyLost, s.Bystander, s.BystanderLost, s.BadHeld, s.BadLost, s.BadWrongType, s.BadMinority, s.BadMinorityLost, s.ErrRenews, s.MaxLockPerSec, s.MinGapRatio, s.MaxNodePerSec)
+		fmt.Fprintf(&b, "  %s healthy holds lost, by class: granted on too few nodes for the faults %d; a message between its client and a node it needed lost while fn ran %d, lost before the grant (an earlier call may hold a slot) %d; validity at grant too short for 3 round trips at the longest delay drawn %d (delay spiked %d); TTL too short for them %d (spiked %d); protected %d of %d healthy, lost %d\n",
+			k, s.LostFew, s.LostMsg, s.LostBefore, s.LostGrant, s.LostGrantSpiked, s.LostTTL, s.LostTTLSpiked, s.Protected, s.Healthy, s.ProtectedLost)
+		fmt.Fprintf(&b, "  %s watchdog: healthy holds %d, lost %d; bystanders of badkey/errnode %d, lost %d; token replaced on a quorum %d (lost while fn ran %d, WRONGTYPE named %d), on a minority only %d (lost %d); renewals answered by errnode %d, at most %d per lock per node per virtual second, closest %.2f retry delays apart; at most %d script calls per erroring node per virtual second; %d commands refused by a Cluster master as another's\n",
+			k, s.Healthy, s.HealthyLost, s.Bystander, s.BystanderLost, s.BadHeld, s.BadLost, s.BadWrongType, s.BadMinority, s.BadMinorityLost, s.ErrRenews, s.MaxLockPerSec, s.MinGapRatio, s.MaxNodePerSec, s.Moved)
 	}
 	b.WriteString("seeds per fault kind:\n")
 	for _, k := range slices.Sorted(maps.Keys(faultSeeds)) {

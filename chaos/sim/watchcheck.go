@@ -25,6 +25,18 @@ type WatchStats struct {
 	// hit another key or node (or a minority of their own nodes);
 	// BystanderLost: of those, lost while fn ran.
 	Bystander, BystanderLost int
+	// Protected: healthy holds that the network and the faults left the
+	// nodes and the time to renew (health.go); ProtectedLost: of those,
+	// lost (each a healthy-lost violation). The other healthy holds lost,
+	// by class: granted on so few nodes that faults on a minority of the
+	// strategy's nodes left too few holding it (LostFew), a renewal
+	// message lost on a node they needed while fn ran (LostMsg) or before
+	// the grant, within callLinger (LostBefore), a validity at grant shorter than the slowest renewal the
+	// noise can draw (LostGrant; LostGrantSpiked: a renewal message of
+	// theirs did take a spike), a TTL too short for it (LostTTL,
+	// LostTTLSpiked).
+	Protected, ProtectedLost                                                         int
+	LostFew, LostMsg, LostBefore, LostGrant, LostGrantSpiked, LostTTL, LostTTLSpiked int
 	// BadHeld: holds whose token a badkey fault replaced on enough nodes
 	// that a quorum no longer held it; BadLost: of those, lost while fn
 	// ran; BadWrongType: their Err names WRONGTYPE (a renewal saw the
@@ -40,6 +52,10 @@ type WatchStats struct {
 	// one node in one virtual second; MaxNodePerSec: the most script
 	// calls one erroring node answered in one virtual second.
 	ErrRenews, MaxLockPerSec, MaxNodePerSec int
+	// Moved: commands a Cluster master refused as another master's (MOVED,
+	// or a script's non-local key). The topology never changes, so any is
+	// a key the library or go-redis routed to the wrong master.
+	Moved int
 	// MinGapRatio: the closest two renewals of one lock to an erroring
 	// node came, as a share of the retry delay min(interval/4, 250 ms)
 	// (0: no lock was renewed twice there).
@@ -57,23 +73,21 @@ func (s *WatchStats) add(o WatchStats) {
 	s.BadMinority += o.BadMinority
 	s.BadMinorityLost += o.BadMinorityLost
 	s.ErrRenews += o.ErrRenews
+	s.Protected += o.Protected
+	s.ProtectedLost += o.ProtectedLost
+	s.LostMsg += o.LostMsg
+	s.LostFew += o.LostFew
+	s.LostBefore += o.LostBefore
+	s.LostGrant += o.LostGrant
+	s.LostGrantSpiked += o.LostGrantSpiked
+	s.LostTTL += o.LostTTL
+	s.LostTTLSpiked += o.LostTTLSpiked
+	s.Moved += o.Moved
 	s.MaxLockPerSec = max(s.MaxLockPerSec, o.MaxLockPerSec)
 	s.MaxNodePerSec = max(s.MaxNodePerSec, o.MaxNodePerSec)
 	if o.MinGapRatio > 0 && (s.MinGapRatio == 0 || o.MinGapRatio < s.MinGapRatio) {
 		s.MinGapRatio = o.MinGapRatio
 	}
-}
-
-// stratNodes are the node ids and quorum of a watchdog hold's strategy.
-func (w *World) stratNodes(strat string) ([]int, int) {
-	if strat == "s" {
-		return []int{w.sc.Nodes}, 1
-	}
-	ids := make([]int, w.sc.Nodes)
-	for i := range ids {
-		ids[i] = i
-	}
-	return ids, w.sc.Nodes/2 + 1
 }
 
 // checkWatch checks the watchdog workload's holds against the badkey and
@@ -101,7 +115,7 @@ func (w *World) checkWatch() ([]Violation, WatchStats) {
 			continue
 		}
 		ttlOf[hd.Token] = hd.TTL
-		nodes, q := w.stratNodes(hd.Strat)
+		nodes, q := w.holdNodes(hd.Strat, hd.Key)
 		lost := hd.LostAt >= 0
 		// Badkey: the nodes on which this lock's token was replaced.
 		var exps []time.Duration
@@ -185,9 +199,38 @@ func (w *World) checkWatch() ([]Violation, WatchStats) {
 			continue
 		}
 		st.Healthy++
+		class, protected, d := w.healthClass(hd, nodes, q, faulted)
+		spiked := d > baseDelay+baseJitter
+		if protected {
+			st.Protected++
+		}
 		if lost {
 			st.HealthyLost++
-			w.hist.logf("healthy lock lost: %s (faulted nodes %v)", hd, slices.Sorted(maps.Keys(faulted)))
+			first, steady := renewWindows(hd)
+			w.hist.logf("healthy lock lost (%s): %s ttl=%v, renewal windows first %.3fms steady %.3fms (need %.3fms: longest delay %.3fms), faulted nodes %v, held on %v: %s",
+				class, hd, hd.TTL, msf(first), msf(steady), msf(needWindow(d)), msf(d), slices.Sorted(maps.Keys(faulted)), hd.HeldOn, hd.Cause)
+			switch class {
+			case "granted on too few nodes":
+				st.LostFew++
+			case "message lost":
+				st.LostMsg++
+			case "message lost before the grant":
+				st.LostBefore++
+			case "validity at grant short":
+				st.LostGrant++
+				if spiked {
+					st.LostGrantSpiked++
+				}
+			case "ttl short":
+				st.LostTTL++
+				if spiked {
+					st.LostTTLSpiked++
+				}
+			default:
+				st.ProtectedLost++
+				vs = append(vs, Violation{Inv: InvHealthyLost, At: hd.LostAt, Detail: fmt.Sprintf("%s (%s, ttl %v) was lost at %.3fms though protected: faults touched %v of its nodes %v (at most %d may be), it was granted on %v, no message between its client and them was lost, and its renewal windows (first %.3fms, then %.3fms) were at least %.3fms (the longest delay drawn %.3fms): %s",
+					hd, hd.Key, hd.TTL, msf(hd.LostAt), slices.Sorted(maps.Keys(faulted)), nodes, len(nodes)-q, hd.HeldOn, msf(first), msf(steady), msf(needWindow(d)), msf(d), hd.Cause)})
+			}
 		}
 		if other {
 			st.Bystander++
@@ -250,5 +293,6 @@ func (w *World) checkWatch() ([]Violation, WatchStats) {
 	for _, n := range w.errCalls {
 		st.MaxNodePerSec = max(st.MaxNodePerSec, n)
 	}
+	st.Moved = w.moved
 	return vs, st
 }

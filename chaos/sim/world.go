@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -31,7 +32,7 @@ type World struct {
 	mu       sync.Mutex
 	msgs     int // messages sent (both directions)
 	lost     int // messages lost
-	clients  []*redis.Client
+	clients  []redis.UniversalClient
 	closers  []func()
 	verbose  bool
 	schedLog []string
@@ -39,6 +40,15 @@ type World struct {
 	hashes   []hashWin      // badkey faults: where and while a hash stood in a lock key
 	renews   []renewCall    // renewal script calls answered by an errnode fault
 	errCalls map[[2]int]int // (node, virtual second) → script calls answered with a fast error
+	moved    int            // commands a Cluster node refused as another master's (MOVED, non-local key)
+	// quiet: while the run sets its clients up (Cluster clients warm up),
+	// messages get their base delay only: no spike, loss or fault.
+	quiet atomic.Bool
+	// renewals: every renewal request (extend, extendmany) of a lock and
+	// its reply as the network treated them, by token (health.go).
+	renewals map[string][]*renewMsg
+	links    map[[2]int][]linkMsg // (client, node) → every message between them, in send order
+	pending  map[pendingRenewal]*renewMsg
 }
 
 // badHit is one node on which a badkey fault replaced a lock's token.
@@ -79,6 +89,17 @@ func mix(a, b uint64) uint64 {
 // unit maps h to [0, 1).
 func unit(h uint64) float64 { return float64(h>>11) / (1 << 53) }
 
+// A message's delay without a fault: baseDelay plus up to baseJitter, and
+// one message in 50 up to maxSpike more (see fate). maxOneWay is the
+// longest a message can take without a delay fault (health.go derives its
+// bound from it).
+const (
+	baseDelay  = 20 * time.Microsecond
+	baseJitter = 480 * time.Microsecond
+	maxSpike   = 40 * time.Millisecond
+	maxOneWay  = baseDelay + baseJitter + maxSpike
+)
+
 // fate decides the delay of message i in one direction of c, or that it is
 // lost. It reads the seed's schedule at the current virtual time, and
 // draws from a hash of (seed, connection, direction, index), so the fate
@@ -90,12 +111,12 @@ func (w *World) fate(c *conn, toNode bool, i uint64, now time.Time) (time.Durati
 	}
 	h := mix(mix(w.seed, c.key), i<<2|d)
 	u := func(k uint64) float64 { return unit(mix(h, k)) }
-	delay := 20*time.Microsecond + time.Duration(u(0)*float64(480*time.Microsecond))
-	if !w.sc.Faults || c.client < 0 {
+	delay := baseDelay + time.Duration(u(0)*float64(baseJitter))
+	if !w.sc.Faults || c.client < 0 || w.quiet.Load() {
 		return delay, false
 	}
 	if u(1) < 0.02 { // a spike: a reply can arrive after the next attempt started
-		delay += time.Duration(u(2) * float64(40*time.Millisecond))
+		delay += time.Duration(u(2) * float64(maxSpike))
 	}
 	if u(3) < 0.002 {
 		return 0, true
@@ -127,11 +148,20 @@ func (w *World) fate(c *conn, toNode bool, i uint64, now time.Time) (time.Durati
 	return delay, false
 }
 
-func (w *World) noteMessage(_ *conn, _ bool, lost bool) {
+// noteMessage counts a message sent at now on c and, in the Watchdog
+// scenario, records its fate per (client, node) link for health.go.
+func (w *World) noteMessage(c *conn, now time.Time, delay time.Duration, lost bool) {
 	w.mu.Lock()
 	w.msgs++
 	if lost {
 		w.lost++
+	}
+	if w.sc.Watchdog && c.client >= 0 {
+		if w.links == nil {
+			w.links = map[[2]int][]linkMsg{}
+		}
+		k := [2]int{c.client, c.node.id}
+		w.links[k] = append(w.links[k], linkMsg{at: now.Sub(w.start), delay: delay, lost: lost})
 	}
 	w.mu.Unlock()
 }
@@ -302,7 +332,8 @@ func (w *World) scriptCall(n *Node, c *conn, args []string, sent time.Time) bool
 	if w.opts.Log {
 		w.hist.logf("%s errnode %s -> %s (sent %.3fms)", c.name, describe(args), msg[:strings.IndexByte(msg, ' ')], msf(sent.Sub(w.start)))
 	}
-	c.sendReply(reply)
+	d, lost, dropped := c.sendReply(reply)
+	w.noteRenewReply(c, args, sent, d, lost, dropped)
 	return true
 }
 

@@ -1,0 +1,320 @@
+package sim
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+
+	"github.com/alicebob/miniredis/v2/server"
+	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
+)
+
+// The simulated Redis Cluster (watchdog-mixed's third lane): ClusterMasters
+// nodes, each serving a third of the 16,384 hash slots as redis-cli
+// --cluster create splits them, with no replicas. A go-redis ClusterClient
+// learns the topology from them (CLUSTER SLOTS, answered here; miniredis's
+// own CLUSTER claims every slot for itself) and the nodes refuse what a
+// master of a Cluster refuses: a key of another master's slot (MOVED), keys
+// of several slots in one command (CROSSSLOT), and a script touching a key
+// its declared keys do not cover (Redis 7's "non local key" and "do not
+// hash to the same slot" errors). Nothing moves: see the package doc's
+// gaps.
+
+// ClusterMasters is the number of masters of the simulated Cluster.
+const ClusterMasters = 3
+
+// clusterPort is the port every simulated Cluster node announces.
+const clusterPort = 6379
+
+// clusterSlots is the number of hash slots of a Redis Cluster.
+const clusterSlots = 16384
+
+// masterSlots is the slot range [lo, hi] master i serves: as redis-cli
+// --cluster create splits 16,384 slots over three masters.
+func masterSlots(i int) [2]int {
+	return [ClusterMasters][2]int{{0, 5460}, {5461, 10922}, {10923, 16383}}[i]
+}
+
+// keySlot is Redis Cluster's hash slot of key: CRC16 (XMODEM) of its hash
+// tag (between the first '{' and the next '}', if not empty) or of the
+// whole key, mod 16384. Written here rather than borrowed from the library
+// (internal/primary has its own): the simulator checks the library's
+// routing against it.
+func keySlot(key string) int {
+	if open := strings.IndexByte(key, '{'); open >= 0 {
+		if end := strings.IndexByte(key[open+1:], '}'); end > 0 {
+			key = key[open+1 : open+1+end]
+		}
+	}
+	var crc uint16
+	for i := 0; i < len(key); i++ {
+		crc ^= uint16(key[i]) << 8
+		for range 8 {
+			if crc&0x8000 != 0 {
+				crc = crc<<1 ^ 0x1021
+			} else {
+				crc <<= 1
+			}
+		}
+	}
+	return int(crc) % clusterSlots
+}
+
+// clusterKeys are the Cluster lane's lock keys, one per master: "c" and
+// the smallest number whose slot that master serves.
+var clusterKeys = func() (ks [ClusterMasters]string) {
+	found := 0
+	for i := 0; found < ClusterMasters && i < 10000; i++ {
+		k := "c" + strconv.Itoa(i)
+		m := masterOfSlot(keySlot(k))
+		if ks[m] == "" {
+			ks[m] = k
+			found++
+		}
+	}
+	return ks
+}()
+
+// masterOfSlot is the index (0..ClusterMasters-1) of the master serving
+// slot.
+func masterOfSlot(slot int) int {
+	for i := range ClusterMasters {
+		if r := masterSlots(i); slot >= r[0] && slot <= r[1] {
+			return i
+		}
+	}
+	return -1
+}
+
+// clusterBase is the id of the Cluster's first master: after the quorum's
+// nodes and the single strategy's.
+func (sc *Scenario) clusterBase() int { return sc.Nodes + 1 }
+
+// master returns the Cluster node serving key.
+func (w *World) master(key string) *Node {
+	return w.nodes[w.sc.clusterBase()+masterOfSlot(keySlot(key))]
+}
+
+// clusterNodes are the Cluster's masters.
+func (w *World) clusterNodes() []*Node {
+	if !w.sc.Cluster {
+		return nil
+	}
+	b := w.sc.clusterBase()
+	return w.nodes[b : b+ClusterMasters]
+}
+
+// nodeByAddr is the node that announces addr (a Cluster node), or nil.
+func (w *World) nodeByAddr(addr string) *Node {
+	for _, n := range w.clusterNodes() {
+		if n.addr == addr {
+			return n
+		}
+	}
+	return nil
+}
+
+// clusterID is node n's Cluster node id (40 hex digits; kept across
+// restarts, as nodes.conf keeps it).
+func (n *Node) clusterID() string { return fmt.Sprintf("%040x", mix(0xc1, uint64(n.id))) }
+
+// clusterClient returns a go-redis ClusterClient of workload client ci,
+// seeded with every master's address and reaching them through the
+// simulator's Dialer, with the options redisClient gives a plain client.
+func (w *World) clusterClient(ci int, ctxTimeouts bool) *redis.ClusterClient {
+	var addrs []string
+	for _, n := range w.clusterNodes() {
+		addrs = append(addrs, n.addr)
+	}
+	c := redis.NewClusterClient(&redis.ClusterOptions{
+		Addrs: addrs,
+		Dialer: func(ctx context.Context, _, addr string) (net.Conn, error) {
+			n := w.nodeByAddr(addr)
+			if n == nil {
+				return nil, fmt.Errorf("dial %s: no such simulated node", addr)
+			}
+			return n.dial(ci)
+		},
+		ContextTimeoutEnabled:    ctxTimeouts,
+		DisableIdentity:          true,
+		PoolSize:                 64, // see redisClient
+		Protocol:                 2,
+		ReadBufferSize:           1024,
+		WriteBufferSize:          1024,
+		PipelineReadBufferSize:   1024,
+		PipelineWriteBufferSize:  1024,
+		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
+	})
+	w.mu.Lock()
+	w.clients = append(w.clients, c)
+	w.mu.Unlock()
+	// Warm up: the client's first command loads the topology (CLUSTER
+	// SLOTS) and the command table (COMMAND). go-redis fetches COMMAND
+	// holding a mutex, and every other command of the client waits for
+	// that mutex; a goroutine waiting on a mutex is not durably blocked,
+	// so synctest's clock stops while the fetch waits for a reply that
+	// only the clock can bring (a paused or black-holed master): the run
+	// hangs in real time (seed 100 did). Fetched once here, while the run
+	// sets up on a quiet network (World.quiet), nothing waits on it later.
+	if err := c.Ping(context.Background()).Err(); err != nil {
+		w.hist.logf("c%d cluster client warm-up: %v", ci, err)
+	}
+	return c
+}
+
+// clusterHook answers CLUSTER on a Cluster node and refuses keys the node
+// does not serve, as a Redis Cluster master does. It reports whether it
+// answered. Called from hook, with n.mu held.
+func (n *Node) clusterHook(p *server.Peer, cmd string, args []string) bool {
+	if cmd == "CLUSTER" {
+		n.clusterCommand(p, args)
+		return true
+	}
+	keys, script := commandKeys(cmd, args)
+	fromScript := p == n.lcall.peer
+	slot := -1
+	for _, k := range keys {
+		s := keySlot(k)
+		if slot >= 0 && s != slot {
+			if fromScript {
+				p.WriteError("ERR Script attempted to access keys that do not hash to the same slot")
+			} else {
+				p.WriteError("CROSSSLOT Keys in request don't hash to the same slot")
+			}
+			return true
+		}
+		slot = s
+	}
+	if script {
+		n.scriptSlot = slot // -1: no declared key; the first key it touches sets it
+	}
+	if slot < 0 {
+		return false
+	}
+	if owner := n.w.nodes[n.w.sc.clusterBase()+masterOfSlot(slot)]; owner != n {
+		n.w.mu.Lock()
+		n.w.moved++
+		n.w.mu.Unlock()
+		if n.w.opts.Log {
+			n.w.hist.logf("%s refused %s: slot %d is %s's", n.name, describe(append([]string{cmd}, args...)), slot, owner.name)
+		}
+		if fromScript {
+			p.WriteError("ERR Script attempted to access a non local key in a cluster node")
+		} else {
+			p.WriteError(fmt.Sprintf("MOVED %d %s", slot, owner.addr))
+		}
+		return true
+	}
+	if fromScript {
+		if n.scriptSlot >= 0 && slot != n.scriptSlot {
+			p.WriteError("ERR Script attempted to access keys that do not hash to the same slot")
+			return true
+		}
+		n.scriptSlot = slot
+	}
+	return false
+}
+
+// commandKeys are the keys of a command (cmd upper case, args without it)
+// for the Cluster's checks; script: it is EVAL or EVALSHA (its declared
+// keys). Commands without keys return none.
+func commandKeys(cmd string, args []string) (keys []string, script bool) {
+	switch cmd {
+	case "EVAL", "EVALSHA", "EVAL_RO", "EVALSHA_RO":
+		if len(args) < 2 {
+			return nil, true
+		}
+		nk, err := strconv.Atoi(args[1])
+		if err != nil || nk < 0 || 2+nk > len(args) {
+			return nil, true
+		}
+		return args[2 : 2+nk], true
+	case "DEL", "EXISTS", "UNLINK", "MGET", "TOUCH", "WATCH":
+		return args, false
+	case "MSET", "MSETNX":
+		for i := 0; i < len(args); i += 2 {
+			keys = append(keys, args[i])
+		}
+		return keys, false
+	case "PING", "HELLO", "CLIENT", "COMMAND", "INFO", "SCRIPT", "SELECT", "AUTH", "ECHO", "TIME",
+		"WAIT", "READONLY", "READWRITE", "QUIT", "DBSIZE", "FLUSHALL", "FLUSHDB", "MULTI", "EXEC",
+		"DISCARD", "KEYS", "SCAN", "RANDOMKEY", "CONFIG", "DEBUG", "ASKING", "ROLE", "PUBLISH":
+		return nil, false
+	}
+	if len(args) > 0 {
+		return args[:1], false
+	}
+	return nil, false
+}
+
+// clusterCommand answers CLUSTER SLOTS (what go-redis's ClusterClient asks
+// to learn the topology), SHARDS, NODES, MYID, KEYSLOT and INFO.
+func (n *Node) clusterCommand(p *server.Peer, args []string) {
+	if len(args) == 0 {
+		p.WriteError("ERR wrong number of arguments for 'cluster' command")
+		return
+	}
+	masters := n.w.clusterNodes()
+	switch strings.ToUpper(args[0]) {
+	case "SLOTS":
+		p.WriteLen(len(masters))
+		for i, m := range masters {
+			r := masterSlots(i)
+			p.WriteLen(3)
+			p.WriteInt(r[0])
+			p.WriteInt(r[1])
+			p.WriteLen(3)
+			p.WriteBulk(m.name)
+			p.WriteInt(clusterPort)
+			p.WriteBulk(m.clusterID())
+		}
+	case "SHARDS":
+		p.WriteLen(len(masters))
+		for i, m := range masters {
+			r := masterSlots(i)
+			p.WriteLen(4)
+			p.WriteBulk("slots")
+			p.WriteLen(2)
+			p.WriteInt(r[0])
+			p.WriteInt(r[1])
+			p.WriteBulk("nodes")
+			p.WriteLen(1)
+			p.WriteLen(14)
+			for _, kv := range [][2]string{{"id", m.clusterID()}, {"ip", m.name}, {"endpoint", m.name}, {"role", "master"}, {"health", "online"}} {
+				p.WriteBulk(kv[0])
+				p.WriteBulk(kv[1])
+			}
+			p.WriteBulk("port")
+			p.WriteInt(clusterPort)
+			p.WriteBulk("replication-offset")
+			p.WriteInt(0)
+		}
+	case "NODES":
+		var b strings.Builder
+		for i, m := range masters {
+			flags := "master"
+			if m == n {
+				flags = "myself,master"
+			}
+			r := masterSlots(i)
+			fmt.Fprintf(&b, "%s %s@%d %s - 0 0 %d connected %d-%d\n", m.clusterID(), m.addr, clusterPort+10000, flags, i+1, r[0], r[1])
+		}
+		p.WriteBulk(b.String())
+	case "MYID":
+		p.WriteBulk(n.clusterID())
+	case "KEYSLOT":
+		if len(args) != 2 {
+			p.WriteError("ERR wrong number of arguments for 'cluster|keyslot' command")
+			return
+		}
+		p.WriteInt(keySlot(args[1]))
+	case "INFO":
+		p.WriteBulk(fmt.Sprintf("cluster_enabled:1\r\ncluster_state:ok\r\ncluster_slots_assigned:%d\r\ncluster_slots_ok:%d\r\ncluster_known_nodes:%d\r\ncluster_size:%d\r\n",
+			clusterSlots, clusterSlots, len(masters), len(masters)))
+	default:
+		p.WriteError("ERR unknown subcommand '" + args[0] + "'. Try CLUSTER HELP.")
+	}
+}
