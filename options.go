@@ -96,6 +96,10 @@ func WithStrategy(s Strategy) LockOption {
 // doubling up to max ("equal jitter", so contenders spread out but none
 // starves on an unlucky draw). Defaults DefaultMinRetryDelay (10ms) and
 // DefaultMaxRetryDelay (320ms). Requires 0 < min <= max.
+//
+// A refusal that reports the holder's remaining TTL (every strategy of
+// this module does) cuts the wait to that TTL plus 1 ms: the key is free
+// then unless it is renewed.
 func WithRetryDelay(min, max time.Duration) LockOption {
 	return lockOption(func(c *lockConfig) {
 		if min <= 0 || max < min {
