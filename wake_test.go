@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/redlease/redlease"
+	"github.com/redlease/redlease/failover"
 	"github.com/redlease/redlease/internal/redistest"
 	"github.com/redlease/redlease/internal/script"
 	"github.com/redlease/redlease/internal/wake"
@@ -29,8 +30,8 @@ type wakeSetup struct {
 	clients  []*redis.Client
 }
 
-// wakeSetups returns single (one node) and quorum over three nodes, each
-// closed when t ends.
+// wakeSetups returns single (one node), failover (a primary with one
+// replica) and quorum over three nodes, each closed when t ends.
 func wakeSetups(t *testing.T) []func(t *testing.T) wakeSetup {
 	mk := func(name string, n int) func(t *testing.T) wakeSetup {
 		return func(t *testing.T) wakeSetup {
@@ -44,9 +45,13 @@ func wakeSetups(t *testing.T) []func(t *testing.T) wakeSetup {
 				ws.clients = append(ws.clients, c)
 				us = append(us, c)
 			}
-			if name == "single" {
+			switch name {
+			case "single":
 				ws.strategy = single.New(us[0])
-			} else {
+			case "failover":
+				redistest.StartReplica(t, ws.servers[0], redistest.Config{})
+				ws.strategy = failover.New(us[0])
+			default:
 				q, err := quorum.New(us, quorum.WithNodeTimeout(500*time.Millisecond))
 				require.NoError(t, err)
 				t.Cleanup(func() { _ = q.Close() })
@@ -58,7 +63,7 @@ func wakeSetups(t *testing.T) []func(t *testing.T) wakeSetup {
 			return ws
 		}
 	}
-	return []func(t *testing.T) wakeSetup{mk("single", 1), mk("quorum", 3)}
+	return []func(t *testing.T) wakeSetup{mk("single", 1), mk("failover", 1), mk("quorum", 3)}
 }
 
 // A holder that never releases (it crashed: its key expires, nothing is
