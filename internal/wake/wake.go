@@ -63,6 +63,11 @@ const (
 	retryMax = time.Second
 	// closeWait bounds how long Close waits for the hubs it left idle.
 	closeWait = 2 * time.Second
+	// linger is how long a hub without channels keeps its connection
+	// for the next waiter before it stops: on a hot key one waiter
+	// leaves as the next arrives, and a new connection per wait would
+	// cost a dial and a handshake per node. Close does not wait for it.
+	linger = 100 * time.Millisecond
 )
 
 // hub is one client's shared subscription.
@@ -79,6 +84,7 @@ type hub struct {
 	unsubs   map[string]int
 	stopping bool
 	kick     chan struct{} // buffer of one: the writer has work
+	flush    chan struct{} // buffer of one: stop now if idle, without lingering (Close)
 	stop     chan struct{} // closed when the hub stops (under mu)
 	readDone chan struct{} // closed when the reader has ended
 	done     chan struct{} // closed when both goroutines have ended
@@ -253,6 +259,7 @@ func (s *Set) Close() {
 			}
 		}
 		if idle {
+			signal(h.flush)
 			wait = append(wait, h.done)
 		}
 	}
@@ -280,6 +287,7 @@ func hubFor(key any, c redis.UniversalClient) *hub {
 		chans:    map[string]*entry{},
 		unsubs:   map[string]int{},
 		kick:     make(chan struct{}, 1),
+		flush:    make(chan struct{}, 1),
 		stop:     make(chan struct{}),
 		readDone: make(chan struct{}),
 		done:     make(chan struct{}),
@@ -294,14 +302,18 @@ func (h *hub) kickLocked() { signal(h.kick) }
 
 // write is the writer goroutine: it sends SUBSCRIBE for new channels and
 // UNSUBSCRIBE for channels without waiters, and stops the hub once it has
-// no channel left.
+// had no channel for linger (at once after a flush).
 func (h *hub) write() {
 	defer close(h.done)
+	var lingerC <-chan time.Time // not nil while idle: when to stop
 	for {
+		expire := false
 		select {
 		case <-h.kick:
-		case <-h.stop: // not reached: only write stops the hub
-			return
+		case <-h.flush:
+			expire = true
+		case <-lingerC:
+			expire = true
 		}
 		var subs, unsubs []string
 		mu.Lock()
@@ -321,7 +333,7 @@ func (h *hub) write() {
 		}
 		h.pending = append(h.pending, subs...)
 		idle := len(h.chans) == 0
-		if idle {
+		if idle && expire {
 			h.stopping = true
 			if hubs[h.key] == h {
 				delete(hubs, h.key)
@@ -329,10 +341,16 @@ func (h *hub) write() {
 			close(h.stop)
 		}
 		mu.Unlock()
-		if idle {
+		if idle && expire {
 			_ = h.ps.Close() // unblocks the reader's read
 			<-h.readDone
 			return
+		}
+		switch {
+		case !idle:
+			lingerC = nil
+		case lingerC == nil:
+			lingerC = time.After(linger) // one timer per idle spell; it ends with linger
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), writeTimeout)
 		if len(unsubs) > 0 {
