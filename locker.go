@@ -141,7 +141,7 @@ func (l *Locker) retry(ctx context.Context, c lockConfig, key string) (*Lock, er
 		if c.maxAttempts > 0 && attempt >= c.maxAttempts {
 			return nil, err
 		}
-		if attempt == 1 {
+		if attempt == 1 && !c.polling {
 			if w, ok := c.strategy.(Waker); ok {
 				// Subscribe, confirmed, then check again at once: a
 				// release between the first check and the subscription

@@ -40,6 +40,7 @@ type lockConfig struct {
 	margin      time.Duration
 	marginSet   bool // false: DefaultLossMargin of the ttl
 	noKeeper    bool // WithoutKeeper: Do keeps nothing alive
+	polling     bool // WithPolling: Lock does not subscribe to releases
 	err         error
 }
 
@@ -108,6 +109,17 @@ func WithRetryDelay(min, max time.Duration) LockOption {
 		}
 		c.minDelay, c.maxDelay = min, max
 	})
+}
+
+// WithPolling makes Locker.Lock (and Do) wait by backoff alone: it does
+// not subscribe to the key's releases even on a strategy that is a Waker,
+// so it opens no subscription connection; a release then costs the waiter
+// up to one backoff. Default off: a Waker strategy's waiters are woken by
+// releases. For environments that cannot carry Redis pub/sub (a proxy
+// without it, a testing/synctest bubble: go-redis dials a subscription
+// under a mutex, which stops a bubble's virtual clock).
+func WithPolling() LockOption {
+	return lockOption(func(c *lockConfig) { c.polling = true })
 }
 
 // WithMaxAttempts makes Locker.Lock give up after n attempts. Default 0:

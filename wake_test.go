@@ -403,3 +403,20 @@ func TestWaiterReturnsAtItsContextAndOnClose(t *testing.T) {
 		})
 	}
 }
+
+// WithPolling: a waiter opens no subscription connection and is not woken
+// by a release; its backoff (here 300 ms) hands the lock over.
+func TestWithPollingDoesNotSubscribe(t *testing.T) {
+	ws := wakeSetups(t)[0](t)
+	ctx, key := t.Context(), "wake:polling"
+	holder, err := redlease.New(ws.strategy, redlease.WithTTL(30*time.Second)).TryLock(ctx, key)
+	require.NoError(t, err)
+	waiter := redlease.New(ws.strategy, redlease.WithTTL(time.Second), redlease.WithRetryDelay(300*time.Millisecond, 300*time.Millisecond), redlease.WithPolling())
+	res := wakeLockIn(ctx, waiter, key)
+	time.Sleep(200 * time.Millisecond)
+	require.Equal(t, 0, pubsubConns(t, ws.clients[0]), "no subscription connection")
+	require.NoError(t, holder.Release(ctx))
+	r := wakeWait(t, res, 5*time.Second)
+	require.NoError(t, r.err)
+	require.NoError(t, r.lk.Release(ctx))
+}

@@ -36,7 +36,7 @@ func (w *World) doLockers(ci int, r *rand.Rand) []doLocker {
 	w.onClose(wd.Stop)
 	q := w.quorumLocker(ci, r, w.nodes[:w.sc.Nodes], redlease.WithKeeper(wd))
 	sn := w.nodes[w.sc.Nodes]
-	s := redlease.New(single.New(w.redisClient(ci, sn, r.IntN(2) == 0)), redlease.WithKeeper(wd))
+	s := redlease.New(single.New(w.redisClient(ci, sn, r.IntN(2) == 0)), redlease.WithKeeper(wd), redlease.WithPolling())
 	return []doLocker{
 		{name: "q", locker: q, nodes: w.nodes[:w.sc.Nodes], quorum: w.sc.Nodes/2 + 1},
 		{name: "s", locker: s, nodes: []*Node{sn}, quorum: 1},
