@@ -1,6 +1,7 @@
 package redlease
 
 import (
+	"context"
 	"testing"
 	"time"
 )
@@ -23,6 +24,31 @@ func TestBackoffDoublesWithinJitterBounds(t *testing.T) {
 			got := backoff(c.attempt, lo, hi)
 			if got < c.want/2 || got > c.want {
 				t.Fatalf("backoff(%d) = %v, want within [%v, %v]", c.attempt, got, c.want/2, c.want)
+			}
+		}
+	}
+}
+
+func TestBackoffIsBoundedByTheHoldersRemainingTTL(t *testing.T) {
+	const lo, hi = 10 * time.Millisecond, 320 * time.Millisecond
+	cases := []struct {
+		name     string
+		attempt  int
+		refusal  error
+		min, max time.Duration // the wait must lie in [min, max]
+	}{
+		{"no TTL known: plain backoff", 6, ErrNotObtained, 160 * time.Millisecond, 320 * time.Millisecond},
+		{"holder expires sooner: 1 ms after it", 6, &HeldError{Remaining: 30 * time.Millisecond}, 31 * time.Millisecond, 31 * time.Millisecond},
+		{"holder expires later: plain backoff", 6, &HeldError{Remaining: time.Hour}, 160 * time.Millisecond, 320 * time.Millisecond},
+		{"about to expire: still 1 ms", 6, &HeldError{Remaining: 0}, time.Millisecond, time.Millisecond},
+		{"quorum refusal carries it too", 6, &QuorumError{Err: ErrNotObtained, Remaining: 50 * time.Millisecond}, 51 * time.Millisecond, 51 * time.Millisecond},
+		{"wrapped with ctx", 6, Wrap(&HeldError{Remaining: 20 * time.Millisecond}, context.Canceled), 21 * time.Millisecond, 21 * time.Millisecond},
+	}
+	for _, c := range cases {
+		for range 100 {
+			got := boundedBackoff(c.attempt, lo, hi, c.refusal)
+			if got < c.min || got > c.max {
+				t.Fatalf("%s: got %v, want within [%v, %v]", c.name, got, c.min, c.max)
 			}
 		}
 	}

@@ -14,6 +14,32 @@
 // retries with jittered backoff until ctx is done. Both return a *Lock that
 // knows its Fence, its Until, and whether it was Lost.
 //
+// # How Lock waits
+//
+// A release wakes the waiters of its key. The release script deletes the
+// key and, in the same atomic step, publishes on the key's channel
+// (redlease:wake:…, in the reserved namespace). When Lock's first attempt
+// is refused, it subscribes to that channel on the strategy's nodes (one
+// subscription connection per node client for the whole process, shared
+// by every waiter; closed once no waiter is left), waits until the nodes
+// confirmed the subscription, and only then checks again: a release
+// after that check is heard, so none can fall between the check and the
+// wait. Each wait then ends at the first of: a release notice (from any
+// node, for quorum; the attempt it triggers still needs its majority),
+// the backoff of WithRetryDelay, the holder's remaining TTL as the
+// refusing node reported it (+1 ms), and ctx. A notice only decides when a
+// waiter tries; every grant still goes through the strategy's Acquire.
+//
+// A notice can be lost: the subscription connection broke (the waiters on
+// it are woken when it breaks and again when it is back, in case a
+// release fell in between), a node is down or paused, the holder released
+// through a client that does not publish (an older redlease, redsync), an
+// ACL denies PUBLISH or SUBSCRIBE (docs/redis-acl.conf allows them), or
+// the key simply expired. A lost notice costs the waiter at most one
+// backoff (≤ the max of WithRetryDelay), and never more than the holder's
+// remaining TTL plus 1 ms for a key that expires. A strategy that is not a
+// Waker is polled by backoff alone.
+//
 // # Do keeps its lock alive
 //
 // Locker.Do runs a function under a lock and renews the lock while the

@@ -75,6 +75,11 @@ type QuorumError struct {
 	// said "taken" to rule the quorum out. The error then also matches
 	// ErrUnavailable, while still matching ErrNotObtained.
 	Unavailable bool
+	// Remaining, on an acquisition, is the longest remaining TTL of the
+	// holder's key among the nodes that refused, as they measured it when
+	// they refused; 0 if none reported one. Locker.Lock bounds its wait by
+	// it.
+	Remaining time.Duration
 }
 
 // Error says how many nodes agreed out of how many, how many were needed,
@@ -110,6 +115,38 @@ func (e *QuorumError) Unwrap() []error {
 		errs = append(errs, e.Causes.Errors...)
 	}
 	return errs
+}
+
+// HeldError is the error of an acquisition that one node refused because
+// another token holds the key there (the one-primary strategies). It
+// matches ErrNotObtained with errors.Is, and carries the holder's
+// remaining TTL, which Locker.Lock bounds its wait by.
+type HeldError struct {
+	// Remaining is the TTL the holder's key had left (PTTL) when the node
+	// refused.
+	Remaining time.Duration
+}
+
+// Error says the lock is held, and for how long at most.
+func (e *HeldError) Error() string {
+	return "redlease: lock not obtained: held by another token for up to " + e.Remaining.String()
+}
+
+// Unwrap returns ErrNotObtained.
+func (e *HeldError) Unwrap() error { return ErrNotObtained }
+
+// holderRemaining reads the holder's remaining TTL from a refused
+// acquisition's error: a *HeldError, or a *QuorumError that carries one.
+func holderRemaining(err error) (time.Duration, bool) {
+	var he *HeldError
+	if errors.As(err, &he) {
+		return he.Remaining, true
+	}
+	var qe *QuorumError
+	if errors.As(err, &qe) && qe.Remaining > 0 {
+		return qe.Remaining, true
+	}
+	return 0, false
 }
 
 // ErrUnavailable means too few nodes answered in time to decide an extend or

@@ -88,6 +88,13 @@ func (l *Locker) TryLock(ctx context.Context, key string, opts ...LockOption) (*
 // When ctx ends the wait, the error errors.Is both ErrNotObtained and ctx's
 // error.
 //
+// On a Strategy that is a Waker (single, quorum, failover), a refused
+// first attempt is followed by a subscription to the key's releases,
+// confirmed by the nodes, and then at once by a second attempt: a release
+// after that check is heard, and ends the wait. Each wait after a refusal
+// ends at the first of: a release notice, the backoff, the holder's
+// remaining TTL (+1 ms), ctx. The subscription ends when Lock returns.
+//
 // Every attempt has its own token, "<base>.<n>" (see Strategy). A failed
 // attempt's cleanup (the quorum strategy's undo on every node that answered
 // late, the one-primary strategies' release of a grant that was not
@@ -112,9 +119,18 @@ func (l *Locker) Lock(ctx context.Context, key string, opts ...LockOption) (*Loc
 
 // retry is Lock's loop.
 func (l *Locker) retry(ctx context.Context, c lockConfig, key string) (*Lock, error) {
-	var timer *time.Timer
+	var (
+		timer   *time.Timer
+		notices <-chan struct{} // nil: not subscribed, never ready
+	)
 	base := newToken()
 	for attempt := 1; ; attempt++ {
+		// A notice that came before this attempt is sent is answered by
+		// it: only one that comes after may end the next wait.
+		select {
+		case <-notices:
+		default:
+		}
 		lk, err := l.attempt(ctx, c, key, attemptToken(base, attempt))
 		if err == nil || !errors.Is(err, ErrNotObtained) {
 			return lk, err
@@ -125,7 +141,19 @@ func (l *Locker) retry(ctx context.Context, c lockConfig, key string) (*Lock, er
 		if c.maxAttempts > 0 && attempt >= c.maxAttempts {
 			return nil, err
 		}
-		wait := backoff(attempt, c.minDelay, c.maxDelay)
+		if attempt == 1 && !c.polling {
+			if w, ok := c.strategy.(Waker); ok {
+				// Subscribe, confirmed, then check again at once: a
+				// release between the first check and the subscription
+				// was not heard, one after the second check will be.
+				if ch, stop, werr := w.Watch(ctx, l.prefix+key); werr == nil {
+					defer stop()
+					notices = ch
+					continue
+				}
+			}
+		}
+		wait := boundedBackoff(attempt, c.minDelay, c.maxDelay, err)
 		if timer == nil {
 			timer = time.NewTimer(wait)
 			defer timer.Stop()
@@ -136,6 +164,7 @@ func (l *Locker) retry(ctx context.Context, c lockConfig, key string) (*Lock, er
 		case <-ctx.Done():
 			return nil, withCause(err, context.Cause(ctx))
 		case <-timer.C:
+		case <-notices:
 		}
 	}
 }
@@ -220,6 +249,20 @@ func (t *tracking) attach(lk *Lock) {
 	if cause != nil {
 		lk.markLost(cause)
 	}
+}
+
+// boundedBackoff is backoff, cut short when the refusal said when the
+// holder's key expires: the next attempt then goes 1 ms after that (the
+// node measured the TTL before its reply travelled, so the key is gone by
+// the time the attempt lands, unless it was extended or taken again).
+// Waiting longer than the key lives would only leave it free; a wait is
+// still at least 1 ms.
+func boundedBackoff(n int, minDelay, maxDelay time.Duration, refusal error) time.Duration {
+	d := backoff(n, minDelay, maxDelay)
+	if left, ok := holderRemaining(refusal); ok {
+		d = min(d, left+time.Millisecond)
+	}
+	return d
 }
 
 // backoff returns the wait before the attempt after attempt n (n >= 1):

@@ -40,6 +40,7 @@ type lockConfig struct {
 	margin      time.Duration
 	marginSet   bool // false: DefaultLossMargin of the ttl
 	noKeeper    bool // WithoutKeeper: Do keeps nothing alive
+	polling     bool // WithPolling: Lock does not subscribe to releases
 	err         error
 }
 
@@ -96,6 +97,10 @@ func WithStrategy(s Strategy) LockOption {
 // doubling up to max ("equal jitter", so contenders spread out but none
 // starves on an unlucky draw). Defaults DefaultMinRetryDelay (10ms) and
 // DefaultMaxRetryDelay (320ms). Requires 0 < min <= max.
+//
+// A refusal that reports the holder's remaining TTL (every strategy of
+// this module does) cuts the wait to that TTL plus 1 ms: the key is free
+// then unless it is renewed.
 func WithRetryDelay(min, max time.Duration) LockOption {
 	return lockOption(func(c *lockConfig) {
 		if min <= 0 || max < min {
@@ -104,6 +109,17 @@ func WithRetryDelay(min, max time.Duration) LockOption {
 		}
 		c.minDelay, c.maxDelay = min, max
 	})
+}
+
+// WithPolling makes Locker.Lock (and Do) wait by backoff alone: it does
+// not subscribe to the key's releases even on a strategy that is a Waker,
+// so it opens no subscription connection; a release then costs the waiter
+// up to one backoff. Default off: a Waker strategy's waiters are woken by
+// releases. For environments that cannot carry Redis pub/sub (a proxy
+// without it, a testing/synctest bubble: go-redis dials a subscription
+// under a mutex, which stops a bubble's virtual clock).
+func WithPolling() LockOption {
+	return lockOption(func(c *lockConfig) { c.polling = true })
 }
 
 // WithMaxAttempts makes Locker.Lock give up after n attempts. Default 0:

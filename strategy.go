@@ -43,9 +43,37 @@ type Strategy interface {
 	Release(ctx context.Context, key, token string) error
 }
 
+// Waker is a Strategy that can tell a waiting Locker.Lock that the key it
+// waits for was released, so that it tries again at once rather than at
+// its next backoff. The strategies of this module implement it: their
+// release script publishes on the key's channel (in redlease's reserved
+// namespace) in the same atomic step as its delete, and Watch subscribes
+// to that channel over one connection per node shared by the whole
+// process. A Strategy without it is polled with backoff, as before.
+//
+// A notice only changes when a waiter tries: every grant still goes
+// through Acquire. Notices are hints and can be lost (a broken
+// connection, a node down, a holder that released through a client that
+// does not publish); the waiter's backoff, cut to the holder's remaining
+// TTL, is the fallback.
+type Waker interface {
+	// Watch subscribes to releases of key (as sent to Redis) on the
+	// strategy's nodes, and returns once the nodes confirmed the
+	// subscription (every node; for a quorum, enough that every
+	// majority includes one), a node failed, the strategy's bound passed
+	// or ctx ended. Every release a confirmed node applies after Watch
+	// returned sends on notices (buffer of one, never closed); so does
+	// a broken subscription, since releases may have been missed. Watch
+	// never waits on a node past the strategy's bound or ctx. stop ends
+	// the subscription (later calls do nothing); the error, if any, means
+	// there is none (the strategy was closed).
+	Watch(ctx context.Context, key string) (notices <-chan struct{}, stop func(), err error)
+}
+
 // ReservedPrefix starts every key that redlease writes for its own
 // bookkeeping: fence counters, the quorum strategy's boot markers, the
-// CLI's holder metadata (redlease:holder:{key}). No lock
+// CLI's holder metadata (redlease:holder:{key}); it also starts the wake
+// channels of Waker (redlease:wake:…). No lock
 // key may start with it: every strategy rejects such a key (and a Locker
 // prefix that puts keys there) with ErrInvalid, so a lock can never land on
 // a counter or a marker, or the other way round.

@@ -21,6 +21,7 @@
 //	BenchmarkContention/lib=redlease/nodes=5/goroutines=32/keys=4
 //	BenchmarkWatchdog/lib=redlease/nodes=5/locks=100000   one renewal tick of every held lock
 //	BenchmarkIdempotency/lib=redlease/case=replay         the barrier; lib=raw is a SET NX GET floor
+//	BenchmarkHandoff/lib=redlease/nodes=5                 Release returns → the waiting Lock returns (p50/p99-handoff-ns)
 //
 // Libraries whose name starts with "redlease" are ours; the others are the
 // peers the ratios are taken against.

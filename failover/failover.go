@@ -35,6 +35,7 @@ type grant struct{ key, token string }
 var (
 	_ redlease.Strategy      = (*Strategy)(nil)
 	_ redlease.BatchExtender = (*Strategy)(nil)
+	_ redlease.Waker         = (*Strategy)(nil)
 	_ redlease.Revoker       = (*Strategy)(nil)
 )
 
@@ -160,6 +161,22 @@ func (s *Strategy) RevokeAll(cause error) int {
 	}
 	return len(revoke)
 }
+
+// Watch subscribes to releases of key, so that a waiting Locker.Lock tries
+// again as soon as the holder lets go (see redlease.Waker). All waiters of
+// the process on one client share one subscription connection; Watch waits
+// at most a second (or ctx) for the server to confirm.
+func (s *Strategy) Watch(ctx context.Context, key string) (<-chan struct{}, func(), error) {
+	return s.p.Watch(ctx, key)
+}
+
+// Close ends the release subscriptions of this strategy's waiters (they
+// fall back to polling; later Watch calls fail) and waits for the shared
+// subscription connection to stop if nothing else in the process uses
+// it. Locks keep working; the client is not closed. Calling it is
+// optional: the subscription connection closes on its own once no waiter
+// is left.
+func (s *Strategy) Close() error { return s.p.Close() }
 
 // Name returns "failover", for observers.
 func (s *Strategy) Name() string { return "failover" }

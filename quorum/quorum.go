@@ -19,6 +19,7 @@ import (
 	"github.com/redlease/redlease/internal/fanout"
 	"github.com/redlease/redlease/internal/nodes"
 	"github.com/redlease/redlease/internal/script"
+	"github.com/redlease/redlease/internal/wake"
 )
 
 // Strategy is the Redlock algorithm over N independent Redis nodes. It is
@@ -48,10 +49,14 @@ type Strategy struct {
 	fenceTTLArg any           // fenceTTL in ms, boxed once
 	clock       redlease.Clock
 
-	fan *fanout.Nodes // per-node workers; Close stops them
+	fan  *fanout.Nodes // per-node workers; Close stops them
+	wake *wake.Set     // release notices for waiters; Close ends them
 }
 
-var _ redlease.Strategy = (*Strategy)(nil)
+var (
+	_ redlease.Strategy = (*Strategy)(nil)
+	_ redlease.Waker    = (*Strategy)(nil)
+)
 
 // New returns a Strategy over nodes, which must be independent Redis
 // primaries (not replicas of each other, not shards of one cluster). The
@@ -135,6 +140,7 @@ func New(nodeClients []redis.UniversalClient, opts ...Option) (*Strategy, error)
 		}
 	}
 	s.fan = fanout.New(s.nodes, s.workers, s.nodeTimeout)
+	s.wake = wake.NewSet(s.nodes...)
 	// Every failed request reaches the operation's observer, even one that
 	// fails after the round was decided.
 	s.fan.OnFailure = func(ctx context.Context, node int, err error) {
@@ -156,8 +162,24 @@ func (s *Strategy) Name() string { return "quorum" }
 // returns, at the client's own timeouts or when the client is closed.
 // Calls after Close fail. It does not close the node clients.
 func (s *Strategy) Close() error {
+	s.wake.Close()
 	s.fan.Close()
 	return nil
+}
+
+// Watch subscribes to releases of key on every node, so that a waiting
+// Locker.Lock tries again as soon as the holder lets go (see
+// redlease.Waker): a notice from any node triggers an attempt, which
+// still needs its quorum. It returns once enough nodes confirmed that
+// every quorum includes one of them (len(nodes) − quorum + 1: a release
+// reaches every node of the holder's quorum), or every node answered, or
+// the node timeout or ctx passed. All waiters of the process share one
+// subscription connection per node.
+func (s *Strategy) Watch(ctx context.Context, key string) (<-chan struct{}, func(), error) {
+	if key == "" {
+		return nil, nil, redlease.Invalid("empty key")
+	}
+	return s.wake.Watch(ctx, script.Channel(key), len(s.nodes)-s.quorum+1, s.nodeTimeout)
 }
 
 // Acquire makes one attempt to take key on a quorum of the nodes:
@@ -201,8 +223,8 @@ func (s *Strategy) Acquire(ctx context.Context, key, token string, ttl time.Dura
 	// 1. Fan out.
 	start := s.clock.Now()
 	round := s.fan.Start(ctx, fanout.Call{Script: script.Acquire, Line: line},
-		fanout.Call{Script: script.Release, Line: script.Release.Args(line[3], line[6]), // key and token, already boxed
-			Skip: func(r fanout.Result) bool { return r.Val == script.Taken || r.Val == script.TooYoung }})
+		fanout.Call{Script: script.Release, Line: script.ReleaseArgs(key, line[6]), // token already boxed
+			Skip: func(r fanout.Result) bool { return script.IsTaken(r.Val) || r.Val == script.TooYoung }})
 
 	// 2. Count until the outcome is decided.
 	t := s.collect(ctx, round, grantedByAcquire)
@@ -297,7 +319,7 @@ func (s *Strategy) Release(ctx context.Context, key, token string) error {
 		return redlease.Invalid("empty key")
 	}
 	s.fan.UndoLate(key, token)
-	line := script.Release.Args(key, token)
+	line := script.ReleaseArgs(key, token)
 	start := s.clock.Now()
 	callCtx := ctx
 	if ctx.Done() != nil {
@@ -317,8 +339,11 @@ type tally struct {
 	refused  int   // replies that definitely did not (taken, not ours)
 	answered int   // replies of any kind, errors included
 	highest  int64 // highest value among agreeing replies (fence counters)
-	causes   *multierror.Error
-	agreeing uint64 // bit i: node i agreed (nodes 64 and up are not tracked)
+	// remaining: the longest holder's TTL among refusals that carried one
+	// (acquire; see QuorumError.Remaining)
+	remaining time.Duration
+	causes    *multierror.Error
+	agreeing  uint64 // bit i: node i agreed (nodes 64 and up are not tracked)
 }
 
 // agreedBy reports whether node i agreed; for i >= 64 it answers true, so
@@ -333,10 +358,10 @@ func isOne(v int64) (bool, error) { return v == 1, nil }
 // grantedByAcquire is the agreement test of the acquire script: anything
 // but Taken and TooYoung is a grant (the value is the fence counter).
 func grantedByAcquire(v int64) (bool, error) {
-	switch v {
-	case script.Taken:
+	switch {
+	case script.IsTaken(v):
 		return false, nil
-	case script.TooYoung:
+	case v == script.TooYoung:
 		return false, errTooYoung
 	}
 	return true, nil
@@ -388,6 +413,9 @@ func (s *Strategy) collect(ctx context.Context, round *fanout.Round, agree func(
 			server = dup[node]
 		}
 		ok, why := agree(r.Val)
+		if d, held := script.Remaining(r.Val); held && !ok { // only acquire replies are that low
+			t.remaining = max(t.remaining, d)
+		}
 		switch {
 		case ok:
 			t.highest = max(t.highest, r.Val)
@@ -476,6 +504,7 @@ func (s *Strategy) failure(ctx context.Context, op string, sentinel error, t tal
 	qe := &redlease.QuorumError{
 		Op: op, Votes: t.agreed, Quorum: s.quorum, Nodes: len(s.nodes),
 		Elapsed: s.clock.Now().Sub(start), Expired: expired, Err: sentinel, Causes: t.causes,
+		Remaining: t.remaining,
 		// Down is not held: refusals alone did not rule the quorum out.
 		Unavailable: sentinel == redlease.ErrNotObtained && !expired && len(s.nodes)-t.refused >= s.quorum,
 	}

@@ -4,11 +4,13 @@ import (
 	"context"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/redlease/redlease"
 	"github.com/redlease/redlease/idempotency"
 	"github.com/redlease/redlease/internal/contract"
 	"github.com/redlease/redlease/internal/redistest"
@@ -64,4 +66,40 @@ func TestOnThreeMasterCluster(t *testing.T) {
 		require.NoError(t, err)
 		require.NoError(t, tokens.Consume(ctx, "form", tok))
 	})
+}
+
+// On a Cluster client, a release on any master wakes a waiter whose one
+// subscription connection went to whichever node: the release script's
+// PUBLISH is carried by the cluster bus (see the package documentation for
+// why not SPUBLISH). Keys on every master; backoff 10 s, so only the
+// notice can hand over within seconds.
+func TestClusterReleaseWakesWaiters(t *testing.T) {
+	servers := redistest.StartCluster(t, 3)
+	c := redistest.ClusterClient(t, servers)
+	s := single.New(c)
+	t.Cleanup(func() { _ = s.Close() })
+	ctx := t.Context()
+	holder := redlease.New(s, redlease.WithTTL(30*time.Second))
+	waiter := redlease.New(s, redlease.WithTTL(30*time.Second), redlease.WithRetryDelay(10*time.Second, 10*time.Second))
+	for i := range 6 { // keys on different masters
+		key := fmt.Sprintf("cluster:wake:%d", i)
+		lk, err := holder.TryLock(ctx, key)
+		require.NoError(t, err)
+		got := make(chan error, 1)
+		go func() {
+			wl, err := waiter.Lock(ctx, key)
+			if err == nil {
+				err = wl.Release(ctx)
+			}
+			got <- err
+		}()
+		time.Sleep(300 * time.Millisecond) // subscribed and waiting
+		require.NoError(t, lk.Release(ctx))
+		select {
+		case err := <-got:
+			require.NoError(t, err, key)
+		case <-time.After(3 * time.Second):
+			t.Fatalf("%s: the waiter was not woken by the release within 3 s (its backoff is 5–10 s)", key)
+		}
+	}
 }

@@ -27,4 +27,14 @@
 // "redlease:fence:{"+key+"}" otherwise ("order:7" →
 // "redlease:fence:{order:7}"). Keys that contain '}' without a valid hash
 // tag are rejected, since no same-slot companion can be built for them.
+//
+// Waiters of Locker.Lock are woken by releases (see redlease.Waker). On a
+// Cluster client the release script uses plain PUBLISH, which the cluster
+// bus carries to every node, and waiters share one plain SUBSCRIBE
+// connection per client, to any node. Sharded pub/sub (SPUBLISH and
+// SSUBSCRIBE, Redis 7) would keep each notice on its shard, but a client
+// then needs one subscription connection per shard and must follow slot
+// migrations, which go-redis's PubSub (one connection, routed by its first
+// channel) does not; the wake channel is already in the key's slot
+// (redlease:wake:{key}), so that a later version can switch.
 package single

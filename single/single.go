@@ -22,6 +22,7 @@ type Strategy struct {
 var (
 	_ redlease.Strategy      = (*Strategy)(nil)
 	_ redlease.BatchExtender = (*Strategy)(nil)
+	_ redlease.Waker         = (*Strategy)(nil)
 )
 
 // Option configures a Strategy in New.
@@ -89,6 +90,22 @@ func (s *Strategy) Release(ctx context.Context, key, token string) error {
 func (s *Strategy) ExtendBatch(ctx context.Context, items []redlease.Extension) []redlease.Extended {
 	return s.p.ExtendBatch(ctx, items)
 }
+
+// Watch subscribes to releases of key, so that a waiting Locker.Lock tries
+// again as soon as the holder lets go (see redlease.Waker). All waiters of
+// the process on one client share one subscription connection; Watch waits
+// at most a second (or ctx) for the server to confirm.
+func (s *Strategy) Watch(ctx context.Context, key string) (<-chan struct{}, func(), error) {
+	return s.p.Watch(ctx, key)
+}
+
+// Close ends the release subscriptions of this strategy's waiters (they
+// fall back to polling; later Watch calls fail) and waits for the shared
+// subscription connection to stop if nothing else in the process uses
+// it. Locks keep working; the client is not closed. Calling it is
+// optional: the subscription connection closes on its own once no waiter
+// is left.
+func (s *Strategy) Close() error { return s.p.Close() }
 
 // Name returns "single", for observers.
 func (s *Strategy) Name() string { return "single" }

@@ -193,7 +193,7 @@ func (w *World) locker(ci int, r *rand.Rand) *redlease.Locker {
 	switch w.sc.Strategy {
 	case Single:
 		s := single.New(w.redisClient(ci, w.nodes[0], ctxTimeouts))
-		return redlease.New(s)
+		return redlease.New(s, redlease.WithPolling())
 	default:
 		return w.quorumLocker(ci, r, w.nodes, nil, ctxTimeouts)
 	}
@@ -226,8 +226,8 @@ func (w *World) quorumLocker(ci int, r *rand.Rand, nodes []*Node, opt redlease.O
 		}
 		w.onClose(func() { _ = q.Close() })
 		if opt != nil {
-			return redlease.New(q, opt)
+			return redlease.New(q, opt, redlease.WithPolling())
 		}
-		return redlease.New(q)
+		return redlease.New(q, redlease.WithPolling())
 	}
 }

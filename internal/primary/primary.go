@@ -17,6 +17,7 @@ import (
 	"github.com/redlease/redlease/internal/drift"
 	"github.com/redlease/redlease/internal/nodes"
 	"github.com/redlease/redlease/internal/script"
+	"github.com/redlease/redlease/internal/wake"
 )
 
 // Config is what differs between the strategies built on Primary.
@@ -45,7 +46,12 @@ type Primary struct {
 	// (go-redis without ContextTimeoutEnabled waits for its ReadTimeout and
 	// retries), so calls are bounded by ctx here (see call).
 	bound bool
+	wake  *wake.Set // release notices for waiters (Watch); nil with a nil client
 }
+
+// WatchBound is how long Watch waits for the node to confirm a
+// subscription: a node that cannot in that time is no worse than polling.
+const WatchBound = time.Second
 
 // New returns a Primary on client. err, if not nil, is a construction
 // error (a rejected option) that every call returns; a nil client is
@@ -60,6 +66,7 @@ func New(client redis.UniversalClient, cfg Config, err error) *Primary {
 		return p
 	}
 	p.addr = nodes.Addr(client)
+	p.wake = wake.NewSet(client)
 	p.cluster, _ = client.(*redis.ClusterClient)
 	p.bound = !bounded.HonorsContext(client)
 	return p
@@ -105,7 +112,7 @@ func (p *Primary) Acquire(ctx context.Context, key, token string, ttl time.Durat
 		func(v int64, err error) {
 			// Abandoned: reported as not obtained, so whatever it wrote
 			// goes, by this attempt's token only.
-			if (err == nil && v != script.Taken) || (err != nil && !notSent(err)) {
+			if (err == nil && !script.IsTaken(v)) || (err != nil && !notSent(err)) {
 				_ = p.Release(context.Background(), key, token)
 			}
 		})
@@ -113,7 +120,7 @@ func (p *Primary) Acquire(ctx context.Context, key, token string, ttl time.Durat
 	// attempt its own), so however late it lands it removes only what this
 	// attempt wrote, never a key a later attempt holds.
 	switch {
-	case errors.Is(err, redlease.ErrNotReplicated) && v != script.Taken:
+	case errors.Is(err, redlease.ErrNotReplicated) && !script.IsTaken(v):
 		_ = p.Release(context.WithoutCancel(ctx), key, token)
 		return redlease.Grant{}, redlease.Wrap(redlease.ErrNotObtained, err)
 	case err != nil:
@@ -126,7 +133,10 @@ func (p *Primary) Acquire(ctx context.Context, key, token string, ttl time.Durat
 		}
 		// Down is not held: the node failed, nobody refused.
 		return redlease.Grant{}, p.fail(ctx, errNotObtainedUnavailable, err)
-	case v == script.Taken:
+	case script.IsTaken(v):
+		if d, ok := script.Remaining(v); ok {
+			return redlease.Grant{}, &redlease.HeldError{Remaining: d}
+		}
 		return redlease.Grant{}, redlease.ErrNotObtained
 	}
 	until := start.Add(ttl - drift.Allowance(ttl, p.cfg.DriftFactor))
@@ -180,13 +190,35 @@ func (p *Primary) Release(ctx context.Context, key, token string) error {
 	if key == "" {
 		return redlease.Invalid("empty key")
 	}
-	line := script.Release.Args(key, token)
+	line := script.ReleaseArgs(key, token)
 	v, err := p.call(ctx, func(ctx context.Context) (int64, error) { return script.Release.Run(ctx, p.client, line) }, nil)
 	switch {
 	case err != nil:
 		return p.fail(ctx, redlease.ErrUnavailable, err)
 	case v != 1:
 		return redlease.ErrNotHeld
+	}
+	return nil
+}
+
+// Watch subscribes to releases of key on the primary (see
+// redlease.Waker), waiting at most WatchBound or ctx for the confirmation.
+func (p *Primary) Watch(ctx context.Context, key string) (<-chan struct{}, func(), error) {
+	if p.err != nil {
+		return nil, nil, p.err
+	}
+	if key == "" {
+		return nil, nil, redlease.Invalid("empty key")
+	}
+	return p.wake.Watch(ctx, script.Channel(key), 1, WatchBound)
+}
+
+// Close ends the subscriptions of waiters on this primary (they fall back
+// to polling) and waits for the shared subscription connection to stop if
+// nobody else in the process uses it. Calls other than Watch still work.
+func (p *Primary) Close() error {
+	if p.wake != nil {
+		p.wake.Close()
 	}
 	return nil
 }

@@ -34,8 +34,29 @@ const (
 	ReadFence = "2" // on a grant, reply the fence counter as it is (phase 1 of quorum fencing)
 )
 
-// Taken is the Acquire script's reply when another token holds the key.
+// Taken is the Acquire script's reply when another token holds the key
+// without a TTL (a key someone set by hand). When the holder's key has a
+// TTL, the reply carries it instead: use IsTaken and Remaining to read a
+// reply.
 const Taken = -1
+
+// takenBase is the reply for a holder with 0 ms left; a holder with p ms
+// left is takenBase - p. Replies at or below it are refusals.
+const takenBase = -3
+
+// IsTaken reports whether an Acquire reply is a refusal: another token
+// holds the key.
+func IsTaken(v int64) bool { return v == Taken || v <= takenBase }
+
+// Remaining returns the holder's remaining TTL carried by a refusal, as the
+// node measured it (PTTL) when it refused; ok is false for a reply that is
+// not a refusal or carries none.
+func Remaining(v int64) (d time.Duration, ok bool) {
+	if v > takenBase {
+		return 0, false
+	}
+	return time.Duration(takenBase-v) * time.Millisecond, true
+}
 
 // Acquire places the lock if the key is free, or refreshes its TTL if it
 // already holds our token (a retried request whose first reply was lost),
@@ -67,7 +88,12 @@ const Taken = -1
 //	ARGV[4] delayed-restart max TTL in ms ("0": rule off),
 //	ARGV[5] "1" if nodes are declared durable (read only with the rule on),
 //	ARGV[6] fence counter TTL in ms ("0": none)
-//	reply: Taken, TooYoung, or the fence (0 with NoFence)
+//	reply: a refusal (IsTaken; Remaining reads the holder's PTTL from it),
+//	TooYoung, or the fence (0 with NoFence)
+//
+// A refusal carries the holder's remaining TTL so that a waiting caller
+// can bound its wait by it; the grant path is the same whatever a refusal
+// says.
 var Acquire = newScript(3, `
 if ARGV[4] ~= '0' then
   local t = redis.call('TIME')
@@ -116,7 +142,11 @@ if held == false then
 elseif held == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
 else
-  return -1
+  local left = redis.call('PTTL', KEYS[1])
+  if left < 0 then
+    return -1
+  end
+  return -3 - left
 end
 if ARGV[3] == '0' then
   return 0
@@ -187,16 +217,52 @@ end
 return 0
 `)
 
-// Release deletes a lock we hold.
+// Release deletes a lock we hold and, in the same atomic step, publishes
+// on the key's wake channel (Channel), so that a waiter subscribed to it
+// tries again at once. The PUBLISH runs under redis.pcall: a user whose
+// ACL does not allow it (Redis 7's default for new users is no channels)
+// still releases; waiters then learn of the release by polling. Without
+// ARGV[2] nothing is published.
 //
-//	KEYS[1] lock key; ARGV[1] token
+//	KEYS[1] lock key; ARGV[1] token, ARGV[2] wake channel (optional)
 //	reply: 1 if deleted, 0 if the key is gone or not ours
 var Release = newScript(1, `
 if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
+  local n = redis.call('DEL', KEYS[1])
+  if ARGV[2] then
+    redis.pcall('PUBLISH', ARGV[2], '')
+  end
+  return n
 end
 return 0
 `)
+
+// ReleaseArgs returns the Release command line for key and token, with
+// key's wake channel.
+func ReleaseArgs(key string, token any) []any {
+	return Release.Args(key, token, Channel(key))
+}
+
+// Channel returns the wake channel of a lock key: Release publishes on it,
+// waiters subscribe to it. It lies in the reserved namespace, like the
+// fence counters (no lock key may start with redlease.ReservedPrefix, so
+// no channel of a lock is a counter's or another lock's), and is built
+// like FenceKey, in the key's cluster slot: "redlease:wake:tag:"+key for a
+// key with a hash tag, "redlease:wake:{"+key+"}" otherwise. (Plain PUBLISH
+// ignores slots; keeping the slot leaves sharded pub/sub open.) A key that
+// Check rejects gets "redlease:wake:"+key, which no waiter subscribes to.
+func Channel(key string) string {
+	if hasHashTag(key) {
+		return wakePrefix + "tag:" + key
+	}
+	if strings.IndexByte(key, '}') >= 0 {
+		return wakePrefix + key
+	}
+	return wakePrefix + "{" + key + "}"
+}
+
+// wakePrefix starts every wake channel.
+const wakePrefix = redlease.ReservedPrefix + "wake:"
 
 // Script is a Lua script with a fixed number of keys, run with EVALSHA and,
 // when the node does not know the script yet (first use, restart, SCRIPT

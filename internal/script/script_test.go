@@ -89,3 +89,43 @@ func indexByte(s string, b byte) int {
 	}
 	return -1
 }
+
+func TestWakeChannelSharesTheSlotAndTheReservedNamespace(t *testing.T) {
+	for _, key := range []string{"order:7", "{order:7}:lock", "a{b}c", "{a}", "a", "{"} {
+		ch := Channel(key)
+		if slot(ch) != slot(key) {
+			t.Errorf("Channel(%q) = %q hashes to slot %d, the key to %d", key, ch, slot(ch), slot(key))
+		}
+		if Check(ch, "t", time.Second, 0) == nil {
+			t.Errorf("Channel(%q) = %q: Check must refuse it as a lock key (reserved namespace)", key, ch)
+		}
+	}
+	if Channel("{a}") == Channel("a") {
+		t.Error(`the channels of "{a}" and "a" must differ`)
+	}
+}
+
+func TestRefusalRepliesCarryTheHoldersTTL(t *testing.T) {
+	cases := []struct {
+		v        int64
+		taken    bool
+		left     time.Duration
+		carriesD bool
+	}{
+		{0, false, 0, false}, // a grant without fence
+		{7, false, 0, false}, // a grant with fence 7
+		{TooYoung, false, 0, false},
+		{Taken, true, 0, false}, // held, without a TTL
+		{-3, true, 0, true},
+		{-3 - 1500, true, 1500 * time.Millisecond, true},
+	}
+	for _, c := range cases {
+		if got := IsTaken(c.v); got != c.taken {
+			t.Errorf("IsTaken(%d) = %v, want %v", c.v, got, c.taken)
+		}
+		d, ok := Remaining(c.v)
+		if ok != c.carriesD || d != c.left {
+			t.Errorf("Remaining(%d) = %v, %v; want %v, %v", c.v, d, ok, c.left, c.carriesD)
+		}
+	}
+}

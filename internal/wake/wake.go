@@ -1,0 +1,501 @@
+// Package wake tells waiting lock calls that a key was released, over one
+// shared subscription connection per Redis client per process.
+//
+// The release script publishes on the key's wake channel (script.Channel)
+// in the same atomic step as its delete. A waiter subscribes to that
+// channel with Set.Watch before it checks the key again, and Watch returns
+// only once the server confirmed the subscription (or failed it, or the
+// caller's bound passed): a release the server applies after the waiter's
+// check is then published after the subscription, and reaches the waiter.
+// Sending SUBSCRIBE is not enough — a release between the send and the
+// server's processing of it would be missed (Redisson's issue 1763).
+//
+// Every waiter of the process on one client shares one go-redis PubSub
+// (one connection), whatever the key and whatever strategy asked: a hub.
+// A hub has two goroutines, a reader (messages, confirmations, errors) and
+// a writer (SUBSCRIBE and UNSUBSCRIBE, so that no waiter ever blocks on a
+// dial or a write to a hung node). A channel is unsubscribed when its last
+// waiter leaves; a hub whose channels are all gone closes its PubSub and
+// both goroutines end. Set.Close, the strategy's Close, ends the
+// subscriptions that strategy made and waits for hubs it leaves idle.
+//
+// Notices are hints. A notice that is lost (the connection broke, the
+// node is down or paused, an ACL refused the PUBLISH or the SUBSCRIBE, a
+// holder released through an older client) costs the waiter its backoff,
+// which Locker.Lock still runs; a broken connection also wakes every
+// waiter on it at once, and again when go-redis has resubscribed, since
+// releases may have been lost in between. Nothing here decides a grant.
+package wake
+
+import (
+	"context"
+	"errors"
+	"net"
+	"reflect"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// ErrClosed is Watch's error after Close.
+var ErrClosed = errors.New("wake: closed")
+
+// mu guards the registry and the state of every hub, entry and Sub. One
+// mutex for the process: it is held only for map updates and sends that
+// never block.
+var (
+	mu   sync.Mutex
+	hubs = map[any]*hub{} // by client (or a Set-private key for clients that are not comparable)
+)
+
+// Bounds of the hub's goroutines.
+const (
+	// readTimeout bounds one read of the subscription connection; a
+	// timeout only means nothing came.
+	readTimeout = time.Second
+	// writeTimeout bounds one SUBSCRIBE or UNSUBSCRIBE call (a dial
+	// included).
+	writeTimeout = 5 * time.Second
+	// retryMin and retryMax bound the pause after a failed read (a node
+	// down: every read is a refused dial), doubling in between.
+	retryMin = 10 * time.Millisecond
+	retryMax = time.Second
+	// closeWait bounds how long Close waits for the hubs it left idle.
+	closeWait = 2 * time.Second
+	// linger is how long a hub without channels keeps its connection
+	// for the next waiter before it stops: on a hot key one waiter
+	// leaves as the next arrives, and a new connection per wait would
+	// cost a dial and a handshake per node. Close does not wait for it.
+	linger = 100 * time.Millisecond
+)
+
+// hub is one client's shared subscription.
+type hub struct {
+	key   any
+	ps    *redis.PubSub
+	chans map[string]*entry
+	// pending are the channels of SUBSCRIBEs sent whose reply has not come,
+	// in order, so that an error reply (NOPERM) is charged to its channel.
+	pending []string
+	// unsubs counts UNSUBSCRIBEs sent whose reply has not come: a
+	// "subscribe" reply for such a channel is an older one, and the
+	// channel will not be subscribed once the UNSUBSCRIBE lands.
+	unsubs   map[string]int
+	stopping bool
+	kick     chan struct{} // buffer of one: the writer has work
+	flush    chan struct{} // buffer of one: stop now if idle, without lingering (Close)
+	stop     chan struct{} // closed when the hub stops (under mu)
+	readDone chan struct{} // closed when the reader has ended
+	done     chan struct{} // closed when both goroutines have ended
+}
+
+// entry is one channel on one hub.
+type entry struct {
+	channel     string
+	subs        map[*Sub]struct{}
+	sent        bool  // SUBSCRIBE handed to go-redis (which resubscribes on every reconnect)
+	confirmed   bool  // the server confirmed it, and the connection has not broken since
+	err         error // why it is not confirmed, once something failed
+	interrupted bool  // it was confirmed, then the connection broke
+}
+
+// Sub is one waiter's subscription to one channel on every client of a
+// Set.
+type Sub struct {
+	set      *Set
+	notify   chan struct{} // buffer of one: a release was heard (or may have been missed)
+	progress chan struct{} // buffer of one: an entry was confirmed or failed
+	hubs     []*hub
+	entries  []*entry
+	removed  bool
+}
+
+// Set is what a strategy owns: its clients' hubs and the subscriptions it
+// made, which Close ends. The zero value is not usable; use NewSet.
+type Set struct {
+	clients []redis.UniversalClient
+	keys    []any
+	subs    map[*Sub]struct{}
+	closed  bool
+}
+
+// NewSet returns a Set over clients. It starts nothing: a hub starts at
+// the first Watch on its client.
+func NewSet(clients ...redis.UniversalClient) *Set {
+	s := &Set{clients: clients, keys: make([]any, len(clients)), subs: map[*Sub]struct{}{}}
+	for i, c := range clients {
+		s.keys[i] = registryKey(c)
+	}
+	return s
+}
+
+// registryKey is the client itself where it can be a map key, so that
+// every Set of the process on one client shares its hub; otherwise a key
+// of this Set alone.
+func registryKey(c redis.UniversalClient) any {
+	if t := reflect.TypeOf(c); t != nil && t.Comparable() {
+		return c
+	}
+	return &struct{ redis.UniversalClient }{c}
+}
+
+// Watch subscribes to channel on every client of s and returns once need
+// of them confirmed the subscription, or every client confirmed or failed,
+// or bound passed, or ctx is done. notices receives a value after a
+// message on channel on any client (and after a connection that carried
+// it broke, or came back); it is never closed. stop ends the subscription;
+// call it when the wait is over (more calls do nothing). The subscription
+// stays in place whatever Watch returned on: a client that confirms later
+// delivers from then on. The only error is ErrClosed.
+func (s *Set) Watch(ctx context.Context, channel string, need int, bound time.Duration) (notices <-chan struct{}, stop func(), err error) {
+	sub := &Sub{set: s, notify: make(chan struct{}, 1), progress: make(chan struct{}, 1)}
+	mu.Lock()
+	if s.closed {
+		mu.Unlock()
+		return nil, nil, ErrClosed
+	}
+	for i, c := range s.clients {
+		h := hubFor(s.keys[i], c)
+		e := h.chans[channel]
+		if e == nil {
+			e = &entry{channel: channel, subs: map[*Sub]struct{}{}}
+			h.chans[channel] = e
+			h.kickLocked()
+		}
+		e.subs[sub] = struct{}{}
+		sub.hubs = append(sub.hubs, h)
+		sub.entries = append(sub.entries, e)
+	}
+	s.subs[sub] = struct{}{}
+	mu.Unlock()
+	stop = func() {
+		mu.Lock()
+		sub.removeLocked()
+		mu.Unlock()
+	}
+
+	t := time.NewTimer(bound)
+	defer t.Stop()
+	for range 16 * (len(s.clients) + 1) { // each client confirms or fails once, or a few times if its connection flaps; bound passes before this
+		if sub.ready(need) {
+			break
+		}
+		select {
+		case <-sub.progress:
+		case <-t.C:
+			return sub.notify, stop, nil
+		case <-ctx.Done():
+			return sub.notify, stop, nil
+		}
+	}
+	return sub.notify, stop, nil
+}
+
+// ready reports whether need entries are confirmed, or every entry is
+// decided, or the Sub was removed (Close).
+func (sub *Sub) ready(need int) bool {
+	mu.Lock()
+	defer mu.Unlock()
+	ok, failed := 0, 0
+	for _, e := range sub.entries {
+		switch {
+		case e.confirmed:
+			ok++
+		case e.err != nil:
+			failed++
+		}
+	}
+	return sub.removed || ok >= need || ok+failed == len(sub.entries)
+}
+
+// removeLocked takes sub off every entry; an entry left without waiters
+// is unsubscribed by its hub's writer.
+func (sub *Sub) removeLocked() {
+	if sub.removed {
+		return
+	}
+	sub.removed = true
+	delete(sub.set.subs, sub)
+	for i, e := range sub.entries {
+		delete(e.subs, sub)
+		if len(e.subs) == 0 {
+			sub.hubs[i].kickLocked()
+		}
+	}
+}
+
+// signal sends on a buffer-of-one channel without blocking.
+func signal(c chan struct{}) {
+	select {
+	case c <- struct{}{}:
+	default:
+	}
+}
+
+// Close ends every subscription made through s (their waiters are woken
+// once and then hear nothing more) and makes later Watch calls fail. It
+// waits, at most closeWait, for the hubs it left without channels to stop;
+// a hub whose goroutine is held by a dial to a hung node ends when the
+// dial gives up.
+func (s *Set) Close() {
+	mu.Lock()
+	s.closed = true
+	for sub := range s.subs {
+		sub.removeLocked()
+		signal(sub.notify)
+	}
+	var wait []chan struct{}
+	for _, k := range s.keys {
+		h := hubs[k]
+		if h == nil {
+			continue
+		}
+		idle := true
+		for _, e := range h.chans {
+			if len(e.subs) > 0 {
+				idle = false
+				break
+			}
+		}
+		if idle {
+			signal(h.flush)
+			wait = append(wait, h.done)
+		}
+	}
+	mu.Unlock()
+	t := time.NewTimer(closeWait)
+	defer t.Stop()
+	for _, d := range wait {
+		select {
+		case <-d:
+		case <-t.C:
+			return
+		}
+	}
+}
+
+// hubFor returns the running hub of key, starting one if there is none or
+// the last one is stopping. Call with mu held.
+func hubFor(key any, c redis.UniversalClient) *hub {
+	if h := hubs[key]; h != nil && !h.stopping {
+		return h
+	}
+	h := &hub{
+		key:      key,
+		ps:       c.Subscribe(context.Background()), // no channel: no I/O yet
+		chans:    map[string]*entry{},
+		unsubs:   map[string]int{},
+		kick:     make(chan struct{}, 1),
+		flush:    make(chan struct{}, 1),
+		stop:     make(chan struct{}),
+		readDone: make(chan struct{}),
+		done:     make(chan struct{}),
+	}
+	hubs[key] = h
+	go h.read()
+	go h.write()
+	return h
+}
+
+func (h *hub) kickLocked() { signal(h.kick) }
+
+// write is the writer goroutine: it sends SUBSCRIBE for new channels and
+// UNSUBSCRIBE for channels without waiters, and stops the hub once it has
+// had no channel for linger (at once after a flush).
+func (h *hub) write() {
+	defer close(h.done)
+	var lingerC <-chan time.Time // not nil while idle: when to stop
+	for {
+		expire := false
+		select {
+		case <-h.kick:
+		case <-h.flush:
+			expire = true
+		case <-lingerC:
+			expire = true
+		}
+		var subs, unsubs []string
+		mu.Lock()
+		for ch, e := range h.chans {
+			if len(e.subs) == 0 {
+				delete(h.chans, ch)
+				if e.sent {
+					unsubs = append(unsubs, ch)
+					h.unsubs[ch]++
+				}
+				continue
+			}
+			if !e.sent {
+				e.sent = true
+				subs = append(subs, ch)
+			}
+		}
+		h.pending = append(h.pending, subs...)
+		idle := len(h.chans) == 0
+		if idle && expire {
+			h.stopping = true
+			if hubs[h.key] == h {
+				delete(hubs, h.key)
+			}
+			close(h.stop)
+		}
+		mu.Unlock()
+		if idle && expire {
+			_ = h.ps.Close() // unblocks the reader's read
+			<-h.readDone
+			return
+		}
+		switch {
+		case !idle:
+			lingerC = nil
+		case lingerC == nil:
+			lingerC = time.After(linger) // one timer per idle spell; it ends with linger
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), writeTimeout)
+		if len(unsubs) > 0 {
+			// On error the connection is being replaced, and go-redis
+			// has already dropped these channels from what it
+			// resubscribes.
+			_ = h.ps.Unsubscribe(ctx, unsubs...)
+		}
+		if len(subs) > 0 {
+			if err := h.ps.Subscribe(ctx, subs...); err != nil {
+				// Not sent (no connection): go-redis subscribes them
+				// when the reader's next read reconnects.
+				mu.Lock()
+				h.brokenLocked(err)
+				mu.Unlock()
+			}
+		}
+		cancel()
+	}
+}
+
+// read is the reader goroutine: messages wake waiters, confirmations and
+// refusals decide subscriptions, a broken connection wakes everyone.
+func (h *hub) read() {
+	defer close(h.readDone)
+	pause := retryMin
+	for {
+		msg, err := h.ps.ReceiveTimeout(context.Background(), readTimeout)
+		select {
+		case <-h.stop:
+			return
+		default:
+		}
+		var ne net.Error
+		var re redis.Error
+		switch {
+		case err == nil:
+			pause = retryMin
+			mu.Lock()
+			h.handleLocked(msg)
+			mu.Unlock()
+			continue
+		case errors.As(err, &re):
+			// The server refused a SUBSCRIBE (NOPERM: the user may not
+			// use the channel): charged to the oldest one in flight.
+			mu.Lock()
+			if len(h.pending) > 0 {
+				if e := h.chans[h.pending[0]]; e != nil && !e.confirmed {
+					e.err = err
+					e.progressLocked()
+				}
+				h.pending = h.pending[1:]
+			}
+			mu.Unlock()
+			continue
+		case errors.As(err, &ne) && ne.Timeout():
+			continue // nothing came
+		}
+		mu.Lock()
+		h.brokenLocked(err)
+		mu.Unlock()
+		t := time.NewTimer(pause)
+		select {
+		case <-h.stop:
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		pause = min(2*pause, retryMax)
+	}
+}
+
+// handleLocked applies one message of the subscription connection.
+func (h *hub) handleLocked(msg any) {
+	switch m := msg.(type) {
+	case *redis.Message:
+		if e := h.chans[m.Channel]; e != nil {
+			for sub := range e.subs {
+				signal(sub.notify)
+			}
+		}
+	case *redis.Subscription:
+		switch m.Kind {
+		case "subscribe":
+			if len(h.pending) > 0 && h.pending[0] == m.Channel {
+				h.pending = h.pending[1:]
+			}
+			if h.unsubs[m.Channel] > 0 {
+				return // an UNSUBSCRIBE sent after it is still on its way
+			}
+			e := h.chans[m.Channel]
+			if e == nil {
+				return
+			}
+			e.confirmed, e.err = true, nil
+			if e.interrupted {
+				// Releases published while the connection was down are
+				// lost: let the waiters look again.
+				e.interrupted = false
+				for sub := range e.subs {
+					signal(sub.notify)
+				}
+			}
+			e.progressLocked()
+		case "unsubscribe":
+			if n := h.unsubs[m.Channel]; n > 1 {
+				h.unsubs[m.Channel] = n - 1
+			} else {
+				delete(h.unsubs, m.Channel)
+			}
+		}
+	}
+}
+
+// brokenLocked records a connection that broke or could not be made:
+// every channel is unconfirmed until go-redis's reconnect resubscribes it,
+// and the waiters of channels that were confirmed are woken once, since a
+// release may have been published while nobody listened.
+func (h *hub) brokenLocked(err error) {
+	h.pending = h.pending[:0]
+	clear(h.unsubs)
+	for _, e := range h.chans {
+		if e.confirmed {
+			e.interrupted = true
+			for sub := range e.subs {
+				signal(sub.notify)
+			}
+		}
+		e.confirmed, e.err = false, err
+		e.progressLocked()
+	}
+}
+
+// progressLocked tells the entry's waiters that it was confirmed or
+// failed.
+func (e *entry) progressLocked() {
+	for sub := range e.subs {
+		signal(sub.progress)
+	}
+}
+
+// Hubs reports how many hubs are running in the process, for tests: one
+// per client with waiters.
+func Hubs() int {
+	mu.Lock()
+	defer mu.Unlock()
+	return len(hubs)
+}

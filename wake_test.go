@@ -1,0 +1,422 @@
+package redlease_test
+
+import (
+	"context"
+	"fmt"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/redlease/redlease"
+	"github.com/redlease/redlease/failover"
+	"github.com/redlease/redlease/internal/redistest"
+	"github.com/redlease/redlease/internal/script"
+	"github.com/redlease/redlease/internal/wake"
+	"github.com/redlease/redlease/quorum"
+	"github.com/redlease/redlease/single"
+)
+
+// wakeSetup is one strategy on fresh redis-server processes, with clients
+// as a newcomer writes them (go-redis defaults: no ContextTimeoutEnabled),
+// and direct access to its servers.
+type wakeSetup struct {
+	name     string
+	strategy redlease.Strategy
+	servers  []*redistest.Server
+	clients  []*redis.Client
+}
+
+// wakeSetups returns single (one node), failover (a primary with one
+// replica) and quorum over three nodes, each closed when t ends.
+func wakeSetups(t *testing.T) []func(t *testing.T) wakeSetup {
+	mk := func(name string, n int) func(t *testing.T) wakeSetup {
+		return func(t *testing.T) wakeSetup {
+			t.Helper()
+			ws := wakeSetup{name: name, servers: redistest.StartN(t, n, redistest.Config{})}
+			var us []redis.UniversalClient
+			for _, srv := range ws.servers {
+				c := redis.NewClient(&redis.Options{Addr: srv.Addr})
+				t.Cleanup(func() { _ = c.Close() })
+				t.Cleanup(srv.Resume) // a test that paused it must not leave it so
+				ws.clients = append(ws.clients, c)
+				us = append(us, c)
+			}
+			switch name {
+			case "single":
+				ws.strategy = single.New(us[0])
+			case "failover":
+				redistest.StartReplica(t, ws.servers[0], redistest.Config{})
+				ws.strategy = failover.New(us[0])
+			default:
+				q, err := quorum.New(us, quorum.WithNodeTimeout(500*time.Millisecond))
+				require.NoError(t, err)
+				t.Cleanup(func() { _ = q.Close() })
+				ws.strategy = q
+			}
+			if c, ok := ws.strategy.(interface{ Close() error }); ok {
+				t.Cleanup(func() { _ = c.Close() })
+			}
+			return ws
+		}
+	}
+	return []func(t *testing.T) wakeSetup{mk("single", 1), mk("failover", 1), mk("quorum", 3)}
+}
+
+// A holder that never releases (it crashed: its key expires, nothing is
+// published) costs a waiter the holder's remaining TTL, not the backoff:
+// the refusal carries the key's PTTL and the wait is cut to it. With a
+// backoff of at least 1 s, the waiter gets the lock about 200 ms after
+// the holder's grant.
+func TestWaitIsBoundedByTheHoldersRemainingTTL(t *testing.T) {
+	for _, setup := range wakeSetups(t) {
+		ws := setup(t)
+		t.Run(ws.name, func(t *testing.T) {
+			ctx, key := t.Context(), "wake:ttl:"+ws.name
+			holder := redlease.New(ws.strategy, redlease.WithTTL(200*time.Millisecond))
+			_, err := holder.TryLock(ctx, key) // never released
+			require.NoError(t, err)
+			start := time.Now()
+			waiter := redlease.New(ws.strategy, redlease.WithTTL(time.Second), redlease.WithRetryDelay(2*time.Second, 4*time.Second))
+			wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+			lk, err := waiter.Lock(wctx, key)
+			require.NoError(t, err)
+			took := time.Since(start)
+			require.NoError(t, lk.Release(ctx))
+			// Unbounded, the first wait alone would be at least 1 s.
+			require.Less(t, took, 900*time.Millisecond, "the wait must end near the holder's expiry (200 ms), not at the backoff (≥ 1 s)")
+		})
+	}
+}
+
+// wakeLockIn runs waiter.Lock(key) on its own goroutine and returns a channel
+// that delivers its outcome.
+type wakeResult struct {
+	lk  *redlease.Lock
+	err error
+	at  time.Time
+}
+
+func wakeLockIn(ctx context.Context, l *redlease.Locker, key string) <-chan wakeResult {
+	out := make(chan wakeResult, 1)
+	go func() {
+		lk, err := l.Lock(ctx, key)
+		out <- wakeResult{lk, err, time.Now()}
+	}()
+	return out
+}
+
+// wakeWait receives the outcome of wakeLockIn, failing the test after d.
+func wakeWait(t *testing.T, res <-chan wakeResult, d time.Duration) wakeResult {
+	t.Helper()
+	select {
+	case r := <-res:
+		return r
+	case <-time.After(d):
+		t.Fatalf("Lock did not return within %v", d)
+		return wakeResult{}
+	}
+}
+
+// A waiter subscribes, confirmed, before its second check, so a release
+// between that check and its wait is not missed (Redisson's issue 1763).
+// The schedule is forced with a gate: the waiter's SUBSCRIBE is held, and
+// no second attempt may reach the server until it is let through and
+// confirmed; then the reply to the second attempt (refused) is held while
+// the holder releases; only then does the
+// waiter see the refusal and start waiting. With a backoff of 10 s and a
+// holder's TTL of 30 s, only the notice can end the wait within seconds.
+func TestReleaseBetweenCheckAndWaitIsHeard(t *testing.T) {
+	srv := redistest.Start(t, redistest.Config{})
+	gate := redistest.NewGate(t, srv.Addr)
+	direct := srv.Client()
+	ctx := t.Context()
+	require.NoError(t, script.Acquire.Load(ctx, direct)) // EVALSHA carries the hash the gate matches
+	require.NoError(t, script.Release.Load(ctx, direct))
+	viaGate := redis.NewClient(&redis.Options{Addr: gate.Addr})
+	t.Cleanup(func() { _ = viaGate.Close() })
+	ws := single.New(viaGate)
+	t.Cleanup(func() { _ = ws.Close() })
+	hs := single.New(direct)
+
+	key := "wake:race"
+	holder, err := redlease.New(hs, redlease.WithTTL(30*time.Second)).TryLock(ctx, key)
+	require.NoError(t, err)
+
+	gate.HoldReplies(script.Acquire.Hash())
+	waiter := redlease.New(ws, redlease.WithTTL(time.Second), redlease.WithRetryDelay(10*time.Second, 10*time.Second))
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	res := wakeLockIn(wctx, waiter, key)
+
+	gate.HoldRequests("subscribe")
+	require.NoError(t, gate.WaitHeld(1, "", 5*time.Second), "attempt 1's reply")
+	require.NoError(t, gate.Step("", 5*time.Second))
+	// Attempt 2 is sent only once the server confirmed the subscription:
+	// while the SUBSCRIBE is held, no attempt reaches the server.
+	require.NoError(t, gate.WaitHeld(1, "subscribe", 5*time.Second), "the waiter's SUBSCRIBE")
+	time.Sleep(300 * time.Millisecond)
+	require.Equal(t, 1, gate.Held(), "only the SUBSCRIBE is held: attempt 2 must wait for its confirmation")
+	gate.HoldRequests("")
+	require.NoError(t, gate.Step("subscribe", 5*time.Second))
+	require.NoError(t, gate.WaitHeld(1, "", 5*time.Second), "attempt 2's reply")
+	require.NoError(t, holder.Release(ctx)) // between attempt 2's check and its wait
+	gate.HoldReplies("")
+	start := time.Now()
+	require.NoError(t, gate.Step("", 5*time.Second))
+	r := wakeWait(t, res, 20*time.Second)
+	require.NoError(t, r.err)
+	took := r.at.Sub(start)
+	require.Less(t, took, 3*time.Second, "the release notice must end the wait; without it the wait is at least 5 s")
+	require.True(t, strings.HasSuffix(r.lk.Token(), ".3"), "granted on attempt 3 (token %s): refused, subscribed and refused, woken", r.lk.Token())
+	require.NoError(t, r.lk.Release(ctx))
+}
+
+// A release whose notice never comes — a holder that deletes the key
+// without publishing (an older client, redsync, an ACL without PUBLISH),
+// or a subscription connection cut while the release is published — costs
+// the waiter at most the holder's TTL plus one backoff.
+func TestLostNoticeCostsAtMostTheTTLPlusOneBackoff(t *testing.T) {
+	const ttl, delay = 1500 * time.Millisecond, 300 * time.Millisecond
+	for _, setup := range wakeSetups(t) {
+		ws := setup(t)
+		t.Run(ws.name+"/silent-delete", func(t *testing.T) {
+			ctx, key := t.Context(), "wake:lost:"+ws.name
+			holder, err := redlease.New(ws.strategy, redlease.WithTTL(ttl)).TryLock(ctx, key)
+			require.NoError(t, err)
+			waiter := redlease.New(ws.strategy, redlease.WithTTL(time.Second), redlease.WithRetryDelay(delay, delay))
+			res := wakeLockIn(ctx, waiter, key)
+			time.Sleep(200 * time.Millisecond) // the waiter is waiting
+			start := time.Now()
+			for _, c := range ws.clients {
+				require.NoError(t, c.Del(ctx, key).Err()) // released, nothing published
+			}
+			r := wakeWait(t, res, 10*time.Second)
+			require.NoError(t, r.err)
+			require.Less(t, r.at.Sub(start), ttl+delay, "within the holder's TTL plus one backoff")
+			_ = holder
+			require.NoError(t, r.lk.Release(ctx))
+		})
+		t.Run(ws.name+"/subscription-cut", func(t *testing.T) {
+			ctx, key := t.Context(), "wake:cut:"+ws.name
+			holder, err := redlease.New(ws.strategy, redlease.WithTTL(ttl)).TryLock(ctx, key)
+			require.NoError(t, err)
+			waiter := redlease.New(ws.strategy, redlease.WithTTL(time.Second), redlease.WithRetryDelay(delay, delay))
+			res := wakeLockIn(ctx, waiter, key)
+			time.Sleep(200 * time.Millisecond) // the waiter is subscribed and waiting
+			// Cut every subscription connection, and release before
+			// go-redis can have resubscribed: the publish finds nobody.
+			pipes := make([]redis.Pipeliner, len(ws.clients))
+			for i, c := range ws.clients {
+				pipes[i] = c.Pipeline()
+				pipes[i].Do(ctx, "CLIENT", "KILL", "TYPE", "pubsub")
+			}
+			start := time.Now()
+			for _, p := range pipes {
+				_, err := p.Exec(ctx)
+				require.NoError(t, err)
+			}
+			require.NoError(t, holder.Release(ctx))
+			r := wakeWait(t, res, 10*time.Second)
+			require.NoError(t, r.err)
+			require.Less(t, r.at.Sub(start), ttl+delay, "within the holder's TTL plus one backoff")
+			require.NoError(t, r.lk.Release(ctx))
+		})
+	}
+}
+
+// Waiters hear a release within a fraction of their backoff: on single,
+// and on quorum with one node paused (its notice cannot come; the others'
+// do, and the acquisition still finds its majority).
+func TestWaiterIsWokenByARelease(t *testing.T) {
+	for _, setup := range wakeSetups(t) {
+		ws := setup(t)
+		run := func(name string, pause bool) {
+			t.Run(ws.name+"/"+name, func(t *testing.T) {
+				ctx, key := t.Context(), "wake:woken:"+ws.name+":"+name
+				if pause {
+					ws.servers[len(ws.servers)-1].Pause()
+					defer ws.servers[len(ws.servers)-1].Resume()
+				}
+				holder, err := redlease.New(ws.strategy, redlease.WithTTL(30*time.Second)).TryLock(ctx, key)
+				require.NoError(t, err)
+				waiter := redlease.New(ws.strategy, redlease.WithTTL(time.Second), redlease.WithRetryDelay(10*time.Second, 10*time.Second))
+				res := wakeLockIn(ctx, waiter, key)
+				time.Sleep(time.Second) // subscribed (a paused node's confirmation is waited for at most the node timeout) and waiting
+				start := time.Now()
+				require.NoError(t, holder.Release(ctx))
+				r := wakeWait(t, res, 20*time.Second)
+				require.NoError(t, r.err)
+				require.Less(t, r.at.Sub(start), 3*time.Second, "woken by the release, not the 5–10 s backoff")
+				require.NoError(t, r.lk.Release(ctx))
+			})
+		}
+		run("all-up", false)
+		if ws.name == "quorum" {
+			run("one-paused", true)
+		}
+	}
+}
+
+// pubsubConns counts the subscription connections open on c's server.
+func pubsubConns(t *testing.T, c *redis.Client) int {
+	t.Helper()
+	list, err := c.ClientList(t.Context()).Result()
+	require.NoError(t, err)
+	n := 0
+	for _, line := range strings.Split(list, "\n") {
+		if strings.Contains(line, " sub=") && !strings.Contains(line, " sub=0 ") {
+			n++
+		}
+	}
+	return n
+}
+
+// Many waiters, on one key and on many keys, share one subscription
+// connection per node; one release wakes the waiters of its key only
+// (the others stay waiting); once every waiter is gone, no subscription
+// connection and no hub is left.
+func TestWaitersShareOneConnectionPerNode(t *testing.T) {
+	for _, setup := range wakeSetups(t) {
+		ws := setup(t)
+		t.Run(ws.name, func(t *testing.T) {
+			ctx := t.Context()
+			const keys, perKey = 8, 6
+			hold := redlease.New(ws.strategy, redlease.WithTTL(30*time.Second))
+			waiter := redlease.New(ws.strategy, redlease.WithTTL(30*time.Second), redlease.WithRetryDelay(10*time.Second, 10*time.Second))
+			holders := make([]*redlease.Lock, keys)
+			res := make([][]<-chan wakeResult, keys)
+			for k := range keys {
+				key := fmt.Sprintf("wake:many:%s:%d", ws.name, k)
+				var err error
+				holders[k], err = hold.TryLock(ctx, key)
+				require.NoError(t, err)
+				for range perKey {
+					res[k] = append(res[k], wakeLockIn(ctx, waiter, key))
+				}
+			}
+			time.Sleep(time.Second) // all subscribed and waiting
+			for i, c := range ws.clients {
+				require.Equal(t, 1, pubsubConns(t, c), "node %d: one subscription connection for %d waiters on %d keys", i, keys*perKey, keys)
+			}
+			require.Equal(t, len(ws.clients), wake.Hubs(), "one hub per node")
+
+			// Hand each key from waiter to waiter: every release wakes
+			// the rest, one of them wins, and so on, each well within
+			// the 5–10 s backoff.
+			for k := range keys {
+				start := time.Now()
+				require.NoError(t, holders[k].Release(ctx))
+				for range perKey {
+					var got *redlease.Lock
+					for got == nil {
+						select {
+						case r := <-merge(res[k]):
+							require.NoError(t, r.err)
+							got = r.lk
+						case <-time.After(4 * time.Second):
+							t.Fatalf("key %d: no waiter got the lock within 4 s of the last release", k)
+						}
+					}
+					require.NoError(t, got.Release(ctx))
+				}
+				t.Logf("key %d: %d hand-offs in %v", k, perKey, time.Since(start).Round(time.Millisecond))
+			}
+			// Everyone left: the channels are unsubscribed and the hubs stop.
+			require.Eventually(t, func() bool { return wake.Hubs() == 0 }, 5*time.Second, 10*time.Millisecond, "no hub once no waiter is left")
+			for i, c := range ws.clients {
+				require.Eventually(t, func() bool { return pubsubConns(t, c) == 0 }, 5*time.Second, 10*time.Millisecond, "node %d: subscription connection closed", i)
+			}
+		})
+	}
+}
+
+// merge returns a channel that delivers the first value of any of cs;
+// each c delivers once, and a c that delivered is left alone afterwards.
+func merge(cs []<-chan wakeResult) <-chan wakeResult {
+	out := make(chan wakeResult, len(cs))
+	for _, c := range cs {
+		select {
+		case r := <-c:
+			out <- r
+			return out
+		default:
+		}
+	}
+	go func() {
+		cases := make([]reflect.SelectCase, len(cs))
+		for i, c := range cs {
+			cases[i] = reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(c)}
+		}
+		_, v, _ := reflect.Select(cases)
+		out <- v.Interface().(wakeResult)
+	}()
+	return out
+}
+
+// A waiter whose ctx ends returns at its ctx (with ErrNotObtained and the
+// ctx's error), also with the node paused and a default client; Close of
+// the strategy while a waiter waits ends its subscription, stops the
+// hubs, and the waiter keeps waiting by backoff until its ctx.
+func TestWaiterReturnsAtItsContextAndOnClose(t *testing.T) {
+	for _, setup := range wakeSetups(t) {
+		ws := setup(t)
+		t.Run(ws.name+"/ctx", func(t *testing.T) {
+			ctx, key := t.Context(), "wake:ctx:"+ws.name
+			_, err := redlease.New(ws.strategy, redlease.WithTTL(30*time.Second)).TryLock(ctx, key)
+			require.NoError(t, err)
+			for _, srv := range ws.servers {
+				srv.Pause() // every node: nothing answers, not even the subscription
+			}
+			wctx, cancel := context.WithTimeout(ctx, 700*time.Millisecond)
+			defer cancel()
+			start := time.Now()
+			_, err = redlease.New(ws.strategy, redlease.WithTTL(time.Second)).Lock(wctx, key)
+			took := time.Since(start)
+			for _, srv := range ws.servers {
+				srv.Resume()
+			}
+			require.ErrorIs(t, err, redlease.ErrNotObtained)
+			require.ErrorIs(t, err, context.DeadlineExceeded)
+			require.Less(t, took, 700*time.Millisecond+500*time.Millisecond, "returns at its ctx, whatever the paused nodes and go-redis's 3 s read timeout")
+		})
+		t.Run(ws.name+"/close", func(t *testing.T) {
+			ctx, key := t.Context(), "wake:close:"+ws.name
+			_, err := redlease.New(ws.strategy, redlease.WithTTL(30*time.Second)).TryLock(ctx, key)
+			require.NoError(t, err)
+			wctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			defer cancel()
+			res := wakeLockIn(wctx, redlease.New(ws.strategy, redlease.WithTTL(time.Second), redlease.WithRetryDelay(100*time.Millisecond, 100*time.Millisecond)), key)
+			time.Sleep(300 * time.Millisecond)
+			require.Equal(t, len(ws.clients), wake.Hubs())
+			start := time.Now()
+			require.NoError(t, ws.strategy.(interface{ Close() error }).Close())
+			require.Less(t, time.Since(start), time.Second, "Close returns promptly")
+			require.Equal(t, 0, wake.Hubs(), "Close waited for the hubs it left idle")
+			r := wakeWait(t, res, 5*time.Second)
+			require.ErrorIs(t, r.err, redlease.ErrNotObtained)
+			require.ErrorIs(t, r.err, context.DeadlineExceeded, "the waiter waited until its ctx")
+		})
+	}
+}
+
+// WithPolling: a waiter opens no subscription connection and is not woken
+// by a release; its backoff (here 300 ms) hands the lock over.
+func TestWithPollingDoesNotSubscribe(t *testing.T) {
+	ws := wakeSetups(t)[0](t)
+	ctx, key := t.Context(), "wake:polling"
+	holder, err := redlease.New(ws.strategy, redlease.WithTTL(30*time.Second)).TryLock(ctx, key)
+	require.NoError(t, err)
+	waiter := redlease.New(ws.strategy, redlease.WithTTL(time.Second), redlease.WithRetryDelay(300*time.Millisecond, 300*time.Millisecond), redlease.WithPolling())
+	res := wakeLockIn(ctx, waiter, key)
+	time.Sleep(200 * time.Millisecond)
+	require.Equal(t, 0, pubsubConns(t, ws.clients[0]), "no subscription connection")
+	require.NoError(t, holder.Release(ctx))
+	r := wakeWait(t, res, 5*time.Second)
+	require.NoError(t, r.err)
+	require.NoError(t, r.lk.Release(ctx))
+}
