@@ -332,6 +332,14 @@ func TestFencesRiseAcrossDifferentMajorities(t *testing.T) {
 			for _, p := range proxies {
 				p.Heal()
 			}
+			// A go-redis pool that failed PoolSize dials in a row answers
+			// with its last dial error, without dialling, until a probe
+			// (one a second) gets through: a healed node looks refused for
+			// up to a second (B on {2,3,4} failed so: "node 4: connection
+			// refused" right after the heal). Wait until every node answers.
+			for i, c := range clients {
+				require.Eventually(t, func() bool { return c.Ping(ctx).Err() == nil }, 5*time.Second, 20*time.Millisecond, "node %d answers after the heal", i)
+			}
 		}()
 		g, err := s.Acquire(ctx, key, tok, 5*time.Second)
 		require.NoError(t, err, "%s on %v", tok, reach)
