@@ -32,6 +32,7 @@ type Result struct {
 	Elapsed    time.Duration // virtual time the run took
 	WorkEnd    time.Duration // virtual time the workload ended
 	Watch      WatchStats    // watchdog-mixed: badkey, healthy and errnode figures
+	Failover   FailoverStats // failover: the watcher's figures
 }
 
 // maxRun bounds a run in virtual time: a workload still going after it is
@@ -71,8 +72,13 @@ func Run(sc Scenario, seed uint64, opts Options) *Result {
 	start := time.Now()
 	w := &World{seed: seed, sc: sc, opts: opts, start: start, hist: newHistory(start, opts.Log), net: newSched()}
 	w.faults = makeSchedule(seed, &sc, sc.horizon())
-	for i := range sc.allNodes() {
-		w.nodes = append(w.nodes, newNode(w, i, "node"+strconv.Itoa(i)))
+	if sc.Strategy == Failover {
+		w.watchers = map[int]watchInfo{}
+		w.setupFailover()
+	} else {
+		for i := range sc.allNodes() {
+			w.nodes = append(w.nodes, newNode(w, i, "node"+strconv.Itoa(i)))
+		}
 	}
 	if sc.Strategy == Quorum && sc.DelayedRestart > 0 {
 		// A deployment that has been up for a while: markers older than
@@ -91,6 +97,10 @@ func Run(sc Scenario, seed uint64, opts Options) *Result {
 		r := rand.New(rand.NewPCG(seed, uint64(ci)+1))
 		if sc.Barrier {
 			clients.Go(func() { w.barrierClient(ci, r) })
+			continue
+		}
+		if sc.Strategy == Failover {
+			clients.Go(func() { w.failoverClient(ci, r) })
 			continue
 		}
 		if sc.Watchdog {
@@ -136,6 +146,8 @@ func Run(sc Scenario, seed uint64, opts Options) *Result {
 	vs = append(vs, w.hist.check(sc.fenced())...)
 	wvs, wst := w.checkWatch()
 	vs = append(vs, wvs...)
+	fvs, fst := w.checkFailover()
+	vs = append(vs, fvs...)
 	res := &Result{
 		Seed:       seed,
 		Scenario:   sc.Name,
@@ -151,6 +163,7 @@ func Run(sc Scenario, seed uint64, opts Options) *Result {
 		Elapsed:    time.Since(start),
 		WorkEnd:    workEnd,
 		Watch:      wst,
+		Failover:   fst,
 	}
 	res.Verdict = grade(res.Violations, w.faults)
 	return res

@@ -18,11 +18,14 @@ const (
 type Scenario struct {
 	Name     string
 	Strategy string // Quorum, Single or Failover
-	Nodes    int    // quorum: lock nodes; single, failover: 1 (failover adds a replica)
-	Clients  int    // workload clients, each with its own go-redis clients and Locker
-	Keys     int    // lock keys they contend for
-	Ops      int    // operations per client (bounded loop)
-	TTL      [2]time.Duration
+	Nodes    int    // quorum: lock nodes; single: 1; failover: 2 (a primary and its replica)
+	// Sentinels: failover only, the emulated Sentinels (nodes after the
+	// primary and replica).
+	Sentinels int
+	Clients   int // workload clients, each with its own go-redis clients and Locker
+	Keys      int // lock keys they contend for
+	Ops       int // operations per client (bounded loop)
+	TTL       [2]time.Duration
 
 	Fencing        bool          // quorum.WithFencing (single and failover fence by default)
 	DelayedRestart time.Duration // quorum.WithDelayedRestart(maxTTL); 0: off
@@ -82,6 +85,16 @@ var Scenarios = []Scenario{
 	{Name: "barrier", Strategy: Single, Nodes: 1, Clients: 3, Keys: 3, Ops: 4, TTL: [2]time.Duration{30 * time.Millisecond, 150 * time.Millisecond}, Fencing: true, Barrier: true,
 		Kinds: []string{FaultPause, FaultDelay, FaultLoss, FaultCut}, Faults: true, Horizon: 600 * time.Millisecond},
 	{Name: "single", Strategy: Single, Nodes: 1, Clients: 3, Keys: 2, Ops: 4, TTL: [2]time.Duration{60 * time.Millisecond, 300 * time.Millisecond}, Fencing: true, Faults: true, Horizon: 1100 * time.Millisecond},
+	// failover: the failover strategy on a primary with one replica (WAIT
+	// 1 after every grant) behind three emulated Sentinels, clients on
+	// redis.NewFailoverClient each with a failover.Watch over every
+	// Sentinel; half run Lock/TryLock/Extend/Release, half Locker.Do kept
+	// by a renew.Watchdog, on the same keys. One failover per run (the
+	// primary killed or not, the promoted replica maybe stale), around it
+	// replication-link faults, Sentinels hung, down or lossy, and the
+	// clients' links to the data nodes slow, lossy, cut or paused.
+	{Name: "failover", Strategy: Failover, Nodes: 2, Sentinels: 3, Clients: 4, Keys: 2, Ops: 4, TTL: [2]time.Duration{60 * time.Millisecond, 300 * time.Millisecond},
+		Kinds: []string{FaultDelay, FaultLoss, FaultCut, FaultPause, FaultRestart}, RestartModes: []string{"empty", "durable"}, Faults: true, Horizon: 900 * time.Millisecond},
 }
 
 // ScenarioByName returns the scenario called name, if any.
@@ -99,6 +112,9 @@ func (sc *Scenario) restartable() bool { return true }
 // allNodes is how many nodes a run has: with Watchdog, the single
 // strategy's node after the quorum's.
 func (sc *Scenario) allNodes() int {
+	if sc.Strategy == Failover {
+		return sc.Nodes + sc.Sentinels
+	}
 	if sc.Watchdog {
 		return sc.Nodes + 1
 	}

@@ -103,6 +103,9 @@ func makeSchedule(seed uint64, sc *Scenario, horizon time.Duration) []Fault {
 		return nil
 	}
 	n := sc.allNodes()
+	if sc.Strategy == Failover {
+		n = sc.Nodes // the Sentinels' faults are drawn below
+	}
 	var fs []Fault
 	count := 1 + r.IntN(5)
 	for range count {
@@ -180,6 +183,14 @@ func makeSchedule(seed uint64, sc *Scenario, horizon time.Duration) []Fault {
 		for range r.IntN(3) {
 			fs = append(fs, Fault{At: time.Duration(r.Int64N(int64(horizon * 3 / 4))), Kind: FaultErrNode, Node: r.IntN(n), Client: -1, For: ms(r, 50, 600), Mode: []string{"NOPERM", "BUSY"}[r.IntN(2)]})
 		}
+	}
+	if sc.Strategy == Failover {
+		ff := makeFailoverFaults(r, sc, horizon)
+		// A restart close to the failover would make a second one of it.
+		fs = slices.DeleteFunc(fs, func(f Fault) bool {
+			return f.Kind == FaultRestart && f.At+f.For > ff[0].At-150*time.Millisecond && f.At < ff[0].At+ff[0].Amount+ff[0].For+100*time.Millisecond
+		})
+		fs = append(fs, ff...)
 	}
 	slices.SortStableFunc(fs, func(a, b Fault) int { return int(a.At - b.At) })
 	return fs

@@ -39,6 +39,9 @@ type World struct {
 	hashes   []hashWin      // badkey faults: where and while a hash stood in a lock key
 	renews   []renewCall    // renewal script calls answered by an errnode fault
 	errCalls map[[2]int]int // (node, virtual second) → script calls answered with a fast error
+	grants   map[string]int // failover: acquisition token → the node that granted it
+	watchers map[int]watchInfo
+	closing  map[int]bool // failover: clients whose Watcher is closing (see failoverClient)
 }
 
 // badHit is one node on which a badkey fault replaced a lock's token.
@@ -97,7 +100,7 @@ func (w *World) fate(c *conn, toNode bool, i uint64, now time.Time) (time.Durati
 	if u(1) < 0.02 { // a spike: a reply can arrive after the next attempt started
 		delay += time.Duration(u(2) * float64(40*time.Millisecond))
 	}
-	if u(3) < 0.002 {
+	if u(3) < 0.002 && c.node.sent == nil { // Sentinels lose messages only under their own faults
 		return 0, true
 	}
 	at := now.Sub(w.start)
@@ -110,7 +113,7 @@ func (w *World) fate(c *conn, toNode bool, i uint64, now time.Time) (time.Durati
 			if f.Node == c.node.id {
 				delay += time.Duration(u(4) * float64(f.Amount))
 			}
-		case FaultLoss:
+		case FaultLoss, FaultSentinelLossy:
 			if f.Node == c.node.id && u(5) < f.Prob {
 				return 0, true
 			}
@@ -201,6 +204,10 @@ func (w *World) actions() []action {
 	r := rand.New(rand.NewPCG(w.seed, 0xac7))
 	for _, f := range w.faults {
 		f := f
+		if fa := w.failoverActions(f); fa != nil {
+			as = append(as, fa...)
+			continue
+		}
 		switch f.Kind {
 		case FaultCut:
 			as = append(as, action{f.At, f.String(), func() { w.cut(f.Node, f.Client) }})
@@ -214,7 +221,10 @@ func (w *World) actions() []action {
 				as = append(as, action{f.At - back, fmt.Sprintf("snapshot node=%d", f.Node), n.takeSnapshot})
 			}
 			as = append(as, action{f.At, f.String(), n.crash},
-				action{f.At + f.For, fmt.Sprintf("up node=%d (%s)", f.Node, f.Mode), func() { n.restart(f.Mode == "durable", f.Mode == "snapshot") }})
+				action{f.At + f.For, fmt.Sprintf("up node=%d (%s)", f.Node, f.Mode), func() {
+					n.restart(f.Mode == "durable", f.Mode == "snapshot")
+					n.rejoin()
+				}})
 		case FaultBlink:
 			n := w.nodes[f.Node]
 			as = append(as, action{f.At, f.String(), n.crash},
