@@ -273,9 +273,16 @@ func (n *Node) resume() {
 }
 
 // crash stops the server process: every connection is cut, queued
-// requests are lost, dials are refused until restart.
+// requests are lost, dials are refused until restart. A node already down
+// stays as it is (two restart faults can overlap: the second one's crash
+// must not record the dead process's data as what a durable restart
+// brings back; failover seed 11836 lost a fence counter that way).
 func (n *Node) crash() {
 	n.mu.Lock()
+	if n.down {
+		n.mu.Unlock()
+		return
+	}
 	cs := make([]*conn, 0, len(n.conns))
 	for c := range n.conns {
 		cs = append(cs, c)
@@ -296,10 +303,15 @@ func (n *Node) crash() {
 
 // restart starts a new server process. With keep, the data survives (a
 // durable node); with fromSnapshot, the node comes back with its last
-// snapshot (older keys only); otherwise it comes back empty.
-func (n *Node) restart(keep, fromSnapshot bool) {
+// snapshot (older keys only); otherwise it comes back empty. A node that
+// is up (an overlapping restart fault already brought it back) is left
+// alone; restart reports whether it restarted.
+func (n *Node) restart(keep, fromSnapshot bool) bool {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	if !n.down {
+		return false
+	}
 	var data []snapKey
 	switch {
 	case keep:
@@ -310,6 +322,7 @@ func (n *Node) restart(keep, fromSnapshot bool) {
 	n.start()
 	n.down = false
 	restore(n.m, data, n.clockLocked())
+	return true
 }
 
 // takeSnapshot records the node's keys, as an RDB save would.

@@ -222,8 +222,9 @@ func (w *World) actions() []action {
 			}
 			as = append(as, action{f.At, f.String(), n.crash},
 				action{f.At + f.For, fmt.Sprintf("up node=%d (%s)", f.Node, f.Mode), func() {
-					n.restart(f.Mode == "durable", f.Mode == "snapshot")
-					n.rejoin()
+					if n.restart(f.Mode == "durable", f.Mode == "snapshot") {
+						n.rejoin()
+					}
 				}})
 		case FaultBlink:
 			n := w.nodes[f.Node]
