@@ -36,6 +36,10 @@ const (
 	InvPanic          = "panic"            // the library panicked
 	InvBusyRetry      = "renew-busy-retry" // a lock's renewals to a node answering errors came closer than the retry delay
 	InvHealthyLost    = "healthy-lost"     // a lock the network and the faults left enough time and nodes to renew was lost
+	// InvFailoverKept: a lock the old primary granted was still believed
+	// held past the watcher bound after a healthy Sentinel named the new
+	// primary (failover).
+	InvFailoverKept = "failover-kept"
 )
 
 // Hold is one holder's belief interval: from the moment Lock/TryLock
@@ -263,7 +267,7 @@ func grade(vs []Violation, faults []Fault) string {
 				}
 			}
 		}
-		if v.Inv == InvLeak || v.Inv == InvStuck || v.Inv == InvReleaseKept || v.Inv == InvPanic {
+		if v.Inv == InvLeak || v.Inv == InvStuck || v.Inv == InvReleaseKept || v.Inv == InvPanic || v.Inv == InvFailoverKept {
 			v.Hazard, v.Faults = false, nil // no fault excuses these
 		}
 		switch {

@@ -54,10 +54,37 @@
 //     quorum3-plain (no fences), quorum3-restart (the rule),
 //     quorum3-extend (the rule with long holds, half the extensions past
 //     its max TTL, restarts and loss: built for the bound of 8a56ae8),
-//     watchdog-mixed, barrier, single and quorum3-pastmax (aimed at
-//     the same bound, with its own schedule and client: pastmax.go). Not
-//     simulated yet: failover (replica and WAIT; hooks in replica.go, no
-//     workload).
+//     watchdog-mixed, barrier, single, quorum3-pastmax (aimed at the
+//     same bound, with its own schedule and client: pastmax.go) and
+//     failover.
+//   - Failover (replica.go, sentinel.go, failoverwork.go): a primary and
+//     one replica, each a miniredis engine. The primary ships each
+//     write's effects (the state of the keys a script declared that
+//     changed, with an absolute expiry, as Redis 7 replicates a script's
+//     effects and PXAT) over a replication link with its own seeded
+//     delay; the replica applies them in order and acknowledges its
+//     offset back. WAIT n timeout answers from the acknowledged offset,
+//     blocking the connection up to its timeout on the virtual clock.
+//     Fence counters replicate like any key. Link faults: repl-slow,
+//     repl-hole (everything held both ways until it ends: WAIT returns 0
+//     meanwhile, as NOTES.md measured), repl-cut (in flight lost,
+//     resynchronised from the primary's data when it reconnects). Three
+//     Sentinels, each a node whose commands the simulator answers
+//     (SENTINEL get-master-addr-by-name, master with its config-epoch,
+//     sentinels, replicas; SUBSCRIBE/UNSUBSCRIBE and PING in subscribed
+//     mode), reached by go-redis SentinelClients through the Dialer.
+//     One failover per run: the primary killed (crash, promotion after a
+//     30-80 ms down-after, back empty 50-300 ms later as a replica of the
+//     new primary) or not (switch: promoted at once; the old primary
+//     serves, with WAIT answering 0, until it is demoted 0-100 ms later
+//     and its client connections close); one in eight promotes a stale
+//     replica (its data 20-200 ms old: acknowledged writes lost). The
+//     leader Sentinel adopts the new configuration (epoch 2) at the
+//     promotion, the others 0-150 ms later, each publishing
+//     +switch-master to its subscribers over their own links. Sentinel
+//     faults: sentinel-hung (accepts, never answers, to the end of the
+//     run: the issue-12 case, half the seeds), sentinel-down,
+//     sentinel-lossy; never all three Sentinels.
 //   - Workload lockClient (the quorum and single scenarios): several
 //     clients per run, each with its own go-redis clients and strategy,
 //     doing Lock (with retries) or TryLock on a few contended keys,
@@ -90,6 +117,11 @@
 //     four tries; the handler works 5–100 ms and, if its ctx is still
 //     live, applies its effect to a fenced effect store (it refuses a
 //     fence below the key's highest) and returns.
+//   - Workload failoverClient (failover): four clients, each a go-redis
+//     client to the primary, failover.New on it, and failover.Watch over
+//     the three Sentinels (poll 100, 150 or 250 ms); even clients run
+//     lockClient, odd ones doClient with their own renew.Watchdog, on the
+//     same two keys.
 //
 // # Invariants (checked on every run)
 //
@@ -155,6 +187,16 @@
 //     (37d81c8, found by replaying that mutation: seed 1039), and a
 //     handler started after the reply to its claim came back past the
 //     lock's validity (seed 15380).
+//   - failover-kept (failover): after the failover, let S be the first
+//     moment a healthy Sentinel (never hung, neither down nor lossy
+//     within the bound of its switch) names the new primary. Every hold
+//     whose grant came from the old primary stops claiming validity by
+//     max(S, its grant) + 2 poll + min(poll, 1 s) + 100 ms on its client:
+//     the next poll starts within a poll; a poll waits for its slowest
+//     Sentinel (a hung one) until its ask timeout, min(poll, 1 s); a
+//     healthy Sentinel still busy with the previous poll's question (a
+//     40 ms spike) is left out of one poll; 100 ms of spikes. Never
+//     excused. (The subscription usually revokes within a millisecond.)
 //   - panic: the library never panics.
 //   - goroutine-leak: no goroutine outlives a run (synctest.Test fails the
 //     bubble otherwise); stuck: a run ends within 120 virtual seconds.
@@ -164,7 +206,10 @@
 // As in the chaos package: a fault outside the strategy's assumptions is
 // labelled OUTSIDE in the schedule (a restart that loses data without the
 // delayed-restart rule, any node clock jump beyond the drift factor, a
-// majority's clock skew); a restart under the delayed-restart rule with
+// majority's clock skew; failover: a stale promotion, which loses
+// acknowledged writes, and the primary restarted without its data; a
+// promotion of the replica that applied every acknowledged write is
+// inside, whatever the link faults did to unacknowledged ones); a restart under the delayed-restart rule with
 // fences on is labelled OUTSIDE-FENCES (the rule keeps exclusion, not fence
 // order). A violation after such a fault is a HAZARD, counted per fault
 // kind; any other violation is a FAIL. release-kept-valid, panic, leak
@@ -176,8 +221,33 @@
 //     implementation. INFO has no "server" section in miniredis; the
 //     simulator answers INFO server with redis_version, redis_mode and a
 //     run_id (new on every restart), which the delayed-restart rule reads.
-//   - WAIT is answered by the simulator (miniredis's WAIT always says 0);
-//     no scenario uses it yet.
+//   - WAIT is answered by the simulator (miniredis's WAIT always says 0)
+//     from the offset the replica acknowledged when WAIT arrived (all
+//     writes so far, as Redis's client offset after its last command).
+//     Replication ships key states after each write, not commands: the
+//     same as Redis 7's effects for the library's scripts, which touch
+//     only their KEYS; other write commands are covered by a short list
+//     (SET, DEL, INCR, PEXPIRE...), strings and hashes only. A crashed
+//     primary's replication data already sent is still delivered (the
+//     kernel flushes a killed process's socket). One replica; one
+//     failover per run, never back; the new primary grants nothing until
+//     the old one rejoins as its replica (WAIT 1). Sentinel elections,
+//     quorum and down-after are not simulated: the schedule decides the
+//     promotion and each Sentinel's switch time. A replica answers EVAL
+//     and EVALSHA with READONLY whatever the script does.
+//   - Failover clients dial the primary as a Sentinel names it, read from
+//     that Sentinel's state without a round trip (primaryDialer), not
+//     through redis.NewFailoverClient: the failover client holds a
+//     sync.Once and its mutex across its network calls to the Sentinels,
+//     and a goroutine waiting on a mutex is not durably blocked, so the
+//     bubble's clock stopped (the first seed hung). What it does on
+//     +switch-master, closing its connections to the old primary, the
+//     simulator does when the old primary is demoted. For the same reason
+//     a Watcher's Sentinel connections are cut, and its later dials get
+//     dead connections, just before its Close (PubSub.Close waits on the
+//     mutex a reconnecting Subscribe holds while it reads HELLO's reply).
+//   - Sentinel links lose no message at random (only under
+//     sentinel-lossy); they get the 40 ms spikes.
 //   - EVAL, EVALSHA and SCRIPT LOAD/EXISTS/FLUSH are run by the simulator
 //     (lua.go) on one gopher-lua state per node process, as Redis keeps one
 //     Lua VM, instead of miniredis's fresh state per call (60 % of the CPU);
@@ -470,6 +540,20 @@
 //     fail (10 of 10 pass on this tree). go test ./chaos/sim -run
 //     'TestSim$' -scenario watchdog-mixed -seed 39 -replays 10 -inv
 //     healthy-lost
+//   - failover's WAIT check reverted (internal/primary replicated()
+//     always nil; at a604e0a, 4 workers, a loaded machine): failover
+//     seed 27 after 26 seeds in 0.3 s (fence-order: a grant no replica
+//     had, its fence counter lost with the promotion; 5 of 5 replays);
+//     with -inv overlap, seed 11673 after 11,673 seeds and 1 min 48 s.
+//   - Not found: the Locker tracking a failover grant only once its
+//     reply is back (locker.go: Track after Acquire, the order
+//     TestGrantInFlightDuringFailoverIsRevoked pins): 30,000 failover
+//     seeds (6 min 46 s), and 15,000 more with a slow primary across
+//     every other promotion, passed. An untracked grant in flight at the
+//     revocation stays believed only until its Until unless the watchdog
+//     extends it on the new primary, and failover-kept's bound (at least
+//     400 ms) outlasts most such holds: the invariant checks the bound,
+//     not that the Watcher revoked that lock.
 //   - The Barrier not cancelling a handler whose lock was lost
 //     (idempotency/barrier.go, watch): barrier seed 1373 after 1,373
 //     seeds and 6.5 s, effect-twice.

@@ -30,23 +30,31 @@ type Node struct {
 	addr       string
 	scriptSlot int
 
-	mu       sync.Mutex
-	m        *miniredis.Miniredis
-	runID    string
-	boots    int
-	paused   bool
-	down     bool // restarting: dials refused
-	queue    []queued
-	offset   time.Duration // node clock minus virtual clock
-	conns    map[*conn]struct{}
-	replica  *Node             // failover: the replica this primary feeds, nil if none
-	repl     replLink          // failover: state of the replication stream
-	dialsBy  map[int]int       // per client: connections dialled, for per-message randomness
-	snapshot []snapKey         // the last snapshot (for restarts that roll back)
-	atCrash  []snapKey         // the data when the node last crashed (durable restarts)
-	scripts  map[string]string // script cache: SHA → source (lost on restart)
-	lua      *lua.LState       // the node's Lua state (see lua.go)
-	lcall    luaCallBufs       // redis.call's peer and buffers (see lua.go)
+	mu        sync.Mutex
+	m         *miniredis.Miniredis
+	runID     string
+	boots     int
+	paused    bool
+	down      bool // restarting: dials refused
+	queue     []queued
+	offset    time.Duration // node clock minus virtual clock
+	conns     map[*conn]struct{}
+	replica   *Node              // failover: the replica this primary feeds, nil if none
+	repl      replLink           // failover: state of the replication stream
+	master    *Node              // failover: the primary this replica follows, nil if a primary
+	followGen uint64             // as a replica: the link generation it follows
+	applied   uint64             // as a replica: offset applied
+	cur       *conn              // the connection whose command is being dispatched
+	block     bool               // set by WAIT: the reply is deferred, the connection blocked
+	waiters   []*waiter          // blocked WAITs
+	blocked   map[*conn][]queued // requests that arrived behind a blocked WAIT
+	sent      *sentinelState     // a Sentinel (sentinel.go), nil for a Redis node
+	dialsBy   map[int]int        // per client: connections dialled, for per-message randomness
+	snapshot  []snapKey          // the last snapshot (for restarts that roll back)
+	atCrash   []snapKey          // the data when the node last crashed (durable restarts)
+	scripts   map[string]string  // script cache: SHA → source (lost on restart)
+	lua       *lua.LState        // the node's Lua state (see lua.go)
+	lcall     luaCallBufs        // redis.call's peer and buffers (see lua.go)
 	// gate, when set (hand-written tests), holds back the requests it
 	// returns true for until openGate, as redistest.Gate does with
 	// redis-server: the test decides the order in which they land.
@@ -102,6 +110,13 @@ func (n *Node) clockLocked() time.Time { return time.Now().Add(n.offset) }
 // hook supplies what miniredis lacks. It runs inside Dispatch, with n.mu
 // held by the caller (receive/exec), also for commands called from Lua.
 func (n *Node) hook(p *server.Peer, cmd string, args ...string) bool {
+	if n.sent != nil {
+		return n.sentinelHook(p, cmd, args)
+	}
+	if n.master != nil && (cmd == "EVAL" || cmd == "EVALSHA") && n.cur != nil && p == n.cur.peer {
+		p.WriteError("READONLY You can't write against a read only replica.")
+		return true
+	}
 	if n.cluster && n.clusterHook(p, cmd, args) {
 		return true
 	}
@@ -123,7 +138,17 @@ func (n *Node) hook(p *server.Peer, cmd string, args ...string) bool {
 			p.WriteError("ERR wrong number of arguments for 'wait' command")
 			return true
 		}
-		p.WriteInt(n.waitLocked())
+		if n.master != nil {
+			p.WriteError("ERR WAIT cannot be used with replica instances.")
+			return true
+		}
+		r, block := n.waitLocked(args)
+		switch {
+		case r < 0:
+			p.WriteError("ERR value is not an integer or out of range")
+		case !block:
+			p.WriteInt(r)
+		}
 		return true
 	}
 	return false
@@ -192,19 +217,46 @@ func (n *Node) openGate() {
 }
 
 func (n *Node) execLocked(c *conn, args []string, sent time.Time) {
+	if q, ok := n.blocked[c]; ok { // behind a blocked WAIT, as Redis keeps a blocked client's input
+		n.blocked[c] = append(q, queued{c, args, sent})
+		return
+	}
 	if n.w.scriptCall(n, c, args, sent) {
 		return
 	}
 	n.m.SetTime(n.clockLocked())
+	var keys []string
+	var pre []keyState
+	if n.replica != nil {
+		if keys = writeKeys(args); keys != nil {
+			pre = n.keyStatesLocked(keys)
+		}
+	}
+	n.cur = c
 	n.m.Server().Dispatch(c.peer, args)
+	n.cur = nil
+	if keys != nil && n.replica != nil {
+		n.replicateLocked(keys, pre)
+	}
+	if n.block {
+		n.block = false
+		if n.blocked == nil {
+			n.blocked = map[*conn][]queued{}
+		}
+		n.blocked[c] = nil
+		if n.w.opts.Log {
+			n.w.hist.logf("%s blocked on %s (sent %.3fms)", c.name, describe(args), msf(sent.Sub(n.w.start)))
+		}
+		return
+	}
 	_ = c.pw.Flush()
 	reply := append([]byte(nil), c.pbuf.Bytes()...)
 	c.pbuf.Reset()
+	if n.w.grants != nil {
+		n.w.noteGrant(n, args, reply)
+	}
 	if n.w.opts.Log {
 		n.w.hist.logf("%s applied %s -> %s (sent %.3fms)", c.name, describe(args), strings.TrimSpace(strings.ReplaceAll(string(reply), "\r\n", " ")), msf(sent.Sub(n.w.start)))
-	}
-	if n.replica != nil {
-		n.replicateLocked(args)
 	}
 	d, lost, dropped := c.sendReply(reply)
 	if lost && n.w.opts.Log {
@@ -240,15 +292,23 @@ func (n *Node) resume() {
 }
 
 // crash stops the server process: every connection is cut, queued
-// requests are lost, dials are refused until restart.
+// requests are lost, dials are refused until restart. A node already down
+// stays as it is (two restart faults can overlap: the second one's crash
+// must not record the dead process's data as what a durable restart
+// brings back; failover seed 11836 lost a fence counter that way).
 func (n *Node) crash() {
 	n.mu.Lock()
+	if n.down {
+		n.mu.Unlock()
+		return
+	}
 	cs := make([]*conn, 0, len(n.conns))
 	for c := range n.conns {
 		cs = append(cs, c)
 	}
 	n.conns = map[*conn]struct{}{}
 	n.queue = nil
+	n.waiters, n.blocked = nil, nil
 	n.paused = false
 	n.down = true
 	old := n.m
@@ -262,10 +322,15 @@ func (n *Node) crash() {
 
 // restart starts a new server process. With keep, the data survives (a
 // durable node); with fromSnapshot, the node comes back with its last
-// snapshot (older keys only); otherwise it comes back empty.
-func (n *Node) restart(keep, fromSnapshot bool) {
+// snapshot (older keys only); otherwise it comes back empty. A node that
+// is up (an overlapping restart fault already brought it back) is left
+// alone; restart reports whether it restarted.
+func (n *Node) restart(keep, fromSnapshot bool) bool {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	if !n.down {
+		return false
+	}
 	var data []snapKey
 	switch {
 	case keep:
@@ -276,6 +341,7 @@ func (n *Node) restart(keep, fromSnapshot bool) {
 	n.start()
 	n.down = false
 	restore(n.m, data, n.clockLocked())
+	return true
 }
 
 // takeSnapshot records the node's keys, as an RDB save would.

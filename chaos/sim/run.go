@@ -32,6 +32,7 @@ type Result struct {
 	Elapsed    time.Duration // virtual time the run took
 	WorkEnd    time.Duration // virtual time the workload ended
 	Watch      WatchStats    // watchdog-mixed: badkey, healthy and errnode figures
+	Failover   FailoverStats // failover: the watcher's figures
 }
 
 // maxRun bounds a run in virtual time: a workload still going after it is
@@ -99,6 +100,10 @@ func Run(sc Scenario, seed uint64, opts Options) *Result {
 			clients.Go(func() { w.barrierClient(ci, r) })
 			continue
 		}
+		if sc.Strategy == Failover {
+			clients.Go(func() { w.failoverClient(ci, r) })
+			continue
+		}
 		if sc.Watchdog {
 			clients.Go(func() { w.doClient(ci, lockers[ci]) })
 			continue
@@ -145,6 +150,8 @@ func Run(sc Scenario, seed uint64, opts Options) *Result {
 	vs = append(vs, w.hist.check(sc.fenced())...)
 	wvs, wst := w.checkWatch()
 	vs = append(vs, wvs...)
+	fvs, fst := w.checkFailover()
+	vs = append(vs, fvs...)
 	res := &Result{
 		Seed:       seed,
 		Scenario:   sc.Name,
@@ -160,6 +167,7 @@ func Run(sc Scenario, seed uint64, opts Options) *Result {
 		Elapsed:    time.Since(start),
 		WorkEnd:    workEnd,
 		Watch:      wst,
+		Failover:   fst,
 	}
 	res.Verdict = grade(res.Violations, w.faults)
 	return res
@@ -171,6 +179,11 @@ func newWorld(sc Scenario, seed uint64, opts Options) *World {
 	start := time.Now()
 	w := &World{seed: seed, sc: sc, opts: opts, start: start, hist: newHistory(start, opts.Log), net: newSched()}
 	w.faults = makeSchedule(seed, &sc, sc.horizon())
+	if sc.Strategy == Failover {
+		w.watchers = map[int]watchInfo{}
+		w.setupFailover()
+		return w
+	}
 	for i := range sc.allNodes() {
 		n := newNode(w, i, "node"+strconv.Itoa(i))
 		if sc.Cluster && i >= sc.clusterBase() {

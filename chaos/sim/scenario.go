@@ -18,11 +18,14 @@ const (
 type Scenario struct {
 	Name     string
 	Strategy string // Quorum, Single or Failover
-	Nodes    int    // quorum: lock nodes; single, failover: 1 (failover adds a replica)
-	Clients  int    // workload clients, each with its own go-redis clients and Locker
-	Keys     int    // lock keys they contend for
-	Ops      int    // operations per client (bounded loop)
-	TTL      [2]time.Duration
+	Nodes    int    // quorum: lock nodes; single: 1; failover: 2 (a primary and its replica)
+	// Sentinels: failover only, the emulated Sentinels (nodes after the
+	// primary and replica).
+	Sentinels int
+	Clients   int // workload clients, each with its own go-redis clients and Locker
+	Keys      int // lock keys they contend for
+	Ops       int // operations per client (bounded loop)
+	TTL       [2]time.Duration
 
 	Fencing        bool          // quorum.WithFencing (single and failover fence by default)
 	DelayedRestart time.Duration // quorum.WithDelayedRestart(maxTTL); 0: off
@@ -100,6 +103,16 @@ var Scenarios = []Scenario{
 	// holds extended mostly past the max TTL, the key contended throughout.
 	{Name: "quorum3-pastmax", Strategy: Quorum, Nodes: 3, Clients: 3, Keys: 1, Ops: 120, TTL: [2]time.Duration{40 * time.Millisecond, 100 * time.Millisecond}, DelayedRestart: 100 * time.Millisecond, HoldSteps: 12, Faults: true, Horizon: 300 * time.Millisecond,
 		Schedule: pastMaxSchedule, Client: (*World).pastMaxClient},
+	// failover: the failover strategy on a primary with one replica (WAIT
+	// 1 after every grant) behind three emulated Sentinels, clients on
+	// redis.NewFailoverClient each with a failover.Watch over every
+	// Sentinel; half run Lock/TryLock/Extend/Release, half Locker.Do kept
+	// by a renew.Watchdog, on the same keys. One failover per run (the
+	// primary killed or not, the promoted replica maybe stale), around it
+	// replication-link faults, Sentinels hung, down or lossy, and the
+	// clients' links to the data nodes slow, lossy, cut or paused.
+	{Name: "failover", Strategy: Failover, Nodes: 2, Sentinels: 3, Clients: 4, Keys: 2, Ops: 4, TTL: [2]time.Duration{60 * time.Millisecond, 300 * time.Millisecond},
+		Kinds: []string{FaultDelay, FaultLoss, FaultCut, FaultPause, FaultRestart}, RestartModes: []string{"empty", "durable"}, Faults: true, Horizon: 900 * time.Millisecond},
 }
 
 // ScenarioByName returns the scenario called name, if any.
@@ -121,13 +134,20 @@ func (sc *Scenario) allNodes() int {
 	if sc.Cluster {
 		return sc.Nodes + 1 + ClusterMasters
 	}
+	if sc.Strategy == Failover {
+		return sc.Nodes + sc.Sentinels
+	}
 	return sc.faultNodes()
 }
 
 // faultNodes is how many nodes makeSchedule draws its general faults on:
-// every node but the Cluster's, whose faults are drawn apart (so the
-// seeds drawn before the Cluster existed keep their other faults).
+// every node but the Cluster's and the Sentinels', whose faults are drawn
+// apart (so the seeds drawn before the Cluster existed keep their other
+// faults).
 func (sc *Scenario) faultNodes() int {
+	if sc.Strategy == Failover {
+		return sc.Nodes // the Sentinels' faults are drawn apart
+	}
 	if sc.Watchdog {
 		return sc.Nodes + 1
 	}

@@ -187,6 +187,14 @@ func makeSchedule(seed uint64, sc *Scenario, horizon time.Duration) []Fault {
 	if sc.Cluster {
 		fs = append(fs, clusterFaults(r, sc, horizon)...)
 	}
+	if sc.Strategy == Failover {
+		ff := makeFailoverFaults(r, sc, horizon)
+		// A restart close to the failover would make a second one of it.
+		fs = slices.DeleteFunc(fs, func(f Fault) bool {
+			return f.Kind == FaultRestart && f.At+f.For > ff[0].At-150*time.Millisecond && f.At < ff[0].At+ff[0].Amount+ff[0].For+100*time.Millisecond
+		})
+		fs = append(fs, ff...)
+	}
 	slices.SortStableFunc(fs, func(a, b Fault) int { return int(a.At - b.At) })
 	return fs
 }

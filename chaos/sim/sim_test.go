@@ -223,6 +223,7 @@ var (
 	faultsBy    = map[string]int{}
 	lateBy      = map[string]int{} // faults scheduled after the workload ended
 	watchBy     = map[string]*WatchStats{}
+	failoverBy  = map[string]*FailoverStats{}
 )
 
 func tally(res *Result) {
@@ -239,6 +240,12 @@ func tally(res *Result) {
 		}
 	}
 	verdictsBy[res.Scenario+" "+res.Verdict]++
+	if res.Failover != (FailoverStats{}) {
+		if failoverBy[res.Scenario] == nil {
+			failoverBy[res.Scenario] = &FailoverStats{}
+		}
+		failoverBy[res.Scenario].add(res.Failover)
+	}
 	if res.Watch != (WatchStats{}) {
 		if watchBy[res.Scenario] == nil {
 			watchBy[res.Scenario] = &WatchStats{}
@@ -282,6 +289,11 @@ func tallyReport() string {
 			k, s.LostFew, s.LostMsg, s.LostBefore, s.LostGrant, s.LostGrantSpiked, s.LostTTL, s.LostTTLSpiked, s.Protected, s.Healthy, s.ProtectedLost)
 		fmt.Fprintf(&b, "  %s watchdog: healthy holds %d, lost %d; bystanders of badkey/errnode %d, lost %d; token replaced on a quorum %d (lost while fn ran %d, WRONGTYPE named %d), on a minority only %d (lost %d); renewals answered by errnode %d, at most %d per lock per node per virtual second, closest %.2f retry delays apart; at most %d script calls per erroring node per virtual second; %d commands refused by a Cluster master as another's\n",
 			k, s.Healthy, s.HealthyLost, s.Bystander, s.BystanderLost, s.BadHeld, s.BadLost, s.BadWrongType, s.BadMinority, s.BadMinorityLost, s.ErrRenews, s.MaxLockPerSec, s.MinGapRatio, s.MaxNodePerSec, s.Moved)
+	}
+	for _, k := range slices.Sorted(maps.Keys(failoverBy)) {
+		s := failoverBy[k]
+		fmt.Fprintf(&b, "  %s watcher: failovers %d (no healthy Sentinel for the bound: %d); holds granted by the old primary %d, still believed when a healthy Sentinel switched %d, the latest ended %v after it\n",
+			k, s.Failovers, s.Unwatched, s.OldHolds, s.Revoked, s.MaxLate.Round(time.Microsecond))
 	}
 	b.WriteString("seeds per fault kind:\n")
 	for _, k := range slices.Sorted(maps.Keys(faultSeeds)) {

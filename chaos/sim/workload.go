@@ -46,7 +46,7 @@ func (w *World) lockClient(ci int, locker *redlease.Locker, r *rand.Rand) {
 
 // hold runs one grant to its end and records its belief interval.
 func (w *World) hold(ci, seq int, key, via string, ttl time.Duration, lk *redlease.Lock, r *rand.Rand) {
-	hd := &Hold{Client: ci, Seq: seq, Key: key, Via: via, Fence: lk.Fence(), From: w.hist.now(), LostAt: -1, RelSent: -1}
+	hd := &Hold{Client: ci, Seq: seq, Key: key, Via: via, Fence: lk.Fence(), From: w.hist.now(), LostAt: -1, RelSent: -1, Token: lk.Token()}
 	w.hist.logf("c%d#%d %s %s ttl=%v granted fence=%d until=+%.3fms", ci, seq, via, key, ttl, lk.Fence(), msf(time.Until(lk.Until())))
 	if !w.opts.LostFirst {
 		// Work around a library bug (see the package doc, "Findings"):

@@ -49,6 +49,9 @@ type World struct {
 	renewals map[string][]*renewMsg
 	links    map[[2]int][]linkMsg // (client, node) → every message between them, in send order
 	pending  map[pendingRenewal]*renewMsg
+	grants   map[string]int // failover: acquisition token → the node that granted it
+	watchers map[int]watchInfo
+	closing  map[int]bool // failover: clients whose Watcher is closing (see failoverClient)
 }
 
 // badHit is one node on which a badkey fault replaced a lock's token.
@@ -118,7 +121,7 @@ func (w *World) fate(c *conn, toNode bool, i uint64, now time.Time) (time.Durati
 	if u(1) < 0.02 { // a spike: a reply can arrive after the next attempt started
 		delay += time.Duration(u(2) * float64(maxSpike))
 	}
-	if u(3) < 0.002 {
+	if u(3) < 0.002 && c.node.sent == nil { // Sentinels lose messages only under their own faults
 		return 0, true
 	}
 	at := now.Sub(w.start)
@@ -131,7 +134,7 @@ func (w *World) fate(c *conn, toNode bool, i uint64, now time.Time) (time.Durati
 			if f.Node == c.node.id {
 				delay += time.Duration(u(4) * float64(f.Amount))
 			}
-		case FaultLoss:
+		case FaultLoss, FaultSentinelLossy:
 			if f.Node == c.node.id && u(5) < f.Prob {
 				return 0, true
 			}
@@ -231,6 +234,10 @@ func (w *World) actions() []action {
 	r := rand.New(rand.NewPCG(w.seed, 0xac7))
 	for _, f := range w.faults {
 		f := f
+		if fa := w.failoverActions(f); fa != nil {
+			as = append(as, fa...)
+			continue
+		}
 		switch f.Kind {
 		case FaultCut:
 			as = append(as, action{f.At, f.String(), func() { w.cut(f.Node, f.Client) }})
@@ -244,7 +251,11 @@ func (w *World) actions() []action {
 				as = append(as, action{f.At - back, fmt.Sprintf("snapshot node=%d", f.Node), n.takeSnapshot})
 			}
 			as = append(as, action{f.At, f.String(), n.crash},
-				action{f.At + f.For, fmt.Sprintf("up node=%d (%s)", f.Node, f.Mode), func() { n.restart(f.Mode == "durable", f.Mode == "snapshot") }})
+				action{f.At + f.For, fmt.Sprintf("up node=%d (%s)", f.Node, f.Mode), func() {
+					if n.restart(f.Mode == "durable", f.Mode == "snapshot") {
+						n.rejoin()
+					}
+				}})
 		case FaultBlink:
 			n := w.nodes[f.Node]
 			as = append(as, action{f.At, f.String(), n.crash},

@@ -1,0 +1,470 @@
+package sim
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
+
+	"github.com/redlease/redlease"
+	"github.com/redlease/redlease/failover"
+	"github.com/redlease/redlease/internal/script"
+	"github.com/redlease/redlease/renew"
+)
+
+// Fault kinds of the failover scenario.
+const (
+	// FaultFailover: Sentinel promotes the replica. Mode "crash": the
+	// primary is killed at At, promoted after Amount (down-after), and
+	// comes back empty For after the promotion as a replica of the new
+	// primary; "switch": the primary is not killed (promoted at once,
+	// demoted to a replica For later; meanwhile it serves, and WAIT there
+	// answers 0). "+stale": the promoted replica is one that lost its
+	// last 20-200 ms of replication (acknowledged writes lost): OUTSIDE.
+	FaultFailover = "failover"
+	FaultReplSlow = "repl-slow" // the replication link slows
+	FaultReplHole = "repl-hole" // the replication link holds everything (both ways) until it ends
+	FaultReplCut  = "repl-cut"  // the replication link is cut: in flight lost, resync after For
+	// FaultSentinelHung: a Sentinel accepts connections and commands and
+	// never answers (a paused process), until the run ends.
+	FaultSentinelHung  = "sentinel-hung"
+	FaultSentinelDown  = "sentinel-down"  // a Sentinel is down (refuses connections) for For
+	FaultSentinelLossy = "sentinel-lossy" // a Sentinel's links lose messages with Prob for For
+)
+
+// failoverNodes: the primary, its replica, then the Sentinels.
+const (
+	fPrimary   = 0
+	fReplica   = 1
+	fSentinel0 = 2
+)
+
+// failoverName is node i's address in the failover scenario.
+func failoverName(i int) string {
+	if i < fSentinel0 {
+		return net.JoinHostPort("127.0.0.1", strconv.Itoa(6379+i))
+	}
+	return net.JoinHostPort("127.0.0.1", strconv.Itoa(26379+i-fSentinel0))
+}
+
+// setupFailover makes the primary, its replica and the Sentinels.
+func (w *World) setupFailover() {
+	for i := range w.sc.Nodes {
+		w.nodes = append(w.nodes, newNode(w, i, failoverName(i)))
+	}
+	for i := range w.sc.Sentinels {
+		id := w.sc.Nodes + i
+		w.nodes = append(w.nodes, newSentinel(w, id, failoverName(id), failoverName(fPrimary), failoverName(fReplica)))
+	}
+	w.nodes[fReplica].follow(w.nodes[fPrimary])
+	w.grants = map[string]int{}
+	w.closing = map[int]bool{}
+}
+
+// byName finds a node by address.
+func (w *World) byName(addr string) *Node {
+	for _, n := range w.nodes {
+		if n.name == addr {
+			return n
+		}
+	}
+	return nil
+}
+
+// dialer is client ci's Dialer: it reaches nodes and Sentinels by address.
+func (w *World) dialer(ci int) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	return func(_ context.Context, _, addr string) (net.Conn, error) {
+		n := w.byName(addr)
+		if n == nil {
+			return nil, fmt.Errorf("dial %s: no such simulated host", addr)
+		}
+		c, err := n.dial(ci)
+		w.mu.Lock()
+		closing := w.closing[ci]
+		w.mu.Unlock()
+		if err == nil && closing {
+			c.cut() // see failoverClient's closer
+		}
+		return c, err
+	}
+}
+
+// primaryDialer dials the primary as Sentinel prefer names it (or, while
+// that one is down or hung, the next one that is up), read from the
+// Sentinel's state without a round trip. It stands in for
+// redis.NewFailoverClient, which holds a sync.Once and its mutex across
+// its network calls to the Sentinels: a goroutine waiting on them is not
+// durably blocked, so the bubble's clock stops and the run hangs (seen on
+// the first seed). What the failover client does on +switch-master,
+// closing its connections to the old primary, the simulator does when the
+// old primary is demoted (failoverActions).
+func (w *World) primaryDialer(ci, prefer int) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	return func(_ context.Context, _, _ string) (net.Conn, error) {
+		k := w.sc.Sentinels
+		for i := range k {
+			sn := w.nodes[fSentinel0+(prefer+i)%k]
+			sn.mu.Lock()
+			ok, addr := !sn.down && !sn.paused, sn.sent.addr
+			sn.mu.Unlock()
+			if !ok {
+				continue
+			}
+			n := w.byName(addr)
+			if n == nil {
+				return nil, fmt.Errorf("dial %s: no such simulated host", addr)
+			}
+			return n.dial(ci)
+		}
+		return nil, fmt.Errorf("dial %s: no Sentinel answered", masterName)
+	}
+}
+
+func (w *World) sentinelAddrs() []string {
+	var as []string
+	for _, n := range w.nodes {
+		if n.sent != nil {
+			as = append(as, n.name)
+		}
+	}
+	return as
+}
+
+// noteGrant records which node granted an acquisition (by token): the
+// watcher invariant checks the old primary's grants. Called with n.mu held.
+func (w *World) noteGrant(n *Node, args []string, reply []byte) {
+	if len(args) < 7 || n.sent != nil || len(reply) < 3 || reply[0] != ':' || reply[1] == '-' {
+		return
+	}
+	cmd := strings.ToUpper(args[0])
+	if !(cmd == "EVALSHA" && args[1] == script.Acquire.Hash()) && !(cmd == "EVAL" && sha1hex(args[1]) == script.Acquire.Hash()) {
+		return
+	}
+	// The last node to grant a token is the one whose reply the client
+	// took: go-redis retries a pipeline whose reply a cut connection lost
+	// on a new connection, which may reach the new primary (failover seed
+	// 2393: granted by the old primary, WAIT 0, cut at the demotion,
+	// granted again by the new one).
+	w.mu.Lock()
+	w.grants[args[6]] = n.id
+	w.mu.Unlock()
+}
+
+// watchInfo is one client's Watcher, for the watcher invariant.
+type watchInfo struct {
+	poll time.Duration
+}
+
+// failoverClient is one failover workload client: a go-redis client to
+// the primary (its Dialer dials the primary as a Sentinel names it, see
+// primaryDialer), the failover strategy on it, a Watcher over every
+// Sentinel, and then either the lockClient workload (even clients) or the
+// doClient workload with a renew.Watchdog (odd).
+func (w *World) failoverClient(ci int, r *rand.Rand) {
+	ct := r.IntN(2) == 0
+	prefer := r.IntN(w.sc.Sentinels)
+	fc := redis.NewClient(&redis.Options{
+		Addr:                     masterName,
+		Dialer:                   w.primaryDialer(ci, prefer),
+		ContextTimeoutEnabled:    ct,
+		DisableIdentity:          true,
+		Protocol:                 2,
+		ReadBufferSize:           1024,
+		WriteBufferSize:          1024,
+		PipelineReadBufferSize:   1024,
+		PipelineWriteBufferSize:  1024,
+		PoolSize:                 64,
+		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
+	})
+	w.mu.Lock()
+	w.clients = append(w.clients, fc)
+	w.mu.Unlock()
+	s := failover.New(fc)
+	var scs []*redis.SentinelClient
+	for _, a := range w.sentinelAddrs() {
+		scs = append(scs, redis.NewSentinelClient(&redis.Options{
+			Addr: a, Dialer: w.dialer(ci), ContextTimeoutEnabled: true, DisableIdentity: true, Protocol: 2,
+			ReadBufferSize: 1024, WriteBufferSize: 1024, PoolSize: 64,
+			MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
+		}))
+	}
+	closeSentinels := func() {
+		for _, sc := range scs {
+			_ = sc.Close()
+		}
+	}
+	poll := []time.Duration{100 * time.Millisecond, 150 * time.Millisecond, 250 * time.Millisecond}[r.IntN(3)]
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	wt, err := failover.Watch(ctx, s, masterName, poll, scs...)
+	cancel()
+	if err != nil {
+		w.onClose(closeSentinels)
+		w.hist.failed()
+		w.hist.logf("c%d failover.Watch: %v", ci, short(err))
+		return
+	}
+	w.onClose(func() {
+		// go-redis's PubSub.Close takes the mutex its Subscribe holds
+		// while it waits for the Sentinel's HELLO reply: a goroutine
+		// waiting on a mutex is not durably blocked, so the bubble's clock
+		// would stop with the reply still to be delivered (seed 33 hung).
+		// Cut this client's Sentinel connections first (no virtual time
+		// passes), and hand its Watcher only dead connections from now on
+		// (go-redis's PubSub reconnects under that mutex; a refused dial
+		// would retry after a sleep): the read returns at once, the
+		// reconnection fails at once, and the mutex is free.
+		w.mu.Lock()
+		w.closing[ci] = true
+		w.mu.Unlock()
+		for i := range w.sc.Sentinels {
+			w.cut(fSentinel0+i, ci)
+		}
+		_ = wt.Close()
+		closeSentinels()
+	})
+	w.mu.Lock()
+	w.watchers[ci] = watchInfo{poll: poll}
+	w.mu.Unlock()
+	w.hist.logf("c%d watching %s at %s, poll %v", ci, masterName, wt.Primary(), poll)
+	if ci%2 == 0 {
+		w.lockClient(ci, redlease.New(s, redlease.WithPolling()), r)
+		return
+	}
+	wd, err := renew.New()
+	if err != nil {
+		panic(fmt.Sprintf("sim: renew.New: %v", err)) // a bug in the scenario table
+	}
+	w.onClose(wd.Stop)
+	w.doClient(ci, []doLocker{{name: "k", locker: redlease.New(s, redlease.WithKeeper(wd), redlease.WithPolling())}})
+}
+
+// makeFailoverFaults draws the failover scenario's own faults: one
+// failover, replication-link faults around it, and Sentinel faults (at
+// most one Sentinel hung, one down and one lossy, never all of them).
+func makeFailoverFaults(r *rand.Rand, sc *Scenario, horizon time.Duration) []Fault {
+	var fs []Fault
+	at := 60*time.Millisecond + time.Duration(r.Int64N(int64(horizon*3/4)))
+	f := Fault{At: at, Kind: FaultFailover, Node: fPrimary, Client: -1}
+	if r.IntN(2) == 0 {
+		f.Mode, f.Amount, f.For = "crash", ms(r, 30, 80), ms(r, 50, 300)
+	} else {
+		f.Mode, f.For = "switch", ms(r, 0, 100)
+	}
+	if r.IntN(8) == 0 {
+		f.Mode += "+stale"
+		f.Outside, f.Why = true, "the promoted replica lost writes it had acknowledged"
+	}
+	fs = append(fs, f)
+	for range r.IntN(3) {
+		g := Fault{At: max(0, at-ms(r, 0, 300)), Node: fPrimary, Client: -1}
+		switch r.IntN(3) {
+		case 0:
+			g.Kind, g.For, g.Amount = FaultReplSlow, ms(r, 20, 300), ms(r, 5, 150)
+		case 1:
+			g.Kind, g.For = FaultReplHole, ms(r, 20, 300)
+		default:
+			g.Kind, g.For = FaultReplCut, ms(r, 5, 200)
+		}
+		fs = append(fs, g)
+	}
+	k := sc.Sentinels
+	perm := r.Perm(k)
+	used := 0
+	if r.IntN(2) == 0 && used < k-1 { // the issue-12 case
+		fs = append(fs, Fault{At: ms(r, 20, int(at/time.Millisecond)+20), Kind: FaultSentinelHung, Node: fSentinel0 + perm[used], Client: -1})
+		used++
+	}
+	if r.IntN(4) == 0 && used < k-1 {
+		fs = append(fs, Fault{At: max(0, at-ms(r, 0, 200)), Kind: FaultSentinelDown, Node: fSentinel0 + perm[used], Client: -1, For: ms(r, 20, 400)})
+		used++
+	}
+	if r.IntN(4) == 0 && used < k-1 {
+		fs = append(fs, Fault{At: max(0, at-ms(r, 0, 200)), Kind: FaultSentinelLossy, Node: fSentinel0 + perm[used], Client: -1, For: ms(r, 50, 400), Prob: 0.3 + 0.6*r.Float64()})
+	}
+	return fs
+}
+
+// failoverActions are the timed steps of the failover scenario's own
+// faults.
+func (w *World) failoverActions(f Fault) []action {
+	if w.sc.Strategy != Failover {
+		return nil
+	}
+	old, rep := w.nodes[fPrimary], w.nodes[fReplica]
+	switch f.Kind {
+	case FaultReplCut:
+		return []action{{f.At, f.String(), old.cutRepl}, {f.At + f.For, "repl-reconnect", old.resync}}
+	case FaultSentinelHung:
+		n := w.nodes[f.Node]
+		return []action{{f.At, f.String(), n.pause}}
+	case FaultSentinelDown:
+		n := w.nodes[f.Node]
+		return []action{{f.At, f.String(), n.crash}, {f.At + f.For, fmt.Sprintf("up sentinel node=%d", f.Node), n.sentinelUp}}
+	case FaultFailover:
+	default:
+		return nil
+	}
+	var as []action
+	promoteAt := f.At + f.Amount
+	crash := strings.HasPrefix(f.Mode, "crash")
+	if strings.HasSuffix(f.Mode, "+stale") {
+		back := time.Duration(20+mix(w.seed, 0x57a1e)%180) * time.Millisecond
+		as = append(as, action{max(0, promoteAt-back), fmt.Sprintf("snapshot replica (stale by %v)", back), rep.takeSnapshot})
+	}
+	if crash {
+		as = append(as, action{f.At, f.String(), old.crash})
+	}
+	as = append(as, action{promoteAt, "promote " + rep.name, func() {
+		if strings.HasSuffix(f.Mode, "+stale") {
+			rep.mu.Lock()
+			rep.m.SetTime(rep.clockLocked())
+			rep.m.FlushAll()
+			restore(rep.m, rep.snapshot, rep.clockLocked())
+			rep.mu.Unlock()
+		}
+		rep.promote()
+	}})
+	leader := int(mix(w.seed, 0x1ead) % uint64(w.sc.Sentinels))
+	for i := range w.sc.Sentinels {
+		sn := w.nodes[fSentinel0+i]
+		lag := sentinelLag(w.seed, (i-leader+w.sc.Sentinels)%w.sc.Sentinels)
+		as = append(as, action{promoteAt + lag, fmt.Sprintf("sentinel node=%d switches to %s", sn.id, rep.name), func() {
+			sn.switchMaster(sentinelSwitch{from: old.name, to: rep.name, replica: old.name, epoch: 2})
+		}})
+	}
+	as = append(as, action{promoteAt + f.For, "old primary " + old.name + " rejoins as a replica", func() {
+		if crash {
+			old.restart(false, false)
+		}
+		old.follow(rep)
+		if !crash {
+			w.cut(old.id, -1) // the clients' failover clients drop their connections to it
+		}
+	}})
+	return as
+}
+
+// promoteAt is when the failover f promotes the replica.
+func promoteAt(f Fault) time.Duration { return f.At + f.Amount }
+
+// switchAt is when Sentinel i (node id) adopts the new configuration.
+func (w *World) switchAt(f Fault, id int) time.Duration {
+	leader := int(mix(w.seed, 0x1ead) % uint64(w.sc.Sentinels))
+	i := id - fSentinel0
+	return promoteAt(f) + sentinelLag(w.seed, (i-leader+w.sc.Sentinels)%w.sc.Sentinels)
+}
+
+// FailoverStats are the failover scenario's figures of one run.
+type FailoverStats struct {
+	Failovers int // runs with a failover
+	Unwatched int // failovers with no Sentinel healthy enough for the watcher bound
+	OldHolds  int // holds granted by the old primary
+	// Revoked: of those, still believed held when a healthy Sentinel
+	// switched, and ended by the bound; MaxLate: the latest such end,
+	// after that Sentinel switched.
+	Revoked int
+	MaxLate time.Duration
+}
+
+func (s *FailoverStats) add(o FailoverStats) {
+	s.Failovers += o.Failovers
+	s.Unwatched += o.Unwatched
+	s.OldHolds += o.OldHolds
+	s.Revoked += o.Revoked
+	s.MaxLate = max(s.MaxLate, o.MaxLate)
+}
+
+// watchSlack covers a healthy Sentinel's answer delayed by the links'
+// 40 ms spikes (two round trips per question).
+const watchSlack = 100 * time.Millisecond
+
+// watchBound is how long after a healthy Sentinel adopts the new
+// configuration a Watcher polling every poll has revoked its locks: the
+// next poll starts within poll; a poll waits for its slowest Sentinel (a
+// hung one) until its ask timeout, min(poll, 1 s), before it acts; and a
+// healthy Sentinel still busy with the previous poll's question (its
+// answer late by a spike) is left out of one poll: one more poll. Plus
+// watchSlack.
+func watchBound(poll time.Duration) time.Duration {
+	return 2*poll + min(poll, time.Second) + watchSlack
+}
+
+// checkFailover checks the watcher invariant: after a failover whose new
+// configuration a healthy Sentinel (never hung, and neither down nor lossy
+// around its switch) adopted at S, every lock the old primary granted
+// stops claiming validity by max(S, its grant) + watchBound(poll) on its
+// client.
+func (w *World) checkFailover() ([]Violation, FailoverStats) {
+	var st FailoverStats
+	if w.sc.Strategy != Failover {
+		return nil, st
+	}
+	var ff *Fault
+	for i := range w.faults {
+		if w.faults[i].Kind == FaultFailover {
+			ff = &w.faults[i]
+		}
+	}
+	if ff == nil {
+		return nil, st
+	}
+	st.Failovers = 1
+	w.hist.mu.Lock()
+	holds := slices.Clone(w.hist.holds)
+	w.hist.mu.Unlock()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	maxBound := watchBound(250 * time.Millisecond)
+	first := time.Duration(-1)
+	for i := range w.sc.Sentinels {
+		id := fSentinel0 + i
+		s := w.switchAt(*ff, id)
+		ok := true
+		for _, f := range w.faults {
+			if f.Node != id {
+				continue
+			}
+			switch f.Kind {
+			case FaultSentinelHung:
+				ok = false
+			case FaultSentinelDown, FaultSentinelLossy:
+				if f.At < s+maxBound && f.At+f.For > s-maxBound {
+					ok = false
+				}
+			}
+		}
+		if ok && (first < 0 || s < first) {
+			first = s
+		}
+	}
+	if first < 0 {
+		st.Unwatched = 1
+		return nil, st
+	}
+	var vs []Violation
+	for _, hd := range holds {
+		node, ok := w.grants[hd.Token]
+		if !ok || node != fPrimary {
+			continue
+		}
+		st.OldHolds++
+		wi, ok := w.watchers[hd.Client]
+		if !ok || hd.To <= first {
+			continue
+		}
+		bound := max(first, hd.From) + watchBound(wi.poll)
+		st.Revoked++
+		st.MaxLate = max(st.MaxLate, hd.To-max(first, hd.From))
+		if hd.To > bound {
+			vs = append(vs, Violation{Inv: InvFailoverKept, At: bound, Detail: fmt.Sprintf("%s: granted by the old primary %s; a healthy Sentinel named %s at %.3fms, yet it was believed held until %.3fms (bound %.3fms: poll %v)",
+				hd, w.nodes[fPrimary].name, w.nodes[fReplica].name, msf(first), msf(hd.To), msf(bound), wi.poll)})
+		}
+	}
+	return vs, st
+}
