@@ -275,12 +275,18 @@ func TestMixedStrategiesWithSickNodes(t *testing.T) {
 	notLost := 0
 	var leads, afterFault []time.Duration // per lock: Until − loss, loss − fault
 	for _, m := range sick {
-		at, lost := m.group.lostAt(m.key)
 		closed := false
 		select {
 		case <-m.lk.Lost():
 			closed = true
 		default:
+		}
+		at, lost := m.group.lostAt(m.key)
+		// The Observer hears of a loss just after Lost closes (a slow
+		// Observer must not hold the notice back): give it a moment.
+		for end := time.Now().Add(time.Second); closed && !lost && time.Now().Before(end); {
+			time.Sleep(time.Millisecond)
+			at, lost = m.group.lostAt(m.key)
 		}
 		if !lost || !closed {
 			notLost++
