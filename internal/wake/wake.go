@@ -246,6 +246,7 @@ func (s *Set) Close() {
 	for sub := range s.subs {
 		sub.removeLocked()
 		signal(sub.notify)
+		signal(sub.progress) // a Watch still waiting for confirmations returns
 	}
 	var wait []chan struct{}
 	for _, k := range s.keys {
