@@ -75,9 +75,11 @@ type hub struct {
 	key   any
 	ps    *redis.PubSub
 	chans map[string]*entry
-	// pending are the channels of SUBSCRIBEs sent whose reply has not come,
-	// in order, so that an error reply (NOPERM) is charged to its channel.
-	pending []string
+	// pending are the SUBSCRIBE commands sent whose replies have not all
+	// come, in order, each with its channels in order: the server confirms
+	// each channel of a command, but refuses the whole command with one
+	// error reply (NOPERM), which is charged to every channel of it.
+	pending [][]string
 	// unsubs counts UNSUBSCRIBEs sent whose reply has not come: a
 	// "subscribe" reply for such a channel is an older one, and the
 	// channel will not be subscribed once the UNSUBSCRIBE lands.
@@ -244,6 +246,7 @@ func (s *Set) Close() {
 	for sub := range s.subs {
 		sub.removeLocked()
 		signal(sub.notify)
+		signal(sub.progress) // a Watch still waiting for confirmations returns
 	}
 	var wait []chan struct{}
 	for _, k := range s.keys {
@@ -331,7 +334,9 @@ func (h *hub) write() {
 				subs = append(subs, ch)
 			}
 		}
-		h.pending = append(h.pending, subs...)
+		if len(subs) > 0 {
+			h.pending = append(h.pending, subs)
+		}
 		idle := len(h.chans) == 0
 		if idle && expire {
 			h.stopping = true
@@ -395,12 +400,15 @@ func (h *hub) read() {
 			continue
 		case errors.As(err, &re):
 			// The server refused a SUBSCRIBE (NOPERM: the user may not
-			// use the channel): charged to the oldest one in flight.
+			// use one of its channels): charged to every channel of the
+			// oldest one in flight.
 			mu.Lock()
 			if len(h.pending) > 0 {
-				if e := h.chans[h.pending[0]]; e != nil && !e.confirmed {
-					e.err = err
-					e.progressLocked()
+				for _, ch := range h.pending[0] {
+					if e := h.chans[ch]; e != nil && !e.confirmed {
+						e.err = err
+						e.progressLocked()
+					}
 				}
 				h.pending = h.pending[1:]
 			}
@@ -435,8 +443,10 @@ func (h *hub) handleLocked(msg any) {
 	case *redis.Subscription:
 		switch m.Kind {
 		case "subscribe":
-			if len(h.pending) > 0 && h.pending[0] == m.Channel {
-				h.pending = h.pending[1:]
+			if len(h.pending) > 0 && h.pending[0][0] == m.Channel {
+				if h.pending[0] = h.pending[0][1:]; len(h.pending[0]) == 0 {
+					h.pending = h.pending[1:]
+				}
 			}
 			if h.unsubs[m.Channel] > 0 {
 				return // an UNSUBSCRIBE sent after it is still on its way
