@@ -83,6 +83,31 @@ func TestLeastPrivilegeUserRunsEverything(t *testing.T) {
 	take("single", single.New(c))
 	take("failover", failover.New(c))
 
+	// A waiter, as this user: it subscribes to the key's wake channel and
+	// the release publishes on it (both need the file's channel rights),
+	// so it gets the lock at once rather than at its backoff (5–10 s).
+	wl := redlease.New(single.New(c), redlease.WithPrefix("lock:"), redlease.WithTTL(10*time.Second))
+	holder, err := wl.TryLock(ctx, "waited")
+	require.NoError(t, err)
+	got := make(chan error, 1)
+	go func() {
+		wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		defer cancel()
+		lk, err := wl.Lock(wctx, "waited", redlease.WithRetryDelay(5*time.Second, 10*time.Second))
+		if err == nil {
+			err = lk.Release(ctx)
+		}
+		got <- err
+	}()
+	require.Eventually(t, func() bool { // the waiter subscribed (after its first refusal)
+		n, err := admin.PubSubNumSub(ctx, "redlease:wake:{lock:waited}").Result()
+		return err == nil && n["redlease:wake:{lock:waited}"] > 0
+	}, 5*time.Second, 10*time.Millisecond, "the waiter subscribes to the key's wake channel")
+	released := time.Now()
+	require.NoError(t, holder.Release(ctx))
+	require.NoError(t, <-got)
+	assert.Less(t, time.Since(released), 2*time.Second, "the waiter was woken by the release, not by its 5–10 s backoff")
+
 	nodes := redistest.StartN(t, 3, redistest.Config{})
 	var clients []redis.UniversalClient
 	for _, n := range nodes {
