@@ -122,6 +122,7 @@ func (l *Locker) retry(ctx context.Context, c lockConfig, key string) (*Lock, er
 	var (
 		timer   *time.Timer
 		notices <-chan struct{} // nil: not subscribed, never ready
+		refused error           // the last attempt the nodes decided: "held"
 	)
 	base := newToken()
 	for attempt := 1; ; attempt++ {
@@ -136,7 +137,16 @@ func (l *Locker) retry(ctx context.Context, c lockConfig, key string) (*Lock, er
 			return lk, err
 		}
 		if ctx.Err() != nil {
+			if refused != nil && errors.Is(err, ErrUnavailable) {
+				// The wait ended while this attempt was on its way: its
+				// "unavailable" is the caller's deadline, not a node's
+				// failure. The nodes' last answer stands: held.
+				err = refused
+			}
 			return nil, withCause(err, context.Cause(ctx))
+		}
+		if !errors.Is(err, ErrUnavailable) {
+			refused = err
 		}
 		if c.maxAttempts > 0 && attempt >= c.maxAttempts {
 			return nil, err
