@@ -162,8 +162,9 @@
 //     another key or node. Healthy does not promise survival: random
 //     loss and spikes hit every lock. Protected (health.go) does: a
 //     quorum of the nodes that held its token at the grant were not
-//     faulted and lost no message to or from its client from 12 s
-//     before the grant (the longest a go-redis call without
+//     faulted and lost no message to or from its client (nor had its
+//     connections to them cut: the pooled dead connection costs go-redis's
+//     retry backoff at its next use) from 12 s before the grant (the longest a go-redis call without
 //     ContextTimeoutEnabled waits on a lost message, retries included)
 //     until fn returned, and every renewal window (send to Deadline) was
 //     long enough for three round trips (HELLO of a new connection,

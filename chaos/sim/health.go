@@ -188,6 +188,18 @@ func (w *World) healthClass(hd *Hold, nodes []int, q int, faulted map[int]bool) 
 				before = before || m.at < hd.From
 			}
 		}
+		// A cut of the client's connections to the node, even before the
+		// grant, leaves a dead connection in go-redis's pool: its next use
+		// fails and go-redis retries after its retry backoff (10 ms to 1 s),
+		// longer than a short renewal window (watchdog-mixed seed 133355:
+		// a cut 59 ms before the grant, 6.6 ms of window). Counted like a
+		// lost message.
+		for _, f := range w.faults {
+			if f.Kind == FaultCut && f.Node == i && (f.Client < 0 || f.Client == hd.Client) && f.At >= hd.From-callLinger && f.At < hd.End {
+				lossy = true
+				before = before || f.At < hd.From
+			}
+		}
 		if lossy {
 			lostBefore = lostBefore || before
 			continue
