@@ -52,7 +52,7 @@
 //   - Scenarios (Scenarios, rotated by seed): quorum5-fenced,
 //     quorum5-restart (fences and the delayed-restart rule),
 //     quorum3-plain (no fences), quorum3-restart (the rule),
-//     quorum3-extend (the rule with long holds, half the extensions past
+//     quorum3-extend (the rule with long holds, every extension past
 //     its max TTL, restarts and loss: built for the bound of 8a56ae8),
 //     watchdog-mixed, barrier, single, quorum3-pastmax (aimed at the
 //     same bound, with its own schedule and client: pastmax.go) and
