@@ -32,6 +32,7 @@ var (
 // token, exactly one succeeds.
 type Tokens struct {
 	client redis.UniversalClient
+	bound  bool // client ignores contexts on its sockets: calls return at their ctx (internal/bounded)
 	prefix string
 }
 
@@ -53,7 +54,7 @@ func NewTokens(client redis.UniversalClient, prefix string) (*Tokens, error) {
 		return nil, redlease.Invalid("idempotency: token prefix %q: a scope would put token keys under %q, which is reserved for redlease's own keys",
 			prefix, redlease.ReservedPrefix)
 	}
-	return &Tokens{client: client, prefix: prefix}, nil
+	return &Tokens{client: client, bound: !bounded.HonorsContext(client), prefix: prefix}, nil
 }
 
 // Issue returns a new token for scope (a user, a form) valid for ttl (0:
@@ -70,7 +71,7 @@ func (t *Tokens) Issue(ctx context.Context, scope string, ttl time.Duration) (st
 	_, _ = rand.Read(b[:])
 	expiry := time.Now().Add(ttl).UnixMilli()
 	tok := base64.RawURLEncoding.EncodeToString(b[:]) + "." + strconv.FormatInt(expiry, 36)
-	_, err := bounded.Call(ctx, !bounded.HonorsContext(t.client), func(ctx context.Context) (string, error) {
+	_, err := bounded.Call(ctx, t.bound, func(ctx context.Context) (string, error) {
 		return t.client.Set(ctx, t.key(scope, tok), "1", ttl).Result()
 	}, nil)
 	if err != nil {
@@ -100,7 +101,7 @@ func (t *Tokens) Consume(ctx context.Context, scope, tok string) error {
 	remember := max(time.Until(expiry), time.Second)
 	// An abandoned call may still use the token up: its error says the
 	// call may still be applied.
-	n, err := bounded.Call(ctx, !bounded.HonorsContext(t.client), func(ctx context.Context) (int64, error) {
+	n, err := bounded.Call(ctx, t.bound, func(ctx context.Context) (int64, error) {
 		return consumeScript.Run(ctx, t.client, []string{t.key(scope, tok)}, remember.Milliseconds()).Int64()
 	}, nil)
 	switch {
