@@ -494,7 +494,9 @@ func (w *Engine[T]) callLocked(g *generation[T], ln *lane[T], now time.Time) *ca
 	if len(items) == 0 {
 		return nil
 	}
-	c.deadline = minTime(c.deadline, limit)
+	if limit.Before(c.deadline) {
+		c.deadline = limit
+	}
 	ln.calls++
 	w.running++
 	ctx, cancel := context.WithDeadline(g.ctx, c.deadline)
@@ -608,11 +610,4 @@ func (h *dueHeap[T]) Pop() any {
 	*h = old[:len(old)-1]
 	e.index = -1
 	return e
-}
-
-func minTime(a, b time.Time) time.Time {
-	if a.Before(b) {
-		return a
-	}
-	return b
 }
