@@ -24,20 +24,9 @@ import (
 // renewal, stuck on the same store, is doing. Otherwise a successor could
 // be granted the request while this handler still believes it runs alone.
 func TestHandlerIsToldOfALostLockWhileTheStoreHangs(t *testing.T) {
-	srv := redistest.Start(t, redistest.Config{})
-	c := redis.NewClient(&redis.Options{Addr: srv.Addr})
-	t.Cleanup(func() { _ = c.Close() })
+	srv, c := defaultClientStore(t)
 	const lease = 900 * time.Millisecond
 	b := barrier(t, c, idempotency.WithLease(lease), idempotency.WithRetention(time.Minute))
-
-	resumed := false
-	resume := func() {
-		if !resumed {
-			resumed = true
-			srv.Resume()
-		}
-	}
-	t.Cleanup(resume)
 
 	start := time.Now()
 	var told time.Time
@@ -49,10 +38,9 @@ func TestHandlerIsToldOfALostLockWhileTheStoreHangs(t *testing.T) {
 			told, cause = time.Now(), context.Cause(ctx)
 		case <-time.After(3 * lease):
 		}
-		resume()
+		srv.Resume()
 		return []byte("paid"), nil
 	})
-	resume()
 	require.False(t, told.IsZero(), "the handler was not told within 3 leases that its lock was lost")
 	assert.ErrorIs(t, cause, redlease.ErrLost)
 	assert.Less(t, told.Sub(start), lease,

@@ -14,19 +14,27 @@ import (
 	"github.com/redlease/redlease/internal/redistest"
 )
 
-// pausedStore starts a redis-server, pauses it (SIGSTOP; resumed at
-// cleanup) and returns a client on go-redis's default options: no
-// ContextTimeoutEnabled, so a call to it waits for the 3 s read timeout
-// and retries unless the library bounds it.
-func pausedStore(t *testing.T) *redis.Client {
+// defaultClientStore starts a redis-server and returns it with a client
+// on go-redis's default options: no ContextTimeoutEnabled, so a call to a
+// paused server waits for the 3 s read timeout and retries unless the
+// library bounds it. Cleanup resumes the server (SIGCONT; harmless if it
+// runs) and closes the client.
+func defaultClientStore(t *testing.T) (*redistest.Server, *redis.Client) {
 	t.Helper()
 	srv := redistest.Start(t, redistest.Config{})
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr})
-	srv.Pause()
 	t.Cleanup(func() {
 		srv.Resume()
 		_ = c.Close()
 	})
+	return srv, c
+}
+
+// pausedStore is defaultClientStore's client, its server paused (SIGSTOP).
+func pausedStore(t *testing.T) *redis.Client {
+	t.Helper()
+	srv, c := defaultClientStore(t)
+	srv.Pause()
 	return c
 }
 
