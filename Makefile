@@ -11,12 +11,16 @@ COUNT ?= 8
 BENCH ?= .
 BENCH_OUT ?= docs/bench
 BENCHTIME ?= 1s
-BENCH_GROUPS = Quorum Single Contention Watchdog Idempotency
+BENCH_GROUPS = Quorum Single Contention Watchdog Idempotency Handoff
 # One-node groups run pinned to one CPU (client and server alike): on a small VM a
 # cross-CPU wakeup costs more than the libraries differ, and where the scheduler
 # puts the two processes changes from run to run. Empty BENCH_PIN: no pinning.
 BENCH_ONE_NODE = Single|Idempotency
 BENCH_MULTI_NODE = Quorum|Contention|Watchdog
+# Handoff runs a fixed number of handoffs per round (each waits a random
+# 5–155 ms first), unpinned: a time-based benchtime gives too few for a p99.
+BENCH_HANDOFF = Handoff
+HANDOFFS ?= 40
 BENCH_PIN ?= taskset -c 0
 BENCHSTAT_VERSION ?= v0.0.0-20260908200009-22c9c6c9d4da
 BENCHSTAT ?= $(or $(shell $(GO) env GOBIN),$(shell $(GO) env GOPATH)/bin)/benchstat
@@ -62,15 +66,16 @@ bench: redis
 	{ echo "date: $$(date -u +%Y-%m-%dT%H:%MZ)"; echo "nproc: $$(nproc)"; \
 	  echo "cpu: $$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"; \
 	  echo "redis: $$(redis-server --version)"; echo "go: $$($(GO) version)"; \
-	  echo "count: $(COUNT) rounds, benchtime: $(BENCHTIME)"; \
+	  echo "count: $(COUNT) rounds, benchtime: $(BENCHTIME), handoffs: $(HANDOFFS) per round"; \
 	  echo "one-node groups ($(BENCH_ONE_NODE)) pinned with: $${pin:-nothing}"; } > $(BENCH_OUT)/machine.txt; \
 	cat $(BENCH_OUT)/machine.txt; \
 	run=("$$tmp/bench.test" -test.run '^$$' -test.bench '$(BENCH)' -test.benchmem -test.count 1 -test.benchtime $(BENCHTIME) -test.timeout 60m); \
 	: > $(BENCH_OUT)/raw.txt; start=$$(date +%s); \
 	for round in $$(seq 1 $(COUNT)); do \
 	  echo "== round $$round of $(COUNT)"; \
-	  "$${run[@]}" -test.skip '^Benchmark($(BENCH_ONE_NODE))$$' | tee -a $(BENCH_OUT)/raw.txt; \
-	  $$pin "$${run[@]}" -test.skip '^Benchmark($(BENCH_MULTI_NODE))$$' | tee -a $(BENCH_OUT)/raw.txt; \
+	  "$${run[@]}" -test.skip '^Benchmark($(BENCH_ONE_NODE)|$(BENCH_HANDOFF))$$' | tee -a $(BENCH_OUT)/raw.txt; \
+	  $$pin "$${run[@]}" -test.skip '^Benchmark($(BENCH_MULTI_NODE)|$(BENCH_HANDOFF))$$' | tee -a $(BENCH_OUT)/raw.txt; \
+	  "$${run[@]}" -test.skip '^Benchmark($(BENCH_ONE_NODE)|$(BENCH_MULTI_NODE))$$' -test.benchtime $(HANDOFFS)x | tee -a $(BENCH_OUT)/raw.txt; \
 	done; \
 	echo "benchmarks took $$(( $$(date +%s) - start )) s" | tee -a $(BENCH_OUT)/machine.txt; \
 	$(BENCHSTAT) $(BENCH_OUT)/raw.txt > $(BENCH_OUT)/benchstat.txt; \

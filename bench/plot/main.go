@@ -40,6 +40,7 @@ var groups = []group{
 	{"BenchmarkContention", "contention.svg", "Contention: 32 goroutines on 4 keys, 5 nodes (op = one grant)", []string{"ns/op", "allocs/op", "jain"}},
 	{"BenchmarkWatchdog", "watchdog.svg", "Watchdog tick: cost per renewed lock", []string{"ns/lock", "allocs/lock", "rtt/node/tick"}},
 	{"BenchmarkIdempotency", "idempotency.svg", "Idempotency barrier vs a raw SET NX GET floor, one node", []string{"ns/op", "allocs/op"}},
+	{"BenchmarkHandoff", "handoff.svg", "Handoff: holder's Release returns → the waiting Lock returns (default retry policies)", []string{"p50-handoff-ns", "p99-handoff-ns", "p50/bound"}},
 }
 
 // peerLibs are the libraries ratios are taken against; every other
@@ -185,8 +186,11 @@ func ours(lib string) bool { return strings.HasPrefix(lib, "redlease") && !peerL
 
 // timeMetric is the metric a group's ratios are taken on.
 func timeMetric(group string) (string, string) {
-	if group == "BenchmarkWatchdog" {
+	switch group {
+	case "BenchmarkWatchdog":
 		return "ns/lock", "allocs/lock"
+	case "BenchmarkHandoff":
+		return "p50-handoff-ns", "allocs/op"
 	}
 	return "ns/op", "allocs/op"
 }
@@ -235,7 +239,7 @@ func format(unit string, v float64) string {
 	if math.IsNaN(v) {
 		return "–"
 	}
-	if strings.HasPrefix(unit, "ns/") {
+	if strings.HasPrefix(unit, "ns/") || strings.HasSuffix(unit, "-ns") {
 		switch {
 		case v >= 1e9:
 			return fmt.Sprintf("%.2f s", v/1e9)
@@ -514,6 +518,12 @@ func metricTitle(m string) string {
 		return "round trips per node per tick"
 	case "jain":
 		return "fairness: Jain's index (1 = equal)"
+	case "p50-handoff-ns":
+		return "median handoff (lower is better)"
+	case "p99-handoff-ns":
+		return "99th percentile handoff"
+	case "p50/bound":
+		return "median ÷ (acquire + 2 round trips); ≤ 1 meets it"
 	}
 	return m
 }
