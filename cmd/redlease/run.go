@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -183,6 +184,7 @@ func runLocked(ctx context.Context, nf *nodeFlags, o runOpts, args []string) err
 	}
 	afterGroupStart()
 	res := supervise(g, lk, o, sigs)
+	res.flush()
 	if !res.gone {
 		// Do not release: a process of the group may still act. The key
 		// lapses at its TTL.
@@ -238,10 +240,43 @@ func acquire(ctx context.Context, locker *redlease.Locker, o runOpts, sigs <-cha
 
 // outcome is how the command's group ended.
 type outcome struct {
-	status int            // the leader's exit code (the command's status)
-	lost   bool           // the lock was lost meanwhile
-	sig    syscall.Signal // the first signal run got and passed on; 0: none
-	gone   bool           // no process of the group is left
+	status int             // the leader's exit code (the command's status)
+	lost   bool            // the lock was lost meanwhile
+	sig    syscall.Signal  // the first signal run got and passed on; 0: none
+	gone   bool            // no process of the group is left
+	said   <-chan struct{} // closed once the loss line is written; nil: none
+}
+
+// say writes line to stderr from a goroutine of its own, so that the
+// supervision loop never waits on stderr: a stderr nobody reads (a full
+// log pipe) would otherwise hold back the SIGKILL that keeps a group
+// ignoring SIGTERM from outliving the lock. The returned channel closes
+// when the write returned; a write that never returns ends with the
+// process (run waits for it at most sayWait, see outcome.flush).
+func say(line string) <-chan struct{} {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_, _ = io.WriteString(os.Stderr, line)
+	}()
+	return done
+}
+
+// sayWait bounds how long run waits for a line of say before it exits.
+const sayWait = time.Second
+
+// flush waits (at most sayWait) for the line supervise wrote, if any, so
+// that it is out before run exits.
+func (res outcome) flush() {
+	if res.said == nil {
+		return
+	}
+	t := time.NewTimer(sayWait)
+	defer t.Stop()
+	select {
+	case <-res.said:
+	case <-t.C:
+	}
 }
 
 // supervise waits until every process of the group is gone, stopping the
@@ -297,9 +332,7 @@ func supervise(g *group, lk *redlease.Lock, o runOpts, sigs <-chan os.Signal) ou
 				at = time.Now() // the key is gone or may be: someone else may hold it now
 			}
 			killBy(at)
-			// Said after the group was signalled: a stderr that blocks (a
-			// full pipe) must not hold the signal back.
-			fmt.Fprintf(os.Stderr, "redlease: lock %q lost (%v): stopping the command's process group\n", o.key, cause)
+			res.said = say(fmt.Sprintf("redlease: lock %q lost (%v): stopping the command's process group\n", o.key, cause))
 		case s := <-sigs:
 			sig := s.(syscall.Signal)
 			if res.sig == 0 {

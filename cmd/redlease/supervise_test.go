@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"errors"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -29,9 +30,15 @@ type proc struct {
 // it is still running.
 func startCLI(t *testing.T, env string, args ...string) *proc {
 	t.Helper()
+	return startCLIStderr(t, env, os.Stderr, args...)
+}
+
+// startCLIStderr is startCLI with the process's stderr on stderr.
+func startCLIStderr(t *testing.T, env string, stderr *os.File, args ...string) *proc {
+	t.Helper()
 	cmd := exec.Command(bin, args...)
 	cmd.Env = append(os.Environ(), env)
-	cmd.Stderr = os.Stderr
+	cmd.Stderr = stderr
 	out, err := cmd.StdoutPipe()
 	require.NoError(t, err)
 	require.NoError(t, cmd.Start())
@@ -171,6 +178,40 @@ func TestLossKillsTheWholeGroup(t *testing.T) {
 	assert.Equal(t, exitLost, first.wait(t, 20*time.Second), "first holder: lost")
 	n, gap := checkNoWriteAfter(t, file)
 	t.Logf("lock lost: %d writes by the first holder's group, none after the second holder started; the last %v before it", n, gap)
+}
+
+// The loss line goes to a stderr nobody reads (a log pipe that is full):
+// writing it must not hold back the SIGKILL of a group that ignores
+// SIGTERM. The command fills the pipe itself (70,000 bytes into a
+// 64 KiB pipe, from a background process of the group) before the loss.
+func TestLossKillsTheGroupWhileStderrIsBlocked(t *testing.T) {
+	servers := redistest.StartN(t, 3, redistest.Config{})
+	env := nodesEnv(servers)
+	file := filepath.Join(t.TempDir(), "writes")
+	r, w, err := os.Pipe()
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = r.Close(); _ = w.Close() })
+	const ttl = 2 * time.Second
+	fill := `(head -c 70000 /dev/zero >&2 &); ` + writerScript(file)
+	first := startCLIStderr(t, env, w, "run", "--key", "money", "--ttl", ttl.String(), "--", "sh", "-c", fill)
+	require.Equal(t, "started", first.line(t, 10*time.Second))
+	waitFor(t, 5*time.Second, "first writes", func() bool { fi, err := os.Stat(file); return err == nil && fi.Size() > 0 })
+
+	for _, s := range servers {
+		s.Pause()
+	}
+	paused := time.Now()
+	time.Sleep(ttl + 200*time.Millisecond - time.Since(paused))
+	for _, s := range servers {
+		s.Resume()
+	}
+	second := startCLI(t, env, "run", "--key", "money", "--wait", "10s", "--", "sh", "-c", secondHolder(file))
+	assert.Equal(t, 0, second.wait(t, 20*time.Second), "second holder")
+	n, gap := checkNoWriteAfter(t, file)
+	t.Logf("lock lost with stderr blocked: %d writes by the first holder's group, none after the second holder started; the last %v before it", n, gap)
+	// Unblock stderr so that run can finish.
+	go func() { _, _ = io.Copy(io.Discard, r) }()
+	assert.Equal(t, exitLost, first.wait(t, 20*time.Second), "first holder: lost")
 }
 
 // Must-show 1, again with run itself SIGKILLed: its group leader notices
