@@ -41,7 +41,14 @@ type Result struct {
 type Call struct {
 	Script *script.Script
 	Line   []any
-	Multi  bool // the script replies with an array of integers (Result.Vals)
+	// Build, if set (on an undo call), makes Line from Key and Token the
+	// first time the call is sent: most rounds never undo anything, and a
+	// command line costs allocations. It must not keep Key or Token past
+	// its return in anything but the line.
+	Build func(key string, token any) []any
+	Key   string
+	Token any
+	Multi bool // the script replies with an array of integers (Result.Vals)
 	// Skip, on an undo call, names replies that wrote nothing to undo (the
 	// key was someone else's), so no undo is sent for them.
 	Skip func(Result) bool
@@ -73,7 +80,8 @@ type Nodes struct {
 
 	mu sync.Mutex
 	// Granted rounds that still have requests in flight, so that a release
-	// can make a late write undo itself (see Keep and UndoLate).
+	// can follow a late write instead of racing it (see Keep and
+	// StartAfter).
 	inflight map[holder]*Round
 	// The deadline context of rounds starting in the current millisecond
 	// (see deadline).
@@ -100,6 +108,7 @@ type job struct {
 	round *Round
 	node  int
 	undo  bool
+	after bool // chained after another round's request (StartAfter): always sent
 }
 
 // queueLen is how many requests may wait for one node's workers. A burst
@@ -197,23 +206,26 @@ type Round struct {
 	pending atomic.Int32
 	arrived chan int // node indexes in the order their replies arrive
 
-	decision atomic.Int32    // 0 undecided, then keep, undo or lateUndo
-	slots    []atomic.Uint32 // per node: doneBit, then undoBit once claimed
+	decision atomic.Int32    // 0 undecided, then keep or undo
+	slots    []atomic.Uint32 // per node: doneBit, then undoBit once claimed; chainBit: next follows
+	next     *Round          // the round StartAfter chained to this one's requests in flight (set under ns.mu)
 	results  []Result        // per node, written before its index is sent on arrived
 	undone   chan int        // made by Decide(true): one entry per finished undo
-	tracked  *holder         // set (under ns.mu) while in ns.inflight
+	tracked  holder          // the key under which it is in ns.inflight
+	tracking bool            // in ns.inflight (under ns.mu)
+	undoOnce sync.Once       // builds undo.Line (Call.Build), once
 
 	inlineSlots   [maxInline]atomic.Uint32
 	inlineResults [maxInline]Result
 }
 
 const (
-	keep     = 1 // Keep: the acquisition succeeded
-	undo     = 2 // Decide(true): the acquisition failed; undo every node
-	lateUndo = 3 // UndoLate: the holder let go; undo requests that finish from now on
+	keep = 1 // Keep: the acquisition succeeded
+	undo = 2 // Decide(true): the acquisition failed; undo every node
 
-	doneBit = 1 << 0
-	undoBit = 1 << 1
+	doneBit  = 1 << 0
+	undoBit  = 1 << 1
+	chainBit = 1 << 2 // next's request to this node is sent when this one's finishes
 )
 
 // Start sends c to every node under one deadline (about the timeout given to
@@ -223,6 +235,41 @@ const (
 // cannot overtake a late write), under a fresh deadline that ignores the
 // cancellation of ctx.
 func (ns *Nodes) Start(ctx context.Context, c Call, undoCall Call) *Round {
+	r := ns.newRound(ctx, c, undoCall)
+	for i := range ns.nodes {
+		r.send(i)
+	}
+	return r
+}
+
+// StartAfter is Start for a call without undo that must not overtake the
+// requests of the acquisition of key and token (a round given to Keep
+// under them): on every node where that acquisition's request is still in
+// flight, c is sent only once it has finished, by the same worker, even if
+// this round's deadline has passed by then (under a fresh one). A release
+// sent so deletes a late write of its own acquisition instead of racing
+// it, in one command per node. On the other nodes c is sent at once, as
+// Start does.
+func (ns *Nodes) StartAfter(ctx context.Context, c Call, key, token string) *Round {
+	r := ns.newRound(ctx, c, Call{})
+	ns.mu.Lock()
+	prev := ns.inflight[holder{key, token}]
+	if prev != nil && prev.next == nil {
+		prev.next = r
+	} else {
+		prev = nil // none, or already followed by an earlier call: that one deletes late writes
+	}
+	ns.mu.Unlock()
+	for i := range ns.nodes {
+		if prev != nil && prev.follow(i) {
+			continue // prev's worker sends it (see deliver)
+		}
+		r.send(i)
+	}
+	return r
+}
+
+func (ns *Nodes) newRound(ctx context.Context, c Call, undoCall Call) *Round {
 	n := len(ns.nodes)
 	r := &Round{ns: ns, call: c, undo: undoCall, parent: ctx, arrived: make(chan int, n)}
 	r.ctx = detached{Context: ns.deadline(), values: ctx}
@@ -232,19 +279,36 @@ func (ns *Nodes) Start(ctx context.Context, c Call, undoCall Call) *Round {
 		r.slots, r.results = make([]atomic.Uint32, n), make([]Result, n)
 	}
 	r.pending.Store(int32(n))
-	for i, nd := range ns.nodes {
-		if ns.closed.Load() {
-			r.deliver(i, Result{Err: ErrClosed}, false)
-			continue
+	return r
+}
+
+// send queues node i's request.
+func (r *Round) send(i int) {
+	ns, nd := r.ns, r.ns.nodes[i]
+	if ns.closed.Load() {
+		r.deliver(i, Result{Err: ErrClosed}, false)
+		return
+	}
+	nd.ensureWorker(ns)
+	select {
+	case nd.queue <- job{round: r, node: i}:
+	default:
+		r.deliver(i, Result{Err: ErrOverloaded}, false)
+	}
+}
+
+// follow marks node i so that r.next's request to it is sent when r's
+// request to it finishes; false if it has finished already.
+func (r *Round) follow(i int) bool {
+	for {
+		old := r.slots[i].Load()
+		if old&doneBit != 0 {
+			return false
 		}
-		nd.ensureWorker(ns)
-		select {
-		case nd.queue <- job{round: r, node: i}:
-		default:
-			r.deliver(i, Result{Err: ErrOverloaded}, false)
+		if r.slots[i].CompareAndSwap(old, old|chainBit) {
+			return true
 		}
 	}
-	return r
 }
 
 // Arrived delivers the index of each node as its reply arrives; read the
@@ -282,7 +346,7 @@ func (r *Round) Decide(undoIt bool) {
 
 // Keep decides that the round succeeded: nothing is undone. If requests are
 // still in flight, the round is remembered under key and token until they
-// finish, so that UndoLate can still reach them.
+// finish, so that StartAfter can still follow them.
 func (r *Round) Keep(key, token string) {
 	if r.undo.Script == nil || !r.decision.CompareAndSwap(0, keep) {
 		return
@@ -291,24 +355,8 @@ func (r *Round) Keep(key, token string) {
 	ns.mu.Lock()
 	defer ns.mu.Unlock()
 	if r.pending.Load() > 0 { // else the last request already finished: nothing can land late
-		h := &holder{key, token}
-		r.tracked = h
-		ns.inflight[*h] = r
-	}
-}
-
-// UndoLate is called when the holder of key and token lets go. A request of
-// its acquisition that is still in flight (a slow node, a retry across a
-// healed partition) would otherwise write the key after the release had
-// deleted it, and block the next holder on that node until the TTL; this
-// makes such a request undo its own write when it finishes. Requests that
-// have finished are the release's business.
-func (ns *Nodes) UndoLate(key, token string) {
-	ns.mu.Lock()
-	r := ns.inflight[holder{key, token}]
-	ns.mu.Unlock()
-	if r != nil {
-		r.decision.CompareAndSwap(keep, lateUndo)
+		r.tracked, r.tracking = holder{key, token}, true
+		ns.inflight[r.tracked] = r
 	}
 }
 
@@ -340,40 +388,42 @@ func (r *Round) WaitUndone(wait func(node int) bool, d time.Duration) {
 }
 
 // deliver records node i's reply. It returns true if the caller (the node's
-// worker) must undo node i now: the round was decided as failed, or its
-// holder let go (UndoLate) before this request finished. A request that was
-// never sent (sent false) has nothing to undo.
+// worker) must undo node i now: the round was decided as failed before this
+// request finished. A request that was never sent (sent false) has nothing
+// to undo. It returns the round whose request to node i must follow this
+// one (StartAfter), if any: the worker sends it next.
 //
 // The order matters. The reply is stored, then the node is marked done,
-// then the decision is read, and only then is the reply published: a reply
-// that UndoLate's decision could reach has never been seen by the
-// collector, so an acquisition never counts a node and then undoes it
-// behind its back.
-func (r *Round) deliver(i int, res Result, sent bool) (undoNow bool) {
+// then the decision is read, and only then is the reply published.
+func (r *Round) deliver(i int, res Result, sent bool) (undoNow bool, next *Round) {
 	if res.Err != nil && r.ns.OnFailure != nil && !errors.Is(res.Err, errDecided) && !errors.Is(res.Err, ErrClosed) {
 		r.ns.OnFailure(r.parent, i, res.Err)
 	}
 	r.results[i] = res // before the done bit: Decide reads it once it sees the bit
 	if r.undo.Script != nil {
+		var old uint32
 		if !sent || r.nothingToUndo(res) {
-			r.slots[i].Or(doneBit | undoBit) // claimed: nothing to undo here
+			old = r.slots[i].Or(doneBit | undoBit) // claimed: nothing to undo here
 		} else {
-			r.slots[i].Or(doneBit)
-			if d := r.decision.Load(); d == undo || d == lateUndo {
+			old = r.slots[i].Or(doneBit)
+			if r.decision.Load() == undo {
 				undoNow = r.claimUndo(i)
 			}
+		}
+		if old&chainBit != 0 {
+			next = r.next // written before the bit was set
 		}
 	}
 	r.arrived <- i // buffered for every node: never blocks
 	if r.pending.Add(-1) == 0 {
 		r.ns.mu.Lock()
-		if r.tracked != nil {
-			delete(r.ns.inflight, *r.tracked)
-			r.tracked = nil
+		if r.tracking {
+			delete(r.ns.inflight, r.tracked)
+			r.tracking = false
 		}
 		r.ns.mu.Unlock()
 	}
-	return undoNow
+	return undoNow, next
 }
 
 // nothingToUndo reports whether a reply wrote nothing the undo call would
@@ -454,29 +504,33 @@ func (nd *node) work(ns *Nodes) {
 			return
 		case j := <-nd.queue:
 			nd.idle.Add(-1)
-			nd.run(j)
+			for next := nd.run(j); next != nil; next = nd.run(j) {
+				j = job{round: next, node: j.node, after: true}
+			}
 			nd.idle.Add(1)
 		}
 	}
 }
 
-// run executes one job.
-func (nd *node) run(j job) {
+// run executes one job. It returns the round whose request to the same
+// node must be sent next (StartAfter), if any.
+func (nd *node) run(j job) (next *Round) {
 	r := j.round
 	if !j.undo {
-		if err := r.ctx.Err(); err != nil {
+		if err := r.ctx.Err(); err != nil && !j.after {
 			// Waited in the queue past the round's deadline: not sent at all.
-			r.deliver(j.node, Result{Err: fmt.Errorf("not sent: %w", err)}, false)
-			return
+			_, next = r.deliver(j.node, Result{Err: fmt.Errorf("not sent: %w", err)}, false)
+			return next
 		}
-		if d := r.decision.Load(); d == undo || d == lateUndo {
-			// Failed (or let go) while this request waited: sending it
-			// would only write a key that then has to be undone.
-			r.deliver(j.node, Result{Err: errDecided}, false)
-			return
+		if r.decision.Load() == undo {
+			// Failed while this request waited: sending it would only
+			// write a key that then has to be undone.
+			_, next = r.deliver(j.node, Result{Err: errDecided}, false)
+			return next
 		}
 		// Granted while this request waited: it is still sent (within the
-		// round's deadline, checked above). The grant did not need this
+		// round's deadline, checked above; a request that follows another
+		// round's, whatever the deadline). The grant did not need this
 		// node, but the lock does: a key left on a bare majority survives
 		// no node failure for its whole life, and renewals only extend the
 		// copies that exist.
@@ -497,15 +551,27 @@ func (nd *node) run(j job) {
 			res.Val, res.Err = r.call.Script.Run(ctx, nd.client, r.call.Line)
 		}
 
-		if !r.deliver(j.node, res, true) {
-			return
+		undoNow, next := r.deliver(j.node, res, true)
+		if !undoNow {
+			return next
 		}
 		// The round failed while this request was in flight: undo it now
-		// that it has finished.
+		// that it has finished. (A failed round is never followed: only
+		// rounds given to Keep are.)
 	}
 	// A fresh deadline: the round's may have passed, and the caller's
 	// cancellation must not stop a cleanup.
 	ctx := detached{Context: r.ns.deadline(), values: r.parent}
-	_, _ = r.undo.Script.Run(ctx, nd.client, r.undo.Line)
+	_, _ = r.undo.Script.Run(ctx, nd.client, r.undoLine())
 	r.undoneSignal(j.node)
+	return nil
+}
+
+// undoLine returns the undo call's command line, built on first use when
+// the call has a Build function (several workers may undo at once).
+func (r *Round) undoLine() []any {
+	if r.undo.Build != nil {
+		r.undoOnce.Do(func() { r.undo.Line = r.undo.Build(r.undo.Key, r.undo.Token) })
+	}
+	return r.undo.Line
 }
