@@ -202,7 +202,7 @@ type Round struct {
 	call    Call
 	undo    Call // undo.Script nil: nothing to undo
 	parent  context.Context
-	ctx     context.Context // the requests' context: caller's values, shared deadline
+	ctx     *detached       // the requests' context (points at dctx): caller's values, shared deadline
 	pending atomic.Int32
 	arrived chan int // node indexes in the order their replies arrive
 
@@ -215,6 +215,7 @@ type Round struct {
 	tracking bool            // in ns.inflight (under ns.mu)
 	undoOnce sync.Once       // builds undo.Line (Call.Build), once
 
+	dctx          detached // ctx, inside the Round: one allocation less
 	inlineSlots   [maxInline]atomic.Uint32
 	inlineResults [maxInline]Result
 }
@@ -272,7 +273,8 @@ func (ns *Nodes) StartAfter(ctx context.Context, c Call, key, token string) *Rou
 func (ns *Nodes) newRound(ctx context.Context, c Call, undoCall Call) *Round {
 	n := len(ns.nodes)
 	r := &Round{ns: ns, call: c, undo: undoCall, parent: ctx, arrived: make(chan int, n)}
-	r.ctx = detached{Context: ns.deadline(), values: ctx}
+	r.dctx = detached{Context: ns.deadline(), values: ctx}
+	r.ctx = &r.dctx
 	if n <= maxInline {
 		r.slots, r.results = r.inlineSlots[:n], r.inlineResults[:n]
 	} else {
@@ -540,7 +542,7 @@ func (nd *node) run(j job) (next *Round) {
 		// spend its time reconnecting. Such a request gets a full timeout of
 		// its own from now; the caller stops waiting at the round's deadline
 		// regardless.
-		ctx := r.ctx
+		var ctx context.Context = r.ctx
 		if dl, ok := ctx.Deadline(); ok && time.Until(dl) < r.ns.timeout/2 {
 			ctx = detached{Context: r.ns.deadline(), values: r.parent}
 		}
