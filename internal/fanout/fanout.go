@@ -202,7 +202,7 @@ type Round struct {
 	call    Call
 	undo    Call // undo.Script nil: nothing to undo
 	parent  context.Context
-	ctx     *detached       // the requests' context (points at dctx): caller's values, shared deadline
+	ctx     *detached // the requests' context (points at dctx): caller's values, shared deadline
 	pending atomic.Int32
 	arrived chan int // node indexes in the order their replies arrive
 
