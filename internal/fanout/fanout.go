@@ -83,8 +83,7 @@ type Nodes struct {
 	// can follow a late write instead of racing it (see Keep and
 	// StartAfter).
 	inflight map[holder]*Round
-	// The deadline context of rounds starting in the current millisecond
-	// (see deadline).
+	// The deadline context that rounds starting now share (see deadline).
 	bucket     time.Time
 	bucketCtx  context.Context
 	bucketStop context.CancelFunc
@@ -118,7 +117,8 @@ type job struct {
 const queueLen = 4096
 
 // New prepares workers for clients: at most workersPerNode each, started as
-// load requires. Every round is bounded by timeout.
+// load requires. Every round is bounded by timeout (plus at most a 32nd
+// of it, or 1 ms, see deadline).
 func New(clients []redis.UniversalClient, workersPerNode int, timeout time.Duration) *Nodes {
 	ns := &Nodes{
 		nodes:    make([]*node, len(clients)),
@@ -163,21 +163,30 @@ func (ns *Nodes) Close() {
 	ns.mu.Unlock()
 }
 
-// deadline returns a context that is done one timeout from now, rounded up
-// to the next millisecond. Rounds that start within the same millisecond
-// share it: a deadline context costs a timer and several allocations, and
-// under load thousands of rounds start per second.
+// deadline returns a context that is done at least one timeout from now and
+// at most that plus deadlineSlack. Rounds that start within that slack share
+// one: a deadline context costs a timer and four allocations, and a round
+// takes about a millisecond or less, so sharing only within one millisecond
+// still paid them about once per acquire+release.
 func (ns *Nodes) deadline() context.Context {
-	d := time.Now().Add(ns.timeout).Truncate(time.Millisecond).Add(time.Millisecond)
+	earliest := time.Now().Add(ns.timeout)
+	slack := deadlineSlack(ns.timeout)
 	ns.mu.Lock()
 	defer ns.mu.Unlock()
-	if !d.Equal(ns.bucket) {
+	if ns.bucketCtx == nil || ns.bucket.Before(earliest) || ns.bucket.After(earliest.Add(slack)) {
 		// The previous bucket's context is left to its timer: rounds may
 		// still use it, and it ends on its own within one timeout.
-		ns.bucket = d
-		ns.bucketCtx, ns.bucketStop = context.WithDeadline(context.Background(), d)
+		ns.bucket = earliest.Add(slack)
+		ns.bucketCtx, ns.bucketStop = context.WithDeadline(context.Background(), ns.bucket)
 	}
 	return ns.bucketCtx
+}
+
+// deadlineSlack is how much later than one timeout a shared round deadline
+// may end: a 32nd of the timeout (about 3 ms for the 100 ms default), at
+// least 1 ms.
+func deadlineSlack(timeout time.Duration) time.Duration {
+	return max(timeout/32, time.Millisecond)
 }
 
 // detached carries the caller's values (trace spans, loggers) to the
