@@ -234,6 +234,7 @@ func (s *Strategy) Acquire(ctx context.Context, key, token string, ttl time.Dura
 		// Wait for the nodes known to hold our key; nodes that failed or
 		// have not answered are undone in the background.
 		round.WaitUndone(t.agreedBy, s.nodeTimeout)
+		round.Done()
 		return redlease.Grant{}, s.failure(ctx, op, redlease.ErrNotObtained, report, start, expired)
 	}
 	if t.agreed < s.quorum {
@@ -255,6 +256,7 @@ func (s *Strategy) Acquire(ctx context.Context, key, token string, ttl time.Dura
 		return fail("acquire", t, true)
 	}
 	round.Keep(key, token)
+	round.Done()
 	return redlease.Grant{Until: until, Fence: fence}, nil
 }
 
@@ -284,7 +286,9 @@ func (s *Strategy) checkFenceTTL(ttl time.Duration) error {
 func (s *Strategy) raiseFence(ctx context.Context, key, fenceKey, token any, fence uint64) tally {
 	line := script.RaiseFence.Args(key, fenceKey, token, strconv.FormatUint(fence, 10), s.fenceTTLArg)
 	round := s.fan.Start(ctx, fanout.Call{Script: script.RaiseFence, Line: line}, fanout.Call{})
-	return s.collect(ctx, round, isOne)
+	t := s.collect(ctx, round, isOne)
+	round.Done()
+	return t
 }
 
 // Extend resets key's TTL on every node that still holds token, in
@@ -301,6 +305,7 @@ func (s *Strategy) Extend(ctx context.Context, key, token string, ttl time.Durat
 	start := s.clock.Now()
 	round := s.fan.Start(ctx, fanout.Call{Script: script.Extend, Line: line}, fanout.Call{})
 	t := s.collect(ctx, round, isOne)
+	round.Done()
 	if t.agreed < s.quorum {
 		return redlease.Grant{}, s.failure(ctx, "extend", s.heldOrUnknown(t), t, start, false)
 	}
@@ -331,6 +336,7 @@ func (s *Strategy) Release(ctx context.Context, key, token string) error {
 	// on such a node the release is sent once that request has finished.
 	round := s.fan.StartAfter(callCtx, fanout.Call{Script: script.Release, Line: line}, key, token)
 	t := s.collect(ctx, round, isOne)
+	round.Done()
 	if t.agreed >= s.quorum {
 		return nil
 	}
@@ -588,6 +594,7 @@ func (s *Strategy) identify(ctx context.Context) {
 			s.ids[node] = r.Val
 		}
 	})
+	round.Done()
 	dup := slices.Clone(*s.dup.Load())
 	known := 0
 	for i, id := range s.ids {

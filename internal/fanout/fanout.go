@@ -68,6 +68,8 @@ var errDecided = errors.New("not sent: round already decided")
 // Nodes owns the workers of every node.
 type Nodes struct {
 	nodes   []*node
+	freeMu  sync.Mutex
+	free    []*Round // finished rounds, for reuse, the latest last (see Round.Done)
 	timeout time.Duration
 	stop    chan struct{}
 	closed  atomic.Bool
@@ -125,6 +127,7 @@ func New(clients []redis.UniversalClient, workersPerNode int, timeout time.Durat
 		timeout:  timeout,
 		stop:     make(chan struct{}),
 		inflight: map[holder]*Round{},
+		free:     make([]*Round, 0, freeRounds),
 	}
 	for i, c := range clients {
 		ns.nodes[i] = &node{client: c, queue: make(chan job, queueLen), max: int32(workersPerNode)}
@@ -201,6 +204,9 @@ type detached struct {
 // Value looks key up in the caller's context.
 func (d detached) Value(key any) any { return d.values.Value(key) }
 
+// freeRounds bounds how many finished rounds wait for reuse.
+const freeRounds = 256
+
 // maxInline is the node count up to which a round keeps its per-node state
 // inside the Round itself (one allocation instead of several).
 const maxInline = 16
@@ -213,6 +219,11 @@ type Round struct {
 	parent  context.Context
 	ctx     *detached // the requests' context (points at dctx): caller's values, shared deadline
 	pending atomic.Int32
+	// refs counts who may still touch the round: the caller until Done,
+	// each node until its request (and any undo of it) has finished. The
+	// last one to let go puts the round up for reuse, so no late reply or
+	// undo can ever write into a round that a later call is using.
+	refs    atomic.Int32
 	arrived chan int // node indexes in the order their replies arrive
 
 	decision atomic.Int32    // 0 undecided, then keep or undo
@@ -266,6 +277,9 @@ func (ns *Nodes) StartAfter(ctx context.Context, c Call, key, token string) *Rou
 	prev := ns.inflight[holder{key, token}]
 	if prev != nil && prev.next == nil {
 		prev.next = r
+		// In ns.inflight, prev has a request in flight, which holds a
+		// reference: prev cannot be recycled under us until we let go.
+		prev.refs.Add(1)
 	} else {
 		prev = nil // none, or already followed by an earlier call: that one deletes late writes
 	}
@@ -276,12 +290,26 @@ func (ns *Nodes) StartAfter(ctx context.Context, c Call, key, token string) *Rou
 		}
 		r.send(i)
 	}
+	if prev != nil {
+		prev.unref()
+	}
 	return r
 }
 
 func (ns *Nodes) newRound(ctx context.Context, c Call, undoCall Call) *Round {
 	n := len(ns.nodes)
-	r := &Round{ns: ns, call: c, undo: undoCall, parent: ctx, arrived: make(chan int, n)}
+	var r *Round
+	ns.freeMu.Lock()
+	if k := len(ns.free); k > 0 {
+		r = ns.free[k-1] // reset by unref
+		ns.free[k-1] = nil
+		ns.free = ns.free[:k-1]
+	}
+	ns.freeMu.Unlock()
+	if r == nil {
+		r = &Round{ns: ns, arrived: make(chan int, n)}
+	}
+	r.call, r.undo, r.parent = c, undoCall, ctx
 	r.dctx = detached{Context: ns.deadline(), values: ctx}
 	r.ctx = &r.dctx
 	if n <= maxInline {
@@ -290,7 +318,35 @@ func (ns *Nodes) newRound(ctx context.Context, c Call, undoCall Call) *Round {
 		r.slots, r.results = make([]atomic.Uint32, n), make([]Result, n)
 	}
 	r.pending.Store(int32(n))
+	r.refs.Store(int32(n) + 1)
 	return r
+}
+
+// Done tells the round that its caller is finished with it: no more
+// Arrived, Result, Decide, Keep or WaitUndone. The round is reused once its
+// requests (and undos) have finished too. Calling it is optional (a round
+// never Done is left to the garbage collector); calling it twice, or using
+// the round afterwards, is a bug.
+func (r *Round) Done() { r.unref() }
+
+// unref drops one reference; the last one recycles the round.
+func (r *Round) unref() {
+	if r.refs.Add(-1) != 0 {
+		return
+	}
+	if len(r.slots) > maxInline {
+		return // per-node state outside the Round: not worth keeping
+	}
+	ns, ch := r.ns, r.arrived
+	for len(ch) > 0 { // every node delivered: nothing is sent on it any more
+		<-ch
+	}
+	*r = Round{ns: ns, arrived: ch}
+	ns.freeMu.Lock()
+	if len(ns.free) < cap(ns.free) {
+		ns.free = append(ns.free, r)
+	}
+	ns.freeMu.Unlock()
 }
 
 // send queues node i's request.
@@ -298,6 +354,7 @@ func (r *Round) send(i int) {
 	ns, nd := r.ns, r.ns.nodes[i]
 	if ns.closed.Load() {
 		r.deliver(i, Result{Err: ErrClosed}, false)
+		r.unref() // not sent: nothing to undo
 		return
 	}
 	nd.ensureWorker(ns)
@@ -305,6 +362,7 @@ func (r *Round) send(i int) {
 	case nd.queue <- job{round: r, node: i}:
 	default:
 		r.deliver(i, Result{Err: ErrOverloaded}, false)
+		r.unref()
 	}
 }
 
@@ -350,6 +408,7 @@ func (r *Round) Decide(undoIt bool) {
 	// run it themselves when they finish (see deliver).
 	for i := range r.slots {
 		if r.slots[i].Load()&doneBit != 0 && r.claimUndo(i) {
+			r.refs.Add(1) // node i's own reference may be gone: the undo takes one
 			r.enqueueUndo(i)
 		}
 	}
@@ -470,6 +529,7 @@ func (r *Round) enqueueUndo(i int) {
 	nd := r.ns.nodes[i]
 	if r.ns.closed.Load() {
 		r.undoneSignal(i)
+		r.unref()
 		return
 	}
 	nd.ensureWorker(r.ns)
@@ -484,8 +544,10 @@ func (r *Round) enqueueUndo(i int) {
 	case nd.queue <- job{round: r, node: i, undo: true}:
 	case <-t.C:
 		r.undoneSignal(i)
+		r.unref()
 	case <-r.ns.stop:
 		r.undoneSignal(i)
+		r.unref()
 	}
 }
 
@@ -531,12 +593,14 @@ func (nd *node) run(j job) (next *Round) {
 		if err := r.ctx.Err(); err != nil && !j.after {
 			// Waited in the queue past the round's deadline: not sent at all.
 			_, next = r.deliver(j.node, Result{Err: fmt.Errorf("not sent: %w", err)}, false)
+			r.unref()
 			return next
 		}
 		if r.decision.Load() == undo {
 			// Failed while this request waited: sending it would only
 			// write a key that then has to be undone.
 			_, next = r.deliver(j.node, Result{Err: errDecided}, false)
+			r.unref()
 			return next
 		}
 		// Granted while this request waited: it is still sent (within the
@@ -564,6 +628,7 @@ func (nd *node) run(j job) (next *Round) {
 
 		undoNow, next := r.deliver(j.node, res, true)
 		if !undoNow {
+			r.unref()
 			return next
 		}
 		// The round failed while this request was in flight: undo it now
@@ -575,6 +640,7 @@ func (nd *node) run(j job) (next *Round) {
 	ctx := detached{Context: r.ns.deadline(), values: r.parent}
 	_, _ = r.undo.Script.Run(ctx, nd.client, r.undoLine())
 	r.undoneSignal(j.node)
+	r.unref()
 	return nil
 }
 
