@@ -72,6 +72,7 @@ func (s *Strategy) ExtendBatch(ctx context.Context, items []redlease.Extension) 
 		}
 		for _, c := range wave {
 			agreed, refused, answered, causes, keyCauses := s.collectBatch(ctx, c.round, len(c.idx))
+			c.round.Done()
 			for j, i := range c.idx {
 				t := tally{agreed: agreed[j], refused: refused[j], answered: answered, causes: causes}
 				if keyCauses != nil && keyCauses[j] != nil {

@@ -223,8 +223,9 @@ func (s *Strategy) Acquire(ctx context.Context, key, token string, ttl time.Dura
 	// 1. Fan out.
 	start := s.clock.Now()
 	round := s.fan.Start(ctx, fanout.Call{Script: script.Acquire, Line: line},
-		fanout.Call{Script: script.Release, Line: script.ReleaseArgs(key, line[6]), // token already boxed
-			Skip: func(r fanout.Result) bool { return script.IsTaken(r.Val) || r.Val == script.TooYoung }})
+		// The undo's line is built only if an undo is sent.
+		fanout.Call{Script: script.Release, Build: script.ReleaseArgs, Key: key, Token: line[6], // token already boxed
+			Skip: skipUndo})
 
 	// 2. Count until the outcome is decided.
 	t := s.collect(ctx, round, grantedByAcquire)
@@ -233,6 +234,7 @@ func (s *Strategy) Acquire(ctx context.Context, key, token string, ttl time.Dura
 		// Wait for the nodes known to hold our key; nodes that failed or
 		// have not answered are undone in the background.
 		round.WaitUndone(t.agreedBy, s.nodeTimeout)
+		round.Done()
 		return redlease.Grant{}, s.failure(ctx, op, redlease.ErrNotObtained, report, start, expired)
 	}
 	if t.agreed < s.quorum {
@@ -254,6 +256,7 @@ func (s *Strategy) Acquire(ctx context.Context, key, token string, ttl time.Dura
 		return fail("acquire", t, true)
 	}
 	round.Keep(key, token)
+	round.Done()
 	return redlease.Grant{Until: until, Fence: fence}, nil
 }
 
@@ -283,7 +286,9 @@ func (s *Strategy) checkFenceTTL(ttl time.Duration) error {
 func (s *Strategy) raiseFence(ctx context.Context, key, fenceKey, token any, fence uint64) tally {
 	line := script.RaiseFence.Args(key, fenceKey, token, strconv.FormatUint(fence, 10), s.fenceTTLArg)
 	round := s.fan.Start(ctx, fanout.Call{Script: script.RaiseFence, Line: line}, fanout.Call{})
-	return s.collect(ctx, round, isOne)
+	t := s.collect(ctx, round, isOne)
+	round.Done()
+	return t
 }
 
 // Extend resets key's TTL on every node that still holds token, in
@@ -300,6 +305,7 @@ func (s *Strategy) Extend(ctx context.Context, key, token string, ttl time.Durat
 	start := s.clock.Now()
 	round := s.fan.Start(ctx, fanout.Call{Script: script.Extend, Line: line}, fanout.Call{})
 	t := s.collect(ctx, round, isOne)
+	round.Done()
 	if t.agreed < s.quorum {
 		return redlease.Grant{}, s.failure(ctx, "extend", s.heldOrUnknown(t), t, start, false)
 	}
@@ -318,15 +324,19 @@ func (s *Strategy) Release(ctx context.Context, key, token string) error {
 	if key == "" {
 		return redlease.Invalid("empty key")
 	}
-	s.fan.UndoLate(key, token)
 	line := script.ReleaseArgs(key, token)
 	start := s.clock.Now()
 	callCtx := ctx
 	if ctx.Done() != nil {
 		callCtx = context.WithoutCancel(ctx) // stragglers finish even if ctx is cancelled
 	}
-	round := s.fan.Start(callCtx, fanout.Call{Script: script.Release, Line: line}, fanout.Call{})
+	// A request of the acquisition still in flight (a slow node, a retry
+	// across a healed partition) could write the key after this release
+	// deleted it, and block the next holder on that node until the TTL:
+	// on such a node the release is sent once that request has finished.
+	round := s.fan.StartAfter(callCtx, fanout.Call{Script: script.Release, Line: line}, key, token)
 	t := s.collect(ctx, round, isOne)
+	round.Done()
 	if t.agreed >= s.quorum {
 		return nil
 	}
@@ -351,6 +361,10 @@ type tally struct {
 func (t tally) agreedBy(i int) bool {
 	return i >= 64 || t.agreeing&(1<<i) != 0
 }
+
+// skipUndo names the acquire replies that wrote nothing to undo: the key
+// was someone else's, or the node did not vote.
+func skipUndo(r fanout.Result) bool { return script.IsTaken(r.Val) || r.Val == script.TooYoung }
 
 // isOne is the agreement test of the scripts that answer 1 or 0.
 func isOne(v int64) (bool, error) { return v == 1, nil }
@@ -580,6 +594,7 @@ func (s *Strategy) identify(ctx context.Context) {
 			s.ids[node] = r.Val
 		}
 	})
+	round.Done()
 	dup := slices.Clone(*s.dup.Load())
 	known := 0
 	for i, id := range s.ids {

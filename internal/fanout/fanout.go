@@ -41,7 +41,14 @@ type Result struct {
 type Call struct {
 	Script *script.Script
 	Line   []any
-	Multi  bool // the script replies with an array of integers (Result.Vals)
+	// Build, if set (on an undo call), makes Line from Key and Token the
+	// first time the call is sent: most rounds never undo anything, and a
+	// command line costs allocations. It must not keep Key or Token past
+	// its return in anything but the line.
+	Build func(key string, token any) []any
+	Key   string
+	Token any
+	Multi bool // the script replies with an array of integers (Result.Vals)
 	// Skip, on an undo call, names replies that wrote nothing to undo (the
 	// key was someone else's), so no undo is sent for them.
 	Skip func(Result) bool
@@ -61,6 +68,8 @@ var errDecided = errors.New("not sent: round already decided")
 // Nodes owns the workers of every node.
 type Nodes struct {
 	nodes   []*node
+	freeMu  sync.Mutex
+	free    []*Round // finished rounds, for reuse, the latest last (see Round.Done)
 	timeout time.Duration
 	stop    chan struct{}
 	closed  atomic.Bool
@@ -73,10 +82,10 @@ type Nodes struct {
 
 	mu sync.Mutex
 	// Granted rounds that still have requests in flight, so that a release
-	// can make a late write undo itself (see Keep and UndoLate).
+	// can follow a late write instead of racing it (see Keep and
+	// StartAfter).
 	inflight map[holder]*Round
-	// The deadline context of rounds starting in the current millisecond
-	// (see deadline).
+	// The deadline context that rounds starting now share (see deadline).
 	bucket     time.Time
 	bucketCtx  context.Context
 	bucketStop context.CancelFunc
@@ -100,6 +109,7 @@ type job struct {
 	round *Round
 	node  int
 	undo  bool
+	after bool // chained after another round's request (StartAfter): always sent
 }
 
 // queueLen is how many requests may wait for one node's workers. A burst
@@ -109,13 +119,15 @@ type job struct {
 const queueLen = 4096
 
 // New prepares workers for clients: at most workersPerNode each, started as
-// load requires. Every round is bounded by timeout.
+// load requires. Every round is bounded by timeout (plus at most a 32nd
+// of it, or 1 ms, see deadline).
 func New(clients []redis.UniversalClient, workersPerNode int, timeout time.Duration) *Nodes {
 	ns := &Nodes{
 		nodes:    make([]*node, len(clients)),
 		timeout:  timeout,
 		stop:     make(chan struct{}),
 		inflight: map[holder]*Round{},
+		free:     make([]*Round, 0, freeRounds),
 	}
 	for i, c := range clients {
 		ns.nodes[i] = &node{client: c, queue: make(chan job, queueLen), max: int32(workersPerNode)}
@@ -154,21 +166,30 @@ func (ns *Nodes) Close() {
 	ns.mu.Unlock()
 }
 
-// deadline returns a context that is done one timeout from now, rounded up
-// to the next millisecond. Rounds that start within the same millisecond
-// share it: a deadline context costs a timer and several allocations, and
-// under load thousands of rounds start per second.
+// deadline returns a context that is done at least one timeout from now and
+// at most that plus deadlineSlack. Rounds that start within that slack share
+// one: a deadline context costs a timer and four allocations, and a round
+// takes about a millisecond or less, so sharing only within one millisecond
+// still paid them about once per acquire+release.
 func (ns *Nodes) deadline() context.Context {
-	d := time.Now().Add(ns.timeout).Truncate(time.Millisecond).Add(time.Millisecond)
+	earliest := time.Now().Add(ns.timeout)
+	slack := deadlineSlack(ns.timeout)
 	ns.mu.Lock()
 	defer ns.mu.Unlock()
-	if !d.Equal(ns.bucket) {
+	if ns.bucketCtx == nil || ns.bucket.Before(earliest) || ns.bucket.After(earliest.Add(slack)) {
 		// The previous bucket's context is left to its timer: rounds may
 		// still use it, and it ends on its own within one timeout.
-		ns.bucket = d
-		ns.bucketCtx, ns.bucketStop = context.WithDeadline(context.Background(), d)
+		ns.bucket = earliest.Add(slack)
+		ns.bucketCtx, ns.bucketStop = context.WithDeadline(context.Background(), ns.bucket)
 	}
 	return ns.bucketCtx
+}
+
+// deadlineSlack is how much later than one timeout a shared round deadline
+// may end: a 32nd of the timeout (about 3 ms for the 100 ms default), at
+// least 1 ms.
+func deadlineSlack(timeout time.Duration) time.Duration {
+	return max(timeout/32, time.Millisecond)
 }
 
 // detached carries the caller's values (trace spans, loggers) to the
@@ -183,6 +204,9 @@ type detached struct {
 // Value looks key up in the caller's context.
 func (d detached) Value(key any) any { return d.values.Value(key) }
 
+// freeRounds bounds how many finished rounds wait for reuse.
+const freeRounds = 256
+
 // maxInline is the node count up to which a round keeps its per-node state
 // inside the Round itself (one allocation instead of several).
 const maxInline = 16
@@ -193,27 +217,36 @@ type Round struct {
 	call    Call
 	undo    Call // undo.Script nil: nothing to undo
 	parent  context.Context
-	ctx     context.Context // the requests' context: caller's values, shared deadline
+	ctx     *detached // the requests' context (points at dctx): caller's values, shared deadline
 	pending atomic.Int32
+	// refs counts who may still touch the round: the caller until Done,
+	// each node until its request (and any undo of it) has finished. The
+	// last one to let go puts the round up for reuse, so no late reply or
+	// undo can ever write into a round that a later call is using.
+	refs    atomic.Int32
 	arrived chan int // node indexes in the order their replies arrive
 
-	decision atomic.Int32    // 0 undecided, then keep, undo or lateUndo
-	slots    []atomic.Uint32 // per node: doneBit, then undoBit once claimed
+	decision atomic.Int32    // 0 undecided, then keep or undo
+	slots    []atomic.Uint32 // per node: doneBit, then undoBit once claimed; chainBit: next follows
+	next     *Round          // the round StartAfter chained to this one's requests in flight (set under ns.mu)
 	results  []Result        // per node, written before its index is sent on arrived
 	undone   chan int        // made by Decide(true): one entry per finished undo
-	tracked  *holder         // set (under ns.mu) while in ns.inflight
+	tracked  holder          // the key under which it is in ns.inflight
+	tracking bool            // in ns.inflight (under ns.mu)
+	undoOnce sync.Once       // builds undo.Line (Call.Build), once
 
+	dctx          detached // ctx, inside the Round: one allocation less
 	inlineSlots   [maxInline]atomic.Uint32
 	inlineResults [maxInline]Result
 }
 
 const (
-	keep     = 1 // Keep: the acquisition succeeded
-	undo     = 2 // Decide(true): the acquisition failed; undo every node
-	lateUndo = 3 // UndoLate: the holder let go; undo requests that finish from now on
+	keep = 1 // Keep: the acquisition succeeded
+	undo = 2 // Decide(true): the acquisition failed; undo every node
 
-	doneBit = 1 << 0
-	undoBit = 1 << 1
+	doneBit  = 1 << 0
+	undoBit  = 1 << 1
+	chainBit = 1 << 2 // next's request to this node is sent when this one's finishes
 )
 
 // Start sends c to every node under one deadline (about the timeout given to
@@ -223,28 +256,128 @@ const (
 // cannot overtake a late write), under a fresh deadline that ignores the
 // cancellation of ctx.
 func (ns *Nodes) Start(ctx context.Context, c Call, undoCall Call) *Round {
+	r := ns.newRound(ctx, c, undoCall)
+	for i := range ns.nodes {
+		r.send(i)
+	}
+	return r
+}
+
+// StartAfter is Start for a call without undo that must not overtake the
+// requests of the acquisition of key and token (a round given to Keep
+// under them): on every node where that acquisition's request is still in
+// flight, c is sent only once it has finished, by the same worker, even if
+// this round's deadline has passed by then (under a fresh one). A release
+// sent so deletes a late write of its own acquisition instead of racing
+// it, in one command per node. On the other nodes c is sent at once, as
+// Start does.
+func (ns *Nodes) StartAfter(ctx context.Context, c Call, key, token string) *Round {
+	r := ns.newRound(ctx, c, Call{})
+	ns.mu.Lock()
+	prev := ns.inflight[holder{key, token}]
+	if prev != nil && prev.next == nil {
+		prev.next = r
+		// In ns.inflight, prev has a request in flight, which holds a
+		// reference: prev cannot be recycled under us until we let go.
+		prev.refs.Add(1)
+	} else {
+		prev = nil // none, or already followed by an earlier call: that one deletes late writes
+	}
+	ns.mu.Unlock()
+	for i := range ns.nodes {
+		if prev != nil && prev.follow(i) {
+			continue // prev's worker sends it (see deliver)
+		}
+		r.send(i)
+	}
+	if prev != nil {
+		prev.unref()
+	}
+	return r
+}
+
+func (ns *Nodes) newRound(ctx context.Context, c Call, undoCall Call) *Round {
 	n := len(ns.nodes)
-	r := &Round{ns: ns, call: c, undo: undoCall, parent: ctx, arrived: make(chan int, n)}
-	r.ctx = detached{Context: ns.deadline(), values: ctx}
+	var r *Round
+	ns.freeMu.Lock()
+	if k := len(ns.free); k > 0 {
+		r = ns.free[k-1] // reset by unref
+		ns.free[k-1] = nil
+		ns.free = ns.free[:k-1]
+	}
+	ns.freeMu.Unlock()
+	if r == nil {
+		r = &Round{ns: ns, arrived: make(chan int, n)}
+	}
+	r.call, r.undo, r.parent = c, undoCall, ctx
+	r.dctx = detached{Context: ns.deadline(), values: ctx}
+	r.ctx = &r.dctx
 	if n <= maxInline {
 		r.slots, r.results = r.inlineSlots[:n], r.inlineResults[:n]
 	} else {
 		r.slots, r.results = make([]atomic.Uint32, n), make([]Result, n)
 	}
 	r.pending.Store(int32(n))
-	for i, nd := range ns.nodes {
-		if ns.closed.Load() {
-			r.deliver(i, Result{Err: ErrClosed}, false)
-			continue
+	r.refs.Store(int32(n) + 1)
+	return r
+}
+
+// Done tells the round that its caller is finished with it: no more
+// Arrived, Result, Decide, Keep or WaitUndone. The round is reused once its
+// requests (and undos) have finished too. Calling it is optional (a round
+// never Done is left to the garbage collector); calling it twice, or using
+// the round afterwards, is a bug.
+func (r *Round) Done() { r.unref() }
+
+// unref drops one reference; the last one recycles the round.
+func (r *Round) unref() {
+	if r.refs.Add(-1) != 0 {
+		return
+	}
+	if len(r.slots) > maxInline {
+		return // per-node state outside the Round: not worth keeping
+	}
+	ns, ch := r.ns, r.arrived
+	for len(ch) > 0 { // every node delivered: nothing is sent on it any more
+		<-ch
+	}
+	*r = Round{ns: ns, arrived: ch}
+	ns.freeMu.Lock()
+	if len(ns.free) < cap(ns.free) {
+		ns.free = append(ns.free, r)
+	}
+	ns.freeMu.Unlock()
+}
+
+// send queues node i's request.
+func (r *Round) send(i int) {
+	ns, nd := r.ns, r.ns.nodes[i]
+	if ns.closed.Load() {
+		r.deliver(i, Result{Err: ErrClosed}, false)
+		r.unref() // not sent: nothing to undo
+		return
+	}
+	nd.ensureWorker(ns)
+	select {
+	case nd.queue <- job{round: r, node: i}:
+	default:
+		r.deliver(i, Result{Err: ErrOverloaded}, false)
+		r.unref()
+	}
+}
+
+// follow marks node i so that r.next's request to it is sent when r's
+// request to it finishes; false if it has finished already.
+func (r *Round) follow(i int) bool {
+	for {
+		old := r.slots[i].Load()
+		if old&doneBit != 0 {
+			return false
 		}
-		nd.ensureWorker(ns)
-		select {
-		case nd.queue <- job{round: r, node: i}:
-		default:
-			r.deliver(i, Result{Err: ErrOverloaded}, false)
+		if r.slots[i].CompareAndSwap(old, old|chainBit) {
+			return true
 		}
 	}
-	return r
 }
 
 // Arrived delivers the index of each node as its reply arrives; read the
@@ -275,6 +408,7 @@ func (r *Round) Decide(undoIt bool) {
 	// run it themselves when they finish (see deliver).
 	for i := range r.slots {
 		if r.slots[i].Load()&doneBit != 0 && r.claimUndo(i) {
+			r.refs.Add(1) // node i's own reference may be gone: the undo takes one
 			r.enqueueUndo(i)
 		}
 	}
@@ -282,7 +416,7 @@ func (r *Round) Decide(undoIt bool) {
 
 // Keep decides that the round succeeded: nothing is undone. If requests are
 // still in flight, the round is remembered under key and token until they
-// finish, so that UndoLate can still reach them.
+// finish, so that StartAfter can still follow them.
 func (r *Round) Keep(key, token string) {
 	if r.undo.Script == nil || !r.decision.CompareAndSwap(0, keep) {
 		return
@@ -291,24 +425,8 @@ func (r *Round) Keep(key, token string) {
 	ns.mu.Lock()
 	defer ns.mu.Unlock()
 	if r.pending.Load() > 0 { // else the last request already finished: nothing can land late
-		h := &holder{key, token}
-		r.tracked = h
-		ns.inflight[*h] = r
-	}
-}
-
-// UndoLate is called when the holder of key and token lets go. A request of
-// its acquisition that is still in flight (a slow node, a retry across a
-// healed partition) would otherwise write the key after the release had
-// deleted it, and block the next holder on that node until the TTL; this
-// makes such a request undo its own write when it finishes. Requests that
-// have finished are the release's business.
-func (ns *Nodes) UndoLate(key, token string) {
-	ns.mu.Lock()
-	r := ns.inflight[holder{key, token}]
-	ns.mu.Unlock()
-	if r != nil {
-		r.decision.CompareAndSwap(keep, lateUndo)
+		r.tracked, r.tracking = holder{key, token}, true
+		ns.inflight[r.tracked] = r
 	}
 }
 
@@ -340,40 +458,42 @@ func (r *Round) WaitUndone(wait func(node int) bool, d time.Duration) {
 }
 
 // deliver records node i's reply. It returns true if the caller (the node's
-// worker) must undo node i now: the round was decided as failed, or its
-// holder let go (UndoLate) before this request finished. A request that was
-// never sent (sent false) has nothing to undo.
+// worker) must undo node i now: the round was decided as failed before this
+// request finished. A request that was never sent (sent false) has nothing
+// to undo. It returns the round whose request to node i must follow this
+// one (StartAfter), if any: the worker sends it next.
 //
 // The order matters. The reply is stored, then the node is marked done,
-// then the decision is read, and only then is the reply published: a reply
-// that UndoLate's decision could reach has never been seen by the
-// collector, so an acquisition never counts a node and then undoes it
-// behind its back.
-func (r *Round) deliver(i int, res Result, sent bool) (undoNow bool) {
+// then the decision is read, and only then is the reply published.
+func (r *Round) deliver(i int, res Result, sent bool) (undoNow bool, next *Round) {
 	if res.Err != nil && r.ns.OnFailure != nil && !errors.Is(res.Err, errDecided) && !errors.Is(res.Err, ErrClosed) {
 		r.ns.OnFailure(r.parent, i, res.Err)
 	}
 	r.results[i] = res // before the done bit: Decide reads it once it sees the bit
 	if r.undo.Script != nil {
+		var old uint32
 		if !sent || r.nothingToUndo(res) {
-			r.slots[i].Or(doneBit | undoBit) // claimed: nothing to undo here
+			old = r.slots[i].Or(doneBit | undoBit) // claimed: nothing to undo here
 		} else {
-			r.slots[i].Or(doneBit)
-			if d := r.decision.Load(); d == undo || d == lateUndo {
+			old = r.slots[i].Or(doneBit)
+			if r.decision.Load() == undo {
 				undoNow = r.claimUndo(i)
 			}
+		}
+		if old&chainBit != 0 {
+			next = r.next // written before the bit was set
 		}
 	}
 	r.arrived <- i // buffered for every node: never blocks
 	if r.pending.Add(-1) == 0 {
 		r.ns.mu.Lock()
-		if r.tracked != nil {
-			delete(r.ns.inflight, *r.tracked)
-			r.tracked = nil
+		if r.tracking {
+			delete(r.ns.inflight, r.tracked)
+			r.tracking = false
 		}
 		r.ns.mu.Unlock()
 	}
-	return undoNow
+	return undoNow, next
 }
 
 // nothingToUndo reports whether a reply wrote nothing the undo call would
@@ -409,6 +529,7 @@ func (r *Round) enqueueUndo(i int) {
 	nd := r.ns.nodes[i]
 	if r.ns.closed.Load() {
 		r.undoneSignal(i)
+		r.unref()
 		return
 	}
 	nd.ensureWorker(r.ns)
@@ -423,8 +544,10 @@ func (r *Round) enqueueUndo(i int) {
 	case nd.queue <- job{round: r, node: i, undo: true}:
 	case <-t.C:
 		r.undoneSignal(i)
+		r.unref()
 	case <-r.ns.stop:
 		r.undoneSignal(i)
+		r.unref()
 	}
 }
 
@@ -454,29 +577,35 @@ func (nd *node) work(ns *Nodes) {
 			return
 		case j := <-nd.queue:
 			nd.idle.Add(-1)
-			nd.run(j)
+			for next := nd.run(j); next != nil; next = nd.run(j) {
+				j = job{round: next, node: j.node, after: true}
+			}
 			nd.idle.Add(1)
 		}
 	}
 }
 
-// run executes one job.
-func (nd *node) run(j job) {
+// run executes one job. It returns the round whose request to the same
+// node must be sent next (StartAfter), if any.
+func (nd *node) run(j job) (next *Round) {
 	r := j.round
 	if !j.undo {
-		if err := r.ctx.Err(); err != nil {
+		if err := r.ctx.Err(); err != nil && !j.after {
 			// Waited in the queue past the round's deadline: not sent at all.
-			r.deliver(j.node, Result{Err: fmt.Errorf("not sent: %w", err)}, false)
-			return
+			_, next = r.deliver(j.node, Result{Err: fmt.Errorf("not sent: %w", err)}, false)
+			r.unref()
+			return next
 		}
-		if d := r.decision.Load(); d == undo || d == lateUndo {
-			// Failed (or let go) while this request waited: sending it
-			// would only write a key that then has to be undone.
-			r.deliver(j.node, Result{Err: errDecided}, false)
-			return
+		if r.decision.Load() == undo {
+			// Failed while this request waited: sending it would only
+			// write a key that then has to be undone.
+			_, next = r.deliver(j.node, Result{Err: errDecided}, false)
+			r.unref()
+			return next
 		}
 		// Granted while this request waited: it is still sent (within the
-		// round's deadline, checked above). The grant did not need this
+		// round's deadline, checked above; a request that follows another
+		// round's, whatever the deadline). The grant did not need this
 		// node, but the lock does: a key left on a bare majority survives
 		// no node failure for its whole life, and renewals only extend the
 		// copies that exist.
@@ -486,7 +615,7 @@ func (nd *node) run(j job) {
 		// spend its time reconnecting. Such a request gets a full timeout of
 		// its own from now; the caller stops waiting at the round's deadline
 		// regardless.
-		ctx := r.ctx
+		var ctx context.Context = r.ctx
 		if dl, ok := ctx.Deadline(); ok && time.Until(dl) < r.ns.timeout/2 {
 			ctx = detached{Context: r.ns.deadline(), values: r.parent}
 		}
@@ -497,15 +626,29 @@ func (nd *node) run(j job) {
 			res.Val, res.Err = r.call.Script.Run(ctx, nd.client, r.call.Line)
 		}
 
-		if !r.deliver(j.node, res, true) {
-			return
+		undoNow, next := r.deliver(j.node, res, true)
+		if !undoNow {
+			r.unref()
+			return next
 		}
 		// The round failed while this request was in flight: undo it now
-		// that it has finished.
+		// that it has finished. (A failed round is never followed: only
+		// rounds given to Keep are.)
 	}
 	// A fresh deadline: the round's may have passed, and the caller's
 	// cancellation must not stop a cleanup.
 	ctx := detached{Context: r.ns.deadline(), values: r.parent}
-	_, _ = r.undo.Script.Run(ctx, nd.client, r.undo.Line)
+	_, _ = r.undo.Script.Run(ctx, nd.client, r.undoLine())
 	r.undoneSignal(j.node)
+	r.unref()
+	return nil
+}
+
+// undoLine returns the undo call's command line, built on first use when
+// the call has a Build function (several workers may undo at once).
+func (r *Round) undoLine() []any {
+	if r.undo.Build != nil {
+		r.undoOnce.Do(func() { r.undo.Line = r.undo.Build(r.undo.Key, r.undo.Token) })
+	}
+	return r.undo.Line
 }

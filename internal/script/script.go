@@ -224,13 +224,18 @@ return 0
 // still releases; waiters then learn of the release by polling. Without
 // ARGV[2] nothing is published.
 //
-//	KEYS[1] lock key; ARGV[1] token, ARGV[2] wake channel (optional)
+// The channel's name is sent in up to three parts that the script joins
+// (ReleaseArgs sends a constant prefix, the key, a constant suffix): the
+// client then builds no string for it.
+//
+//	KEYS[1] lock key; ARGV[1] token, ARGV[2..4] wake channel, in parts
+//	(optional; ARGV[3] and ARGV[4] may be missing)
 //	reply: 1 if deleted, 0 if the key is gone or not ours
 var Release = newScript(1, `
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   local n = redis.call('DEL', KEYS[1])
   if ARGV[2] then
-    redis.pcall('PUBLISH', ARGV[2], '')
+    redis.pcall('PUBLISH', ARGV[2] .. (ARGV[3] or '') .. (ARGV[4] or ''), '')
   end
   return n
 end
@@ -238,9 +243,12 @@ return 0
 `)
 
 // ReleaseArgs returns the Release command line for key and token, with
-// key's wake channel.
+// key's wake channel (Channel) in parts: no string is built, and key is
+// boxed once for both places.
 func ReleaseArgs(key string, token any) []any {
-	return Release.Args(key, token, Channel(key))
+	k := any(key)
+	prefix, suffix := channelParts(key)
+	return Release.Args(k, token, prefix, k, suffix)
 }
 
 // Channel returns the wake channel of a lock key: Release publishes on it,
@@ -252,13 +260,21 @@ func ReleaseArgs(key string, token any) []any {
 // ignores slots; keeping the slot leaves sharded pub/sub open.) A key that
 // Check rejects gets "redlease:wake:"+key, which no waiter subscribes to.
 func Channel(key string) string {
-	if hasHashTag(key) {
-		return wakePrefix + "tag:" + key
+	prefix, suffix := channelParts(key)
+	return prefix.(string) + key + suffix.(string)
+}
+
+// channelParts returns what goes before and after key in its wake
+// channel (see Channel), as constants already in interfaces (no
+// allocation).
+func channelParts(key string) (prefix, suffix any) {
+	switch {
+	case hasHashTag(key):
+		return wakePrefix + "tag:", ""
+	case strings.IndexByte(key, '}') >= 0:
+		return wakePrefix, ""
 	}
-	if strings.IndexByte(key, '}') >= 0 {
-		return wakePrefix + key
-	}
-	return wakePrefix + "{" + key + "}"
+	return wakePrefix + "{", "}"
 }
 
 // wakePrefix starts every wake channel.
