@@ -179,7 +179,7 @@ func TestUserWithoutFairRightsIsServedUnfairly(t *testing.T) {
 	require.NoError(t, admin.Do(ctx, rule...).Err())
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: "redlease", Password: "s3cret", ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = c.Close() })
-	l := redlease.New(single.New(c), redlease.WithPrefix("lock:"), redlease.WithTTL(10*time.Second), redlease.WithRetryDelay(time.Millisecond, 20*time.Millisecond))
+	l := redlease.New(single.New(c), redlease.WithFairness(true), redlease.WithPrefix("lock:"), redlease.WithTTL(10*time.Second), redlease.WithRetryDelay(time.Millisecond, 20*time.Millisecond))
 	holder, err := l.TryLock(ctx, "old-acl")
 	require.NoError(t, err)
 	got := make(chan error, 1)

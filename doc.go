@@ -42,8 +42,8 @@
 //
 // # Fair mode (WithFairness): waiters served in arrival order
 //
-// With fairness on, the waiters of one key are served in the order they
-// called Lock, on every strategy of this module (single, failover and
+// With fairness on (it is off by default: see WithFairness for what it
+// costs), the waiters of one key are served in the order they called Lock, on every strategy of this module (single, failover and
 // quorum implement Queuer; a Strategy that does not is simply not fair).
 //
 // The line: per node, beside the lock key, in its cluster slot and in the

@@ -82,7 +82,7 @@ func (l *Locker) TryLock(ctx context.Context, key string, opts ...LockOption) (*
 	}
 	token := newToken()
 	var place *Place
-	if !c.unfair {
+	if c.fair {
 		if _, ok := c.strategy.(Queuer); ok {
 			// It respects the line, and never joins: it would not come
 			// back for its turn.
@@ -138,7 +138,7 @@ func (l *Locker) retry(ctx context.Context, c lockConfig, key string) (lk *Lock,
 	)
 	base := newToken()
 	var place *Place
-	if q, ok := c.strategy.(Queuer); ok && !c.unfair {
+	if q, ok := c.strategy.(Queuer); ok && c.fair {
 		// Fair mode: every attempt joins (or refreshes) this call's entry
 		// in the key's line, at the ticket of its arrival.
 		place = &Place{ID: base, Ticket: time.Now(), Join: true, Lifetime: LineLifetime(c.maxDelay)}

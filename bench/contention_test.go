@@ -32,7 +32,8 @@ type cycle func(ctx context.Context, obtained func()) (bool, error)
 
 // BenchmarkContention: 32 goroutines on 4 keys (8 per key) of a 5-node
 // quorum, each taking its key with the library's blocking Lock and default
-// retry policy (ours: jittered exponential backoff from 10 ms to 320 ms,
+// retry policy (redlease in fair mode, its default, and with
+// WithFairness(false)) (ours: jittered exponential backoff from 10 ms to 320 ms,
 // no limit; redsync: 50–250 ms, 32 tries), holding it for 1 ms, releasing
 // it and going again. One op is one grant: ns/op is the time per grant
 // across all keys, grants/s its inverse. Fairness: grants per goroutine,
@@ -54,20 +55,25 @@ func BenchmarkContention(b *testing.B) {
 	name := fmt.Sprintf("nodes=5/goroutines=%d/keys=%d", contenders, contendedKeys)
 	rtt := func(b *testing.B) time.Duration { return acquireRTT(b, ours) }
 
-	b.Run("lib=redlease/"+name, func(b *testing.B) {
-		locker := redlease.New(ours, redlease.WithTTL(quorumTTL))
-		contend(b, rtt(b), func(g int, key string) cycle {
-			return func(ctx context.Context, obtained func()) (bool, error) {
-				lk, err := locker.Lock(ctx, key)
-				if err != nil {
-					return false, err
+	for _, lib := range []struct {
+		name string
+		fair bool
+	}{{"redlease", true}, {"redlease-unfair", false}} {
+		b.Run("lib="+lib.name+"/"+name, func(b *testing.B) {
+			locker := redlease.New(ours, redlease.WithTTL(quorumTTL), redlease.WithFairness(lib.fair))
+			contend(b, rtt(b), func(g int, key string) cycle {
+				return func(ctx context.Context, obtained func()) (bool, error) {
+					lk, err := locker.Lock(ctx, key)
+					if err != nil {
+						return false, err
+					}
+					obtained()
+					time.Sleep(holdFor)
+					return true, lk.Release(ctx)
 				}
-				obtained()
-				time.Sleep(holdFor)
-				return true, lk.Release(ctx)
-			}
+			})
 		})
-	})
+	}
 	b.Run("lib=redsync/"+name, func(b *testing.B) {
 		contend(b, rtt(b), func(g int, key string) cycle {
 			m := peer.NewMutex(key, redsync.WithExpiry(quorumTTL)) // one Mutex per goroutine: not safe for concurrent use
