@@ -16,6 +16,7 @@ import (
 	"github.com/redlease/redlease/failover"
 	"github.com/redlease/redlease/idempotency"
 	"github.com/redlease/redlease/internal/redistest"
+	"github.com/redlease/redlease/internal/script"
 	"github.com/redlease/redlease/quorum"
 	"github.com/redlease/redlease/renew"
 	"github.com/redlease/redlease/single"
@@ -157,4 +158,44 @@ func TestUserWithoutRightsFailsClearly(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "NOPERM")
 	assert.Less(t, time.Since(start), time.Second, "refused at once")
+}
+
+// A user of the ACL written before fair mode (no EXISTS or sorted-set
+// commands) still locks and waits with fairness on: the line is ignored
+// (the acquire script's EXISTS is refused under redis.pcall), never a
+// NOPERM. With the documented rule the waiter is in line.
+func TestUserWithoutFairRightsIsServedUnfairly(t *testing.T) {
+	srv := redistest.Start(t, redistest.Config{})
+	admin := srv.Client()
+	ctx := t.Context()
+	var rule []any
+	for _, a := range aclRule(t, "s3cret") {
+		switch a {
+		case "+exists", "+zadd", "+zrem", "+zrangebyscore":
+			continue
+		}
+		rule = append(rule, a)
+	}
+	require.NoError(t, admin.Do(ctx, rule...).Err())
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: "redlease", Password: "s3cret", ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = c.Close() })
+	l := redlease.New(single.New(c), redlease.WithFairness(true), redlease.WithPrefix("lock:"), redlease.WithTTL(10*time.Second), redlease.WithRetryDelay(time.Millisecond, 20*time.Millisecond))
+	holder, err := l.TryLock(ctx, "old-acl")
+	require.NoError(t, err)
+	got := make(chan error, 1)
+	go func() {
+		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		lk, err := l.Lock(wctx, "old-acl")
+		if err == nil {
+			err = lk.Release(ctx)
+		}
+		got <- err
+	}()
+	time.Sleep(50 * time.Millisecond) // not a race decider: the waiter retries every ≤ 20 ms meanwhile, and must not fail
+	require.NoError(t, holder.Release(ctx))
+	require.NoError(t, <-got)
+	n, err := admin.Exists(ctx, script.QueueKey("lock:old-acl")).Result()
+	require.NoError(t, err)
+	assert.Zero(t, n, "no line without the rights")
 }

@@ -40,6 +40,89 @@
 // remaining TTL plus 1 ms for a key that expires. A strategy that is not a
 // Waker is polled by backoff alone.
 //
+// # Fair mode (WithFairness): waiters served in arrival order
+//
+// With fairness on (it is off by default: see WithFairness for what it
+// costs), the waiters of one key are served in the order they called Lock, on every strategy of this module (single, failover and
+// quorum implement Queuer; a Strategy that does not is simply not fair).
+//
+// The line: per node, beside the lock key, in its cluster slot and in the
+// reserved namespace, one sorted set (redlease:queue:{key}, built like the
+// fence counter's key). Each waiter has two members: its id (the Lock
+// call's token base, "<base>" of "<base>.<n>") scored by its ticket, and a
+// deadline member scored by the entry's expiry in the node's own TIME
+// (negated, so the two kinds never mix in an ordered read). The ticket is
+// the client's wall clock in milliseconds when Lock was called; ties go
+// by id. It is chosen by the client, not by the node, so every node that
+// has seen two waiters orders them the same way: with node-chosen order a
+// quorum could split into nodes whose heads differ and block a majority
+// for every waiter.
+//
+// The rule, inside the acquire script, atomically: a free key is granted
+// only to the line's head, or to anyone when the line is empty (after
+// entries past their deadline were purged). Fairness only ever adds
+// refusals, never grants: the grant path (SET NX, the same token's
+// refresh, the takeover of an earlier attempt of the same Lock call) is
+// the one of the plain script, and a key held by another token is refused
+// as before. So mutual exclusion, fences and validity are exactly those of
+// the strategy without fairness, whatever state a line is in.
+//
+// Who is in line: every attempt of a Lock call joins (or refreshes) its
+// entry on every node it reaches, at its first ticket: an attempt that
+// reaches a node which has not seen the waiter (its earlier request was
+// lost, the node restarted and forgot its line) inserts it at its place.
+// A grant removes the winner's entry on the nodes that granted; a release
+// removes the entry of its token's base on every node it reaches (the
+// nodes that refused the winner still had it), then publishes the next
+// head on the key's wake channel. TryLock never joins (it would never come
+// back to take its turn): it only respects the line, so with waiters in
+// line it is refused even when the key is free. A Lock that gives up (ctx
+// end, WithMaxAttempts, an error) removes its own entry, by its own id,
+// on every node, best effort. Otherwise an entry lasts its lifetime
+// (max(1 s, 3 × the max of WithRetryDelay)) after its last refresh; every
+// attempt refreshes it, and the waits between attempts are bounded by
+// that max (and cut by the holder's TTL and by release notices), so a live
+// waiter keeps its place. The line key itself carries a PEXPIRE of the
+// lifetime, so an idle line vanishes.
+//
+// Failure modes, and what each costs (never safety):
+//
+//   - A waiter that dies or is paused (GC, SIGSTOP) while it is the head
+//     stalls the key for at most one entry lifetime after its last
+//     attempt: then its entry expires, and the next waiter is the head.
+//   - A waiter whose wall clock is behind gets an earlier ticket and is
+//     served ahead of waiters that came before it (ahead, a later one):
+//     clock skew reorders the line, it does not block it. Tickets are not
+//     clamped by the nodes, since a clamp by each node's own clock would
+//     order the line differently on different nodes.
+//   - Nodes of a quorum that have seen different waiters (a lost join, a
+//     node restarted without its data) can have different heads for a
+//     while. They converge: the live waiter with the smallest ticket is
+//     the head of every node its attempts reach, so it gets a majority as
+//     soon as the key is free on one; meanwhile someone may be served out
+//     of turn (a fairness miss, not a stall). No node blocks every waiter
+//     forever: an entry not refreshed expires.
+//   - A waiter that reaches only a minority of the nodes (partitioned)
+//     would otherwise keep its entries fresh there and, with one more node
+//     down, leave the others no majority: after an attempt that too few
+//     nodes answered (ErrUnavailable), the next attempt only respects the
+//     line and does not refresh the waiter's entry, so its entries expire
+//     within a lifetime while it cannot reach a majority.
+//   - A late undo of a failed attempt does not touch the line (it deletes
+//     the attempt's lock key by token, as before): only Release and the
+//     give-up of a Lock leave the line.
+//   - Clients without fairness (fairness off, an older redlease, redsync
+//     on the same key layout) ignore the line: they take a free key
+//     whoever is waiting. Fairness holds among fair clients only.
+//   - Release notices name the next head; every waiter still wakes on
+//     them, and a waiter that is not the head is refused and waits again.
+//     A lost notice costs one backoff, as without fairness.
+//
+// Cost: an uncontended Lock or TryLock on a free key with an empty line
+// runs one more command (EXISTS on the line) inside the same script; the
+// command line carries the line's key and the waiter's id, ticket and
+// lifetime. A contended attempt runs a few sorted-set commands.
+//
 // # Do keeps its lock alive
 //
 // Locker.Do runs a function under a lock and renews the lock while the

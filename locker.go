@@ -80,7 +80,16 @@ func (l *Locker) TryLock(ctx context.Context, key string, opts ...LockOption) (*
 	if err != nil {
 		return nil, err
 	}
-	return l.attempt(ctx, c, key, newToken())
+	token := newToken()
+	var place *Place
+	if c.fair {
+		if _, ok := c.strategy.(Queuer); ok {
+			// It respects the line, and never joins: it would not come
+			// back for its turn.
+			place = &Place{ID: token, Ticket: time.Now()}
+		}
+	}
+	return l.attempt(ctx, c, key, token, place)
 }
 
 // Lock takes key, retrying with jittered exponential backoff (WithRetryDelay)
@@ -117,14 +126,33 @@ func (l *Locker) Lock(ctx context.Context, key string, opts ...LockOption) (*Loc
 	return lk, err
 }
 
+// leaveBound bounds the LeaveLine of a Lock that gives up.
+const leaveBound = 250 * time.Millisecond
+
 // retry is Lock's loop.
-func (l *Locker) retry(ctx context.Context, c lockConfig, key string) (*Lock, error) {
+func (l *Locker) retry(ctx context.Context, c lockConfig, key string) (lk *Lock, err error) {
 	var (
 		timer   *time.Timer
 		notices <-chan struct{} // nil: not subscribed, never ready
 		refused error           // the last attempt the nodes decided: "held"
 	)
 	base := newToken()
+	var place *Place
+	if q, ok := c.strategy.(Queuer); ok && c.fair {
+		// Fair mode: every attempt joins (or refreshes) this call's entry
+		// in the key's line, at the ticket of its arrival.
+		place = &Place{ID: base, Ticket: time.Now(), Join: true, Lifetime: LineLifetime(c.maxDelay)}
+		defer func() {
+			if lk == nil {
+				// Giving up: leave the line, by this call's id only, so
+				// that a dead entry does not hold the next waiter back
+				// for its lifetime. Best effort, bounded.
+				lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaveBound)
+				_ = q.LeaveLine(lctx, l.prefix+key, base)
+				cancel()
+			}
+		}()
+	}
 	for attempt := 1; ; attempt++ {
 		// A notice that came before this attempt is sent is answered by
 		// it: only one that comes after may end the next wait.
@@ -132,9 +160,17 @@ func (l *Locker) retry(ctx context.Context, c lockConfig, key string) (*Lock, er
 		case <-notices:
 		default:
 		}
-		lk, err := l.attempt(ctx, c, key, attemptToken(base, attempt))
+		lk, err = l.attempt(ctx, c, key, attemptToken(base, attempt), place)
 		if err == nil || !errors.Is(err, ErrNotObtained) {
 			return lk, err
+		}
+		if place != nil {
+			// An attempt that too few nodes answered may come from a
+			// waiter cut off from most of them: its next attempt does not
+			// refresh its entries, so that they expire where it still
+			// reaches, rather than hold a minority of the nodes for as
+			// long as it waits.
+			place.Join = !errors.Is(err, ErrUnavailable)
 		}
 		if ctx.Err() != nil {
 			if refused != nil && errors.Is(err, ErrUnavailable) {
@@ -179,8 +215,9 @@ func (l *Locker) retry(ctx context.Context, c lockConfig, key string) (*Lock, er
 	}
 }
 
-// attempt makes one attempt under token, which no other attempt uses.
-func (l *Locker) attempt(ctx context.Context, c lockConfig, key, token string) (*Lock, error) {
+// attempt makes one attempt under token, which no other attempt uses; in
+// fair mode (place not nil, the strategy a Queuer) from place in the line.
+func (l *Locker) attempt(ctx context.Context, c lockConfig, key, token string, place *Place) (*Lock, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, Wrap(ErrNotObtained, context.Cause(ctx))
 	}
@@ -194,7 +231,15 @@ func (l *Locker) attempt(ctx context.Context, c lockConfig, key, token string) (
 		tr.untrack = r.Track(full, token, tr.revoke)
 	}
 	actx, done := observe(ctx, l.observer, Op{Name: "acquire", Strategy: strategyName(c.strategy), Key: key})
-	g, err := c.strategy.Acquire(actx, full, token, c.ttl)
+	var (
+		g   Grant
+		err error
+	)
+	if place != nil {
+		g, err = c.strategy.(Queuer).AcquireInLine(actx, full, token, c.ttl, *place)
+	} else {
+		g, err = c.strategy.Acquire(actx, full, token, c.ttl)
+	}
 	done(err)
 	if err != nil {
 		if tr != nil {

@@ -2,6 +2,7 @@ package redlease
 
 import (
 	"context"
+	"errors"
 	"time"
 )
 
@@ -70,10 +71,63 @@ type Waker interface {
 	Watch(ctx context.Context, key string) (notices <-chan struct{}, stop func(), err error)
 }
 
+// Queuer is a Strategy that can serve the waiters of a key in arrival
+// order: fair mode (WithFairness; how it works and how it fails is in the
+// package documentation). The strategies of this module implement it; a
+// Strategy without it is just not fair, and WithFairness changes nothing
+// on it.
+//
+// Fairness only ever adds refusals: AcquireInLine grants exactly when
+// Acquire would, except that a free key is refused (ErrQueued) to anyone
+// but the head of a non-empty line. Every guarantee of Acquire holds for
+// it unchanged.
+type Queuer interface {
+	// AcquireInLine is Acquire for the waiter at place: it joins (or
+	// refreshes) the waiter's entry in key's line when place.Join is set,
+	// and grants a free key only if the line is empty or place.ID is its
+	// head. A refusal because others are ahead errors.Is ErrQueued (and
+	// ErrNotObtained).
+	AcquireInLine(ctx context.Context, key, token string, ttl time.Duration, place Place) (Grant, error)
+	// LeaveLine removes the entry of waiter id from key's line on every
+	// node it reaches, best effort (one attempt, bounded by the
+	// strategy's call bound and ctx). It removes nothing but that id's
+	// entry. A nil error means the nodes that answered applied it.
+	LeaveLine(ctx context.Context, key, id string) error
+}
+
+// Place is a waiter's place in a key's line (see Queuer).
+type Place struct {
+	// ID names the waiter: Locker.Lock gives the base of its tokens
+	// ("<base>" of "<base>.<n>"), the same for every attempt of one call,
+	// so that a release under any of its tokens removes it. It must not
+	// be empty.
+	ID string
+	// Ticket orders the waiters, the earliest first, ties by ID: the
+	// client's wall clock when the waiter arrived (Locker.Lock: when it
+	// was called). It must be after the Unix epoch; only its milliseconds
+	// count. Every node orders two waiters the same way because the
+	// client, not the node, chose their tickets.
+	Ticket time.Time
+	// Join makes the attempt join the line (or refresh its entry). Without
+	// it the attempt only respects the line (TryLock: it never comes back
+	// for its turn).
+	Join bool
+	// Lifetime is how long the entry stays in line after this attempt
+	// without another refresh (at least a millisecond when Join is set).
+	// A waiter must attempt again within it to keep its place.
+	Lifetime time.Duration
+}
+
+// ErrQueued is the cause of a refusal in fair mode when the key was free
+// but other waiters were ahead in its line. It comes wrapped with
+// ErrNotObtained.
+var ErrQueued = errors.New("redlease: other waiters are ahead in the key's line (fair mode)")
+
 // ReservedPrefix starts every key that redlease writes for its own
 // bookkeeping: fence counters, the quorum strategy's boot markers, the
-// CLI's holder metadata (redlease:holder:{key}); it also starts the wake
-// channels of Waker (redlease:wake:…). No lock
+// CLI's holder metadata (redlease:holder:{key}), the lines of fair mode
+// (redlease:queue:…); it also starts the wake channels of Waker
+// (redlease:wake:…). No lock
 // key may start with it: every strategy rejects such a key (and a Locker
 // prefix that puts keys there) with ErrInvalid, so a lock can never land on
 // a counter or a marker, or the other way round.

@@ -25,42 +25,59 @@ const (
 )
 
 // cycle takes the lock on a key (waiting with the library's own retry
-// policy), holds it for holdFor and releases it. It reports whether it got
-// the lock; a library that gives up (redsync after 32 tries) reports false
-// and the contender tries again.
-type cycle func(ctx context.Context) (bool, error)
+// policy), calls obtained the moment it has it, holds it for holdFor and
+// releases it. It reports whether it got the lock; a library that gives up
+// (redsync after 32 tries) reports false and the contender tries again.
+type cycle func(ctx context.Context, obtained func()) (bool, error)
 
 // BenchmarkContention: 32 goroutines on 4 keys (8 per key) of a 5-node
 // quorum, each taking its key with the library's blocking Lock and default
-// retry policy (ours: jittered exponential backoff from 10 ms to 320 ms,
+// retry policy (redlease in fair mode, its default, and with
+// WithFairness(false)) (ours: jittered exponential backoff from 10 ms to 320 ms,
 // no limit; redsync: 50–250 ms, 32 tries), holding it for 1 ms, releasing
 // it and going again. One op is one grant: ns/op is the time per grant
 // across all keys, grants/s its inverse. Fairness: grants per goroutine,
 // as Jain's index (1 = all equal, 1/32 = one goroutine got everything) and
 // the least and most any goroutine got, as a share of the fair 1/32.
+//
+// Waits: the time from a contender's first attempt for a grant (redsync's
+// give-ups included) to the grant, as p50-wait-ms, mean-wait-ms and
+// max-wait-ms, and max/mean. Throughput against the floor: acquire-ms is
+// the median of uncontended redlease acquisitions on the same nodes in the
+// same run (the yardstick for both libraries: one RTT to a majority, as
+// this machine serves it), and floor-ratio is grants/s per key ×
+// (holdFor + 2 × acquire-ms): 1 would be a handoff that costs two round
+// trips and nothing else.
 func BenchmarkContention(b *testing.B) {
 	cs := clients(b, nodes(b, 5))
 	ours := newQuorum(b, cs, quorum.WithoutFencing()) // like for like: redsync has no fences
 	peer := redsync.New(pools(cs)...)
 	name := fmt.Sprintf("nodes=5/goroutines=%d/keys=%d", contenders, contendedKeys)
+	rtt := func(b *testing.B) time.Duration { return acquireRTT(b, ours) }
 
-	b.Run("lib=redlease/"+name, func(b *testing.B) {
-		locker := redlease.New(ours, redlease.WithTTL(quorumTTL))
-		contend(b, func(g int, key string) cycle {
-			return func(ctx context.Context) (bool, error) {
-				lk, err := locker.Lock(ctx, key)
-				if err != nil {
-					return false, err
+	for _, lib := range []struct {
+		name string
+		fair bool
+	}{{"redlease", true}, {"redlease-unfair", false}} {
+		b.Run("lib="+lib.name+"/"+name, func(b *testing.B) {
+			locker := redlease.New(ours, redlease.WithTTL(quorumTTL), redlease.WithFairness(lib.fair))
+			contend(b, rtt(b), func(g int, key string) cycle {
+				return func(ctx context.Context, obtained func()) (bool, error) {
+					lk, err := locker.Lock(ctx, key)
+					if err != nil {
+						return false, err
+					}
+					obtained()
+					time.Sleep(holdFor)
+					return true, lk.Release(ctx)
 				}
-				time.Sleep(holdFor)
-				return true, lk.Release(ctx)
-			}
+			})
 		})
-	})
+	}
 	b.Run("lib=redsync/"+name, func(b *testing.B) {
-		contend(b, func(g int, key string) cycle {
+		contend(b, rtt(b), func(g int, key string) cycle {
 			m := peer.NewMutex(key, redsync.WithExpiry(quorumTTL)) // one Mutex per goroutine: not safe for concurrent use
-			return func(ctx context.Context) (bool, error) {
+			return func(ctx context.Context, obtained func()) (bool, error) {
 				if err := m.LockContext(ctx); err != nil {
 					if errors.Is(err, redsync.ErrFailed) {
 						return false, nil // gave up after its tries
@@ -71,6 +88,7 @@ func BenchmarkContention(b *testing.B) {
 					}
 					return false, err
 				}
+				obtained()
 				time.Sleep(holdFor)
 				ok, err := m.UnlockContext(ctx)
 				if !ok {
@@ -82,9 +100,32 @@ func BenchmarkContention(b *testing.B) {
 	})
 }
 
-// contend runs b.N grants among the contenders and reports grants/s and
-// fairness. newCycle makes contender g's cycle on its key.
-func contend(b *testing.B, newCycle func(g int, key string) cycle) {
+// acquireRTT is the median time of 21 uncontended redlease acquisitions
+// on s (each released outside the timing): the floor's round trip.
+func acquireRTT(b *testing.B, s redlease.Strategy) time.Duration {
+	b.Helper()
+	locker := redlease.New(s, redlease.WithTTL(quorumTTL))
+	key := keyFor(b, "rtt")
+	per := make([]time.Duration, 21)
+	for i := range per {
+		start := time.Now()
+		lk, err := locker.TryLock(background, key)
+		per[i] = time.Since(start)
+		if err != nil {
+			b.Fatalf("uncontended acquire: %v", err)
+		}
+		if err := lk.Release(background); err != nil {
+			b.Fatalf("uncontended release: %v", err)
+		}
+	}
+	slices.Sort(per)
+	return per[len(per)/2]
+}
+
+// contend runs b.N grants among the contenders and reports grants/s,
+// fairness and waits; rtt is the uncontended acquisition time (see
+// BenchmarkContention). newCycle makes contender g's cycle on its key.
+func contend(b *testing.B, rtt time.Duration, newCycle func(g int, key string) cycle) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	cycles := make([]cycle, contenders)
@@ -92,6 +133,10 @@ func contend(b *testing.B, newCycle func(g int, key string) cycle) {
 		cycles[g] = newCycle(g, keyFor(b, fmt.Sprint(g%contendedKeys)))
 	}
 	grants := make([]int64, contenders)
+	waits := make([][]time.Duration, contenders)
+	for g := range waits {
+		waits[g] = make([]time.Duration, 0, b.N/contenders+8)
+	}
 	var tickets, giveUps atomic.Int64
 	tickets.Store(int64(b.N))
 	var wg sync.WaitGroup
@@ -100,8 +145,10 @@ func contend(b *testing.B, newCycle func(g int, key string) cycle) {
 	for g := range contenders {
 		wg.Go(func() {
 			for tickets.Add(-1) >= 0 {
+				start := time.Now()
+				obtained := func() { waits[g] = append(waits[g], time.Since(start)) }
 				for {
-					ok, err := cycles[g](ctx)
+					ok, err := cycles[g](ctx, obtained)
 					if err != nil {
 						b.Error(err)
 						return
@@ -117,8 +164,26 @@ func contend(b *testing.B, newCycle func(g int, key string) cycle) {
 	}
 	wg.Wait()
 	b.StopTimer()
-	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "grants/s")
+	perSec := float64(b.N) / b.Elapsed().Seconds()
+	b.ReportMetric(perSec, "grants/s")
 	b.ReportMetric(float64(giveUps.Load())/float64(b.N), "giveups/op")
+	b.ReportMetric(float64(rtt.Microseconds())/1000, "acquire-ms")
+	b.ReportMetric(perSec/contendedKeys*(holdFor+2*rtt).Seconds(), "floor-ratio")
+	if all := slices.Concat(waits...); len(all) > 0 {
+		slices.Sort(all)
+		var sum time.Duration
+		for _, w := range all {
+			sum += w
+		}
+		mean := sum / time.Duration(len(all))
+		ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+		b.ReportMetric(ms(all[len(all)/2]), "p50-wait-ms")
+		b.ReportMetric(ms(mean), "mean-wait-ms")
+		b.ReportMetric(ms(all[len(all)-1]), "max-wait-ms")
+		if mean > 0 {
+			b.ReportMetric(float64(all[len(all)-1])/float64(mean), "max/mean-wait")
+		}
+	}
 	if b.N >= contenders {
 		fair := float64(b.N) / contenders
 		b.ReportMetric(jain(grants), "jain")

@@ -196,3 +196,20 @@ func WithFenceTTL(d time.Duration) Option { return optionFunc(primary.FenceTTL(d
 // redlease.Clock: for tests that emulate a clock running at the wrong
 // rate). Give the Locker the same clock.
 func WithClock(c redlease.Clock) Option { return optionFunc(primary.UseClock(c)) }
+
+var _ redlease.Queuer = (*Strategy)(nil)
+
+// AcquireInLine is Acquire in fair mode (see redlease.Queuer): the
+// waiter joins the key's line on the primary at place's ticket, and a free
+// key goes to the line's head only; the grant is acknowledged by replicas
+// as Acquire's is. The line itself is not waited for: a failover that
+// loses it costs order, not safety (the waiters rebuild it with their next
+// attempts).
+func (s *Strategy) AcquireInLine(ctx context.Context, key, token string, ttl time.Duration, place redlease.Place) (redlease.Grant, error) {
+	return s.p.AcquireInLine(ctx, key, token, ttl, place)
+}
+
+// LeaveLine removes waiter id's entry from key's line, in one round trip.
+func (s *Strategy) LeaveLine(ctx context.Context, key, id string) error {
+	return s.p.LeaveLine(ctx, key, id)
+}

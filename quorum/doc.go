@@ -30,6 +30,32 @@
 // undecided). Requests still in flight finish in the background, bounded by
 // the node timeout; Close waits for them.
 //
+// # Fair mode (redlease.WithFairness)
+//
+// Strategy implements redlease.Queuer. Each node keeps its own line for a
+// key (see the redlease package documentation): the acquire script joins
+// the waiter at its client-chosen ticket and grants a free key only to the
+// head. The quorum rule is unchanged: a grant still needs a majority of
+// grants, each node deciding on its own, and fairness only adds refusals.
+//
+// Because the ticket is chosen by the client, every node orders any two
+// waiters it has seen the same way; a node only differs from another in
+// which waiters it has seen. An attempt inserts its waiter on every node
+// it reaches, so the oldest live waiter becomes the head of every node its
+// attempts reach and takes a majority as soon as the key is free there.
+// Until then nodes with different heads may let a younger waiter through
+// (a fairness miss); they never keep a free key from every waiter: a head
+// that stops trying expires after the entry lifetime, and a waiter that
+// reaches too few nodes stops refreshing its entries (its next attempt
+// only respects the line).
+//
+// A grant removes the winner's entry on the nodes that granted; the nodes
+// that refused it keep it until the winner's Release, which removes it on
+// every node (by the token's base), or until its lifetime. While the
+// winner holds the key those entries cost nothing: the key is held on a
+// majority anyway. The undo of a failed attempt deletes only its lock key
+// (by token), never an entry.
+//
 // # Guarantees and assumptions
 //
 // Two holders never hold a key at once (each within its Until) provided

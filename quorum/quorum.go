@@ -197,6 +197,11 @@ func (s *Strategy) Watch(ctx context.Context, key string) (<-chan struct{}, func
 //  5. On failure, release on every node, each only after its own acquire
 //     request has returned, so a late write cannot leave a key behind.
 func (s *Strategy) Acquire(ctx context.Context, key, token string, ttl time.Duration) (redlease.Grant, error) {
+	return s.acquire(ctx, key, token, ttl, nil)
+}
+
+// acquire is Acquire, in fair mode (fair.go) when place is not nil.
+func (s *Strategy) acquire(ctx context.Context, key, token string, ttl time.Duration, place *redlease.Place) (redlease.Grant, error) {
 	if err := script.Check(key, token, ttl, s.driftFactor); err != nil {
 		return redlease.Grant{}, err
 	}
@@ -218,13 +223,20 @@ func (s *Strategy) Acquire(ctx context.Context, key, token string, ttl time.Dura
 	if s.maxTTL > 0 {
 		marker = any(script.BootMarker)
 	}
-	line := script.Acquire.Args(k, fenceKey, marker, token, ttl.Milliseconds(), mode, s.maxTTLArg, s.durableArg, s.fenceTTLArg)
+	queue := k // KEYS[4], the line: read only in fair mode
+	if place != nil {
+		queue = any(script.QueueKey(key))
+	}
+	line := script.Acquire.Args(k, fenceKey, marker, queue, token, ttl.Milliseconds(), mode, s.maxTTLArg, s.durableArg, s.fenceTTLArg)
+	if place != nil {
+		line = script.AppendPlace(line, *place)
+	}
 
 	// 1. Fan out.
 	start := s.clock.Now()
 	round := s.fan.Start(ctx, fanout.Call{Script: script.Acquire, Line: line},
 		// The undo's line is built only if an undo is sent.
-		fanout.Call{Script: script.Release, Build: script.ReleaseArgs, Key: key, Token: line[6], // token already boxed
+		fanout.Call{Script: script.Release, Build: script.UndoArgs, Key: key, Token: line[7], // token already boxed
 			Skip: skipUndo})
 
 	// 2. Count until the outcome is decided.
@@ -238,6 +250,9 @@ func (s *Strategy) Acquire(ctx context.Context, key, token string, ttl time.Dura
 		return redlease.Grant{}, s.failure(ctx, op, redlease.ErrNotObtained, report, start, expired)
 	}
 	if t.agreed < s.quorum {
+		if t.queued > 0 {
+			t.causes = multierror.Append(t.causes, redlease.ErrQueued)
+		}
 		return fail("acquire", t, false)
 	}
 
@@ -245,7 +260,7 @@ func (s *Strategy) Acquire(ctx context.Context, key, token string, ttl time.Dura
 	var fence uint64
 	if s.fencing {
 		fence = uint64(t.highest) + 1
-		if ft := s.raiseFence(ctx, line[3], line[4], line[6], fence); ft.agreed < s.quorum {
+		if ft := s.raiseFence(ctx, line[3], line[4], line[7], fence); ft.agreed < s.quorum {
 			return fail("acquire (fence phase)", ft, false)
 		}
 	}
@@ -347,6 +362,7 @@ func (s *Strategy) Release(ctx context.Context, key, token string) error {
 type tally struct {
 	agreed   int   // replies that agreed (granted, extended, released, confirmed)
 	refused  int   // replies that definitely did not (taken, not ours)
+	queued   int   // refusals of a free key for a waiter not at the head of its line (fair mode)
 	answered int   // replies of any kind, errors included
 	highest  int64 // highest value among agreeing replies (fence counters)
 	// remaining: the longest holder's TTL among refusals that carried one
@@ -427,6 +443,9 @@ func (s *Strategy) collect(ctx context.Context, round *fanout.Round, agree func(
 			server = dup[node]
 		}
 		ok, why := agree(r.Val)
+		if r.Val == script.Queued {
+			t.queued++
+		}
 		if d, held := script.Remaining(r.Val); held && !ok { // only acquire replies are that low
 			t.remaining = max(t.remaining, d)
 		}

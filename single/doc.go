@@ -28,6 +28,19 @@
 // "redlease:fence:{order:7}"). Keys that contain '}' without a valid hash
 // tag are rejected, since no same-slot companion can be built for them.
 //
+// # Fair mode (redlease.WithFairness)
+//
+// Strategy implements redlease.Queuer: the primary keeps the key's line,
+// a sorted set at "redlease:queue:"+the same suffix as the fence counter
+// ("redlease:queue:{order:7}", "redlease:queue:tag:{order:7}:lock"), in
+// the lock key's slot. The acquire script grants a free key only to the
+// head of the line (see the redlease package documentation); it adds
+// refusals, never grants. On one primary there is one line, so order is
+// exact among fair clients whose clocks agree; a head that dies stalls the
+// key for one entry lifetime at most. A failover that promotes a replica
+// may lose the line with the lock: the waiters' next attempts rebuild it
+// at their own tickets. The failover strategy shares this code.
+//
 // Waiters of Locker.Lock are woken by releases (see redlease.Waker). On a
 // Cluster client the release script uses plain PUBLISH, which the cluster
 // bus carries to every node, and waiters share one plain SUBSCRIBE

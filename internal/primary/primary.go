@@ -87,6 +87,36 @@ func (p *Primary) call(ctx context.Context, f func(context.Context) (int64, erro
 // replicas are required). A grant that too few replicas acknowledged is
 // released at once and reported as not obtained and not replicated.
 func (p *Primary) Acquire(ctx context.Context, key, token string, ttl time.Duration) (redlease.Grant, error) {
+	return p.acquire(ctx, key, token, ttl, nil)
+}
+
+// AcquireInLine is Acquire in fair mode (see redlease.Queuer).
+func (p *Primary) AcquireInLine(ctx context.Context, key, token string, ttl time.Duration, place redlease.Place) (redlease.Grant, error) {
+	if err := script.CheckPlace(place); err != nil {
+		return redlease.Grant{}, err
+	}
+	return p.acquire(ctx, key, token, ttl, &place)
+}
+
+// LeaveLine removes waiter id's entry from key's line (see
+// redlease.Queuer), in one round trip bounded by ctx.
+func (p *Primary) LeaveLine(ctx context.Context, key, id string) error {
+	if p.err != nil {
+		return p.err
+	}
+	if key == "" || id == "" {
+		return redlease.Invalid("empty key or waiter id")
+	}
+	line := script.LeaveArgs(key, id)
+	_, err := p.call(ctx, func(ctx context.Context) (int64, error) { return script.Leave.Run(ctx, p.client, line) }, nil)
+	if err != nil {
+		return p.fail(ctx, redlease.ErrUnavailable, err)
+	}
+	return nil
+}
+
+// acquire is Acquire, in fair mode when place is not nil.
+func (p *Primary) acquire(ctx context.Context, key, token string, ttl time.Duration, place *redlease.Place) (redlease.Grant, error) {
 	if err := p.check(key, token, ttl); err != nil {
 		return redlease.Grant{}, err
 	}
@@ -106,14 +136,21 @@ func (p *Primary) Acquire(ctx context.Context, key, token string, ttl time.Durat
 		fenceTTL = p.cfg.FenceTTL.Milliseconds()
 	}
 	start := p.cfg.Clock.Now()
-	line := script.Acquire.Args(k, fenceKey, k, token, ttl.Milliseconds(), mode,
-		any(script.RuleOff), any(script.NotDurable), fenceTTL)
+	var line []any
+	if place == nil {
+		line = script.Acquire.Args(k, fenceKey, k, k, token, ttl.Milliseconds(), mode,
+			any(script.RuleOff), any(script.NotDurable), fenceTTL)
+	} else {
+		line = script.Acquire.Args(k, fenceKey, k, script.QueueKey(key), token, ttl.Milliseconds(), mode,
+			any(script.RuleOff), any(script.NotDurable), fenceTTL)
+		line = script.AppendPlace(line, *place)
+	}
 	v, err := p.call(ctx, func(ctx context.Context) (int64, error) { return p.run(ctx, script.Acquire, line) },
 		func(v int64, err error) {
 			// Abandoned: reported as not obtained, so whatever it wrote
 			// goes, by this attempt's token only.
 			if (err == nil && !script.IsTaken(v)) || (err != nil && !notSent(err)) {
-				_ = p.Release(context.Background(), key, token)
+				_ = p.undo(context.Background(), key, token)
 			}
 		})
 	// Every undo below compares this attempt's token (the Locker gives each
@@ -121,7 +158,7 @@ func (p *Primary) Acquire(ctx context.Context, key, token string, ttl time.Durat
 	// attempt wrote, never a key a later attempt holds.
 	switch {
 	case errors.Is(err, redlease.ErrNotReplicated) && !script.IsTaken(v):
-		_ = p.Release(context.WithoutCancel(ctx), key, token)
+		_ = p.undo(context.WithoutCancel(ctx), key, token)
 		return redlease.Grant{}, redlease.Wrap(redlease.ErrNotObtained, err)
 	case err != nil:
 		var ab bounded.Abandoned
@@ -129,10 +166,12 @@ func (p *Primary) Acquire(ctx context.Context, key, token string, ttl time.Durat
 			// The script may have run and its reply been lost (a timeout,
 			// a cut connection), or failed after its SET: without this the
 			// key would block every other attempt until its TTL.
-			_ = p.Release(context.WithoutCancel(ctx), key, token)
+			_ = p.undo(context.WithoutCancel(ctx), key, token)
 		}
 		// Down is not held: the node failed, nobody refused.
 		return redlease.Grant{}, p.fail(ctx, errNotObtainedUnavailable, err)
+	case v == script.Queued:
+		return redlease.Grant{}, redlease.Wrap(redlease.ErrNotObtained, redlease.ErrQueued)
 	case script.IsTaken(v):
 		if d, ok := script.Remaining(v); ok {
 			return redlease.Grant{}, &redlease.HeldError{Remaining: d}
@@ -141,7 +180,7 @@ func (p *Primary) Acquire(ctx context.Context, key, token string, ttl time.Durat
 	}
 	until := start.Add(ttl - drift.Allowance(ttl, p.cfg.DriftFactor))
 	if !p.cfg.Clock.Now().Before(until) {
-		_ = p.Release(context.WithoutCancel(ctx), key, token)
+		_ = p.undo(context.WithoutCancel(ctx), key, token)
 		return redlease.Grant{}, fmt.Errorf("%w: no validity left after %v", redlease.ErrNotObtained, p.cfg.Clock.Now().Sub(start))
 	}
 	return redlease.Grant{Until: until, Fence: uint64(v)}, nil
@@ -199,6 +238,15 @@ func (p *Primary) Release(ctx context.Context, key, token string) error {
 		return redlease.ErrNotHeld
 	}
 	return nil
+}
+
+// undo deletes what a failed attempt under token wrote (its key, by
+// token), and leaves the waiter's entry in the line: the waiter still
+// waits.
+func (p *Primary) undo(ctx context.Context, key, token string) error {
+	line := script.UndoArgs(key, token)
+	_, err := p.call(ctx, func(ctx context.Context) (int64, error) { return script.Release.Run(ctx, p.client, line) }, nil)
+	return err
 }
 
 // Watch subscribes to releases of key on the primary (see

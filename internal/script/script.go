@@ -44,15 +44,21 @@ const Taken = -1
 // left is takenBase - p. Replies at or below it are refusals.
 const takenBase = -3
 
+// Queued is the Acquire script's reply in fair mode when the key is free
+// but another waiter is the head of its line (see Acquire). It is a
+// refusal (IsTaken) that carries no holder's TTL. It lies far below any
+// refusal with a TTL (2^50 ms is 35,000 years).
+const Queued = -1 << 50
+
 // IsTaken reports whether an Acquire reply is a refusal: another token
-// holds the key.
+// holds the key, or (Queued) another waiter is ahead in its line.
 func IsTaken(v int64) bool { return v == Taken || v <= takenBase }
 
 // Remaining returns the holder's remaining TTL carried by a refusal, as the
 // node measured it (PTTL) when it refused; ok is false for a reply that is
-// not a refusal or carries none.
+// not a refusal or carries none (Queued).
 func Remaining(v int64) (d time.Duration, ok bool) {
-	if v > takenBase {
+	if v > takenBase || v == Queued {
 		return 0, false
 	}
 	return time.Duration(takenBase-v) * time.Millisecond, true
@@ -83,18 +89,40 @@ func Remaining(v int64) (d time.Duration, ok bool) {
 // after its last grant (it is never shortened), for locks whose fences
 // nobody compares after that; "0" leaves it without a TTL.
 //
-//	KEYS[1] lock key, KEYS[2] fence counter key, KEYS[3] boot marker key
+// Fair mode (ARGV[7] given: the waiter's id, the token's base for a Lock
+// call): KEYS[4] is the key's line (QueueKey), a sorted set with two
+// members per waiter, its id scored by its ticket (ARGV[8], > 0: the
+// client's wall clock in ms at the Lock call; ties order by id) and
+// "@"+id scored by minus its deadline in the node's TIME (so that the
+// deadlines, all negative, never mix with the tickets). With ARGV[9] =
+// "1" the attempt joins the line or refreshes its entry (deadline now +
+// ARGV[10] ms; the line key's PTTL is raised to at least that). A free
+// key (after entries past their deadline are purged) is then granted only
+// if the line is empty or its head is ARGV[7], which leaves the line on
+// the grant; otherwise the reply is Queued. A free key with no line is
+// granted without joining (one EXISTS: the uncontended cost). A user
+// whose ACL refuses EXISTS (one written before fair mode) is served as
+// without fairness, never refused for it. The grant
+// paths themselves are untouched: the same token's refresh and the
+// takeover of an earlier attempt of the same base skip the line, a key
+// held by another token is refused as before. Fairness only ever adds
+// refusals.
+//
+//	KEYS[1] lock key, KEYS[2] fence counter key, KEYS[3] boot marker key,
+//	KEYS[4] the line (QueueKey; the lock key again when not fair)
 //	ARGV[1] token, ARGV[2] ttl in ms, ARGV[3] mode (NoFence, IncrFence, ReadFence),
 //	ARGV[4] delayed-restart max TTL in ms ("0": rule off),
 //	ARGV[5] "1" if nodes are declared durable (read only with the rule on),
-//	ARGV[6] fence counter TTL in ms ("0": none)
+//	ARGV[6] fence counter TTL in ms ("0": none),
+//	ARGV[7] waiter id (absent: not fair), ARGV[8] ticket in ms,
+//	ARGV[9] "1" to join the line, ARGV[10] entry lifetime in ms
 //	reply: a refusal (IsTaken; Remaining reads the holder's PTTL from it),
-//	TooYoung, or the fence (0 with NoFence)
+//	Queued, TooYoung, or the fence (0 with NoFence)
 //
 // A refusal carries the holder's remaining TTL so that a waiting caller
 // can bound its wait by it; the grant path is the same whatever a refusal
 // says.
-var Acquire = newScript(3, `
+var Acquire = newScript(4, `
 if ARGV[4] ~= '0' then
   local t = redis.call('TIME')
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -119,6 +147,7 @@ if ARGV[4] ~= '0' then
   end
 end
 local held = redis.call('GET', KEYS[1])
+local takeover = false
 if held ~= false and held ~= ARGV[1] then
   -- An earlier attempt of the same acquisition ("<base>.<n>" with the same
   -- base and a smaller n): its reply was lost, and its undo, which
@@ -127,6 +156,39 @@ if held ~= false and held ~= ARGV[1] then
   local mb, mn = string.match(ARGV[1], '^([%w_-]+)%.(%d+)$')
   if hb ~= nil and hb == mb and tonumber(hn) < tonumber(mn) then
     held = false
+    takeover = true
+  end
+end
+local me = ARGV[7]
+local fair, lined = false, 0
+if me and held ~= ARGV[1] and not takeover then
+  -- A user without the rights of fair mode (an ACL written before it)
+  -- is refused EXISTS: the line is then ignored, as without fairness.
+  lined = redis.pcall('EXISTS', KEYS[4])
+  fair = type(lined) == 'number'
+end
+if fair and (held ~= false or lined == 1) then
+  -- Fair mode: join the line, and give a free key to its head only.
+  local q = KEYS[4]
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  if ARGV[9] == '1' then
+    local life = tonumber(ARGV[10])
+    redis.call('ZADD', q, ARGV[8], me)
+    redis.call('ZADD', q, -(now + life), '@' .. me)
+    if redis.call('PTTL', q) < life then
+      redis.call('PEXPIRE', q, life)
+    end
+  end
+  if held == false then
+    for _, d in ipairs(redis.call('ZRANGEBYSCORE', q, -now, '(0')) do
+      redis.call('ZREM', q, d, string.sub(d, 2))
+    end
+    local head = redis.call('ZRANGEBYSCORE', q, 0, '+inf', 'LIMIT', 0, 1)[1]
+    if head ~= nil and head ~= me then
+      return -1125899906842624
+    end
+    redis.call('ZREM', q, me, '@' .. me)
   end
 end
 if held == false then
@@ -219,36 +281,145 @@ return 0
 
 // Release deletes a lock we hold and, in the same atomic step, publishes
 // on the key's wake channel (Channel), so that a waiter subscribed to it
-// tries again at once. The PUBLISH runs under redis.pcall: a user whose
-// ACL does not allow it (Redis 7's default for new users is no channels)
-// still releases; waiters then learn of the release by polling. Without
-// ARGV[2] nothing is published.
+// tries again at once. The channel is named after the line's key (KEYS[2],
+// QueueKey: the same suffix after "redlease:queue:" as the channel's after
+// "redlease:wake:"), so one string serves both. The message is the id of
+// the line's head (after entries past their deadline are purged), or
+// empty when the line is empty. With ARGV[2] = "1" (a holder's release,
+// not the undo of a failed attempt) it also removes the entry of the
+// token's base from the line, whether or not the key was ours here: the
+// nodes that refused the holder's grant still had it in line. Everything
+// but the compare-and-delete runs under redis.pcall: a user whose ACL does
+// not allow PUBLISH (Redis 7's default for new users is no channels) or
+// the line's key still releases; waiters then learn of the release by
+// polling.
 //
-// The channel's name is sent in up to three parts that the script joins
-// (ReleaseArgs sends a constant prefix, the key, a constant suffix): the
-// client then builds no string for it.
-//
-//	KEYS[1] lock key; ARGV[1] token, ARGV[2..4] wake channel, in parts
-//	(optional; ARGV[3] and ARGV[4] may be missing)
+//	KEYS[1] lock key, KEYS[2] the line (QueueKey); ARGV[1] token,
+//	ARGV[2] "1" to leave the line ("0": an undo)
 //	reply: 1 if deleted, 0 if the key is gone or not ours
-var Release = newScript(1, `
+var Release = newScript(2, `
+local n = 0
 if redis.call('GET', KEYS[1]) == ARGV[1] then
-  local n = redis.call('DEL', KEYS[1])
-  if ARGV[2] then
-    redis.pcall('PUBLISH', ARGV[2] .. (ARGV[3] or '') .. (ARGV[4] or ''), '')
-  end
-  return n
+  n = redis.call('DEL', KEYS[1])
 end
-return 0
+local q = KEYS[2]
+local head = ''
+if redis.pcall('EXISTS', q) == 1 then
+  if ARGV[2] == '1' then
+    local base = string.match(ARGV[1], '^([%w_-]+)%.%d+$')
+    if base then
+      redis.pcall('ZREM', q, base, '@' .. base)
+    end
+  end
+  if n == 1 then
+    local t = redis.call('TIME')
+    local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    local dead = redis.pcall('ZRANGEBYSCORE', q, -now, '(0')
+    if type(dead) == 'table' and dead.err == nil then
+      for _, d in ipairs(dead) do
+        redis.pcall('ZREM', q, d, string.sub(d, 2))
+      end
+    end
+    local h = redis.pcall('ZRANGEBYSCORE', q, 0, '+inf', 'LIMIT', 0, 1)
+    if type(h) == 'table' and h.err == nil and h[1] then
+      head = h[1]
+    end
+  end
+end
+if n == 1 then
+  redis.pcall('PUBLISH', 'redlease:wake:' .. string.sub(q, 16), head)
+end
+return n
 `)
 
-// ReleaseArgs returns the Release command line for key and token, with
-// key's wake channel (Channel) in parts: no string is built, and key is
-// boxed once for both places.
+// leave and stay are ARGV[2] of Release, boxed once.
+var (
+	leave any = "1"
+	stay  any = "0"
+)
+
+// ReleaseArgs returns the Release command line of a holder's release of
+// key under token: it leaves the line too.
 func ReleaseArgs(key string, token any) []any {
-	k := any(key)
-	prefix, suffix := channelParts(key)
-	return Release.Args(k, token, prefix, k, suffix)
+	return Release.Args(key, QueueKey(key), token, leave)
+}
+
+// UndoArgs returns the Release command line of the undo of a failed
+// attempt under token: it deletes the attempt's key, and leaves the
+// waiter's entry in the line (the waiter is still waiting).
+func UndoArgs(key string, token any) []any {
+	return Release.Args(key, QueueKey(key), token, stay)
+}
+
+// Leave removes a waiter's entry from the key's line, and if the key is
+// free, publishes the line's new head on its wake channel (the leaver may
+// have been the head, which the next waiter would otherwise learn only
+// by its backoff).
+//
+//	KEYS[1] lock key, KEYS[2] the line (QueueKey); ARGV[1] waiter id
+//	reply: the number of members removed (0 or 2)
+var Leave = newScript(2, `
+local q = KEYS[2]
+local n = redis.call('ZREM', q, ARGV[1], '@' .. ARGV[1])
+if n > 0 and redis.call('EXISTS', KEYS[1]) == 0 then
+  local h = redis.call('ZRANGEBYSCORE', q, 0, '+inf', 'LIMIT', 0, 1)[1]
+  redis.pcall('PUBLISH', 'redlease:wake:' .. string.sub(q, 16), h or '')
+end
+return n
+`)
+
+// LeaveArgs returns the Leave command line of waiter id on key.
+func LeaveArgs(key, id string) []any {
+	return Leave.Args(key, QueueKey(key), id)
+}
+
+// QueueKey returns the key of a lock key's line (fair mode; see Acquire),
+// built like Channel, in the key's cluster slot and the reserved
+// namespace: "redlease:queue:tag:"+key for a key with a hash tag,
+// "redlease:queue:{"+key+"}" otherwise ("redlease:queue:"+key for a key
+// that Check rejects). The Release and Leave scripts name the wake
+// channel after it: "redlease:wake:" and the same suffix.
+func QueueKey(key string) string {
+	if hasHashTag(key) {
+		return queuePrefix + "tag:" + key
+	}
+	if strings.IndexByte(key, '}') >= 0 {
+		return queuePrefix + key
+	}
+	return queuePrefix + "{" + key + "}"
+}
+
+// queuePrefix starts every line's key; its length (15) is wired into the
+// scripts that derive the wake channel from it.
+const queuePrefix = redlease.ReservedPrefix + "queue:"
+
+// Fair mode's ARGV[9] of Acquire, boxed once.
+var (
+	join   any = "1"
+	noJoin any = "0"
+)
+
+// AppendPlace appends fair mode's arguments (ARGV[7] to ARGV[10]) for
+// place to an Acquire command line whose KEYS[4] is the line.
+func AppendPlace(line []any, place redlease.Place) []any {
+	j := noJoin
+	if place.Join {
+		j = join
+	}
+	return append(line, place.ID, place.Ticket.UnixMilli(), j, place.Lifetime.Milliseconds())
+}
+
+// CheckPlace validates a waiter's place (redlease.ErrInvalid).
+func CheckPlace(p redlease.Place) error {
+	switch {
+	case p.ID == "":
+		return redlease.Invalid("place: empty waiter id")
+	case p.Ticket.UnixMilli() <= 0:
+		return redlease.Invalid("place: ticket %v: must be after the Unix epoch", p.Ticket)
+	case p.Join && p.Lifetime < time.Millisecond:
+		return redlease.Invalid("place: entry lifetime %v: must be at least 1ms", p.Lifetime)
+	}
+	return nil
 }
 
 // Channel returns the wake channel of a lock key: Release publishes on it,

@@ -1,0 +1,262 @@
+package redlease_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/redlease/redlease"
+	"github.com/redlease/redlease/internal/redistest"
+	"github.com/redlease/redlease/internal/script"
+	"github.com/redlease/redlease/quorum"
+)
+
+// lineMembers returns the waiter ids in key's line on client, in order.
+func lineMembers(t *testing.T, client *redis.Client, key string) []string {
+	t.Helper()
+	ids, err := client.ZRangeByScore(t.Context(), script.QueueKey(key), &redis.ZRangeBy{Min: "0", Max: "+inf"}).Result()
+	require.NoError(t, err)
+	return ids
+}
+
+// waitLine waits (bounded) until key's line on every client has n waiters.
+func waitLine(t *testing.T, clients []*redis.Client, key string, n int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for _, c := range clients {
+		for len(lineMembers(t, c, key)) != n {
+			require.True(t, time.Now().Before(deadline), "line of %s never reached %d waiters: %v", key, n, lineMembers(t, c, key))
+			time.Sleep(2 * time.Millisecond)
+		}
+	}
+}
+
+// Waiters that arrive one after the other (each joined the line on every
+// node before the next calls Lock) are served in that order, on every
+// strategy, whatever order their retries and wake-ups come in. Each
+// winner holds the key for a moment, so that the others' attempts (woken
+// by the release, or by backoff) race it.
+func TestFairLockServesInArrivalOrder(t *testing.T) {
+	for _, setup := range wakeSetups(t) {
+		ws := setup(t)
+		t.Run(ws.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+			defer cancel()
+			key := "fair:order:" + ws.name
+			locker := redlease.New(ws.strategy, redlease.WithFairness(true), redlease.WithTTL(5*time.Second), redlease.WithRetryDelay(time.Millisecond, 20*time.Millisecond))
+			holder, err := locker.TryLock(ctx, key)
+			require.NoError(t, err)
+			const n = 6
+			var (
+				mu    sync.Mutex
+				order []int
+				wg    sync.WaitGroup
+			)
+			for i := range n {
+				wg.Go(func() {
+					lk, err := locker.Lock(ctx, key)
+					if !assert.NoError(t, err, "waiter %d", i) {
+						return
+					}
+					mu.Lock()
+					order = append(order, i)
+					mu.Unlock()
+					time.Sleep(5 * time.Millisecond) // the others retry meanwhile
+					assert.NoError(t, lk.Release(context.WithoutCancel(ctx)))
+				})
+				waitLine(t, ws.clients[:1], key, i+1) // joined (the quorum: node 0; every node is asked at once)
+				time.Sleep(2 * time.Millisecond)      // the next ticket is a later millisecond
+			}
+			require.NoError(t, holder.Release(ctx))
+			wg.Wait()
+			require.Equal(t, []int{0, 1, 2, 3, 4, 5}, order, "grants out of arrival order")
+			for _, c := range ws.clients {
+				assert.Empty(t, lineMembers(t, c, key), "entries left behind")
+			}
+		})
+	}
+}
+
+// A Lock that gives up (its ctx ends while the key is held) leaves the
+// line on every node at once, rather than stalling the next waiter for
+// its entry's lifetime; a TryLock never joins, and is refused with
+// ErrQueued while a waiter is in line for a free key.
+func TestFairLockThatGivesUpLeavesTheLineAndTryLockNeverJoins(t *testing.T) {
+	for _, setup := range wakeSetups(t) {
+		ws := setup(t)
+		t.Run(ws.name, func(t *testing.T) {
+			ctx := t.Context()
+			key := "fair:leave:" + ws.name
+			locker := redlease.New(ws.strategy, redlease.WithFairness(true), redlease.WithTTL(10*time.Second))
+			holder, err := locker.TryLock(ctx, key)
+			require.NoError(t, err)
+
+			_, err = locker.TryLock(ctx, key)
+			require.ErrorIs(t, err, redlease.ErrNotObtained)
+			for _, c := range ws.clients {
+				n, err := c.Exists(ctx, script.QueueKey(key)).Result()
+				require.NoError(t, err)
+				require.Zero(t, n, "a TryLock joined the line")
+			}
+
+			// Its entry lives LineLifetime(2 s) = 6 s: gone within 3 s
+			// means it left. (The quorum's LeaveLine returns at a
+			// majority; a straggler lands within the node timeout.)
+			wctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+			_, err = locker.Lock(wctx, key, redlease.WithRetryDelay(10*time.Millisecond, 2*time.Second))
+			cancel()
+			require.ErrorIs(t, err, redlease.ErrNotObtained)
+			for i, c := range ws.clients {
+				require.Eventually(t, func() bool {
+					ids, err := c.ZRangeByScore(ctx, script.QueueKey(key), &redis.ZRangeBy{Min: "0", Max: "+inf"}).Result()
+					return err == nil && len(ids) == 0
+				}, 3*time.Second, 5*time.Millisecond, "node %d: the Lock that gave up is still in line", i)
+			}
+
+			// A waiter in line (joined through the strategy: it never
+			// comes back) and a free key: TryLock respects the line.
+			q := ws.strategy.(redlease.Queuer)
+			_, err = q.AcquireInLine(ctx, key, "W.1", 10*time.Second, redlease.Place{ID: "W", Ticket: time.Now(), Join: true, Lifetime: 10 * time.Second})
+			require.ErrorIs(t, err, redlease.ErrNotObtained)
+			require.NoError(t, holder.Release(ctx))
+			_, err = locker.TryLock(ctx, key)
+			require.ErrorIs(t, err, redlease.ErrQueued)
+			require.ErrorIs(t, err, redlease.ErrNotObtained)
+			// Without fairness the line is ignored.
+			lk, err := locker.TryLock(ctx, key, redlease.WithFairness(false))
+			require.NoError(t, err)
+			require.NoError(t, lk.Release(ctx))
+		})
+	}
+}
+
+// A head that never comes back (a waiter that died or is paused between
+// attempts) holds the key back for at most its entry's lifetime: a Lock
+// behind it is refused until then, and granted soon after.
+func TestFairDeadHeadIsSkippedAfterItsLifetime(t *testing.T) {
+	for _, setup := range wakeSetups(t) {
+		ws := setup(t)
+		t.Run(ws.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+			defer cancel()
+			key := "fair:dead:" + ws.name
+			locker := redlease.New(ws.strategy, redlease.WithFairness(true), redlease.WithTTL(10*time.Second))
+			holder, err := locker.TryLock(ctx, key)
+			require.NoError(t, err)
+			const life = 600 * time.Millisecond
+			q := ws.strategy.(redlease.Queuer)
+			start := time.Now()
+			// Its ticket is a second old: a ticket of the same millisecond
+			// as the Lock's below would tie, and ties go by id (random).
+			_, err = q.AcquireInLine(ctx, key, "Dead.1", 10*time.Second, redlease.Place{ID: "Dead", Ticket: time.Now().Add(-time.Second), Join: true, Lifetime: life})
+			require.ErrorIs(t, err, redlease.ErrNotObtained)
+			require.NoError(t, holder.Release(ctx))
+			lk, err := locker.Lock(ctx, key)
+			require.NoError(t, err)
+			waited := time.Since(start)
+			require.NoError(t, lk.Release(ctx))
+			require.GreaterOrEqual(t, waited, life-10*time.Millisecond, "granted past a live head")
+			// The bound: the lifetime, plus one backoff (≤ 320 ms) after
+			// the expiry, plus slack for a loaded machine.
+			require.Less(t, waited, life+5*time.Second, "a dead head stalled the key past its lifetime")
+			t.Logf("granted %v after the dead head joined (lifetime %v)", waited, life)
+		})
+	}
+}
+
+// Nodes of a quorum that have seen different waiters (joins lost, a node
+// restarted without its line) still serve someone at once, and the
+// oldest waiter converges to the head of every node it reaches: no
+// livelock. Node lines are seeded as lost joins would leave them: A
+// (oldest) only on nodes 0 and 1, B on nodes 2 to 4, and ghosts that never
+// come back at the head of nodes 2 and 3.
+func TestFairQuorumNodesWithDifferentLinesConverge(t *testing.T) {
+	servers := redistest.StartN(t, 5, redistest.Config{})
+	var (
+		clients []*redis.Client
+		us      []redis.UniversalClient
+	)
+	for _, srv := range servers {
+		c := srv.Client()
+		clients = append(clients, c)
+		us = append(us, c)
+	}
+	q, err := quorum.New(us, quorum.WithNodeTimeout(time.Second))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = q.Close() })
+	ctx := t.Context()
+	key := "fair:converge"
+	now := time.Now()
+	a := redlease.Place{ID: "A", Ticket: now.Add(-3 * time.Second), Join: true, Lifetime: 5 * time.Second}
+	b := redlease.Place{ID: "B", Ticket: now.Add(-2 * time.Second), Join: true, Lifetime: 5 * time.Second}
+	seed := func(node int, p redlease.Place, life time.Duration) {
+		deadline := now.Add(life).UnixMilli() // the servers share this machine's clock
+		require.NoError(t, clients[node].ZAdd(ctx, script.QueueKey(key),
+			redis.Z{Score: float64(p.Ticket.UnixMilli()), Member: p.ID},
+			redis.Z{Score: -float64(deadline), Member: "@" + p.ID}).Err())
+	}
+	for _, n := range []int{0, 1} {
+		seed(n, a, 5*time.Second)
+	}
+	for _, n := range []int{2, 3, 4} {
+		seed(n, b, 5*time.Second)
+	}
+	ghost := redlease.Place{ID: "Ghost", Ticket: now.Add(-4 * time.Second)}
+	for _, n := range []int{2, 3} {
+		seed(n, ghost, 700*time.Millisecond)
+	}
+
+	// B goes first: nodes 2 and 3 have the ghost at their head, node 4
+	// grants, nodes 0 and 1 refuse (A is ahead): no majority, only a
+	// fairness-preserving refusal. A goes next: it joins nodes 2 to 4 at
+	// its ticket, ahead of B; nodes 0, 1 and 4 grant. (B's undo on node 4
+	// may still be on its way when A's first attempt lands there — the
+	// round decided on four refusals before node 4's reply, and undoes it
+	// in the background — so A is granted within a few attempts, not
+	// necessarily the first.)
+	_, err = q.AcquireInLine(ctx, key, "B.1", 10*time.Second, b)
+	require.ErrorIs(t, err, redlease.ErrQueued)
+	deadline := time.Now().Add(5 * time.Second)
+	var token string
+	for attempt := 1; ; attempt++ {
+		token = fmt.Sprintf("A.%d", attempt)
+		g, err := q.AcquireInLine(ctx, key, token, 10*time.Second, a)
+		if err == nil {
+			require.True(t, g.Until.After(time.Now()))
+			t.Logf("A served at attempt %d", attempt)
+			break
+		}
+		require.ErrorIs(t, err, redlease.ErrNotObtained)
+		require.True(t, time.Now().Before(deadline), "the oldest waiter not served within 5 s although it is the head of a majority: %v", err)
+		time.Sleep(5 * time.Millisecond)
+	}
+	require.NoError(t, q.Release(ctx, key, token))
+	// Release returns at a quorum; the other nodes' requests land within
+	// the node timeout (1 s).
+	for n, c := range clients {
+		require.Eventually(t, func() bool {
+			ids, err := c.ZRangeByScore(ctx, script.QueueKey(key), &redis.ZRangeBy{Min: "0", Max: "+inf"}).Result()
+			return err == nil && !slices.Contains(ids, "A")
+		}, 3*time.Second, 5*time.Millisecond, "node %d: A's release left its entry", n)
+	}
+
+	// B is now the live head wherever the ghost has expired; within the
+	// ghost's lifetime plus a bounded number of attempts B is served.
+	deadline = time.Now().Add(10 * time.Second)
+	for attempt := 2; ; attempt++ {
+		_, err := q.AcquireInLine(ctx, key, fmt.Sprintf("B.%d", attempt), 10*time.Second, b)
+		if err == nil {
+			break
+		}
+		require.ErrorIs(t, err, redlease.ErrNotObtained)
+		require.True(t, time.Now().Before(deadline), "B not served 10 s after A's release: %v", err)
+		time.Sleep(5 * time.Millisecond)
+	}
+}
