@@ -190,6 +190,16 @@ func (c *conn) deliverRequests() {
 // It returns the reply's fate: its delay, lost (by the network), or
 // dropped (the client had closed the connection).
 func (c *conn) sendReply(reply []byte) (delay time.Duration, lost, dropped bool) {
+	return c.send(reply, false)
+}
+
+// sendPush sends a message the node pushes to a subscriber (pubsub.go):
+// a reply as any other, with the pub/sub faults of the schedule on top.
+func (c *conn) sendPush(msg []byte) (delay time.Duration, lost, dropped bool) {
+	return c.send(msg, true)
+}
+
+func (c *conn) send(reply []byte, push bool) (delay time.Duration, lost, dropped bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
@@ -199,6 +209,10 @@ func (c *conn) sendReply(reply []byte) (delay time.Duration, lost, dropped bool)
 	c.nrep++
 	now := time.Now()
 	delay, lost = c.w.fate(c, false, i, now)
+	if push && !lost {
+		extra, plost := c.w.pushFate(c, i, now)
+		delay, lost = delay+extra, plost
+	}
 	c.w.noteMessage(c, now, delay, lost)
 	if lost {
 		return delay, true, false

@@ -60,6 +60,10 @@ type Node struct {
 	// redis-server: the test decides the order in which they land.
 	gate func(c *conn, args []string) bool
 	held []queued
+	// psubs (Wake scenarios): the connections subscribed to channels and
+	// their channels; the simulator answers SUBSCRIBE, UNSUBSCRIBE, PING
+	// in subscribed mode and PUBLISH itself (pubsub.go).
+	psubs map[*conn]map[string]bool
 	// badKeys: lock keys a badkey fault overwrote on this node while they
 	// held a token, with the moment (virtual time) the token would have
 	// expired; holds counts the token as held until then (nobody else can
@@ -120,6 +124,9 @@ func (n *Node) hook(p *server.Peer, cmd string, args ...string) bool {
 	if n.cluster && n.clusterHook(p, cmd, args) {
 		return true
 	}
+	if n.w.sc.Wake && n.pubsubHook(p, cmd, args) {
+		return true
+	}
 	if n.evalHook(p, cmd, args) {
 		return true
 	}
@@ -174,6 +181,7 @@ func (n *Node) dial(client int) (*conn, error) {
 func (n *Node) forget(c *conn) {
 	n.mu.Lock()
 	delete(n.conns, c)
+	delete(n.psubs, c)
 	n.mu.Unlock()
 }
 
@@ -307,6 +315,7 @@ func (n *Node) crash() {
 		cs = append(cs, c)
 	}
 	n.conns = map[*conn]struct{}{}
+	n.psubs = nil
 	n.queue = nil
 	n.waiters, n.blocked = nil, nil
 	n.paused = false

@@ -33,6 +33,7 @@ type Result struct {
 	WorkEnd    time.Duration // virtual time the workload ended
 	Watch      WatchStats    // watchdog-mixed: badkey, healthy and errnode figures
 	Failover   FailoverStats // failover: the watcher's figures
+	Wake       WakeStats     // wake-*: handoffs and how long they took
 }
 
 // maxRun bounds a run in virtual time: a workload still going after it is
@@ -152,6 +153,8 @@ func Run(sc Scenario, seed uint64, opts Options) *Result {
 	vs = append(vs, wvs...)
 	fvs, fst := w.checkFailover()
 	vs = append(vs, fvs...)
+	kvs, kst := w.checkWake()
+	vs = append(vs, kvs...)
 	res := &Result{
 		Seed:       seed,
 		Scenario:   sc.Name,
@@ -168,6 +171,7 @@ func Run(sc Scenario, seed uint64, opts Options) *Result {
 		WorkEnd:    workEnd,
 		Watch:      wst,
 		Failover:   fst,
+		Wake:       kst,
 	}
 	res.Verdict = grade(res.Violations, w.faults)
 	return res
@@ -206,6 +210,10 @@ func (w *World) locker(ci int, r *rand.Rand) *redlease.Locker {
 	switch w.sc.Strategy {
 	case Single:
 		s := single.New(w.redisClient(ci, w.nodes[0], ctxTimeouts))
+		if w.sc.Wake {
+			w.onClose(func() { _ = s.Close() })
+			return redlease.New(s)
+		}
 		return redlease.New(s, redlease.WithPolling())
 	default:
 		return w.quorumLocker(ci, r, w.nodes, nil, ctxTimeouts)
@@ -238,9 +246,13 @@ func (w *World) quorumLocker(ci int, r *rand.Rand, nodes []*Node, opt redlease.O
 			panic(fmt.Sprintf("sim: quorum.New: %v", err)) // a bug in the scenario table
 		}
 		w.onClose(func() { _ = q.Close() })
-		if opt != nil {
-			return redlease.New(q, opt, redlease.WithPolling())
+		lopts := []redlease.Option{redlease.WithPolling()}
+		if w.sc.Wake {
+			lopts = nil
 		}
-		return redlease.New(q, redlease.WithPolling())
+		if opt != nil {
+			lopts = append(lopts, opt)
+		}
+		return redlease.New(q, lopts...)
 	}
 }

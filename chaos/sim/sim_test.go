@@ -224,6 +224,7 @@ var (
 	lateBy      = map[string]int{} // faults scheduled after the workload ended
 	watchBy     = map[string]*WatchStats{}
 	failoverBy  = map[string]*FailoverStats{}
+	wakeBy      = map[string]*WakeStats{}
 )
 
 func tally(res *Result) {
@@ -245,6 +246,12 @@ func tally(res *Result) {
 			failoverBy[res.Scenario] = &FailoverStats{}
 		}
 		failoverBy[res.Scenario].add(res.Failover)
+	}
+	if res.Wake != (WakeStats{}) {
+		if wakeBy[res.Scenario] == nil {
+			wakeBy[res.Scenario] = &WakeStats{}
+		}
+		wakeBy[res.Scenario].add(res.Wake)
 	}
 	if res.Watch != (WatchStats{}) {
 		if watchBy[res.Scenario] == nil {
@@ -289,6 +296,11 @@ func tallyReport() string {
 			k, s.LostFew, s.LostMsg, s.LostBefore, s.LostGrant, s.LostGrantSpiked, s.LostTTL, s.LostTTLSpiked, s.Protected, s.Healthy, s.ProtectedLost)
 		fmt.Fprintf(&b, "  %s watchdog: healthy holds %d, lost %d; bystanders of badkey/errnode %d, lost %d; token replaced on a quorum %d (lost while fn ran %d, WRONGTYPE named %d), on a minority only %d (lost %d); renewals answered by errnode %d, at most %d per lock per node per virtual second, closest %.2f retry delays apart; at most %d script calls per erroring node per virtual second; %d commands refused by a Cluster master as another's\n",
 			k, s.Healthy, s.HealthyLost, s.Bystander, s.BystanderLost, s.BadHeld, s.BadLost, s.BadWrongType, s.BadMinority, s.BadMinorityLost, s.ErrRenews, s.MaxLockPerSec, s.MinGapRatio, s.MaxNodePerSec, s.Moved)
+	}
+	for _, k := range slices.Sorted(maps.Keys(wakeBy)) {
+		s := wakeBy[k]
+		fmt.Fprintf(&b, "  %s wake: grants %d, failed Lock calls %d, confirmed releases %d; handoffs (a client waiting) %d: next grant within 5 ms %d, later %d, late (handoff-late) %d, slow (wake-slow) %d; with no pub/sub fault %d (within 5 ms %d, longest %v), with one the longest %v\n",
+			k, s.Grants, s.Failed, s.Released, s.Handoffs, s.Quick, s.Fallbacks, s.Late, s.Slow, s.NoFault, s.QuickNF, s.MaxNF.Round(time.Microsecond), s.MaxFault.Round(time.Microsecond))
 	}
 	for _, k := range slices.Sorted(maps.Keys(failoverBy)) {
 		s := failoverBy[k]

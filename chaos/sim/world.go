@@ -52,6 +52,9 @@ type World struct {
 	grants   map[string]int // failover: acquisition token → the node that granted it
 	watchers map[int]watchInfo
 	closing  map[int]bool // failover: clients whose Watcher is closing (see failoverClient)
+	// Wake scenarios (wakework.go): every Lock call and every release.
+	wakeWaits []wakeWait
+	wakeRels  []wakeRelease
 }
 
 // badHit is one node on which a badkey fault replaced a lock's token.
@@ -115,13 +118,24 @@ func (w *World) fate(c *conn, toNode bool, i uint64, now time.Time) (time.Durati
 	h := mix(mix(w.seed, c.key), i<<2|d)
 	u := func(k uint64) float64 { return unit(mix(h, k)) }
 	delay := baseDelay + time.Duration(u(0)*float64(baseJitter))
+	if w.sc.Wake && i == 0 {
+		// A connection's handshake (HELLO and its reply) in a Wake
+		// scenario: no delay, no loss. go-redis's PubSub dials and
+		// handshakes holding its mutex, and the hub's other goroutine
+		// waits on that mutex: a goroutine blocked on a mutex is not
+		// durably blocked, so the bubble's clock would stop with the
+		// HELLO reply still due (see the package doc's gaps).
+		return 0, false
+	}
 	if !w.sc.Faults || c.client < 0 || w.quiet.Load() {
 		return delay, false
 	}
 	if u(1) < 0.02 { // a spike: a reply can arrive after the next attempt started
 		delay += time.Duration(u(2) * float64(maxSpike))
 	}
-	if u(3) < 0.002 && c.node.sent == nil { // Sentinels lose messages only under their own faults
+	// Sentinels lose messages only under their own faults; Wake
+	// scenarios only pub/sub messages, under theirs (pushFate).
+	if u(3) < 0.002 && c.node.sent == nil && !w.sc.Wake {
 		return 0, true
 	}
 	at := now.Sub(w.start)
@@ -241,6 +255,8 @@ func (w *World) actions() []action {
 		switch f.Kind {
 		case FaultCut:
 			as = append(as, action{f.At, f.String(), func() { w.cut(f.Node, f.Client) }})
+		case FaultSubCut:
+			as = append(as, action{f.At, f.String(), func() { w.cutSubscribers(f.Node) }})
 		case FaultPause:
 			n := w.nodes[f.Node]
 			as = append(as, action{f.At, f.String(), n.pause}, action{f.At + f.For, fmt.Sprintf("resume node=%d", f.Node), n.resume})

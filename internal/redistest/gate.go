@@ -35,6 +35,8 @@ type Gate struct {
 	mu        sync.Mutex
 	reqMatch  []byte // nil: hold no requests
 	replMatch []byte // nil: hold no replies
+	dropMatch []byte // nil: drop nothing the server sends
+	dropped   int    // chunks dropped for dropMatch
 	queue     []*held
 	changed   chan struct{} // closed and replaced whenever queue changes
 	conns     map[net.Conn]struct{}
@@ -84,6 +86,29 @@ func (g *Gate) HoldReplies(match string) {
 	if match != "" {
 		g.replMatch = []byte(match)
 	}
+}
+
+// DropReplies drops, from now on, every chunk the server sends that
+// contains match, whatever request it answers (a pub/sub message answers
+// none): the connection stays open and the client never sees it, as if
+// the server had not sent it. An empty match drops nothing. A chunk is
+// what one read returned: use a match that only whole messages sent on
+// their own contain (a "message" push on a subscription connection,
+// say), or other replies in the same chunk are dropped with it.
+func (g *Gate) DropReplies(match string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.dropMatch = nil
+	if match != "" {
+		g.dropMatch = []byte(match)
+	}
+}
+
+// Dropped returns how many chunks DropReplies has dropped.
+func (g *Gate) Dropped() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.dropped
 }
 
 // Held returns how many chunks are held now.
@@ -344,6 +369,18 @@ func (g *Gate) copyReplies(p *pipe, server, client net.Conn) {
 		p.mu.Unlock()
 		if n > 0 {
 			data := append([]byte(nil), buf[:n]...)
+			g.mu.Lock()
+			drop := g.dropMatch != nil && bytes.Contains(data, g.dropMatch)
+			if drop {
+				g.dropped++
+			}
+			g.mu.Unlock()
+			if drop {
+				if err != nil {
+					return
+				}
+				continue
+			}
 			if holdReply {
 				h := &held{data: data, reply: true, release: make(chan struct{}), sent: make(chan struct{})}
 				g.mu.Lock()

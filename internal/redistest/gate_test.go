@@ -56,3 +56,29 @@ func TestGateOrdersHeldRequests(t *testing.T) {
 	g.Open()
 	require.NoError(t, <-done)
 }
+
+// DropReplies swallows a published message on its way to a subscriber
+// through the gate; the subscription connection stays open, and the next
+// message, once the drop is lifted, arrives.
+func TestGateDropsPublishedMessages(t *testing.T) {
+	srv := Start(t, Config{})
+	g := NewGate(t, srv.Addr)
+	ctx := t.Context()
+	sub := redis.NewClient(&redis.Options{Addr: g.Addr})
+	defer func() { _ = sub.Close() }()
+	ps := sub.Subscribe(ctx, "ch")
+	defer func() { _ = ps.Close() }()
+	_, err := ps.ReceiveTimeout(ctx, 5*time.Second) // the confirmation
+	require.NoError(t, err)
+	pub := srv.Client()
+
+	g.DropReplies("swallow-me")
+	require.Equal(t, int64(1), pub.Publish(ctx, "ch", "swallow-me").Val(), "the server sent it to its one subscriber")
+	require.Eventually(t, func() bool { return g.Dropped() == 1 }, 5*time.Second, time.Millisecond)
+	g.DropReplies("")
+	require.Equal(t, int64(1), pub.Publish(ctx, "ch", "keep-me").Val())
+	msg, err := ps.ReceiveTimeout(ctx, 5*time.Second)
+	require.NoError(t, err)
+	require.Equal(t, "keep-me", msg.(*redis.Message).Payload, "the dropped message never arrives, the next one does, on the same connection")
+	require.Equal(t, 1, g.Dropped())
+}

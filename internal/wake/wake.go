@@ -359,10 +359,20 @@ func (h *hub) write() {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), writeTimeout)
 		if len(unsubs) > 0 {
-			// On error the connection is being replaced, and go-redis
-			// has already dropped these channels from what it
-			// resubscribes.
-			_ = h.ps.Unsubscribe(ctx, unsubs...)
+			// On error the connection is being replaced (or there was
+			// none and the dial failed), and go-redis has already
+			// dropped these channels from what it resubscribes. No
+			// reply to this UNSUBSCRIBE will come on the connection the
+			// reader uses next: stop counting it, or a later waiter's
+			// confirmation for the channel would be taken for an older
+			// one and dropped.
+			if err := h.ps.Unsubscribe(ctx, unsubs...); err != nil {
+				mu.Lock()
+				for _, ch := range unsubs {
+					h.unsubDoneLocked(ch)
+				}
+				mu.Unlock()
+			}
 		}
 		if len(subs) > 0 {
 			if err := h.ps.Subscribe(ctx, subs...); err != nil {
@@ -466,12 +476,19 @@ func (h *hub) handleLocked(msg any) {
 			}
 			e.progressLocked()
 		case "unsubscribe":
-			if n := h.unsubs[m.Channel]; n > 1 {
-				h.unsubs[m.Channel] = n - 1
-			} else {
-				delete(h.unsubs, m.Channel)
-			}
+			h.unsubDoneLocked(m.Channel)
 		}
+	}
+}
+
+// unsubDoneLocked takes one UNSUBSCRIBE of channel off the count of those on
+// their way: its reply came, or it was never sent. The count never goes
+// below zero (a broken connection cleared it meanwhile).
+func (h *hub) unsubDoneLocked(channel string) {
+	if n := h.unsubs[channel]; n > 1 {
+		h.unsubs[channel] = n - 1
+	} else {
+		delete(h.unsubs, channel)
 	}
 }
 

@@ -1,0 +1,180 @@
+package sim
+
+import (
+	"math/rand/v2"
+	"time"
+
+	"github.com/alicebob/miniredis/v2/server"
+)
+
+// Pub/sub faults of the Wake scenarios.
+const (
+	// FaultLostPub: messages a node pushes to its subscribers are lost
+	// (each with probability Prob) for For; the connections stay up and
+	// the subscriptions stay confirmed. The publish is lost, nothing else.
+	FaultLostPub = "lostpub"
+	// FaultSubCut: a node's subscription connections are cut (CLIENT KILL
+	// TYPE pubsub); go-redis reconnects and resubscribes.
+	FaultSubCut = "subcut"
+	// FaultSubSlow: messages a node pushes to its subscribers are delayed
+	// by up to Amount more for For.
+	FaultSubSlow = "subslow"
+)
+
+// pubsubHook answers SUBSCRIBE, UNSUBSCRIBE, PING on a subscribed
+// connection and PUBLISH (also from a script: the release script
+// publishes) on a node of a Wake scenario, instead of miniredis, whose
+// subscribers get their messages from a goroutine of their own that writes
+// to the peer at any time; here a message is a reply like any other, sent
+// over the subscriber's link with its delays, its faults and FIFO order.
+// RESP2 shapes (go-redis runs HELLO 2 here). Called with n.mu held.
+func (n *Node) pubsubHook(p *server.Peer, cmd string, args []string) bool {
+	c := n.cur
+	switch cmd {
+	case "SUBSCRIBE":
+		if c == nil || p != c.peer || len(args) == 0 {
+			return false // from a script, or malformed: miniredis answers
+		}
+		if n.psubs == nil {
+			n.psubs = map[*conn]map[string]bool{}
+		}
+		if n.psubs[c] == nil {
+			n.psubs[c] = map[string]bool{}
+		}
+		for _, ch := range args {
+			n.psubs[c][ch] = true
+			p.WriteLen(3)
+			p.WriteBulk("subscribe")
+			p.WriteBulk(ch)
+			p.WriteInt(len(n.psubs[c]))
+		}
+		return true
+	case "UNSUBSCRIBE":
+		if c == nil || p != c.peer {
+			return false
+		}
+		chs := args
+		if len(chs) == 0 {
+			for ch := range n.psubs[c] {
+				chs = append(chs, ch)
+			}
+		}
+		if len(chs) == 0 {
+			p.WriteLen(3)
+			p.WriteBulk("unsubscribe")
+			p.WriteNull()
+			p.WriteInt(0)
+			return true
+		}
+		for _, ch := range chs {
+			delete(n.psubs[c], ch)
+			p.WriteLen(3)
+			p.WriteBulk("unsubscribe")
+			p.WriteBulk(ch)
+			p.WriteInt(len(n.psubs[c]))
+		}
+		if len(n.psubs[c]) == 0 {
+			delete(n.psubs, c)
+		}
+		return true
+	case "PING":
+		if c != nil && p == c.peer && len(n.psubs[c]) > 0 {
+			p.WriteLen(2)
+			p.WriteBulk("pong")
+			p.WriteBulk("")
+			return true
+		}
+	case "PUBLISH":
+		if len(args) != 2 {
+			return false
+		}
+		got := 0
+		for sc, chs := range n.psubs {
+			if !chs[args[0]] || sc == c {
+				continue
+			}
+			if _, ok := n.conns[sc]; !ok {
+				continue
+			}
+			got++
+			sc.peer.WriteLen(3)
+			sc.peer.WriteBulk("message")
+			sc.peer.WriteBulk(args[0])
+			sc.peer.WriteBulk(args[1])
+			_ = sc.pw.Flush()
+			msg := append([]byte(nil), sc.pbuf.Bytes()...)
+			sc.pbuf.Reset()
+			_, lost, _ := sc.sendPush(msg)
+			if n.w.opts.Log {
+				n.w.hist.logf("%s pushed %s%s", sc.name, args[0], map[bool]string{true: " (lost)"}[lost])
+			}
+		}
+		p.WriteInt(got)
+		return true
+	}
+	return false
+}
+
+// pushFate is the pub/sub faults' share of the fate of message i pushed
+// to subscriber c: extra delay, or lost. Its draws use their own slots of
+// the message's hash, so the delays fate drew stay as they were.
+func (w *World) pushFate(c *conn, i uint64, now time.Time) (time.Duration, bool) {
+	if !w.sc.Faults {
+		return 0, false
+	}
+	h := mix(mix(w.seed, c.key), i<<2|1)
+	u := func(k uint64) float64 { return unit(mix(h, k)) }
+	at := now.Sub(w.start)
+	var extra time.Duration
+	for _, f := range w.faults {
+		if f.Node != c.node.id || at < f.At || at >= f.At+f.For {
+			continue
+		}
+		switch f.Kind {
+		case FaultLostPub:
+			if u(16) < f.Prob {
+				return 0, true
+			}
+		case FaultSubSlow:
+			extra += time.Duration(u(17) * float64(f.Amount))
+		}
+	}
+	return extra, false
+}
+
+// cutSubscribers cuts node's subscription connections (FaultSubCut).
+func (w *World) cutSubscribers(node int) {
+	n := w.nodes[node]
+	n.mu.Lock()
+	var cs []*conn
+	for c := range n.psubs {
+		cs = append(cs, c)
+	}
+	n.mu.Unlock()
+	for _, c := range cs {
+		c.cut()
+	}
+}
+
+// wakeSchedule draws a Wake scenario's faults: none to three pub/sub
+// faults (lost publishes, cut subscription connections, slow pushes) on
+// random nodes within the horizon; nothing else, so that every grant a
+// waiter misses is the pub/sub path's doing. A quarter of the seeds have
+// none, so that wake-slow has handoffs to judge. Like makeSchedule, it
+// depends only on the seed and the scenario.
+func wakeSchedule(r *rand.Rand, sc *Scenario, horizon time.Duration) []Fault {
+	var fs []Fault
+	for range r.IntN(4) {
+		f := Fault{At: time.Duration(r.Int64N(int64(horizon * 3 / 4))), Node: r.IntN(max(sc.Nodes, 1)), Client: -1}
+		switch k := r.IntN(3); k {
+		case 0:
+			f.Kind, f.For, f.Prob = FaultLostPub, ms(r, 20, 400), 0.5+0.5*r.Float64()
+		case 1:
+			f.Kind = FaultSubCut
+		default:
+			f.Kind, f.For, f.Amount = FaultSubSlow, ms(r, 20, 400), ms(r, 5, 150)
+		}
+		fs = append(fs, f)
+	}
+	return fs
+}

@@ -1,0 +1,281 @@
+package sim
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"time"
+
+	"github.com/redlease/redlease"
+)
+
+// The Wake scenarios (wake-single, wake-quorum3) run Lockers that wait by
+// release notices (internal/wake through the strategies' Watch), on one
+// hot key, under pub/sub faults only (wakeSchedule): published messages
+// lost with the connection up, subscription connections cut, pushes
+// slowed. Each client takes the key with Lock (its backoff far longer
+// than any TTL, so a wait ends at a notice or at the holder's remaining
+// TTL + 1 ms, which the refusal carries: never at a jittered backoff,
+// whose draw no seed controls), holds it for up to 7/10 of its TTL,
+// writes its fence to the register, and releases it with a generous ctx.
+//
+// Invariants handoff-late and wake-slow, besides overlap, fence-order,
+// stale-accepted and release-kept-valid. handoff-late: after a release that returned nil, sent while
+// another client was inside Lock for the key and still is at D = the
+// holder's grant + its TTL + wakeSlack, some client is granted the key
+// by D. Why D: the waiter's wait after its last refusal ends by the
+// holder's expiry plus the refusal's delay and 1 ms, whatever the notices
+// did (Locker.retry), and its next attempt then finds the key free (the
+// release came before the expiry); wakeSlack covers that reply, the
+// attempt (a quorum's two phases, with fences) and spikes of the links.
+// No fault here touches a command: nodes are never down, paused or
+// partitioned, and no message but a push is lost. wake-slow: the same,
+// with no pub/sub fault from the first waiter's Lock call to that bound:
+// some client is granted the key within wakeFast of the release (the
+// notice ended a wait), unless that is later than handoff-late's bound.
+
+// wakeBackoff is the Wake clients' retry delay (min = max): waits are
+// drawn from [wakeBackoff/2, wakeBackoff], longer than every TTL.
+const wakeBackoff = time.Second
+
+// wakeLockTimeout bounds one Lock call of a Wake client.
+const wakeLockTimeout = 2 * time.Second
+
+// wakeSlack: see handoff-late above. A waiter's last refusal's reply
+// (maxOneWay), 1 ms, then one acquisition: with fences, two rounds of a
+// request and a reply each (4 maxOneWay), a few scheduler instants.
+const wakeSlack = 1*time.Millisecond + 5*maxOneWay + 5*time.Millisecond
+
+// InvHandoffLate: after a confirmed release with a client waiting, nobody
+// was granted the key within the holder's TTL plus wakeSlack of its grant.
+const InvHandoffLate = "handoff-late"
+
+// InvWakeSlow: after a confirmed release with a client waiting, and no
+// pub/sub fault from the first waiter's Lock call to the bound, nobody was
+// granted the key within wakeFast of the release: the notice did not end
+// the wait.
+const InvWakeSlow = "wake-slow"
+
+// wakeFast: the release's request and its publish's push (2 maxOneWay),
+// then one acquisition, two rounds with fences (4 maxOneWay), a few
+// scheduler instants. Without a notice the wait ends at the holder's
+// expiry, at least 3/10 of its TTL (18 ms) after a release the workload
+// sends by 7/10 of it.
+const wakeFast = 6*maxOneWay + 5*time.Millisecond
+
+// wakeWait is one Lock call of a Wake client.
+type wakeWait struct {
+	client   int
+	key      string
+	from, to time.Duration
+	granted  bool
+}
+
+// wakeRelease is one release by a Wake client.
+type wakeRelease struct {
+	client    int
+	key       string
+	grant     time.Duration // the hold's grant (Lock returned)
+	ttl       time.Duration
+	sent, ret time.Duration
+	err       error
+}
+
+// WakeStats are the Wake scenarios' figures: releases sent while another
+// client waited and confirmed, and how long until the next grant.
+type WakeStats struct {
+	Handoffs  int           // confirmed releases with a client waiting
+	Quick     int           // next grant within 5 ms of the release
+	NoFault   int           // handoffs with no pub/sub fault from the waiters' Lock calls to the grant
+	QuickNF   int           // of those, within 5 ms
+	MaxNF     time.Duration // of those, the longest
+	MaxFault  time.Duration // the longest with a pub/sub fault in that span
+	Late      int           // handoff-late violations
+	Slow      int           // wake-slow violations
+	Released  int           // releases that returned nil
+	Failed    int           // Lock calls that returned an error
+	Grants    int
+	Fallbacks int // handoffs longer than 5 ms
+}
+
+func (s *WakeStats) add(o WakeStats) {
+	s.Handoffs += o.Handoffs
+	s.Quick += o.Quick
+	s.NoFault += o.NoFault
+	s.QuickNF += o.QuickNF
+	s.MaxNF = max(s.MaxNF, o.MaxNF)
+	s.MaxFault = max(s.MaxFault, o.MaxFault)
+	s.Late += o.Late
+	s.Slow += o.Slow
+	s.Released += o.Released
+	s.Failed += o.Failed
+	s.Grants += o.Grants
+	s.Fallbacks += o.Fallbacks
+}
+
+// wakeClient is one Wake client (see above).
+func (w *World) wakeClient(ci int, locker *redlease.Locker, r *rand.Rand) {
+	sleep(ms(r, 0, 20))
+	for seq := range w.sc.Ops {
+		key := fmt.Sprintf("k%d", r.IntN(w.sc.Keys))
+		ttl := w.drawTTL(r)
+		from := w.hist.now()
+		ctx, cancel := context.WithTimeout(context.Background(), wakeLockTimeout)
+		lk, err := locker.Lock(ctx, key, redlease.WithTTL(ttl), redlease.WithRetryDelay(wakeBackoff, wakeBackoff))
+		cancel()
+		w.mu.Lock()
+		w.wakeWaits = append(w.wakeWaits, wakeWait{client: ci, key: key, from: from, to: w.hist.now(), granted: err == nil})
+		w.mu.Unlock()
+		if err != nil {
+			w.hist.failed()
+			w.hist.logf("c%d#%d lock %s ttl=%v: %v", ci, seq, key, ttl, short(err))
+			continue
+		}
+		hd := &Hold{Client: ci, Seq: seq, Key: key, Via: "lock", Fence: lk.Fence(), From: w.hist.now(), LostAt: -1, RelSent: -1, Token: lk.Token()}
+		w.hist.logf("c%d#%d lock %s ttl=%v granted fence=%d until=+%.3fms", ci, seq, key, ttl, lk.Fence(), msf(time.Until(lk.Until())))
+		_ = lk.Valid() // as hold does: Valid before Lost
+		done := make(chan struct{})
+		go func() { // owned by this iteration, which waits for it below; Lost closes by Until at the latest
+			<-lk.Lost()
+			hd.LostAt = w.hist.now()
+			close(done)
+		}()
+		sleep(time.Duration(r.Int64N(int64(ttl * 7 / 10))))
+		if lk.Valid() {
+			w.hist.write(ci, seq, key, lk.Fence())
+		}
+		rel := wakeRelease{client: ci, key: key, grant: hd.From, ttl: ttl, sent: w.hist.now()}
+		hd.RelSent = rel.sent
+		ctx, cancel = context.WithTimeout(context.Background(), 500*time.Millisecond)
+		rel.err = lk.Release(ctx)
+		cancel()
+		rel.ret = w.hist.now()
+		w.hist.logf("c%d#%d release %s: %v", ci, seq, key, short(rel.err))
+		w.mu.Lock()
+		w.wakeRels = append(w.wakeRels, rel)
+		w.mu.Unlock()
+		<-done
+		hd.Until = lk.Until().Sub(w.start)
+		hd.To = min(hd.LostAt, hd.Until)
+		w.hist.addHold(hd)
+		sleep(ms(r, 0, 20))
+	}
+}
+
+// checkWake checks handoff-late and gathers the Wake figures.
+func (w *World) checkWake() ([]Violation, WakeStats) {
+	var st WakeStats
+	if !w.sc.Wake {
+		return nil, st
+	}
+	w.mu.Lock()
+	waits := slices.Clone(w.wakeWaits)
+	rels := slices.Clone(w.wakeRels)
+	w.mu.Unlock()
+	var grants []time.Duration // per key, sorted
+	byKey := map[string][]time.Duration{}
+	for _, h := range w.hist.holds {
+		byKey[h.Key] = append(byKey[h.Key], h.From)
+	}
+	for k := range byKey {
+		slices.Sort(byKey[k])
+	}
+	for _, wt := range waits {
+		if wt.granted {
+			st.Grants++
+		} else {
+			st.Failed++
+		}
+	}
+	var vs []Violation
+	for _, rel := range rels {
+		if rel.err != nil {
+			continue
+		}
+		st.Released++
+		grants = byKey[rel.key]
+		i, _ := slices.BinarySearch(grants, rel.sent+1)
+		next := time.Duration(-1)
+		if i < len(grants) {
+			next = grants[i]
+		}
+		deadline := rel.grant + rel.ttl + wakeSlack
+		var waiting []wakeWait
+		for _, wt := range waits {
+			if wt.key == rel.key && wt.client != rel.client && wt.from < rel.sent && wt.to > rel.sent {
+				waiting = append(waiting, wt)
+			}
+		}
+		if len(waiting) == 0 {
+			continue
+		}
+		st.Handoffs++
+		end := next
+		if end < 0 {
+			end = w.hist.now()
+		}
+		took := end - rel.sent
+		earliest := rel.sent
+		for _, wt := range waiting {
+			earliest = min(earliest, wt.from)
+		}
+		// A fault counts from the first waiter's Lock call to the later
+		// of the grant and the bound; a cut's effect lasts until the
+		// resubscription, within a few round trips.
+		faulted := false
+		for _, f := range w.faults {
+			if f.At <= max(end, deadline) && f.At+f.For+4*maxOneWay >= earliest {
+				faulted = true
+			}
+		}
+		if took <= 5*time.Millisecond {
+			st.Quick++
+		} else {
+			st.Fallbacks++
+		}
+		if faulted {
+			st.MaxFault = max(st.MaxFault, took)
+		} else {
+			st.NoFault++
+			st.MaxNF = max(st.MaxNF, took)
+			if took <= 5*time.Millisecond {
+				st.QuickNF++
+			}
+		}
+		stillWaiting := false
+		for _, wt := range waiting {
+			if wt.to >= deadline {
+				stillWaiting = true
+			}
+		}
+		if fast := rel.sent + wakeFast; !faulted && (next < 0 || next > fast) && fast < deadline {
+			stillWaiting := false
+			for _, wt := range waiting {
+				if wt.to >= fast {
+					stillWaiting = true
+				}
+			}
+			if stillWaiting {
+				st.Slow++
+				vs = append(vs, Violation{Inv: InvWakeSlow, At: fast, Detail: fmt.Sprintf(
+					"c%d released %s at %.3fms with %d client(s) waiting and no pub/sub fault; next grant %s, bound %.3fms (release + %v)",
+					rel.client, rel.key, msf(rel.sent), len(waiting), fmtAt(next), msf(fast), wakeFast)})
+			}
+		}
+		if (next < 0 || next > deadline) && stillWaiting {
+			st.Late++
+			vs = append(vs, Violation{Inv: InvHandoffLate, At: deadline, Detail: fmt.Sprintf(
+				"c%d released %s at %.3fms (granted at %.3fms, ttl %v) with %d client(s) waiting; next grant %s, bound %.3fms (grant + ttl + %v)",
+				rel.client, rel.key, msf(rel.sent), msf(rel.grant), rel.ttl, len(waiting), fmtAt(next), msf(deadline), wakeSlack)})
+		}
+	}
+	return vs, st
+}
+
+func fmtAt(d time.Duration) string {
+	if d < 0 {
+		return "none"
+	}
+	return fmt.Sprintf("at %.3fms", msf(d))
+}
