@@ -249,8 +249,10 @@ func TestFindingBarrierNotOwnerAfterEffect(t *testing.T) {
 // freed the key, or waiters not taking an undo's notice for a release);
 // a fix must keep the split vote (no waiter won, all undo) handing over
 // without waiting for a TTL.
+//
+// Fixed: the release script publishes for a holder's release only, not
+// for an undo. Run always (it failed on the old script with 1,030).
 func TestFindingUndoPublishStorm(t *testing.T) {
-	findingsOnly(t, "a refused quorum waiter's undo wakes the other waiters, who retry at once: a storm of acquisitions while the lock is held on a bare majority")
 	synctest.Test(t, func(t *testing.T) {
 		sc := Scenario{Name: "hand-wake", Strategy: Quorum, Nodes: 3, Clients: 3, Keys: 1, Wake: true}
 		start := time.Now()
@@ -303,6 +305,7 @@ func TestFindingUndoPublishStorm(t *testing.T) {
 		waiters.Wait()
 		// Two attempts per waiter, each on three nodes; twice that leaves
 		// room for a notice that crossed an attempt.
+		t.Logf("%d acquisitions applied by the nodes during 200 ms of the hold, with two waiters", n)
 		if max := 2 * 2 * 3 * 2; n > max {
 			t.Errorf("%d acquisitions applied by the nodes during 200 ms of the hold, with two waiters; want at most %d", n, max)
 		}

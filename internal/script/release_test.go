@@ -11,8 +11,8 @@ import (
 )
 
 // The Release script publishes on exactly the channel waiters subscribe to
-// (Channel), for every shape of key, although ReleaseArgs sends the name
-// in parts for the script to join: on a real redis-server, a subscriber to
+// (Channel), for every shape of key, although the script derives the name
+// from the line's key (QueueKey): on a real redis-server, a subscriber to
 // Channel(key) hears the release.
 func TestReleasePublishesOnTheKeysChannel(t *testing.T) {
 	srv := redistest.Start(t, redistest.Config{})
@@ -34,5 +34,42 @@ func TestReleasePublishesOnTheKeysChannel(t *testing.T) {
 			t.Fatalf("key %q: no message on %q", key, script.Channel(key))
 		}
 		require.NoError(t, sub.Close())
+	}
+}
+
+// An undo (a failed attempt deleting its own key) deletes like a release
+// but publishes nothing: its notice would wake the other waiters of a
+// quorum to take the same nodes, be refused and undo in turn (chaos/sim's
+// TestFindingUndoPublishStorm). The release after it is heard, so the
+// subscription was live throughout.
+func TestUndoPublishesNothing(t *testing.T) {
+	srv := redistest.Start(t, redistest.Config{})
+	c := srv.Client()
+	ctx := t.Context()
+	const key = "order:8"
+	sub := c.Subscribe(ctx, script.Channel(key))
+	_, err := sub.Receive(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sub.Close() })
+
+	require.NoError(t, c.Set(ctx, key, "attempt.1", time.Minute).Err())
+	n, err := script.Release.Run(ctx, c, script.UndoArgs(key, "attempt.1"))
+	require.NoError(t, err)
+	require.Equal(t, int64(1), n, "the undo deletes its attempt's key")
+
+	require.NoError(t, c.Set(ctx, key, "holder.1", time.Minute).Err())
+	n, err = script.Release.Run(ctx, c, script.ReleaseArgs(key, "holder.1"))
+	require.NoError(t, err)
+	require.Equal(t, int64(1), n)
+	select {
+	case m := <-sub.Channel():
+		require.Equal(t, script.Channel(key), m.Channel)
+	case <-time.After(5 * time.Second):
+		t.Fatal("the release was not heard")
+	}
+	select {
+	case m := <-sub.Channel():
+		t.Fatalf("a second message (the undo's?): %v", m)
+	case <-time.After(100 * time.Millisecond):
 	}
 }
