@@ -285,15 +285,8 @@ return 0
 // QueueKey: the same suffix after "redlease:queue:" as the channel's after
 // "redlease:wake:"), so one string serves both. The message is the id of
 // the line's head (after entries past their deadline are purged), or
-// empty when the line is empty. An undo (ARGV[2] = "0") publishes
-// nothing: the key it deletes is a failed attempt's, on the nodes that
-// granted it while a majority refused, and its notice would wake every
-// other waiter to take the same nodes, be refused and undo in turn — a
-// storm of acquisitions for as long as a holder keeps a bare majority
-// (TestFindingUndoPublishStorm in chaos/sim: 1,030 acquisitions in 200 ms
-// with two waiters). Waiters of a split vote retry by their backoff.
-// With ARGV[2] = "1" (a holder's release, not the undo of a failed
-// attempt) it also removes the entry of the
+// empty when the line is empty. With ARGV[2] = "1" (a holder's release,
+// not the undo of a failed attempt) it also removes the entry of the
 // token's base from the line, whether or not the key was ours here: the
 // nodes that refused the holder's grant still had it in line. Everything
 // but the compare-and-delete runs under redis.pcall: a user whose ACL does
@@ -333,7 +326,7 @@ if redis.pcall('EXISTS', q) == 1 then
     end
   end
 end
-if n == 1 and ARGV[2] == '1' then
+if n == 1 then
   redis.pcall('PUBLISH', 'redlease:wake:' .. string.sub(q, 16), head)
 end
 return n
