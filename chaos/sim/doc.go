@@ -408,7 +408,7 @@
 // longer than every TTL, so no wait ends at a jittered draw), but each
 // client has a hub with two goroutines of its own per node, whose reads,
 // writes and wakes at one virtual instant go in scheduler order, and
-// wake-quorum3's undo storm (see Findings) multiplies the attempts that
+// wake-quorum3's undo storm (see Findings; paced since) multiplied the attempts that
 // race.
 //
 // # Running
@@ -671,27 +671,26 @@
 //     (TestFindingBarrierNotOwnerAfterEffect; found as seed 10542 of
 //     barrier, effect-twice, 10 of 10 replays; 9 of the 200,000 seeds).
 //
-// Open on main (quorum; TestFindingUndoPublishStorm, skipped without
-// -findings): a refused quorum waiter undoes the grants it got with the
-// release script, which publishes on the key's wake channel, so every
-// other waiter wakes and tries again at once, takes the same free nodes,
-// is refused, undoes, publishes... For as long as the lock is held on a
-// bare majority (a node missed the grant, or restarted), waiters take
-// turns acquiring and undoing that node, each round a fan-out to every
-// node, instead of waiting for the release or the holder's remaining TTL.
-// Found by the first wake-quorum3 runs: seed 7 applied 981 acquisitions
-// for 9 grants. The test counts 1,033 acquisitions in 200 ms of a hold
-// with two waiters (a handful without the storm); against three
-// redis-server processes (the holder's key deleted on one node after the
-// grant, two waiters), 2,828 EVALSHA calls in 300 ms and 12,893 in 1.3 s.
-// No invariant is broken (grants stay exclusive and come in time: the
-// storm ends at the release); its cost is most of wake-quorum3's CPU. An
-// undo that publishes nothing was tried and reverted: it ends the storm
-// (15 acquisitions) but leaves a split vote (every waiter refused, every
-// one undoing) to the waiters' backoff, and the root package's
-// TestWaitersShareOneConnectionPerNode/quorum (10 s backoff) failed in a
-// clean-clone CI. A fix needs the waiters to tell an undo's notice from a
-// release's (and answer it after a jittered pause, not at once).
+// Fixed on main (internal/wake's UndoNotice; TestFindingUndoPublishStorm
+// runs always): a refused quorum waiter undoes the grants it got with the
+// release script, which published on the key's wake channel like a
+// release, so every other waiter woke and tried again at once, took the
+// same free nodes, was refused, undid, published... For as long as the
+// lock was held on a bare majority (a node missed the grant, or
+// restarted), waiters took turns acquiring and undoing that node, each
+// round a fan-out to every node. Found by the first wake-quorum3 runs:
+// seed 7 applied 981 acquisitions for 9 grants; the test counted 1,030
+// acquisitions in 200 ms of a hold with two waiters; against three
+// redis-server processes, 12,893 EVALSHA calls in 1.3 s. No invariant was
+// broken (the storm ends at the release). An undo that publishes nothing
+// ends the storm but leaves a split vote (every waiter refused, every one
+// undoing) to the waiters' backoff (the root package's
+// TestWaitersShareOneConnectionPerNode/quorum, 10 s backoff, failed in a
+// clean-clone CI with it). Now an undo publishes wake.UndoNotice, which a
+// waiter answers after a jittered pause that doubles with each one since
+// the last release notice (5 ms up to 1 s): a split vote is retried
+// within milliseconds, staggered, and a storm dies down (45 acquisitions
+// in the test's 200 ms, then about one attempt per waiter per second).
 //
 // Fixed on main (d5b4e4a, with a test against redis-server in single's
 // bounded_test.go): single's ExtendBatch on a plain client was not

@@ -253,9 +253,11 @@ func TestFindingBarrierNotOwnerAfterEffect(t *testing.T) {
 // reverted) ends the storm (15 acquisitions) but leaves the waiters of a
 // split vote to their backoff — the root package's
 // TestWaitersShareOneConnectionPerNode/quorum (6 waiters, 10 s backoff)
-// then had no waiter get the lock within 4 s of a release.
+// then had no waiter get the lock within 4 s of a release. Fixed since:
+// the undo publishes wake.UndoNotice, which waiters answer after a
+// jittered pause that doubles with each one (internal/wake); a release
+// notice still wakes them at once. Runs always.
 func TestFindingUndoPublishStorm(t *testing.T) {
-	findingsOnly(t, "a refused quorum waiter's undo wakes the other waiters, who retry at once: a storm of acquisitions while the lock is held on a bare majority")
 	synctest.Test(t, func(t *testing.T) {
 		sc := Scenario{Name: "hand-wake", Strategy: Quorum, Nodes: 3, Clients: 3, Keys: 1, Wake: true}
 		start := time.Now()
@@ -309,9 +311,14 @@ func TestFindingUndoPublishStorm(t *testing.T) {
 		}
 		_ = lk.Release(ctx)
 		waiters.Wait()
-		// Two attempts per waiter, each on three nodes; twice that leaves
-		// room for a notice that crossed an attempt.
-		if max := 2 * 2 * 3 * 2; n > max {
+		// Fixed: an undo's notice (wake.UndoNotice) is passed on after a
+		// pause of at least undoBase/2·2^(k-1) for the k-th since the last
+		// release, so in 200 ms a waiter retries at most log2(2·200 ms /
+		// 5 ms + 1) < 7 times on undo notices, beside its first two
+		// attempts: 9 attempts per waiter, each on three nodes (1,030
+		// before the fix; 45 measured after).
+		t.Logf("%d acquisitions applied by the nodes during 200 ms of the hold, with two waiters", n)
+		if max := 2 * 9 * 3; n > max {
 			t.Errorf("%d acquisitions applied by the nodes during 200 ms of the hold, with two waiters; want at most %d", n, max)
 		}
 	})

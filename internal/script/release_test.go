@@ -8,6 +8,7 @@ import (
 
 	"github.com/redlease/redlease/internal/redistest"
 	"github.com/redlease/redlease/internal/script"
+	"github.com/redlease/redlease/internal/wake"
 )
 
 // The Release script publishes on exactly the channel waiters subscribe to
@@ -35,4 +36,39 @@ func TestReleasePublishesOnTheKeysChannel(t *testing.T) {
 		}
 		require.NoError(t, sub.Close())
 	}
+}
+
+// An undo (a failed attempt deleting its own key) publishes the undo
+// notice, which waiters answer after a growing pause (wake.UndoNotice);
+// a holder's release publishes something else, answered at once.
+func TestUndoPublishesTheUndoNotice(t *testing.T) {
+	srv := redistest.Start(t, redistest.Config{})
+	c := srv.Client()
+	ctx := t.Context()
+	const key = "order:8"
+	sub := c.Subscribe(ctx, script.Channel(key))
+	_, err := sub.Receive(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sub.Close() })
+	next := func() string {
+		select {
+		case m := <-sub.Channel():
+			return m.Payload
+		case <-time.After(5 * time.Second):
+			t.Fatal("nothing published")
+		}
+		return ""
+	}
+
+	require.NoError(t, c.Set(ctx, key, "attempt.1", time.Minute).Err())
+	n, err := script.Release.Run(ctx, c, script.UndoArgs(key, "attempt.1"))
+	require.NoError(t, err)
+	require.Equal(t, int64(1), n, "the undo deletes its attempt's key")
+	require.Equal(t, wake.UndoNotice, next(), "the undo's message")
+
+	require.NoError(t, c.Set(ctx, key, "holder.1", time.Minute).Err())
+	n, err = script.Release.Run(ctx, c, script.ReleaseArgs(key, "holder.1"))
+	require.NoError(t, err)
+	require.Equal(t, int64(1), n)
+	require.NotEqual(t, wake.UndoNotice, next(), "a release's message")
 }

@@ -285,7 +285,9 @@ return 0
 // QueueKey: the same suffix after "redlease:queue:" as the channel's after
 // "redlease:wake:"), so one string serves both. The message is the id of
 // the line's head (after entries past their deadline are purged), or
-// empty when the line is empty. With ARGV[2] = "1" (a holder's release,
+// empty when the line is empty; an undo (ARGV[2] = "0") publishes "!"
+// (wake.UndoNotice), which waiters answer after a pause that grows with
+// each undo, not at once: a failed attempt's undo is not a release. With ARGV[2] = "1" (a holder's release,
 // not the undo of a failed attempt) it also removes the entry of the
 // token's base from the line, whether or not the key was ours here: the
 // nodes that refused the holder's grant still had it in line. Everything
@@ -327,6 +329,9 @@ if redis.pcall('EXISTS', q) == 1 then
   end
 end
 if n == 1 then
+  if ARGV[2] ~= '1' then
+    head = '!'
+  end
   redis.pcall('PUBLISH', 'redlease:wake:' .. string.sub(q, 16), head)
 end
 return n

@@ -30,6 +30,7 @@ package wake
 import (
 	"context"
 	"errors"
+	"math/rand/v2"
 	"net"
 	"reflect"
 	"sync"
@@ -111,6 +112,11 @@ type Sub struct {
 	hubs     []*hub
 	entries  []*entry
 	removed  bool
+	// Undo notices (UndoNotice) are passed on after a pause that doubles
+	// with each one since the last release notice: pause is the timer of
+	// the one on its way (nil: none), undos how many came.
+	pause *time.Timer
+	undos int
 }
 
 // Set is what a strategy owns: its clients' hubs and the subscriptions it
@@ -211,6 +217,47 @@ func (sub *Sub) ready(need int) bool {
 	return sub.removed || ok >= need || ok+failed == len(sub.entries)
 }
 
+// UndoNotice is the message of an undo's publish: a failed attempt
+// deleted its own key on the nodes that had granted it, while a majority
+// refused. It is not a release. Waking at once on it made every waiter
+// take the same free nodes, be refused and undo in turn, for as long as a
+// holder kept a bare majority: a storm of acquisitions (chaos/sim's
+// TestFindingUndoPublishStorm). Ignoring it left a split vote (every
+// waiter refused, every one undoing) to the waiters' backoff. So it is
+// passed on after a jittered pause, undoBase at first and doubling with
+// each undo notice since the last release notice, up to undoMax: a split
+// vote is retried within milliseconds, staggered, and a storm dies down.
+// No waiter id (base64url) or empty release message is "!".
+const UndoNotice = "!"
+
+// Pacing of undo notices (see UndoNotice).
+const (
+	undoBase = 5 * time.Millisecond
+	undoMax  = time.Second
+)
+
+// undoneLocked schedules the notice of an undo, unless one is on its way.
+func (sub *Sub) undoneLocked() {
+	if sub.removed || sub.pause != nil {
+		return
+	}
+	d := undoBase
+	for i := 0; i < sub.undos && d < undoMax; i++ {
+		d *= 2
+	}
+	d = min(d, undoMax)
+	sub.undos++
+	d = d/2 + rand.N(d/2+1)
+	sub.pause = time.AfterFunc(d, func() {
+		mu.Lock()
+		defer mu.Unlock()
+		sub.pause = nil
+		if !sub.removed {
+			signal(sub.notify)
+		}
+	})
+}
+
 // removeLocked takes sub off every entry; an entry left without waiters
 // is unsubscribed by its hub's writer.
 func (sub *Sub) removeLocked() {
@@ -218,6 +265,10 @@ func (sub *Sub) removeLocked() {
 		return
 	}
 	sub.removed = true
+	if sub.pause != nil {
+		sub.pause.Stop()
+		sub.pause = nil
+	}
 	delete(sub.set.subs, sub)
 	for i, e := range sub.entries {
 		delete(e.subs, sub)
@@ -445,10 +496,21 @@ func (h *hub) read() {
 func (h *hub) handleLocked(msg any) {
 	switch m := msg.(type) {
 	case *redis.Message:
-		if e := h.chans[m.Channel]; e != nil {
-			for sub := range e.subs {
-				signal(sub.notify)
+		e := h.chans[m.Channel]
+		if e == nil {
+			return
+		}
+		for sub := range e.subs {
+			if m.Payload == UndoNotice {
+				sub.undoneLocked()
+				continue
 			}
+			sub.undos = 0
+			if sub.pause != nil {
+				sub.pause.Stop()
+				sub.pause = nil
+			}
+			signal(sub.notify)
 		}
 	case *redis.Subscription:
 		switch m.Kind {
