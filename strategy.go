@@ -53,7 +53,12 @@ type Strategy interface {
 // process. A Strategy without it is polled with backoff, as before.
 //
 // A notice only changes when a waiter tries: every grant still goes
-// through Acquire. Notices are hints and can be lost (a broken
+// through Acquire. The undo of a failed attempt (a quorum attempt that got
+// some nodes but not a majority deletes its key there) is not a release:
+// its notice reaches a waiter after a jittered pause that doubles with
+// each undo since the last release (5 ms up to 1 s), so that waiters who
+// all failed retry staggered, and waiters on a key a holder keeps on a
+// bare majority do not wake each other at once, forever. Notices are hints and can be lost (a broken
 // connection, a node down, a holder that released through a client that
 // does not publish); the waiter's backoff, cut to the holder's remaining
 // TTL, is the fallback.
