@@ -151,6 +151,26 @@ func checkNoWriteAfter(t *testing.T, file string) (int, time.Duration) {
 	return as, time.Duration(start - lastA)
 }
 
+// loseToASecondHolder makes the first holder of "money" lose its lock:
+// every node is SIGSTOPped past ttl, so that its keys have expired on
+// every node by the time they run again. A second holder then takes the
+// key and runs to completion; the first holder's group must have written
+// nothing after it started (checkNoWriteAfter, whose figures it returns).
+func loseToASecondHolder(t *testing.T, servers []*redistest.Server, env, file string, ttl time.Duration) (int, time.Duration) {
+	t.Helper()
+	for _, s := range servers {
+		s.Pause()
+	}
+	paused := time.Now()
+	time.Sleep(ttl + 200*time.Millisecond - time.Since(paused))
+	for _, s := range servers {
+		s.Resume()
+	}
+	second := startCLI(t, env, "run", "--key", "money", "--wait", "10s", "--", "sh", "-c", secondHolder(file))
+	assert.Equal(t, 0, second.wait(t, 20*time.Second), "second holder")
+	return checkNoWriteAfter(t, file)
+}
+
 // Must-show 1: the lock is lost (every node SIGSTOPped past the TTL); the
 // first holder's whole group — a shell ignoring SIGTERM and its background
 // loop — is killed before the second holder's command starts.
@@ -163,20 +183,8 @@ func TestLossKillsTheWholeGroup(t *testing.T) {
 	require.Equal(t, "started", first.line(t, 10*time.Second))
 	waitFor(t, 5*time.Second, "first writes", func() bool { fi, err := os.Stat(file); return err == nil && fi.Size() > 0 })
 
-	for _, s := range servers {
-		s.Pause()
-	}
-	paused := time.Now()
-	// Past the TTL: the first holder's keys have expired on every node by
-	// the time they run again.
-	time.Sleep(ttl + 200*time.Millisecond - time.Since(paused))
-	for _, s := range servers {
-		s.Resume()
-	}
-	second := startCLI(t, env, "run", "--key", "money", "--wait", "10s", "--", "sh", "-c", secondHolder(file))
-	assert.Equal(t, 0, second.wait(t, 20*time.Second), "second holder")
+	n, gap := loseToASecondHolder(t, servers, env, file, ttl)
 	assert.Equal(t, exitLost, first.wait(t, 20*time.Second), "first holder: lost")
-	n, gap := checkNoWriteAfter(t, file)
 	t.Logf("lock lost: %d writes by the first holder's group, none after the second holder started; the last %v before it", n, gap)
 }
 
@@ -197,17 +205,7 @@ func TestLossKillsTheGroupWhileStderrIsBlocked(t *testing.T) {
 	require.Equal(t, "started", first.line(t, 10*time.Second))
 	waitFor(t, 5*time.Second, "first writes", func() bool { fi, err := os.Stat(file); return err == nil && fi.Size() > 0 })
 
-	for _, s := range servers {
-		s.Pause()
-	}
-	paused := time.Now()
-	time.Sleep(ttl + 200*time.Millisecond - time.Since(paused))
-	for _, s := range servers {
-		s.Resume()
-	}
-	second := startCLI(t, env, "run", "--key", "money", "--wait", "10s", "--", "sh", "-c", secondHolder(file))
-	assert.Equal(t, 0, second.wait(t, 20*time.Second), "second holder")
-	n, gap := checkNoWriteAfter(t, file)
+	n, gap := loseToASecondHolder(t, servers, env, file, ttl)
 	t.Logf("lock lost with stderr blocked: %d writes by the first holder's group, none after the second holder started; the last %v before it", n, gap)
 	// Unblock stderr so that run can finish.
 	go func() { _, _ = io.Copy(io.Discard, r) }()
