@@ -2,7 +2,6 @@ package renew_test
 
 import (
 	"fmt"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -214,16 +213,8 @@ func (a hungCount) max(b hungCount) hungCount {
 
 // hungCalls classifies the goroutines by their stacks.
 func hungCalls() hungCount {
-	buf := make([]byte, 1<<20)
-	for range 6 { // up to 64 MiB of stacks
-		if k := runtime.Stack(buf, true); k < len(buf) {
-			buf = buf[:k]
-			break
-		}
-		buf = make([]byte, 2*len(buf))
-	}
 	var c hungCount
-	for _, g := range strings.Split(string(buf), "\n\n") {
+	for _, g := range goroutineStacks() {
 		switch {
 		case strings.Contains(g, "single.(*Strategy).ExtendBatch"):
 			c.waited++

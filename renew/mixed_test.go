@@ -526,9 +526,8 @@ func (a goroutineCount) String() string {
 	return fmt.Sprintf("%d/%d/%d/%d", a.all, a.proxy, a.timers, a.rest)
 }
 
-// countGoroutines counts the goroutines: the in-process proxy's, those
-// time.AfterFunc started (the locks' expiry timers), and the rest.
-func countGoroutines() goroutineCount {
+// goroutineStacks returns the stack of every goroutine, one string each.
+func goroutineStacks() []string {
 	buf := make([]byte, 1<<20)
 	for range 6 { // up to 64 MiB of stacks
 		if k := runtime.Stack(buf, true); k < len(buf) {
@@ -537,8 +536,14 @@ func countGoroutines() goroutineCount {
 		}
 		buf = make([]byte, 2*len(buf))
 	}
+	return strings.Split(string(buf), "\n\n")
+}
+
+// countGoroutines counts the goroutines: the in-process proxy's, those
+// time.AfterFunc started (the locks' expiry timers), and the rest.
+func countGoroutines() goroutineCount {
 	var c goroutineCount
-	for _, g := range strings.Split(string(buf), "\n\n") {
+	for _, g := range goroutineStacks() {
 		if !strings.HasPrefix(g, "goroutine ") {
 			continue
 		}
