@@ -21,6 +21,50 @@ const (
 	FaultSubSlow = "subslow"
 )
 
+// subscribeChannels adds chs to a connection's channels and confirms each,
+// as Redis does (RESP2), with the count of channels after it.
+func subscribeChannels(p *server.Peer, set map[string]bool, chs []string) {
+	for _, ch := range chs {
+		set[ch] = true
+		p.WriteLen(3)
+		p.WriteBulk("subscribe")
+		p.WriteBulk(ch)
+		p.WriteInt(len(set))
+	}
+}
+
+// unsubscribeChannels removes chs (every channel of the connection when
+// none is named) and confirms each, as Redis does; with no channel at all
+// it answers one confirmation with a null channel.
+func unsubscribeChannels(p *server.Peer, set map[string]bool, chs []string) {
+	if len(chs) == 0 {
+		for ch := range set {
+			chs = append(chs, ch)
+		}
+	}
+	if len(chs) == 0 {
+		p.WriteLen(3)
+		p.WriteBulk("unsubscribe")
+		p.WriteNull()
+		p.WriteInt(0)
+		return
+	}
+	for _, ch := range chs {
+		delete(set, ch)
+		p.WriteLen(3)
+		p.WriteBulk("unsubscribe")
+		p.WriteBulk(ch)
+		p.WriteInt(len(set))
+	}
+}
+
+// writePong is PING's answer on a subscribed connection.
+func writePong(p *server.Peer) {
+	p.WriteLen(2)
+	p.WriteBulk("pong")
+	p.WriteBulk("")
+}
+
 // pubsubHook answers SUBSCRIBE, UNSUBSCRIBE, PING on a subscribed
 // connection and PUBLISH (also from a script: the release script
 // publishes) on a node of a Wake scenario, instead of miniredis, whose
@@ -41,47 +85,20 @@ func (n *Node) pubsubHook(p *server.Peer, cmd string, args []string) bool {
 		if n.psubs[c] == nil {
 			n.psubs[c] = map[string]bool{}
 		}
-		for _, ch := range args {
-			n.psubs[c][ch] = true
-			p.WriteLen(3)
-			p.WriteBulk("subscribe")
-			p.WriteBulk(ch)
-			p.WriteInt(len(n.psubs[c]))
-		}
+		subscribeChannels(p, n.psubs[c], args)
 		return true
 	case "UNSUBSCRIBE":
 		if c == nil || p != c.peer {
 			return false
 		}
-		chs := args
-		if len(chs) == 0 {
-			for ch := range n.psubs[c] {
-				chs = append(chs, ch)
-			}
-		}
-		if len(chs) == 0 {
-			p.WriteLen(3)
-			p.WriteBulk("unsubscribe")
-			p.WriteNull()
-			p.WriteInt(0)
-			return true
-		}
-		for _, ch := range chs {
-			delete(n.psubs[c], ch)
-			p.WriteLen(3)
-			p.WriteBulk("unsubscribe")
-			p.WriteBulk(ch)
-			p.WriteInt(len(n.psubs[c]))
-		}
+		unsubscribeChannels(p, n.psubs[c], args)
 		if len(n.psubs[c]) == 0 {
 			delete(n.psubs, c)
 		}
 		return true
 	case "PING":
 		if c != nil && p == c.peer && len(n.psubs[c]) > 0 {
-			p.WriteLen(2)
-			p.WriteBulk("pong")
-			p.WriteBulk("")
+			writePong(p)
 			return true
 		}
 	case "PUBLISH":

@@ -96,41 +96,14 @@ func (n *Node) sentinelHook(p *server.Peer, cmd string, args []string) bool {
 		if s.subs[c] == nil {
 			s.subs[c] = map[string]bool{}
 		}
-		for _, ch := range args {
-			s.subs[c][ch] = true
-			p.WriteLen(3)
-			p.WriteBulk("subscribe")
-			p.WriteBulk(ch)
-			p.WriteInt(len(s.subs[c]))
-		}
+		subscribeChannels(p, s.subs[c], args)
 		return true
 	case "UNSUBSCRIBE":
-		chs := args
-		if len(chs) == 0 {
-			for ch := range s.subs[c] {
-				chs = append(chs, ch)
-			}
-		}
-		if len(chs) == 0 {
-			p.WriteLen(3)
-			p.WriteBulk("unsubscribe")
-			p.WriteNull()
-			p.WriteInt(0)
-			return true
-		}
-		for _, ch := range chs {
-			delete(s.subs[c], ch)
-			p.WriteLen(3)
-			p.WriteBulk("unsubscribe")
-			p.WriteBulk(ch)
-			p.WriteInt(len(s.subs[c]))
-		}
+		unsubscribeChannels(p, s.subs[c], args)
 		return true
 	case "PING":
 		if subscribed {
-			p.WriteLen(2)
-			p.WriteBulk("pong")
-			p.WriteBulk("")
+			writePong(p)
 			return true
 		}
 	}
