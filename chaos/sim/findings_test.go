@@ -33,9 +33,19 @@ func findingsOnly(t *testing.T, what string) {
 // sequences; the test drives faults itself.
 func testWorld(t *testing.T, seed uint64) (*World, func()) {
 	t.Helper()
-	sc := Scenario{Name: "hand", Strategy: Quorum, Nodes: 5, Clients: 2, Keys: 1, Fencing: true}
+	return handWorld(t, seed, Scenario{Name: "hand", Strategy: Quorum, Nodes: 5, Clients: 2, Keys: 1, Fencing: true}, false)
+}
+
+// handWorld is a fault-free world of sc for hand-written sequences, with
+// its nodes and no clients yet; log logs what the simulated network does
+// and keeps the history's lines (kept anyway, and printed at the end,
+// with -v). Call it, and the returned end, inside a synctest bubble: the
+// end heals the network, closes everything and waits leakGrace of virtual
+// time for go-redis's goroutines to end.
+func handWorld(t *testing.T, seed uint64, sc Scenario, log bool) (*World, func()) {
+	t.Helper()
 	start := time.Now()
-	w := &World{seed: seed, sc: sc, start: start, hist: newHistory(start, testing.Verbose()), net: newSched()}
+	w := &World{seed: seed, sc: sc, opts: Options{Log: log}, start: start, hist: newHistory(start, log || testing.Verbose()), net: newSched()}
 	for i := range sc.Nodes {
 		w.nodes = append(w.nodes, newNode(w, i, "node"+itoa(i)))
 	}
@@ -51,8 +61,11 @@ func testWorld(t *testing.T, seed uint64) (*World, func()) {
 			n.close()
 		}
 		w.net.close()
-		for _, l := range w.hist.lines {
-			t.Log(l)
+		time.Sleep(leakGrace)
+		if testing.Verbose() {
+			for _, l := range w.hist.lines {
+				t.Log(l)
+			}
 		}
 	}
 }
@@ -259,25 +272,8 @@ func TestFindingBarrierNotOwnerAfterEffect(t *testing.T) {
 // notice still wakes them at once. Runs always.
 func TestFindingUndoPublishStorm(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		sc := Scenario{Name: "hand-wake", Strategy: Quorum, Nodes: 3, Clients: 3, Keys: 1, Wake: true}
-		start := time.Now()
-		w := &World{seed: 7, sc: sc, opts: Options{Log: true}, start: start, hist: newHistory(start, true), net: newSched()}
-		for i := range sc.Nodes {
-			w.nodes = append(w.nodes, newNode(w, i, "node"+itoa(i)))
-		}
-		defer func() {
-			for _, f := range w.closers {
-				f()
-			}
-			for _, c := range w.clients {
-				_ = c.Close()
-			}
-			for _, n := range w.nodes {
-				n.close()
-			}
-			w.net.close()
-			time.Sleep(leakGrace)
-		}()
+		w, done := handWorld(t, 7, Scenario{Name: "hand-wake", Strategy: Quorum, Nodes: 3, Clients: 3, Keys: 1, Wake: true}, true)
+		defer done()
 		r := rand.New(rand.NewPCG(7, 1))
 		holder := w.locker(0, r)
 		ctx := context.Background()
