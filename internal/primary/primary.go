@@ -136,13 +136,13 @@ func (p *Primary) acquire(ctx context.Context, key, token string, ttl time.Durat
 		fenceTTL = p.cfg.FenceTTL.Milliseconds()
 	}
 	start := p.cfg.Clock.Now()
-	var line []any
-	if place == nil {
-		line = script.Acquire.Args(k, fenceKey, k, k, token, ttl.Milliseconds(), mode,
-			any(script.RuleOff), any(script.NotDurable), fenceTTL)
-	} else {
-		line = script.Acquire.Args(k, fenceKey, k, script.QueueKey(key), token, ttl.Milliseconds(), mode,
-			any(script.RuleOff), any(script.NotDurable), fenceTTL)
+	queue := k // KEYS[4], the line: read only in fair mode
+	if place != nil {
+		queue = any(script.QueueKey(key))
+	}
+	line := script.Acquire.Args(k, fenceKey, k, queue, token, ttl.Milliseconds(), mode,
+		any(script.RuleOff), any(script.NotDurable), fenceTTL)
+	if place != nil {
 		line = script.AppendPlace(line, *place)
 	}
 	v, err := p.call(ctx, func(ctx context.Context) (int64, error) { return p.run(ctx, script.Acquire, line) },
