@@ -36,6 +36,7 @@ func (s *Strategy) LeaveLine(ctx context.Context, key, id string) error {
 	start := s.clock.Now()
 	round := s.fan.Start(ctx, fanout.Call{Script: script.Leave, Line: script.LeaveArgs(key, id)}, fanout.Call{})
 	t := s.collect(ctx, round, func(int64) (bool, error) { return true, nil })
+	round.Done()
 	if t.agreed >= s.quorum {
 		return nil
 	}
