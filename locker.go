@@ -5,10 +5,11 @@ import (
 	cryptorand "crypto/rand"
 	"encoding/base64"
 	"errors"
-	"math/rand/v2"
 	"strconv"
 	"sync"
 	"time"
+
+	jittered "github.com/redlease/redlease/internal/backoff"
 )
 
 // Locker hands out locks on one default Strategy (replaceable per call with
@@ -323,16 +324,7 @@ func boundedBackoff(n int, minDelay, maxDelay time.Duration, refusal error) time
 // backoff returns the wait before the attempt after attempt n (n >= 1):
 // d = min(minDelay * 2^(n-1), maxDelay), drawn uniformly from [d/2, d].
 func backoff(n int, minDelay, maxDelay time.Duration) time.Duration {
-	d := minDelay
-	for i := 1; i < n && d < maxDelay; i++ {
-		if d > maxDelay/2 {
-			d = maxDelay // doubling would pass max (or overflow)
-			break
-		}
-		d *= 2
-	}
-	half := d / 2
-	return half + rand.N(d-half+1)
+	return jittered.Jittered(n, minDelay, maxDelay)
 }
 
 // attemptToken is the token of attempt n of a Lock call (see Strategy):

@@ -30,13 +30,14 @@ package wake
 import (
 	"context"
 	"errors"
-	"math/rand/v2"
 	"net"
 	"reflect"
 	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/redlease/redlease/internal/backoff"
 )
 
 // ErrClosed is Watch's error after Close.
@@ -241,13 +242,8 @@ func (sub *Sub) undoneLocked() {
 	if sub.removed || sub.pause != nil {
 		return
 	}
-	d := undoBase
-	for i := 0; i < sub.undos && d < undoMax; i++ {
-		d *= 2
-	}
-	d = min(d, undoMax)
 	sub.undos++
-	d = d/2 + rand.N(d/2+1)
+	d := backoff.Jittered(sub.undos, undoBase, undoMax)
 	sub.pause = time.AfterFunc(d, func() {
 		mu.Lock()
 		defer mu.Unlock()
