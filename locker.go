@@ -136,13 +136,19 @@ func (l *Locker) retry(ctx context.Context, c lockConfig, key string) (lk *Lock,
 		timer   *time.Timer
 		notices <-chan struct{} // nil: not subscribed, never ready
 		refused error           // the last attempt the nodes decided: "held"
+		// owed: this call took a notice that no attempt the nodes decided
+		// has answered yet. A notice wakes one waiter of the process; one
+		// that leaves owing it hands it on (see Waker).
+		owed bool
 	)
 	base := newToken()
 	var place *Place
+	waiter := "" // the id Waker.Watch knows this call by: its id in the line in fair mode
 	if q, ok := c.strategy.(Queuer); ok && c.fair {
 		// Fair mode: every attempt joins (or refreshes) this call's entry
 		// in the key's line, at the ticket of its arrival.
 		place = &Place{ID: base, Ticket: time.Now(), Join: true, Lifetime: LineLifetime(c.maxDelay)}
+		waiter = base
 		defer func() {
 			if lk == nil {
 				// Giving up: leave the line, by this call's id only, so
@@ -159,9 +165,16 @@ func (l *Locker) retry(ctx context.Context, c lockConfig, key string) (lk *Lock,
 		// it: only one that comes after may end the next wait.
 		select {
 		case <-notices:
+			owed = true
 		default:
 		}
 		lk, err = l.attempt(ctx, c, key, attemptToken(base, attempt), place)
+		if err == nil || (ctx.Err() == nil && !errors.Is(err, ErrUnavailable)) {
+			// Answered: granted, refused, or a bad call. An attempt the
+			// caller's deadline cut short (or never let out) answers
+			// nothing, even if a node refused it on the way.
+			owed = false
+		}
 		if err == nil || !errors.Is(err, ErrNotObtained) {
 			return lk, err
 		}
@@ -193,8 +206,12 @@ func (l *Locker) retry(ctx context.Context, c lockConfig, key string) (lk *Lock,
 				// Subscribe, confirmed, then check again at once: a
 				// release between the first check and the subscription
 				// was not heard, one after the second check will be.
-				if ch, stop, werr := w.Watch(ctx, l.prefix+key); werr == nil {
-					defer stop()
+				if ch, stop, werr := w.Watch(ctx, l.prefix+key, waiter); werr == nil {
+					defer func() {
+						// A notice still waiting in ch came after the
+						// last attempt, which did not answer it.
+						stop(lk == nil && (owed || len(ch) > 0))
+					}()
 					notices = ch
 					continue
 				}
@@ -212,6 +229,7 @@ func (l *Locker) retry(ctx context.Context, c lockConfig, key string) (lk *Lock,
 			return nil, withCause(err, context.Cause(ctx))
 		case <-timer.C:
 		case <-notices:
+			owed = true
 		}
 	}
 }

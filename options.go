@@ -130,10 +130,11 @@ func WithPolling() LockOption {
 // is free. Fairness only adds refusals: mutual exclusion, fences and
 // validity are the same either way. Default off: measured on quorum/5
 // (BenchmarkContention, 32 waiters on 4 keys, hold 1 ms) it brings the
-// longest wait to 1.7× the mean (5.9× without) and Jain's index to 0.998,
-// but costs a third of the grants per second (every waiter still wakes on
-// each release and is refused but one), and an uncontended TryLock costs
-// about 5 more allocations. A waiter's entry lasts
+// longest wait to about 1.6–3.4× the mean (3.1–5.6× without) and Jain's
+// index to 0.9997 (0.997 without), for about a tenth fewer grants per
+// second (fair waiters cannot barge: the next head pays a wake-up and a
+// round trip), and an uncontended TryLock costs about 5 more
+// allocations. A waiter's entry lasts
 // LineLifetime of its retry delays after its last attempt, which bounds
 // how long a waiter that died at the head of the line holds the others
 // back. Give every client of a key the same setting: a client without

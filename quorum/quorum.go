@@ -175,11 +175,11 @@ func (s *Strategy) Close() error {
 // reaches every node of the holder's quorum), or every node answered, or
 // the node timeout or ctx passed. All waiters of the process share one
 // subscription connection per node.
-func (s *Strategy) Watch(ctx context.Context, key string) (<-chan struct{}, func(), error) {
+func (s *Strategy) Watch(ctx context.Context, key, waiter string) (<-chan struct{}, func(bool), error) {
 	if key == "" {
 		return nil, nil, redlease.Invalid("empty key")
 	}
-	return s.wake.Watch(ctx, script.Channel(key), len(s.nodes)-s.quorum+1, s.nodeTimeout)
+	return s.wake.Watch(ctx, script.Channel(key), waiter, len(s.nodes)-s.quorum+1, s.nodeTimeout)
 }
 
 // Acquire makes one attempt to take key on a quorum of the nodes:
