@@ -20,6 +20,9 @@ type wakerFake struct {
 	stops   chan bool
 	// during, if set, runs inside the next Acquire (then is cleared).
 	during func()
+	// listening: Listen finds the key's subscription live.
+	listening bool
+	watches   int // Watch calls
 }
 
 func (w *wakerFake) Acquire(ctx context.Context, key, token string, ttl time.Duration) (redlease.Grant, error) {
@@ -37,7 +40,19 @@ func newWakerFake() *wakerFake {
 	return &wakerFake{fake: newFake(), notices: make(chan struct{}, 1), waiters: make(chan string, 1), stops: make(chan bool, 1)}
 }
 
+// Listen reports the subscription live only if listening is set.
+func (w *wakerFake) Listen(key, waiter string) (<-chan struct{}, func(bool), bool) {
+	if !w.listening {
+		return nil, nil, false
+	}
+	w.waiters <- waiter
+	return w.notices, func(handOn bool) { w.stops <- handOn }, true
+}
+
 func (w *wakerFake) Watch(ctx context.Context, key, waiter string) (<-chan struct{}, func(bool), error) {
+	w.mu.Lock()
+	w.watches++
+	w.mu.Unlock()
 	w.waiters <- waiter
 	return w.notices, func(handOn bool) { w.stops <- handOn }, nil
 }
@@ -158,3 +173,38 @@ func (q *queuedWaker) AcquireInLine(ctx context.Context, key, token string, ttl 
 }
 
 func (q *queuedWaker) LeaveLine(ctx context.Context, key, id string) error { return nil }
+
+// On a key whose releases the process already hears (Waker.Listen), Lock
+// subscribes before its first check and waits after one refused attempt;
+// otherwise it checks, subscribes (Watch) and checks again.
+func TestLockJoinsALiveSubscriptionBeforeItsFirstCheck(t *testing.T) {
+	for _, live := range []bool{true, false} {
+		synctest.Test(t, func(t *testing.T) {
+			w := newWakerFake()
+			w.listening = live
+			w.held["k"] = holder{"someone-else", time.Now().Add(24 * time.Hour)}
+			l := redlease.New(w, redlease.WithRetryDelay(time.Hour, time.Hour))
+			ctx, cancel := context.WithCancel(t.Context())
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				_, _ = l.Lock(ctx, "k")
+			}()
+			<-w.waiters
+			synctest.Wait() // asleep
+			w.mu.Lock()
+			attempts, watches := len(w.acquires), w.watches
+			w.mu.Unlock()
+			cancel()
+			<-done
+			<-w.stops
+			if live {
+				require.Equal(t, 1, attempts, "live subscription: one check, after subscribing")
+				require.Zero(t, watches)
+			} else {
+				require.Equal(t, 2, attempts, "check, subscribe, check again")
+				require.Equal(t, 1, watches)
+			}
+		})
+	}
+}

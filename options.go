@@ -102,6 +102,12 @@ func WithStrategy(s Strategy) LockOption {
 // A refusal that reports the holder's remaining TTL (every strategy of
 // this module does) cuts the wait to that TTL plus 1 ms: the key is free
 // then unless it is renewed.
+//
+// A Lock subscribed to the key's releases (a Waker strategy, without
+// WithPolling) is woken by them, so after a refusal its waits are drawn
+// from [max/2, max] at once (still cut to the holder's TTL): the wait is
+// only the fallback for a lost notice. After an attempt that too few
+// nodes answered the ramp from min applies as above.
 func WithRetryDelay(min, max time.Duration) LockOption {
 	return lockOption(func(c *lockConfig) {
 		if min <= 0 || max < min {

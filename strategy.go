@@ -83,6 +83,16 @@ type Waker interface {
 	// answered (it gives up, or its attempt failed on the way): the
 	// notice goes to the next waiter instead of being lost.
 	Watch(ctx context.Context, key, waiter string) (notices <-chan struct{}, stop func(handOn bool), err error)
+	// Listen is Watch without I/O and without waiting, for a key whose
+	// releases the process already hears: if enough nodes (as for Watch)
+	// have the key's subscription confirmed, kept by other waiters, it
+	// subscribes waiter on it and returns ok; a release that a node
+	// applies after Listen returned reaches the process (and wakes a
+	// waiter as Watch's notices do). Otherwise it subscribes nothing and
+	// returns ok false. Locker.Lock calls it before its first attempt, so
+	// that on a hot key that attempt is already the check after
+	// subscribing and the second check Watch needs is saved.
+	Listen(key, waiter string) (notices <-chan struct{}, stop func(handOn bool), ok bool)
 }
 
 // Queuer is a Strategy that can serve the waiters of a key in arrival

@@ -182,6 +182,16 @@ func (s *Strategy) Watch(ctx context.Context, key, waiter string) (<-chan struct
 	return s.wake.Watch(ctx, script.Channel(key), waiter, len(s.nodes)-s.quorum+1, s.nodeTimeout)
 }
 
+// Listen subscribes waiter to releases of key without I/O if enough nodes
+// (as for Watch) already carry the process's confirmed subscription to
+// them (see redlease.Waker).
+func (s *Strategy) Listen(key, waiter string) (<-chan struct{}, func(bool), bool) {
+	if key == "" {
+		return nil, nil, false
+	}
+	return s.wake.Listen(script.Channel(key), waiter, len(s.nodes)-s.quorum+1)
+}
+
 // Acquire makes one attempt to take key on a quorum of the nodes:
 //
 //  1. Note the monotonic start time, then send the acquire script to every

@@ -99,6 +99,12 @@ func (s *Strategy) Watch(ctx context.Context, key, waiter string) (<-chan struct
 	return s.p.Watch(ctx, key, waiter)
 }
 
+// Listen subscribes waiter to releases of key without I/O if the process
+// already hears them (see redlease.Waker).
+func (s *Strategy) Listen(key, waiter string) (<-chan struct{}, func(bool), bool) {
+	return s.p.Listen(key, waiter)
+}
+
 // Close ends the release subscriptions of this strategy's waiters (they
 // fall back to polling; later Watch calls fail) and waits for the shared
 // subscription connection to stop if nothing else in the process uses

@@ -261,6 +261,15 @@ func (p *Primary) Watch(ctx context.Context, key, waiter string) (<-chan struct{
 	return p.wake.Watch(ctx, script.Channel(key), waiter, 1, WatchBound)
 }
 
+// Listen subscribes waiter to releases of key without I/O if the process
+// already hears them (see redlease.Waker).
+func (p *Primary) Listen(key, waiter string) (<-chan struct{}, func(bool), bool) {
+	if p.err != nil || key == "" {
+		return nil, nil, false
+	}
+	return p.wake.Listen(script.Channel(key), waiter, 1)
+}
+
 // Close ends the subscriptions of waiters on this primary (they fall back
 // to polling) and waits for the shared subscription connection to stop if
 // nobody else in the process uses it. Calls other than Watch still work.

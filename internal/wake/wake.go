@@ -174,33 +174,14 @@ func registryKey(c redis.UniversalClient) any {
 // whatever Watch returned on: a client that confirms later delivers from
 // then on. The only error is ErrClosed.
 func (s *Set) Watch(ctx context.Context, channel, waiter string, need int, bound time.Duration) (notices <-chan struct{}, stop func(handOn bool), err error) {
-	sub := &Sub{set: s, id: waiter, notify: make(chan struct{}, 1), progress: make(chan struct{}, 1)}
 	mu.Lock()
 	if s.closed {
 		mu.Unlock()
 		return nil, nil, ErrClosed
 	}
-	seq++
-	sub.seq = seq
-	for i, c := range s.clients {
-		h := hubFor(s.keys[i], c)
-		e := h.chans[channel]
-		if e == nil {
-			e = &entry{channel: channel, subs: map[*Sub]struct{}{}}
-			h.chans[channel] = e
-			h.kickLocked()
-		}
-		e.subs[sub] = struct{}{}
-		sub.hubs = append(sub.hubs, h)
-		sub.entries = append(sub.entries, e)
-	}
-	s.subs[sub] = struct{}{}
+	sub := s.registerLocked(channel, waiter)
 	mu.Unlock()
-	stop = func(handOn bool) {
-		mu.Lock()
-		sub.removeLocked(handOn)
-		mu.Unlock()
-	}
+	stop = sub.stop
 
 	t := time.NewTimer(bound)
 	defer t.Stop()
@@ -217,6 +198,63 @@ func (s *Set) Watch(ctx context.Context, channel, waiter string, need int, bound
 		}
 	}
 	return sub.notify, stop, nil
+}
+
+// Listen registers waiter on channel as Watch does, but only if need of
+// the Set's clients already have channel subscribed and confirmed (other
+// waiters of the process keep it so), and then without I/O and without
+// waiting: a release applied after Listen returned is published on a
+// subscription the server already confirmed, and reaches this process.
+// Otherwise it registers nothing and ok is false. On a hot key this lets a
+// new waiter's first check already be the check after subscribing, which
+// saves the second check (an attempt on every node) that Watch needs.
+func (s *Set) Listen(channel, waiter string, need int) (notices <-chan struct{}, stop func(handOn bool), ok bool) {
+	mu.Lock()
+	defer mu.Unlock()
+	if s.closed {
+		return nil, nil, false
+	}
+	live := 0
+	for _, k := range s.keys {
+		if h := hubs[k]; h != nil && !h.stopping {
+			if e := h.chans[channel]; e != nil && e.confirmed && len(e.subs) > 0 {
+				live++
+			}
+		}
+	}
+	if live < need {
+		return nil, nil, false
+	}
+	sub := s.registerLocked(channel, waiter)
+	return sub.notify, sub.stop, true
+}
+
+// registerLocked makes waiter's Sub on channel on every client of s,
+// making the entries (and hubs) that do not exist yet.
+func (s *Set) registerLocked(channel, waiter string) *Sub {
+	seq++
+	sub := &Sub{set: s, id: waiter, seq: seq, notify: make(chan struct{}, 1), progress: make(chan struct{}, 1)}
+	for i, c := range s.clients {
+		h := hubFor(s.keys[i], c)
+		e := h.chans[channel]
+		if e == nil {
+			e = &entry{channel: channel, subs: map[*Sub]struct{}{}}
+			h.chans[channel] = e
+			h.kickLocked()
+		}
+		e.subs[sub] = struct{}{}
+		sub.hubs = append(sub.hubs, h)
+		sub.entries = append(sub.entries, e)
+	}
+	s.subs[sub] = struct{}{}
+	return sub
+}
+
+// stop ends sub (Watch's stop).
+func (sub *Sub) stop(handOn bool) {
+	mu.Lock()
+	sub.removeLocked(handOn)
+	mu.Unlock()
 }
 
 // ready reports whether need entries are confirmed, or every entry is
