@@ -9,7 +9,6 @@ import (
 	"testing/synctest"
 	"time"
 
-	"github.com/hashicorp/go-multierror"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -309,15 +308,15 @@ func TestNilLockIsSafe(t *testing.T) {
 func TestQuorumErrorUnwraps(t *testing.T) {
 	cause := errors.New("connection refused")
 	err := error(&redlease.QuorumError{
-		Op: "acquire", Votes: 2, Quorum: 3, Nodes: 5, Err: redlease.ErrNotObtained,
+		Action: "acquire", Votes: 2, Quorum: 3, Nodes: 5, Err: redlease.ErrNotObtained,
 		Causes: nil,
 	})
 	assert.ErrorIs(t, err, redlease.ErrNotObtained)
 	var ne *redlease.NodeError
 	assert.False(t, errors.As(err, &ne))
 
-	qe := &redlease.QuorumError{Op: "acquire", Votes: 2, Quorum: 3, Nodes: 5, Err: redlease.ErrNotObtained}
-	qe.Causes = multierror.Append(qe.Causes, &redlease.NodeError{Node: 4, Addr: "127.0.0.1:1", Err: cause})
+	qe := &redlease.QuorumError{Action: "acquire", Votes: 2, Quorum: 3, Nodes: 5, Err: redlease.ErrNotObtained}
+	qe.Causes = append(qe.Causes, &redlease.NodeError{Node: 4, Addr: "127.0.0.1:1", Err: cause})
 	err = qe
 	require.ErrorAs(t, err, &ne)
 	assert.Equal(t, 4, ne.Node)

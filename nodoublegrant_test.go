@@ -402,7 +402,7 @@ func TestGrantInFlightDuringFailoverIsRevoked(t *testing.T) {
 		got <- lockResult{lk, err}
 	}()
 	require.NoError(t, gate.WaitHeld(1, "", 10*time.Second))
-	fs.RevokeAll(fmt.Errorf("%w: test: primary moved", redlease.ErrFailover))
+	fs.RevokeAll(fmt.Errorf("%w: test: primary moved", failover.ErrFailover))
 	gate.Open()
 	r := <-got
 	// The grant is revoked as it is made: not obtained (since a lock born
@@ -412,7 +412,7 @@ func TestGrantInFlightDuringFailoverIsRevoked(t *testing.T) {
 	}
 	require.Nil(t, r.lk)
 	require.ErrorIs(t, r.err, redlease.ErrNotObtained)
-	require.ErrorIs(t, r.err, redlease.ErrFailover)
+	require.ErrorIs(t, r.err, failover.ErrFailover)
 }
 
 // Defect 7. A lock key may not be one of redlease's own keys: a lock on

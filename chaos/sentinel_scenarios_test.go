@@ -215,7 +215,7 @@ func TestScenario08FailoverStrategyRefusesUnreplicatedGrants(t *testing.T) {
 					g.Link.Heal()
 					endLink()
 					var violations []string
-					if refused != nil && !errors.Is(refused, redlease.ErrNotReplicated) {
+					if refused != nil && !errors.Is(refused, failover.ErrNotReplicated) {
 						violations = append(violations, "refusal is not ErrNotReplicated: "+refused.Error())
 					}
 					return facts{violations: violations, notes: []string{

@@ -58,7 +58,7 @@ func TestExtendBatchWrongTypeKeyWithReplica(t *testing.T) {
 	for i, r := range out {
 		if i != bad {
 			assert.ErrorIs(t, r.Err, redlease.ErrUnavailable, "item %d: extended, not acknowledged", i)
-			assert.ErrorIs(t, r.Err, redlease.ErrNotReplicated, "item %d", i)
+			assert.ErrorIs(t, r.Err, failover.ErrNotReplicated, "item %d", i)
 			assert.NotErrorIs(t, r.Err, redlease.ErrNotHeld, "item %d", i)
 		}
 	}

@@ -31,7 +31,7 @@ func Example() {
 	locker := redlease.New(s)
 	_, err = locker.TryLock(ctx, "payout:7")
 	fmt.Println("obtained:", err == nil)
-	fmt.Println("not replicated:", errors.Is(err, redlease.ErrNotReplicated))
+	fmt.Println("not replicated:", errors.Is(err, failover.ErrNotReplicated))
 	exists, _ := client.Exists(ctx, "payout:7").Result()
 	fmt.Println("keys left behind:", exists)
 	// Output:

@@ -105,7 +105,7 @@ func New(client redis.UniversalClient, opts ...Option) *Strategy {
 // Acquire takes key with SET NX PX (and the fence INCR) followed by WAIT in
 // the same pipeline, one round trip. If fewer replicas than required
 // acknowledged, the key is released again and the error errors.Is both
-// redlease.ErrNotObtained and redlease.ErrNotReplicated.
+// redlease.ErrNotObtained and ErrNotReplicated.
 func (s *Strategy) Acquire(ctx context.Context, key, token string, ttl time.Duration) (redlease.Grant, error) {
 	return s.p.Acquire(ctx, key, token, ttl)
 }

@@ -89,7 +89,7 @@ func TestUnacknowledgedGrantIsRefused(t *testing.T) {
 	t.Cleanup(g.replica.Resume)
 	_, err := s.Acquire(ctx, key, "tok", 5*time.Second)
 	require.ErrorIs(t, err, redlease.ErrNotObtained)
-	assert.ErrorIs(t, err, redlease.ErrNotReplicated)
+	assert.ErrorIs(t, err, failover.ErrNotReplicated)
 	n, err := g.client.Exists(ctx, key).Result()
 	require.NoError(t, err)
 	assert.Zero(t, n, "the unacknowledged grant must be undone")
@@ -138,7 +138,7 @@ func TestFailoverRevokesHoldersAndFencesRise(t *testing.T) {
 	case <-time.After(time.Second):
 		t.Fatal("Lost did not close within a second of the failover")
 	}
-	assert.ErrorIs(t, a.Err(), redlease.ErrFailover)
+	assert.ErrorIs(t, a.Err(), failover.ErrFailover)
 	assert.Equal(t, 1, watcher.Revoked())
 
 	// The old holder lets go on the new primary; the next holder needs the

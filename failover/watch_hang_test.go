@@ -87,7 +87,7 @@ func revokeWithin(t *testing.T, lk *redlease.Lock, moved time.Time, d time.Durat
 	case <-time.After(time.Until(moved.Add(d))):
 		t.Fatalf("lock not revoked %v after Sentinel named the new primary, %s", d, what)
 	}
-	assert.ErrorIs(t, lk.Err(), redlease.ErrFailover)
+	assert.ErrorIs(t, lk.Err(), failover.ErrFailover)
 }
 
 // closePromptly closes w and fails the test if that takes longer than d.

@@ -25,6 +25,7 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 
 	"github.com/redlease/redlease"
+	"github.com/redlease/redlease/failover"
 	"github.com/redlease/redlease/internal/redistest"
 	"github.com/redlease/redlease/observe"
 	"github.com/redlease/redlease/single"
@@ -303,9 +304,9 @@ func TestErrorType(t *testing.T) {
 		{errors.Join(redlease.ErrNotObtained, redlease.ErrUnavailable, &redlease.NodeError{Err: context.DeadlineExceeded}), "redlease.ErrUnavailable"},
 		{redlease.ErrNotObtained, "redlease.ErrNotObtained"},
 		{errors.Join(redlease.ErrNotHeld, &redlease.NodeError{Node: 1, Err: context.DeadlineExceeded}), "redlease.ErrNotHeld"},
-		{fmt.Errorf("%w: k: %w", redlease.ErrLost, redlease.ErrFailover), "redlease.ErrFailover"},
+		{fmt.Errorf("%w: k: %w", redlease.ErrLost, failover.ErrFailover), "redlease.ErrFailover"},
 		{fmt.Errorf("%w: k: %w", redlease.ErrLost, errors.New("validity ran out")), "redlease.ErrLost"},
-		{redlease.ErrNotReplicated, "redlease.ErrNotReplicated"},
+		{failover.ErrNotReplicated, "redlease.ErrNotReplicated"},
 		{&redlease.NodeError{Err: context.DeadlineExceeded}, "timeout"},
 		{&net.OpError{Op: "read", Net: "tcp", Err: os.ErrDeadlineExceeded}, "timeout"},
 		{&redlease.NodeError{Err: refused}, "connection_refused"},

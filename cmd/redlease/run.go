@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/redlease/redlease"
+	"github.com/redlease/redlease/failover"
 	"github.com/redlease/redlease/renew"
 )
 
@@ -328,7 +329,7 @@ func supervise(g *group, lk *redlease.Lock, o runOpts, sigs <-chan os.Signal) ou
 			if limit := lk.Until().Add(-o.safety()); limit.Before(at) {
 				at = limit
 			}
-			if errors.Is(cause, redlease.ErrNotHeld) || errors.Is(cause, redlease.ErrFailover) {
+			if errors.Is(cause, redlease.ErrNotHeld) || errors.Is(cause, failover.ErrFailover) {
 				at = time.Now() // the key is gone or may be: someone else may hold it now
 			}
 			killBy(at)

@@ -49,6 +49,10 @@ type Primary struct {
 	wake  *wake.Set // release notices for waiters (Watch); nil with a nil client
 }
 
+// ErrNotReplicated is failover.ErrNotReplicated, defined here because
+// Primary makes it and failover imports this package.
+var ErrNotReplicated = errors.New("redlease: write not acknowledged by enough replicas")
+
 // WatchBound is how long Watch waits for the node to confirm a
 // subscription: a node that cannot in that time is no worse than polling.
 const WatchBound = time.Second
@@ -157,7 +161,7 @@ func (p *Primary) acquire(ctx context.Context, key, token string, ttl time.Durat
 	// attempt its own), so however late it lands it removes only what this
 	// attempt wrote, never a key a later attempt holds.
 	switch {
-	case errors.Is(err, redlease.ErrNotReplicated) && !script.IsTaken(v):
+	case errors.Is(err, ErrNotReplicated) && !script.IsTaken(v):
 		_ = p.undo(context.WithoutCancel(ctx), key, token)
 		return redlease.Grant{}, redlease.Wrap(redlease.ErrNotObtained, err)
 	case err != nil:
@@ -205,9 +209,9 @@ func (p *Primary) Extend(ctx context.Context, key, token string, ttl time.Durati
 	line := script.Extend.Args(key, token, ttl.Milliseconds())
 	v, err := p.call(ctx, func(ctx context.Context) (int64, error) { return p.run(ctx, script.Extend, line) }, nil)
 	switch {
-	case err == nil && v != 1, errors.Is(err, redlease.ErrNotReplicated) && v != 1:
+	case err == nil && v != 1, errors.Is(err, ErrNotReplicated) && v != 1:
 		return redlease.Grant{}, redlease.ErrNotHeld
-	case errors.Is(err, redlease.ErrNotReplicated):
+	case errors.Is(err, ErrNotReplicated):
 		return redlease.Grant{}, redlease.Wrap(redlease.ErrUnavailable, err)
 	case err != nil:
 		return redlease.Grant{}, p.fail(ctx, redlease.ErrUnavailable, err)
@@ -273,7 +277,7 @@ func (p *Primary) Close() error {
 
 // run sends one script call, followed by WAIT when replicas are required.
 // A reply that too few replicas acknowledged comes back with its value and
-// an error that errors.Is redlease.ErrNotReplicated.
+// an error that errors.Is ErrNotReplicated.
 func (p *Primary) run(ctx context.Context, sc *script.Script, line []any) (int64, error) {
 	if p.cfg.Replicas == 0 {
 		return sc.Run(ctx, p.client, line)
@@ -301,10 +305,10 @@ func (p *Primary) run(ctx context.Context, sc *script.Script, line []any) (int64
 func (p *Primary) replicated(wait *redis.Cmd) error {
 	acked, err := wait.Int64()
 	if err != nil {
-		return fmt.Errorf("%w: WAIT failed: %w", redlease.ErrNotReplicated, err)
+		return fmt.Errorf("%w: WAIT failed: %w", ErrNotReplicated, err)
 	}
 	if int(acked) < p.cfg.Replicas {
-		return fmt.Errorf("%w: %d of %d replicas acknowledged within %v", redlease.ErrNotReplicated, acked, p.cfg.Replicas, p.cfg.WaitTimeout)
+		return fmt.Errorf("%w: %d of %d replicas acknowledged within %v", ErrNotReplicated, acked, p.cfg.Replicas, p.cfg.WaitTimeout)
 	}
 	return nil
 }
