@@ -66,7 +66,7 @@ func TestLeastPrivilegeUserRunsEverything(t *testing.T) {
 	c := aclServer(t, primary)
 	w, err := renew.New()
 	require.NoError(t, err)
-	defer w.Stop()
+	defer w.Close()
 
 	admin := primary.Client()
 	take := func(name string, s redlease.Strategy) {

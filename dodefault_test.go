@@ -138,7 +138,7 @@ func TestDoWithoutKeeperLosesAtLossMargin(t *testing.T) {
 	const ttl = time.Second
 	w, err := renew.New()
 	require.NoError(t, err)
-	t.Cleanup(w.Stop)
+	t.Cleanup(func() { w.Close() })
 	for name, l := range map[string]struct {
 		locker *redlease.Locker
 		opts   []redlease.LockOption

@@ -30,7 +30,7 @@ func ExampleLocker_Do() {
 	if err != nil {
 		panic(err)
 	}
-	defer watchdog.Stop()
+	defer watchdog.Close()
 	locker := redlease.New(single.New(client), redlease.WithTTL(30*time.Second), redlease.WithKeeper(watchdog))
 
 	err = locker.Do(ctx, "settle:2026-11-29", func(ctx context.Context, lk *redlease.Lock) error {

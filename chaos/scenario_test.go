@@ -147,7 +147,7 @@ func watchdog(t *testing.T) *renew.Watchdog {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(w.Stop)
+	t.Cleanup(func() { w.Close() })
 	return w
 }
 

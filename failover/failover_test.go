@@ -107,7 +107,7 @@ func TestFailoverRevokesHoldersAndFencesRise(t *testing.T) {
 	s := failover.New(g.client)
 	w, err := renew.New()
 	require.NoError(t, err)
-	t.Cleanup(w.Stop)
+	t.Cleanup(func() { w.Close() })
 	sc := g.sentinels[0].Client(t)
 	scs := []*redis.SentinelClient{sc, g.sentinels[1].Client(t), g.sentinels[2].Client(t)}
 	watcher, err := failover.Watch(t.Context(), s, master, 100*time.Millisecond, scs...)

@@ -43,7 +43,7 @@ func heldLock(t *testing.T, s *failover.Strategy) *redlease.Lock {
 	t.Helper()
 	w, err := renew.New()
 	require.NoError(t, err)
-	t.Cleanup(w.Stop)
+	t.Cleanup(func() { w.Close() })
 	locker := redlease.New(s, redlease.WithTTL(10*time.Second), redlease.WithKeeper(w))
 	lk, err := locker.TryLock(t.Context(), contract.Key(t))
 	require.NoError(t, err)

@@ -88,7 +88,7 @@ func TestHTTPRunThatLostItsLockIsNotAnAnswer(t *testing.T) {
 	wireNoLeaks(t)
 	w, err := renew.New()
 	require.NoError(t, err)
-	t.Cleanup(w.Stop)
+	t.Cleanup(func() { w.Close() })
 	srv, b := httpStore(t, idempotency.WithLease(300*time.Millisecond), idempotency.WithKeeper(w))
 	admin := srv.Client()
 

@@ -91,7 +91,7 @@ func TestStormOfRetriesChargesEachPaymentOnce(t *testing.T) {
 	storeClient.AddHook(cmds)
 	w, err := renew.New()
 	require.NoError(t, err)
-	t.Cleanup(w.Stop)
+	t.Cleanup(func() { w.Close() })
 	b, err := idempotency.New(storeClient,
 		idempotency.WithRetention(stormRetention),
 		idempotency.WithLease(stormLease),

@@ -85,7 +85,7 @@ func TestPausedNodeDoesNotCostAnotherStrategysLockInTheSameBatch(t *testing.T) {
 	q := threeNodes(t)
 	w, err := renew.New()
 	require.NoError(t, err)
-	t.Cleanup(w.Stop)
+	t.Cleanup(func() { w.Close() })
 
 	taken := time.Now()
 	a, err := redlease.New(s, redlease.WithTTL(ttl)).TryLock(t.Context(), "iso:same:single")
@@ -107,7 +107,7 @@ func TestPausedNodeDoesNotCostAnotherStrategysLockInTheSameBatch(t *testing.T) {
 	assert.Less(t, d, a.Until().Sub(taken), "lost before its Until")
 
 	start := time.Now()
-	w.Stop()
+	w.Close()
 	stop := time.Since(start)
 	t.Logf("Stop returned after %v with a call to the paused node in flight", stop.Round(time.Millisecond))
 	assert.Less(t, stop, renewalTimeout+500*time.Millisecond, "Stop must return within one renewal timeout")
@@ -122,7 +122,7 @@ func TestHungBatchesDoNotStarveAnotherStrategy(t *testing.T) {
 	q := threeNodes(t)
 	w, err := renew.New()
 	require.NoError(t, err)
-	t.Cleanup(w.Stop)
+	t.Cleanup(func() { w.Close() })
 
 	ls := redlease.New(s, redlease.WithTTL(ttl))
 	a1, err := ls.TryLock(t.Context(), "iso:sep:single:1")
@@ -169,7 +169,7 @@ func TestCallsToAHungNodeAreCapped(t *testing.T) {
 	q := threeNodes(t)
 	w, err := renew.New()
 	require.NoError(t, err)
-	t.Cleanup(w.Stop)
+	t.Cleanup(func() { w.Close() })
 
 	b, err := redlease.New(q, redlease.WithTTL(ttl/2)).TryLock(t.Context(), "cap:quorum")
 	require.NoError(t, err)
@@ -232,7 +232,7 @@ func TestStopDoesNotWaitForAHungCall(t *testing.T) {
 	s, srv := pausedSingle(t)
 	w, err := renew.New()
 	require.NoError(t, err)
-	t.Cleanup(w.Stop)
+	t.Cleanup(func() { w.Close() })
 	lk, err := redlease.New(s, redlease.WithTTL(ttl)).TryLock(t.Context(), "stop:hung")
 	require.NoError(t, err)
 	w.Keep(lk)
@@ -240,7 +240,7 @@ func TestStopDoesNotWaitForAHungCall(t *testing.T) {
 	time.Sleep(ttl/3 + 200*time.Millisecond) // the first renewal is in flight
 
 	start := time.Now()
-	w.Stop()
+	w.Close()
 	stop := time.Since(start)
 	t.Logf("Stop returned after %v", stop.Round(time.Millisecond))
 	assert.Less(t, stop, renewalTimeout+500*time.Millisecond, "Stop must return within one renewal timeout")

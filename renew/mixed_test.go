@@ -121,7 +121,7 @@ func TestMixedStrategiesWithSickNodes(t *testing.T) {
 	})
 	w, err := renew.New()
 	require.NoError(t, err)
-	t.Cleanup(w.Stop)
+	t.Cleanup(func() { w.Close() })
 	t.Cleanup(singleSrv.Resume) // these run first: nothing stays stopped, whatever fails
 	t.Cleanup(clusterVictim.Resume)
 
@@ -205,7 +205,7 @@ func TestMixedStrategiesWithSickNodes(t *testing.T) {
 		n, taken.Round(time.Millisecond), ttl, sg.total, qg.total, cg.total, perMaster, clusterVictim.Addr)
 
 	// The long lock: one more lock on the single node, with a TTL that
-	// outlasts the run, handed to the Watchdog only shortly before Stop.
+	// outlasts the run, handed to the Watchdog only shortly before Close.
 	// Its renewal is then a call to the paused node that go-redis holds for
 	// its ReadTimeout: Stop is sure to meet a call in flight. Its own timer
 	// reports it lost after Stop.
@@ -260,7 +260,7 @@ func TestMixedStrategiesWithSickNodes(t *testing.T) {
 	inflight := [3]int64{singleCalls.inflight.Load(), clusterVictimCalls.inflight.Load(), quorumVictimCalls.inflight.Load()}
 	kept := w.Len()
 	stopStart := time.Now()
-	w.Stop()
+	w.Close()
 	stopTook := time.Since(stopStart)
 	grAfterStop := countGoroutines()
 	assert.Positive(t, inflight[0], "a renewal call to the paused single node is in flight when Stop is called (the long lock's)")

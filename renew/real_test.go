@@ -38,7 +38,7 @@ func fiveNodes(t *testing.T, opts ...quorum.Option) (*quorum.Strategy, *renew.Wa
 	t.Cleanup(func() { _ = s.Close() })
 	w, err := renew.New()
 	require.NoError(t, err)
-	t.Cleanup(w.Stop)
+	t.Cleanup(func() { w.Close() })
 	return s, w, clients
 }
 
@@ -72,7 +72,7 @@ func TestWatchdogKeepsTenThousandLocks(t *testing.T) {
 	// engine moved to internal/watch).
 	w, err := renew.New(renew.WithTimeout(3 * time.Second))
 	require.NoError(t, err)
-	t.Cleanup(w.Stop)
+	t.Cleanup(func() { w.Close() })
 	locker := redlease.New(s, redlease.WithTTL(ttl))
 	ctx := t.Context()
 

@@ -31,7 +31,7 @@ func TestFailedRenewalsWaitForTheirRetryTime(t *testing.T) {
 	c := srv.Client()
 	w, err := renew.New()
 	require.NoError(t, err)
-	t.Cleanup(w.Stop)
+	t.Cleanup(func() { w.Close() })
 
 	lk, err := redlease.New(single.New(c), redlease.WithTTL(ttl)).TryLock(t.Context(), "retry:noperm")
 	require.NoError(t, err)
@@ -67,7 +67,7 @@ func TestRenewalOfAKeyOfAnotherTypeIsAVerdict(t *testing.T) {
 	c := srv.Client()
 	w, err := renew.New()
 	require.NoError(t, err)
-	t.Cleanup(w.Stop)
+	t.Cleanup(func() { w.Close() })
 
 	lk, err := redlease.New(single.New(c), redlease.WithTTL(ttl)).TryLock(t.Context(), "retry:wrongtype")
 	require.NoError(t, err)
@@ -126,7 +126,7 @@ func TestRetryScheduleOfAFastFailure(t *testing.T) {
 		f := &failing{memStrategy: newMem()}
 		w, err := renew.New()
 		require.NoError(t, err)
-		defer w.Stop()
+		defer w.Close()
 		lk, err := redlease.New(f, redlease.WithTTL(ttl)).TryLock(t.Context(), "k")
 		require.NoError(t, err)
 		taken := time.Now()

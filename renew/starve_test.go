@@ -29,7 +29,7 @@ func starveRun(t *testing.T, s redlease.Strategy, n, busy int, ttl, hold time.Du
 	t.Helper()
 	w, err := renew.New()
 	require.NoError(t, err)
-	defer w.Stop()
+	defer w.Close()
 	locker := redlease.New(s, redlease.WithTTL(ttl), redlease.WithRetryDelay(time.Millisecond, 20*time.Millisecond))
 
 	take := func(i int) *redlease.Lock {

@@ -240,7 +240,7 @@ func (w *World) failoverClient(ci int, r *rand.Rand) {
 	if err != nil {
 		panic(fmt.Sprintf("sim: renew.New: %v", err)) // a bug in the scenario table
 	}
-	w.onClose(wd.Stop)
+	w.onClose(func() { wd.Close() })
 	w.doClient(ci, []doLocker{{name: "k", locker: redlease.New(s, redlease.WithKeeper(wd), redlease.WithPolling())}})
 }
 

@@ -142,7 +142,7 @@ func runLocked(ctx context.Context, nf *nodeFlags, o runOpts, args []string) err
 	if err != nil {
 		return &exitError{exitSoftware, err}
 	}
-	defer w.Stop()
+	defer w.Close()
 	locker := redlease.New(b.s, redlease.WithTTL(o.ttl), redlease.WithLossMargin(o.margin),
 		redlease.WithPrefix(nf.prefix), redlease.WithKeeper(w))
 

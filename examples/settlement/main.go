@@ -134,7 +134,7 @@ func run(ctx context.Context, nodeList, storeAddr string, n, clients int) error 
 	if err != nil {
 		return err
 	}
-	defer watchdog.Stop()
+	defer watchdog.Close()
 
 	// One prefix per run, so that a second run against real servers does
 	// not replay the first run's results.
