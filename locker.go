@@ -26,24 +26,32 @@ type Locker struct {
 }
 
 // New returns a Locker that takes locks through s with the given options.
-// Invalid options (or a nil s) do not panic: every call on the Locker then
-// returns an error that errors.Is ErrInvalid.
-func New(s Strategy, opts ...Option) *Locker {
+// A nil s, a rejected option, or options that contradict each other (a
+// loss margin not shorter than the TTL) are returned as an error that
+// errors.Is ErrInvalid. Options given to one call are checked by that
+// call.
+func New(s Strategy, opts ...Option) (*Locker, error) {
+	if s == nil {
+		return nil, Invalid("nil Strategy")
+	}
 	l := &Locker{clock: systemClock{}, defaults: lockConfig{
 		strategy: s,
 		ttl:      DefaultTTL,
 		minDelay: DefaultMinRetryDelay,
 		maxDelay: DefaultMaxRetryDelay,
 	}}
-	if s == nil {
-		l.defaults.fail(Invalid("nil Strategy"))
-	}
 	for _, o := range opts {
 		if o != nil {
 			o.applyLocker(l)
 		}
 	}
-	return l
+	if l.defaults.err != nil {
+		return nil, l.defaults.err
+	}
+	if m := l.defaults.lossMargin(); m >= l.defaults.ttl {
+		return nil, Invalid("loss margin %v: must be shorter than the ttl %v", m, l.defaults.ttl)
+	}
+	return l, nil
 }
 
 func (l *Locker) config(key string, opts []LockOption) (lockConfig, error) {

@@ -113,21 +113,11 @@ const (
 // Requests with other methods, and requests without a key unless required,
 // pass through untouched.
 //
-// Middleware panics where NewMiddleware returns an error: a nil Barrier, an
-// invalid option, or neither WithPrincipal nor WithGlobalKeys.
-func Middleware(b *Barrier, opts ...HTTPOption) func(http.Handler) http.Handler {
-	mw, err := NewMiddleware(b, opts...)
-	if err != nil {
-		panic(err)
-	}
-	return mw
-}
-
-// NewMiddleware is Middleware, reporting a nil Barrier, an invalid option
-// or a missing principal (neither WithPrincipal nor WithGlobalKeys) as an
-// error that errors.Is redlease.ErrInvalid. The function it returns panics
-// only on a nil handler.
-func NewMiddleware(b *Barrier, opts ...HTTPOption) (func(http.Handler) http.Handler, error) {
+// A nil Barrier, an invalid option, or a missing principal (neither
+// WithPrincipal nor WithGlobalKeys) is returned as an error that errors.Is
+// redlease.ErrInvalid. The function it returns panics only on a nil
+// handler, as net/http's Handle does.
+func Middleware(b *Barrier, opts ...HTTPOption) (func(http.Handler) http.Handler, error) {
 	if b == nil {
 		return nil, redlease.Invalid("idempotency: nil Barrier")
 	}

@@ -143,8 +143,11 @@ func runLocked(ctx context.Context, nf *nodeFlags, o runOpts, args []string) err
 		return &exitError{exitSoftware, err}
 	}
 	defer w.Close()
-	locker := redlease.New(b.s, redlease.WithTTL(o.ttl), redlease.WithLossMargin(o.margin),
+	locker, err := redlease.New(b.s, redlease.WithTTL(o.ttl), redlease.WithLossMargin(o.margin),
 		redlease.WithPrefix(nf.prefix), redlease.WithKeeper(w))
+	if err != nil { // a --ttl or --margin the Locker refuses
+		return &exitError{exitUsage, err}
+	}
 
 	lk, sig, err := acquire(ctx, locker, o, sigs)
 	if sig != 0 {

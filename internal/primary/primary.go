@@ -41,7 +41,6 @@ type Primary struct {
 	addr    string
 	cfg     Config
 	cluster *redis.ClusterClient // client, if it is a Cluster client: ExtendBatch groups keys by master
-	err     error                // a rejected argument, returned by every call
 	// bound: the client does not apply ctx deadlines to its socket I/O
 	// (go-redis without ContextTimeoutEnabled waits for its ReadTimeout and
 	// retries), so calls are bounded by ctx here (see call).
@@ -57,23 +56,38 @@ var ErrNotReplicated = errors.New("redlease: write not acknowledged by enough re
 // subscription: a node that cannot in that time is no worse than polling.
 const WatchBound = time.Second
 
-// New returns a Primary on client. err, if not nil, is a construction
-// error (a rejected option) that every call returns; a nil client is
-// reported the same way.
-func New(client redis.UniversalClient, cfg Config, err error) *Primary {
+// Defaults is the configuration the strategies start from: fencing on, the
+// default drift factor, no replicas.
+func Defaults() Config {
+	return Config{Fencing: true, DriftFactor: drift.DefaultFactor}
+}
+
+// New returns a Primary on client, configured by cfg with opts applied in
+// order by apply (nil options are skipped): the option plumbing of single
+// and failover, whose options are each their own type. A nil client or
+// the first rejected option is returned as an error that errors.Is
+// redlease.ErrInvalid.
+func New[O any](client redis.UniversalClient, cfg Config, opts []O, apply func(O, *Config) error) (*Primary, error) {
+	if nodes.IsNil(client) {
+		return nil, redlease.Invalid("nil client")
+	}
+	for _, o := range opts {
+		if any(o) == nil {
+			continue
+		}
+		if err := apply(o, &cfg); err != nil {
+			return nil, err
+		}
+	}
 	if cfg.Clock == nil {
 		cfg.Clock = redlease.SystemClock()
 	}
-	p := &Primary{client: client, cfg: cfg, err: err}
-	if nodes.IsNil(client) {
-		p.err = redlease.Invalid("nil client")
-		return p
-	}
+	p := &Primary{client: client, cfg: cfg}
 	p.addr = nodes.Addr(client)
 	p.wake = wake.NewSet(client)
 	p.cluster, _ = client.(*redis.ClusterClient)
 	p.bound = !bounded.HonorsContext(client)
-	return p
+	return p, nil
 }
 
 // call runs f, and returns when it does or, for a client that ignores
@@ -105,9 +119,6 @@ func (p *Primary) AcquireInLine(ctx context.Context, key, token string, ttl time
 // LeaveLine removes waiter id's entry from key's line (see
 // redlease.Queuer), in one round trip bounded by ctx.
 func (p *Primary) LeaveLine(ctx context.Context, key, id string) error {
-	if p.err != nil {
-		return p.err
-	}
 	if key == "" || id == "" {
 		return redlease.Invalid("empty key or waiter id")
 	}
@@ -227,9 +238,6 @@ func (p *Primary) Extend(ctx context.Context, key, token string, ttl time.Durati
 // not wait for replicas: a release that a failover loses only leaves the key
 // to expire.
 func (p *Primary) Release(ctx context.Context, key, token string) error {
-	if p.err != nil {
-		return p.err
-	}
 	if key == "" {
 		return redlease.Invalid("empty key")
 	}
@@ -256,9 +264,6 @@ func (p *Primary) undo(ctx context.Context, key, token string) error {
 // Watch subscribes to releases of key on the primary (see
 // redlease.Waker), waiting at most WatchBound or ctx for the confirmation.
 func (p *Primary) Watch(ctx context.Context, key string) (<-chan struct{}, func(), error) {
-	if p.err != nil {
-		return nil, nil, p.err
-	}
 	if key == "" {
 		return nil, nil, redlease.Invalid("empty key")
 	}
@@ -269,9 +274,7 @@ func (p *Primary) Watch(ctx context.Context, key string) (<-chan struct{}, func(
 // to polling) and waits for the shared subscription connection to stop if
 // nobody else in the process uses it. Calls other than Watch still work.
 func (p *Primary) Close() error {
-	if p.wake != nil {
-		p.wake.Close()
-	}
+	p.wake.Close()
 	return nil
 }
 
@@ -314,9 +317,6 @@ func (p *Primary) replicated(wait *redis.Cmd) error {
 }
 
 func (p *Primary) check(key, token string, ttl time.Duration) error {
-	if p.err != nil {
-		return p.err
-	}
 	return script.Check(key, token, ttl, p.cfg.DriftFactor)
 }
 
