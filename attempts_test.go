@@ -31,7 +31,10 @@ func TestLockTakesOverItsOwnEarlierAttemptsKey(t *testing.T) {
 	t.Cleanup(func() { _ = c.Close() })
 	require.NoError(t, c.Ping(ctx).Err())
 	const key = "attempts:takeover"
-	l := redlease.New(single.New(c), redlease.WithTTL(20*time.Second), redlease.WithRetryDelay(time.Millisecond, time.Millisecond))
+	strategy, err := single.New(c)
+	require.NoError(t, err)
+	l, err := redlease.New(strategy, redlease.WithTTL(20*time.Second), redlease.WithRetryDelay(time.Millisecond, time.Millisecond))
+	require.NoError(t, err)
 
 	acquireSHA, releaseSHA := script.Acquire.Hash(), script.Release.Hash()
 	gate.HoldRequests(key)
@@ -62,7 +65,11 @@ func TestLockTakesOverItsOwnEarlierAttemptsKey(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, r.lk.Token(), held, "a stale undo removed the new attempt's key")
 	require.True(t, r.lk.Valid())
-	b, err := redlease.New(single.New(srv.Client())).TryLock(ctx, key)
+	strategy2, err := single.New(srv.Client())
+	require.NoError(t, err)
+	locker, err := redlease.New(strategy2)
+	require.NoError(t, err)
+	b, err := locker.TryLock(ctx, key)
 	if err == nil {
 		t.Fatalf("double grant: B got the lock (fence %d) while A holds it", b.Fence())
 	}

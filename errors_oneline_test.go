@@ -19,7 +19,8 @@ import (
 func TestErrorsAreOneLineWithOnePrefix(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := newFake()
-		l := redlease.New(f, redlease.WithTTL(time.Second), redlease.WithoutKeeper())
+		l, err := redlease.New(f, redlease.WithTTL(time.Second), redlease.WithoutKeeper())
+		require.NoError(t, err)
 		lk, err := l.TryLock(t.Context(), "k")
 		require.NoError(t, err)
 		time.Sleep(time.Until(lk.Until()))

@@ -12,6 +12,7 @@ import (
 	"github.com/redlease/redlease/failover"
 	"github.com/redlease/redlease/internal/redistest"
 	"github.com/redlease/redlease/single"
+	"github.com/stretchr/testify/require"
 )
 
 // sentinelHazard is what single and failover on one primary cannot promise.
@@ -71,9 +72,15 @@ func singleFailover(t *testing.T, kill bool) {
 			reg := storage(t, rec, "sentinel")
 			w := watchdog(t)
 			const ttl = 10 * time.Second // longer than a failover: A is still valid when B gets in
-			la := redlease.New(single.New(g.Client(t)), redlease.WithTTL(ttl), redlease.WithKeeper(w), redlease.WithPrefix("chaos:"))
-			lb := redlease.New(single.New(g.Client(t)), redlease.WithTTL(ttl), redlease.WithPrefix("chaos:"),
+			strategy2, err := single.New(g.Client(t))
+			require.NoError(t, err)
+			la, err := redlease.New(strategy2, redlease.WithTTL(ttl), redlease.WithKeeper(w), redlease.WithPrefix("chaos:"))
+			require.NoError(t, err)
+			strategy3, err := single.New(g.Client(t))
+			require.NoError(t, err)
+			lb, err := redlease.New(strategy3, redlease.WithTTL(ttl), redlease.WithPrefix("chaos:"),
 				redlease.WithRetryDelay(5*time.Millisecond, 50*time.Millisecond))
+			require.NoError(t, err)
 			old, err := g.PrimaryAddr(ctx, t)
 			if err != nil {
 				t.Fatal(err)
@@ -129,8 +136,14 @@ func TestScenario07CoordinatedFailoverKeepsTheLock(t *testing.T) {
 			reg := storage(t, rec, "s07")
 			w := watchdog(t)
 			const ttl = 2 * time.Second
-			la := redlease.New(single.New(primary.Client()), redlease.WithTTL(ttl), redlease.WithKeeper(w), redlease.WithPrefix("chaos:"))
-			lb := redlease.New(single.New(replica.Client()), redlease.WithTTL(ttl), redlease.WithPrefix("chaos:"))
+			strategy2, err := single.New(primary.Client())
+			require.NoError(t, err)
+			la, err := redlease.New(strategy2, redlease.WithTTL(ttl), redlease.WithKeeper(w), redlease.WithPrefix("chaos:"))
+			require.NoError(t, err)
+			strategy3, err := single.New(replica.Client())
+			require.NoError(t, err)
+			lb, err := redlease.New(strategy3, redlease.WithTTL(ttl), redlease.WithPrefix("chaos:"))
+			require.NoError(t, err)
 
 			granted, aDone := holdUntilLost(ctx, t, rec, reg, la, "a", "s07", 5*time.Second)
 			a := <-granted
@@ -180,8 +193,12 @@ func TestScenario08FailoverStrategyRefusesUnreplicatedGrants(t *testing.T) {
 					reg := storage(t, rec, "s08")
 					const ttl = 3 * time.Second
 					mk := func() *redlease.Locker {
-						return redlease.New(failover.New(g.Client(t), failover.WithWaitTimeout(50*time.Millisecond)),
+						strategy2, err := failover.New(g.Client(t), failover.WithWaitTimeout(50*time.Millisecond))
+						require.NoError(t, err)
+						locker, err := redlease.New(strategy2,
 							redlease.WithTTL(ttl), redlease.WithPrefix("chaos:"), redlease.WithRetryDelay(5*time.Millisecond, 50*time.Millisecond))
+						require.NoError(t, err)
+						return locker
 					}
 					la, lb := mk(), mk()
 					old, err := g.PrimaryAddr(ctx, t)
@@ -244,9 +261,15 @@ func TestScenario06SplitBrain(t *testing.T) {
 			const ttl = 6 * time.Second
 			// A talks to the old primary directly, as a client on its side of
 			// the partition would.
-			la := redlease.New(single.New(g.Primary.Client()), redlease.WithTTL(ttl), redlease.WithKeeper(w), redlease.WithPrefix("chaos:"))
-			lb := redlease.New(single.New(g.Client(t)), redlease.WithTTL(ttl), redlease.WithPrefix("chaos:"),
+			strategy2, err := single.New(g.Primary.Client())
+			require.NoError(t, err)
+			la, err := redlease.New(strategy2, redlease.WithTTL(ttl), redlease.WithKeeper(w), redlease.WithPrefix("chaos:"))
+			require.NoError(t, err)
+			strategy3, err := single.New(g.Client(t))
+			require.NoError(t, err)
+			lb, err := redlease.New(strategy3, redlease.WithTTL(ttl), redlease.WithPrefix("chaos:"),
 				redlease.WithRetryDelay(5*time.Millisecond, 50*time.Millisecond))
+			require.NoError(t, err)
 			old, err := g.PrimaryAddr(ctx, t)
 			if err != nil {
 				t.Fatal(err)

@@ -23,7 +23,8 @@ func TestExtendBatchWrongTypeKeyWithReplica(t *testing.T) {
 	primary := redistest.Start(t, redistest.Config{})
 	replica := redistest.StartReplica(t, primary, redistest.Config{})
 	c := primary.Client()
-	s := failover.New(c, failover.WithWaitTimeout(200*time.Millisecond))
+	s, err := failover.New(c, failover.WithWaitTimeout(200*time.Millisecond))
+	require.NoError(t, err)
 
 	items := make([]redlease.Extension, 20)
 	for i := range items {

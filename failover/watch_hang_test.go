@@ -44,7 +44,8 @@ func heldLock(t *testing.T, s *failover.Strategy) *redlease.Lock {
 	w, err := renew.New()
 	require.NoError(t, err)
 	t.Cleanup(func() { w.Close() })
-	locker := redlease.New(s, redlease.WithTTL(10*time.Second), redlease.WithKeeper(w))
+	locker, err := redlease.New(s, redlease.WithTTL(10*time.Second), redlease.WithKeeper(w))
+	require.NoError(t, err)
 	lk, err := locker.TryLock(t.Context(), contract.Key(t))
 	require.NoError(t, err)
 	return lk
@@ -118,7 +119,8 @@ func TestWatchSeesFailoverWhileOneSentinelHangs(t *testing.T) {
 			proxies, clients := proxiedSentinels(t, g)
 			direct := g.sentinels[1].Client(t)
 			old := primaryOf(t, direct)
-			s := failover.New(g.client)
+			s, err := failover.New(g.client)
+			require.NoError(t, err)
 
 			proxies[1].Cut()
 			proxies[2].Cut()
@@ -152,7 +154,8 @@ func TestWatchStartsWhileOneSentinelHangs(t *testing.T) {
 	proxies, clients := proxiedSentinels(t, g)
 	direct := g.sentinels[1].Client(t)
 	old := primaryOf(t, direct)
-	s := failover.New(g.client)
+	s, err := failover.New(g.client)
+	require.NoError(t, err)
 
 	proxies[0].BlackHole("hung")
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
@@ -198,7 +201,8 @@ func TestWatchResubscribes(t *testing.T) {
 		direct[i] = sn.Client(t)
 	}
 	old := primaryOf(t, direct[1])
-	s := failover.New(g.client)
+	s, err := failover.New(g.client)
+	require.NoError(t, err)
 
 	proxies[1].Cut()
 	proxies[2].Cut()

@@ -86,13 +86,20 @@ func TestTwoMillisecondAcquireIsNotInFirstBucket(t *testing.T) {
 	ctx := t.Context()
 	// A pooled connection and the scripts loaded, before the latency: the
 	// acquisition below is one round trip.
-	warm, err := redlease.New(single.New(client)).TryLock(ctx, t.Name()+":warm")
+	strategy, err := single.New(client)
+	require.NoError(t, err)
+	locker2, err := redlease.New(strategy)
+	require.NoError(t, err)
+	warm, err := locker2.TryLock(ctx, t.Name()+":warm")
 	require.NoError(t, err)
 	require.NoError(t, warm.Release(ctx))
 	proxy.Latency("two-ms", 2, 0)
 
 	h := newHarness(t)
-	locker := redlease.New(single.New(client), redlease.WithTTL(5*time.Second), redlease.WithObserver(h.obs))
+	strategy2, err := single.New(client)
+	require.NoError(t, err)
+	locker, err := redlease.New(strategy2, redlease.WithTTL(5*time.Second), redlease.WithObserver(h.obs))
+	require.NoError(t, err)
 	lk, err := locker.TryLock(ctx, t.Name())
 	require.NoError(t, err)
 	require.NoError(t, lk.Release(ctx))

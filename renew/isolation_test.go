@@ -32,7 +32,9 @@ func pausedSingle(t *testing.T) (*single.Strategy, *redistest.Server) {
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr})
 	t.Cleanup(func() { _ = c.Close() })
 	t.Cleanup(srv.Resume)
-	return single.New(c), srv
+	strategy, err := single.New(c)
+	require.NoError(t, err)
+	return strategy, srv
 }
 
 // threeNodes starts a quorum over three healthy redis-server processes.
@@ -88,9 +90,13 @@ func TestPausedNodeDoesNotCostAnotherStrategysLockInTheSameBatch(t *testing.T) {
 	t.Cleanup(func() { w.Close() })
 
 	taken := time.Now()
-	a, err := redlease.New(s, redlease.WithTTL(ttl)).TryLock(t.Context(), "iso:same:single")
+	locker, err := redlease.New(s, redlease.WithTTL(ttl))
 	require.NoError(t, err)
-	b, err := redlease.New(q, redlease.WithTTL(ttl)).TryLock(t.Context(), "iso:same:quorum")
+	a, err := locker.TryLock(t.Context(), "iso:same:single")
+	require.NoError(t, err)
+	locker2, err := redlease.New(q, redlease.WithTTL(ttl))
+	require.NoError(t, err)
+	b, err := locker2.TryLock(t.Context(), "iso:same:quorum")
 	require.NoError(t, err)
 	aLost, bLost := lostAfter(t, a, taken), lostAfter(t, b, taken)
 	w.Keep(a)
@@ -124,7 +130,8 @@ func TestHungBatchesDoNotStarveAnotherStrategy(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { w.Close() })
 
-	ls := redlease.New(s, redlease.WithTTL(ttl))
+	ls, err := redlease.New(s, redlease.WithTTL(ttl))
+	require.NoError(t, err)
 	a1, err := ls.TryLock(t.Context(), "iso:sep:single:1")
 	require.NoError(t, err)
 	w.Keep(a1)
@@ -135,7 +142,9 @@ func TestHungBatchesDoNotStarveAnotherStrategy(t *testing.T) {
 	srv.Pause()
 
 	taken := time.Now()
-	b, err := redlease.New(q, redlease.WithTTL(short)).TryLock(t.Context(), "iso:sep:quorum")
+	locker, err := redlease.New(q, redlease.WithTTL(short))
+	require.NoError(t, err)
+	b, err := locker.TryLock(t.Context(), "iso:sep:quorum")
 	require.NoError(t, err)
 	bLost := lostAfter(t, b, taken)
 	w.Keep(b)
@@ -171,10 +180,13 @@ func TestCallsToAHungNodeAreCapped(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { w.Close() })
 
-	b, err := redlease.New(q, redlease.WithTTL(ttl/2)).TryLock(t.Context(), "cap:quorum")
+	locker, err := redlease.New(q, redlease.WithTTL(ttl/2))
+	require.NoError(t, err)
+	b, err := locker.TryLock(t.Context(), "cap:quorum")
 	require.NoError(t, err)
 	w.Keep(b)
-	ls := redlease.New(s, redlease.WithTTL(ttl))
+	ls, err := redlease.New(s, redlease.WithTTL(ttl))
+	require.NoError(t, err)
 	for i := range locks {
 		lk, err := ls.TryLock(t.Context(), fmt.Sprintf("cap:single:%d", i))
 		require.NoError(t, err)
@@ -233,7 +245,9 @@ func TestStopDoesNotWaitForAHungCall(t *testing.T) {
 	w, err := renew.New()
 	require.NoError(t, err)
 	t.Cleanup(func() { w.Close() })
-	lk, err := redlease.New(s, redlease.WithTTL(ttl)).TryLock(t.Context(), "stop:hung")
+	locker, err := redlease.New(s, redlease.WithTTL(ttl))
+	require.NoError(t, err)
+	lk, err := locker.TryLock(t.Context(), "stop:hung")
 	require.NoError(t, err)
 	w.Keep(lk)
 	srv.Pause()

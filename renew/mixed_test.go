@@ -143,9 +143,14 @@ func TestMixedStrategiesWithSickNodes(t *testing.T) {
 		}
 	}
 	sg.lost[canaryKey] = new(atomic.Int64)
-	strategies := []redlease.Strategy{single.New(singleClient), q, single.New(cc)}
+	strategy, err := single.New(singleClient)
+	require.NoError(t, err)
+	strategy2, err := single.New(cc)
+	require.NoError(t, err)
+	strategies := []redlease.Strategy{strategy, q, strategy2}
 	for i, g := range groups {
-		g.locker = redlease.New(strategies[i], redlease.WithTTL(ttl), redlease.WithObserver(g))
+		g.locker, err = redlease.New(strategies[i], redlease.WithTTL(ttl), redlease.WithObserver(g))
+		require.NoError(t, err)
 	}
 
 	// Take the locks and keep them. Lost is asked once per lock: that arms
