@@ -92,10 +92,7 @@ func TestLeastPrivilegeUserRunsEverything(t *testing.T) {
 	// A waiter, as this user: it subscribes to the key's wake channel and
 	// the release publishes on it (both need the file's channel rights),
 	// so it gets the lock at once rather than at its backoff (5–10 s).
-	strategy3, err := single.New(c)
-	require.NoError(t, err)
-	wl, err := redlease.New(strategy3, redlease.WithPrefix("lock:"), redlease.WithTTL(10*time.Second))
-	require.NoError(t, err)
+	wl := singleLocker(t, c, redlease.WithPrefix("lock:"), redlease.WithTTL(10*time.Second))
 	holder, err := wl.TryLock(ctx, "waited")
 	require.NoError(t, err)
 	got := make(chan error, 1)
@@ -159,19 +156,13 @@ func TestUserWithoutRightsFailsClearly(t *testing.T) {
 	defer cancel()
 
 	start := time.Now()
-	strategy, err := single.New(reader)
-	require.NoError(t, err)
-	locker, err := redlease.New(strategy)
-	require.NoError(t, err)
-	_, err = locker.TryLock(ctx, "lock:x")
+	locker := singleLocker(t, reader)
+	_, err := locker.TryLock(ctx, "lock:x")
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "NOPERM", "the cause names the missing permission")
 	assert.ErrorIs(t, err, redlease.ErrNotObtained)
 
-	strategy2, err := single.New(wrongKeys)
-	require.NoError(t, err)
-	locker2, err := redlease.New(strategy2)
-	require.NoError(t, err)
+	locker2 := singleLocker(t, wrongKeys)
 	_, err = locker2.TryLock(ctx, "other:x") // outside the allowed key patterns
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "NOPERM")
@@ -197,10 +188,7 @@ func TestUserWithoutFairRightsIsServedUnfairly(t *testing.T) {
 	require.NoError(t, admin.Do(ctx, rule...).Err())
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: "redlease", Password: "s3cret", ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = c.Close() })
-	strategy, err := single.New(c)
-	require.NoError(t, err)
-	l, err := redlease.New(strategy, redlease.WithFairness(true), redlease.WithPrefix("lock:"), redlease.WithTTL(10*time.Second), redlease.WithRetryDelay(time.Millisecond, 20*time.Millisecond))
-	require.NoError(t, err)
+	l := singleLocker(t, c, redlease.WithFairness(true), redlease.WithPrefix("lock:"), redlease.WithTTL(10*time.Second), redlease.WithRetryDelay(time.Millisecond, 20*time.Millisecond))
 	holder, err := l.TryLock(ctx, "old-acl")
 	require.NoError(t, err)
 	got := make(chan error, 1)

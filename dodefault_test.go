@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -33,6 +34,15 @@ func newLocker(t *testing.T, s redlease.Strategy, opts ...redlease.Option) *redl
 	l, err := redlease.New(s, opts...)
 	require.NoError(t, err)
 	return l
+}
+
+// singleLocker is a Locker on the single strategy over c; a constructor's
+// error fails t.
+func singleLocker(t *testing.T, c redis.UniversalClient, opts ...redlease.Option) *redlease.Locker {
+	t.Helper()
+	s, err := single.New(c)
+	require.NoError(t, err)
+	return newLocker(t, s, opts...)
 }
 
 // watchGoroutines counts the goroutines of the default watchdog (any

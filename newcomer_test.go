@@ -13,7 +13,6 @@ import (
 	"github.com/redlease/redlease"
 	"github.com/redlease/redlease/internal/redistest"
 	"github.com/redlease/redlease/quorum"
-	"github.com/redlease/redlease/single"
 )
 
 // A newcomer's program, written from the README's quick start only: go-redis
@@ -75,10 +74,7 @@ func TestNewcomerGetsTheSafeDefaults(t *testing.T) {
 	// A paused node bounds TryLock by its ctx: on its own (single), and
 	// as one of three (quorum, which still grants).
 	servers[2].Pause()
-	strategy, err := single.New(nodes[2])
-	require.NoError(t, err)
-	one, err := redlease.New(strategy)
-	require.NoError(t, err)
+	one := singleLocker(t, nodes[2])
 	tctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
 	start := time.Now()
 	_, err = one.TryLock(tctx, "newcomer:paused")

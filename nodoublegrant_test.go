@@ -176,10 +176,7 @@ func TestUnreplicatedGrantUndoCannotDeleteALaterAttemptsKey(t *testing.T) {
 	require.NoError(t, r.err)
 	a := r.lk
 
-	strategy, err := single.New(primary.Client())
-	require.NoError(t, err)
-	lb, err := redlease.New(strategy, redlease.WithTTL(20*time.Second))
-	require.NoError(t, err)
+	lb := singleLocker(t, primary.Client(), redlease.WithTTL(20*time.Second))
 	require.True(t, a.Valid())
 	b, err := lb.TryLock(ctx, key)
 	if err == nil {
@@ -352,10 +349,7 @@ func TestFailedReleaseEndsValidity(t *testing.T) {
 	require.NoError(t, err)
 	la, err := redlease.New(strategy, redlease.WithTTL(20*time.Second))
 	require.NoError(t, err)
-	strategy2, err := single.New(srv.Client())
-	require.NoError(t, err)
-	lb, err := redlease.New(strategy2, redlease.WithTTL(20*time.Second))
-	require.NoError(t, err)
+	lb := singleLocker(t, srv.Client(), redlease.WithTTL(20*time.Second))
 	a, err := la.TryLock(ctx, "attack:release")
 	require.NoError(t, err)
 	lost := a.Lost()
@@ -441,10 +435,7 @@ func TestLockKeysCannotEnterReservedNamespace(t *testing.T) {
 	ctx := t.Context()
 	srv := redistest.Start(t, redistest.Config{})
 	servers := redistest.StartN(t, 3, redistest.Config{})
-	strategy, err := single.New(srv.Client())
-	require.NoError(t, err)
-	ls, err := redlease.New(strategy, redlease.WithTTL(time.Second))
-	require.NoError(t, err)
+	ls := singleLocker(t, srv.Client(), redlease.WithTTL(time.Second))
 	lq, err := redlease.New(quorumOver(t, directClients(t, servers), quorum.WithDelayedRestart(time.Second), quorum.WithFencing()),
 		redlease.WithTTL(time.Second))
 	require.NoError(t, err)
@@ -469,10 +460,7 @@ func TestLockKeysCannotEnterReservedNamespace(t *testing.T) {
 		})
 	}
 	// A Locker prefix that puts every key there is refused too.
-	strategy2, err := single.New(srv.Client())
-	require.NoError(t, err)
-	locker, err := redlease.New(strategy2, redlease.WithPrefix(redlease.ReservedPrefix))
-	require.NoError(t, err)
+	locker := singleLocker(t, srv.Client(), redlease.WithPrefix(redlease.ReservedPrefix))
 	_, err = locker.TryLock(ctx, "k")
 	require.ErrorIs(t, err, redlease.ErrInvalid)
 }
@@ -490,14 +478,8 @@ func TestUndecidedShorterExtendShortensValidity(t *testing.T) {
 	gate := redistest.NewGate(t, srv.Addr)
 	c := redis.NewClient(&redis.Options{Addr: gate.Addr, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = c.Close() })
-	strategy, err := single.New(c)
-	require.NoError(t, err)
-	la, err := redlease.New(strategy, redlease.WithTTL(20*time.Second))
-	require.NoError(t, err)
-	strategy2, err := single.New(srv.Client())
-	require.NoError(t, err)
-	lb, err := redlease.New(strategy2, redlease.WithTTL(20*time.Second))
-	require.NoError(t, err)
+	la := singleLocker(t, c, redlease.WithTTL(20*time.Second))
+	lb := singleLocker(t, srv.Client(), redlease.WithTTL(20*time.Second))
 	a, err := la.TryLock(ctx, "attack:shortextend")
 	require.NoError(t, err)
 	lost := a.Lost()
@@ -548,10 +530,7 @@ func TestSuccessfulExtendAfterAnUndecidedShorterOne(t *testing.T) {
 	require.NoError(t, err)
 	la, err := redlease.New(strategy, redlease.WithTTL(3*time.Second))
 	require.NoError(t, err) // loss margin 300 ms
-	strategy2, err := single.New(srv.Client())
-	require.NoError(t, err)
-	lb, err := redlease.New(strategy2, redlease.WithTTL(20*time.Second))
-	require.NoError(t, err)
+	lb := singleLocker(t, srv.Client(), redlease.WithTTL(20*time.Second))
 	a, err := la.TryLock(ctx, "attack:extendafter")
 	require.NoError(t, err)
 

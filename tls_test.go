@@ -22,7 +22,6 @@ import (
 	"github.com/redlease/redlease"
 	"github.com/redlease/redlease/internal/redistest"
 	"github.com/redlease/redlease/quorum"
-	"github.com/redlease/redlease/single"
 )
 
 // TLS is the client's business: a go-redis client with a TLSConfig works
@@ -49,10 +48,7 @@ func TestStrategiesOverTLS(t *testing.T) {
 		clients = append(clients, c)
 	}
 	ctx := t.Context()
-	strategy, err := single.New(clients[0])
-	require.NoError(t, err)
-	locker, err := redlease.New(strategy)
-	require.NoError(t, err)
+	locker := singleLocker(t, clients[0])
 	lk, err := locker.TryLock(ctx, "tls:single")
 	require.NoError(t, err)
 	require.NoError(t, lk.Release(ctx))
@@ -69,10 +65,7 @@ func TestStrategiesOverTLS(t *testing.T) {
 
 	plain := redis.NewClient(&redis.Options{Addr: clients[0].(*redis.Client).Options().Addr, MaxRetries: -1, DialTimeout: 200 * time.Millisecond, ReadTimeout: 200 * time.Millisecond})
 	t.Cleanup(func() { _ = plain.Close() })
-	strategy2, err := single.New(plain)
-	require.NoError(t, err)
-	locker3, err := redlease.New(strategy2)
-	require.NoError(t, err)
+	locker3 := singleLocker(t, plain)
 	_, err = locker3.TryLock(ctx, "tls:plain")
 	require.Error(t, err, "a client without TLS cannot talk to the TLS port")
 }

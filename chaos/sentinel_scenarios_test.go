@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/redlease/redlease"
 	"github.com/redlease/redlease/failover"
 	"github.com/redlease/redlease/internal/redistest"
@@ -17,6 +18,17 @@ import (
 
 // sentinelHazard is what single and failover on one primary cannot promise.
 const sentinelHazard = "asynchronous replication: a failover can promote a replica that never received the lock"
+
+// sentinelLocker is a Locker on the single strategy over c with the
+// scenarios' prefix and ttl; a constructor's error fails t.
+func sentinelLocker(t *testing.T, c redis.UniversalClient, ttl time.Duration, opts ...redlease.Option) *redlease.Locker {
+	t.Helper()
+	s, err := single.New(c)
+	require.NoError(t, err)
+	l, err := redlease.New(s, append([]redlease.Option{redlease.WithTTL(ttl), redlease.WithPrefix("chaos:")}, opts...)...)
+	require.NoError(t, err)
+	return l
+}
 
 // holdUntilLost takes key through locker (kept by its watchdog) and holds it
 // until it is lost or patience runs out, recording the hold and one register
@@ -72,15 +84,9 @@ func singleFailover(t *testing.T, kill bool) {
 			reg := storage(t, rec, "sentinel")
 			w := watchdog(t)
 			const ttl = 10 * time.Second // longer than a failover: A is still valid when B gets in
-			strategy2, err := single.New(g.Client(t))
-			require.NoError(t, err)
-			la, err := redlease.New(strategy2, redlease.WithTTL(ttl), redlease.WithKeeper(w), redlease.WithPrefix("chaos:"))
-			require.NoError(t, err)
-			strategy3, err := single.New(g.Client(t))
-			require.NoError(t, err)
-			lb, err := redlease.New(strategy3, redlease.WithTTL(ttl), redlease.WithPrefix("chaos:"),
+			la := sentinelLocker(t, g.Client(t), ttl, redlease.WithKeeper(w))
+			lb := sentinelLocker(t, g.Client(t), ttl,
 				redlease.WithRetryDelay(5*time.Millisecond, 50*time.Millisecond))
-			require.NoError(t, err)
 			old, err := g.PrimaryAddr(ctx, t)
 			if err != nil {
 				t.Fatal(err)
@@ -136,14 +142,8 @@ func TestScenario07CoordinatedFailoverKeepsTheLock(t *testing.T) {
 			reg := storage(t, rec, "s07")
 			w := watchdog(t)
 			const ttl = 2 * time.Second
-			strategy2, err := single.New(primary.Client())
-			require.NoError(t, err)
-			la, err := redlease.New(strategy2, redlease.WithTTL(ttl), redlease.WithKeeper(w), redlease.WithPrefix("chaos:"))
-			require.NoError(t, err)
-			strategy3, err := single.New(replica.Client())
-			require.NoError(t, err)
-			lb, err := redlease.New(strategy3, redlease.WithTTL(ttl), redlease.WithPrefix("chaos:"))
-			require.NoError(t, err)
+			la := sentinelLocker(t, primary.Client(), ttl, redlease.WithKeeper(w))
+			lb := sentinelLocker(t, replica.Client(), ttl)
 
 			granted, aDone := holdUntilLost(ctx, t, rec, reg, la, "a", "s07", 5*time.Second)
 			a := <-granted
@@ -261,15 +261,9 @@ func TestScenario06SplitBrain(t *testing.T) {
 			const ttl = 6 * time.Second
 			// A talks to the old primary directly, as a client on its side of
 			// the partition would.
-			strategy2, err := single.New(g.Primary.Client())
-			require.NoError(t, err)
-			la, err := redlease.New(strategy2, redlease.WithTTL(ttl), redlease.WithKeeper(w), redlease.WithPrefix("chaos:"))
-			require.NoError(t, err)
-			strategy3, err := single.New(g.Client(t))
-			require.NoError(t, err)
-			lb, err := redlease.New(strategy3, redlease.WithTTL(ttl), redlease.WithPrefix("chaos:"),
+			la := sentinelLocker(t, g.Primary.Client(), ttl, redlease.WithKeeper(w))
+			lb := sentinelLocker(t, g.Client(t), ttl,
 				redlease.WithRetryDelay(5*time.Millisecond, 50*time.Millisecond))
-			require.NoError(t, err)
 			old, err := g.PrimaryAddr(ctx, t)
 			if err != nil {
 				t.Fatal(err)

@@ -20,6 +20,18 @@ import (
 	"github.com/redlease/redlease/single"
 )
 
+// takeSingle takes key on the single strategy over c for ttl.
+func takeSingle(t *testing.T, c redis.UniversalClient, key string, ttl time.Duration) *redlease.Lock {
+	t.Helper()
+	s, err := single.New(c)
+	require.NoError(t, err)
+	l, err := redlease.New(s, redlease.WithTTL(ttl))
+	require.NoError(t, err)
+	lk, err := l.TryLock(t.Context(), key)
+	require.NoError(t, err)
+	return lk
+}
+
 // A kept lock whose extensions fail at once with an error that says
 // nothing about the lock (NOPERM here: the client's user lost its key
 // permissions; READONLY, LOADING and BUSY take the same path) is retried
@@ -33,12 +45,7 @@ func TestFailedRenewalsWaitForTheirRetryTime(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { w.Close() })
 
-	strategy, err := single.New(c)
-	require.NoError(t, err)
-	locker, err := redlease.New(strategy, redlease.WithTTL(ttl))
-	require.NoError(t, err)
-	lk, err := locker.TryLock(t.Context(), "retry:noperm")
-	require.NoError(t, err)
+	lk := takeSingle(t, c, "retry:noperm", ttl)
 	taken := time.Now()
 	before := evalshaAttempts(t, c)
 	w.Keep(lk)
@@ -73,12 +80,7 @@ func TestRenewalOfAKeyOfAnotherTypeIsAVerdict(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { w.Close() })
 
-	strategy, err := single.New(c)
-	require.NoError(t, err)
-	locker, err := redlease.New(strategy, redlease.WithTTL(ttl))
-	require.NoError(t, err)
-	lk, err := locker.TryLock(t.Context(), "retry:wrongtype")
-	require.NoError(t, err)
+	lk := takeSingle(t, c, "retry:wrongtype", ttl)
 	before := evalshaCalls(t, c)
 	w.Keep(lk)
 	ctx := context.Background()
