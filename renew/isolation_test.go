@@ -78,7 +78,7 @@ func lostAfter(t *testing.T, lk *redlease.Lock, taken time.Time) func() (time.Du
 // One watchdog keeps a lock on a single node that is paused and a quorum
 // lock on three healthy nodes, due in the same batch. The quorum lock must
 // be kept for as long as we care to look (here a TTL and a half), the
-// single lock must be reported lost before its Until, and Stop must return
+// single lock must be reported lost before its Until, and Close must return
 // within one renewal timeout although a call to the paused node is still
 // inside go-redis.
 func TestPausedNodeDoesNotCostAnotherStrategysLockInTheSameBatch(t *testing.T) {
@@ -115,8 +115,8 @@ func TestPausedNodeDoesNotCostAnotherStrategysLockInTheSameBatch(t *testing.T) {
 	start := time.Now()
 	w.Close()
 	stop := time.Since(start)
-	t.Logf("Stop returned after %v with a call to the paused node in flight", stop.Round(time.Millisecond))
-	assert.Less(t, stop, renewalTimeout+500*time.Millisecond, "Stop must return within one renewal timeout")
+	t.Logf("Close returned after %v with a call to the paused node in flight", stop.Round(time.Millisecond))
+	assert.Less(t, stop, renewalTimeout+500*time.Millisecond, "Close must return within one renewal timeout")
 }
 
 // Two locks on a paused single node, taken far enough apart to fall into
@@ -237,9 +237,9 @@ func hungCalls() hungCount {
 	return c
 }
 
-// Stop, while a renewal call is stuck on a paused node inside go-redis,
+// Close, while a renewal call is stuck on a paused node inside go-redis,
 // returns within one renewal timeout.
-func TestStopDoesNotWaitForAHungCall(t *testing.T) {
+func TestCloseDoesNotWaitForAHungCall(t *testing.T) {
 	const ttl = 3 * time.Second
 	s, srv := pausedSingle(t)
 	w, err := renew.New()
@@ -256,6 +256,6 @@ func TestStopDoesNotWaitForAHungCall(t *testing.T) {
 	start := time.Now()
 	w.Close()
 	stop := time.Since(start)
-	t.Logf("Stop returned after %v", stop.Round(time.Millisecond))
-	assert.Less(t, stop, renewalTimeout+500*time.Millisecond, "Stop must return within one renewal timeout")
+	t.Logf("Close returned after %v", stop.Round(time.Millisecond))
+	assert.Less(t, stop, renewalTimeout+500*time.Millisecond, "Close must return within one renewal timeout")
 }

@@ -132,7 +132,7 @@ func TestLockNotHeldIsLostBeforeUntil(t *testing.T) {
 	})
 }
 
-func TestReleaseAndStopEndRenewal(t *testing.T) {
+func TestReleaseAndCloseEndRenewal(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		m := newMem()
 		w, err := renew.New()

@@ -105,7 +105,7 @@ func TestIdleStopEndsAndRestarts(t *testing.T) {
 		}
 		e.Close()
 		if stop := e.Keep(newItem(time.Second)); e.Running() || e.Len() != 0 {
-			t.Fatal("Keep after Stop started the engine")
+			t.Fatal("Keep after Close started the engine")
 		} else {
 			stop()
 		}
@@ -152,7 +152,7 @@ func TestWithoutIdleStopRunsUntilStop(t *testing.T) {
 		}
 		e.Close()
 		if e.Running() {
-			t.Fatal("running after Stop")
+			t.Fatal("running after Close")
 		}
 		e.Close()
 	})
