@@ -5,6 +5,7 @@ import (
 	cryptorand "crypto/rand"
 	"encoding/base64"
 	"errors"
+	"reflect"
 	"strconv"
 	"sync"
 	"time"
@@ -31,7 +32,7 @@ type Locker struct {
 // errors.Is ErrInvalid. Options given to one call are checked by that
 // call.
 func New(s Strategy, opts ...Option) (*Locker, error) {
-	if s == nil {
+	if isNil(s) {
 		return nil, Invalid("nil Strategy")
 	}
 	l := &Locker{clock: systemClock{}, defaults: lockConfig{
@@ -52,6 +53,16 @@ func New(s Strategy, opts ...Option) (*Locker, error) {
 		return nil, Invalid("loss margin %v: must be shorter than the ttl %v", m, l.defaults.ttl)
 	}
 	return l, nil
+}
+
+// isNil reports whether s is nil, including a nil pointer in the interface:
+// the result of a strategy constructor whose error was ignored.
+func isNil(s Strategy) bool {
+	if s == nil {
+		return true
+	}
+	v := reflect.ValueOf(s)
+	return v.Kind() == reflect.Pointer && v.IsNil()
 }
 
 func (l *Locker) config(key string, opts []LockOption) (lockConfig, error) {

@@ -14,6 +14,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/redlease/redlease"
+	"github.com/redlease/redlease/single"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -203,6 +204,7 @@ func TestBadInputIsAnError(t *testing.T) {
 		opts []redlease.Option
 	}{
 		"nil strategy":                 {nil, nil},
+		"nil *single.Strategy":         {(*single.Strategy)(nil), nil},
 		"negative ttl default":         {f, []redlease.Option{redlease.WithTTL(-time.Second)}},
 		"nil default strategy":         {f, []redlease.Option{redlease.WithStrategy(nil)}},
 		"zero retry delay default":     {f, []redlease.Option{redlease.WithRetryDelay(0, time.Second)}},
@@ -225,6 +227,7 @@ func TestBadInputIsAnError(t *testing.T) {
 		{"empty key", l, "", nil},
 		{"zero ttl", l, "k", []redlease.LockOption{redlease.WithTTL(0)}},
 		{"nil per-call strategy", l, "k", []redlease.LockOption{redlease.WithStrategy(nil)}},
+		{"nil *single.Strategy per call", l, "k", []redlease.LockOption{redlease.WithStrategy((*single.Strategy)(nil))}},
 		{"zero retry delay", l, "k", []redlease.LockOption{redlease.WithRetryDelay(0, time.Second)}},
 		{"max below min", l, "k", []redlease.LockOption{redlease.WithRetryDelay(time.Second, time.Millisecond)}},
 		{"negative attempts", l, "k", []redlease.LockOption{redlease.WithMaxAttempts(-1)}},
