@@ -66,28 +66,33 @@ func TestLeastPrivilegeUserRunsEverything(t *testing.T) {
 	c := aclServer(t, primary)
 	w, err := renew.New()
 	require.NoError(t, err)
-	defer w.Stop()
+	defer w.Close()
 
 	admin := primary.Client()
 	take := func(name string, s redlease.Strategy) {
 		t.Helper()
-		l := redlease.New(s, redlease.WithPrefix("lock:"), redlease.WithTTL(2*time.Second), redlease.WithKeeper(w))
+		l, err := redlease.New(s, redlease.WithPrefix("lock:"), redlease.WithTTL(2*time.Second), redlease.WithKeeper(w))
+		require.NoError(t, err)
 		dctx, cancel := context.WithTimeout(ctx, 20*time.Second) // a refused command would otherwise be retried until the test's end
 		defer cancel()
-		err := l.Do(dctx, name, func(ctx context.Context, lk *redlease.Lock) error {
+		err = l.Do(dctx, name, func(ctx context.Context, lk *redlease.Lock) error {
 			time.Sleep(900 * time.Millisecond) // long enough for the watchdog's first extension
 			return nil
 		})
 		require.NoError(t, err, name)
 		require.NoError(t, admin.ScriptFlush(ctx).Err()) // the next use must load the scripts again, as this user
 	}
-	take("single", single.New(c))
-	take("failover", failover.New(c))
+	strategy, err := single.New(c)
+	require.NoError(t, err)
+	take("single", strategy)
+	strategy2, err := failover.New(c)
+	require.NoError(t, err)
+	take("failover", strategy2)
 
 	// A waiter, as this user: it subscribes to the key's wake channel and
 	// the release publishes on it (both need the file's channel rights),
 	// so it gets the lock at once rather than at its backoff (5–10 s).
-	wl := redlease.New(single.New(c), redlease.WithPrefix("lock:"), redlease.WithTTL(10*time.Second))
+	wl := singleLocker(t, c, redlease.WithPrefix("lock:"), redlease.WithTTL(10*time.Second))
 	holder, err := wl.TryLock(ctx, "waited")
 	require.NoError(t, err)
 	got := make(chan error, 1)
@@ -122,7 +127,9 @@ func TestLeastPrivilegeUserRunsEverything(t *testing.T) {
 	}
 	take("quorum", q)
 
-	b, err := idempotency.New(c, idempotency.WithStrategy(single.New(c)))
+	strategy4, err := single.New(c)
+	require.NoError(t, err)
+	b, err := idempotency.New(c, idempotency.WithStrategy(strategy4))
 	require.NoError(t, err)
 	out, err := b.Do(ctx, idempotency.Request{Key: "order:1", Fingerprint: "fp"}, func(context.Context, uint64) ([]byte, error) { return []byte("ok"), nil })
 	require.NoError(t, err)
@@ -149,12 +156,14 @@ func TestUserWithoutRightsFailsClearly(t *testing.T) {
 	defer cancel()
 
 	start := time.Now()
-	_, err := redlease.New(single.New(reader)).TryLock(ctx, "lock:x")
+	locker := singleLocker(t, reader)
+	_, err := locker.TryLock(ctx, "lock:x")
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "NOPERM", "the cause names the missing permission")
 	assert.ErrorIs(t, err, redlease.ErrNotObtained)
 
-	_, err = redlease.New(single.New(wrongKeys)).TryLock(ctx, "other:x") // outside the allowed key patterns
+	locker2 := singleLocker(t, wrongKeys)
+	_, err = locker2.TryLock(ctx, "other:x") // outside the allowed key patterns
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "NOPERM")
 	assert.Less(t, time.Since(start), time.Second, "refused at once")
@@ -179,7 +188,7 @@ func TestUserWithoutFairRightsIsServedUnfairly(t *testing.T) {
 	require.NoError(t, admin.Do(ctx, rule...).Err())
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: "redlease", Password: "s3cret", ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = c.Close() })
-	l := redlease.New(single.New(c), redlease.WithFairness(true), redlease.WithPrefix("lock:"), redlease.WithTTL(10*time.Second), redlease.WithRetryDelay(time.Millisecond, 20*time.Millisecond))
+	l := singleLocker(t, c, redlease.WithFairness(true), redlease.WithPrefix("lock:"), redlease.WithTTL(10*time.Second), redlease.WithRetryDelay(time.Millisecond, 20*time.Millisecond))
 	holder, err := l.TryLock(ctx, "old-acl")
 	require.NoError(t, err)
 	got := make(chan error, 1)

@@ -11,7 +11,6 @@ import (
 	"github.com/redlease/redlease"
 	"github.com/redlease/redlease/internal/redistest"
 	"github.com/redlease/redlease/internal/script"
-	"github.com/redlease/redlease/single"
 )
 
 // Lock's attempts have tokens of their own (so that a failed attempt's late
@@ -31,7 +30,7 @@ func TestLockTakesOverItsOwnEarlierAttemptsKey(t *testing.T) {
 	t.Cleanup(func() { _ = c.Close() })
 	require.NoError(t, c.Ping(ctx).Err())
 	const key = "attempts:takeover"
-	l := redlease.New(single.New(c), redlease.WithTTL(20*time.Second), redlease.WithRetryDelay(time.Millisecond, time.Millisecond))
+	l := singleLocker(t, c, redlease.WithTTL(20*time.Second), redlease.WithRetryDelay(time.Millisecond, time.Millisecond))
 
 	acquireSHA, releaseSHA := script.Acquire.Hash(), script.Release.Hash()
 	gate.HoldRequests(key)
@@ -62,7 +61,8 @@ func TestLockTakesOverItsOwnEarlierAttemptsKey(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, r.lk.Token(), held, "a stale undo removed the new attempt's key")
 	require.True(t, r.lk.Valid())
-	b, err := redlease.New(single.New(srv.Client())).TryLock(ctx, key)
+	locker := singleLocker(t, srv.Client())
+	b, err := locker.TryLock(ctx, key)
 	if err == nil {
 		t.Fatalf("double grant: B got the lock (fence %d) while A holds it", b.Fence())
 	}

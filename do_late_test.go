@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/redlease/redlease"
 )
@@ -27,10 +28,11 @@ func (s lateGrants) Acquire(ctx context.Context, key, token string, ttl time.Dur
 // work its ctx cancels a moment later — or, if the goroutine that cancels
 // it is slow, after Until, when another holder may already be granted.
 func TestDoDoesNotStartFnWithALockPastItsDeadline(t *testing.T) {
-	l := redlease.New(lateGrants{newFake()}, redlease.WithTTL(time.Second), redlease.WithoutKeeper())
+	l, err := redlease.New(lateGrants{newFake()}, redlease.WithTTL(time.Second), redlease.WithoutKeeper())
+	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond) // Lock tries again until then
 	defer cancel()
-	err := l.Do(ctx, "k", func(context.Context, *redlease.Lock) error {
+	err = l.Do(ctx, "k", func(context.Context, *redlease.Lock) error {
 		t.Error("fn started with a lock past its deadline")
 		return nil
 	})

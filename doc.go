@@ -170,4 +170,18 @@
 // failures of individual nodes are kept: errors.As(err, &nodeErr) with a
 // *NodeError, errors.As(err, &quorumErr) with a *QuorumError. A cancelled
 // or expired ctx stays visible: errors.Is(err, context.Canceled).
+//
+// # Constructors and Close
+//
+// Every constructor of the module (New here and in single, failover,
+// quorum, renew, idempotency and observe, idempotency.Middleware) has the
+// shape New(...) (T, error): a nil client or strategy, a rejected option
+// and options that contradict each other are reported there, as an error
+// that errors.Is ErrInvalid, and no constructor panics. A mistake in
+// configuration is then found where it is made, once, at start-up, rather
+// than by the first lock call or, worse, not until a request takes the
+// path that uses it; and a value that exists is one that works. Options
+// given to a single call (TryLock, Lock, Do) are checked by that call.
+// Everything that owns goroutines or connections has Close (the
+// strategies, renew.Watchdog, failover.Watcher).
 package redlease

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -22,7 +23,26 @@ import (
 // singleNode starts a real redis-server and returns a single strategy on it.
 func singleNode(t *testing.T) redlease.Strategy {
 	t.Helper()
-	return single.New(redistest.Start(t, redistest.Config{}).Client())
+	strategy, err := single.New(redistest.Start(t, redistest.Config{}).Client())
+	require.NoError(t, err)
+	return strategy
+}
+
+// newLocker is redlease.New for a test: an error fails it.
+func newLocker(t *testing.T, s redlease.Strategy, opts ...redlease.Option) *redlease.Locker {
+	t.Helper()
+	l, err := redlease.New(s, opts...)
+	require.NoError(t, err)
+	return l
+}
+
+// singleLocker is a Locker on the single strategy over c; a constructor's
+// error fails t.
+func singleLocker(t *testing.T, c redis.UniversalClient, opts ...redlease.Option) *redlease.Locker {
+	t.Helper()
+	s, err := single.New(c)
+	require.NoError(t, err)
+	return newLocker(t, s, opts...)
 }
 
 // watchGoroutines counts the goroutines of the default watchdog (any
@@ -103,8 +123,10 @@ func holdLong(t *testing.T, l, other *redlease.Locker, key string, ttl time.Dura
 func TestDoKeepsLockByDefault(t *testing.T) {
 	s := singleNode(t)
 	const ttl = time.Second
-	l := redlease.New(s, redlease.WithTTL(ttl))
-	other := redlease.New(s, redlease.WithTTL(ttl))
+	l, err := redlease.New(s, redlease.WithTTL(ttl))
+	require.NoError(t, err)
+	other, err := redlease.New(s, redlease.WithTTL(ttl))
+	require.NoError(t, err)
 	waitNoWatchGoroutines(t) // a Do of an earlier test may still be ending
 	baseline := goleak.IgnoreCurrent()
 
@@ -138,14 +160,14 @@ func TestDoWithoutKeeperLosesAtLossMargin(t *testing.T) {
 	const ttl = time.Second
 	w, err := renew.New()
 	require.NoError(t, err)
-	t.Cleanup(w.Stop)
+	t.Cleanup(func() { w.Close() })
 	for name, l := range map[string]struct {
 		locker *redlease.Locker
 		opts   []redlease.LockOption
 	}{
-		"locker":                       {redlease.New(s, redlease.WithTTL(ttl), redlease.WithoutKeeper()), nil},
-		"call":                         {redlease.New(s, redlease.WithTTL(ttl)), []redlease.LockOption{redlease.WithoutKeeper()}},
-		"call on a locker with keeper": {redlease.New(s, redlease.WithTTL(ttl), redlease.WithKeeper(w)), []redlease.LockOption{redlease.WithoutKeeper()}},
+		"locker":                       {newLocker(t, s, redlease.WithTTL(ttl), redlease.WithoutKeeper()), nil},
+		"call":                         {newLocker(t, s, redlease.WithTTL(ttl)), []redlease.LockOption{redlease.WithoutKeeper()}},
+		"call on a locker with keeper": {newLocker(t, s, redlease.WithTTL(ttl), redlease.WithKeeper(w)), []redlease.LockOption{redlease.WithoutKeeper()}},
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
@@ -181,7 +203,8 @@ func TestDefaultWatchdogGoroutinesAreConstant(t *testing.T) {
 		n   = 200
 		ttl = time.Second
 	)
-	l := redlease.New(s, redlease.WithTTL(ttl))
+	l, err := redlease.New(s, redlease.WithTTL(ttl))
+	require.NoError(t, err)
 	waitNoWatchGoroutines(t)
 	baseline := goleak.IgnoreCurrent()
 
@@ -242,25 +265,26 @@ func TestDefaultWatchdogGoroutinesAreConstant(t *testing.T) {
 	goleak.VerifyNone(t, baseline)
 }
 
-// Contradictory keeper options are refused with ErrInvalid, never a panic,
-// and fn does not run.
+// Contradictory keeper options are refused by New with ErrInvalid, never a
+// panic.
 func TestDoKeeperOptionsInvalid(t *testing.T) {
 	f := newFake()
 	k := &keeper{}
-	fn := func(context.Context, *redlease.Lock) error { t.Error("fn ran"); return nil }
-	for name, l := range map[string]*redlease.Locker{
-		"keeper then without": redlease.New(f, redlease.WithKeeper(k), redlease.WithoutKeeper()),
-		"without then keeper": redlease.New(f, redlease.WithoutKeeper(), redlease.WithKeeper(k)),
-		"nil keeper":          redlease.New(f, redlease.WithKeeper(nil)),
+	for name, opts := range map[string][]redlease.Option{
+		"keeper then without": {redlease.WithKeeper(k), redlease.WithoutKeeper()},
+		"without then keeper": {redlease.WithoutKeeper(), redlease.WithKeeper(k)},
+		"nil keeper":          {redlease.WithKeeper(nil)},
 	} {
-		assert.ErrorIs(t, l.Do(t.Context(), "k", fn), redlease.ErrInvalid, name)
-		_, err := l.TryLock(t.Context(), "k")
+		l, err := redlease.New(f, opts...)
 		assert.ErrorIs(t, err, redlease.ErrInvalid, name)
+		assert.Nil(t, l, name)
 	}
 	assert.Empty(t, k.kept)
 
 	// WithoutKeeper on a call to TryLock is accepted and changes nothing.
-	lk, err := redlease.New(f).TryLock(t.Context(), "k", redlease.WithoutKeeper())
+	locker, err := redlease.New(f)
+	require.NoError(t, err)
+	lk, err := locker.TryLock(t.Context(), "k", redlease.WithoutKeeper())
 	require.NoError(t, err)
 	require.NoError(t, lk.Release(t.Context()))
 }

@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"strings"
 	"time"
-
-	"github.com/hashicorp/go-multierror"
 )
 
 // ErrNotObtained means an attempt to take a lock did not succeed: the key is
@@ -62,14 +60,14 @@ func (e *NodeError) Unwrap() error { return e.Err }
 // ErrNotHeld for extend and release) and to every per-node cause, so both
 // errors.Is(err, ErrNotObtained) and errors.As(err, &nodeErr) work.
 type QuorumError struct {
-	Op      string            // "acquire", "extend" or "release"
-	Votes   int               // nodes that agreed before the decision
-	Quorum  int               // nodes that had to agree
-	Nodes   int               // nodes asked
-	Elapsed time.Duration     // time from the first request to the decision
-	Expired bool              // a quorum agreed, but too late: no validity was left
-	Err     error             // the sentinel
-	Causes  *multierror.Error // one *NodeError per failed node; nil if none failed
+	Action  string        // "acquire", "extend" or "release"
+	Votes   int           // nodes that agreed before the decision
+	Quorum  int           // nodes that had to agree
+	Nodes   int           // nodes asked
+	Elapsed time.Duration // time from the first request to the decision
+	Expired bool          // a quorum agreed, but too late: no validity was left
+	Err     error         // the sentinel
+	Causes  []error       // one *NodeError per failed node (ErrQueued in fair mode); nil if none failed
 	// Unavailable is set on an acquisition that failures (nodes down,
 	// timed out, erroring) decided rather than refusals: not enough nodes
 	// said "taken" to rule the quorum out. The error then also matches
@@ -91,15 +89,13 @@ func (e *QuorumError) Error() string {
 		b.WriteString(" (nodes unavailable)")
 	}
 	fmt.Fprintf(&b, ": %s: %d of %d nodes agreed, %d needed, after %s",
-		e.Op, e.Votes, e.Nodes, e.Quorum, e.Elapsed.Round(time.Microsecond))
+		e.Action, e.Votes, e.Nodes, e.Quorum, e.Elapsed.Round(time.Microsecond))
 	if e.Expired {
 		b.WriteString(", with no validity left")
 	}
-	if e.Causes != nil {
-		for _, c := range e.Causes.Errors {
-			b.WriteString("; ")
-			b.WriteString(c.Error())
-		}
+	for _, c := range e.Causes {
+		b.WriteString("; ")
+		b.WriteString(c.Error())
 	}
 	return b.String()
 }
@@ -111,9 +107,7 @@ func (e *QuorumError) Unwrap() []error {
 	if e.Unavailable && e.Err != ErrUnavailable {
 		errs = append(errs, ErrUnavailable)
 	}
-	if e.Causes != nil {
-		errs = append(errs, e.Causes.Errors...)
-	}
+	errs = append(errs, e.Causes...)
 	return errs
 }
 
@@ -157,18 +151,6 @@ func holderRemaining(err error) (time.Duration, bool) {
 // than because the lock is held, returns an error that matches both
 // ErrNotObtained and ErrUnavailable.
 var ErrUnavailable = errors.New("redlease: too few nodes answered")
-
-// ErrNotReplicated means a write was not acknowledged by as many replicas as
-// the failover strategy requires (Redis WAIT) in time. An acquisition that
-// fails this way was undone; an extension that fails this way is undecided
-// (the lock keeps its previous Until). WAIT is best effort, not consensus:
-// see the failover package.
-var ErrNotReplicated = errors.New("redlease: write not acknowledged by enough replicas")
-
-// ErrFailover is the cause of locks revoked because their primary failed
-// over (a Sentinel +switch-master): the promoted replica may not have had
-// them. A lock revoked this way errors.Is both ErrLost and ErrFailover.
-var ErrFailover = errors.New("redlease: primary failed over")
 
 // chain is err1: err2: … on one line, each message once: a cause that
 // starts with the "redlease: " prefix the sentinel before it already shows

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/redlease/redlease"
+	"github.com/redlease/redlease/failover"
 )
 
 // Errors read as one line with the "redlease:" prefix once: an Extend of a
@@ -18,7 +19,8 @@ import (
 func TestErrorsAreOneLineWithOnePrefix(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := newFake()
-		l := redlease.New(f, redlease.WithTTL(time.Second), redlease.WithoutKeeper())
+		l, err := redlease.New(f, redlease.WithTTL(time.Second), redlease.WithoutKeeper())
+		require.NoError(t, err)
 		lk, err := l.TryLock(t.Context(), "k")
 		require.NoError(t, err)
 		time.Sleep(time.Until(lk.Until()))
@@ -40,9 +42,9 @@ func TestErrorsAreOneLineWithOnePrefix(t *testing.T) {
 }
 
 func TestWrapShowsThePrefixOnce(t *testing.T) {
-	err := redlease.Wrap(redlease.ErrNotObtained, redlease.ErrNotReplicated)
+	err := redlease.Wrap(redlease.ErrNotObtained, failover.ErrNotReplicated)
 	assert.Equal(t, "redlease: lock not obtained: write not acknowledged by enough replicas", err.Error())
 	assert.ErrorIs(t, err, redlease.ErrNotObtained)
-	assert.ErrorIs(t, err, redlease.ErrNotReplicated)
+	assert.ErrorIs(t, err, failover.ErrNotReplicated)
 	assert.Same(t, redlease.ErrLost, redlease.Wrap(redlease.ErrLost, nil))
 }

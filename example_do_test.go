@@ -25,7 +25,14 @@ func ExampleLocker_Do_default() {
 	client := redis.NewClient(&redis.Options{Addr: m.Addr()})
 	defer client.Close()
 
-	locker := redlease.New(single.New(client))
+	s, err := single.New(client)
+	if err != nil {
+		panic(err)
+	}
+	locker, err := redlease.New(s)
+	if err != nil {
+		panic(err)
+	}
 	err = locker.Do(ctx, "report:2026-11", func(ctx context.Context, lk *redlease.Lock) error {
 		// Renewed every third of the TTL while this runs; ctx is
 		// cancelled if a renewal finds the lock lost.
@@ -51,7 +58,14 @@ func ExampleWithoutKeeper() {
 	client := redis.NewClient(&redis.Options{Addr: m.Addr()})
 	defer client.Close()
 
-	locker := redlease.New(single.New(client), redlease.WithTTL(5*time.Second))
+	s, err := single.New(client)
+	if err != nil {
+		panic(err)
+	}
+	locker, err := redlease.New(s, redlease.WithTTL(5*time.Second))
+	if err != nil {
+		panic(err)
+	}
 	err = locker.Do(ctx, "dedup:msg-42", func(ctx context.Context, lk *redlease.Lock) error {
 		// Nothing renews the lock: finish within 4.5 s (TTL less the
 		// loss margin), when ctx is cancelled.

@@ -30,8 +30,15 @@ func ExampleLocker_Do() {
 	if err != nil {
 		panic(err)
 	}
-	defer watchdog.Stop()
-	locker := redlease.New(single.New(client), redlease.WithTTL(30*time.Second), redlease.WithKeeper(watchdog))
+	defer watchdog.Close()
+	s, err := single.New(client)
+	if err != nil {
+		panic(err)
+	}
+	locker, err := redlease.New(s, redlease.WithTTL(30*time.Second), redlease.WithKeeper(watchdog))
+	if err != nil {
+		panic(err)
+	}
 
 	err = locker.Do(ctx, "settle:2026-11-29", func(ctx context.Context, lk *redlease.Lock) error {
 		// ctx is cancelled if the lock is lost; stop and do not commit then.

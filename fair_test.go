@@ -50,7 +50,8 @@ func TestFairLockServesInArrivalOrder(t *testing.T) {
 			ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 			defer cancel()
 			key := "fair:order:" + ws.name
-			locker := redlease.New(ws.strategy, redlease.WithFairness(true), redlease.WithTTL(5*time.Second), redlease.WithRetryDelay(time.Millisecond, 20*time.Millisecond))
+			locker, err := redlease.New(ws.strategy, redlease.WithFairness(true), redlease.WithTTL(5*time.Second), redlease.WithRetryDelay(time.Millisecond, 20*time.Millisecond))
+			require.NoError(t, err)
 			holder, err := locker.TryLock(ctx, key)
 			require.NoError(t, err)
 			const n = 6
@@ -94,7 +95,8 @@ func TestFairLockThatGivesUpLeavesTheLineAndTryLockNeverJoins(t *testing.T) {
 		t.Run(ws.name, func(t *testing.T) {
 			ctx := t.Context()
 			key := "fair:leave:" + ws.name
-			locker := redlease.New(ws.strategy, redlease.WithFairness(true), redlease.WithTTL(10*time.Second))
+			locker, err := redlease.New(ws.strategy, redlease.WithFairness(true), redlease.WithTTL(10*time.Second))
+			require.NoError(t, err)
 			holder, err := locker.TryLock(ctx, key)
 			require.NoError(t, err)
 
@@ -147,7 +149,8 @@ func TestFairDeadHeadIsSkippedAfterItsLifetime(t *testing.T) {
 			ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
 			defer cancel()
 			key := "fair:dead:" + ws.name
-			locker := redlease.New(ws.strategy, redlease.WithFairness(true), redlease.WithTTL(10*time.Second))
+			locker, err := redlease.New(ws.strategy, redlease.WithFairness(true), redlease.WithTTL(10*time.Second))
+			require.NoError(t, err)
 			holder, err := locker.TryLock(ctx, key)
 			require.NoError(t, err)
 			const life = 600 * time.Millisecond

@@ -22,16 +22,19 @@ func TestFenceCountersExpireWithFenceTTL(t *testing.T) {
 	srv := redistest.Start(t, redistest.Config{})
 	servers := redistest.StartN(t, 3, redistest.Config{})
 	const keep = 5 * time.Second
+	s, err := single.New(srv.Client(), single.WithFenceTTL(keep))
+	require.NoError(t, err)
 	for _, c := range []struct {
 		name  string
 		s     redlease.Strategy
 		nodes []*redistest.Server
 	}{
-		{"single", single.New(srv.Client(), single.WithFenceTTL(keep)), []*redistest.Server{srv}},
+		{"single", s, []*redistest.Server{srv}},
 		{"quorum", quorumOver(t, directClients(t, servers), quorum.WithFencing(), quorum.WithFenceTTL(keep)), servers},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			l := redlease.New(c.s, redlease.WithTTL(time.Second))
+			l, err := redlease.New(c.s, redlease.WithTTL(time.Second))
+			require.NoError(t, err)
 			var last uint64
 			for i := range 3 {
 				lk, err := l.TryLock(ctx, "request:1")
@@ -53,7 +56,7 @@ func TestFenceCountersExpireWithFenceTTL(t *testing.T) {
 				}
 			}
 			require.GreaterOrEqual(t, withTTL, len(c.nodes)/2+1, "the counters expire")
-			_, err := l.TryLock(ctx, "request:2", redlease.WithTTL(2*keep))
+			_, err = l.TryLock(ctx, "request:2", redlease.WithTTL(2*keep))
 			require.ErrorIs(t, err, redlease.ErrInvalid, "a lock that would outlive its fence counter")
 		})
 	}

@@ -110,7 +110,8 @@ func TestAWaiterLeavingWithAnUnansweredNoticeHandsItOn(t *testing.T) {
 				synctest.Test(t, func(t *testing.T) {
 					w := newWakerFake()
 					w.held["k"] = holder{"someone-else", time.Now().Add(24 * time.Hour)}
-					l := redlease.New(w, redlease.WithRetryDelay(time.Hour, time.Hour), redlease.WithFairness(false))
+					l, err := redlease.New(w, redlease.WithRetryDelay(time.Hour, time.Hour), redlease.WithFairness(false))
+					require.NoError(t, err)
 					ctx, cancel := context.WithCancel(t.Context())
 					defer cancel()
 					done := make(chan error, 1)
@@ -124,7 +125,7 @@ func TestAWaiterLeavingWithAnUnansweredNoticeHandsItOn(t *testing.T) {
 					require.Equal(t, "", <-w.waiters, "a Lock without fairness watches as waiter \"\"")
 					synctest.Wait() // asleep in its backoff
 					tc.run(w, cancel)
-					err := <-done
+					err = <-done
 					if err != nil {
 						require.ErrorIs(t, err, redlease.ErrNotObtained)
 					}
@@ -141,7 +142,8 @@ func TestAFairWaiterWatchesUnderItsIDInTheLine(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		w := &queuedWaker{wakerFake: newWakerFake()}
 		w.held["k"] = holder{"someone-else", time.Now().Add(24 * time.Hour)}
-		l := redlease.New(w, redlease.WithRetryDelay(time.Hour, time.Hour), redlease.WithFairness(true))
+		l, err := redlease.New(w, redlease.WithRetryDelay(time.Hour, time.Hour), redlease.WithFairness(true))
+		require.NoError(t, err)
 		ctx, cancel := context.WithCancel(t.Context())
 		done := make(chan struct{})
 		go func() {
@@ -183,7 +185,8 @@ func TestLockJoinsALiveSubscriptionBeforeItsFirstCheck(t *testing.T) {
 			w := newWakerFake()
 			w.listening = live
 			w.held["k"] = holder{"someone-else", time.Now().Add(24 * time.Hour)}
-			l := redlease.New(w, redlease.WithRetryDelay(time.Hour, time.Hour))
+			l, err := redlease.New(w, redlease.WithRetryDelay(time.Hour, time.Hour))
+			require.NoError(t, err)
 			ctx, cancel := context.WithCancel(t.Context())
 			done := make(chan struct{})
 			go func() {

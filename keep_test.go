@@ -54,9 +54,10 @@ func (k *keeper) Keep(lk *redlease.Lock) func() {
 func TestDoHoldsWhileFnRunsAndReleasesAfter(t *testing.T) {
 	f := newFake()
 	k := &keeper{}
-	l := redlease.New(f, redlease.WithKeeper(k))
+	l, err := redlease.New(f, redlease.WithKeeper(k))
+	require.NoError(t, err)
 	var fence uint64
-	err := l.Do(t.Context(), "job", func(ctx context.Context, lk *redlease.Lock) error {
+	err = l.Do(t.Context(), "job", func(ctx context.Context, lk *redlease.Lock) error {
 		fence = lk.Fence()
 		assert.True(t, lk.Valid())
 		_, err := l.TryLock(ctx, "job")
@@ -73,7 +74,9 @@ func TestDoHoldsWhileFnRunsAndReleasesAfter(t *testing.T) {
 func TestDoReturnsFnErrorAndStillReleases(t *testing.T) {
 	f := newFake()
 	boom := errors.New("boom")
-	err := redlease.New(f).Do(t.Context(), "job", func(context.Context, *redlease.Lock) error { return boom })
+	locker, err := redlease.New(f)
+	require.NoError(t, err)
+	err = locker.Do(t.Context(), "job", func(context.Context, *redlease.Lock) error { return boom })
 	assert.ErrorIs(t, err, boom)
 	assert.NotErrorIs(t, err, redlease.ErrLost)
 	assert.Empty(t, f.held)
@@ -83,7 +86,9 @@ func TestDoReportsLossEvenWhenFnSucceeds(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := newFake()
 		var cause error
-		err := redlease.New(f, redlease.WithTTL(time.Second), redlease.WithoutKeeper()).Do(t.Context(), "job",
+		locker, err := redlease.New(f, redlease.WithTTL(time.Second), redlease.WithoutKeeper())
+		require.NoError(t, err)
+		err = locker.Do(t.Context(), "job",
 			func(ctx context.Context, lk *redlease.Lock) error {
 				<-ctx.Done() // no keeper: the lock runs out, and fn hears of it
 				cause = context.Cause(ctx)
@@ -98,14 +103,17 @@ func TestDoReportsLossEvenWhenFnSucceeds(t *testing.T) {
 func TestDoReleasesOnPanic(t *testing.T) {
 	f := newFake()
 	assert.Panics(t, func() {
-		_ = redlease.New(f).Do(t.Context(), "job", func(context.Context, *redlease.Lock) error { panic("boom") })
+		locker, err := redlease.New(f)
+		require.NoError(t, err)
+		_ = locker.Do(t.Context(), "job", func(context.Context, *redlease.Lock) error { panic("boom") })
 	})
 	assert.Empty(t, f.held)
 }
 
 func TestDoDoesNotRunFnWithoutTheLock(t *testing.T) {
 	f := newFake()
-	l := redlease.New(f)
+	l, err := redlease.New(f)
+	require.NoError(t, err)
 	lk, err := l.TryLock(t.Context(), "job")
 	require.NoError(t, err)
 	defer lk.Release(t.Context())
@@ -123,11 +131,15 @@ func TestExtendAllBatchesPerStrategy(t *testing.T) {
 	ctx := t.Context()
 	var locks []*redlease.Lock
 	for _, key := range []string{"a", "b", "c"} {
-		lk, err := redlease.New(batch, redlease.WithTTL(time.Minute)).TryLock(ctx, key)
+		locker, err := redlease.New(batch, redlease.WithTTL(time.Minute))
+		require.NoError(t, err)
+		lk, err := locker.TryLock(ctx, key)
 		require.NoError(t, err)
 		locks = append(locks, lk)
 	}
-	lk, err := redlease.New(plain, redlease.WithTTL(time.Minute)).TryLock(ctx, "d")
+	locker2, err := redlease.New(plain, redlease.WithTTL(time.Minute))
+	require.NoError(t, err)
+	lk, err := locker2.TryLock(ctx, "d")
 	require.NoError(t, err)
 	locks = append(locks, lk)
 	before := locks[0].Until()
@@ -187,7 +199,8 @@ func (r *revokerFake) tracked() int {
 
 func TestRevokedGrantsAreLostAtOnce(t *testing.T) {
 	r := &revokerFake{fake: newFake(), revokes: map[string]func(error){}}
-	l := redlease.New(r)
+	l, err := redlease.New(r)
+	require.NoError(t, err)
 	ctx := t.Context()
 	a, err := l.TryLock(ctx, "a")
 	require.NoError(t, err)

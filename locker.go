@@ -5,6 +5,7 @@ import (
 	cryptorand "crypto/rand"
 	"encoding/base64"
 	"errors"
+	"reflect"
 	"strconv"
 	"sync"
 	"time"
@@ -26,24 +27,42 @@ type Locker struct {
 }
 
 // New returns a Locker that takes locks through s with the given options.
-// Invalid options (or a nil s) do not panic: every call on the Locker then
-// returns an error that errors.Is ErrInvalid.
-func New(s Strategy, opts ...Option) *Locker {
+// A nil s, a rejected option, or options that contradict each other (a
+// loss margin not shorter than the TTL) are returned as an error that
+// errors.Is ErrInvalid. Options given to one call are checked by that
+// call.
+func New(s Strategy, opts ...Option) (*Locker, error) {
+	if isNil(s) {
+		return nil, Invalid("nil Strategy")
+	}
 	l := &Locker{clock: systemClock{}, defaults: lockConfig{
 		strategy: s,
 		ttl:      DefaultTTL,
 		minDelay: DefaultMinRetryDelay,
 		maxDelay: DefaultMaxRetryDelay,
 	}}
-	if s == nil {
-		l.defaults.fail(Invalid("nil Strategy"))
-	}
 	for _, o := range opts {
 		if o != nil {
 			o.applyLocker(l)
 		}
 	}
-	return l
+	if l.defaults.err != nil {
+		return nil, l.defaults.err
+	}
+	if m := l.defaults.lossMargin(); m >= l.defaults.ttl {
+		return nil, Invalid("loss margin %v: must be shorter than the ttl %v", m, l.defaults.ttl)
+	}
+	return l, nil
+}
+
+// isNil reports whether s is nil, including a nil pointer in the interface:
+// the result of a strategy constructor whose error was ignored.
+func isNil(s Strategy) bool {
+	if s == nil {
+		return true
+	}
+	v := reflect.ValueOf(s)
+	return v.Kind() == reflect.Pointer && v.IsNil()
 }
 
 func (l *Locker) config(key string, opts []LockOption) (lockConfig, error) {

@@ -9,12 +9,12 @@ import (
 	"testing/synctest"
 	"time"
 
-	"github.com/hashicorp/go-multierror"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
 	"github.com/redlease/redlease"
+	"github.com/redlease/redlease/single"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -94,7 +94,8 @@ func (f *fake) Release(ctx context.Context, key, token string) error {
 
 func TestTryLockHoldsAndExcludes(t *testing.T) {
 	f := newFake()
-	l := redlease.New(f, redlease.WithTTL(time.Minute))
+	l, err := redlease.New(f, redlease.WithTTL(time.Minute))
+	require.NoError(t, err)
 	ctx := t.Context()
 
 	lk, err := l.TryLock(ctx, "k")
@@ -124,7 +125,8 @@ func TestTryLockHoldsAndExcludes(t *testing.T) {
 
 func TestTokensAre128RandomBits(t *testing.T) {
 	f := newFake()
-	l := redlease.New(f)
+	l, err := redlease.New(f)
+	require.NoError(t, err)
 	seen := map[string]bool{}
 	for i := range 100 {
 		lk, err := l.TryLock(t.Context(), "k"+string(rune('a'+i%26))+string(rune('a'+i/26)))
@@ -140,7 +142,8 @@ func TestTokensAre128RandomBits(t *testing.T) {
 func TestLockRetriesWithATokenPerAttempt(t *testing.T) {
 	f := newFake()
 	f.failNext = []error{redlease.ErrNotObtained, redlease.ErrNotObtained, redlease.ErrNotObtained}
-	l := redlease.New(f, redlease.WithRetryDelay(time.Millisecond, 2*time.Millisecond))
+	l, err := redlease.New(f, redlease.WithRetryDelay(time.Millisecond, 2*time.Millisecond))
+	require.NoError(t, err)
 	lk, err := l.Lock(t.Context(), "k")
 	require.NoError(t, err)
 	require.Len(t, f.acquires, 4)
@@ -154,8 +157,9 @@ func TestLockRetriesWithATokenPerAttempt(t *testing.T) {
 
 func TestLockStopsAtMaxAttempts(t *testing.T) {
 	f := newFake()
-	l := redlease.New(f, redlease.WithRetryDelay(time.Millisecond, time.Millisecond))
-	_, err := l.TryLock(t.Context(), "k")
+	l, err := redlease.New(f, redlease.WithRetryDelay(time.Millisecond, time.Millisecond))
+	require.NoError(t, err)
+	_, err = l.TryLock(t.Context(), "k")
 	require.NoError(t, err)
 	_, err = l.Lock(t.Context(), "k", redlease.WithMaxAttempts(3))
 	assert.ErrorIs(t, err, redlease.ErrNotObtained)
@@ -165,8 +169,9 @@ func TestLockStopsAtMaxAttempts(t *testing.T) {
 func TestLockStopsPromptlyOnContext(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := newFake()
-		l := redlease.New(f, redlease.WithRetryDelay(time.Second, time.Hour))
-		_, err := l.TryLock(t.Context(), "k")
+		l, err := redlease.New(f, redlease.WithRetryDelay(time.Second, time.Hour))
+		require.NoError(t, err)
+		_, err = l.TryLock(t.Context(), "k")
 		require.NoError(t, err)
 
 		ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
@@ -183,7 +188,9 @@ func TestLockDoesNotRetryOtherErrors(t *testing.T) {
 	f := newFake()
 	boom := errors.New("boom")
 	f.failNext = []error{boom}
-	_, err := redlease.New(f).Lock(t.Context(), "k")
+	locker, err := redlease.New(f)
+	require.NoError(t, err)
+	_, err = locker.Lock(t.Context(), "k")
 	assert.ErrorIs(t, err, boom)
 	assert.Len(t, f.acquires, 1)
 }
@@ -191,20 +198,40 @@ func TestLockDoesNotRetryOtherErrors(t *testing.T) {
 func TestBadInputIsAnError(t *testing.T) {
 	f := newFake()
 	ctx := t.Context()
+	// Construction: a bad strategy or default is New's error.
+	for name, c := range map[string]struct {
+		s    redlease.Strategy
+		opts []redlease.Option
+	}{
+		"nil strategy":                 {nil, nil},
+		"nil *single.Strategy":         {(*single.Strategy)(nil), nil},
+		"negative ttl default":         {f, []redlease.Option{redlease.WithTTL(-time.Second)}},
+		"nil default strategy":         {f, []redlease.Option{redlease.WithStrategy(nil)}},
+		"zero retry delay default":     {f, []redlease.Option{redlease.WithRetryDelay(0, time.Second)}},
+		"negative attempts default":    {f, []redlease.Option{redlease.WithMaxAttempts(-1)}},
+		"margin not below ttl default": {f, []redlease.Option{redlease.WithTTL(time.Second), redlease.WithLossMargin(time.Second)}},
+	} {
+		l, err := redlease.New(c.s, c.opts...)
+		assert.ErrorIs(t, err, redlease.ErrInvalid, "New: %s", name)
+		assert.Nil(t, l, "New: %s", name)
+	}
+	// Calls: a bad key or per-call option is the call's error.
+	l, err := redlease.New(f)
+	require.NoError(t, err)
 	cases := []struct {
 		name   string
 		locker *redlease.Locker
 		key    string
 		opts   []redlease.LockOption
 	}{
-		{"nil strategy", redlease.New(nil), "k", nil},
-		{"empty key", redlease.New(f), "", nil},
-		{"zero ttl", redlease.New(f), "k", []redlease.LockOption{redlease.WithTTL(0)}},
-		{"negative ttl default", redlease.New(f, redlease.WithTTL(-time.Second)), "k", nil},
-		{"nil per-call strategy", redlease.New(f), "k", []redlease.LockOption{redlease.WithStrategy(nil)}},
-		{"zero retry delay", redlease.New(f), "k", []redlease.LockOption{redlease.WithRetryDelay(0, time.Second)}},
-		{"max below min", redlease.New(f), "k", []redlease.LockOption{redlease.WithRetryDelay(time.Second, time.Millisecond)}},
-		{"negative attempts", redlease.New(f), "k", []redlease.LockOption{redlease.WithMaxAttempts(-1)}},
+		{"empty key", l, "", nil},
+		{"zero ttl", l, "k", []redlease.LockOption{redlease.WithTTL(0)}},
+		{"nil per-call strategy", l, "k", []redlease.LockOption{redlease.WithStrategy(nil)}},
+		{"nil *single.Strategy per call", l, "k", []redlease.LockOption{redlease.WithStrategy((*single.Strategy)(nil))}},
+		{"zero retry delay", l, "k", []redlease.LockOption{redlease.WithRetryDelay(0, time.Second)}},
+		{"max below min", l, "k", []redlease.LockOption{redlease.WithRetryDelay(time.Second, time.Millisecond)}},
+		{"negative attempts", l, "k", []redlease.LockOption{redlease.WithMaxAttempts(-1)}},
+		{"margin not below the call's ttl", l, "k", []redlease.LockOption{redlease.WithTTL(time.Second), redlease.WithLossMargin(time.Second)}},
 		{"nil locker", nil, "k", nil},
 	}
 	for _, c := range cases {
@@ -218,8 +245,9 @@ func TestBadInputIsAnError(t *testing.T) {
 
 func TestPerCallStrategyAndPrefix(t *testing.T) {
 	cheap, careful := newFake(), newFake()
-	l := redlease.New(cheap, redlease.WithPrefix("app:"))
-	_, err := l.TryLock(t.Context(), "a")
+	l, err := redlease.New(cheap, redlease.WithPrefix("app:"))
+	require.NoError(t, err)
+	_, err = l.TryLock(t.Context(), "a")
 	require.NoError(t, err)
 	_, err = l.TryLock(t.Context(), "b", redlease.WithStrategy(careful))
 	require.NoError(t, err)
@@ -230,7 +258,9 @@ func TestPerCallStrategyAndPrefix(t *testing.T) {
 func TestLostClosesBeforeValidityRunsOut(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := newFake()
-		lk, err := redlease.New(f, redlease.WithTTL(time.Second)).TryLock(t.Context(), "k")
+		locker, err := redlease.New(f, redlease.WithTTL(time.Second))
+		require.NoError(t, err)
+		lk, err := locker.TryLock(t.Context(), "k")
 		require.NoError(t, err)
 		until := lk.Until()
 		<-lk.Lost()
@@ -239,7 +269,9 @@ func TestLostClosesBeforeValidityRunsOut(t *testing.T) {
 		assert.ErrorIs(t, lk.Err(), redlease.ErrLost)
 		assert.ErrorIs(t, lk.Extend(t.Context(), time.Second), redlease.ErrNotHeld, "a lost lock stays lost")
 
-		lk, err = redlease.New(f, redlease.WithTTL(time.Second), redlease.WithLossMargin(0)).TryLock(t.Context(), "k2")
+		locker2, err := redlease.New(f, redlease.WithTTL(time.Second), redlease.WithLossMargin(0))
+		require.NoError(t, err)
+		lk, err = locker2.TryLock(t.Context(), "k2")
 		require.NoError(t, err)
 		until = lk.Until()
 		<-lk.Lost()
@@ -248,8 +280,9 @@ func TestLostClosesBeforeValidityRunsOut(t *testing.T) {
 }
 
 func TestLossMarginMustBeShorterThanTTL(t *testing.T) {
-	l := redlease.New(newFake(), redlease.WithTTL(time.Second))
-	_, err := l.TryLock(t.Context(), "k", redlease.WithLossMargin(time.Second))
+	l, err := redlease.New(newFake(), redlease.WithTTL(time.Second))
+	require.NoError(t, err)
+	_, err = l.TryLock(t.Context(), "k", redlease.WithLossMargin(time.Second))
 	assert.ErrorIs(t, err, redlease.ErrInvalid)
 	_, err = l.TryLock(t.Context(), "k", redlease.WithLossMargin(-time.Millisecond))
 	assert.ErrorIs(t, err, redlease.ErrInvalid)
@@ -258,7 +291,9 @@ func TestLossMarginMustBeShorterThanTTL(t *testing.T) {
 func TestExtendMovesUntilAndPostponesLoss(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := newFake()
-		lk, err := redlease.New(f, redlease.WithTTL(time.Second)).TryLock(t.Context(), "k")
+		locker, err := redlease.New(f, redlease.WithTTL(time.Second))
+		require.NoError(t, err)
+		lk, err := locker.TryLock(t.Context(), "k")
 		require.NoError(t, err)
 		time.Sleep(800 * time.Millisecond)
 		require.NoError(t, lk.Extend(t.Context(), time.Second))
@@ -276,7 +311,8 @@ func TestExtendMovesUntilAndPostponesLoss(t *testing.T) {
 
 func TestExtendVerdicts(t *testing.T) {
 	f := newFake()
-	l := redlease.New(f)
+	l, err := redlease.New(f)
+	require.NoError(t, err)
 	ctx := t.Context()
 
 	lk, err := l.TryLock(ctx, "k")
@@ -309,15 +345,15 @@ func TestNilLockIsSafe(t *testing.T) {
 func TestQuorumErrorUnwraps(t *testing.T) {
 	cause := errors.New("connection refused")
 	err := error(&redlease.QuorumError{
-		Op: "acquire", Votes: 2, Quorum: 3, Nodes: 5, Err: redlease.ErrNotObtained,
+		Action: "acquire", Votes: 2, Quorum: 3, Nodes: 5, Err: redlease.ErrNotObtained,
 		Causes: nil,
 	})
 	assert.ErrorIs(t, err, redlease.ErrNotObtained)
 	var ne *redlease.NodeError
 	assert.False(t, errors.As(err, &ne))
 
-	qe := &redlease.QuorumError{Op: "acquire", Votes: 2, Quorum: 3, Nodes: 5, Err: redlease.ErrNotObtained}
-	qe.Causes = multierror.Append(qe.Causes, &redlease.NodeError{Node: 4, Addr: "127.0.0.1:1", Err: cause})
+	qe := &redlease.QuorumError{Action: "acquire", Votes: 2, Quorum: 3, Nodes: 5, Err: redlease.ErrNotObtained}
+	qe.Causes = append(qe.Causes, &redlease.NodeError{Node: 4, Addr: "127.0.0.1:1", Err: cause})
 	err = qe
 	require.ErrorAs(t, err, &ne)
 	assert.Equal(t, 4, ne.Node)
@@ -337,7 +373,9 @@ func TestLocksFollowTheInjectedClock(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		clock := fastClock{start: time.Now()}
 		f := newFake()
-		lk, err := redlease.New(f, redlease.WithTTL(time.Second), redlease.WithLossMargin(0), redlease.WithClock(clock)).TryLock(t.Context(), "k")
+		locker, err := redlease.New(f, redlease.WithTTL(time.Second), redlease.WithLossMargin(0), redlease.WithClock(clock))
+		require.NoError(t, err)
+		lk, err := locker.TryLock(t.Context(), "k")
 		require.NoError(t, err)
 		// The fake strategy's Until is one real second away; the fast clock
 		// reaches it in half a second.
@@ -346,7 +384,8 @@ func TestLocksFollowTheInjectedClock(t *testing.T) {
 		time.Sleep(2 * time.Millisecond)
 		assert.False(t, lk.Valid(), "past Until by the lock's clock")
 		assert.ErrorIs(t, lk.Err(), redlease.ErrLost)
-		assert.ErrorIs(t, redlease.New(f, redlease.WithClock(nil)).Do(t.Context(), "k", func(context.Context, *redlease.Lock) error { return nil }), redlease.ErrInvalid)
+		_, err = redlease.New(f, redlease.WithClock(nil))
+		assert.ErrorIs(t, err, redlease.ErrInvalid)
 	})
 }
 
@@ -356,7 +395,9 @@ func TestLocksFollowTheInjectedClock(t *testing.T) {
 func TestLostFirstCalledAfterTheDeadline(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := newFake()
-		lk, err := redlease.New(f, redlease.WithTTL(time.Second)).TryLock(t.Context(), "k")
+		locker, err := redlease.New(f, redlease.WithTTL(time.Second))
+		require.NoError(t, err)
+		lk, err := locker.TryLock(t.Context(), "k")
 		require.NoError(t, err)
 		time.Sleep(time.Until(lk.Until())) // past the deadline; Lost never called
 		var lost <-chan struct{}
@@ -396,7 +437,9 @@ func TestRenewalDoesNotOutbidAShorterExtend(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const ttl = 10 * time.Second
 		h := &heldRenewals{fake: newFake(), ttl: ttl, entered: make(chan struct{}), release: make(chan struct{})}
-		lk, err := redlease.New(h, redlease.WithTTL(ttl)).TryLock(t.Context(), "k")
+		locker, err := redlease.New(h, redlease.WithTTL(ttl))
+		require.NoError(t, err)
+		lk, err := locker.TryLock(t.Context(), "k")
 		require.NoError(t, err)
 		done := make(chan []error)
 		go func() { done <- redlease.ExtendAll(t.Context(), []*redlease.Lock{lk}) }()

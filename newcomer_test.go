@@ -13,7 +13,6 @@ import (
 	"github.com/redlease/redlease"
 	"github.com/redlease/redlease/internal/redistest"
 	"github.com/redlease/redlease/quorum"
-	"github.com/redlease/redlease/single"
 )
 
 // A newcomer's program, written from the README's quick start only: go-redis
@@ -42,7 +41,8 @@ func TestNewcomerGetsTheSafeDefaults(t *testing.T) {
 	q, err := quorum.New(nodes)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = q.Close() })
-	locker := redlease.New(q, redlease.WithTTL(time.Second))
+	locker, err := redlease.New(q, redlease.WithTTL(time.Second))
+	require.NoError(t, err)
 
 	// Quorum grants carry rising fences.
 	var last uint64
@@ -55,7 +55,8 @@ func TestNewcomerGetsTheSafeDefaults(t *testing.T) {
 	}
 
 	// Do outlives its TTL: renewed by the default watchdog.
-	other := redlease.New(q, redlease.WithTTL(time.Second))
+	other, err := redlease.New(q, redlease.WithTTL(time.Second))
+	require.NoError(t, err)
 	err = locker.Do(ctx, "newcomer:do", func(ctx context.Context, lk *redlease.Lock) error {
 		for range 7 { // 3.5 s, over three TTLs
 			time.Sleep(500 * time.Millisecond)
@@ -73,7 +74,7 @@ func TestNewcomerGetsTheSafeDefaults(t *testing.T) {
 	// A paused node bounds TryLock by its ctx: on its own (single), and
 	// as one of three (quorum, which still grants).
 	servers[2].Pause()
-	one := redlease.New(single.New(nodes[2]))
+	one := singleLocker(t, nodes[2])
 	tctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
 	start := time.Now()
 	_, err = one.TryLock(tctx, "newcomer:paused")

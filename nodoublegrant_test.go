@@ -81,7 +81,8 @@ func TestRetryUndoCannotDeleteALaterAttemptsKey(t *testing.T) {
 	// A round lasts 1 s, so each step below has most of a second, and the
 	// retry comes at once.
 	qa := quorumOver(t, clients, quorum.WithNodeTimeout(time.Second))
-	la := redlease.New(qa, redlease.WithTTL(20*time.Second), redlease.WithRetryDelay(time.Millisecond, time.Millisecond))
+	la, err := redlease.New(qa, redlease.WithTTL(20*time.Second), redlease.WithRetryDelay(time.Millisecond, time.Millisecond))
+	require.NoError(t, err)
 	got := lockAsync(ctx, la, key)
 
 	acquireSHA, releaseSHA := script.Acquire.Hash(), script.Release.Hash()
@@ -114,7 +115,8 @@ func TestRetryUndoCannotDeleteALaterAttemptsKey(t *testing.T) {
 	servers[3].Restart()
 	servers[4].Restart()
 	qb := quorumOver(t, directClients(t, servers))
-	lb := redlease.New(qb, redlease.WithTTL(20*time.Second))
+	lb, err := redlease.New(qb, redlease.WithTTL(20*time.Second))
+	require.NoError(t, err)
 	var holders []string
 	for i, s := range servers[:3] {
 		v, _ := s.Client().Get(ctx, key).Result()
@@ -149,8 +151,10 @@ func TestUnreplicatedGrantUndoCannotDeleteALaterAttemptsKey(t *testing.T) {
 	t.Cleanup(func() { _ = c.Close() })
 	require.NoError(t, c.Ping(ctx).Err())
 	const key = "attack:wait-undo"
-	fa := failover.New(c, failover.WithWaitTimeout(50*time.Millisecond))
-	la := redlease.New(fa, redlease.WithTTL(20*time.Second), redlease.WithRetryDelay(time.Millisecond, time.Millisecond))
+	fa, err := failover.New(c, failover.WithWaitTimeout(50*time.Millisecond))
+	require.NoError(t, err)
+	la, err := redlease.New(fa, redlease.WithTTL(20*time.Second), redlease.WithRetryDelay(time.Millisecond, time.Millisecond))
+	require.NoError(t, err)
 
 	gate.HoldRequests(key)
 	replica.Pause()
@@ -172,7 +176,7 @@ func TestUnreplicatedGrantUndoCannotDeleteALaterAttemptsKey(t *testing.T) {
 	require.NoError(t, r.err)
 	a := r.lk
 
-	lb := redlease.New(single.New(primary.Client()), redlease.WithTTL(20*time.Second))
+	lb := singleLocker(t, primary.Client(), redlease.WithTTL(20*time.Second))
 	require.True(t, a.Valid())
 	b, err := lb.TryLock(ctx, key)
 	if err == nil {
@@ -217,7 +221,8 @@ func ageMarkers(t *testing.T, servers []*redistest.Server, maxTTL time.Duration)
 	errs := make([]error, len(servers))
 	var wg sync.WaitGroup
 	for i, s := range servers {
-		l := redlease.New(quorumOver(t, []redis.UniversalClient{s.Client()}, quorum.WithDelayedRestart(maxTTL)), redlease.WithTTL(maxTTL))
+		l, err := redlease.New(quorumOver(t, []redis.UniversalClient{s.Client()}, quorum.WithDelayedRestart(maxTTL)), redlease.WithTTL(maxTTL))
+		require.NoError(t, err)
 		wg.Go(func() {
 			deadline := time.Now().Add(10 * time.Second)
 			for {
@@ -251,8 +256,10 @@ func TestExtendRespectsDelayedRestartLimit(t *testing.T) {
 	servers := redistest.StartN(t, 3, redistest.Config{})
 	const maxTTL = time.Second
 	mk := func() *redlease.Locker {
-		return redlease.New(quorumOver(t, directClients(t, servers), quorum.WithDelayedRestart(maxTTL)),
+		locker, err := redlease.New(quorumOver(t, directClients(t, servers), quorum.WithDelayedRestart(maxTTL)),
 			redlease.WithTTL(maxTTL), redlease.WithPrefix("attack:"))
+		require.NoError(t, err)
+		return locker
 	}
 	la, lb := mk(), mk()
 	ageMarkers(t, servers, maxTTL)
@@ -294,8 +301,9 @@ func TestSnapshotRestoredNodeSitsOut(t *testing.T) {
 	ctx := t.Context()
 	servers := redistest.StartN(t, 3, redistest.Config{})
 	const maxTTL = 3 * time.Second
-	lb := redlease.New(quorumOver(t, directClients(t, servers), quorum.WithDelayedRestart(maxTTL)),
+	lb, err := redlease.New(quorumOver(t, directClients(t, servers), quorum.WithDelayedRestart(maxTTL)),
 		redlease.WithTTL(maxTTL), redlease.WithPrefix("attack:"))
+	require.NoError(t, err)
 	ageMarkers(t, servers, maxTTL)
 
 	gate := redistest.NewGate(t, servers[2].Addr)
@@ -303,8 +311,9 @@ func TestSnapshotRestoredNodeSitsOut(t *testing.T) {
 	aClients := directClients(t, servers)
 	aClients[2] = redis.NewClient(&redis.Options{Addr: gate.Addr, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = aClients[2].Close() })
-	la := redlease.New(quorumOver(t, aClients, quorum.WithDelayedRestart(maxTTL)),
+	la, err := redlease.New(quorumOver(t, aClients, quorum.WithDelayedRestart(maxTTL)),
 		redlease.WithTTL(maxTTL), redlease.WithPrefix("attack:"))
+	require.NoError(t, err)
 
 	require.NoError(t, servers[0].Client().Save(ctx).Err())
 	// Lock, not TryLock: under load a 100 ms node timeout can pass with no
@@ -336,8 +345,11 @@ func TestFailedReleaseEndsValidity(t *testing.T) {
 	gate := redistest.NewGate(t, srv.Addr)
 	c := redis.NewClient(&redis.Options{Addr: gate.Addr, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = c.Close() })
-	la := redlease.New(single.New(c), redlease.WithTTL(20*time.Second))
-	lb := redlease.New(single.New(srv.Client()), redlease.WithTTL(20*time.Second))
+	strategy, err := single.New(c)
+	require.NoError(t, err)
+	la, err := redlease.New(strategy, redlease.WithTTL(20*time.Second))
+	require.NoError(t, err)
+	lb := singleLocker(t, srv.Client(), redlease.WithTTL(20*time.Second))
 	a, err := la.TryLock(ctx, "attack:release")
 	require.NoError(t, err)
 	lost := a.Lost()
@@ -392,8 +404,10 @@ func TestGrantInFlightDuringFailoverIsRevoked(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: gate.Addr, ContextTimeoutEnabled: true, ReadTimeout: 10 * time.Second})
 	t.Cleanup(func() { _ = c.Close() })
 	require.NoError(t, c.Ping(ctx).Err())
-	fs := failover.New(c)
-	la := redlease.New(fs, redlease.WithTTL(20*time.Second))
+	fs, err := failover.New(c)
+	require.NoError(t, err)
+	la, err := redlease.New(fs, redlease.WithTTL(20*time.Second))
+	require.NoError(t, err)
 
 	gate.HoldReplies("attack:failover")
 	got := make(chan lockResult, 1)
@@ -402,7 +416,7 @@ func TestGrantInFlightDuringFailoverIsRevoked(t *testing.T) {
 		got <- lockResult{lk, err}
 	}()
 	require.NoError(t, gate.WaitHeld(1, "", 10*time.Second))
-	fs.RevokeAll(fmt.Errorf("%w: test: primary moved", redlease.ErrFailover))
+	fs.RevokeAll(fmt.Errorf("%w: test: primary moved", failover.ErrFailover))
 	gate.Open()
 	r := <-got
 	// The grant is revoked as it is made: not obtained (since a lock born
@@ -412,7 +426,7 @@ func TestGrantInFlightDuringFailoverIsRevoked(t *testing.T) {
 	}
 	require.Nil(t, r.lk)
 	require.ErrorIs(t, r.err, redlease.ErrNotObtained)
-	require.ErrorIs(t, r.err, redlease.ErrFailover)
+	require.ErrorIs(t, r.err, failover.ErrFailover)
 }
 
 // Defect 7. A lock key may not be one of redlease's own keys: a lock on
@@ -421,9 +435,10 @@ func TestLockKeysCannotEnterReservedNamespace(t *testing.T) {
 	ctx := t.Context()
 	srv := redistest.Start(t, redistest.Config{})
 	servers := redistest.StartN(t, 3, redistest.Config{})
-	ls := redlease.New(single.New(srv.Client()), redlease.WithTTL(time.Second))
-	lq := redlease.New(quorumOver(t, directClients(t, servers), quorum.WithDelayedRestart(time.Second), quorum.WithFencing()),
+	ls := singleLocker(t, srv.Client(), redlease.WithTTL(time.Second))
+	lq, err := redlease.New(quorumOver(t, directClients(t, servers), quorum.WithDelayedRestart(time.Second), quorum.WithFencing()),
 		redlease.WithTTL(time.Second))
+	require.NoError(t, err)
 	fk, ok := script.FenceKey("a")
 	require.True(t, ok)
 	for _, c := range []struct {
@@ -445,7 +460,8 @@ func TestLockKeysCannotEnterReservedNamespace(t *testing.T) {
 		})
 	}
 	// A Locker prefix that puts every key there is refused too.
-	_, err := redlease.New(single.New(srv.Client()), redlease.WithPrefix(redlease.ReservedPrefix)).TryLock(ctx, "k")
+	locker := singleLocker(t, srv.Client(), redlease.WithPrefix(redlease.ReservedPrefix))
+	_, err = locker.TryLock(ctx, "k")
 	require.ErrorIs(t, err, redlease.ErrInvalid)
 }
 
@@ -462,8 +478,8 @@ func TestUndecidedShorterExtendShortensValidity(t *testing.T) {
 	gate := redistest.NewGate(t, srv.Addr)
 	c := redis.NewClient(&redis.Options{Addr: gate.Addr, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = c.Close() })
-	la := redlease.New(single.New(c), redlease.WithTTL(20*time.Second))
-	lb := redlease.New(single.New(srv.Client()), redlease.WithTTL(20*time.Second))
+	la := singleLocker(t, c, redlease.WithTTL(20*time.Second))
+	lb := singleLocker(t, srv.Client(), redlease.WithTTL(20*time.Second))
 	a, err := la.TryLock(ctx, "attack:shortextend")
 	require.NoError(t, err)
 	lost := a.Lost()
@@ -510,8 +526,11 @@ func TestSuccessfulExtendAfterAnUndecidedShorterOne(t *testing.T) {
 	gate := redistest.NewGate(t, srv.Addr)
 	c := redis.NewClient(&redis.Options{Addr: gate.Addr, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = c.Close() })
-	la := redlease.New(single.New(c), redlease.WithTTL(3*time.Second)) // loss margin 300 ms
-	lb := redlease.New(single.New(srv.Client()), redlease.WithTTL(20*time.Second))
+	strategy, err := single.New(c)
+	require.NoError(t, err)
+	la, err := redlease.New(strategy, redlease.WithTTL(3*time.Second))
+	require.NoError(t, err) // loss margin 300 ms
+	lb := singleLocker(t, srv.Client(), redlease.WithTTL(20*time.Second))
 	a, err := la.TryLock(ctx, "attack:extendafter")
 	require.NoError(t, err)
 

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/redlease/redlease"
 )
@@ -36,7 +37,8 @@ func TestSlowObserverDoesNotDelayTheLossNotice(t *testing.T) {
 		close(o.release)
 		<-o.done
 	})
-	l := redlease.New(newFake(), redlease.WithTTL(ttl), redlease.WithObserver(o))
+	l, err := redlease.New(newFake(), redlease.WithTTL(ttl), redlease.WithObserver(o))
+	require.NoError(t, err)
 	lk, err := l.TryLock(t.Context(), "k")
 	if !assert.NoError(t, err) {
 		return

@@ -85,7 +85,7 @@ func WithTTL(ttl time.Duration) LockOption {
 // Locker's strategy. A nil Strategy is rejected.
 func WithStrategy(s Strategy) LockOption {
 	return lockOption(func(c *lockConfig) {
-		if s == nil {
+		if isNil(s) {
 			c.fail(Invalid("nil Strategy"))
 			return
 		}

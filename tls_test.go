@@ -22,7 +22,6 @@ import (
 	"github.com/redlease/redlease"
 	"github.com/redlease/redlease/internal/redistest"
 	"github.com/redlease/redlease/quorum"
-	"github.com/redlease/redlease/single"
 )
 
 // TLS is the client's business: a go-redis client with a TLSConfig works
@@ -49,21 +48,25 @@ func TestStrategiesOverTLS(t *testing.T) {
 		clients = append(clients, c)
 	}
 	ctx := t.Context()
-	lk, err := redlease.New(single.New(clients[0])).TryLock(ctx, "tls:single")
+	locker := singleLocker(t, clients[0])
+	lk, err := locker.TryLock(ctx, "tls:single")
 	require.NoError(t, err)
 	require.NoError(t, lk.Release(ctx))
 
 	q, err := quorum.New(clients, quorum.WithFencing())
 	require.NoError(t, err)
 	defer q.Close()
-	lk, err = redlease.New(q).TryLock(ctx, "tls:quorum")
+	locker2, err := redlease.New(q)
+	require.NoError(t, err)
+	lk, err = locker2.TryLock(ctx, "tls:quorum")
 	require.NoError(t, err)
 	require.NotZero(t, lk.Fence())
 	require.NoError(t, lk.Release(ctx))
 
 	plain := redis.NewClient(&redis.Options{Addr: clients[0].(*redis.Client).Options().Addr, MaxRetries: -1, DialTimeout: 200 * time.Millisecond, ReadTimeout: 200 * time.Millisecond})
 	t.Cleanup(func() { _ = plain.Close() })
-	_, err = redlease.New(single.New(plain)).TryLock(ctx, "tls:plain")
+	locker3 := singleLocker(t, plain)
+	_, err = locker3.TryLock(ctx, "tls:plain")
 	require.Error(t, err, "a client without TLS cannot talk to the TLS port")
 }
 

@@ -11,7 +11,6 @@ import (
 
 	"github.com/redlease/redlease"
 	"github.com/redlease/redlease/internal/redistest"
-	"github.com/redlease/redlease/single"
 )
 
 // Lock's wait ends (its ctx) while an attempt is on its way: the nodes'
@@ -27,9 +26,10 @@ func TestLockWaitEndingMidAttemptSaysHeld(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: gate.Addr})
 	t.Cleanup(func() { _ = c.Close() })
 	ctx := t.Context()
-	holder, err := redlease.New(single.New(srv.Client()), redlease.WithTTL(30*time.Second)).TryLock(ctx, "busy")
+	locker := singleLocker(t, srv.Client(), redlease.WithTTL(30*time.Second))
+	holder, err := locker.TryLock(ctx, "busy")
 	require.NoError(t, err)
-	l := redlease.New(single.New(c), redlease.WithTTL(30*time.Second), redlease.WithPolling())
+	l := singleLocker(t, c, redlease.WithTTL(30*time.Second), redlease.WithPolling())
 	warm, err := l.TryLock(ctx, "warm-up") // scripts loaded, a connection open
 	require.NoError(t, err)
 	require.NoError(t, warm.Release(ctx))

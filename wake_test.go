@@ -47,10 +47,14 @@ func wakeSetups(t *testing.T) []func(t *testing.T) wakeSetup {
 			}
 			switch name {
 			case "single":
-				ws.strategy = single.New(us[0])
+				s, err := single.New(us[0])
+				require.NoError(t, err)
+				ws.strategy = s
 			case "failover":
 				redistest.StartReplica(t, ws.servers[0], redistest.Config{})
-				ws.strategy = failover.New(us[0])
+				s, err := failover.New(us[0])
+				require.NoError(t, err)
+				ws.strategy = s
 			default:
 				q, err := quorum.New(us, quorum.WithNodeTimeout(500*time.Millisecond))
 				require.NoError(t, err)
@@ -76,11 +80,13 @@ func TestWaitIsBoundedByTheHoldersRemainingTTL(t *testing.T) {
 		ws := setup(t)
 		t.Run(ws.name, func(t *testing.T) {
 			ctx, key := t.Context(), "wake:ttl:"+ws.name
-			holder := redlease.New(ws.strategy, redlease.WithTTL(200*time.Millisecond))
-			_, err := holder.TryLock(ctx, key) // never released
+			holder, err := redlease.New(ws.strategy, redlease.WithTTL(200*time.Millisecond))
+			require.NoError(t, err)
+			_, err = holder.TryLock(ctx, key) // never released
 			require.NoError(t, err)
 			start := time.Now()
-			waiter := redlease.New(ws.strategy, redlease.WithTTL(time.Second), redlease.WithRetryDelay(2*time.Second, 4*time.Second))
+			waiter, err := redlease.New(ws.strategy, redlease.WithTTL(time.Second), redlease.WithRetryDelay(2*time.Second, 4*time.Second))
+			require.NoError(t, err)
 			wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 			defer cancel()
 			lk, err := waiter.Lock(wctx, key)
@@ -139,16 +145,21 @@ func TestReleaseBetweenCheckAndWaitIsHeard(t *testing.T) {
 	require.NoError(t, script.Release.Load(ctx, direct))
 	viaGate := redis.NewClient(&redis.Options{Addr: gate.Addr})
 	t.Cleanup(func() { _ = viaGate.Close() })
-	ws := single.New(viaGate)
+	ws, err := single.New(viaGate)
+	require.NoError(t, err)
 	t.Cleanup(func() { _ = ws.Close() })
-	hs := single.New(direct)
+	hs, err := single.New(direct)
+	require.NoError(t, err)
 
 	key := "wake:race"
-	holder, err := redlease.New(hs, redlease.WithTTL(30*time.Second)).TryLock(ctx, key)
+	locker, err := redlease.New(hs, redlease.WithTTL(30*time.Second))
+	require.NoError(t, err)
+	holder, err := locker.TryLock(ctx, key)
 	require.NoError(t, err)
 
 	gate.HoldReplies(script.Acquire.Hash())
-	waiter := redlease.New(ws, redlease.WithTTL(time.Second), redlease.WithRetryDelay(10*time.Second, 10*time.Second))
+	waiter, err := redlease.New(ws, redlease.WithTTL(time.Second), redlease.WithRetryDelay(10*time.Second, 10*time.Second))
+	require.NoError(t, err)
 	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	res := wakeLockIn(wctx, waiter, key)
@@ -186,9 +197,12 @@ func TestLostNoticeCostsAtMostTheTTLPlusOneBackoff(t *testing.T) {
 		ws := setup(t)
 		t.Run(ws.name+"/silent-delete", func(t *testing.T) {
 			ctx, key := t.Context(), "wake:lost:"+ws.name
-			holder, err := redlease.New(ws.strategy, redlease.WithTTL(ttl)).TryLock(ctx, key)
+			locker, err := redlease.New(ws.strategy, redlease.WithTTL(ttl))
 			require.NoError(t, err)
-			waiter := redlease.New(ws.strategy, redlease.WithTTL(time.Second), redlease.WithRetryDelay(delay, delay))
+			holder, err := locker.TryLock(ctx, key)
+			require.NoError(t, err)
+			waiter, err := redlease.New(ws.strategy, redlease.WithTTL(time.Second), redlease.WithRetryDelay(delay, delay))
+			require.NoError(t, err)
 			res := wakeLockIn(ctx, waiter, key)
 			time.Sleep(200 * time.Millisecond) // the waiter is waiting
 			start := time.Now()
@@ -203,9 +217,12 @@ func TestLostNoticeCostsAtMostTheTTLPlusOneBackoff(t *testing.T) {
 		})
 		t.Run(ws.name+"/subscription-cut", func(t *testing.T) {
 			ctx, key := t.Context(), "wake:cut:"+ws.name
-			holder, err := redlease.New(ws.strategy, redlease.WithTTL(ttl)).TryLock(ctx, key)
+			locker2, err := redlease.New(ws.strategy, redlease.WithTTL(ttl))
 			require.NoError(t, err)
-			waiter := redlease.New(ws.strategy, redlease.WithTTL(time.Second), redlease.WithRetryDelay(delay, delay))
+			holder, err := locker2.TryLock(ctx, key)
+			require.NoError(t, err)
+			waiter, err := redlease.New(ws.strategy, redlease.WithTTL(time.Second), redlease.WithRetryDelay(delay, delay))
+			require.NoError(t, err)
 			res := wakeLockIn(ctx, waiter, key)
 			time.Sleep(200 * time.Millisecond) // the waiter is subscribed and waiting
 			// Cut every subscription connection, and release before
@@ -242,9 +259,12 @@ func TestWaiterIsWokenByARelease(t *testing.T) {
 					ws.servers[len(ws.servers)-1].Pause()
 					defer ws.servers[len(ws.servers)-1].Resume()
 				}
-				holder, err := redlease.New(ws.strategy, redlease.WithTTL(30*time.Second)).TryLock(ctx, key)
+				locker, err := redlease.New(ws.strategy, redlease.WithTTL(30*time.Second))
 				require.NoError(t, err)
-				waiter := redlease.New(ws.strategy, redlease.WithTTL(time.Second), redlease.WithRetryDelay(10*time.Second, 10*time.Second))
+				holder, err := locker.TryLock(ctx, key)
+				require.NoError(t, err)
+				waiter, err := redlease.New(ws.strategy, redlease.WithTTL(time.Second), redlease.WithRetryDelay(10*time.Second, 10*time.Second))
+				require.NoError(t, err)
 				res := wakeLockIn(ctx, waiter, key)
 				time.Sleep(time.Second) // subscribed (a paused node's confirmation is waited for at most the node timeout) and waiting
 				start := time.Now()
@@ -286,8 +306,10 @@ func TestWaitersShareOneConnectionPerNode(t *testing.T) {
 		t.Run(ws.name, func(t *testing.T) {
 			ctx := t.Context()
 			const keys, perKey = 8, 6
-			hold := redlease.New(ws.strategy, redlease.WithTTL(30*time.Second))
-			waiter := redlease.New(ws.strategy, redlease.WithTTL(30*time.Second), redlease.WithRetryDelay(10*time.Second, 10*time.Second))
+			hold, err := redlease.New(ws.strategy, redlease.WithTTL(30*time.Second))
+			require.NoError(t, err)
+			waiter, err := redlease.New(ws.strategy, redlease.WithTTL(30*time.Second), redlease.WithRetryDelay(10*time.Second, 10*time.Second))
+			require.NoError(t, err)
 			holders := make([]*redlease.Lock, keys)
 			res := make([][]<-chan wakeResult, keys)
 			for k := range keys {
@@ -367,7 +389,9 @@ func TestWaiterReturnsAtItsContextAndOnClose(t *testing.T) {
 		ws := setup(t)
 		t.Run(ws.name+"/ctx", func(t *testing.T) {
 			ctx, key := t.Context(), "wake:ctx:"+ws.name
-			_, err := redlease.New(ws.strategy, redlease.WithTTL(30*time.Second)).TryLock(ctx, key)
+			locker, err := redlease.New(ws.strategy, redlease.WithTTL(30*time.Second))
+			require.NoError(t, err)
+			_, err = locker.TryLock(ctx, key)
 			require.NoError(t, err)
 			for _, srv := range ws.servers {
 				srv.Pause() // every node: nothing answers, not even the subscription
@@ -375,7 +399,9 @@ func TestWaiterReturnsAtItsContextAndOnClose(t *testing.T) {
 			wctx, cancel := context.WithTimeout(ctx, 700*time.Millisecond)
 			defer cancel()
 			start := time.Now()
-			_, err = redlease.New(ws.strategy, redlease.WithTTL(time.Second)).Lock(wctx, key)
+			locker2, err := redlease.New(ws.strategy, redlease.WithTTL(time.Second))
+			require.NoError(t, err)
+			_, err = locker2.Lock(wctx, key)
 			took := time.Since(start)
 			for _, srv := range ws.servers {
 				srv.Resume()
@@ -386,11 +412,15 @@ func TestWaiterReturnsAtItsContextAndOnClose(t *testing.T) {
 		})
 		t.Run(ws.name+"/close", func(t *testing.T) {
 			ctx, key := t.Context(), "wake:close:"+ws.name
-			_, err := redlease.New(ws.strategy, redlease.WithTTL(30*time.Second)).TryLock(ctx, key)
+			locker3, err := redlease.New(ws.strategy, redlease.WithTTL(30*time.Second))
+			require.NoError(t, err)
+			_, err = locker3.TryLock(ctx, key)
 			require.NoError(t, err)
 			wctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 			defer cancel()
-			res := wakeLockIn(wctx, redlease.New(ws.strategy, redlease.WithTTL(time.Second), redlease.WithRetryDelay(100*time.Millisecond, 100*time.Millisecond)), key)
+			locker4, err := redlease.New(ws.strategy, redlease.WithTTL(time.Second), redlease.WithRetryDelay(100*time.Millisecond, 100*time.Millisecond))
+			require.NoError(t, err)
+			res := wakeLockIn(wctx, locker4, key)
 			time.Sleep(300 * time.Millisecond)
 			require.Equal(t, len(ws.clients), wake.Hubs())
 			start := time.Now()
@@ -409,9 +439,12 @@ func TestWaiterReturnsAtItsContextAndOnClose(t *testing.T) {
 func TestWithPollingDoesNotSubscribe(t *testing.T) {
 	ws := wakeSetups(t)[0](t)
 	ctx, key := t.Context(), "wake:polling"
-	holder, err := redlease.New(ws.strategy, redlease.WithTTL(30*time.Second)).TryLock(ctx, key)
+	locker, err := redlease.New(ws.strategy, redlease.WithTTL(30*time.Second))
 	require.NoError(t, err)
-	waiter := redlease.New(ws.strategy, redlease.WithTTL(time.Second), redlease.WithRetryDelay(300*time.Millisecond, 300*time.Millisecond), redlease.WithPolling())
+	holder, err := locker.TryLock(ctx, key)
+	require.NoError(t, err)
+	waiter, err := redlease.New(ws.strategy, redlease.WithTTL(time.Second), redlease.WithRetryDelay(300*time.Millisecond, 300*time.Millisecond), redlease.WithPolling())
+	require.NoError(t, err)
 	res := wakeLockIn(ctx, waiter, key)
 	time.Sleep(200 * time.Millisecond)
 	require.Equal(t, 0, pubsubConns(t, ws.clients[0]), "no subscription connection")

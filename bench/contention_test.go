@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/go-redsync/redsync/v4"
+	"github.com/stretchr/testify/require"
 
 	"github.com/redlease/redlease"
 	"github.com/redlease/redlease/quorum"
@@ -66,7 +67,8 @@ func BenchmarkContention(b *testing.B) {
 		fair bool
 	}{{"redlease", true}, {"redlease-unfair", false}} {
 		b.Run("lib="+lib.name+"/"+name, func(b *testing.B) {
-			locker := redlease.New(ours, redlease.WithTTL(quorumTTL), redlease.WithFairness(lib.fair))
+			locker, err := redlease.New(ours, redlease.WithTTL(quorumTTL), redlease.WithFairness(lib.fair))
+			require.NoError(b, err)
 			contend(b, addrs, true, rtt(b), func(g int, key string) cycle {
 				return func(ctx context.Context, obtained func()) (bool, error) {
 					lk, err := locker.Lock(ctx, key)
@@ -110,7 +112,8 @@ func BenchmarkContention(b *testing.B) {
 // on s (each released outside the timing): the floor's round trip.
 func acquireRTT(b *testing.B, s redlease.Strategy) time.Duration {
 	b.Helper()
-	locker := redlease.New(s, redlease.WithTTL(quorumTTL))
+	locker, err := redlease.New(s, redlease.WithTTL(quorumTTL))
+	require.NoError(b, err)
 	key := keyFor(b, "rtt")
 	per := make([]time.Duration, 21)
 	for i := range per {

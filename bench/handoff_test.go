@@ -9,6 +9,7 @@ import (
 
 	"github.com/bsm/redislock"
 	"github.com/go-redsync/redsync/v4"
+	"github.com/stretchr/testify/require"
 
 	"github.com/redlease/redlease"
 	"github.com/redlease/redlease/quorum"
@@ -48,7 +49,8 @@ type grab func(ctx context.Context) (release func(context.Context) error, err er
 func BenchmarkHandoff(b *testing.B) {
 	addrs := nodes(b, 5)
 	cs := clients(b, addrs)
-	one := single.New(cs[0], single.WithoutFencing())
+	one, err := single.New(cs[0], single.WithoutFencing())
+	require.NoError(b, err)
 	b.Cleanup(func() { _ = one.Close() })
 	q := newQuorum(b, cs, quorum.WithoutFencing())
 	rs1, rs5 := redsync.New(pools(cs[:1])...), redsync.New(pools(cs)...)
@@ -57,7 +59,8 @@ func BenchmarkHandoff(b *testing.B) {
 
 	redleaseGrab := func(s redlease.Strategy) func(b *testing.B) {
 		return func(b *testing.B) {
-			l := redlease.New(s, redlease.WithTTL(handoffTTL))
+			l, err := redlease.New(s, redlease.WithTTL(handoffTTL))
+			require.NoError(b, err)
 			key := keyFor(b)
 			handoff(b, ping, func(ctx context.Context) (func(context.Context) error, error) {
 				lk, err := l.Lock(ctx, key)

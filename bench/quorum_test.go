@@ -10,6 +10,7 @@ import (
 
 	"github.com/go-redsync/redsync/v4"
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
 
 	"github.com/redlease/redlease"
 	"github.com/redlease/redlease/quorum"
@@ -140,7 +141,8 @@ func parallelism() int {
 
 // redleaseSeq: TryLock then Release of one key, b.N times.
 func redleaseSeq(b *testing.B, s redlease.Strategy) {
-	locker := redlease.New(s, redlease.WithTTL(quorumTTL))
+	locker, err := redlease.New(s, redlease.WithTTL(quorumTTL))
+	require.NoError(b, err)
 	key := keyFor(b)
 	per := make([]time.Duration, 0, b.N)
 	b.ReportAllocs()
@@ -185,7 +187,8 @@ func redsyncSeq(b *testing.B, rs *redsync.Redsync, opts ...redsync.Option) {
 // redleasePar: the same from parallelGoroutines goroutines, each on its own
 // key, sharing one Locker (it is safe for concurrent use).
 func redleasePar(b *testing.B, s redlease.Strategy) {
-	locker := redlease.New(s, redlease.WithTTL(quorumTTL))
+	locker, err := redlease.New(s, redlease.WithTTL(quorumTTL))
+	require.NoError(b, err)
 	var id atomic.Int64
 	b.SetParallelism(parallelism())
 	b.ReportAllocs()

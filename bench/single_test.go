@@ -8,6 +8,7 @@ import (
 
 	"github.com/bsm/redislock"
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
 
 	"github.com/redlease/redlease"
 	"github.com/redlease/redlease/single"
@@ -31,7 +32,8 @@ func BenchmarkSingle(b *testing.B) {
 
 	redleaseOne := func(s redlease.Strategy) func(b *testing.B) {
 		return func(b *testing.B) {
-			locker := redlease.New(s, redlease.WithTTL(singleTTL))
+			locker, err := redlease.New(s, redlease.WithTTL(singleTTL))
+			require.NoError(b, err)
 			key := keyFor(b)
 			b.ReportAllocs()
 			b.ResetTimer()
@@ -46,8 +48,12 @@ func BenchmarkSingle(b *testing.B) {
 			}
 		}
 	}
-	b.Run("lib=redlease", redleaseOne(single.New(c)))
-	b.Run("lib=redlease-nofence", redleaseOne(single.New(c, single.WithoutFencing())))
+	strategy, err := single.New(c)
+	require.NoError(b, err)
+	b.Run("lib=redlease", redleaseOne(strategy))
+	strategy2, err := single.New(c, single.WithoutFencing())
+	require.NoError(b, err)
+	b.Run("lib=redlease-nofence", redleaseOne(strategy2))
 
 	b.Run("lib=redislock", func(b *testing.B) {
 		rl := redislock.New(c)

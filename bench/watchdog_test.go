@@ -10,6 +10,7 @@ import (
 
 	"github.com/go-redsync/redsync/v4"
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
 
 	"github.com/redlease/redlease"
 	"github.com/redlease/redlease/quorum"
@@ -47,12 +48,17 @@ func BenchmarkWatchdog(b *testing.B) {
 	cs := clients(b, addrs)
 	q := countRoundTrips(cs)
 	s := newQuorum(b, cs, quorum.WithNodeTimeout(tickNodeTimeout))
-	locker := redlease.New(s, redlease.WithTTL(watchdogTTL))
-	unbatched := redlease.New(hideBatch{s}, redlease.WithTTL(watchdogTTL))
+	locker, err := redlease.New(s, redlease.WithTTL(watchdogTTL))
+	require.NoError(b, err)
+	unbatched, err := redlease.New(hideBatch{s}, redlease.WithTTL(watchdogTTL))
+	require.NoError(b, err)
 	peer := redsync.New(pools(cs)...)
 	one := clients(b, addrs[:1])
 	q1 := countRoundTrips(one)
-	lockerOne := redlease.New(single.New(one[0]), redlease.WithTTL(watchdogTTL))
+	strategy, err := single.New(one[0])
+	require.NoError(b, err)
+	lockerOne, err := redlease.New(strategy, redlease.WithTTL(watchdogTTL))
+	require.NoError(b, err)
 
 	key := func(kind string, i int) string { return fmt.Sprintf("bench:%s:watchdog:%s:%d", runID, kind, i) }
 	const most = 100_000

@@ -17,6 +17,7 @@ import (
 	"github.com/redlease/redlease/failover"
 	"github.com/redlease/redlease/idempotency"
 	"github.com/redlease/redlease/internal/redistest"
+	"github.com/stretchr/testify/require"
 )
 
 // 15. The idempotency barrier under client retries and a Sentinel failover
@@ -32,7 +33,9 @@ func TestScenario15IdempotencyUnderRetriesAndFailover(t *testing.T) {
 			ctx := t.Context()
 			g := StartSentinelGroup(t, "s15", time.Second)
 			client := g.Client(t)
-			b, err := idempotency.New(client, idempotency.WithStrategy(failover.New(client)),
+			strategy2, err := failover.New(client)
+			require.NoError(t, err)
+			b, err := idempotency.New(client, idempotency.WithStrategy(strategy2),
 				idempotency.WithLease(2*time.Second), idempotency.WithRetention(time.Minute))
 			if err != nil {
 				t.Fatal(err)

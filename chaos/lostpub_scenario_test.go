@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
 
 	"github.com/redlease/redlease"
 	"github.com/redlease/redlease/internal/redistest"
@@ -179,7 +180,11 @@ func lostNotice(t *testing.T, rec *Recorder, strat string) facts {
 	}
 	hcs := env.ns.Clients("h")
 	if n == 1 {
-		env.holder, env.waiter = single.New(hcs[0]), single.New(wcs[0])
+		strategy, err := single.New(hcs[0])
+		require.NoError(t, err)
+		strategy2, err := single.New(wcs[0])
+		require.NoError(t, err)
+		env.holder, env.waiter = strategy, strategy2
 	} else {
 		env.holder, _ = quorumLocker(t, hcs, time.Second)
 		env.waiter, _ = quorumLocker(t, wcs, time.Second)
@@ -214,7 +219,8 @@ func lostNotice(t *testing.T, rec *Recorder, strat string) facts {
 // the violations of the mode's claims.
 func lostNoticeRound(ctx context.Context, t *testing.T, rec *Recorder, env *lpEnv, cfg lpConfig, mode, key string) (string, []string) {
 	t.Helper()
-	holder := redlease.New(env.holder, redlease.WithTTL(cfg.ttl), redlease.WithPrefix("chaos:"))
+	holder, err := redlease.New(env.holder, redlease.WithTTL(cfg.ttl), redlease.WithPrefix("chaos:"))
+	require.NoError(t, err)
 	hl, err := holder.TryLock(ctx, key)
 	if err != nil {
 		t.Fatalf("%s: holder: %v", key, err)
@@ -225,8 +231,9 @@ func lostNoticeRound(ctx context.Context, t *testing.T, rec *Recorder, env *lpEn
 	_, _ = reg.Write(ctx, "holder", hl.Fence(), 1)
 
 	attempts := newAttemptLog()
-	waiter := redlease.New(env.waiter, redlease.WithTTL(time.Second), redlease.WithRetryDelay(cfg.backoff, cfg.backoff),
+	waiter, err := redlease.New(env.waiter, redlease.WithTTL(time.Second), redlease.WithRetryDelay(cfg.backoff, cfg.backoff),
 		redlease.WithObserver(attempts), redlease.WithPrefix("chaos:"))
+	require.NoError(t, err)
 	wctx, cancel := context.WithTimeout(ctx, cfg.ttl+cfg.backoff+10*time.Second)
 	defer cancel()
 	type outcome struct {

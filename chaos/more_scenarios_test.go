@@ -8,6 +8,7 @@ import (
 	"github.com/redlease/redlease"
 	"github.com/redlease/redlease/internal/redistest"
 	"github.com/redlease/redlease/quorum"
+	"github.com/stretchr/testify/require"
 )
 
 // 10. Per-client partition: group X reaches nodes {0,1}, group Y reaches
@@ -102,7 +103,8 @@ func TestScenario12WatchdogOnDegradedLinks(t *testing.T) {
 			const ttl = 600 * time.Millisecond
 			wd := watchdog(t)
 			sa, _ := quorumLocker(t, ns.Clients("a"), ttl)
-			la := redlease.New(sa, redlease.WithTTL(ttl), redlease.WithKeeper(wd), redlease.WithPrefix("chaos:"))
+			la, err := redlease.New(sa, redlease.WithTTL(ttl), redlease.WithKeeper(wd), redlease.WithPrefix("chaos:"))
+			require.NoError(t, err)
 			_, lb := quorumLocker(t, ns.Clients("b"), ttl)
 			reg := storage(t, rec, "s12")
 			end := fault(rec, "a: latency+jitter+slicer")
@@ -230,7 +232,8 @@ func TestScenario14SlowClientClock(t *testing.T) {
 			const ttl = 600 * time.Millisecond
 			slow := rateClock{start: time.Now(), rate: 0.5}
 			sa, _ := quorumLocker(t, ns.Clients("a"), ttl, quorum.WithClock(slow))
-			la := redlease.New(sa, redlease.WithTTL(ttl), redlease.WithPrefix("chaos:"), redlease.WithClock(slow))
+			la, err := redlease.New(sa, redlease.WithTTL(ttl), redlease.WithPrefix("chaos:"), redlease.WithClock(slow))
+			require.NoError(t, err)
 			_, lb := quorumLocker(t, ns.Clients("b"), ttl)
 			reg := storage(t, rec, "s14")
 			a, err := la.TryLock(ctx, "s14")

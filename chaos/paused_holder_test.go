@@ -51,7 +51,12 @@ func runHolderProcess() int {
 	}
 	defer s.Close()
 	ctx := context.Background()
-	lk, err := redlease.New(s, redlease.WithTTL(ttl), redlease.WithPrefix("chaos:")).TryLock(ctx, env("KEY"))
+	locker, err := redlease.New(s, redlease.WithTTL(ttl), redlease.WithPrefix("chaos:"))
+	if err != nil {
+		fmt.Println("ERROR", err)
+		return 1
+	}
+	lk, err := locker.TryLock(ctx, env("KEY"))
 	if err != nil {
 		fmt.Println("ERROR", err)
 		return 1

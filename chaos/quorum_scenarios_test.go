@@ -10,6 +10,7 @@ import (
 	"github.com/redlease/redlease"
 	"github.com/redlease/redlease/internal/redistest"
 	"github.com/redlease/redlease/quorum"
+	"github.com/stretchr/testify/require"
 )
 
 // 1. A minority of nodes is killed while acquisitions are in flight (their
@@ -55,7 +56,8 @@ func TestScenario02QuorumMajoritySilentWhileHeld(t *testing.T) {
 			const ttl = time.Second
 			w := watchdog(t)
 			sa, _ := quorumLocker(t, ns.Clients("a"), ttl)
-			la := redlease.New(sa, redlease.WithTTL(ttl), redlease.WithKeeper(w), redlease.WithPrefix("chaos:"))
+			la, err := redlease.New(sa, redlease.WithTTL(ttl), redlease.WithKeeper(w), redlease.WithPrefix("chaos:"))
+			require.NoError(t, err)
 			_, lb := quorumLocker(t, ns.Clients("b"), ttl)
 			reg := storage(t, rec, "s02")
 
@@ -81,7 +83,7 @@ func TestScenario02QuorumMajoritySilentWhileHeld(t *testing.T) {
 			sleep(ctx, 300*time.Millisecond)
 			end := fault(rec, "a→{0,1,2} silent")
 			ns.Silence("a", 0, 1, 2)
-			err := <-aDone
+			err = <-aDone
 			sleep(ctx, 1500*time.Millisecond)
 			close(stop)
 			<-bDone

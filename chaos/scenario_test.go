@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
 	"github.com/redlease/redlease"
@@ -137,8 +138,10 @@ func quorumLocker(t *testing.T, clients []redis.UniversalClient, ttl time.Durati
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = s.Close() })
-	return s, redlease.New(s, redlease.WithTTL(ttl), redlease.WithRetryDelay(2*time.Millisecond, 20*time.Millisecond),
+	locker, err := redlease.New(s, redlease.WithTTL(ttl), redlease.WithRetryDelay(2*time.Millisecond, 20*time.Millisecond),
 		redlease.WithPrefix("chaos:"))
+	require.NoError(t, err)
+	return s, locker
 }
 
 func watchdog(t *testing.T) *renew.Watchdog {
@@ -147,7 +150,7 @@ func watchdog(t *testing.T) *renew.Watchdog {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(w.Stop)
+	t.Cleanup(func() { w.Close() })
 	return w
 }
 

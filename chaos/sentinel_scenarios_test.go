@@ -8,14 +8,27 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/redlease/redlease"
 	"github.com/redlease/redlease/failover"
 	"github.com/redlease/redlease/internal/redistest"
 	"github.com/redlease/redlease/single"
+	"github.com/stretchr/testify/require"
 )
 
 // sentinelHazard is what single and failover on one primary cannot promise.
 const sentinelHazard = "asynchronous replication: a failover can promote a replica that never received the lock"
+
+// sentinelLocker is a Locker on the single strategy over c with the
+// scenarios' prefix and ttl; a constructor's error fails t.
+func sentinelLocker(t *testing.T, c redis.UniversalClient, ttl time.Duration, opts ...redlease.Option) *redlease.Locker {
+	t.Helper()
+	s, err := single.New(c)
+	require.NoError(t, err)
+	l, err := redlease.New(s, append([]redlease.Option{redlease.WithTTL(ttl), redlease.WithPrefix("chaos:")}, opts...)...)
+	require.NoError(t, err)
+	return l
+}
 
 // holdUntilLost takes key through locker (kept by its watchdog) and holds it
 // until it is lost or patience runs out, recording the hold and one register
@@ -71,8 +84,8 @@ func singleFailover(t *testing.T, kill bool) {
 			reg := storage(t, rec, "sentinel")
 			w := watchdog(t)
 			const ttl = 10 * time.Second // longer than a failover: A is still valid when B gets in
-			la := redlease.New(single.New(g.Client(t)), redlease.WithTTL(ttl), redlease.WithKeeper(w), redlease.WithPrefix("chaos:"))
-			lb := redlease.New(single.New(g.Client(t)), redlease.WithTTL(ttl), redlease.WithPrefix("chaos:"),
+			la := sentinelLocker(t, g.Client(t), ttl, redlease.WithKeeper(w))
+			lb := sentinelLocker(t, g.Client(t), ttl,
 				redlease.WithRetryDelay(5*time.Millisecond, 50*time.Millisecond))
 			old, err := g.PrimaryAddr(ctx, t)
 			if err != nil {
@@ -129,8 +142,8 @@ func TestScenario07CoordinatedFailoverKeepsTheLock(t *testing.T) {
 			reg := storage(t, rec, "s07")
 			w := watchdog(t)
 			const ttl = 2 * time.Second
-			la := redlease.New(single.New(primary.Client()), redlease.WithTTL(ttl), redlease.WithKeeper(w), redlease.WithPrefix("chaos:"))
-			lb := redlease.New(single.New(replica.Client()), redlease.WithTTL(ttl), redlease.WithPrefix("chaos:"))
+			la := sentinelLocker(t, primary.Client(), ttl, redlease.WithKeeper(w))
+			lb := sentinelLocker(t, replica.Client(), ttl)
 
 			granted, aDone := holdUntilLost(ctx, t, rec, reg, la, "a", "s07", 5*time.Second)
 			a := <-granted
@@ -180,8 +193,12 @@ func TestScenario08FailoverStrategyRefusesUnreplicatedGrants(t *testing.T) {
 					reg := storage(t, rec, "s08")
 					const ttl = 3 * time.Second
 					mk := func() *redlease.Locker {
-						return redlease.New(failover.New(g.Client(t), failover.WithWaitTimeout(50*time.Millisecond)),
+						strategy2, err := failover.New(g.Client(t), failover.WithWaitTimeout(50*time.Millisecond))
+						require.NoError(t, err)
+						locker, err := redlease.New(strategy2,
 							redlease.WithTTL(ttl), redlease.WithPrefix("chaos:"), redlease.WithRetryDelay(5*time.Millisecond, 50*time.Millisecond))
+						require.NoError(t, err)
+						return locker
 					}
 					la, lb := mk(), mk()
 					old, err := g.PrimaryAddr(ctx, t)
@@ -215,7 +232,7 @@ func TestScenario08FailoverStrategyRefusesUnreplicatedGrants(t *testing.T) {
 					g.Link.Heal()
 					endLink()
 					var violations []string
-					if refused != nil && !errors.Is(refused, redlease.ErrNotReplicated) {
+					if refused != nil && !errors.Is(refused, failover.ErrNotReplicated) {
 						violations = append(violations, "refusal is not ErrNotReplicated: "+refused.Error())
 					}
 					return facts{violations: violations, notes: []string{
@@ -244,8 +261,8 @@ func TestScenario06SplitBrain(t *testing.T) {
 			const ttl = 6 * time.Second
 			// A talks to the old primary directly, as a client on its side of
 			// the partition would.
-			la := redlease.New(single.New(g.Primary.Client()), redlease.WithTTL(ttl), redlease.WithKeeper(w), redlease.WithPrefix("chaos:"))
-			lb := redlease.New(single.New(g.Client(t)), redlease.WithTTL(ttl), redlease.WithPrefix("chaos:"),
+			la := sentinelLocker(t, g.Primary.Client(), ttl, redlease.WithKeeper(w))
+			lb := sentinelLocker(t, g.Client(t), ttl,
 				redlease.WithRetryDelay(5*time.Millisecond, 50*time.Millisecond))
 			old, err := g.PrimaryAddr(ctx, t)
 			if err != nil {

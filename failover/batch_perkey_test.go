@@ -23,7 +23,8 @@ func TestExtendBatchWrongTypeKeyWithReplica(t *testing.T) {
 	primary := redistest.Start(t, redistest.Config{})
 	replica := redistest.StartReplica(t, primary, redistest.Config{})
 	c := primary.Client()
-	s := failover.New(c, failover.WithWaitTimeout(200*time.Millisecond))
+	s, err := failover.New(c, failover.WithWaitTimeout(200*time.Millisecond))
+	require.NoError(t, err)
 
 	items := make([]redlease.Extension, 20)
 	for i := range items {
@@ -58,7 +59,7 @@ func TestExtendBatchWrongTypeKeyWithReplica(t *testing.T) {
 	for i, r := range out {
 		if i != bad {
 			assert.ErrorIs(t, r.Err, redlease.ErrUnavailable, "item %d: extended, not acknowledged", i)
-			assert.ErrorIs(t, r.Err, redlease.ErrNotReplicated, "item %d", i)
+			assert.ErrorIs(t, r.Err, failover.ErrNotReplicated, "item %d", i)
 			assert.NotErrorIs(t, r.Err, redlease.ErrNotHeld, "item %d", i)
 		}
 	}

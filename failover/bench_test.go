@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
 
 	"github.com/redlease/redlease"
 	"github.com/redlease/redlease/failover"
@@ -23,7 +24,8 @@ func BenchmarkAcquireRelease(b *testing.B) {
 	ctx := context.Background()
 	run := func(name string, s redlease.Strategy) {
 		b.Run(name, func(b *testing.B) {
-			locker := redlease.New(s, redlease.WithTTL(10*time.Second))
+			locker, err := redlease.New(s, redlease.WithTTL(10*time.Second))
+			require.NoError(b, err)
 			key := b.Name()
 			b.ReportAllocs()
 			b.ResetTimer()
@@ -38,6 +40,10 @@ func BenchmarkAcquireRelease(b *testing.B) {
 			}
 		})
 	}
-	run("strategy=single", single.New(c))
-	run("strategy=failover", failover.New(redis.UniversalClient(c)))
+	strategy, err := single.New(c)
+	require.NoError(b, err)
+	run("strategy=single", strategy)
+	strategy2, err := failover.New(redis.UniversalClient(c))
+	require.NoError(b, err)
+	run("strategy=failover", strategy2)
 }

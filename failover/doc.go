@@ -7,7 +7,7 @@
 // same connection (one round trip), by WAIT n timeout. A grant stands only if
 // at least n replicas acknowledged it (WithReplicas, default 1); otherwise
 // the key is released again and the caller gets an error that errors.Is
-// redlease.ErrNotObtained and redlease.ErrNotReplicated. A fence is INCRed in
+// redlease.ErrNotObtained and ErrNotReplicated. A fence is INCRed in
 // the same script before the WAIT, so a failover that WAIT covered keeps the
 // fence counter, and the next holder's fence is higher.
 //
@@ -28,7 +28,7 @@
 // name on every Sentinel it is given, and polls them as a backstop. When the
 // primary moves, every lock the strategy granted and that is still held is
 // marked lost (Lost closes, Locker.Do cancels its function) with a cause
-// that errors.Is redlease.ErrFailover. Use it with redis.NewFailoverClient,
+// that errors.Is ErrFailover. Use it with redis.NewFailoverClient,
 // which follows the primary on its own.
 //
 // # Assumptions

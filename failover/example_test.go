@@ -27,11 +27,17 @@ func Example() {
 	client := redis.NewClient(&redis.Options{Addr: m.Addr()})
 	defer client.Close()
 
-	s := failover.New(client, failover.WithReplicas(1), failover.WithWaitTimeout(50*time.Millisecond))
-	locker := redlease.New(s)
+	s, err := failover.New(client, failover.WithReplicas(1), failover.WithWaitTimeout(50*time.Millisecond))
+	if err != nil {
+		panic(err)
+	}
+	locker, err := redlease.New(s)
+	if err != nil {
+		panic(err)
+	}
 	_, err = locker.TryLock(ctx, "payout:7")
 	fmt.Println("obtained:", err == nil)
-	fmt.Println("not replicated:", errors.Is(err, redlease.ErrNotReplicated))
+	fmt.Println("not replicated:", errors.Is(err, failover.ErrNotReplicated))
 	exists, _ := client.Exists(ctx, "payout:7").Result()
 	fmt.Println("keys left behind:", exists)
 	// Output:

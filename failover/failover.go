@@ -8,7 +8,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/redlease/redlease"
-	"github.com/redlease/redlease/internal/drift"
 	"github.com/redlease/redlease/internal/primary"
 )
 
@@ -82,30 +81,26 @@ func WithDriftFactor(factor float64) Option { return optionFunc(primary.DriftFac
 
 // New returns a Strategy on client: a standalone client or, usually, one
 // from redis.NewFailoverClient. A Cluster client is rejected, since WAIT
-// must run on the connection that wrote. New does not fail: a rejected
-// argument makes every call return an error that errors.Is
+// must run on the connection that wrote. A nil or Cluster client, or a
+// rejected option, is returned as an error that errors.Is
 // redlease.ErrInvalid.
-func New(client redis.UniversalClient, opts ...Option) *Strategy {
-	cfg := primary.Config{Fencing: true, DriftFactor: drift.DefaultFactor, Replicas: DefaultReplicas, WaitTimeout: DefaultWaitTimeout}
-	var err error
-	for _, o := range opts {
-		if o == nil {
-			continue
-		}
-		if err = o.apply(&cfg); err != nil {
-			break
-		}
+func New(client redis.UniversalClient, opts ...Option) (*Strategy, error) {
+	if cc, ok := client.(*redis.ClusterClient); ok && cc != nil {
+		return nil, redlease.Invalid("failover: a Cluster client cannot WAIT on the connection that wrote; use single")
 	}
-	if _, ok := client.(*redis.ClusterClient); ok && err == nil {
-		err = redlease.Invalid("failover: a Cluster client cannot WAIT on the connection that wrote; use single")
+	cfg := primary.Defaults()
+	cfg.Replicas, cfg.WaitTimeout = DefaultReplicas, DefaultWaitTimeout
+	p, err := primary.New(client, cfg, opts, Option.apply)
+	if err != nil {
+		return nil, err
 	}
-	return &Strategy{p: primary.New(client, cfg, err), granted: map[grant]func(error){}}
+	return &Strategy{p: p, granted: map[grant]func(error){}}, nil
 }
 
 // Acquire takes key with SET NX PX (and the fence INCR) followed by WAIT in
 // the same pipeline, one round trip. If fewer replicas than required
 // acknowledged, the key is released again and the error errors.Is both
-// redlease.ErrNotObtained and redlease.ErrNotReplicated.
+// redlease.ErrNotObtained and ErrNotReplicated.
 func (s *Strategy) Acquire(ctx context.Context, key, token string, ttl time.Duration) (redlease.Grant, error) {
 	return s.p.Acquire(ctx, key, token, ttl)
 }

@@ -52,7 +52,8 @@ func startGroup(t *testing.T) *group {
 
 func TestContract(t *testing.T) {
 	g := startGroup(t)
-	s := failover.New(g.client)
+	s, err := failover.New(g.client)
+	require.NoError(t, err)
 	contract.Run(t, func(t *testing.T) contract.Setup {
 		return contract.Setup{Strategy: s, Nodes: []redis.UniversalClient{g.client}, Quorum: 1, Fencing: true}
 	})
@@ -64,17 +65,24 @@ func TestRejectsBadInput(t *testing.T) {
 	t.Cleanup(func() { _ = c.Close() })
 	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}})
 	t.Cleanup(func() { _ = cc.Close() })
-	for name, s := range map[string]*failover.Strategy{
-		"nil client":      failover.New(nil),
-		"zero replicas":   failover.New(c, failover.WithReplicas(0)),
-		"zero wait":       failover.New(c, failover.WithWaitTimeout(0)),
-		"cluster client":  failover.New(cc),
-		"drift factor -1": failover.New(c, failover.WithDriftFactor(-1)),
+	for name, tc := range map[string]struct {
+		client redis.UniversalClient
+		opts   []failover.Option
+	}{
+		"nil client":      {nil, nil},
+		"typed nil":       {(*redis.Client)(nil), nil},
+		"zero replicas":   {c, []failover.Option{failover.WithReplicas(0)}},
+		"zero wait":       {c, []failover.Option{failover.WithWaitTimeout(0)}},
+		"cluster client":  {cc, nil},
+		"drift factor -1": {c, []failover.Option{failover.WithDriftFactor(-1)}},
 	} {
-		_, err := s.Acquire(ctx, "k", "t", time.Second)
+		s, err := failover.New(tc.client, tc.opts...)
 		assert.ErrorIs(t, err, redlease.ErrInvalid, name)
+		assert.Nil(t, s, name)
 	}
-	_, err := failover.Watch(ctx, failover.New(c), "", 0)
+	strategy, err := failover.New(c)
+	require.NoError(t, err)
+	_, err = failover.Watch(ctx, strategy, "", 0)
 	assert.ErrorIs(t, err, redlease.ErrInvalid)
 }
 
@@ -82,14 +90,15 @@ func TestRejectsBadInput(t *testing.T) {
 // instead of granting a lock only the primary has, and leave no key.
 func TestUnacknowledgedGrantIsRefused(t *testing.T) {
 	g := startGroup(t)
-	s := failover.New(g.client, failover.WithWaitTimeout(100*time.Millisecond))
+	s, err := failover.New(g.client, failover.WithWaitTimeout(100*time.Millisecond))
+	require.NoError(t, err)
 	ctx, key := t.Context(), contract.Key(t)
 
 	g.replica.Pause()
 	t.Cleanup(g.replica.Resume)
-	_, err := s.Acquire(ctx, key, "tok", 5*time.Second)
+	_, err = s.Acquire(ctx, key, "tok", 5*time.Second)
 	require.ErrorIs(t, err, redlease.ErrNotObtained)
-	assert.ErrorIs(t, err, redlease.ErrNotReplicated)
+	assert.ErrorIs(t, err, failover.ErrNotReplicated)
 	n, err := g.client.Exists(ctx, key).Result()
 	require.NoError(t, err)
 	assert.Zero(t, n, "the unacknowledged grant must be undone")
@@ -104,10 +113,11 @@ func TestUnacknowledgedGrantIsRefused(t *testing.T) {
 // (the fence counter was replicated under WAIT).
 func TestFailoverRevokesHoldersAndFencesRise(t *testing.T) {
 	g := startGroup(t)
-	s := failover.New(g.client)
+	s, err := failover.New(g.client)
+	require.NoError(t, err)
 	w, err := renew.New()
 	require.NoError(t, err)
-	t.Cleanup(w.Stop)
+	t.Cleanup(func() { w.Close() })
 	sc := g.sentinels[0].Client(t)
 	scs := []*redis.SentinelClient{sc, g.sentinels[1].Client(t), g.sentinels[2].Client(t)}
 	watcher, err := failover.Watch(t.Context(), s, master, 100*time.Millisecond, scs...)
@@ -115,7 +125,8 @@ func TestFailoverRevokesHoldersAndFencesRise(t *testing.T) {
 	t.Cleanup(func() { _ = watcher.Close() })
 	old := watcher.Primary()
 
-	locker := redlease.New(s, redlease.WithTTL(10*time.Second), redlease.WithKeeper(w))
+	locker, err := redlease.New(s, redlease.WithTTL(10*time.Second), redlease.WithKeeper(w))
+	require.NoError(t, err)
 	ctx, key := t.Context(), contract.Key(t)
 	a, err := locker.TryLock(ctx, key)
 	require.NoError(t, err)
@@ -138,7 +149,7 @@ func TestFailoverRevokesHoldersAndFencesRise(t *testing.T) {
 	case <-time.After(time.Second):
 		t.Fatal("Lost did not close within a second of the failover")
 	}
-	assert.ErrorIs(t, a.Err(), redlease.ErrFailover)
+	assert.ErrorIs(t, a.Err(), failover.ErrFailover)
 	assert.Equal(t, 1, watcher.Revoked())
 
 	// The old holder lets go on the new primary; the next holder needs the

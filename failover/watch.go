@@ -89,7 +89,7 @@ type report struct {
 // DefaultPollInterval. Close stops it.
 //
 // On a failover every lock the strategy granted and that is still held is
-// marked lost, with a cause that errors.Is redlease.ErrFailover: its Lost
+// marked lost, with a cause that errors.Is ErrFailover: its Lost
 // closes and Locker.Do cancels its function. That is conservative: a lock
 // the new primary did receive (WAIT covered it) is revoked too, and its
 // holder must take it again; the key itself stays until it is released or
@@ -379,7 +379,7 @@ func (w *Watcher) onSwitch(payload string) {
 }
 
 func (w *Watcher) revoke(addr string) {
-	n := w.s.RevokeAll(fmt.Errorf("%w: %s now at %s", redlease.ErrFailover, w.master, addr))
+	n := w.s.RevokeAll(fmt.Errorf("%w: %s now at %s", ErrFailover, w.master, addr))
 	w.mu.Lock()
 	w.revoked += n
 	w.mu.Unlock()

@@ -43,8 +43,9 @@ func heldLock(t *testing.T, s *failover.Strategy) *redlease.Lock {
 	t.Helper()
 	w, err := renew.New()
 	require.NoError(t, err)
-	t.Cleanup(w.Stop)
-	locker := redlease.New(s, redlease.WithTTL(10*time.Second), redlease.WithKeeper(w))
+	t.Cleanup(func() { w.Close() })
+	locker, err := redlease.New(s, redlease.WithTTL(10*time.Second), redlease.WithKeeper(w))
+	require.NoError(t, err)
 	lk, err := locker.TryLock(t.Context(), contract.Key(t))
 	require.NoError(t, err)
 	return lk
@@ -87,7 +88,7 @@ func revokeWithin(t *testing.T, lk *redlease.Lock, moved time.Time, d time.Durat
 	case <-time.After(time.Until(moved.Add(d))):
 		t.Fatalf("lock not revoked %v after Sentinel named the new primary, %s", d, what)
 	}
-	assert.ErrorIs(t, lk.Err(), redlease.ErrFailover)
+	assert.ErrorIs(t, lk.Err(), failover.ErrFailover)
 }
 
 // closePromptly closes w and fails the test if that takes longer than d.
@@ -118,7 +119,8 @@ func TestWatchSeesFailoverWhileOneSentinelHangs(t *testing.T) {
 			proxies, clients := proxiedSentinels(t, g)
 			direct := g.sentinels[1].Client(t)
 			old := primaryOf(t, direct)
-			s := failover.New(g.client)
+			s, err := failover.New(g.client)
+			require.NoError(t, err)
 
 			proxies[1].Cut()
 			proxies[2].Cut()
@@ -152,7 +154,8 @@ func TestWatchStartsWhileOneSentinelHangs(t *testing.T) {
 	proxies, clients := proxiedSentinels(t, g)
 	direct := g.sentinels[1].Client(t)
 	old := primaryOf(t, direct)
-	s := failover.New(g.client)
+	s, err := failover.New(g.client)
+	require.NoError(t, err)
 
 	proxies[0].BlackHole("hung")
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
@@ -198,7 +201,8 @@ func TestWatchResubscribes(t *testing.T) {
 		direct[i] = sn.Client(t)
 	}
 	old := primaryOf(t, direct[1])
-	s := failover.New(g.client)
+	s, err := failover.New(g.client)
+	require.NoError(t, err)
 
 	proxies[1].Cut()
 	proxies[2].Cut()

@@ -271,13 +271,21 @@ func New(store redis.UniversalClient, opts ...Option) (*Barrier, error) {
 	if b.strategy == nil {
 		// Fence counters of request locks expire with their records: a
 		// request's fences are compared only while its record is kept.
-		b.strategy = single.New(store, single.WithFenceTTL(b.retention+b.lease))
+		s, err := single.New(store, single.WithFenceTTL(b.retention+b.lease))
+		if err != nil {
+			return nil, err
+		}
+		b.strategy = s
 	}
 	lopts := []redlease.Option{redlease.WithTTL(b.lease), redlease.WithPrefix(b.prefix + nsLock)}
 	if b.keeper != nil {
 		lopts = append(lopts, redlease.WithKeeper(b.keeper))
 	}
-	b.locker = redlease.New(b.strategy, lopts...)
+	l, err := redlease.New(b.strategy, lopts...)
+	if err != nil {
+		return nil, err
+	}
+	b.locker = l
 	return b, nil
 }
 

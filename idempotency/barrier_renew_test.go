@@ -22,7 +22,7 @@ import (
 func TestRenewedHandlerOutlivingTheRetentionKeepsItsRecord(t *testing.T) {
 	w, err := renew.New()
 	require.NoError(t, err)
-	defer w.Stop()
+	defer w.Close()
 	c := store(t)
 	const retention = time.Second
 	b := barrier(t, c, idempotency.WithLease(300*time.Millisecond), idempotency.WithRetention(retention), idempotency.WithKeeper(w))

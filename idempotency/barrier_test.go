@@ -157,7 +157,7 @@ func TestRecordNeverDeletedByANonOwner(t *testing.T) {
 func TestDuplicateDuringSlowRenewedHandler(t *testing.T) {
 	w, err := renew.New()
 	require.NoError(t, err)
-	defer w.Stop()
+	defer w.Close()
 	b := barrier(t, store(t), idempotency.WithLease(300*time.Millisecond), idempotency.WithKeeper(w))
 	ctx := t.Context()
 	req := idempotency.Request{Key: "slow"}

@@ -15,8 +15,14 @@ type Consumer struct {
 	b *Barrier
 }
 
-// NewConsumer handles messages through b.
-func NewConsumer(b *Barrier) *Consumer { return &Consumer{b: b} }
+// NewConsumer handles messages through b. A nil b is returned as an error
+// that errors.Is redlease.ErrInvalid.
+func NewConsumer(b *Barrier) (*Consumer, error) {
+	if b == nil {
+		return nil, redlease.Invalid("idempotency: nil Barrier")
+	}
+	return &Consumer{b: b}, nil
+}
 
 // Handle runs h for id once and says whether to ack the message:
 //

@@ -17,7 +17,8 @@ import (
 // to dead-letter it instead of letting it be redelivered forever. Errors a
 // retry can get past are not permanent.
 func TestPoisonMessageIsPermanent(t *testing.T) {
-	consumer := idempotency.NewConsumer(barrier(t, store(t)))
+	consumer, err := idempotency.NewConsumer(barrier(t, store(t)))
+	require.NoError(t, err)
 	ctx := t.Context()
 	ok := func(context.Context, uint64) ([]byte, error) { return []byte("done"), nil }
 	ack, err := consumer.HandlePayload(ctx, "order-9", []byte(`{"amount":100}`), ok)

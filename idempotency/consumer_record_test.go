@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/redlease/redlease/idempotency"
 )
@@ -36,7 +37,8 @@ func TestConsumerAcksAnOutcomeThatCouldNotBeRecorded(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			b, gate, _ := heldStore(t, idempotency.WithLease(500*time.Millisecond), idempotency.WithRetention(time.Minute))
-			consumer := idempotency.NewConsumer(b)
+			consumer, err := idempotency.NewConsumer(b)
+			require.NoError(t, err)
 			ctx := t.Context()
 			var runs atomic.Int32
 			gate.HoldRequests(c.mark)

@@ -22,7 +22,8 @@ func TestStreamRedeliveryWhileFirstConsumerRuns(t *testing.T) {
 	c := store(t)
 	ctx := t.Context()
 	b := barrier(t, c)
-	consumer := idempotency.NewConsumer(b)
+	consumer, err := idempotency.NewConsumer(b)
+	require.NoError(t, err)
 	require.NoError(t, c.XGroupCreateMkStream(ctx, "orders", "settle", "0").Err())
 	require.NoError(t, c.XAdd(ctx, &redis.XAddArgs{Stream: "orders", Values: map[string]any{"order": "o-1", "amount": "100"}}).Err())
 
@@ -66,7 +67,8 @@ func TestStreamRedeliveryWhileFirstConsumerRuns(t *testing.T) {
 // A message re-published under the same id with another payload is
 // refused, not silently replayed.
 func TestHandlePayloadRefusesAChangedMessage(t *testing.T) {
-	consumer := idempotency.NewConsumer(barrier(t, store(t)))
+	consumer, err := idempotency.NewConsumer(barrier(t, store(t)))
+	require.NoError(t, err)
 	ctx := t.Context()
 	ok := func(context.Context, uint64) ([]byte, error) { return []byte("done"), nil }
 	ack, err := consumer.HandlePayload(ctx, "order-9", []byte(`{"amount":100}`), ok)

@@ -34,11 +34,18 @@ func TestDefaultHandlerTimeout(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			m := Middleware(b, WithGlobalKeys())(http.NotFoundHandler()).(*middleware)
+			mw, err := Middleware(b, WithGlobalKeys())
+			if err != nil {
+				t.Fatal(err)
+			}
+			m := mw(http.NotFoundHandler()).(*middleware)
 			if got := m.cfg.handlerTimeout; got != tc.want {
 				t.Errorf("default: got %v, want %v", got, tc.want)
 			}
-			m = Middleware(b, WithGlobalKeys(), WithHandlerTimeout(time.Hour))(http.NotFoundHandler()).(*middleware)
+			if mw, err = Middleware(b, WithGlobalKeys(), WithHandlerTimeout(time.Hour)); err != nil {
+				t.Fatal(err)
+			}
+			m = mw(http.NotFoundHandler()).(*middleware)
 			if got := m.cfg.handlerTimeout; got != time.Hour {
 				t.Errorf("explicit: got %v, want %v", got, time.Hour)
 			}

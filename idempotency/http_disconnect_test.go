@@ -48,7 +48,9 @@ func TestHTTPClientTimeoutDoesNotDecideTheRecord(t *testing.T) {
 				w.WriteHeader(http.StatusCreated)
 				_, _ = fmt.Fprintf(w, `{"charge":%d}`, n)
 			})
-			mw := idempotency.Middleware(b, idempotency.WithGlobalKeys(), idempotency.WithInFlightWait(10*time.Second))(pay)
+			mw2, err := idempotency.Middleware(b, idempotency.WithGlobalKeys(), idempotency.WithInFlightWait(10*time.Second))
+			require.NoError(t, err)
+			mw := mw2(pay)
 
 			// The first request's own context tells when the server saw its
 			// client leave.
@@ -88,7 +90,7 @@ func TestHTTPRunThatLostItsLockIsNotAnAnswer(t *testing.T) {
 	wireNoLeaks(t)
 	w, err := renew.New()
 	require.NoError(t, err)
-	t.Cleanup(w.Stop)
+	t.Cleanup(func() { w.Close() })
 	srv, b := httpStore(t, idempotency.WithLease(300*time.Millisecond), idempotency.WithKeeper(w))
 	admin := srv.Client()
 
@@ -113,14 +115,16 @@ func TestHTTPRunThatLostItsLockIsNotAnAnswer(t *testing.T) {
 	})
 	var mu sync.Mutex
 	var logged []error
-	ts := wireServe(t, idempotency.Middleware(b, idempotency.WithGlobalKeys(),
+	mw, err := idempotency.Middleware(b, idempotency.WithGlobalKeys(),
 		idempotency.WithInFlightWait(10*time.Second),
 		idempotency.WithErrorLog(func(_ *http.Request, err error) {
 			mu.Lock()
 			defer mu.Unlock()
 			logged = append(logged, err)
 		}),
-	)(pay))
+	)
+	require.NoError(t, err)
+	ts := wireServe(t, mw(pay))
 	client := wireClient(t, 15*time.Second)
 
 	firstDone := make(chan wireReply, 1)

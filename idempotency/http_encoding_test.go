@@ -46,7 +46,9 @@ func TestHTTPReplayKeepsRepresentationFields(t *testing.T) {
 				w.WriteHeader(http.StatusCreated)
 				_, _ = w.Write(buf.Bytes())
 			})
-			ts := wireServe(t, idempotency.Middleware(b, append([]idempotency.HTTPOption{idempotency.WithGlobalKeys()}, tc.opts...)...)(gzipped))
+			mw, err := idempotency.Middleware(b, append([]idempotency.HTTPOption{idempotency.WithGlobalKeys()}, tc.opts...)...)
+			require.NoError(t, err)
+			ts := wireServe(t, mw(gzipped))
 			client := wireClient(t, 10*time.Second) // asks for gzip, and decodes it
 
 			for i, want := range []string{"", "true"} {

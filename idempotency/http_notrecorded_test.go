@@ -25,14 +25,16 @@ func TestHTTPResponseNotRecordedIsSentAndReported(t *testing.T) {
 	var charges atomic.Int32
 	var mu sync.Mutex
 	var logged []error
-	ts := wireServe(t, idempotency.Middleware(b, idempotency.WithGlobalKeys(),
+	mw, err := idempotency.Middleware(b, idempotency.WithGlobalKeys(),
 		idempotency.WithInFlightWait(10*time.Second),
 		idempotency.WithErrorLog(func(_ *http.Request, err error) {
 			mu.Lock()
 			defer mu.Unlock()
 			logged = append(logged, err)
 		}),
-	)(wireCharger(&charges)))
+	)
+	require.NoError(t, err)
+	ts := wireServe(t, mw(wireCharger(&charges)))
 	client := wireClient(t, 20*time.Second)
 
 	g.HoldRequests(wireReceipt)

@@ -17,17 +17,15 @@ import (
 // with both, and a keyed request whose principal is empty gets 401.
 func TestHTTPPrincipalIsRequired(t *testing.T) {
 	_, b := httpStore(t)
-	_, err := idempotency.NewMiddleware(b)
+	_, err := idempotency.Middleware(b)
 	require.ErrorIs(t, err, redlease.ErrInvalid)
 	assert.Contains(t, err.Error(), "WithPrincipal")
 	user := func(r *http.Request) string { return r.Header.Get("X-User") }
-	_, err = idempotency.NewMiddleware(b, idempotency.WithPrincipal(user), idempotency.WithGlobalKeys())
+	_, err = idempotency.Middleware(b, idempotency.WithPrincipal(user), idempotency.WithGlobalKeys())
 	require.ErrorIs(t, err, redlease.ErrInvalid)
-	_, err = idempotency.NewMiddleware(nil, idempotency.WithGlobalKeys())
+	_, err = idempotency.Middleware(nil, idempotency.WithGlobalKeys())
 	require.ErrorIs(t, err, redlease.ErrInvalid)
-	assert.Panics(t, func() { idempotency.Middleware(b) }, "Middleware panics where NewMiddleware returns the error")
-
-	mw, err := idempotency.NewMiddleware(b, idempotency.WithPrincipal(user))
+	mw, err := idempotency.Middleware(b, idempotency.WithPrincipal(user))
 	require.NoError(t, err)
 	o := &orders{}
 	h := mw(o)
@@ -45,7 +43,7 @@ func TestHTTPPrincipalIsRequired(t *testing.T) {
 	assert.EqualValues(t, 2, o.calls.Load())
 
 	// Declared global: one record for everyone who sends the key.
-	g, err := idempotency.NewMiddleware(b, idempotency.WithGlobalKeys())
+	g, err := idempotency.Middleware(b, idempotency.WithGlobalKeys())
 	require.NoError(t, err)
 	og := &orders{}
 	for range 2 {

@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/redlease/redlease"
 	"github.com/redlease/redlease/idempotency"
 	"github.com/redlease/redlease/internal/redistest"
 )
@@ -98,7 +99,9 @@ func retryAfter(t *testing.T, h http.Header) int {
 func TestHTTPFirstRunsDuplicateReplays(t *testing.T) {
 	_, b := httpStore(t)
 	o := &orders{}
-	h := idempotency.Middleware(b, idempotency.WithGlobalKeys())(o)
+	mw, err := idempotency.Middleware(b, idempotency.WithGlobalKeys())
+	require.NoError(t, err)
+	h := mw(o)
 
 	first := serveHTTP(h, keyed("POST", "/orders", httpKey, `{"sku":"a"}`))
 	require.Equal(t, http.StatusCreated, first.Code)
@@ -126,7 +129,9 @@ func TestHTTPFirstRunsDuplicateReplays(t *testing.T) {
 func TestHTTPUnquotedKeyIsTheSameKey(t *testing.T) {
 	_, b := httpStore(t)
 	o := &orders{}
-	h := idempotency.Middleware(b, idempotency.WithGlobalKeys())(o)
+	mw, err := idempotency.Middleware(b, idempotency.WithGlobalKeys())
+	require.NoError(t, err)
+	h := mw(o)
 	serveHTTP(h, keyed("POST", "/orders", httpKey, "x"))
 	dup := serveHTTP(h, keyed("POST", "/orders", strings.Trim(httpKey, `"`), "x"))
 	assert.Equal(t, "true", dup.Header().Get(idempotency.HeaderIdempotentReplayed))
@@ -137,7 +142,9 @@ func TestHTTPConcurrentDuplicateGets409(t *testing.T) {
 	_, b := httpStore(t)
 	var calls atomic.Int32
 	entered, release := make(chan struct{}, 1), make(chan struct{})
-	h := idempotency.Middleware(b, idempotency.WithGlobalKeys())(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	mw, err := idempotency.Middleware(b, idempotency.WithGlobalKeys())
+	require.NoError(t, err)
+	h := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		calls.Add(1)
 		entered <- struct{}{}
 		<-release
@@ -166,7 +173,9 @@ func TestHTTPInFlightWaitReplaysInsteadOf409(t *testing.T) {
 	_, b := httpStore(t)
 	var calls atomic.Int32
 	entered, release := make(chan struct{}, 1), make(chan struct{})
-	h := idempotency.Middleware(b, idempotency.WithGlobalKeys(), idempotency.WithInFlightWait(5*time.Second))(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	mw, err := idempotency.Middleware(b, idempotency.WithGlobalKeys(), idempotency.WithInFlightWait(5*time.Second))
+	require.NoError(t, err)
+	h := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		calls.Add(1)
 		entered <- struct{}{}
 		<-release
@@ -189,7 +198,9 @@ func TestHTTPInFlightWaitReplaysInsteadOf409(t *testing.T) {
 func TestHTTPDifferentPayloadGets422(t *testing.T) {
 	_, b := httpStore(t)
 	o := &orders{}
-	h := idempotency.Middleware(b, idempotency.WithGlobalKeys())(o)
+	mw, err := idempotency.Middleware(b, idempotency.WithGlobalKeys())
+	require.NoError(t, err)
+	h := mw(o)
 	require.Equal(t, http.StatusCreated, serveHTTP(h, keyed("POST", "/orders", httpKey, `{"amount":100}`)).Code)
 
 	for name, r := range map[string]*http.Request{
@@ -207,11 +218,15 @@ func TestHTTPMissingKey(t *testing.T) {
 	_, b := httpStore(t)
 	o := &orders{}
 
-	required := idempotency.Middleware(b, idempotency.WithGlobalKeys(), idempotency.WithRequired(true))(o)
+	mw, err := idempotency.Middleware(b, idempotency.WithGlobalKeys(), idempotency.WithRequired(true))
+	require.NoError(t, err)
+	required := mw(o)
 	requireRecProblem(t, serveHTTP(required, keyed("POST", "/orders", "", "x")), http.StatusBadRequest, "missing-key")
 	assert.EqualValues(t, 0, o.calls.Load())
 
-	optional := idempotency.Middleware(b, idempotency.WithGlobalKeys())(o)
+	mw2, err := idempotency.Middleware(b, idempotency.WithGlobalKeys())
+	require.NoError(t, err)
+	optional := mw2(o)
 	for range 2 {
 		rec := serveHTTP(optional, keyed("POST", "/orders", "", "x"))
 		assert.Equal(t, http.StatusCreated, rec.Code)
@@ -223,7 +238,9 @@ func TestHTTPMissingKey(t *testing.T) {
 func TestHTTPMalformedKeyGets400(t *testing.T) {
 	_, b := httpStore(t)
 	o := &orders{}
-	h := idempotency.Middleware(b, idempotency.WithGlobalKeys())(o)
+	mw, err := idempotency.Middleware(b, idempotency.WithGlobalKeys())
+	require.NoError(t, err)
+	h := mw(o)
 	for name, key := range map[string]string{
 		"empty quoted":   `""`,
 		"blank":          `"   "`,
@@ -246,7 +263,9 @@ func TestHTTPMalformedKeyGets400(t *testing.T) {
 		requireRecProblem(t, serveHTTP(h, r), http.StatusBadRequest, "invalid-key")
 	})
 	t.Run("longer limit", func(t *testing.T) {
-		long := idempotency.Middleware(b, idempotency.WithGlobalKeys(), idempotency.WithMaxKeyLength(300))(o)
+		mw2, err := idempotency.Middleware(b, idempotency.WithGlobalKeys(), idempotency.WithMaxKeyLength(300))
+		require.NoError(t, err)
+		long := mw2(o)
 		r := keyed("POST", "/orders", strings.Repeat("k", 300), "x")
 		assert.Equal(t, http.StatusCreated, serveHTTP(long, r).Code)
 	})
@@ -256,7 +275,9 @@ func TestHTTPMalformedKeyGets400(t *testing.T) {
 func TestHTTPOtherMethodsPassThrough(t *testing.T) {
 	_, b := httpStore(t)
 	o := &orders{}
-	h := idempotency.Middleware(b, idempotency.WithGlobalKeys(), idempotency.WithRequired(true))(o)
+	mw, err := idempotency.Middleware(b, idempotency.WithGlobalKeys(), idempotency.WithRequired(true))
+	require.NoError(t, err)
+	h := mw(o)
 	for _, m := range []string{"GET", "PUT", "DELETE"} {
 		for range 2 {
 			rec := serveHTTP(h, keyed(m, "/orders", httpKey, ""))
@@ -266,7 +287,9 @@ func TestHTTPOtherMethodsPassThrough(t *testing.T) {
 	}
 	assert.EqualValues(t, 6, o.calls.Load())
 
-	puts := idempotency.Middleware(b, idempotency.WithGlobalKeys(), idempotency.WithMethods("PUT"))(o)
+	mw2, err := idempotency.Middleware(b, idempotency.WithGlobalKeys(), idempotency.WithMethods("PUT"))
+	require.NoError(t, err)
+	puts := mw2(o)
 	serveHTTP(puts, keyed("PUT", "/orders", httpKey, "x"))
 	assert.Equal(t, "true", serveHTTP(puts, keyed("PUT", "/orders", httpKey, "x")).Header().Get(idempotency.HeaderIdempotentReplayed))
 	serveHTTP(puts, keyed("POST", "/orders", httpKey, "x"))
@@ -276,7 +299,9 @@ func TestHTTPOtherMethodsPassThrough(t *testing.T) {
 func TestHTTPBodyTooLargeGets413(t *testing.T) {
 	_, b := httpStore(t)
 	o := &orders{}
-	h := idempotency.Middleware(b, idempotency.WithGlobalKeys(), idempotency.WithMaxBody(8))(o)
+	mw, err := idempotency.Middleware(b, idempotency.WithGlobalKeys(), idempotency.WithMaxBody(8))
+	require.NoError(t, err)
+	h := mw(o)
 	requireRecProblem(t, serveHTTP(h, keyed("POST", "/orders", httpKey, "123456789")), http.StatusRequestEntityTooLarge, "body-too-large")
 
 	chunked := keyed("POST", "/orders", httpKey, "123456789")
@@ -290,7 +315,9 @@ func TestHTTPBodyTooLargeGets413(t *testing.T) {
 func TestHTTPServerErrorsAreNotRecorded(t *testing.T) {
 	_, b := httpStore(t)
 	var calls atomic.Int32
-	h := idempotency.Middleware(b, idempotency.WithGlobalKeys())(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	mw, err := idempotency.Middleware(b, idempotency.WithGlobalKeys())
+	require.NoError(t, err)
+	h := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if calls.Add(1) == 1 {
 			http.Error(w, "database down", http.StatusServiceUnavailable)
 			return
@@ -307,7 +334,9 @@ func TestHTTPServerErrorsAreNotRecorded(t *testing.T) {
 func TestHTTPServerErrorsRecordedOnRequest(t *testing.T) {
 	_, b := httpStore(t)
 	var calls atomic.Int32
-	h := idempotency.Middleware(b, idempotency.WithGlobalKeys(), idempotency.WithStoreServerErrors(true))(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	mw, err := idempotency.Middleware(b, idempotency.WithGlobalKeys(), idempotency.WithStoreServerErrors(true))
+	require.NoError(t, err)
+	h := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		calls.Add(1)
 		http.Error(w, "charged, then crashed", http.StatusInternalServerError)
 	}))
@@ -322,7 +351,9 @@ func TestHTTPServerErrorsRecordedOnRequest(t *testing.T) {
 func TestHTTPStoreEverythingBarrierReplaysFailure(t *testing.T) {
 	_, b := httpStore(t, idempotency.WithStoreEverything())
 	var calls atomic.Int32
-	h := idempotency.Middleware(b, idempotency.WithGlobalKeys())(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	mw, err := idempotency.Middleware(b, idempotency.WithGlobalKeys())
+	require.NoError(t, err)
+	h := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		calls.Add(1)
 		w.WriteHeader(http.StatusBadGateway)
 	}))
@@ -336,7 +367,9 @@ func TestHTTPStoreEverythingBarrierReplaysFailure(t *testing.T) {
 func TestHTTPClientErrorsAreRecorded(t *testing.T) {
 	_, b := httpStore(t)
 	var calls atomic.Int32
-	h := idempotency.Middleware(b, idempotency.WithGlobalKeys())(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	mw, err := idempotency.Middleware(b, idempotency.WithGlobalKeys())
+	require.NoError(t, err)
+	h := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		calls.Add(1)
 		http.Error(w, "insufficient funds", http.StatusPaymentRequired)
 	}))
@@ -352,7 +385,9 @@ func TestHTTPResultTooLargeIsNotReplayed(t *testing.T) {
 	_, b := httpStore(t, idempotency.WithMaxResult(64))
 	var calls atomic.Int32
 	big := strings.Repeat("x", 1000)
-	h := idempotency.Middleware(b, idempotency.WithGlobalKeys())(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	mw, err := idempotency.Middleware(b, idempotency.WithGlobalKeys())
+	require.NoError(t, err)
+	h := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		calls.Add(1)
 		_, _ = io.WriteString(w, big)
 	}))
@@ -368,7 +403,9 @@ func TestHTTPResultTooLargeIsNotReplayed(t *testing.T) {
 func TestHTTPPanicReleasesTheKey(t *testing.T) {
 	_, b := httpStore(t)
 	var calls atomic.Int32
-	h := idempotency.Middleware(b, idempotency.WithGlobalKeys())(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	mw, err := idempotency.Middleware(b, idempotency.WithGlobalKeys())
+	require.NoError(t, err)
+	h := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if calls.Add(1) == 1 {
 			panic("boom")
 		}
@@ -383,7 +420,9 @@ func TestHTTPPrincipalScopesKeys(t *testing.T) {
 	_, b := httpStore(t)
 	o := &orders{}
 	user := func(r *http.Request) string { return r.Header.Get("X-User") }
-	scoped := idempotency.Middleware(b, idempotency.WithPrincipal(user))(o)
+	mw, err := idempotency.Middleware(b, idempotency.WithPrincipal(user))
+	require.NoError(t, err)
+	scoped := mw(o)
 	for _, u := range []string{"alice", "bob", "alice"} {
 		r := keyed("POST", "/orders", httpKey, "x")
 		r.Header.Set("X-User", u)
@@ -395,7 +434,9 @@ func TestHTTPPrincipalScopesKeys(t *testing.T) {
 func TestHTTPRouteNamesTheOperation(t *testing.T) {
 	_, b := httpStore(t)
 	o := &orders{}
-	h := idempotency.Middleware(b, idempotency.WithGlobalKeys(), idempotency.WithRoute(func(*http.Request) string { return "orders" }))(o)
+	mw, err := idempotency.Middleware(b, idempotency.WithGlobalKeys(), idempotency.WithRoute(func(*http.Request) string { return "orders" }))
+	require.NoError(t, err)
+	h := mw(o)
 	serveHTTP(h, keyed("POST", "/orders/1", httpKey, "x"))
 	// Same operation and key, another path: the key was used for another request.
 	requireRecProblem(t, serveHTTP(h, keyed("POST", "/orders/2", httpKey, "x")), http.StatusUnprocessableEntity, "key-reused")
@@ -405,7 +446,9 @@ func TestHTTPRouteNamesTheOperation(t *testing.T) {
 func TestHTTPHandlerGetsFence(t *testing.T) {
 	_, b := httpStore(t)
 	var fences []uint64
-	h := idempotency.Middleware(b, idempotency.WithGlobalKeys())(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	mw, err := idempotency.Middleware(b, idempotency.WithGlobalKeys())
+	require.NoError(t, err)
+	h := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		f, ok := idempotency.FenceFrom(r.Context())
 		require.True(t, ok)
 		fences = append(fences, f)
@@ -434,13 +477,17 @@ func TestHTTPStoreDown(t *testing.T) {
 	srv.Kill()
 
 	t.Run("fail closed", func(t *testing.T) {
-		rec := serveHTTP(idempotency.Middleware(b, idempotency.WithGlobalKeys(), logErr)(handler), keyed("POST", "/orders", httpKey, "payload"))
+		mw, err := idempotency.Middleware(b, idempotency.WithGlobalKeys(), logErr)
+		require.NoError(t, err)
+		rec := serveHTTP(mw(handler), keyed("POST", "/orders", httpKey, "payload"))
 		requireRecProblem(t, rec, http.StatusServiceUnavailable, "store-unavailable")
 		assert.GreaterOrEqual(t, retryAfter(t, rec.Header()), 1)
 		assert.EqualValues(t, 0, calls.Load())
 	})
 	t.Run("fail open", func(t *testing.T) {
-		h := idempotency.Middleware(b, idempotency.WithGlobalKeys(), logErr, idempotency.WithFailOpen(true))(handler)
+		mw2, err := idempotency.Middleware(b, idempotency.WithGlobalKeys(), logErr, idempotency.WithFailOpen(true))
+		require.NoError(t, err)
+		h := mw2(handler)
 		rec := serveHTTP(h, keyed("POST", "/orders", httpKey, "payload"))
 		assert.Equal(t, http.StatusOK, rec.Code)
 		assert.Equal(t, "payload", rec.Body.String(), "the handler gets the body")
@@ -452,8 +499,12 @@ func TestHTTPStoreDown(t *testing.T) {
 
 func TestMiddlewareRejectsBadConfiguration(t *testing.T) {
 	_, b := httpStore(t)
-	assert.Panics(t, func() { idempotency.Middleware(nil) })
-	assert.Panics(t, func() { idempotency.Middleware(b, idempotency.WithGlobalKeys())(nil) })
+	mw, err := idempotency.Middleware(nil, idempotency.WithGlobalKeys())
+	assert.ErrorIs(t, err, redlease.ErrInvalid, "nil Barrier")
+	assert.Nil(t, mw, "nil Barrier")
+	mw, err = idempotency.Middleware(b, idempotency.WithGlobalKeys())
+	require.NoError(t, err)
+	assert.Panics(t, func() { mw(nil) }, "a nil handler panics, as net/http's Handle does")
 	for name, o := range map[string]idempotency.HTTPOption{
 		"max body":   idempotency.WithMaxBody(0),
 		"key length": idempotency.WithMaxKeyLength(0),
@@ -469,7 +520,9 @@ func TestMiddlewareRejectsBadConfiguration(t *testing.T) {
 		"status 399": idempotency.WithTransientStatuses(399),
 		"status 600": idempotency.WithTransientStatuses(600),
 	} {
-		assert.Panics(t, func() { idempotency.Middleware(b, idempotency.WithGlobalKeys(), o) }, name)
+		mw, err := idempotency.Middleware(b, idempotency.WithGlobalKeys(), o)
+		assert.ErrorIs(t, err, redlease.ErrInvalid, name)
+		assert.Nil(t, mw, name)
 	}
 }
 
@@ -489,7 +542,9 @@ func TestHTTPRealServer(t *testing.T) {
 		<-release
 		w.WriteHeader(http.StatusNoContent)
 	})
-	ts := httptest.NewServer(idempotency.Middleware(b, idempotency.WithGlobalKeys(), idempotency.WithReplayHeaders("Content-Type", "Location", "X-Request-Id"))(mux))
+	mw, err := idempotency.Middleware(b, idempotency.WithGlobalKeys(), idempotency.WithReplayHeaders("Content-Type", "Location", "X-Request-Id"))
+	require.NoError(t, err)
+	ts := httptest.NewServer(mw(mux))
 	t.Cleanup(ts.Close)
 	tr := &http.Transport{}
 	t.Cleanup(tr.CloseIdleConnections)

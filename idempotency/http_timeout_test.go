@@ -55,14 +55,16 @@ func TestHTTPHandlerTimeoutAnswersOutcomeUnknown(t *testing.T) {
 	seen := make(chan wireRunSeen, 1)
 	var mu sync.Mutex
 	var logged []error
-	ts := wireServe(t, idempotency.Middleware(b, idempotency.WithGlobalKeys(),
+	mw, err := idempotency.Middleware(b, idempotency.WithGlobalKeys(),
 		idempotency.WithHandlerTimeout(200*time.Millisecond),
 		idempotency.WithErrorLog(func(_ *http.Request, err error) {
 			mu.Lock()
 			defer mu.Unlock()
 			logged = append(logged, err)
 		}),
-	)(wireStuckThenOK(&charges, seen)))
+	)
+	require.NoError(t, err)
+	ts := wireServe(t, mw(wireStuckThenOK(&charges, seen)))
 	client := wireClient(t, 15*time.Second)
 
 	first := wirePost(t.Context(), client, ts.URL+"/pay", httpKey, "100")
@@ -99,7 +101,9 @@ func TestHTTPDefaultHandlerTimeoutEndsRunBeforeItsLock(t *testing.T) {
 	_, b := httpStore(t, idempotency.WithLease(lease))
 	var charges atomic.Int32
 	seen := make(chan wireRunSeen, 1)
-	ts := wireServe(t, idempotency.Middleware(b, idempotency.WithGlobalKeys())(wireStuckThenOK(&charges, seen)))
+	mw, err := idempotency.Middleware(b, idempotency.WithGlobalKeys())
+	require.NoError(t, err)
+	ts := wireServe(t, mw(wireStuckThenOK(&charges, seen)))
 
 	first := wirePost(t.Context(), wireClient(t, 15*time.Second), ts.URL+"/pay", httpKey, "100")
 	require.NoError(t, first.err)

@@ -54,7 +54,9 @@ func TestHTTPTransientStatusesAreNotRecorded(t *testing.T) {
 			wireNoLeaks(t)
 			_, b := httpStore(t)
 			a := &wireAnswers{statuses: []int{status, http.StatusCreated}, retryAfter: "2"}
-			ts := wireServe(t, idempotency.Middleware(b, idempotency.WithGlobalKeys())(a))
+			mw, err := idempotency.Middleware(b, idempotency.WithGlobalKeys())
+			require.NoError(t, err)
+			ts := wireServe(t, mw(a))
 
 			got := wireExchanges(t, ts.URL+"/pay", 3)
 			assert.Equal(t, status, got[0].resp.StatusCode)
@@ -86,7 +88,9 @@ func TestHTTPRetryAfterIsRecorded(t *testing.T) {
 			wireNoLeaks(t)
 			_, b := httpStore(t)
 			a := &wireAnswers{statuses: []int{tc.status}}
-			ts := wireServe(t, idempotency.Middleware(b, append([]idempotency.HTTPOption{idempotency.WithGlobalKeys()}, tc.opts...)...)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			mw, err := idempotency.Middleware(b, append([]idempotency.HTTPOption{idempotency.WithGlobalKeys()}, tc.opts...)...)
+			require.NoError(t, err)
+			ts := wireServe(t, mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				w.Header().Set("Retry-After", "5") // a 202 says when to look
 				a.ServeHTTP(w, r)
 			})))

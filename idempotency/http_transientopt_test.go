@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/redlease/redlease/idempotency"
 )
@@ -38,7 +39,9 @@ func TestHTTPTransientStatusesOption(t *testing.T) {
 			wireNoLeaks(t)
 			_, b := httpStore(t)
 			a := &wireAnswers{statuses: []int{tc.status, http.StatusCreated}, retryAfter: "3"}
-			ts := wireServe(t, idempotency.Middleware(b, append([]idempotency.HTTPOption{idempotency.WithGlobalKeys()}, sets[tc.set]...)...)(a))
+			mw, err := idempotency.Middleware(b, append([]idempotency.HTTPOption{idempotency.WithGlobalKeys()}, sets[tc.set]...)...)
+			require.NoError(t, err)
+			ts := wireServe(t, mw(a))
 
 			got := wireExchanges(t, ts.URL+"/pay", 2)
 			assert.Equal(t, tc.status, got[0].resp.StatusCode)

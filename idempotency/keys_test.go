@@ -90,7 +90,8 @@ func TestRequestKeyCannotCollideWithAnotherRequestsLock(t *testing.T) {
 // request could spell too).
 func TestConsumerMessagesAndRequestKeysNeverShareARecord(t *testing.T) {
 	b := barrier(t, store(t))
-	consumer := idempotency.NewConsumer(b)
+	consumer, err := idempotency.NewConsumer(b)
+	require.NoError(t, err)
 	ctx := t.Context()
 	var runs atomic.Int32
 
@@ -120,7 +121,9 @@ func TestConsumerMessagesAndRequestKeysNeverShareARecord(t *testing.T) {
 func TestMiddlewareAndRequestKeysNeverShareARecord(t *testing.T) {
 	_, b := httpStore(t)
 	o := &orders{}
-	h := idempotency.Middleware(b, idempotency.WithGlobalKeys())(o)
+	mw, err := idempotency.Middleware(b, idempotency.WithGlobalKeys())
+	require.NoError(t, err)
+	h := mw(o)
 	rec := serveHTTP(h, keyed(http.MethodPost, "/orders", httpKey, "x"))
 	require.Equal(t, http.StatusCreated, rec.Code)
 

@@ -91,7 +91,7 @@ func TestStormOfRetriesChargesEachPaymentOnce(t *testing.T) {
 	storeClient.AddHook(cmds)
 	w, err := renew.New()
 	require.NoError(t, err)
-	t.Cleanup(w.Stop)
+	t.Cleanup(func() { w.Close() })
 	b, err := idempotency.New(storeClient,
 		idempotency.WithRetention(stormRetention),
 		idempotency.WithLease(stormLease),
@@ -99,10 +99,12 @@ func TestStormOfRetriesChargesEachPaymentOnce(t *testing.T) {
 	require.NoError(t, err)
 
 	s := &storm{seed: seed, ledger: &stormLedger{entries: map[string]*ledgerEntry{}}}
-	mw := idempotency.Middleware(b, idempotency.WithGlobalKeys(),
+	mw2, err := idempotency.Middleware(b, idempotency.WithGlobalKeys(),
 		idempotency.WithRoute(func(*http.Request) string { return "POST /payments" }),
 		idempotency.WithErrorLog(s.errorLog),
-	)(http.HandlerFunc(s.pay))
+	)
+	require.NoError(t, err)
+	mw := mw2(http.HandlerFunc(s.pay))
 	served := &stormLatencies{}
 	var departed atomic.Int32 // requests whose client had left when they were answered
 	ts := wireServe(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

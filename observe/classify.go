@@ -13,6 +13,7 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 
 	"github.com/redlease/redlease"
+	"github.com/redlease/redlease/failover"
 )
 
 // Outcomes, the values of redlease.outcome.
@@ -76,8 +77,9 @@ var sentinels = []struct {
 }{
 	{redlease.ErrInvalid, "redlease.ErrInvalid"},
 	{context.Canceled, "context.Canceled"},
-	{redlease.ErrFailover, "redlease.ErrFailover"},
-	{redlease.ErrNotReplicated, "redlease.ErrNotReplicated"},
+	// failover's errors keep the labels they had in the root package.
+	{failover.ErrFailover, "redlease.ErrFailover"},
+	{failover.ErrNotReplicated, "redlease.ErrNotReplicated"},
 	{redlease.ErrUnavailable, "redlease.ErrUnavailable"},
 	{redlease.ErrNotObtained, "redlease.ErrNotObtained"},
 	{redlease.ErrNotHeld, "redlease.ErrNotHeld"},

@@ -56,7 +56,8 @@ func TestMetricsWithOneNodeDown(t *testing.T) {
 	obs, err := observe.New(observe.WithMeterProvider(mp), observe.WithTracerProvider(tp),
 		observe.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
 	require.NoError(t, err)
-	locker := redlease.New(s, redlease.WithTTL(5*time.Second), redlease.WithObserver(obs))
+	locker, err := redlease.New(s, redlease.WithTTL(5*time.Second), redlease.WithObserver(obs))
+	require.NoError(t, err)
 	ctx := t.Context()
 
 	servers[4].Kill()

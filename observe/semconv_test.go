@@ -25,6 +25,7 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 
 	"github.com/redlease/redlease"
+	"github.com/redlease/redlease/failover"
 	"github.com/redlease/redlease/internal/redistest"
 	"github.com/redlease/redlease/observe"
 	"github.com/redlease/redlease/single"
@@ -85,13 +86,20 @@ func TestTwoMillisecondAcquireIsNotInFirstBucket(t *testing.T) {
 	ctx := t.Context()
 	// A pooled connection and the scripts loaded, before the latency: the
 	// acquisition below is one round trip.
-	warm, err := redlease.New(single.New(client)).TryLock(ctx, t.Name()+":warm")
+	strategy, err := single.New(client)
+	require.NoError(t, err)
+	locker2, err := redlease.New(strategy)
+	require.NoError(t, err)
+	warm, err := locker2.TryLock(ctx, t.Name()+":warm")
 	require.NoError(t, err)
 	require.NoError(t, warm.Release(ctx))
 	proxy.Latency("two-ms", 2, 0)
 
 	h := newHarness(t)
-	locker := redlease.New(single.New(client), redlease.WithTTL(5*time.Second), redlease.WithObserver(h.obs))
+	strategy2, err := single.New(client)
+	require.NoError(t, err)
+	locker, err := redlease.New(strategy2, redlease.WithTTL(5*time.Second), redlease.WithObserver(h.obs))
+	require.NoError(t, err)
 	lk, err := locker.TryLock(ctx, t.Name())
 	require.NoError(t, err)
 	require.NoError(t, lk.Release(ctx))
@@ -303,9 +311,9 @@ func TestErrorType(t *testing.T) {
 		{errors.Join(redlease.ErrNotObtained, redlease.ErrUnavailable, &redlease.NodeError{Err: context.DeadlineExceeded}), "redlease.ErrUnavailable"},
 		{redlease.ErrNotObtained, "redlease.ErrNotObtained"},
 		{errors.Join(redlease.ErrNotHeld, &redlease.NodeError{Node: 1, Err: context.DeadlineExceeded}), "redlease.ErrNotHeld"},
-		{fmt.Errorf("%w: k: %w", redlease.ErrLost, redlease.ErrFailover), "redlease.ErrFailover"},
+		{fmt.Errorf("%w: k: %w", redlease.ErrLost, failover.ErrFailover), "redlease.ErrFailover"},
 		{fmt.Errorf("%w: k: %w", redlease.ErrLost, errors.New("validity ran out")), "redlease.ErrLost"},
-		{redlease.ErrNotReplicated, "redlease.ErrNotReplicated"},
+		{failover.ErrNotReplicated, "redlease.ErrNotReplicated"},
 		{&redlease.NodeError{Err: context.DeadlineExceeded}, "timeout"},
 		{&net.OpError{Op: "read", Net: "tcp", Err: os.ErrDeadlineExceeded}, "timeout"},
 		{&redlease.NodeError{Err: refused}, "connection_refused"},

@@ -10,6 +10,7 @@ import (
 	rsredis "github.com/go-redsync/redsync/v4/redis"
 	"github.com/go-redsync/redsync/v4/redis/goredis/v9"
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
 
 	"github.com/redlease/redlease"
 	"github.com/redlease/redlease/internal/redistest"
@@ -20,7 +21,8 @@ import (
 // and one Release on one key, timed per operation so the median can be
 // reported beside the mean.
 func acquireRelease(b *testing.B, s redlease.Strategy) {
-	locker := redlease.New(s, redlease.WithTTL(10*time.Second))
+	locker, err := redlease.New(s, redlease.WithTTL(10*time.Second))
+	require.NoError(b, err)
 	ctx := context.Background()
 	key := b.Name()
 	per := make([]time.Duration, 0, b.N)

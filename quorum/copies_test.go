@@ -38,7 +38,8 @@ func TestGrantStillWritesQueuedCopies(t *testing.T) {
 	q, err := quorum.New(clients, quorum.WithWorkersPerNode(1), quorum.WithNodeTimeout(5*time.Second), quorum.WithoutFencing())
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = q.Close() })
-	l := redlease.New(q, redlease.WithTTL(30*time.Second))
+	l, err := redlease.New(q, redlease.WithTTL(30*time.Second))
+	require.NoError(t, err)
 	ctx := t.Context()
 
 	gate.HoldRequests(script.Acquire.Hash())

@@ -33,7 +33,10 @@ func Example() {
 		panic(err)
 	}
 	defer s.Close()
-	locker := redlease.New(s, redlease.WithTTL(10*time.Second))
+	locker, err := redlease.New(s, redlease.WithTTL(10*time.Second))
+	if err != nil {
+		panic(err)
+	}
 
 	wait, cancel := context.WithTimeout(ctx, 10*time.Second) // Lock waits as long as ctx allows
 	defer cancel()

@@ -545,8 +545,11 @@ func (s *Strategy) heldOrUnknown(t tally) error {
 // ended the round, ctx's error is reachable with errors.Is too.
 func (s *Strategy) failure(ctx context.Context, op string, sentinel error, t tally, start time.Time, expired bool) error {
 	qe := &redlease.QuorumError{
-		Op: op, Votes: t.agreed, Quorum: s.quorum, Nodes: len(s.nodes),
-		Elapsed: s.clock.Now().Sub(start), Expired: expired, Err: sentinel, Causes: t.causes,
+		Action: op, Votes: t.agreed, Quorum: s.quorum, Nodes: len(s.nodes),
+		Elapsed: s.clock.Now().Sub(start), Expired: expired, Err: sentinel,
+		// The batch's items share one list: clipped, so that appending to
+		// one error's causes cannot write into another's.
+		Causes:    slices.Clip(t.causes.WrappedErrors()),
 		Remaining: t.remaining,
 		// Down is not held: refusals alone did not rule the quorum out.
 		Unavailable: sentinel == redlease.ErrNotObtained && !expired && len(s.nodes)-t.refused >= s.quorum,

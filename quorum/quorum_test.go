@@ -121,7 +121,8 @@ type interval struct {
 func TestContentionNeverOverlaps(t *testing.T) {
 	_, clients := nodes(t, 5)
 	s := strategy(t, clients, quorum.WithFencing(), quorum.WithNodeTimeout(500*time.Millisecond))
-	locker := redlease.New(s, redlease.WithTTL(2*time.Second), redlease.WithRetryDelay(time.Millisecond, 20*time.Millisecond))
+	locker, err := redlease.New(s, redlease.WithTTL(2*time.Second), redlease.WithRetryDelay(time.Millisecond, 20*time.Millisecond))
+	require.NoError(t, err)
 	key := contract.Key(t)
 
 	const goroutines, wantGrants = 16, 200
@@ -376,7 +377,8 @@ func TestRedsyncInterop(t *testing.T) {
 		pools[i] = goredis.NewPool(c)
 	}
 	rs := redsync.New(pools...)
-	locker := redlease.New(s, redlease.WithTTL(5*time.Second))
+	locker, err := redlease.New(s, redlease.WithTTL(5*time.Second))
+	require.NoError(t, err)
 	ctx := t.Context()
 
 	t.Run("redsync holds, redlease waits", func(t *testing.T) {
@@ -468,7 +470,8 @@ func (h holdBack) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 func TestRapidTakeAndReleaseKeepsCountedNodes(t *testing.T) {
 	_, clients := nodes(t, 5)
 	s := strategy(t, clients, quorum.WithNodeTimeout(time.Second))
-	locker := redlease.New(s, redlease.WithTTL(10*time.Second), redlease.WithRetryDelay(time.Millisecond, 5*time.Millisecond))
+	locker, err := redlease.New(s, redlease.WithTTL(10*time.Second), redlease.WithRetryDelay(time.Millisecond, 5*time.Millisecond))
+	require.NoError(t, err)
 	ctx, key := t.Context(), contract.Key(t)
 	deadline := time.Now().Add(3 * time.Second)
 	n := 0

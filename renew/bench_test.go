@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
 
 	"github.com/redlease/redlease"
 	"github.com/redlease/redlease/internal/redistest"
@@ -28,7 +29,8 @@ func BenchmarkWatchdogTick(b *testing.B) {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { _ = s.Close() })
-	locker := redlease.New(s, redlease.WithTTL(5*time.Minute))
+	locker, err := redlease.New(s, redlease.WithTTL(5*time.Minute))
+	require.NoError(b, err)
 
 	for _, n := range []int{100, 1_000, 10_000} {
 		b.Run(fmt.Sprintf("locks=%d", n), func(b *testing.B) { tick(b, locker, n) })
@@ -36,7 +38,9 @@ func BenchmarkWatchdogTick(b *testing.B) {
 	// The same tick without batching: the strategy hidden behind a wrapper
 	// that is not a BatchExtender, so each lock is extended on its own.
 	b.Run("locks=100/batched=false", func(b *testing.B) {
-		tick(b, redlease.New(unbatched{s}, redlease.WithTTL(5*time.Minute)), 100)
+		locker2, err := redlease.New(unbatched{s}, redlease.WithTTL(5*time.Minute))
+		require.NoError(b, err)
+		tick(b, locker2, 100)
 	})
 }
 

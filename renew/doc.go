@@ -10,9 +10,9 @@
 // Locker.Do does not need a Watchdog: without redlease.WithKeeper it keeps
 // its lock with a process-wide default watchdog, the same engine with the
 // default options, whose goroutines end whenever it keeps no lock. Make a
-// Watchdog for other options (WithFraction, WithTimeout, WithMaxCalls), to
-// keep locks taken with Lock, or to Stop renewal yourself; give it to Do
-// with redlease.WithKeeper.
+// Watchdog for other options (WithFraction, WithTimeout, WithMaxCalls,
+// WithClock), to keep locks taken with Lock, or to end renewal yourself
+// (Close); give it to Do with redlease.WithKeeper.
 //
 // # What a kept lock guarantees
 //
@@ -63,7 +63,7 @@
 // still closes before Until.
 //
 // Release stops a lock's renewal; so does the stop function Keep returns.
-// Stop stops the Watchdog and every goroutine it started, waiting at most
+// Close stops the Watchdog and every goroutine it started, waiting at most
 // one renewal timeout for calls in flight; a call whose client ignores its
 // context is left to end at the client's own timeout.
 package renew

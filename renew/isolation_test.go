@@ -32,7 +32,9 @@ func pausedSingle(t *testing.T) (*single.Strategy, *redistest.Server) {
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr})
 	t.Cleanup(func() { _ = c.Close() })
 	t.Cleanup(srv.Resume)
-	return single.New(c), srv
+	strategy, err := single.New(c)
+	require.NoError(t, err)
+	return strategy, srv
 }
 
 // threeNodes starts a quorum over three healthy redis-server processes.
@@ -76,7 +78,7 @@ func lostAfter(t *testing.T, lk *redlease.Lock, taken time.Time) func() (time.Du
 // One watchdog keeps a lock on a single node that is paused and a quorum
 // lock on three healthy nodes, due in the same batch. The quorum lock must
 // be kept for as long as we care to look (here a TTL and a half), the
-// single lock must be reported lost before its Until, and Stop must return
+// single lock must be reported lost before its Until, and Close must return
 // within one renewal timeout although a call to the paused node is still
 // inside go-redis.
 func TestPausedNodeDoesNotCostAnotherStrategysLockInTheSameBatch(t *testing.T) {
@@ -85,12 +87,16 @@ func TestPausedNodeDoesNotCostAnotherStrategysLockInTheSameBatch(t *testing.T) {
 	q := threeNodes(t)
 	w, err := renew.New()
 	require.NoError(t, err)
-	t.Cleanup(w.Stop)
+	t.Cleanup(func() { w.Close() })
 
 	taken := time.Now()
-	a, err := redlease.New(s, redlease.WithTTL(ttl)).TryLock(t.Context(), "iso:same:single")
+	locker, err := redlease.New(s, redlease.WithTTL(ttl))
 	require.NoError(t, err)
-	b, err := redlease.New(q, redlease.WithTTL(ttl)).TryLock(t.Context(), "iso:same:quorum")
+	a, err := locker.TryLock(t.Context(), "iso:same:single")
+	require.NoError(t, err)
+	locker2, err := redlease.New(q, redlease.WithTTL(ttl))
+	require.NoError(t, err)
+	b, err := locker2.TryLock(t.Context(), "iso:same:quorum")
 	require.NoError(t, err)
 	aLost, bLost := lostAfter(t, a, taken), lostAfter(t, b, taken)
 	w.Keep(a)
@@ -107,10 +113,10 @@ func TestPausedNodeDoesNotCostAnotherStrategysLockInTheSameBatch(t *testing.T) {
 	assert.Less(t, d, a.Until().Sub(taken), "lost before its Until")
 
 	start := time.Now()
-	w.Stop()
+	w.Close()
 	stop := time.Since(start)
-	t.Logf("Stop returned after %v with a call to the paused node in flight", stop.Round(time.Millisecond))
-	assert.Less(t, stop, renewalTimeout+500*time.Millisecond, "Stop must return within one renewal timeout")
+	t.Logf("Close returned after %v with a call to the paused node in flight", stop.Round(time.Millisecond))
+	assert.Less(t, stop, renewalTimeout+500*time.Millisecond, "Close must return within one renewal timeout")
 }
 
 // Two locks on a paused single node, taken far enough apart to fall into
@@ -122,9 +128,10 @@ func TestHungBatchesDoNotStarveAnotherStrategy(t *testing.T) {
 	q := threeNodes(t)
 	w, err := renew.New()
 	require.NoError(t, err)
-	t.Cleanup(w.Stop)
+	t.Cleanup(func() { w.Close() })
 
-	ls := redlease.New(s, redlease.WithTTL(ttl))
+	ls, err := redlease.New(s, redlease.WithTTL(ttl))
+	require.NoError(t, err)
 	a1, err := ls.TryLock(t.Context(), "iso:sep:single:1")
 	require.NoError(t, err)
 	w.Keep(a1)
@@ -135,7 +142,9 @@ func TestHungBatchesDoNotStarveAnotherStrategy(t *testing.T) {
 	srv.Pause()
 
 	taken := time.Now()
-	b, err := redlease.New(q, redlease.WithTTL(short)).TryLock(t.Context(), "iso:sep:quorum")
+	locker, err := redlease.New(q, redlease.WithTTL(short))
+	require.NoError(t, err)
+	b, err := locker.TryLock(t.Context(), "iso:sep:quorum")
 	require.NoError(t, err)
 	bLost := lostAfter(t, b, taken)
 	w.Keep(b)
@@ -169,12 +178,15 @@ func TestCallsToAHungNodeAreCapped(t *testing.T) {
 	q := threeNodes(t)
 	w, err := renew.New()
 	require.NoError(t, err)
-	t.Cleanup(w.Stop)
+	t.Cleanup(func() { w.Close() })
 
-	b, err := redlease.New(q, redlease.WithTTL(ttl/2)).TryLock(t.Context(), "cap:quorum")
+	locker, err := redlease.New(q, redlease.WithTTL(ttl/2))
+	require.NoError(t, err)
+	b, err := locker.TryLock(t.Context(), "cap:quorum")
 	require.NoError(t, err)
 	w.Keep(b)
-	ls := redlease.New(s, redlease.WithTTL(ttl))
+	ls, err := redlease.New(s, redlease.WithTTL(ttl))
+	require.NoError(t, err)
 	for i := range locks {
 		lk, err := ls.TryLock(t.Context(), fmt.Sprintf("cap:single:%d", i))
 		require.NoError(t, err)
@@ -225,23 +237,25 @@ func hungCalls() hungCount {
 	return c
 }
 
-// Stop, while a renewal call is stuck on a paused node inside go-redis,
+// Close, while a renewal call is stuck on a paused node inside go-redis,
 // returns within one renewal timeout.
-func TestStopDoesNotWaitForAHungCall(t *testing.T) {
+func TestCloseDoesNotWaitForAHungCall(t *testing.T) {
 	const ttl = 3 * time.Second
 	s, srv := pausedSingle(t)
 	w, err := renew.New()
 	require.NoError(t, err)
-	t.Cleanup(w.Stop)
-	lk, err := redlease.New(s, redlease.WithTTL(ttl)).TryLock(t.Context(), "stop:hung")
+	t.Cleanup(func() { w.Close() })
+	locker, err := redlease.New(s, redlease.WithTTL(ttl))
+	require.NoError(t, err)
+	lk, err := locker.TryLock(t.Context(), "stop:hung")
 	require.NoError(t, err)
 	w.Keep(lk)
 	srv.Pause()
 	time.Sleep(ttl/3 + 200*time.Millisecond) // the first renewal is in flight
 
 	start := time.Now()
-	w.Stop()
+	w.Close()
 	stop := time.Since(start)
-	t.Logf("Stop returned after %v", stop.Round(time.Millisecond))
-	assert.Less(t, stop, renewalTimeout+500*time.Millisecond, "Stop must return within one renewal timeout")
+	t.Logf("Close returned after %v", stop.Round(time.Millisecond))
+	assert.Less(t, stop, renewalTimeout+500*time.Millisecond, "Close must return within one renewal timeout")
 }

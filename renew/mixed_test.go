@@ -47,7 +47,7 @@ var (
 //
 // Over the hold no healthy lock may be lost (every quorum lock: four of five
 // nodes answer; every Cluster lock on the two healthy masters), every lock on
-// a sick node must be reported lost (Lost closed) before its Until, and Stop,
+// a sick node must be reported lost (Lost closed) before its Until, and Close,
 // at the end, must return within one renewal timeout although a renewal
 // call to the paused node is in flight.
 func TestMixedStrategiesWithSickNodes(t *testing.T) {
@@ -121,7 +121,7 @@ func TestMixedStrategiesWithSickNodes(t *testing.T) {
 	})
 	w, err := renew.New()
 	require.NoError(t, err)
-	t.Cleanup(w.Stop)
+	t.Cleanup(func() { w.Close() })
 	t.Cleanup(singleSrv.Resume) // these run first: nothing stays stopped, whatever fails
 	t.Cleanup(clusterVictim.Resume)
 
@@ -143,9 +143,14 @@ func TestMixedStrategiesWithSickNodes(t *testing.T) {
 		}
 	}
 	sg.lost[canaryKey] = new(atomic.Int64)
-	strategies := []redlease.Strategy{single.New(singleClient), q, single.New(cc)}
+	strategy, err := single.New(singleClient)
+	require.NoError(t, err)
+	strategy2, err := single.New(cc)
+	require.NoError(t, err)
+	strategies := []redlease.Strategy{strategy, q, strategy2}
 	for i, g := range groups {
-		g.locker = redlease.New(strategies[i], redlease.WithTTL(ttl), redlease.WithObserver(g))
+		g.locker, err = redlease.New(strategies[i], redlease.WithTTL(ttl), redlease.WithObserver(g))
+		require.NoError(t, err)
 	}
 
 	// Take the locks and keep them. Lost is asked once per lock: that arms
@@ -205,10 +210,10 @@ func TestMixedStrategiesWithSickNodes(t *testing.T) {
 		n, taken.Round(time.Millisecond), ttl, sg.total, qg.total, cg.total, perMaster, clusterVictim.Addr)
 
 	// The long lock: one more lock on the single node, with a TTL that
-	// outlasts the run, handed to the Watchdog only shortly before Stop.
+	// outlasts the run, handed to the Watchdog only shortly before Close.
 	// Its renewal is then a call to the paused node that go-redis holds for
-	// its ReadTimeout: Stop is sure to meet a call in flight. Its own timer
-	// reports it lost after Stop.
+	// its ReadTimeout: Close is sure to meet a call in flight. Its own timer
+	// reports it lost after Close.
 	canaryTTL := time.Duration(float64(time.Until(holdEnd)+1200*time.Millisecond) / 0.89)
 	canary, err := sg.locker.Lock(ctx, canaryKey, redlease.WithTTL(canaryTTL), redlease.WithMaxAttempts(5))
 	require.NoError(t, err)
@@ -256,15 +261,15 @@ func TestMixedStrategiesWithSickNodes(t *testing.T) {
 	}
 	assert.Zero(t, lostHealthy, "healthy locks lost (of %d)", len(healthy))
 
-	// Stop, with a call to the paused single node in flight.
+	// Close, with a call to the paused single node in flight.
 	inflight := [3]int64{singleCalls.inflight.Load(), clusterVictimCalls.inflight.Load(), quorumVictimCalls.inflight.Load()}
 	kept := w.Len()
 	stopStart := time.Now()
-	w.Stop()
+	w.Close()
 	stopTook := time.Since(stopStart)
-	grAfterStop := countGoroutines()
-	assert.Positive(t, inflight[0], "a renewal call to the paused single node is in flight when Stop is called (the long lock's)")
-	assert.Less(t, stopTook, renew.DefaultTimeout+stopAllowance, "Stop must return within one renewal timeout")
+	grAfterClose := countGoroutines()
+	assert.Positive(t, inflight[0], "a renewal call to the paused single node is in flight when Close is called (the long lock's)")
+	assert.Less(t, stopTook, renew.DefaultTimeout+stopAllowance, "Close must return within one renewal timeout")
 
 	// The verdict on the sick locks: every one reported lost, before its
 	// Until.
@@ -324,12 +329,12 @@ func TestMixedStrategiesWithSickNodes(t *testing.T) {
 	}
 	t.Logf("sick locks' loss before their Until: %s", spread(leads))
 	t.Logf("sick locks' loss after the fault:    %s", spread(afterFault))
-	t.Logf("calls to the sick nodes (go-redis, started/failed/in flight at Stop): single node %d/%d/%d, Cluster master %d/%d/%d, black-holed quorum node %d/%d/%d",
+	t.Logf("calls to the sick nodes (go-redis, started/failed/in flight at Close): single node %d/%d/%d, Cluster master %d/%d/%d, black-holed quorum node %d/%d/%d",
 		singleCalls.calls.Load(), singleCalls.failed.Load(), inflight[0],
 		clusterVictimCalls.calls.Load(), clusterVictimCalls.failed.Load(), inflight[1],
 		quorumVictimCalls.calls.Load(), quorumVictimCalls.failed.Load(), inflight[2])
-	t.Logf("Stop returned after %v (renewal timeout %v), %d locks still kept", stopTook.Round(time.Millisecond), renew.DefaultTimeout, kept)
-	t.Logf("goroutines (%s): %v before the faults, at most %v during, %v after Stop", goroutineClasses, grBefore, grPeak, grAfterStop)
+	t.Logf("Close returned after %v (renewal timeout %v), %d locks still kept", stopTook.Round(time.Millisecond), renew.DefaultTimeout, kept)
+	t.Logf("goroutines (%s): %v before the faults, at most %v during, %v after Close", goroutineClasses, grBefore, grPeak, grAfterClose)
 	// Calls to sick nodes are capped per strategy, per node and per Cluster
 	// master: what the faults add must not grow with the locks. Not counted:
 	// the proxy's goroutines (a black-holed link keeps its own until healed)

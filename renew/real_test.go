@@ -38,7 +38,7 @@ func fiveNodes(t *testing.T, opts ...quorum.Option) (*quorum.Strategy, *renew.Wa
 	t.Cleanup(func() { _ = s.Close() })
 	w, err := renew.New()
 	require.NoError(t, err)
-	t.Cleanup(w.Stop)
+	t.Cleanup(func() { w.Close() })
 	return s, w, clients
 }
 
@@ -72,8 +72,9 @@ func TestWatchdogKeepsTenThousandLocks(t *testing.T) {
 	// engine moved to internal/watch).
 	w, err := renew.New(renew.WithTimeout(3 * time.Second))
 	require.NoError(t, err)
-	t.Cleanup(w.Stop)
-	locker := redlease.New(s, redlease.WithTTL(ttl))
+	t.Cleanup(func() { w.Close() })
+	locker, err := redlease.New(s, redlease.WithTTL(ttl))
+	require.NoError(t, err)
 	ctx := t.Context()
 
 	held := make([]*redlease.Lock, locks)
@@ -132,9 +133,10 @@ func TestWatchdogKeepsTenThousandLocks(t *testing.T) {
 // its context cancelled, and Do reports the loss.
 func TestLossOnMajorityReachesDo(t *testing.T) {
 	s, w, clients := fiveNodes(t)
-	locker := redlease.New(s, redlease.WithTTL(3*time.Second), redlease.WithKeeper(w))
+	locker, err := redlease.New(s, redlease.WithTTL(3*time.Second), redlease.WithKeeper(w))
+	require.NoError(t, err)
 	var lostAt, until time.Time
-	err := locker.Do(t.Context(), "job:42", func(ctx context.Context, lk *redlease.Lock) error {
+	err = locker.Do(t.Context(), "job:42", func(ctx context.Context, lk *redlease.Lock) error {
 		// Someone else's token over the key on three nodes: unlike a delete,
 		// a write of the acquisition still on its way to one of them (the
 		// grant came at a majority) cannot undo it, since SET NX finds it.
@@ -161,8 +163,9 @@ func TestLossOnMajorityReachesDo(t *testing.T) {
 // same key must always see the committed row and insert nothing.
 func TestDoReleasesOnlyAfterTheCommit(t *testing.T) {
 	s, w, _ := fiveNodes(t)
-	locker := redlease.New(s, redlease.WithTTL(3*time.Second), redlease.WithKeeper(w),
+	locker, err := redlease.New(s, redlease.WithTTL(3*time.Second), redlease.WithKeeper(w),
 		redlease.WithRetryDelay(5*time.Millisecond, 50*time.Millisecond))
+	require.NoError(t, err)
 
 	db, err := sql.Open("sqlite", filepath.Join(t.TempDir(), "ledger.db")+"?_pragma=busy_timeout(5000)")
 	require.NoError(t, err)

@@ -16,7 +16,7 @@ const (
 	DefaultFraction = watch.DefaultFraction
 	// DefaultTimeout is the renewal timeout: how long the Watchdog waits
 	// for one strategy's renewal call before it retries, and the longest
-	// Stop waits for calls in flight.
+	// Close waits for calls in flight.
 	DefaultTimeout = watch.DefaultTimeout
 	// DefaultMaxCalls is how many renewal calls may be in flight per
 	// strategy, counting calls the Watchdog stopped waiting for that have
@@ -58,7 +58,7 @@ func WithFraction(fraction float64) Option {
 // WithTimeout sets the renewal timeout: the longest the Watchdog waits for
 // one strategy's renewal call (never past the latest Deadline of the
 // call's locks) before it counts the call as failed and schedules a retry,
-// and the longest Stop waits for calls in flight. Default DefaultTimeout
+// and the longest Close waits for calls in flight. Default DefaultTimeout
 // (1 s). Must be at least a millisecond. Keep it above the strategy's own
 // bound on a call (failover's WAIT timeout) and below the renewal
 // interval, so that a timed-out renewal leaves time for retries. A
@@ -98,20 +98,37 @@ func WithMaxCalls(n int) Option {
 // Deprecated: use WithMaxCalls.
 func WithWorkers(n int) Option { return WithMaxCalls(n) }
 
+// WithClock makes the Watchdog read the time from c, which must be the
+// clock of the Locker whose locks it keeps (redlease.WithClock): it
+// compares their Until and Deadline with c's readings. Default
+// redlease.SystemClock(). Its timers run in real time, armed from c's
+// readings and re-armed while c says "not yet", as a Lock's are: with a
+// clock that runs faster than real time, extensions come late.
+func WithClock(c redlease.Clock) Option {
+	return optionFunc(func(w *Watchdog) error {
+		if c == nil {
+			return redlease.Invalid("renew: nil clock")
+		}
+		w.clock = c
+		return nil
+	})
+}
+
 // Watchdog keeps any number of locks alive with one scheduling goroutine
 // and, per strategy, at most a few renewal calls in flight (one goroutine
-// each). It is safe for concurrent use; share one per process. Stop it when
-// done.
+// each). It is safe for concurrent use; share one per process. Close it
+// when done.
 //
 // A Locker without WithKeeper keeps Do's locks with a process-wide watchdog
 // of its own, which works like a Watchdog with the default options and ends
 // its goroutines whenever it keeps no lock. A Watchdog of your own is for
 // other options, for locks you take with Lock rather than Do, or for a
-// Stop you control.
+// Close you control.
 type Watchdog struct {
 	fraction float64
 	timeout  time.Duration
 	maxCalls int
+	clock    redlease.Clock // nil: the system clock
 
 	eng *watch.Engine[*redlease.Lock]
 }
@@ -140,6 +157,7 @@ func New(opts ...Option) (*Watchdog, error) {
 		Extend:   redlease.ExtendAll,
 		NotHeld:  notHeld,
 		Lane:     laneKey,
+		Now:      now(w.clock),
 	})
 	return w, nil
 }
@@ -148,7 +166,7 @@ func New(opts ...Option) (*Watchdog, error) {
 // released, or lk is lost (a renewal that finds it no longer held marks it
 // lost; one that cannot get an answer in time leaves it to expire, and its
 // Lost closes a loss margin before its Until). Keeping a lock that is
-// already kept, or keeping after Stop, does nothing.
+// already kept, or keeping after Close, does nothing.
 func (w *Watchdog) Keep(lk *redlease.Lock) (stop func()) { return w.eng.Keep(lk) }
 
 // Len returns how many locks the Watchdog keeps. A lock that expired while
@@ -156,15 +174,28 @@ func (w *Watchdog) Keep(lk *redlease.Lock) (stop func()) { return w.eng.Keep(lk)
 // to it.
 func (w *Watchdog) Len() int { return w.eng.Len() }
 
-// Stop stops the Watchdog: no lock is extended any more, and the calls in
+// Close stops the Watchdog: no lock is extended any more, and the calls in
 // flight are cancelled. It waits for the scheduler and for those calls,
 // but for the calls no longer than the renewal timeout (WithTimeout): a
 // call whose client ignores its context (go-redis without
 // ContextTimeoutEnabled, on a hung node) is left to end on its own, at the
 // client's own timeout or when the client is closed, and at most
 // WithMaxCalls of them per strategy exist. Kept locks stay held until they
-// expire or are released. Calling Stop again waits the same way.
-func (w *Watchdog) Stop() { w.eng.Stop() }
+// expire or are released. Calling Close again waits the same way. It
+// returns nil (io.Closer).
+func (w *Watchdog) Close() error {
+	w.eng.Close()
+	return nil
+}
+
+// now is the engine's clock for c: nil (time.Now, with deadlines as
+// given) for the system clock.
+func now(c redlease.Clock) func() time.Time {
+	if c == nil || c == redlease.SystemClock() {
+		return nil
+	}
+	return c.Now
+}
 
 // laneKey is what groups locks into lanes: their strategy, or the lock
 // itself for a strategy that cannot be a map key.

@@ -84,8 +84,9 @@ func TestKeepsManyLocksWithFewBatches(t *testing.T) {
 		m := newMem()
 		w, err := renew.New()
 		require.NoError(t, err)
-		defer w.Stop()
-		l := redlease.New(m, redlease.WithTTL(3*time.Second))
+		defer w.Close()
+		l, err := redlease.New(m, redlease.WithTTL(3*time.Second))
+		require.NoError(t, err)
 		var locks []*redlease.Lock
 		for i := range 1000 {
 			lk, err := l.TryLock(t.Context(), "k"+string(rune(i)))
@@ -114,8 +115,10 @@ func TestLockNotHeldIsLostBeforeUntil(t *testing.T) {
 		m := newMem()
 		w, err := renew.New()
 		require.NoError(t, err)
-		defer w.Stop()
-		lk, err := redlease.New(m, redlease.WithTTL(3*time.Second)).TryLock(t.Context(), "k")
+		defer w.Close()
+		locker, err := redlease.New(m, redlease.WithTTL(3*time.Second))
+		require.NoError(t, err)
+		lk, err := locker.TryLock(t.Context(), "k")
 		require.NoError(t, err)
 		w.Keep(lk)
 		m.mu.Lock()
@@ -129,12 +132,13 @@ func TestLockNotHeldIsLostBeforeUntil(t *testing.T) {
 	})
 }
 
-func TestReleaseAndStopEndRenewal(t *testing.T) {
+func TestReleaseAndCloseEndRenewal(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		m := newMem()
 		w, err := renew.New()
 		require.NoError(t, err)
-		l := redlease.New(m, redlease.WithTTL(3*time.Second))
+		l, err := redlease.New(m, redlease.WithTTL(3*time.Second))
+		require.NoError(t, err)
 		a, err := l.TryLock(t.Context(), "a")
 		require.NoError(t, err)
 		b, err := l.TryLock(t.Context(), "b")
@@ -151,8 +155,8 @@ func TestReleaseAndStopEndRenewal(t *testing.T) {
 		batches, _ := m.counts()
 		assert.LessOrEqual(t, batches, 1, "released and stopped locks are not extended (one batch may find a released lock)")
 		assert.False(t, b.Valid(), "b expired once no longer kept")
-		w.Stop()
-		w.Stop() // harmless twice
+		w.Close()
+		w.Close() // harmless twice
 		assert.NotPanics(t, func() { w.Keep(b)() })
 	})
 }
@@ -162,4 +166,83 @@ func TestRejectsBadOptions(t *testing.T) {
 		_, err := renew.New(o)
 		assert.ErrorIs(t, err, redlease.ErrInvalid)
 	}
+}
+
+// rateClock runs at rate times real time from start.
+type rateClock struct {
+	start time.Time
+	rate  float64
+}
+
+func (c rateClock) Now() time.Time {
+	return c.start.Add(time.Duration(c.rate * float64(time.Since(c.start))))
+}
+
+// clockStrategy keeps locks in m, and its grants run until ttl after c's
+// reading, as the strategies given the same WithClock judge them; m's own
+// expiry (real time) is kept out of the way. It does not batch.
+type clockStrategy struct {
+	m *memStrategy
+	c redlease.Clock
+}
+
+func (s clockStrategy) Acquire(ctx context.Context, key, token string, ttl time.Duration) (redlease.Grant, error) {
+	if _, err := s.m.Acquire(ctx, key, token, time.Hour); err != nil {
+		return redlease.Grant{}, err
+	}
+	return redlease.Grant{Until: s.c.Now().Add(ttl)}, nil
+}
+
+func (s clockStrategy) Extend(ctx context.Context, key, token string, ttl time.Duration) (redlease.Grant, error) {
+	if _, err := s.m.Extend(ctx, key, token, time.Hour); err != nil {
+		return redlease.Grant{}, err
+	}
+	return redlease.Grant{Until: s.c.Now().Add(ttl)}, nil
+}
+
+func (s clockStrategy) Release(ctx context.Context, key, token string) error {
+	return s.m.Release(ctx, key, token)
+}
+
+// A Watchdog schedules by its clock. The Locker's clock here runs at a
+// quarter of real time, so a 3 s lock wants an extension every 4 s of real
+// time (taken a quarter of that early: every 3 s): a Watchdog on the same
+// clock extends it about 5 times in 16 s; one on the system clock,
+// comparing the lock's Until with real time, about 21 times (every 0.75 s).
+func TestWatchdogSchedulesByItsClock(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		clock    bool
+		min, max int
+	}{{"locker's clock", true, 4, 6}, {"system clock", false, 16, 24}} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				c := rateClock{start: time.Now(), rate: 0.25}
+				var opts []renew.Option
+				if tc.clock {
+					opts = append(opts, renew.WithClock(c))
+				}
+				w, err := renew.New(opts...)
+				require.NoError(t, err)
+				defer w.Close()
+				s := clockStrategy{newMem(), c}
+				locker, err := redlease.New(s, redlease.WithTTL(3*time.Second), redlease.WithClock(c))
+				require.NoError(t, err)
+				lk, err := locker.TryLock(t.Context(), "k")
+				require.NoError(t, err)
+				w.Keep(lk)
+				time.Sleep(16 * time.Second)
+				require.True(t, lk.Valid())
+				_, extends := s.m.counts()
+				assert.GreaterOrEqual(t, extends, tc.min, "extensions in 16 s")
+				assert.LessOrEqual(t, extends, tc.max, "extensions in 16 s")
+				require.NoError(t, lk.Release(t.Context()))
+			})
+		})
+	}
+}
+
+func TestRejectsNilClock(t *testing.T) {
+	_, err := renew.New(renew.WithClock(nil))
+	assert.ErrorIs(t, err, redlease.ErrInvalid)
 }

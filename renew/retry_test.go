@@ -20,6 +20,18 @@ import (
 	"github.com/redlease/redlease/single"
 )
 
+// takeSingle takes key on the single strategy over c for ttl.
+func takeSingle(t *testing.T, c redis.UniversalClient, key string, ttl time.Duration) *redlease.Lock {
+	t.Helper()
+	s, err := single.New(c)
+	require.NoError(t, err)
+	l, err := redlease.New(s, redlease.WithTTL(ttl))
+	require.NoError(t, err)
+	lk, err := l.TryLock(t.Context(), key)
+	require.NoError(t, err)
+	return lk
+}
+
 // A kept lock whose extensions fail at once with an error that says
 // nothing about the lock (NOPERM here: the client's user lost its key
 // permissions; READONLY, LOADING and BUSY take the same path) is retried
@@ -31,10 +43,9 @@ func TestFailedRenewalsWaitForTheirRetryTime(t *testing.T) {
 	c := srv.Client()
 	w, err := renew.New()
 	require.NoError(t, err)
-	t.Cleanup(w.Stop)
+	t.Cleanup(func() { w.Close() })
 
-	lk, err := redlease.New(single.New(c), redlease.WithTTL(ttl)).TryLock(t.Context(), "retry:noperm")
-	require.NoError(t, err)
+	lk := takeSingle(t, c, "retry:noperm", ttl)
 	taken := time.Now()
 	before := evalshaAttempts(t, c)
 	w.Keep(lk)
@@ -67,10 +78,9 @@ func TestRenewalOfAKeyOfAnotherTypeIsAVerdict(t *testing.T) {
 	c := srv.Client()
 	w, err := renew.New()
 	require.NoError(t, err)
-	t.Cleanup(w.Stop)
+	t.Cleanup(func() { w.Close() })
 
-	lk, err := redlease.New(single.New(c), redlease.WithTTL(ttl)).TryLock(t.Context(), "retry:wrongtype")
-	require.NoError(t, err)
+	lk := takeSingle(t, c, "retry:wrongtype", ttl)
 	before := evalshaCalls(t, c)
 	w.Keep(lk)
 	ctx := context.Background()
@@ -126,8 +136,10 @@ func TestRetryScheduleOfAFastFailure(t *testing.T) {
 		f := &failing{memStrategy: newMem()}
 		w, err := renew.New()
 		require.NoError(t, err)
-		defer w.Stop()
-		lk, err := redlease.New(f, redlease.WithTTL(ttl)).TryLock(t.Context(), "k")
+		defer w.Close()
+		locker, err := redlease.New(f, redlease.WithTTL(ttl))
+		require.NoError(t, err)
+		lk, err := locker.TryLock(t.Context(), "k")
 		require.NoError(t, err)
 		taken := time.Now()
 		w.Keep(lk)

@@ -29,8 +29,9 @@ func starveRun(t *testing.T, s redlease.Strategy, n, busy int, ttl, hold time.Du
 	t.Helper()
 	w, err := renew.New()
 	require.NoError(t, err)
-	defer w.Stop()
-	locker := redlease.New(s, redlease.WithTTL(ttl), redlease.WithRetryDelay(time.Millisecond, 20*time.Millisecond))
+	defer w.Close()
+	locker, err := redlease.New(s, redlease.WithTTL(ttl), redlease.WithRetryDelay(time.Millisecond, 20*time.Millisecond))
+	require.NoError(t, err)
 
 	take := func(i int) *redlease.Lock {
 		for {
@@ -119,7 +120,9 @@ func TestStarvedProcessKeepsHealthyLocks(t *testing.T) {
 		srv := redistest.Start(t, redistest.Config{})
 		c := redis.NewClient(&redis.Options{Addr: srv.Addr})
 		t.Cleanup(func() { _ = c.Close() })
-		lost := starveRun(t, single.New(c), n, busy, ttl, hold)
+		strategy, err := single.New(c)
+		require.NoError(t, err)
+		lost := starveRun(t, strategy, n, busy, ttl, hold)
 		t.Logf("single (go-redis defaults, TTL %v): %d of %d locks lost in %v", ttl, lost, n, hold)
 		if lost > 0 {
 			t.Errorf("%d healthy locks lost", lost)

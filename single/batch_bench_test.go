@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
 
 	"github.com/redlease/redlease"
 	"github.com/redlease/redlease/internal/redistest"
@@ -37,7 +38,8 @@ func BenchmarkExtendBatch(b *testing.B) {
 					b.Fatal(err)
 				}
 			}
-			s := single.New(bc.client)
+			s, err := single.New(bc.client)
+			require.NoError(b, err)
 			b.ReportAllocs()
 			b.ResetTimer()
 			for range b.N {

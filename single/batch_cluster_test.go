@@ -37,7 +37,10 @@ func TestExtendBatchOnClusterPerShard(t *testing.T) {
 
 	t.Run("wrong type on one master", func(t *testing.T) {
 		ctx := t.Context()
-		locker := redlease.New(single.New(cc), redlease.WithPrefix("cwt:"), redlease.WithTTL(10*time.Second))
+		strategy, err := single.New(cc)
+		require.NoError(t, err)
+		locker, err := redlease.New(strategy, redlease.WithPrefix("cwt:"), redlease.WithTTL(10*time.Second))
+		require.NoError(t, err)
 		locks := make([]*redlease.Lock, 30)
 		for i := range locks {
 			lk, err := locker.TryLock(ctx, fmt.Sprint(i))
@@ -61,7 +64,8 @@ func TestExtendBatchOnClusterPerShard(t *testing.T) {
 
 	t.Run("one script call per slot and 500 keys", func(t *testing.T) {
 		ctx := t.Context()
-		s := single.New(cc)
+		s, err := single.New(cc)
+		require.NoError(t, err)
 		items := make([]redlease.Extension, 600)
 		for i := range items { // one hash tag: one slot, one master
 			items[i] = redlease.Extension{Key: fmt.Sprintf("{slot}:%d", i), Token: "tok", TTL: 20 * time.Second}
@@ -82,7 +86,10 @@ func TestExtendBatchOnClusterPerShard(t *testing.T) {
 	t.Run("paused master", func(t *testing.T) {
 		ctx := t.Context()
 		const ttl = 5 * time.Second
-		locker := redlease.New(single.New(cc), redlease.WithPrefix("cpm:"), redlease.WithTTL(ttl))
+		strategy2, err := single.New(cc)
+		require.NoError(t, err)
+		locker, err := redlease.New(strategy2, redlease.WithPrefix("cpm:"), redlease.WithTTL(ttl))
+		require.NoError(t, err)
 		victim := servers[0]
 		var locks []*redlease.Lock
 		onVictim := map[int]bool{}

@@ -32,7 +32,10 @@ func TestExtendAllWrongTypeKeyCostsOnlyItsLock(t *testing.T) {
 	ctx := t.Context()
 	srv := redistest.Start(t, redistest.Config{})
 	c := srv.Client()
-	locker := redlease.New(single.New(c), redlease.WithPrefix("wrongtype:"), redlease.WithTTL(10*time.Second))
+	strategy, err := single.New(c)
+	require.NoError(t, err)
+	locker, err := redlease.New(strategy, redlease.WithPrefix("wrongtype:"), redlease.WithTTL(10*time.Second))
+	require.NoError(t, err)
 	locks := make([]*redlease.Lock, 50)
 	for i := range locks {
 		lk, err := locker.TryLock(ctx, fmt.Sprint(i))
@@ -59,7 +62,7 @@ func TestExtendAllWrongTypeKeyCostsOnlyItsLock(t *testing.T) {
 		require.NoError(t, terr)
 		assert.Greater(t, ttl, 5*time.Second, "lock %d: the batch reset its TTL", i)
 	}
-	err := errs[bad]
+	err = errs[bad]
 	require.ErrorIs(t, err, redlease.ErrNotHeld, "a key of another type is not held under our token")
 	assert.NotErrorIs(t, err, redlease.ErrUnavailable)
 	var ne *redlease.NodeError
@@ -98,7 +101,9 @@ func TestExtendBatchCommandErrorStaysWithItsKeys(t *testing.T) {
 		items[i] = redlease.Extension{Key: key, Token: tok, TTL: 20 * time.Second}
 	}
 
-	out := single.New(c).ExtendBatch(ctx, items)
+	strategy, err := single.New(c)
+	require.NoError(t, err)
+	out := strategy.ExtendBatch(ctx, items)
 	require.Len(t, out, n)
 	for i := range 500 {
 		require.NoError(t, out[i].Err, "item %d: its call went through", i)

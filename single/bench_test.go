@@ -7,6 +7,7 @@ import (
 
 	"github.com/bsm/redislock"
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
 
 	"github.com/redlease/redlease"
 	"github.com/redlease/redlease/internal/redistest"
@@ -25,7 +26,8 @@ func BenchmarkAcquireRelease(b *testing.B) {
 
 	run := func(name string, s redlease.Strategy) {
 		b.Run(name, func(b *testing.B) {
-			locker := redlease.New(s, redlease.WithTTL(10*time.Second))
+			locker, err := redlease.New(s, redlease.WithTTL(10*time.Second))
+			require.NoError(b, err)
 			key := b.Name()
 			b.ReportAllocs()
 			b.ResetTimer()
@@ -40,8 +42,12 @@ func BenchmarkAcquireRelease(b *testing.B) {
 			}
 		})
 	}
-	run("lib=redlease", single.New(c))
-	run("lib=redlease/nofence", single.New(c, single.WithoutFencing()))
+	strategy, err := single.New(c)
+	require.NoError(b, err)
+	run("lib=redlease", strategy)
+	strategy2, err := single.New(c, single.WithoutFencing())
+	require.NoError(b, err)
+	run("lib=redlease/nofence", strategy2)
 
 	b.Run("lib=redislock", func(b *testing.B) {
 		rl := redislock.New(c)

@@ -25,7 +25,10 @@ func TestCallsAreBoundedByTheirContextWithDefaultClientOptions(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr})
 	t.Cleanup(func() { _ = c.Close() })
 	t.Cleanup(srv.Resume)
-	l := redlease.New(single.New(c), redlease.WithTTL(10*time.Second))
+	strategy, err := single.New(c)
+	require.NoError(t, err)
+	l, err := redlease.New(strategy, redlease.WithTTL(10*time.Second))
+	require.NoError(t, err)
 	ctx := t.Context()
 	held, err := l.TryLock(ctx, "bounded:held") // scripts loaded, a connection open
 	require.NoError(t, err)

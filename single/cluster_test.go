@@ -25,12 +25,15 @@ func TestOnThreeMasterCluster(t *testing.T) {
 	servers := redistest.StartCluster(t, 3)
 	c := redistest.ClusterClient(t, servers)
 	contract.Run(t, func(t *testing.T) contract.Setup {
-		return contract.Setup{Strategy: single.New(c), Nodes: []redis.UniversalClient{c}, Quorum: 1, Fencing: true}
+		strategy, err := single.New(c)
+		require.NoError(t, err)
+		return contract.Setup{Strategy: strategy, Nodes: []redis.UniversalClient{c}, Quorum: 1, Fencing: true}
 	})
 
 	t.Run("keys spread over the masters", func(t *testing.T) {
 		ctx := t.Context()
-		s := single.New(c)
+		s, err := single.New(c)
+		require.NoError(t, err)
 		masters := map[string]bool{}
 		for i := range 30 {
 			key := fmt.Sprintf("spread:%d", i)
@@ -76,11 +79,14 @@ func TestOnThreeMasterCluster(t *testing.T) {
 func TestClusterReleaseWakesWaiters(t *testing.T) {
 	servers := redistest.StartCluster(t, 3)
 	c := redistest.ClusterClient(t, servers)
-	s := single.New(c)
+	s, err := single.New(c)
+	require.NoError(t, err)
 	t.Cleanup(func() { _ = s.Close() })
 	ctx := t.Context()
-	holder := redlease.New(s, redlease.WithTTL(30*time.Second))
-	waiter := redlease.New(s, redlease.WithTTL(30*time.Second), redlease.WithRetryDelay(10*time.Second, 10*time.Second))
+	holder, err := redlease.New(s, redlease.WithTTL(30*time.Second))
+	require.NoError(t, err)
+	waiter, err := redlease.New(s, redlease.WithTTL(30*time.Second), redlease.WithRetryDelay(10*time.Second, 10*time.Second))
+	require.NoError(t, err)
 	for i := range 6 { // keys on different masters
 		key := fmt.Sprintf("cluster:wake:%d", i)
 		lk, err := holder.TryLock(ctx, key)

@@ -17,7 +17,10 @@ import (
 // held key matches ErrNotObtained only.
 func TestDownIsNotHeld(t *testing.T) {
 	srv := redistest.Start(t, redistest.Config{})
-	l := redlease.New(single.New(srv.Client()))
+	strategy, err := single.New(srv.Client())
+	require.NoError(t, err)
+	l, err := redlease.New(strategy)
+	require.NoError(t, err)
 	ctx := t.Context()
 	held, err := l.TryLock(ctx, "defaults:held")
 	require.NoError(t, err)

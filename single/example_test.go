@@ -24,7 +24,14 @@ func Example() {
 	client := redis.NewClient(&redis.Options{Addr: m.Addr()})
 	defer client.Close()
 
-	locker := redlease.New(single.New(client), redlease.WithTTL(30*time.Second))
+	s, err := single.New(client)
+	if err != nil {
+		panic(err)
+	}
+	locker, err := redlease.New(s, redlease.WithTTL(30*time.Second))
+	if err != nil {
+		panic(err)
+	}
 	lk, err := locker.Lock(ctx, "invoice:42")
 	if err != nil {
 		panic(err)
@@ -50,9 +57,18 @@ func Example_perOperationStrategy() {
 	client := redis.NewClient(&redis.Options{Addr: m.Addr()})
 	defer client.Close()
 
-	cheap := single.New(client, single.WithoutFencing())
-	fenced := single.New(client)
-	locker := redlease.New(cheap, redlease.WithPrefix("lock:"))
+	cheap, err := single.New(client, single.WithoutFencing())
+	if err != nil {
+		panic(err)
+	}
+	fenced, err := single.New(client)
+	if err != nil {
+		panic(err)
+	}
+	locker, err := redlease.New(cheap, redlease.WithPrefix("lock:"))
+	if err != nil {
+		panic(err)
+	}
 
 	dedup, err := locker.TryLock(ctx, "email:welcome:7", redlease.WithTTL(time.Minute))
 	if err != nil {

@@ -7,7 +7,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/redlease/redlease"
-	"github.com/redlease/redlease/internal/drift"
 	"github.com/redlease/redlease/internal/primary"
 )
 
@@ -45,21 +44,14 @@ func WithoutFencing() Option { return optionFunc(primary.NoFencing) }
 // start + ttl − (ttl×factor + 2 ms). Default 0.01. Must be in [0, 1).
 func WithDriftFactor(factor float64) Option { return optionFunc(primary.DriftFactor(factor)) }
 
-// New returns a Strategy on client. It does not fail: a nil client or a
-// rejected option makes every call return an error that errors.Is
-// redlease.ErrInvalid.
-func New(client redis.UniversalClient, opts ...Option) *Strategy {
-	cfg := primary.Config{Fencing: true, DriftFactor: drift.DefaultFactor}
-	var err error
-	for _, o := range opts {
-		if o == nil {
-			continue
-		}
-		if err = o.apply(&cfg); err != nil {
-			break
-		}
+// New returns a Strategy on client. A nil client or a rejected option is
+// returned as an error that errors.Is redlease.ErrInvalid.
+func New(client redis.UniversalClient, opts ...Option) (*Strategy, error) {
+	p, err := primary.New(client, primary.Defaults(), opts, Option.apply)
+	if err != nil {
+		return nil, err
 	}
-	return &Strategy{p: primary.New(client, cfg, err)}
+	return &Strategy{p: p}, nil
 }
 
 // Acquire takes key in one round trip: SET NX PX and, with fencing, INCR of

@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
 	"github.com/redlease/redlease/internal/contract"
@@ -19,14 +20,18 @@ func TestMain(m *testing.M) {
 func TestContract(t *testing.T) {
 	c := redistest.Start(t, redistest.Config{}).Client()
 	contract.Run(t, func(t *testing.T) contract.Setup {
-		return contract.Setup{Strategy: single.New(c), Nodes: []redis.UniversalClient{c}, Quorum: 1, Fencing: true}
+		strategy, err := single.New(c)
+		require.NoError(t, err)
+		return contract.Setup{Strategy: strategy, Nodes: []redis.UniversalClient{c}, Quorum: 1, Fencing: true}
 	})
 }
 
 func TestContractWithoutFencing(t *testing.T) {
 	c := redistest.Start(t, redistest.Config{}).Client()
 	contract.Run(t, func(t *testing.T) contract.Setup {
-		return contract.Setup{Strategy: single.New(c, single.WithoutFencing()), Nodes: []redis.UniversalClient{c}, Quorum: 1}
+		strategy, err := single.New(c, single.WithoutFencing())
+		require.NoError(t, err)
+		return contract.Setup{Strategy: strategy, Nodes: []redis.UniversalClient{c}, Quorum: 1}
 	})
 }
 
@@ -37,6 +42,8 @@ func TestContractOnCluster(t *testing.T) {
 	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{srv.Addr}})
 	t.Cleanup(func() { _ = c.Close() })
 	contract.Run(t, func(t *testing.T) contract.Setup {
-		return contract.Setup{Strategy: single.New(c), Nodes: []redis.UniversalClient{c}, Quorum: 1, Fencing: true}
+		strategy, err := single.New(c)
+		require.NoError(t, err)
+		return contract.Setup{Strategy: strategy, Nodes: []redis.UniversalClient{c}, Quorum: 1, Fencing: true}
 	})
 }

@@ -24,7 +24,7 @@ func (w *World) barrierClient(ci int, r *rand.Rand) {
 	if err != nil {
 		panic(fmt.Sprintf("sim: renew.New: %v", err))
 	}
-	w.onClose(wd.Stop)
+	w.onClose(func() { wd.Close() })
 	store := w.redisClient(ci, w.nodes[w.sc.storeNode()], r.IntN(2) == 0)
 	b, err := idempotency.New(store, idempotency.WithLease(w.drawTTL(r)), idempotency.WithRetention(30*time.Second), idempotency.WithKeeper(wd))
 	if err != nil {

@@ -33,15 +33,15 @@ func (w *World) doLockers(ci int, r *rand.Rand) []doLocker {
 	if err != nil {
 		panic(fmt.Sprintf("sim: renew.New: %v", err)) // a bug in the scenario table
 	}
-	w.onClose(wd.Stop)
+	w.onClose(func() { wd.Close() })
 	q := w.quorumLocker(ci, r, w.nodes[:w.sc.Nodes], redlease.WithKeeper(wd))
 	sn := w.nodes[w.sc.Nodes]
 	sct := r.IntN(2) == 0
 	w.hist.logf("c%d single client ContextTimeoutEnabled=%v", ci, sct)
-	s := redlease.New(single.New(w.redisClient(ci, sn, sct)), redlease.WithKeeper(wd), redlease.WithPolling())
+	s := must(redlease.New(must(single.New(w.redisClient(ci, sn, sct))), redlease.WithKeeper(wd), redlease.WithPolling()))
 	ls := []doLocker{{name: "q", locker: q}, {name: "s", locker: s}}
 	if w.sc.Cluster {
-		c := redlease.New(single.New(w.clusterClient(ci, r.IntN(2) == 0)), redlease.WithKeeper(wd), redlease.WithPolling())
+		c := must(redlease.New(must(single.New(w.clusterClient(ci, r.IntN(2) == 0))), redlease.WithKeeper(wd), redlease.WithPolling()))
 		ls = append(ls, doLocker{name: "c", locker: c})
 	}
 	return ls

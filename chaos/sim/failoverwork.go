@@ -185,7 +185,7 @@ func (w *World) failoverClient(ci int, r *rand.Rand) {
 	w.mu.Lock()
 	w.clients = append(w.clients, fc)
 	w.mu.Unlock()
-	s := failover.New(fc)
+	s := must(failover.New(fc))
 	var scs []*redis.SentinelClient
 	for _, a := range w.sentinelAddrs() {
 		scs = append(scs, redis.NewSentinelClient(&redis.Options{
@@ -233,15 +233,15 @@ func (w *World) failoverClient(ci int, r *rand.Rand) {
 	w.mu.Unlock()
 	w.hist.logf("c%d watching %s at %s, poll %v", ci, masterName, wt.Primary(), poll)
 	if ci%2 == 0 {
-		w.lockClient(ci, redlease.New(s, redlease.WithPolling()), r)
+		w.lockClient(ci, must(redlease.New(s, redlease.WithPolling())), r)
 		return
 	}
 	wd, err := renew.New()
 	if err != nil {
 		panic(fmt.Sprintf("sim: renew.New: %v", err)) // a bug in the scenario table
 	}
-	w.onClose(wd.Stop)
-	w.doClient(ci, []doLocker{{name: "k", locker: redlease.New(s, redlease.WithKeeper(wd), redlease.WithPolling())}})
+	w.onClose(func() { wd.Close() })
+	w.doClient(ci, []doLocker{{name: "k", locker: must(redlease.New(s, redlease.WithKeeper(wd), redlease.WithPolling()))}})
 }
 
 // makeFailoverFaults draws the failover scenario's own faults: one

@@ -208,7 +208,7 @@ func TestFindingBarrierNotOwnerAfterEffect(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			w.onClose(wd.Stop)
+			w.onClose(func() { wd.Close() })
 			b, err := idempotency.New(w.redisClient(ci, store, false), idempotency.WithLease(50*time.Millisecond), idempotency.WithRetention(10*time.Second), idempotency.WithKeeper(wd))
 			if err != nil {
 				t.Fatal(err)

@@ -198,6 +198,15 @@ func newWorld(sc Scenario, seed uint64, opts Options) *World {
 	return w
 }
 
+// must returns v, and panics on err: a constructor's error in the
+// simulation is a bug in the scenario table.
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(fmt.Sprintf("sim: %v", err))
+	}
+	return v
+}
+
 // fenced reports whether the scenario's strategy hands out rising fences.
 func (sc *Scenario) fenced() bool {
 	return sc.Fencing || sc.Strategy == Single || sc.Strategy == Failover
@@ -209,12 +218,12 @@ func (w *World) locker(ci int, r *rand.Rand) *redlease.Locker {
 	ctxTimeouts := r.IntN(2) == 0
 	switch w.sc.Strategy {
 	case Single:
-		s := single.New(w.redisClient(ci, w.nodes[0], ctxTimeouts))
+		s := must(single.New(w.redisClient(ci, w.nodes[0], ctxTimeouts)))
 		if w.sc.Wake {
 			w.onClose(func() { _ = s.Close() })
-			return redlease.New(s)
+			return must(redlease.New(s))
 		}
-		return redlease.New(s, redlease.WithPolling())
+		return must(redlease.New(s, redlease.WithPolling()))
 	default:
 		return w.quorumLocker(ci, r, w.nodes, nil, ctxTimeouts)
 	}
@@ -253,6 +262,6 @@ func (w *World) quorumLocker(ci int, r *rand.Rand, nodes []*Node, opt redlease.O
 		if opt != nil {
 			lopts = append(lopts, opt)
 		}
-		return redlease.New(q, lopts...)
+		return must(redlease.New(q, lopts...))
 	}
 }

@@ -227,7 +227,7 @@ func (w *World) redisClient(ci int, n *Node, ctxTimeouts bool) *redis.Client {
 }
 
 // onClose registers f to run when the run ends, before the go-redis
-// clients close (strategies' Close, watchdogs' Stop).
+// clients close (strategies' Close, watchdogs' Close).
 func (w *World) onClose(f func()) {
 	w.mu.Lock()
 	w.closers = append(w.closers, f)

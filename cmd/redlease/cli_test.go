@@ -133,7 +133,9 @@ func TestNotObtainedExitCode(t *testing.T) {
 	q, err := quorum.New(clients)
 	require.NoError(t, err)
 	defer q.Close()
-	lk, err := redlease.New(q, redlease.WithPrefix("lock:")).TryLock(t.Context(), "busy")
+	locker, err := redlease.New(q, redlease.WithPrefix("lock:"))
+	require.NoError(t, err)
+	lk, err := locker.TryLock(t.Context(), "busy")
 	require.NoError(t, err)
 	defer lk.Release(context.Background())
 

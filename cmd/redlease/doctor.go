@@ -225,7 +225,14 @@ func configValue(ctx context.Context, c redis.UniversalClient, name string) stri
 // strategy does: a user without the rights the scripts need fails here
 // (NOPERM) rather than on the first real lock.
 func probe(ctx context.Context, c redis.UniversalClient, prefix string) error {
-	l := redlease.New(single.New(c), redlease.WithPrefix(prefix), redlease.WithTTL(5*time.Second))
+	s, err := single.New(c)
+	if err != nil {
+		return err
+	}
+	l, err := redlease.New(s, redlease.WithPrefix(prefix), redlease.WithTTL(5*time.Second))
+	if err != nil {
+		return err
+	}
 	lk, err := l.TryLock(ctx, "redlease-doctor-probe-"+strconv.Itoa(os.Getpid()))
 	switch {
 	case err == nil:

@@ -229,7 +229,12 @@ func (nf *nodeFlags) strategyFor(ctx context.Context) (*backend, error) {
 		if err != nil {
 			return nil, err
 		}
-		return &backend{s: single.New(cs[0]), name: name, clients: cs, stop: closeAll}, nil
+		s, err := single.New(cs[0])
+		if err != nil {
+			closeAll()
+			return nil, &exitError{exitUsage, err}
+		}
+		return &backend{s: s, name: name, clients: cs, stop: closeAll}, nil
 	case "quorum":
 		cs, closeAll, err := nf.connect(addrs)
 		if err != nil {
@@ -281,7 +286,12 @@ func (nf *nodeFlags) failover(ctx context.Context, addrs []string) (*backend, er
 		}
 	}
 	c := redis.NewFailoverClient(o)
-	s := failover.New(c, failover.WithReplicas(nf.replicas))
+	s, err := failover.New(c, failover.WithReplicas(nf.replicas))
+	if err != nil { // --replicas 0
+		_ = c.Close()
+		closeSentinels()
+		return nil, &exitError{exitUsage, err}
+	}
 	w, err := failover.Watch(ctx, s, nf.master, 0, sentinels...)
 	if err != nil {
 		_ = c.Close()

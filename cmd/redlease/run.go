@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/redlease/redlease"
+	"github.com/redlease/redlease/failover"
 	"github.com/redlease/redlease/renew"
 )
 
@@ -141,9 +142,12 @@ func runLocked(ctx context.Context, nf *nodeFlags, o runOpts, args []string) err
 	if err != nil {
 		return &exitError{exitSoftware, err}
 	}
-	defer w.Stop()
-	locker := redlease.New(b.s, redlease.WithTTL(o.ttl), redlease.WithLossMargin(o.margin),
+	defer w.Close()
+	locker, err := redlease.New(b.s, redlease.WithTTL(o.ttl), redlease.WithLossMargin(o.margin),
 		redlease.WithPrefix(nf.prefix), redlease.WithKeeper(w))
+	if err != nil { // a --ttl or --margin the Locker refuses
+		return &exitError{exitUsage, err}
+	}
 
 	lk, sig, err := acquire(ctx, locker, o, sigs)
 	if sig != 0 {
@@ -328,7 +332,7 @@ func supervise(g *group, lk *redlease.Lock, o runOpts, sigs <-chan os.Signal) ou
 			if limit := lk.Until().Add(-o.safety()); limit.Before(at) {
 				at = limit
 			}
-			if errors.Is(cause, redlease.ErrNotHeld) || errors.Is(cause, redlease.ErrFailover) {
+			if errors.Is(cause, redlease.ErrNotHeld) || errors.Is(cause, failover.ErrFailover) {
 				at = time.Now() // the key is gone or may be: someone else may hold it now
 			}
 			killBy(at)

@@ -76,12 +76,15 @@ func run(ctx context.Context, redisAddr, serveAddr string) error {
 		return err
 	}
 	bank := &processor{}
-	keyed := idempotency.Middleware(barrier,
+	keyed, err := idempotency.Middleware(barrier,
 		// Keys are scoped per caller: alice's "order-42" is not bob's.
 		idempotency.WithPrincipal(caller),
 		// A payment without a key could not be retried safely: refuse it.
 		idempotency.WithRequired(true),
 	)
+	if err != nil {
+		return err
+	}
 	mux := http.NewServeMux()
 	mux.Handle("POST /payments", keyed(http.HandlerFunc(bank.create)))
 	mux.HandleFunc("GET /payments/{id}", bank.get)

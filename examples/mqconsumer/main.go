@@ -75,7 +75,10 @@ func run(ctx context.Context, addr string) error {
 	if err != nil {
 		return err
 	}
-	dedup := idempotency.NewConsumer(barrier)
+	dedup, err := idempotency.NewConsumer(barrier)
+	if err != nil {
+		return err
+	}
 	if err := rdb.XGroupCreateMkStream(ctx, stream, group, "0").Err(); err != nil {
 		return err
 	}

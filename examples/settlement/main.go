@@ -134,7 +134,7 @@ func run(ctx context.Context, nodeList, storeAddr string, n, clients int) error 
 	if err != nil {
 		return err
 	}
-	defer watchdog.Stop()
+	defer watchdog.Close()
 
 	// One prefix per run, so that a second run against real servers does
 	// not replay the first run's results.
@@ -157,8 +157,11 @@ func run(ctx context.Context, nodeList, storeAddr string, n, clients int) error 
 	// settlement run once; the account lock makes writers of one balance
 	// take turns, and its fence lets the ledger refuse a writer whose turn
 	// is over.
-	accountLocks := redlease.New(q, redlease.WithKeeper(watchdog), redlease.WithTTL(lease),
+	accountLocks, err := redlease.New(q, redlease.WithKeeper(watchdog), redlease.WithTTL(lease),
 		redlease.WithRetryDelay(2*time.Millisecond, 40*time.Millisecond), redlease.WithPrefix(prefix+"account:"))
+	if err != nil {
+		return err
+	}
 
 	dir, err := os.MkdirTemp("", "redlease-settlement-")
 	if err != nil {
@@ -189,7 +192,10 @@ func run(ctx context.Context, nodeList, storeAddr string, n, clients int) error 
 	}
 	// The frozen holder stands for a process paused past its lease: nothing
 	// renews its lock (Do would, by default), so it expires under it.
-	svc.frozenAccounts = redlease.New(q, redlease.WithTTL(stallLease), redlease.WithPrefix(prefix+"account:"), redlease.WithoutKeeper())
+	svc.frozenAccounts, err = redlease.New(q, redlease.WithTTL(stallLease), redlease.WithPrefix(prefix+"account:"), redlease.WithoutKeeper())
+	if err != nil {
+		return err
+	}
 
 	fmt.Printf("%d settlements on %d accounts, sent %d times in all by %d clients (timeout %v, then resend)\n",
 		n, accounts, len(sends), clients, clientTimeout)

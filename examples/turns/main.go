@@ -75,7 +75,10 @@ func run(ctx context.Context, nodeList string, workers, turns int) error {
 		return err
 	}
 	defer s.Close()
-	locker := redlease.New(s, redlease.WithTTL(5*time.Second), redlease.WithPrefix("redlease-demo:"))
+	locker, err := redlease.New(s, redlease.WithTTL(5*time.Second), redlease.WithPrefix("redlease-demo:"))
+	if err != nil {
+		return err
+	}
 	fmt.Printf("%d contenders, %d turns each, one quorum lock on %s (majority %d)\n\n", workers, turns, where, s.Quorum())
 
 	var (

@@ -41,7 +41,6 @@ type Primary struct {
 	addr    string
 	cfg     Config
 	cluster *redis.ClusterClient // client, if it is a Cluster client: ExtendBatch groups keys by master
-	err     error                // a rejected argument, returned by every call
 	// bound: the client does not apply ctx deadlines to its socket I/O
 	// (go-redis without ContextTimeoutEnabled waits for its ReadTimeout and
 	// retries), so calls are bounded by ctx here (see call).
@@ -49,27 +48,46 @@ type Primary struct {
 	wake  *wake.Set // release notices for waiters (Watch); nil with a nil client
 }
 
+// ErrNotReplicated is failover.ErrNotReplicated, defined here because
+// Primary makes it and failover imports this package.
+var ErrNotReplicated = errors.New("redlease: write not acknowledged by enough replicas")
+
 // WatchBound is how long Watch waits for the node to confirm a
 // subscription: a node that cannot in that time is no worse than polling.
 const WatchBound = time.Second
 
-// New returns a Primary on client. err, if not nil, is a construction
-// error (a rejected option) that every call returns; a nil client is
-// reported the same way.
-func New(client redis.UniversalClient, cfg Config, err error) *Primary {
+// Defaults is the configuration the strategies start from: fencing on, the
+// default drift factor, no replicas.
+func Defaults() Config {
+	return Config{Fencing: true, DriftFactor: drift.DefaultFactor}
+}
+
+// New returns a Primary on client, configured by cfg with opts applied in
+// order by apply (nil options are skipped): the option plumbing of single
+// and failover, whose options are each their own type. A nil client or
+// the first rejected option is returned as an error that errors.Is
+// redlease.ErrInvalid.
+func New[O any](client redis.UniversalClient, cfg Config, opts []O, apply func(O, *Config) error) (*Primary, error) {
+	if nodes.IsNil(client) {
+		return nil, redlease.Invalid("nil client")
+	}
+	for _, o := range opts {
+		if any(o) == nil {
+			continue
+		}
+		if err := apply(o, &cfg); err != nil {
+			return nil, err
+		}
+	}
 	if cfg.Clock == nil {
 		cfg.Clock = redlease.SystemClock()
 	}
-	p := &Primary{client: client, cfg: cfg, err: err}
-	if nodes.IsNil(client) {
-		p.err = redlease.Invalid("nil client")
-		return p
-	}
+	p := &Primary{client: client, cfg: cfg}
 	p.addr = nodes.Addr(client)
 	p.wake = wake.NewSet(client)
 	p.cluster, _ = client.(*redis.ClusterClient)
 	p.bound = !bounded.HonorsContext(client)
-	return p
+	return p, nil
 }
 
 // call runs f, and returns when it does or, for a client that ignores
@@ -101,9 +119,6 @@ func (p *Primary) AcquireInLine(ctx context.Context, key, token string, ttl time
 // LeaveLine removes waiter id's entry from key's line (see
 // redlease.Queuer), in one round trip bounded by ctx.
 func (p *Primary) LeaveLine(ctx context.Context, key, id string) error {
-	if p.err != nil {
-		return p.err
-	}
 	if key == "" || id == "" {
 		return redlease.Invalid("empty key or waiter id")
 	}
@@ -157,7 +172,7 @@ func (p *Primary) acquire(ctx context.Context, key, token string, ttl time.Durat
 	// attempt its own), so however late it lands it removes only what this
 	// attempt wrote, never a key a later attempt holds.
 	switch {
-	case errors.Is(err, redlease.ErrNotReplicated) && !script.IsTaken(v):
+	case errors.Is(err, ErrNotReplicated) && !script.IsTaken(v):
 		_ = p.undo(context.WithoutCancel(ctx), key, token)
 		return redlease.Grant{}, redlease.Wrap(redlease.ErrNotObtained, err)
 	case err != nil:
@@ -205,9 +220,9 @@ func (p *Primary) Extend(ctx context.Context, key, token string, ttl time.Durati
 	line := script.Extend.Args(key, token, ttl.Milliseconds())
 	v, err := p.call(ctx, func(ctx context.Context) (int64, error) { return p.run(ctx, script.Extend, line) }, nil)
 	switch {
-	case err == nil && v != 1, errors.Is(err, redlease.ErrNotReplicated) && v != 1:
+	case err == nil && v != 1, errors.Is(err, ErrNotReplicated) && v != 1:
 		return redlease.Grant{}, redlease.ErrNotHeld
-	case errors.Is(err, redlease.ErrNotReplicated):
+	case errors.Is(err, ErrNotReplicated):
 		return redlease.Grant{}, redlease.Wrap(redlease.ErrUnavailable, err)
 	case err != nil:
 		return redlease.Grant{}, p.fail(ctx, redlease.ErrUnavailable, err)
@@ -223,9 +238,6 @@ func (p *Primary) Extend(ctx context.Context, key, token string, ttl time.Durati
 // not wait for replicas: a release that a failover loses only leaves the key
 // to expire.
 func (p *Primary) Release(ctx context.Context, key, token string) error {
-	if p.err != nil {
-		return p.err
-	}
 	if key == "" {
 		return redlease.Invalid("empty key")
 	}
@@ -252,9 +264,6 @@ func (p *Primary) undo(ctx context.Context, key, token string) error {
 // Watch subscribes to releases of key on the primary (see
 // redlease.Waker), waiting at most WatchBound or ctx for the confirmation.
 func (p *Primary) Watch(ctx context.Context, key, waiter string) (<-chan struct{}, func(bool), error) {
-	if p.err != nil {
-		return nil, nil, p.err
-	}
 	if key == "" {
 		return nil, nil, redlease.Invalid("empty key")
 	}
@@ -264,7 +273,7 @@ func (p *Primary) Watch(ctx context.Context, key, waiter string) (<-chan struct{
 // Listen subscribes waiter to releases of key without I/O if the process
 // already hears them (see redlease.Waker).
 func (p *Primary) Listen(key, waiter string) (<-chan struct{}, func(bool), bool) {
-	if p.err != nil || key == "" {
+	if key == "" {
 		return nil, nil, false
 	}
 	return p.wake.Listen(script.Channel(key), waiter, 1)
@@ -274,15 +283,13 @@ func (p *Primary) Listen(key, waiter string) (<-chan struct{}, func(bool), bool)
 // to polling) and waits for the shared subscription connection to stop if
 // nobody else in the process uses it. Calls other than Watch still work.
 func (p *Primary) Close() error {
-	if p.wake != nil {
-		p.wake.Close()
-	}
+	p.wake.Close()
 	return nil
 }
 
 // run sends one script call, followed by WAIT when replicas are required.
 // A reply that too few replicas acknowledged comes back with its value and
-// an error that errors.Is redlease.ErrNotReplicated.
+// an error that errors.Is ErrNotReplicated.
 func (p *Primary) run(ctx context.Context, sc *script.Script, line []any) (int64, error) {
 	if p.cfg.Replicas == 0 {
 		return sc.Run(ctx, p.client, line)
@@ -310,18 +317,15 @@ func (p *Primary) run(ctx context.Context, sc *script.Script, line []any) (int64
 func (p *Primary) replicated(wait *redis.Cmd) error {
 	acked, err := wait.Int64()
 	if err != nil {
-		return fmt.Errorf("%w: WAIT failed: %w", redlease.ErrNotReplicated, err)
+		return fmt.Errorf("%w: WAIT failed: %w", ErrNotReplicated, err)
 	}
 	if int(acked) < p.cfg.Replicas {
-		return fmt.Errorf("%w: %d of %d replicas acknowledged within %v", redlease.ErrNotReplicated, acked, p.cfg.Replicas, p.cfg.WaitTimeout)
+		return fmt.Errorf("%w: %d of %d replicas acknowledged within %v", ErrNotReplicated, acked, p.cfg.Replicas, p.cfg.WaitTimeout)
 	}
 	return nil
 }
 
 func (p *Primary) check(key, token string, ttl time.Duration) error {
-	if p.err != nil {
-		return p.err
-	}
 	return script.Check(key, token, ttl, p.cfg.DriftFactor)
 }
 

@@ -67,7 +67,7 @@ func TestANearlyLostLockDoesNotShortenItsBatch(t *testing.T) {
 			NotHeld: func(err error) bool { return errors.Is(err, errNotHeld) },
 			Lane:    func(*item) any { return "one" },
 		})
-		defer w.Stop()
+		defer w.Close()
 		x.sick = newItem(time.Second)
 		var stops []func()
 		stops = append(stops, w.Keep(x.sick))

@@ -58,10 +58,14 @@ type Config[T Item] struct {
 	NotHeld func(err error) bool
 	// Lane returns what groups items into lanes: their strategy (LaneKey).
 	Lane func(T) any
+	// Now is the engine's clock, the one its items' Until and Deadline are
+	// read on (nil: time.Now). Timers run in real time, armed from its
+	// readings and re-armed while it says "not yet".
+	Now func() time.Time
 	// IdleStop makes the engine start its scheduler on the first Keep and
 	// end it, and with it every goroutine of the engine, whenever it keeps
 	// nothing and has no call in flight; the next Keep starts it again.
-	// Without it, New starts the scheduler, which runs until Stop.
+	// Without it, New starts the scheduler, which runs until Close.
 	IdleStop bool
 }
 
@@ -106,6 +110,7 @@ type Engine[T Item] struct {
 	extend   func(ctx context.Context, items []T) []error
 	notHeld  func(error) bool
 	lane     func(T) any
+	now      func() time.Time // nil: time.Now
 	idleStop bool
 
 	mu      sync.Mutex
@@ -114,21 +119,21 @@ type Engine[T Item] struct {
 	lanes   map[any]*lane[T]
 	waiting []*call[T]     // calls in flight whose deadline has not passed
 	running int            // call goroutines not yet returned
-	drained chan struct{}  // made by Stop; closed when running reaches 0
+	drained chan struct{}  // made by Close; closed when running reaches 0
 	gen     *generation[T] // the scheduler's run; nil before the first (IdleStop)
 	stopped bool
 }
 
-// generation is one run of the scheduler, from its start to Stop (or, with
+// generation is one run of the scheduler, from its start to Close (or, with
 // IdleStop, to the moment the engine went idle). Its channels and context
 // are made when it starts, so that nothing made by one run is touched by
 // the next.
 type generation[T Item] struct {
-	ctx      context.Context // parent of every call; cancelled by Stop or idleness
+	ctx      context.Context // parent of every call; cancelled by Close or idleness
 	cancel   context.CancelFunc
 	wake     chan struct{} // the scheduler should look again
 	finished chan *call[T] // calls that returned, to the scheduler
-	stop     chan struct{} // closed by Stop
+	stop     chan struct{} // closed by Close
 	done     chan struct{} // closed when the scheduler returned
 	active   bool          // the scheduler has not decided to return
 }
@@ -173,6 +178,7 @@ func New[T Item](c Config[T]) *Engine[T] {
 		extend:   c.Extend,
 		notHeld:  c.NotHeld,
 		lane:     c.Lane,
+		now:      c.Now,
 		idleStop: c.IdleStop,
 		entries:  map[T]*entry[T]{},
 		lanes:    map[any]*lane[T]{},
@@ -194,6 +200,14 @@ func New[T Item](c Config[T]) *Engine[T] {
 	return w
 }
 
+// clock reads the engine's clock.
+func (w *Engine[T]) clock() time.Time {
+	if w.now == nil {
+		return time.Now()
+	}
+	return w.now()
+}
+
 // startLocked starts a run of the scheduler.
 func (w *Engine[T]) startLocked() {
 	g := &generation[T]{
@@ -210,7 +224,7 @@ func (w *Engine[T]) startLocked() {
 
 // Keep extends it every fraction of its TTL until stop is called, it is
 // no longer Valid, or a renewal finds it not held. Keeping an item that is
-// already kept, or keeping after Stop, does nothing.
+// already kept, or keeping after Close, does nothing.
 func (w *Engine[T]) Keep(it T) (stop func()) {
 	noop := func() {}
 	var zero T
@@ -263,10 +277,10 @@ func (w *Engine[T]) Running() bool {
 	return w.gen != nil && w.gen.active
 }
 
-// Stop stops the engine: no item is extended any more, and the calls in
+// Close stops the engine: no item is extended any more, and the calls in
 // flight are cancelled. It waits for the scheduler, and for those calls no
-// longer than the renewal timeout. Calling Stop again waits the same way.
-func (w *Engine[T]) Stop() {
+// longer than the renewal timeout. Calling Close again waits the same way.
+func (w *Engine[T]) Close() {
 	w.mu.Lock()
 	g := w.gen
 	if !w.stopped {
@@ -383,7 +397,7 @@ func (w *Engine[T]) schedule(g *generation[T]) {
 			w.mu.Unlock()
 			return
 		}
-		now := time.Now()
+		now := w.clock()
 		// Once one item may be taken, every item that may be taken within
 		// a quarter of its interval goes along (a retry never early).
 		gather := w.due.Len() > 0 && w.due[0].eligible(now)
@@ -499,7 +513,13 @@ func (w *Engine[T]) callLocked(g *generation[T], ln *lane[T], now time.Time) *ca
 	}
 	ln.calls++
 	w.running++
-	ctx, cancel := context.WithDeadline(g.ctx, c.deadline)
+	var ctx context.Context
+	var cancel context.CancelFunc
+	if w.now == nil {
+		ctx, cancel = context.WithDeadline(g.ctx, c.deadline)
+	} else { // a deadline on the engine's clock, in real time from now
+		ctx, cancel = context.WithTimeout(g.ctx, c.deadline.Sub(now))
+	}
 	go func() {
 		defer cancel()
 		c.errs = w.extend(ctx, items) // records every outcome on its item
@@ -543,7 +563,7 @@ var errTimedOut = errors.New("renewal call timed out")
 func (w *Engine[T]) finishLocked(c *call[T]) {
 	ln := c.lane
 	ln.calls--
-	now := time.Now()
+	now := w.clock()
 	for i, e := range c.batch {
 		err := c.errs[i]
 		switch {

@@ -103,9 +103,9 @@ func TestIdleStopEndsAndRestarts(t *testing.T) {
 				t.Fatalf("round %d: running %v with %d kept after the last stop", round, e.Running(), e.Len())
 			}
 		}
-		e.Stop()
+		e.Close()
 		if stop := e.Keep(newItem(time.Second)); e.Running() || e.Len() != 0 {
-			t.Fatal("Keep after Stop started the engine")
+			t.Fatal("Keep after Close started the engine")
 		} else {
 			stop()
 		}
@@ -150,11 +150,11 @@ func TestWithoutIdleStopRunsUntilStop(t *testing.T) {
 		if !e.Running() {
 			t.Fatal("stopped when idle without IdleStop")
 		}
-		e.Stop()
+		e.Close()
 		if e.Running() {
-			t.Fatal("running after Stop")
+			t.Fatal("running after Close")
 		}
-		e.Stop()
+		e.Close()
 	})
 }
 
