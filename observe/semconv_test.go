@@ -80,7 +80,7 @@ func (h *harness) collect(t *testing.T) map[string]metricdata.Metrics {
 // the SDK's default millisecond-oriented boundaries.
 func TestTwoMillisecondAcquireIsNotInFirstBucket(t *testing.T) {
 	server := redistest.Start(t, redistest.Config{})
-	proxy := redistest.NewProxy(t, server.Addr)
+	proxy := redistest.NewGate(t, server.Addr)
 	client := proxy.Client()
 	ctx := t.Context()
 	// A pooled connection and the scripts loaded, before the latency: the
@@ -88,7 +88,7 @@ func TestTwoMillisecondAcquireIsNotInFirstBucket(t *testing.T) {
 	warm, err := redlease.New(single.New(client)).TryLock(ctx, t.Name()+":warm")
 	require.NoError(t, err)
 	require.NoError(t, warm.Release(ctx))
-	proxy.Latency("two-ms", 2, 0)
+	proxy.Delay(2 * time.Millisecond)
 
 	h := newHarness(t)
 	locker := redlease.New(single.New(client), redlease.WithTTL(5*time.Second), redlease.WithObserver(h.obs))

@@ -311,11 +311,11 @@ func TestExtendAndReleaseVerdicts(t *testing.T) {
 // than A's here; the two-phase design must not.
 func TestFencesRiseAcrossDifferentMajorities(t *testing.T) {
 	servers := redistest.StartN(t, 5, redistest.Config{})
-	proxies := make([]*redistest.Proxy, 5)
+	gates := make([]*redistest.Gate, 5)
 	clients := make([]redis.UniversalClient, 5)
 	for i, srv := range servers {
-		proxies[i] = redistest.NewProxy(t, srv.Addr)
-		clients[i] = proxies[i].Client()
+		gates[i] = redistest.NewGate(t, srv.Addr)
+		clients[i] = gates[i].Client()
 	}
 	const nodeTimeout = 200 * time.Millisecond
 	s := strategy(t, clients, quorum.WithFencing(), quorum.WithNodeTimeout(nodeTimeout))
@@ -323,20 +323,21 @@ func TestFencesRiseAcrossDifferentMajorities(t *testing.T) {
 
 	holdOn := func(tok string, reach ...int) uint64 {
 		t.Helper()
-		for i, p := range proxies {
+		for i, g := range gates {
 			if !slices.Contains(reach, i) {
-				p.Cut()
+				g.Cut()
 			}
 		}
 		defer func() {
-			for _, p := range proxies {
-				p.Heal()
+			for _, g := range gates {
+				g.Heal()
 			}
-			// A go-redis pool that failed PoolSize dials in a row answers
-			// with its last dial error, without dialling, until a probe
-			// (one a second) gets through: a healed node looks refused for
-			// up to a second (B on {2,3,4} failed so: "node 4: connection
-			// refused" right after the heal). Wait until every node answers.
+			// A healed node may look down for a moment: a go-redis pool
+			// that failed PoolSize dials in a row answers with its last
+			// dial error, without dialling, until a probe (one a second)
+			// gets through (B on {2,3,4} failed so, "node 4: connection
+			// refused", behind a proxy that refused connections while
+			// cut). Wait until every node answers.
 			for i, c := range clients {
 				require.Eventually(t, func() bool { return c.Ping(ctx).Err() == nil }, 5*time.Second, 20*time.Millisecond, "node %d answers after the heal", i)
 			}
