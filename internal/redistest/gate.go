@@ -50,7 +50,9 @@ type Gate struct {
 	changed   chan struct{} // closed and replaced whenever queue changes
 	conns     map[net.Conn]struct{}
 	closed    bool
-	cut       bool          // Cut until Heal: connections are closed as they come
+	cut       bool          // Cut until Heal
+	paused    bool          // the listener is paused (refusing) for the Cut
+	healed    chan struct{} // while cut: closed by Heal or Close
 	dark      chan struct{} // BlackHole until Heal, Cut or Close (which close it); nil: light
 	delay     time.Duration // Delay: how long every reply chunk waits
 	wg        sync.WaitGroup
@@ -67,7 +69,7 @@ type held struct {
 // NewGate starts a gate in front of upstream; tb.Cleanup closes it.
 func NewGate(tb TB, upstream string) *Gate {
 	tb.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	ln, err := listenOwnPort()
 	if err != nil {
 		tb.Fatalf("redistest: gate listen: %v", err)
 	}
@@ -86,17 +88,21 @@ func (g *Gate) Client() *redis.Client {
 	return c
 }
 
-// Cut closes every connection through the gate and, until Heal, closes
-// each new one as soon as it is accepted (with a reset), as for a crashed
-// node. Held chunks are let go with their connections. The listener stays
-// open, so no other process can take the port before Heal.
+// Cut closes every connection through the gate and, until Heal, refuses
+// new ones, as for a crashed node. Held chunks are let go with their
+// connections. The gate keeps its port all the while, so no other process
+// can take it before Heal: the listening socket stays bound and only stops
+// listening (on Linux; where that fails, it keeps listening and resets each
+// new connection as soon as it is accepted instead).
 func (g *Gate) Cut() {
 	g.mu.Lock()
-	if g.closed {
+	if g.closed || g.cut {
 		g.mu.Unlock()
 		return
 	}
 	g.cut = true
+	g.healed = make(chan struct{})
+	g.paused = pauseListener(g.ln) == nil
 	for c := range g.conns {
 		_ = c.Close()
 	}
@@ -137,7 +143,16 @@ func (g *Gate) Delay(d time.Duration) {
 func (g *Gate) Heal() {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	g.cut = false
+	if g.paused && !g.closed {
+		if err := resumeListener(g.ln); err != nil {
+			g.tb.Fatalf("redistest: gate %s: listen again after Cut: %v", g.Addr, err)
+		}
+	}
+	g.paused = false
+	if g.cut {
+		g.cut = false
+		close(g.healed)
+	}
 	g.delay = 0
 	g.lightLocked()
 }
@@ -334,6 +349,10 @@ func (g *Gate) Close() {
 		_ = c.Close()
 	}
 	close(g.done)
+	if g.cut {
+		g.cut = false
+		close(g.healed)
+	}
 	g.mu.Unlock()
 	for _, h := range q {
 		close(h.release)
@@ -367,7 +386,20 @@ func (g *Gate) accept() {
 	for {
 		client, err := g.ln.Accept()
 		if err != nil {
-			return
+			// Closed, or paused by a Cut (accept fails at once on a socket
+			// that stopped listening): wait for Heal, then accept again.
+			g.mu.Lock()
+			closed, cut, healed := g.closed, g.cut, g.healed
+			g.mu.Unlock()
+			switch {
+			case closed:
+				return
+			case cut:
+				<-healed
+			default:
+				time.Sleep(5 * time.Millisecond) // a passing error (too many open files): try again
+			}
+			continue
 		}
 		if g.track(client) {
 			g.wg.Go(func() { g.serve(client) })
