@@ -9,9 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-redsync/redsync/v4"
-	rsredis "github.com/go-redsync/redsync/v4/redis"
-	"github.com/go-redsync/redsync/v4/redis/goredis/v9"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -365,48 +362,6 @@ func TestFencesRiseAcrossDifferentMajorities(t *testing.T) {
 	assert.Greater(t, fA, last)
 	assert.Greater(t, fB, fA)
 	assert.Greater(t, fC, fB)
-}
-
-// A redsync mutex and a redlease lock on the same name and nodes exclude
-// each other, both ways, so a fleet can move from one to the other.
-func TestRedsyncInterop(t *testing.T) {
-	_, clients := nodes(t, 5)
-	s := strategy(t, clients, quorum.WithFencing())
-	pools := make([]rsredis.Pool, len(clients))
-	for i, c := range clients {
-		pools[i] = goredis.NewPool(c)
-	}
-	rs := redsync.New(pools...)
-	locker := redlease.New(s, redlease.WithTTL(5*time.Second))
-	ctx := t.Context()
-
-	t.Run("redsync holds, redlease waits", func(t *testing.T) {
-		name := contract.Key(t)
-		m := rs.NewMutex(name, redsync.WithExpiry(5*time.Second), redsync.WithTries(1))
-		require.NoError(t, m.LockContext(ctx))
-		_, err := locker.TryLock(ctx, name)
-		assert.ErrorIs(t, err, redlease.ErrNotObtained)
-		ok, err := m.UnlockContext(ctx)
-		require.NoError(t, err)
-		require.True(t, ok)
-		lk, err := locker.TryLock(ctx, name)
-		require.NoError(t, err, "free once redsync unlocked")
-		require.NoError(t, lk.Release(ctx))
-	})
-
-	t.Run("redlease holds, redsync waits", func(t *testing.T) {
-		name := contract.Key(t)
-		lk, err := locker.TryLock(ctx, name)
-		require.NoError(t, err)
-		m := rs.NewMutex(name, redsync.WithExpiry(5*time.Second), redsync.WithTries(1))
-		err = m.LockContext(ctx)
-		var taken *redsync.ErrTaken
-		assert.True(t, errors.As(err, &taken), "redsync must see the lock taken: %v", err)
-		require.NoError(t, lk.Release(ctx))
-		require.NoError(t, m.LockContext(ctx), "free once redlease released")
-		_, err = m.UnlockContext(ctx)
-		require.NoError(t, err)
-	})
 }
 
 // An acquire request that reaches a node only after the holder released
