@@ -82,11 +82,7 @@ func NewGate(tb TB, upstream string) *Gate {
 
 // Client returns a client that connects through the gate, closed on
 // cleanup, with ContextTimeoutEnabled.
-func (g *Gate) Client() *redis.Client {
-	c := redis.NewClient(&redis.Options{Addr: g.Addr, ContextTimeoutEnabled: true})
-	g.tb.Cleanup(func() { _ = c.Close() })
-	return c
-}
+func (g *Gate) Client() *redis.Client { return newClient(g.tb, g.Addr) }
 
 // Cut closes every connection through the gate and, until Heal, refuses
 // new ones, as for a crashed node. Held chunks are let go with their

@@ -57,11 +57,7 @@ func New(tb redistest.TB, upstream string) *Proxy {
 
 // Client returns a client that connects through the proxy, closed on
 // cleanup, with ContextTimeoutEnabled.
-func (p *Proxy) Client() *redis.Client {
-	c := redis.NewClient(&redis.Options{Addr: p.Addr, ContextTimeoutEnabled: true})
-	p.tb.Cleanup(func() { _ = c.Close() })
-	return c
-}
+func (p *Proxy) Client() *redis.Client { return p.front.Client() }
 
 // Latency delays every reply by ms milliseconds (± jitterMs) (a downstream latency toxic): the server
 // has applied a write before the client sees the answer.
