@@ -4,9 +4,18 @@
 #   make bench  go test -bench, ours and the peers side by side, with -benchmem
 #   make chaos  every fault scenario against real processes; table + HTML/SVG report in $(CHAOS_REPORT)
 #   make sim    the seeded virtual-time simulation (chaos/sim) over SIM_SEEDS seeds, with a progress line
+#
+# The library is the root module; chaos (with chaos/sim), bench (with
+# bench/plot), examples and cmd are modules of their own, each with a
+# replace directive that points at this tree, so that their dependencies stay
+# out of the library's module graph. Every target runs each module where it
+# lives (go -C dir), and GOWORK=off keeps a go.work someone made for
+# convenience from testing the modules against each other's versions.
 
 SHELL := /bin/bash
 GO    ?= go
+export GOWORK := off
+MODULES = . chaos bench examples cmd
 COUNT ?= 8
 BENCH ?= .
 BENCH_OUT ?= docs/bench
@@ -43,12 +52,12 @@ redis:
 	@redis-server --version
 
 test: redis
-	$(GO) vet ./...
-	$(GO) test -race -count=1 ./...
-	$(GO) test -count=1 ./chaos/sim/ -run 'TestSim$$' -seeds 10000
+	@set -e; for m in $(MODULES); do echo "$(GO) -C $$m vet ./..."; $(GO) -C $$m vet ./...; done
+	@set -e; for m in $(MODULES); do echo "$(GO) -C $$m test -race -count=1 ./..."; $(GO) -C $$m test -race -count=1 ./...; done
+	$(GO) -C chaos test -count=1 ./sim/ -run 'TestSim$$' -seeds 10000
 
 demo:
-	$(GO) run ./examples/settlement
+	$(GO) -C examples run ./settlement
 
 # bench: COUNT rounds of every benchmark in ./bench (ours and the peers side by
 # side on the same nodes), one round after the other so that a noisy moment hits
@@ -61,7 +70,7 @@ bench: redis
 	fi; \
 	mkdir -p $(BENCH_OUT); \
 	tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
-	$(GO) test -c -o "$$tmp/bench.test" ./bench/; \
+	$(GO) -C bench test -c -o "$$tmp/bench.test" .; \
 	pin="$(BENCH_PIN)"; if [ "$$(nproc)" -lt 2 ] || ! command -v $${pin%% *} >/dev/null 2>&1; then pin=""; fi; \
 	{ echo "date: $$(date -u +%Y-%m-%dT%H:%MZ)"; echo "nproc: $$(nproc)"; \
 	  echo "cpu: $$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"; \
@@ -83,11 +92,11 @@ bench: redis
 	  echo "### $$g: libraries side by side (vs base = the first column)"; echo; \
 	  $(BENCHSTAT) -filter ".name:$$g" -col /lib $(BENCH_OUT)/raw.txt; echo; \
 	done > $(BENCH_OUT)/benchstat-by-lib.txt; \
-	$(GO) run ./bench/plot -in $(BENCH_OUT)/raw.txt -out $(BENCH_OUT); \
+	$(GO) -C bench run ./plot -in $(abspath $(BENCH_OUT))/raw.txt -out $(abspath $(BENCH_OUT)); \
 	echo "raw results, benchstat summaries (benchstat.txt, benchstat-by-lib.txt), ratios.md and charts in $(BENCH_OUT)/"
 
 chaos: redis
-	@set -o pipefail; $(GO) test -count=1 -timeout 10m -run 'TestScenario' -v ./chaos/ -chaos.full -chaos.report=$(CHAOS_REPORT) \
+	@set -o pipefail; $(GO) -C chaos test -count=1 -timeout 10m -run 'TestScenario' -v . -chaos.full -chaos.report=$(abspath $(CHAOS_REPORT)) \
 	  | grep -v '^redis: '
 
 # sim: SIM_SEEDS seeds of the simulation (no redis-server needed), a progress
@@ -95,4 +104,4 @@ chaos: redis
 # a failing seed prints its replay command.
 SIM_SEEDS ?= 100000
 sim:
-	$(GO) test -count=1 -timeout 0 -run 'TestSim$$' -v ./chaos/sim -seeds $(SIM_SEEDS) -progress
+	$(GO) -C chaos test -count=1 -timeout 0 -run 'TestSim$$' -v ./sim -seeds $(SIM_SEEDS) -progress

@@ -6,7 +6,12 @@
 //
 // The package has no API: everything is in its _test.go files, and
 // `make bench` runs them and draws the charts in docs/bench/ (see
-// docs/bench/PERFORMANCE.md for the results and how to read them).
+// docs/bench/PERFORMANCE.md for the results and how to read them). Its one
+// test, TestRedsyncInterop (run by `make test`), checks that a redsync mutex
+// and a redlease lock on the same name and nodes exclude each other.
+//
+// bench is a module of its own (github.com/redlease/redlease/bench), so
+// that the peers it measures stay out of the library's module graph.
 //
 // # Names
 //
@@ -42,8 +47,10 @@
 // the two processes changes from run to run (±40 % between runs unpinned,
 // a few per cent pinned). The multi-node groups run unpinned on every core.
 //
-// Proxied cases (slow=, down=) put every node behind a toxiproxy proxy that
-// runs in a child process (the test binary re-executed), so that the proxies'
-// own allocations do not count in the benchmark's allocs/op; their CPU time
-// is still spent on the same machine, for both libraries alike.
+// Proxied cases (slow=, down=) put every node behind a proxy (the
+// hand-written gate of internal/redistest) that runs in a child process (the
+// test binary re-executed), so that the proxies' own allocations do not count
+// in the benchmark's allocs/op; their CPU time is still spent on the same
+// machine, for both libraries alike. A cut node's proxy refuses connections
+// and keeps its port until healed.
 package bench

@@ -114,8 +114,9 @@ func reportMedian(b *testing.B, per []time.Duration) {
 	b.ReportMetric(float64(per[len(per)/2].Nanoseconds()), "p50-ns/op")
 }
 
-// proxies is a set of toxiproxy proxies, one per node, running in a child
-// process so that their allocations stay out of the benchmark's numbers.
+// proxies is a set of proxies (redistest gates), one per node, running in a
+// child process so that their allocations stay out of the benchmark's
+// numbers.
 type proxies struct {
 	Addrs []string
 
@@ -198,10 +199,10 @@ func (p *proxies) Heal(b *testing.B, i int) { p.do(b, "heal %d", i) }
 func runProxyChild(upstreams []string) {
 	tb := &processTB{}
 	defer tb.cleanup()
-	ps := make([]*redistest.Proxy, len(upstreams))
+	ps := make([]*redistest.Gate, len(upstreams))
 	addrs := make([]string, len(upstreams))
 	for i, up := range upstreams {
-		ps[i] = redistest.NewProxy(tb, up)
+		ps[i] = redistest.NewGate(tb, up)
 		addrs[i] = ps[i].Addr
 	}
 	fmt.Println(strings.Join(addrs, ","))
@@ -220,7 +221,7 @@ func runProxyChild(upstreams []string) {
 		switch {
 		case f[0] == "latency" && len(f) == 3:
 			ms, _ := strconv.Atoi(f[2])
-			ps[i].Latency("latency", ms, 0)
+			ps[i].Delay(time.Duration(ms) * time.Millisecond)
 		case f[0] == "cut":
 			ps[i].Cut()
 		case f[0] == "heal":

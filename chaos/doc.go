@@ -57,4 +57,13 @@
 // register history is not linearizable, porcupine's interactive
 // visualisation; WriteIndex ties them together in an index.html that a
 // browser opens from the file system.
+//
+// # Module
+//
+// chaos (with chaos/sim) is a module of its own,
+// github.com/redlease/redlease/chaos, so that its dependencies (toxiproxy,
+// porcupine, SQLite) stay out of the library's module graph; its go.mod
+// points the library at this repository with a replace directive. Run it
+// from the repository's root with `make chaos` (every scenario), `make test`
+// (the fast subset) or go -C chaos test . -run TestScenario.
 package chaos

@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/redlease/redlease"
+	"github.com/redlease/redlease/chaos/internal/faultproxy"
 	"github.com/redlease/redlease/internal/redistest"
 )
 
@@ -21,27 +22,27 @@ type Nodes struct {
 	Servers []*redistest.Server
 
 	mu      sync.Mutex
-	proxies map[string][]*redistest.Proxy // group → one proxy per node
+	proxies map[string][]*faultproxy.Proxy // group → one proxy per node
 }
 
 // StartNodes starts n servers with cfg (Persist for nodes that keep their
 // data across a restart). They and their proxies stop on cleanup.
 func StartNodes(tb redistest.TB, n int, cfg redistest.Config) *Nodes {
 	tb.Helper()
-	return &Nodes{tb: tb, Servers: redistest.StartN(tb, n, cfg), proxies: map[string][]*redistest.Proxy{}}
+	return &Nodes{tb: tb, Servers: redistest.StartN(tb, n, cfg), proxies: map[string][]*faultproxy.Proxy{}}
 }
 
 // Group returns the proxies of a client group, one per node, made on first
 // use.
-func (ns *Nodes) Group(name string) []*redistest.Proxy {
+func (ns *Nodes) Group(name string) []*faultproxy.Proxy {
 	ns.mu.Lock()
 	defer ns.mu.Unlock()
 	if p, ok := ns.proxies[name]; ok {
 		return p
 	}
-	ps := make([]*redistest.Proxy, len(ns.Servers))
+	ps := make([]*faultproxy.Proxy, len(ns.Servers))
 	for i, s := range ns.Servers {
-		ps[i] = redistest.NewProxy(ns.tb, s.Addr)
+		ps[i] = faultproxy.New(ns.tb, s.Addr)
 	}
 	ns.proxies[name] = ps
 	return ps
@@ -121,13 +122,13 @@ type SentinelGroup struct {
 	Master    string
 	Primary   *redistest.Server
 	Replica   *redistest.Server
-	Link      *redistest.Proxy // replica → primary replication traffic
+	Link      *faultproxy.Proxy // replica → primary replication traffic
 	Sentinels []*redistest.Sentinel
 	// Front, when not nil, is the proxy through which the Sentinels and
 	// their clients reach the first primary (StartIsolatableGroup), so the
 	// primary can be cut off from them while a direct client still reaches
 	// it: a split brain.
-	Front *redistest.Proxy
+	Front *faultproxy.Proxy
 }
 
 // StartSentinelGroup starts the group and waits until the Sentinels know
@@ -135,7 +136,7 @@ type SentinelGroup struct {
 func StartSentinelGroup(tb redistest.TB, master string, downAfter time.Duration) *SentinelGroup {
 	tb.Helper()
 	g := &SentinelGroup{Master: master, Primary: redistest.Start(tb, redistest.Config{})}
-	g.Link = redistest.NewProxy(tb, g.Primary.Addr)
+	g.Link = faultproxy.New(tb, g.Primary.Addr)
 	// The replica replicates through the proxy; it announces its own port.
 	g.Replica = redistest.StartReplicaVia(tb, g.Primary, g.Link.Addr, redistest.Config{})
 	g.Sentinels = redistest.StartSentinels(tb, g.Primary, master, 3, 2, downAfter)
@@ -148,8 +149,8 @@ func StartSentinelGroup(tb redistest.TB, master string, downAfter time.Duration)
 func StartIsolatableGroup(tb redistest.TB, master string, downAfter time.Duration) *SentinelGroup {
 	tb.Helper()
 	g := &SentinelGroup{Master: master, Primary: redistest.Start(tb, redistest.Config{})}
-	g.Link = redistest.NewProxy(tb, g.Primary.Addr)
-	g.Front = redistest.NewProxy(tb, g.Primary.Addr)
+	g.Link = faultproxy.New(tb, g.Primary.Addr)
+	g.Front = faultproxy.New(tb, g.Primary.Addr)
 	g.Replica = redistest.StartReplicaVia(tb, g.Primary, g.Link.Addr, redistest.Config{})
 	g.Sentinels = redistest.StartSentinelsAt(tb, g.Front.Addr, master, 3, 2, downAfter)
 	g.waitForReplica(tb)

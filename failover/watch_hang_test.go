@@ -22,15 +22,15 @@ import (
 // that a test can find its subscriptions in CLIENT LIST.
 const watcherName = "redlease-watcher"
 
-// proxiedSentinels puts a proxy in front of each of g's Sentinels and
-// returns the proxies and, for each, a Sentinel client that connects
+// proxiedSentinels puts a gate in front of each of g's Sentinels and
+// returns the gates and, for each, a Sentinel client that connects
 // through it, built as Watch requires (ContextTimeoutEnabled).
-func proxiedSentinels(t *testing.T, g *group) ([]*redistest.Proxy, []*redis.SentinelClient) {
+func proxiedSentinels(t *testing.T, g *group) ([]*redistest.Gate, []*redis.SentinelClient) {
 	t.Helper()
-	proxies := make([]*redistest.Proxy, len(g.sentinels))
+	proxies := make([]*redistest.Gate, len(g.sentinels))
 	clients := make([]*redis.SentinelClient, len(g.sentinels))
 	for i, s := range g.sentinels {
-		proxies[i] = redistest.NewProxy(t, s.Addr)
+		proxies[i] = redistest.NewGate(t, s.Addr)
 		c := redis.NewSentinelClient(&redis.Options{Addr: proxies[i].Addr, ContextTimeoutEnabled: true, ClientName: watcherName})
 		t.Cleanup(func() { _ = c.Close() })
 		clients[i] = c
@@ -109,10 +109,10 @@ func closePromptly(t *testing.T, w *failover.Watcher, d time.Duration, what stri
 func TestWatchSeesFailoverWhileOneSentinelHangs(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
-		fault func(p *redistest.Proxy)
+		fault func(p *redistest.Gate)
 	}{
-		{"hung", func(p *redistest.Proxy) { p.BlackHole("hung") }},
-		{"refused", func(p *redistest.Proxy) { p.Cut() }},
+		{"hung", func(p *redistest.Gate) { p.BlackHole() }},
+		{"refused", func(p *redistest.Gate) { p.Cut() }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			g := startGroup(t)
@@ -157,7 +157,7 @@ func TestWatchStartsWhileOneSentinelHangs(t *testing.T) {
 	s, err := failover.New(g.client)
 	require.NoError(t, err)
 
-	proxies[0].BlackHole("hung")
+	proxies[0].BlackHole()
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
 	start := time.Now()
@@ -227,7 +227,7 @@ func TestWatchResubscribes(t *testing.T) {
 	require.Eventually(t, func() bool { return subscribed(t, direct[2]) }, 10*time.Second, 20*time.Millisecond,
 		"the Watcher never subscribed on Sentinel 2 again after its connection dropped")
 
-	proxies[0].BlackHole("hung")
+	proxies[0].BlackHole()
 	_, moved := failOver(t, direct[1], old)
 	revokeWithin(t, lk, moved, 5*time.Second, "with Sentinel 0 hung and only subscriptions to tell")
 	closePromptly(t, w, 3*time.Second, "with Sentinel 0 hung")

@@ -81,7 +81,7 @@ func (h *harness) collect(t *testing.T) map[string]metricdata.Metrics {
 // the SDK's default millisecond-oriented boundaries.
 func TestTwoMillisecondAcquireIsNotInFirstBucket(t *testing.T) {
 	server := redistest.Start(t, redistest.Config{})
-	proxy := redistest.NewProxy(t, server.Addr)
+	proxy := redistest.NewGate(t, server.Addr)
 	client := proxy.Client()
 	ctx := t.Context()
 	// A pooled connection and the scripts loaded, before the latency: the
@@ -93,7 +93,7 @@ func TestTwoMillisecondAcquireIsNotInFirstBucket(t *testing.T) {
 	warm, err := locker2.TryLock(ctx, t.Name()+":warm")
 	require.NoError(t, err)
 	require.NoError(t, warm.Release(ctx))
-	proxy.Latency("two-ms", 2, 0)
+	proxy.Delay(2 * time.Millisecond)
 
 	h := newHarness(t)
 	strategy2, err := single.New(client)

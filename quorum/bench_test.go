@@ -6,9 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-redsync/redsync/v4"
-	rsredis "github.com/go-redsync/redsync/v4/redis"
-	"github.com/go-redsync/redsync/v4/redis/goredis/v9"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
@@ -57,15 +54,14 @@ func benchStrategy(b *testing.B, clients []redis.UniversalClient, opts ...quorum
 	return s
 }
 
-// BenchmarkAcquireRelease compares redlease with redsync on the same five
-// real nodes in one run: one lock and one unlock per op.
+// BenchmarkAcquireRelease: one lock and one unlock per op on five real
+// nodes, with and without fencing. The comparison with redsync on the same
+// nodes is bench's BenchmarkQuorum (the bench module, where the peers are).
 func BenchmarkAcquireRelease(b *testing.B) {
 	servers := redistest.StartN(b, 5, redistest.Config{})
 	clients := make([]redis.UniversalClient, len(servers))
-	pools := make([]rsredis.Pool, len(servers))
 	for i, srv := range servers {
 		clients[i] = srv.Client()
-		pools[i] = goredis.NewPool(clients[i])
 	}
 
 	b.Run("lib=redlease/nodes=5", func(b *testing.B) {
@@ -74,44 +70,24 @@ func BenchmarkAcquireRelease(b *testing.B) {
 	b.Run("lib=redlease/nodes=5/fencing", func(b *testing.B) {
 		acquireRelease(b, benchStrategy(b, clients, quorum.WithFencing()))
 	})
-	b.Run("lib=redsync/nodes=5", func(b *testing.B) {
-		rs := redsync.New(pools...)
-		m := rs.NewMutex(b.Name(), redsync.WithExpiry(10*time.Second), redsync.WithTries(1))
-		ctx := context.Background()
-		per := make([]time.Duration, 0, b.N)
-		b.ReportAllocs()
-		b.ResetTimer()
-		for range b.N {
-			start := time.Now()
-			if err := m.LockContext(ctx); err != nil {
-				b.Fatal(err)
-			}
-			if ok, err := m.UnlockContext(ctx); err != nil || !ok {
-				b.Fatal(ok, err)
-			}
-			per = append(per, time.Since(start))
-		}
-		b.StopTimer()
-		reportMedian(b, per)
-	})
 }
 
 // BenchmarkSlowNode runs the same workload with five nodes behind
-// in-process proxies, first all fast, then with one node's replies delayed
+// in-process gates, first all fast, then with one node's replies delayed
 // by 20 ms. Acquire and Release return at a majority, so the two should cost
 // about the same.
 func BenchmarkSlowNode(b *testing.B) {
 	servers := redistest.StartN(b, 5, redistest.Config{})
-	proxies := make([]*redistest.Proxy, len(servers))
+	gates := make([]*redistest.Gate, len(servers))
 	clients := make([]redis.UniversalClient, len(servers))
 	for i, srv := range servers {
-		proxies[i] = redistest.NewProxy(b, srv.Addr)
-		clients[i] = proxies[i].Client()
+		gates[i] = redistest.NewGate(b, srv.Addr)
+		clients[i] = gates[i].Client()
 	}
 	s := benchStrategy(b, clients)
 
 	b.Run("nodes=5/slow=0", func(b *testing.B) { acquireRelease(b, s) })
-	proxies[4].Latency("slow", 20, 0)
+	gates[4].Delay(20 * time.Millisecond)
 	b.Run("nodes=5/slow=1", func(b *testing.B) { acquireRelease(b, s) })
-	proxies[4].Remove("slow")
+	gates[4].Heal()
 }

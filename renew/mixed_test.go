@@ -77,7 +77,7 @@ func TestMixedStrategiesWithSickNodes(t *testing.T) {
 		_ = admin.Close()
 		require.NoError(t, err, "CONFIG SET on %s", srv.Addr)
 	}
-	proxy := redistest.NewProxy(t, quorumSrvs[0].Addr) // the quorum node to black-hole
+	proxy := redistest.NewGate(t, quorumSrvs[0].Addr) // the quorum node to black-hole
 	clusterVictim := clusterSrvs[0]
 
 	// The clients, default options all, and a call counter on each client
@@ -230,7 +230,7 @@ func TestMixedStrategiesWithSickNodes(t *testing.T) {
 	grBefore := countGoroutines()
 	faultTime := time.Now()
 	singleSrv.Pause()
-	proxy.BlackHole("mixed")
+	proxy.BlackHole()
 	clusterVictim.Pause()
 	grPeak := grBefore
 	for range int(hold/(100*time.Millisecond)) + 1 { // bounded: the loop ends at holdEnd−500ms at the latest
@@ -554,7 +554,7 @@ func countGoroutines() goroutineCount {
 		}
 		c.all++
 		switch {
-		case strings.Contains(g, "github.com/Shopify/toxiproxy"):
+		case strings.Contains(g, "internal/redistest.(*Gate)"):
 			c.proxy++
 		case strings.Contains(g, "created by time.goFunc"):
 			c.timers++

@@ -2,9 +2,8 @@ package renew_test
 
 import (
 	"context"
-	"database/sql"
+	"errors"
 	"fmt"
-	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -16,7 +15,6 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	_ "modernc.org/sqlite"
 
 	"github.com/redlease/redlease"
 	"github.com/redlease/redlease/internal/redistest"
@@ -158,6 +156,40 @@ func TestLossOnMajorityReachesDo(t *testing.T) {
 	t.Logf("loss noticed %v before Until", until.Sub(lostAt).Round(time.Millisecond))
 }
 
+// errDuplicate is the ledger's unique-key violation.
+var errDuplicate = errors.New("ledger: duplicate settlement id")
+
+// ledger is a table of settlements with a unique index on the id: Insert
+// of an id already there fails, as a database's constraint would.
+type ledger struct {
+	mu   sync.Mutex
+	rows map[string]uint64 // id → fence
+}
+
+// Count returns how many rows have id ("" for all).
+func (l *ledger) Count(id string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if id == "" {
+		return len(l.rows)
+	}
+	if _, ok := l.rows[id]; ok {
+		return 1
+	}
+	return 0
+}
+
+// Insert adds a row, or fails with errDuplicate.
+func (l *ledger) Insert(id string, fence uint64) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if _, ok := l.rows[id]; ok {
+		return fmt.Errorf("%w: %s", errDuplicate, id)
+	}
+	l.rows[id] = fence
+	return nil
+}
+
 // Do releases only after fn returned: fn checks for its row, waits, and
 // inserts it (a unique index forbids a second one); a concurrent Do on the
 // same key must always see the committed row and insert nothing.
@@ -166,13 +198,7 @@ func TestDoReleasesOnlyAfterTheCommit(t *testing.T) {
 	locker, err := redlease.New(s, redlease.WithTTL(3*time.Second), redlease.WithKeeper(w),
 		redlease.WithRetryDelay(5*time.Millisecond, 50*time.Millisecond))
 	require.NoError(t, err)
-
-	db, err := sql.Open("sqlite", filepath.Join(t.TempDir(), "ledger.db")+"?_pragma=busy_timeout(5000)")
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = db.Close() })
-	_, err = db.Exec(`CREATE TABLE settlement (id TEXT NOT NULL, fence INTEGER NOT NULL);
-		CREATE UNIQUE INDEX settlement_id ON settlement(id)`)
-	require.NoError(t, err)
+	db := &ledger{rows: map[string]uint64{}}
 
 	const keys, callers = 4, 4
 	var inserted, sawRow atomic.Int64
@@ -182,16 +208,12 @@ func TestDoReleasesOnlyAfterTheCommit(t *testing.T) {
 			wg.Go(func() {
 				id := fmt.Sprintf("stl-%d", k)
 				err := locker.Do(t.Context(), "settle:"+id, func(ctx context.Context, lk *redlease.Lock) error {
-					var n int
-					if err := db.QueryRowContext(ctx, `SELECT count(*) FROM settlement WHERE id = ?`, id).Scan(&n); err != nil {
-						return err
-					}
-					if n > 0 {
+					if db.Count(id) > 0 {
 						sawRow.Add(1)
 						return nil
 					}
 					time.Sleep(100 * time.Millisecond) // the slow part of the work
-					if _, err := db.ExecContext(ctx, `INSERT INTO settlement(id, fence) VALUES (?, ?)`, id, lk.Fence()); err != nil {
+					if err := db.Insert(id, lk.Fence()); err != nil {
 						return err
 					}
 					inserted.Add(1)
@@ -204,7 +226,5 @@ func TestDoReleasesOnlyAfterTheCommit(t *testing.T) {
 	wg.Wait()
 	assert.Equal(t, int64(keys), inserted.Load(), "one insert per key")
 	assert.Equal(t, int64(keys*(callers-1)), sawRow.Load(), "every later caller saw the committed row")
-	var rows int
-	require.NoError(t, db.QueryRow(`SELECT count(*) FROM settlement`).Scan(&rows))
-	assert.Equal(t, keys, rows)
+	assert.Equal(t, keys, db.Count(""))
 }

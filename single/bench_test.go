@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/bsm/redislock"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
@@ -18,8 +17,10 @@ import (
 var rawRelease = redis.NewScript(`if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0`)
 
 // BenchmarkAcquireRelease compares, on one real node in one run: redlease
-// single (with and without fencing), bsm/redislock, and the raw floor (SET
-// NX PX, then an EVALSHA compare-and-delete on the same client).
+// single (with and without fencing) and the raw floor (SET NX PX, then an
+// EVALSHA compare-and-delete on the same client). The comparison with
+// bsm/redislock is bench's BenchmarkSingle (the bench module, where the
+// peers are).
 func BenchmarkAcquireRelease(b *testing.B) {
 	c := redistest.Start(b, redistest.Config{}).Client()
 	ctx := context.Background()
@@ -48,22 +49,6 @@ func BenchmarkAcquireRelease(b *testing.B) {
 	strategy2, err := single.New(c, single.WithoutFencing())
 	require.NoError(b, err)
 	run("lib=redlease/nofence", strategy2)
-
-	b.Run("lib=redislock", func(b *testing.B) {
-		rl := redislock.New(c)
-		key := b.Name()
-		b.ReportAllocs()
-		b.ResetTimer()
-		for range b.N {
-			lk, err := rl.Obtain(ctx, key, 10*time.Second, nil)
-			if err != nil {
-				b.Fatal(err)
-			}
-			if err := lk.Release(ctx); err != nil {
-				b.Fatal(err)
-			}
-		}
-	})
 
 	b.Run("lib=raw", func(b *testing.B) {
 		key := b.Name()

@@ -3,7 +3,7 @@
 // beside the peers, median of the runs with a min–max whisker) and a
 // Markdown table of ratios, ours/peer, per case.
 //
-//	go run ./bench/plot -in docs/bench/raw.txt -out docs/bench
+//	go -C bench run ./plot -in "$PWD/docs/bench/raw.txt" -out "$PWD/docs/bench"
 //
 // Benchmark names must look like Benchmark<Group>/lib=<library>/<case>. It
 // uses the standard library only; benchstat gives the confidence intervals

@@ -413,10 +413,13 @@
 //
 // # Running
 //
-//	go test ./chaos/sim                      # 200 seeds (30 under -race)
-//	go test ./chaos/sim -run 'TestSim$' -seeds 10000   # what make test adds
-//	go test ./chaos/sim -run 'TestSim$' -scenario quorum5-fenced -seed 204 -v
-//	go test ./chaos/sim -run 'TestSim$' -scenario barrier -seed 10542 -replays 10
+// chaos is a module of its own (github.com/redlease/redlease/chaos): from
+// the repository's root, go -C chaos runs the go command there.
+//
+//	go -C chaos test ./sim                      # 200 seeds (30 under -race)
+//	go -C chaos test ./sim -run 'TestSim$' -seeds 10000   # what make test adds
+//	go -C chaos test ./sim -run 'TestSim$' -scenario quorum5-fenced -seed 204 -v
+//	go -C chaos test ./sim -run 'TestSim$' -scenario barrier -seed 10542 -replays 10
 //
 // -seed replays one seed and prints its schedule and its history (every
 // command each node applied, every grant, extension, release, register
@@ -442,17 +445,17 @@
 // are pessimistic; CPU time is the steadier figure):
 //
 //	/tmp/sim.test -test.run 'TestSim$' -scenario quorum5-fenced -seeds 1000
-//	(go test -c -o /tmp/sim.test ./chaos/sim)
+//	(go -C chaos test -c -o /tmp/sim.test ./sim)
 //
 // before (cc0e868: 6 ops per client, 8.5 grants per seed): 27–33 seeds/s,
 // 24.5–24.8 ms of user CPU per seed; after (4 ops, faults within the
 // workload, 6.4 grants per seed): 89–160 seeds/s, 8.5–9.9 ms of user CPU
 // per seed, so 200–235 seeds/s on two idle cores (at load 2.5, 115
 // seeds/s with 8.5 ms of CPU per seed, the base 50 seeds/s with 24.6). Over the whole rotation
-// make test's 10,000 seeds (go test -count=1 ./chaos/sim/ -run 'TestSim$'
+// make test's 10,000 seeds (go -C chaos test -count=1 ./sim/ -run 'TestSim$'
 // -seeds 10000) took 91–94 s of wall time at load 6–8.6 and 62–72 s of
 // user CPU: 31–36 s on two idle cores, by CPU time; not measured on an
-// idle machine. The -race run (go test -race -count=1 ./chaos/sim, 30
+// idle machine. The -race run (go -C chaos test -race -count=1 ./sim, 30
 // seeds and the other tests) took 8 s.
 //
 // # Seeds on main
@@ -476,12 +479,12 @@
 // clock-skew 675, clock-jump 503, restart 249; stale-accepted after
 // restart 1), and the nine barrier seeds above now pass.
 //
-//	go test -count=1 -timeout 0 ./chaos/sim -run 'TestSim$' -seeds 200000 -progress -v
+//	go -C chaos test -count=1 -timeout 0 ./sim -run 'TestSim$' -seeds 200000 -progress -v
 //
 // Badkey and errnode (watchdog-mixed at 166182f, before the Cluster lane;
 // 5,000 seeds, 21 s):
 //
-//	go test -count=1 ./chaos/sim -run 'TestSim$' -scenario watchdog-mixed -seeds 5000 -v
+//	go -C chaos test -count=1 ./sim -run 'TestSim$' -scenario watchdog-mixed -seeds 5000 -v
 //
 // no failure, no hazard. Healthy holds 25,581, lost 160 (0.63 %);
 // bystanders of badkey/errnode 10,943, lost 84 (0.77 %); holds whose
@@ -503,7 +506,7 @@
 // commit's tree; 3,000 seeds, 2 min 12 s at load 5–10, 52.6 s of user
 // CPU):
 //
-//	go test -count=1 ./chaos/sim -run 'TestSim$' -scenario watchdog-mixed -seeds 3000 -v
+//	go -C chaos test -count=1 ./sim -run 'TestSim$' -scenario watchdog-mixed -seeds 3000 -v
 //
 // healthy holds 36,403, lost 371: granted on a bare majority and then a
 // minority faulted among the granting nodes 114; a message between the
@@ -524,7 +527,7 @@
 // The wake scenarios (issue 16, must-show 5), at the commit that added
 // them:
 //
-//	go test -count=1 ./chaos/sim -run 'TestSim$' -scenario wake-single -seeds 50000 -v
+//	go -C chaos test -count=1 ./sim -run 'TestSim$' -scenario wake-single -seeds 50000 -v
 //
 // no failure, no hazard (3 min 38 s at load 8–10, 108 s of user CPU):
 // 600,000 grants, 512,176 handoffs with a client waiting, 423,134 of them
@@ -532,7 +535,7 @@
 // 181,866, 171,554 within 5 ms, the longest 77.5 ms (a spike); with one,
 // the longest 287.8 ms (a lost push: the holder's TTL ran out).
 //
-//	go test -count=1 ./chaos/sim -run 'TestSim$' -scenario wake-quorum3 -seeds 50000 -v
+//	go -C chaos test -count=1 ./sim -run 'TestSim$' -scenario wake-quorum3 -seeds 50000 -v
 //
 // no failure, no hazard (3 min 33 s at load 2–4, 415 s of user CPU, 8.3 ms
 // per seed): 300,000 grants, 234,494 handoffs, 205,208 within 5 ms; with
@@ -560,7 +563,7 @@
 // back with a go build overlay (f.json replacing the fixed file by a copy
 // without the fix), so nothing reverted is ever committed:
 //
-//	go test -count=1 ./chaos/sim/ -run 'TestSim$' -seeds 10000 -stopfail -first 100001 -overlay /tmp/f.json
+//	go -C chaos test -count=1 ./sim/ -run 'TestSim$' -seeds 10000 -stopfail -first 100001 -overlay /tmp/f.json
 //
 // The findings:
 //
@@ -594,7 +597,7 @@
 //
 // Replay (c)'s first seed:
 //
-//	go test ./chaos/sim -run 'TestSim$' -scenario quorum3-pastmax -seed 413
+//	go -C chaos test ./sim -run 'TestSim$' -scenario quorum3-pastmax -seed 413
 //
 // With the bound in place, seeds 1–20,000 of quorum3-pastmax pass, no
 // hazard (5 min 6 s at load 9; 147 s of user CPU, 7.4 ms per seed, the
@@ -624,7 +627,7 @@
 //     watchdog-mixed seed 39 after 40 seeds and 2.2 s (-inv healthy-lost
 //     -stopfail -workers 4), healthy-lost: a Cluster lock on a healthy
 //     master lost while the single node was paused; 4 of 10 replays
-//     fail (10 of 10 pass on this tree). go test ./chaos/sim -run
+//     fail (10 of 10 pass on this tree). go -C chaos test ./sim -run
 //     'TestSim$' -scenario watchdog-mixed -seed 39 -replays 10 -inv
 //     healthy-lost
 //   - failover's WAIT check reverted (internal/primary replicated()
@@ -705,7 +708,7 @@
 // timeouts; renewals of its s0 locks lost a request at 130.9 ms and a
 // reply at 232.4 ms (a loss fault on node 5 until 405 ms); its s1 lock
 // granted at 495.7 ms on a healthy node got no renewal sent and was
-// lost at 567 ms (go test ./chaos/sim -run 'TestSim$' -scenario
+// lost at 567 ms (go -C chaos test ./sim -run 'TestSim$' -scenario
 // watchdog-mixed -seed 511 -v, "lost request", "lost the reply"; the
 // histories vary from run to run). healthy-lost still excludes holds
 // with a message lost within 12 s before the grant and counts them apart

@@ -57,7 +57,7 @@ func scenarioOf(s uint64) Scenario {
 }
 
 func replayCmd(r *Result) string {
-	return fmt.Sprintf("go test ./chaos/sim -run 'TestSim$' -scenario %s -seed %d", r.Scenario, r.Seed)
+	return fmt.Sprintf("go -C chaos test ./sim -run 'TestSim$' -scenario %s -seed %d", r.Scenario, r.Seed)
 }
 
 func TestSim(t *testing.T) {

@@ -7,7 +7,7 @@
 // By default it runs against an in-process Redis (miniredis), so it needs
 // no server:
 //
-//	go run ./examples/formtoken
+//	go -C examples run ./formtoken
 //
 // -redis points it at a real Redis.
 package main

@@ -6,11 +6,11 @@
 // By default it starts itself on a free loopback port with an in-process
 // Redis (miniredis), sends its own requests, prints them and exits:
 //
-//	go run ./examples/httpapi
+//	go -C examples run ./httpapi
 //
 // With -serve it keeps serving, so you can try it by hand:
 //
-//	go run ./examples/httpapi -serve 127.0.0.1:8080
+//	go -C examples run ./httpapi -serve 127.0.0.1:8080
 //
 //	curl -i http://127.0.0.1:8080/payments -H 'Authorization: Bearer alice' \
 //	  -H 'Idempotency-Key: order-42' -d '{"to":"bob","amount":1250}'

@@ -17,7 +17,7 @@
 // By default it runs against an in-process Redis (miniredis, which
 // implements XAUTOCLAIM with real idle times), so it needs no server:
 //
-//	go run ./examples/mqconsumer
+//	go -C examples run ./mqconsumer
 //
 // -redis points it at a real Redis (5.0 or later; XAUTOCLAIM needs 6.2).
 package main

@@ -32,12 +32,12 @@
 // By default everything runs in-process (six miniredis servers and an
 // SQLite file in a temp dir), so it needs no servers:
 //
-//	go run ./examples/settlement
+//	go -C examples run ./settlement
 //
 // Point it at real Redis with -nodes (independent primaries for the lock
 // quorum) and -store (the Redis that keeps the idempotency records):
 //
-//	go run ./examples/settlement -nodes 127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003,127.0.0.1:7004,127.0.0.1:7005 -store 127.0.0.1:7000
+//	go -C examples run ./settlement -nodes 127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003,127.0.0.1:7004,127.0.0.1:7005 -store 127.0.0.1:7000
 //
 // Every run uses its own key prefix; on real servers the records expire
 // after ten minutes, the per-account fence counters stay (they have no TTL,

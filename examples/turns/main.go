@@ -4,11 +4,11 @@
 // By default it runs five in-process Redis nodes (miniredis), so it needs
 // no servers:
 //
-//	go run ./examples/turns
+//	go -C examples run ./turns
 //
 // Point it at real, independent Redis primaries with -nodes:
 //
-//	go run ./examples/turns -nodes 127.0.0.1:6379,127.0.0.1:6380,127.0.0.1:6381
+//	go -C examples run ./turns -nodes 127.0.0.1:6379,127.0.0.1:6380,127.0.0.1:6381
 package main
 
 import (

@@ -6,6 +6,8 @@ import (
 	"net"
 	"sync"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // Gate is a TCP proxy in front of one server that lets a test decide the
@@ -26,11 +28,18 @@ import (
 //
 // Handshakes and other traffic that does not contain the match pass
 // through, so clients connect normally.
+//
+// The gate also injects plain network faults, whatever the traffic: Cut
+// (a crashed node), BlackHole (a silent partition), Delay (a slow link),
+// and Heal to end them. It keeps its listener, and so its port, through
+// all of them.
 type Gate struct {
 	Addr string // where clients connect: 127.0.0.1:port
 
+	tb       TB
 	upstream string
 	ln       net.Listener
+	done     chan struct{} // closed by Close: ends every Delay wait
 
 	mu        sync.Mutex
 	reqMatch  []byte // nil: hold no requests
@@ -41,6 +50,11 @@ type Gate struct {
 	changed   chan struct{} // closed and replaced whenever queue changes
 	conns     map[net.Conn]struct{}
 	closed    bool
+	cut       bool          // Cut until Heal
+	paused    bool          // the listener is paused (refusing) for the Cut
+	healed    chan struct{} // while cut: closed by Heal or Close
+	dark      chan struct{} // BlackHole until Heal, Cut or Close (which close it); nil: light
+	delay     time.Duration // Delay: how long every reply chunk waits
 	wg        sync.WaitGroup
 }
 
@@ -55,15 +69,131 @@ type held struct {
 // NewGate starts a gate in front of upstream; tb.Cleanup closes it.
 func NewGate(tb TB, upstream string) *Gate {
 	tb.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	ln, err := listenOwnPort()
 	if err != nil {
 		tb.Fatalf("redistest: gate listen: %v", err)
 	}
-	g := &Gate{Addr: ln.Addr().String(), upstream: upstream, ln: ln,
+	g := &Gate{Addr: ln.Addr().String(), tb: tb, upstream: upstream, ln: ln, done: make(chan struct{}),
 		changed: make(chan struct{}), conns: map[net.Conn]struct{}{}}
 	g.wg.Go(g.accept)
 	tb.Cleanup(g.Close)
 	return g
+}
+
+// Client returns a client that connects through the gate, closed on
+// cleanup, with ContextTimeoutEnabled.
+func (g *Gate) Client() *redis.Client { return newClient(g.tb, g.Addr) }
+
+// Cut closes every connection through the gate and, until Heal, refuses
+// new ones, as for a crashed node. Held chunks are let go with their
+// connections. The gate keeps its port all the while, so no other process
+// can take it before Heal: the listening socket stays bound and only stops
+// listening (on Linux; where that fails, it keeps listening and resets each
+// new connection as soon as it is accepted instead).
+func (g *Gate) Cut() {
+	g.mu.Lock()
+	if g.closed || g.cut {
+		g.mu.Unlock()
+		return
+	}
+	g.cut = true
+	g.healed = make(chan struct{})
+	g.paused = pauseListener(g.ln) == nil
+	for c := range g.conns {
+		_ = c.Close()
+	}
+	q := g.queue
+	g.queue = nil
+	g.changedLocked()
+	g.lightLocked() // after the connections closed: what waited there goes nowhere
+	g.mu.Unlock()
+	for _, h := range q {
+		close(h.release)
+	}
+}
+
+// BlackHole passes nothing more in either direction, on open connections
+// and new ones alike, and keeps them all open: a link that silently stops,
+// or a node that accepts connections and never answers. What arrives
+// meanwhile waits in the gate and the socket buffers, and flows on, in
+// order, after Heal, as TCP delivers it once a partition heals.
+func (g *Gate) BlackHole() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.dark == nil && !g.closed {
+		g.dark = make(chan struct{})
+	}
+}
+
+// Delay holds every chunk the server sends back for d (from when it
+// arrived) before it goes on to the client: a slow link, or a server a
+// distance away. Zero ends it.
+func (g *Gate) Delay(d time.Duration) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.delay = d
+}
+
+// Heal ends Cut, BlackHole and Delay. Chunks held by HoldRequests or
+// HoldReplies stay held.
+func (g *Gate) Heal() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.paused && !g.closed {
+		if err := resumeListener(g.ln); err != nil {
+			g.tb.Fatalf("redistest: gate %s: listen again after Cut: %v", g.Addr, err)
+		}
+	}
+	g.paused = false
+	if g.cut {
+		g.cut = false
+		close(g.healed)
+	}
+	g.delay = 0
+	g.lightLocked()
+}
+
+// lightLocked ends a BlackHole: whatever waits for it goes on.
+func (g *Gate) lightLocked() {
+	if g.dark != nil {
+		close(g.dark)
+		g.dark = nil
+	}
+}
+
+// pass waits until nothing stops a chunk that arrived at arrived: no
+// BlackHole and, for a reply, its Delay served. It returns at once once the
+// gate is closed.
+func (g *Gate) pass(arrived time.Time, reply bool) {
+	served := !reply
+	for {
+		g.mu.Lock()
+		dark, delay := g.dark, g.delay
+		g.mu.Unlock()
+		if dark != nil {
+			select {
+			case <-dark: // Heal, Cut or Close: look again
+				continue
+			case <-g.done:
+				return
+			}
+		}
+		if served {
+			return
+		}
+		served = true
+		wait := time.Until(arrived.Add(delay))
+		if wait <= 0 {
+			return
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C: // then look again: a BlackHole may have come meanwhile
+		case <-g.done:
+			t.Stop()
+			return
+		}
+	}
 }
 
 // HoldRequests keeps back, from now on, every request chunk that contains
@@ -214,6 +344,11 @@ func (g *Gate) Close() {
 	for c := range g.conns {
 		_ = c.Close()
 	}
+	close(g.done)
+	if g.cut {
+		g.cut = false
+		close(g.healed)
+	}
 	g.mu.Unlock()
 	for _, h := range q {
 		close(h.release)
@@ -227,10 +362,15 @@ func (g *Gate) changedLocked() {
 	g.changed = make(chan struct{})
 }
 
+// track adds c to the connections that Cut and Close close, or closes it
+// at once (with a reset) if the gate is cut or closed.
 func (g *Gate) track(c net.Conn) bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.closed {
+	if g.closed || g.cut {
+		if tc, ok := c.(*net.TCPConn); ok {
+			_ = tc.SetLinger(0) // a reset: the client learns at once
+		}
 		_ = c.Close()
 		return false
 	}
@@ -242,12 +382,24 @@ func (g *Gate) accept() {
 	for {
 		client, err := g.ln.Accept()
 		if err != nil {
-			return
+			// Closed, or paused by a Cut (accept fails at once on a socket
+			// that stopped listening): wait for Heal, then accept again.
+			g.mu.Lock()
+			closed, cut, healed := g.closed, g.cut, g.healed
+			g.mu.Unlock()
+			switch {
+			case closed:
+				return
+			case cut:
+				<-healed
+			default:
+				time.Sleep(5 * time.Millisecond) // a passing error (too many open files): try again
+			}
+			continue
 		}
-		if !g.track(client) {
-			return
+		if g.track(client) {
+			g.wg.Go(func() { g.serve(client) })
 		}
-		g.wg.Go(func() { g.serve(client) })
 	}
 }
 
@@ -293,6 +445,7 @@ func (g *Gate) copyRequests(p *pipe, client, server net.Conn) {
 	for {
 		n, err := client.Read(buf)
 		if n > 0 {
+			arrived := time.Now()
 			data := append([]byte(nil), buf[:n]...)
 			g.mu.Lock()
 			hold := !g.closed && g.reqMatch != nil && bytes.Contains(data, g.reqMatch)
@@ -323,6 +476,7 @@ func (g *Gate) copyRequests(p *pipe, client, server net.Conn) {
 				}
 			}
 			p.mu.Unlock()
+			g.pass(arrived, false)
 			_, werr := server.Write(data)
 			if h != nil {
 				if werr == nil {
@@ -357,6 +511,7 @@ func (g *Gate) copyReplies(p *pipe, server, client net.Conn) {
 	buf := make([]byte, 64<<10)
 	for {
 		n, err := server.Read(buf)
+		arrived := time.Now()
 		p.mu.Lock()
 		if p.answered != nil {
 			close(p.answered)
@@ -394,6 +549,7 @@ func (g *Gate) copyReplies(p *pipe, server, client net.Conn) {
 				<-h.release
 				close(h.sent)
 			}
+			g.pass(arrived, true)
 			_, _ = client.Write(data) // a client that went away is not our concern
 		}
 		if err != nil {

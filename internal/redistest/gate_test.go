@@ -1,7 +1,14 @@
 package redistest
 
 import (
+	"bufio"
 	"context"
+	"errors"
+	"net"
+	"os"
+	"runtime"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -81,4 +88,122 @@ func TestGateDropsPublishedMessages(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "keep-me", msg.(*redis.Message).Payload, "the dropped message never arrives, the next one does, on the same connection")
 	require.Equal(t, 1, g.Dropped())
+}
+
+// rawConn is one connection through a gate that speaks RESP by hand, so a
+// test sees exactly what arrives: a reply, a timeout, or the end.
+type rawConn struct {
+	c net.Conn
+	r *bufio.Reader
+}
+
+func dialRaw(t *testing.T, addr string) *rawConn {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close() })
+	return &rawConn{c: c, r: bufio.NewReader(c)}
+}
+
+// send writes one command in the inline form.
+func (rc *rawConn) send(t *testing.T, cmd string) {
+	t.Helper()
+	_, err := rc.c.Write([]byte(cmd + "\r\n"))
+	require.NoError(t, err)
+}
+
+// reply reads one reply line, waiting at most d.
+func (rc *rawConn) reply(d time.Duration) (string, error) {
+	_ = rc.c.SetReadDeadline(time.Now().Add(d))
+	line, err := rc.r.ReadString('\n')
+	return strings.TrimSpace(line), err
+}
+
+// Cut ends every connection and refuses new ones, and keeps the port:
+// nobody can listen there while the gate is cut (the toxiproxy-based proxy
+// gave its port up on Cut, and its Heal once failed with "bind: address
+// already in use"), and after Heal clients connect again.
+func TestGateCutKeepsItsPort(t *testing.T) {
+	srv := Start(t, Config{})
+	g := NewGate(t, srv.Addr)
+	for round := range 3 {
+		open := dialRaw(t, g.Addr)
+		open.send(t, "PING")
+		got, err := open.reply(5 * time.Second)
+		require.NoError(t, err, "round %d", round)
+		require.Equal(t, "+PONG", got)
+
+		g.Cut()
+		_, err = open.reply(5 * time.Second)
+		require.Error(t, err, "round %d: an open connection ends on Cut", round)
+		require.False(t, errors.Is(err, os.ErrDeadlineExceeded), "round %d: ended, not silent: %v", round, err)
+		c, err := net.DialTimeout("tcp", g.Addr, 5*time.Second)
+		if err == nil {
+			_ = c.Close()
+		}
+		if runtime.GOOS == "linux" {
+			require.ErrorIs(t, err, syscall.ECONNREFUSED, "round %d: a new connection is refused while cut", round)
+		}
+		ln, err := net.Listen("tcp", g.Addr)
+		if err == nil {
+			_ = ln.Close()
+		}
+		require.Error(t, err, "round %d: the gate's port must stay taken while it is cut", round)
+
+		g.Heal()
+		again := dialRaw(t, g.Addr)
+		again.send(t, "PING")
+		got, err = again.reply(5 * time.Second)
+		require.NoError(t, err, "round %d: after Heal", round)
+		require.Equal(t, "+PONG", got)
+	}
+}
+
+// BlackHole lets nothing through and keeps connections open, old and new;
+// after Heal what waited arrives, in order.
+func TestGateBlackHoleHoldsAndHeals(t *testing.T) {
+	srv := Start(t, Config{})
+	g := NewGate(t, srv.Addr)
+	ctx := t.Context()
+	old := dialRaw(t, g.Addr)
+	old.send(t, "PING")
+	got, err := old.reply(5 * time.Second)
+	require.NoError(t, err)
+	require.Equal(t, "+PONG", got)
+
+	g.BlackHole()
+	old.send(t, "SET bh-old 1")
+	fresh := dialRaw(t, g.Addr) // accepted: the gate still listens
+	fresh.send(t, "SET bh-new 1")
+	for _, rc := range []*rawConn{old, fresh} {
+		_, err := rc.reply(200 * time.Millisecond)
+		require.ErrorIs(t, err, os.ErrDeadlineExceeded, "silence, not an answer or an end")
+	}
+	require.Zero(t, srv.Client().Exists(ctx, "bh-old", "bh-new").Val(), "nothing reached the server")
+
+	g.Heal()
+	for _, rc := range []*rawConn{old, fresh} {
+		got, err := rc.reply(5 * time.Second)
+		require.NoError(t, err)
+		require.Equal(t, "+OK", got, "the write held in the hole arrives after Heal")
+	}
+	require.Equal(t, int64(2), srv.Client().Exists(ctx, "bh-old", "bh-new").Val())
+}
+
+// Delay holds each reply back at least as long as asked.
+func TestGateDelaysReplies(t *testing.T) {
+	srv := Start(t, Config{})
+	g := NewGate(t, srv.Addr)
+	ctx := t.Context()
+	c := g.Client()
+	require.NoError(t, c.Ping(ctx).Err()) // a pooled connection: no dial below
+	const d = 30 * time.Millisecond
+	g.Delay(d)
+	for range 3 {
+		start := time.Now()
+		require.NoError(t, c.Ping(ctx).Err())
+		require.GreaterOrEqual(t, time.Since(start), d)
+	}
+	g.Heal()
+	require.NoError(t, c.Ping(ctx).Err())
 }

@@ -195,9 +195,13 @@ func (s *Server) makeCluster() {
 // Client returns a client for this server, closed on cleanup. It has
 // ContextTimeoutEnabled, so context deadlines bound socket reads too, and
 // go-redis's default retries.
-func (s *Server) Client() *redis.Client {
-	c := redis.NewClient(&redis.Options{Addr: s.Addr, ContextTimeoutEnabled: true})
-	s.tb.Cleanup(func() { _ = c.Close() })
+func (s *Server) Client() *redis.Client { return newClient(s.tb, s.Addr) }
+
+// newClient returns a client for addr, with ContextTimeoutEnabled, closed
+// on tb's cleanup.
+func newClient(tb TB, addr string) *redis.Client {
+	c := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
+	tb.Cleanup(func() { _ = c.Close() })
 	return c
 }
 

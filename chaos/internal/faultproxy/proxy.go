@@ -1,4 +1,10 @@
-package redistest
+// Package faultproxy puts an in-process toxiproxy in front of one
+// redis-server, for the chaos scenarios' network faults: latency, silence,
+// slow and uneven replies, cut connections. It lives in the chaos module, so
+// that toxiproxy and what it brings (prometheus, zerolog) stay out of the
+// library's module graph; the library's own tests use the hand-written
+// redistest.Gate.
+package faultproxy
 
 import (
 	"context"
@@ -9,28 +15,35 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 	"github.com/rs/zerolog"
+
+	"github.com/redlease/redlease/internal/redistest"
 )
 
 // Proxy is an in-process toxiproxy in front of one server, for network
-// faults: latency, silence, refused connections. Clients of the proxy see
-// the faults; clients of the server directly do not, so one node can be cut
-// off from some clients only.
+// faults: latency, silence, cut connections. Clients of the proxy see the
+// faults; clients of the server directly do not, so one node can be cut off
+// from some clients only.
+//
+// Clients connect to a redistest.Gate that forwards to the toxiproxy: the
+// gate keeps its port through Cut (toxiproxy gives its listener up when
+// stopped, and another process could take the port before Heal listened
+// again: "bind: address already in use").
 type Proxy struct {
 	Addr string // where clients connect: 127.0.0.1:port
 
-	tb    TB
+	tb    redistest.TB
+	front *redistest.Gate
 	proxy *toxiproxy.Proxy
-	cut   bool
 }
 
-// NewProxy starts a proxy to upstream on a free loopback port and stops it
-// on cleanup.
-func NewProxy(tb TB, upstream string) *Proxy {
+// New starts a proxy to upstream on a free loopback port and stops it on
+// cleanup.
+func New(tb redistest.TB, upstream string) *Proxy {
 	tb.Helper()
 	server := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(prometheus.NewRegistry()), zerolog.Nop())
 	p := toxiproxy.NewProxy(server, "redis-"+upstream, "127.0.0.1:0", upstream)
 	if err := p.Start(); err != nil {
-		tb.Fatalf("redistest: start proxy to %s: %v", upstream, err)
+		tb.Fatalf("faultproxy: start proxy to %s: %v", upstream, err)
 	}
 	tb.Cleanup(func() {
 		// Toxics first: a slicer stopped with its proxy leaves goroutines
@@ -38,16 +51,13 @@ func NewProxy(tb TB, upstream string) *Proxy {
 		p.Toxics.ResetToxics(context.Background())
 		p.Stop()
 	})
-	return &Proxy{Addr: p.Listen, tb: tb, proxy: p}
+	front := redistest.NewGate(tb, p.Listen) // closed before the toxiproxy (cleanups run last-in, first-out)
+	return &Proxy{Addr: front.Addr, tb: tb, front: front, proxy: p}
 }
 
 // Client returns a client that connects through the proxy, closed on
 // cleanup, with ContextTimeoutEnabled.
-func (p *Proxy) Client() *redis.Client {
-	c := redis.NewClient(&redis.Options{Addr: p.Addr, ContextTimeoutEnabled: true})
-	p.tb.Cleanup(func() { _ = c.Close() })
-	return c
-}
+func (p *Proxy) Client() *redis.Client { return p.front.Client() }
 
 // Latency delays every reply by ms milliseconds (± jitterMs) (a downstream latency toxic): the server
 // has applied a write before the client sees the answer.
@@ -66,34 +76,24 @@ func (p *Proxy) Silence(name string) {
 func (p *Proxy) Remove(name string) {
 	p.tb.Helper()
 	if err := p.proxy.Toxics.RemoveToxic(context.Background(), name); err != nil {
-		p.tb.Fatalf("redistest: remove toxic %s: %v", name, err)
+		p.tb.Fatalf("faultproxy: remove toxic %s: %v", name, err)
 	}
 }
 
-// Cut stops the proxy: open connections close and new ones are refused, as
-// for a crashed node.
-// Call Cut and Heal from one goroutine.
-func (p *Proxy) Cut() {
-	p.proxy.Stop()
-	p.cut = true
-}
+// Cut ends every open connection and, until Heal, refuses new ones, as for
+// a crashed node. The port stays the proxy's (see redistest.Gate.Cut).
+func (p *Proxy) Cut() { p.front.Cut() }
 
-// Heal removes every toxic and, after a Cut, listens again on the same port.
+// Heal removes every toxic and ends a Cut.
 func (p *Proxy) Heal() {
-	p.tb.Helper()
 	p.proxy.Toxics.ResetToxics(context.Background())
-	if p.cut {
-		if err := p.proxy.Start(); err != nil {
-			p.tb.Fatalf("redistest: restart proxy %s: %v", p.Addr, err)
-		}
-		p.cut = false
-	}
+	p.front.Heal()
 }
 
 func (p *Proxy) add(spec string) {
 	p.tb.Helper()
 	if _, err := p.proxy.Toxics.AddToxicJson(strings.NewReader(spec)); err != nil {
-		p.tb.Fatalf("redistest: add toxic %s: %v", spec, err)
+		p.tb.Fatalf("faultproxy: add toxic %s: %v", spec, err)
 	}
 }
 
