@@ -526,3 +526,43 @@ func (lk *Lock) reportLocked(cause error) {
 		lk.report = func() { o.Held(op, d, cause) }
 	}
 }
+
+// ErrLost means a lock was lost while its holder still believed in it: its
+// validity ran out without a successful renewal, or a renewal showed it was
+// no longer held. Lock.Err returns it (wrapping the cause) once Lock.Lost is
+// closed.
+var ErrLost = errors.New("redlease: lock lost")
+
+// Deadline returns when the lock counts as lost unless an extension comes
+// first: Until minus the loss margin (WithLossMargin), when Lost closes.
+// An extension that has not answered by then comes too late for the
+// holder, so keepers wait for none beyond it. Extend moves it. It is the
+// zero time for a nil Lock.
+func (lk *Lock) Deadline() time.Time {
+	if lk == nil {
+		return time.Time{}
+	}
+	lk.mu.Lock()
+	defer lk.unlock()
+	return lk.deadlineLocked()
+}
+
+// Strategy returns the strategy the lock was taken through (nil for a nil
+// Lock). Keepers group locks by it, since locks of one strategy share its
+// nodes and can be extended in one call.
+func (lk *Lock) Strategy() Strategy {
+	if lk == nil {
+		return nil
+	}
+	return lk.strategy
+}
+
+// observeRenewal reports one renewal by ExtendAll to the lock's Observer
+// (as an "extend" that has already ended).
+func (lk *Lock) observeRenewal(err error) {
+	if lk.observer == nil {
+		return
+	}
+	_, done := lk.observer.Start(context.Background(), lk.op("extend"))
+	done(err)
+}

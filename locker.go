@@ -5,6 +5,7 @@ import (
 	cryptorand "crypto/rand"
 	"encoding/base64"
 	"errors"
+	"fmt"
 	"reflect"
 	"strconv"
 	"sync"
@@ -413,4 +414,84 @@ func withCause(err, cause error) error {
 		return err
 	}
 	return Wrap(err, cause)
+}
+
+// Do takes key (with the Locker's retry policy, like Lock), keeps it alive
+// while fn runs, and releases it only after fn has returned, so that
+// whatever fn committed is visible before anyone else can take the key.
+//
+// The lock is kept alive by the Locker's Keeper (WithKeeper) or, by
+// default, by the one process-wide default watchdog: it extends the lock
+// every third of its TTL, like a renew.Watchdog with default options, and
+// costs one goroutine plus at most two per strategy however many Do calls
+// run at once. It starts with the first Do and ends its goroutines
+// whenever no Do is running (after a renewal call still in flight
+// returns), so a program or test that waits for its Do calls leaves none
+// behind. WithoutKeeper turns renewal off: fn must then finish within the
+// lock's first TTL, less the loss margin.
+//
+// fn's ctx is cancelled, with the lock's error as its cause, as soon as the
+// lock is known lost (a renewal found it no longer held, or none succeeded
+// before the loss margin); fn should stop and not commit then. Do returns
+// fn's error; if the lock was lost before fn returned, the error also
+// errors.Is ErrLost, even if fn returned nil. Failing to obtain the lock
+// returns the error of Lock and does not call fn.
+//
+// A failed release after fn (a node down, say) is not reported: fn's work
+// was done under a valid lock, and the key expires at its TTL. A panic in fn
+// stops the renewal, releases the lock and is then re-raised.
+//
+// The default watchdog runs on the real clock. Inside a testing/synctest
+// bubble, give Do WithoutKeeper or a Keeper made in the bubble
+// (WithKeeper(renew.New())): the default's goroutines and channels belong
+// to whichever bubble, or none, started them.
+func (l *Locker) Do(ctx context.Context, key string, fn func(ctx context.Context, lk *Lock) error, opts ...LockOption) (err error) {
+	if fn == nil {
+		return Invalid("nil function")
+	}
+	c, err := l.config(key, opts)
+	if err != nil {
+		return err
+	}
+	lk, err := l.Lock(ctx, key, opts...)
+	if err != nil {
+		return err
+	}
+	stopKeeping := func() {}
+	switch {
+	case c.noKeeper:
+	case l.keeper != nil:
+		stopKeeping = l.keeper.Keep(lk)
+	default:
+		stopKeeping = defaultKeeper().Keep(lk)
+	}
+
+	fnCtx, cancel := context.WithCancelCause(ctx)
+	var watch sync.WaitGroup
+	done := make(chan struct{})
+	watch.Go(func() {
+		select {
+		case <-lk.Lost():
+			cancel(lk.Err())
+		case <-done:
+		}
+	})
+	defer func() {
+		close(done)
+		watch.Wait()
+		stopKeeping()
+		cancel(nil)
+		lost := lk.Err() // read before Release: a lock released in time is not lost
+		relCtx, relCancel := context.WithTimeout(context.WithoutCancel(ctx), lk.ttl)
+		_ = lk.Release(relCtx)
+		relCancel()
+		switch {
+		case lost == nil:
+		case err == nil:
+			err = lost
+		default:
+			err = fmt.Errorf("%w; %w", err, lost)
+		}
+	}()
+	return fn(fnCtx, lk)
 }

@@ -26,44 +26,11 @@ type Observer interface {
 	NodeFailed(ctx context.Context, op Op, ne *NodeError)
 }
 
-type nodeSinkKey struct{}
-
-// ReportNodeFailure is for Strategy implementations: it tells the Observer
-// of the operation ctx belongs to, if there is one, that a node failed,
-// even when the operation succeeds overall. Without an Observer it does
-// nothing.
-func ReportNodeFailure(ctx context.Context, ne *NodeError) {
-	if f, ok := ctx.Value(nodeSinkKey{}).(func(*NodeError)); ok {
-		f(ne)
-	}
-}
-
 // Op describes one lock operation for an Observer.
 type Op struct {
 	Name     string // "acquire" (one attempt), "wait" (Lock: every attempt), "extend", "release"
 	Strategy string // the strategy's name ("single", "quorum", "failover", or its Go type)
 	Key      string // as the caller gave it
-}
-
-// WithObserver reports every lock operation of this Locker, and of the
-// locks it hands out, to o.
-func WithObserver(o Observer) Option {
-	return lockerOption(func(l *Locker) {
-		if o == nil {
-			l.defaults.fail(Invalid("nil Observer"))
-			return
-		}
-		l.observer = o
-	})
-}
-
-// strategyName names a strategy for observers: its Name method where it
-// has one, else its Go type.
-func strategyName(s Strategy) string {
-	if n, ok := s.(interface{ Name() string }); ok {
-		return n.Name()
-	}
-	return fmt.Sprintf("%T", s)
 }
 
 // observe starts op on o, if there is one, with a sink for
@@ -75,4 +42,13 @@ func observe(ctx context.Context, o Observer, op Op) (context.Context, func(erro
 	ctx, done := o.Start(ctx, op)
 	sink := func(ne *NodeError) { o.NodeFailed(ctx, op, ne) }
 	return context.WithValue(ctx, nodeSinkKey{}, sink), done
+}
+
+// strategyName names a strategy for observers: its Name method where it
+// has one, else its Go type.
+func strategyName(s Strategy) string {
+	if n, ok := s.(interface{ Name() string }); ok {
+		return n.Name()
+	}
+	return fmt.Sprintf("%T", s)
 }

@@ -1,0 +1,163 @@
+package redlease
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"reflect"
+	"sync"
+	"time"
+
+	"github.com/redlease/redlease/internal/watch"
+)
+
+// Keeper keeps locks alive by extending them before they expire. The renew
+// package's Watchdog is one, shared by a whole process. Locker.Do uses the
+// Keeper given with WithKeeper, or else the process-wide default watchdog.
+type Keeper interface {
+	// Keep extends lk from now on until stop is called, lk is released, or
+	// lk is lost. Calling stop more than once is harmless.
+	Keep(lk *Lock) (stop func())
+}
+
+// defaultKeeper is the one process-wide default watchdog that Do uses
+// without WithKeeper: renew.Watchdog's engine with its default options,
+// made on first use, whose goroutines run only while it keeps a lock or a
+// renewal call is in flight.
+var defaultKeeper = sync.OnceValue(func() *watch.Engine[*Lock] {
+	return watch.New(watch.Config[*Lock]{
+		Extend:   ExtendAll,
+		NotHeld:  func(err error) bool { return errors.Is(err, ErrNotHeld) },
+		Lane:     func(lk *Lock) any { return watch.LaneKey(lk.strategy, lk) },
+		IdleStop: true,
+	})
+})
+
+// ExtendAll extends every lock by its own TTL and records each outcome on
+// its lock as Lock.Extend would (a new Until, or the lock marked lost when
+// it is no longer held), except that an extension never moves Until back:
+// one that started before another already recorded says nothing newer.
+// Locks already released or lost get ErrNotHeld without a round trip. The
+// result matches locks one to one.
+//
+// Locks are grouped by strategy; a strategy that is a BatchExtender gets
+// one call for its whole group, any other gets one Extend per lock. Groups
+// run at the same time, each on its own goroutine (one group runs on the
+// caller's), and each under its own deadline: ctx's, narrowed to the
+// latest Deadline (Until less the loss margin) among its locks, past which
+// an answer comes too late for every one of them (a lock whose own
+// deadline passes first is lost then, and a late answer does not revive
+// it; a lock near its deadline does not cut the call short for the
+// others). A slow or hung strategy therefore never delays another's group.
+//
+// ExtendAll returns once every group's call has returned. A strategy whose
+// client ignores the context (go-redis without ContextTimeoutEnabled waits
+// for its ReadTimeout and retries) can hold it past the deadline; the renew
+// package's Watchdog stops waiting at the deadline instead.
+func ExtendAll(ctx context.Context, locks []*Lock) []error {
+	errs := make([]error, len(locks))
+	groups := groupByStrategy(locks, errs)
+	switch len(groups) {
+	case 0:
+		return errs
+	case 1:
+		extendGroup(ctx, locks, groups[0], errs)
+		return errs
+	}
+	var wg sync.WaitGroup
+	for _, g := range groups[1:] {
+		wg.Go(func() { extendGroup(ctx, locks, g, errs) })
+	}
+	extendGroup(ctx, locks, groups[0], errs)
+	wg.Wait()
+	return errs
+}
+
+// strategyGroup is the locks (indexes into ExtendAll's slice) of one strategy.
+type strategyGroup struct {
+	s   Strategy
+	idx []int
+}
+
+// groupByStrategy groups the usable locks by strategy and records ErrNotHeld
+// (with its cause) in errs for the others.
+func groupByStrategy(locks []*Lock, errs []error) []strategyGroup {
+	var groups []strategyGroup
+	for i, lk := range locks {
+		if lk == nil {
+			errs[i] = ErrNotHeld
+			continue
+		}
+		if err := lk.usable(); err != nil {
+			errs[i] = err
+			continue
+		}
+		g := -1
+		if comparableStrategy(lk.strategy) { // == on an incomparable dynamic value panics
+			for j := range groups {
+				if groups[j].s == lk.strategy {
+					g = j
+					break
+				}
+			}
+		}
+		if g < 0 {
+			groups = append(groups, strategyGroup{s: lk.strategy})
+			g = len(groups) - 1
+		}
+		groups[g].idx = append(groups[g].idx, i)
+	}
+	return groups
+}
+
+// comparableStrategy reports whether s can be compared with == (and used as
+// a map key) without a panic: every strategy in this module is a pointer,
+// but a struct holding a slice, or an interface holding one, is not.
+func comparableStrategy(s Strategy) bool {
+	if s == nil {
+		return true
+	}
+	t := reflect.TypeOf(s)
+	return t.Kind() == reflect.Pointer || reflect.ValueOf(s).Comparable()
+}
+
+// extendGroup extends one strategy's locks under the group's own deadline
+// (the latest of theirs) and records the outcomes in errs.
+func extendGroup(ctx context.Context, locks []*Lock, grp strategyGroup, errs []error) {
+	deadline := locks[grp.idx[0]].Deadline()
+	for _, i := range grp.idx[1:] {
+		if d := locks[i].Deadline(); d.After(deadline) {
+			deadline = d
+		}
+	}
+	ctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+
+	s, idx := grp.s, grp.idx
+	b, ok := s.(BatchExtender)
+	if !ok {
+		for _, i := range idx {
+			lk := locks[i]
+			start := lk.clock.Now()
+			g, err := s.Extend(ctx, lk.fullKey, lk.token, lk.ttl)
+			errs[i] = lk.applyExtension(start, g, err)
+			lk.observeRenewal(errs[i])
+		}
+		return
+	}
+	items := make([]Extension, len(idx))
+	starts := make([]time.Time, len(idx))
+	for j, i := range idx {
+		starts[j] = locks[i].clock.Now()
+		items[j] = Extension{Key: locks[i].fullKey, Token: locks[i].token, TTL: locks[i].ttl}
+	}
+	out := b.ExtendBatch(ctx, items)
+	for j, i := range idx {
+		if j >= len(out) {
+			errs[i] = fmt.Errorf("%w: strategy returned %d results for %d extensions", ErrUnavailable, len(out), len(items))
+			continue
+		}
+		errs[i] = locks[i].applyExtension(starts[j], out[j].Grant, out[j].Err)
+		locks[i].observeRenewal(errs[i])
+	}
+}
