@@ -400,3 +400,59 @@ func TestLateCompletionNeverRemovesASuccessorsLock(t *testing.T) {
 	assert.True(t, replay.Replayed)
 	assert.Equal(t, "from-B", string(replay.Result))
 }
+
+// During a rolling upgrade, processes that run the two combined scripts
+// and processes that run the five separate steps share a store: the same
+// lock key, fence counter and record. (A Barrier with an explicit single
+// strategy on the store runs the separate steps, as every Barrier did
+// before.) They exclude each other, each replays the other's result, and
+// fences rise across them.
+func TestCombinedAndSeparateStepsShareRequests(t *testing.T) {
+	c := store(t)
+	combined := barrier(t, c)
+	separate := barrier(t, c, idempotency.WithStrategy(single.New(c, single.WithFenceTTL(idempotency.DefaultRetention+idempotency.DefaultLease))))
+	ctx := t.Context()
+	for i, pair := range [][2]*idempotency.Barrier{{combined, separate}, {separate, combined}} {
+		holder, other := pair[0], pair[1]
+		req := idempotency.Request{Key: fmt.Sprintf("pay:mixed:%d", i), Fingerprint: "fp"}
+		// A first run of the other kind that fails (not stored) takes fence 1.
+		_, err := other.Do(ctx, req, func(context.Context, uint64) ([]byte, error) { return nil, errors.New("transient") })
+		require.EqualError(t, err, "transient")
+		out, err := holder.Do(ctx, req, func(hctx context.Context, fence uint64) ([]byte, error) {
+			_, derr := other.Do(ctx, req, func(context.Context, uint64) ([]byte, error) {
+				t.Errorf("pair %d: the other kind ran while the holder ran", i)
+				return nil, nil
+			})
+			assert.ErrorIs(t, derr, idempotency.ErrInProgress, "pair %d", i)
+			_, derr = other.Do(ctx, idempotency.Request{Key: req.Key, Fingerprint: "other fp"}, mustReplay)
+			assert.ErrorIs(t, derr, idempotency.ErrMismatch, "pair %d", i)
+			return []byte(fmt.Sprint("paid ", fence)), nil
+		})
+		require.NoError(t, err)
+		assert.EqualValues(t, 2, out.Fence, "pair %d: fences rise across runs of either kind", i)
+		replay, err := other.Do(ctx, req, mustReplay)
+		require.NoError(t, err)
+		assert.True(t, replay.Replayed)
+		assert.Equal(t, "paid 2", string(replay.Result))
+	}
+}
+
+// On a Cluster a record and its lock live in different slots, which one
+// script may not touch together: a Barrier on a Cluster client keeps the
+// separate steps (one key each) and works as before.
+func TestBarrierOnAClusterKeepsSeparateSteps(t *testing.T) {
+	cc := redistest.ClusterClient(t, redistest.StartCluster(t, 3))
+	b := barrier(t, cc)
+	ctx := t.Context()
+	for i := range 5 { // keys spread over the masters
+		req := idempotency.Request{Key: fmt.Sprintf("pay:cluster:%d", i), Fingerprint: "fp"}
+		var runs atomic.Int32
+		out, err := b.Do(ctx, req, result(&runs, "paid"))
+		require.NoError(t, err, "request %d", i)
+		assert.NotZero(t, out.Fence)
+		replay, err := b.Do(ctx, req, result(&runs, "again"))
+		require.NoError(t, err)
+		assert.True(t, replay.Replayed)
+		assert.EqualValues(t, 1, runs.Load())
+	}
+}
