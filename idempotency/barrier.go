@@ -102,7 +102,10 @@ type optionFunc func(*Barrier) error
 func (f optionFunc) apply(b *Barrier) error { return f(b) }
 
 // WithStrategy keeps requests in flight exclusive with s (quorum, for a
-// settlement) instead of the default single strategy on the store.
+// settlement) instead of the default single strategy on the store. A
+// Barrier with its own strategy runs a request's steps one by one (five
+// round trips for a first request, against two for the default on a
+// one-Redis store: see the package doc).
 //
 // Every request key gets a lock of its own, and with fencing on each lock
 // name keeps a fence counter on the lock nodes: give s a fence TTL
@@ -247,6 +250,7 @@ type Barrier struct {
 	keeper    redlease.Keeper
 	retention time.Duration
 	lease     time.Duration
+	margin    time.Duration // the locks' loss margin: a tenth of the lease, the Locker's default
 	maxResult int
 	storeAll  bool
 	prefix    string
@@ -280,7 +284,8 @@ func New(store redis.UniversalClient, opts ...Option) (*Barrier, error) {
 			b.strategy = single.New(store, single.WithFenceTTL(b.retention+b.lease))
 		}
 	}
-	lopts := []redlease.Option{redlease.WithTTL(b.lease), redlease.WithPrefix(b.prefix + nsLock)}
+	b.margin = b.lease / redlease.DefaultLossMarginDivisor
+	lopts := []redlease.Option{redlease.WithTTL(b.lease), redlease.WithLossMargin(b.margin), redlease.WithPrefix(b.prefix + nsLock)}
 	if b.keeper != nil {
 		lopts = append(lopts, redlease.WithKeeper(b.keeper))
 	}
@@ -438,7 +443,7 @@ func (b *Barrier) run(ctx context.Context, req Request, rec, lockKey string, h H
 	if b.keeper != nil {
 		stopKeeping = b.keeper.Keep(lk)
 	}
-	keepLock := false // an unrecorded outcome: duplicates wait for the lock to run out
+	keepLock := false // an unrecorded outcome: duplicates wait for the lock to run out (or the completion released it)
 	defer func() {
 		stopKeeping()
 		if keepLock {
@@ -482,12 +487,17 @@ func (b *Barrier) run(ctx context.Context, req Request, rec, lockKey string, h H
 	// The handler's ctx ends when the lock is lost; meanwhile the record
 	// is kept alive as long as the lock (see watch).
 	hctx, cancel := context.WithCancelCause(ctx)
-	watching := make(chan struct{})
-	go func() {
-		defer close(watching)
-		b.watch(hctx, cancel, lk, rec)
-	}()
-	stopWatching := sync.OnceFunc(func() { cancel(nil); <-watching })
+	var stopWatching func()
+	if b.onStore != nil && b.keeper == nil {
+		stopWatching = b.cancelAtExpiry(cancel, lk)
+	} else {
+		watching := make(chan struct{})
+		go func() {
+			defer close(watching)
+			b.watch(hctx, cancel, lk, rec)
+		}()
+		stopWatching = sync.OnceFunc(func() { cancel(nil); <-watching })
+	}
 	defer stopWatching()
 
 	result, panicked, herr := b.call(hctx, h, lk.Fence())
@@ -531,7 +541,12 @@ func (b *Barrier) run(ctx context.Context, req Request, rec, lockKey string, h H
 		kind, payload = "big", nil
 	}
 	out := Outcome{Result: result, Fence: lk.Fence()}
-	switch err := b.record(ctx, rec, lk, kind, payload); {
+	err = b.record(ctx, rec, lk, kind, payload)
+	// With the lock on the store, the completion settled the lock too:
+	// released with the result (if it still held our token), or left to
+	// its TTL (the record was gone, or the store never answered).
+	keepLock = b.onStore != nil
+	switch {
 	case errors.Is(err, ErrNotOwner):
 		// The handler ran to completion under its lock, but the record
 		// was taken over before its result was stored (the store answered
@@ -587,6 +602,45 @@ func (b *Barrier) watch(hctx context.Context, cancel context.CancelCauseFunc, lk
 	}
 }
 
+// cancelAtExpiry is watch for a lock on the store that no Keeper renews,
+// on a timer instead of goroutines: nothing extends such a lock and its
+// strategy revokes nothing (storeLock is no Revoker), so while the handler
+// runs the lock can only be lost by its validity running out, when Valid
+// turns false (its Until less the loss margin) — which is when the timer
+// cancels the handler's ctx, after asking the lock itself. Nor does the
+// record need renewing: it was claimed for the retention, which is longer
+// than the lease, and the handler's ctx ends within the lease. stop ends
+// the watch and cancels the ctx (nil cause).
+func (b *Barrier) cancelAtExpiry(cancel context.CancelCauseFunc, lk *redlease.Lock) (stop func()) {
+	left := func() time.Duration { return time.Until(lk.Until().Add(-b.margin)) }
+	var (
+		mu      sync.Mutex
+		t       *time.Timer
+		stopped bool
+	)
+	mu.Lock()
+	defer mu.Unlock()
+	t = time.AfterFunc(max(left(), 0), func() {
+		if !lk.Valid() {
+			cancel(lostCause(lk))
+			return
+		}
+		// Not yet by the lock's own judgement: look again when it says.
+		mu.Lock()
+		defer mu.Unlock()
+		if !stopped {
+			t.Reset(max(left(), time.Millisecond))
+		}
+	})
+	return func() {
+		mu.Lock()
+		stopped = true
+		t.Stop()
+		mu.Unlock()
+		cancel(nil)
+	}
+}
+
 // lostCause is why the lock is gone: an error that errors.Is
 // redlease.ErrLost.
 func lostCause(lk *redlease.Lock) error {
@@ -629,7 +683,7 @@ func (b *Barrier) record(ctx context.Context, rec string, lk *redlease.Lock, kin
 	ctx = context.WithoutCancel(ctx)
 	giveUp := time.Now().Add(b.lease)
 	if b.onStore != nil {
-		giveUp = minTime(giveUp, lk.Until().Add(-b.lease/redlease.DefaultLossMarginDivisor))
+		giveUp = minTime(giveUp, lk.Until().Add(-b.margin))
 	}
 	delay := recordFirstDelay
 	for attempt := 1; ; attempt++ {

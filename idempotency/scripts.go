@@ -40,10 +40,15 @@ var peekScript = redis.NewScript(peekSrc)
 // expired, since we hold it now (its later Complete will be refused) —
 // unless its fence is higher than ours, which only a double grant produces.
 //
-//	KEYS[1] record; ARGV[1] owner, ARGV[2] fence, ARGV[3] fingerprint, ARGV[4] retention ms
+//	KEYS[1] record; ARGV[1] owner, ARGV[2] fence, ARGV[3] fingerprint, ARGV[4] retention ms,
+//	ARGV[5] (optional) "1": the caller read, in the same atomic step, that
+//	there is no record, so it is not read again
 //	reply: {"claimed"} | {"done", kind, result} | {"mismatch"} | {"progress"}
 const claimSrc = `
-local r = redis.call('HMGET', KEYS[1], 'state', 'fp', 'kind', 'result', 'owner', 'fence')
+local r = {}
+if ARGV[5] ~= '1' then
+  r = redis.call('HMGET', KEYS[1], 'state', 'fp', 'kind', 'result', 'owner', 'fence')
+end
 if r[1] then
   if ARGV[3] ~= '' and r[2] ~= '' and r[2] ~= ARGV[3] then return {'mismatch'} end
   if r[1] == 'c' then return {'done', r[3], r[4] or ''} end
@@ -56,7 +61,9 @@ end
 local fp = ARGV[3]
 if r[1] and fp == '' then fp = r[2] end
 redis.call('HSET', KEYS[1], 'state', 'p', 'owner', ARGV[1], 'fence', ARGV[2], 'fp', fp)
-redis.call('HDEL', KEYS[1], 'kind', 'result')
+if r[1] then
+  redis.call('HDEL', KEYS[1], 'kind', 'result')
+end
 redis.call('PEXPIRE', KEYS[1], ARGV[4])
 return {'claimed'}
 `
@@ -148,12 +155,18 @@ func fn(name, src string) string {
 //
 // claim cannot answer done or mismatch here: peek has just read the same
 // record in the same atomic step.
-var claimLockScript = redis.NewScript(fn("peek", peekSrc) + fn("acquire", script.Acquire.Source()) + fn("claim", claimSrc) + `
+//
+// The functions are made as they are needed: a replay runs peek alone.
+var claimLockScript = redis.NewScript(fn("peek", peekSrc) + `
 local st = peek({KEYS[1]}, {ARGV[7]})
 if st[1] == 'done' or st[1] == 'mismatch' then return st end
+` + fn("acquire", script.Acquire.Source()) + `
 local f = acquire({KEYS[2], KEYS[3], KEYS[2]}, {ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]})
 if f < 0 then return {'held', f} end
-local c = claim({KEYS[1]}, {ARGV[1], string.format('%d', f), ARGV[7], ARGV[8]})
+` + fn("claim", claimSrc) + `
+local fresh = '0'
+if st[1] == 'none' then fresh = '1' end
+local c = claim({KEYS[1]}, {ARGV[1], string.format('%d', f), ARGV[7], ARGV[8], fresh})
 return {c[1], f}
 `)
 

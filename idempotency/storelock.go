@@ -44,6 +44,8 @@ type storeLock struct {
 	bound     bool // store ignores contexts on its sockets (internal/bounded)
 	fenceTTL  time.Duration
 	retention time.Duration
+	// Script arguments that never change, boxed once.
+	fenceTTLMillis, retentionMillis any
 }
 
 var (
@@ -61,6 +63,9 @@ func newStoreLock(c *redis.Client, bound bool, retention, lease time.Duration) *
 		bound:     bound,
 		fenceTTL:  fenceTTL,
 		retention: retention,
+
+		fenceTTLMillis:  fenceTTL.Milliseconds(),
+		retentionMillis: retention.Milliseconds(),
 	}
 }
 
@@ -131,7 +136,7 @@ func (s *storeLock) Acquire(ctx context.Context, key, token string, ttl time.Dur
 	reply, err := bounded.Call(ctx, s.bound, func(ctx context.Context) ([]any, error) {
 		return claimLockScript.Run(ctx, s.store, []string{c.rec, key, fenceKey},
 			token, ttl.Milliseconds(), script.IncrFence, script.RuleOff, script.NotDurable,
-			s.fenceTTL.Milliseconds(), c.fp, s.retention.Milliseconds()).Slice()
+			s.fenceTTLMillis, c.fp, s.retentionMillis).Slice()
 	}, func(reply []any, err error) {
 		// Abandoned, so reported as not obtained: whatever it wrote goes,
 		// by this attempt's token only.
@@ -236,7 +241,7 @@ func (s *storeLock) Release(ctx context.Context, key, token string) error {
 	if c, _ := ctx.Value(completionCtxKey{}).(*completion); c != nil && c.owner == token {
 		v, err := bounded.Call(ctx, s.bound, func(ctx context.Context) ([]int64, error) {
 			return completeReleaseScript.Run(ctx, s.store, []string{c.rec, key},
-				token, c.kind, c.result, s.retention.Milliseconds(), script.Channel(key)).Int64Slice()
+				token, c.kind, c.result, s.retentionMillis, script.Channel(key)).Int64Slice()
 		}, nil)
 		switch {
 		case err != nil:
