@@ -480,6 +480,12 @@ func newScript(numKeys int, src string) *Script {
 // Hash returns the script's SHA1, as EVALSHA sends it.
 func (s *Script) Hash() string { return s.script.Hash() }
 
+// Source returns the script's Lua source, for a script of another package
+// that runs this one's logic inside its own atomic step (the idempotency
+// Barrier's claim takes the lock with Acquire's source, as a local
+// function) instead of keeping a copy of it.
+func (s *Script) Source() string { return s.src }
+
 // Args returns the EVALSHA command line for keysThenArgs, which must start
 // with the script's keys.
 func (s *Script) Args(keysThenArgs ...any) []any {
