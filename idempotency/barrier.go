@@ -542,10 +542,10 @@ func (b *Barrier) run(ctx context.Context, req Request, rec, lockKey string, h H
 	}
 	out := Outcome{Result: result, Fence: lk.Fence()}
 	err = b.record(ctx, rec, lk, kind, payload)
-	// With the lock on the store, the completion settled the lock too:
+	// With completesOnRelease, the completion settled the lock too:
 	// released with the result (if it still held our token), or left to
 	// its TTL (the record was gone, or the store never answered).
-	keepLock = b.onStore != nil
+	keepLock = b.completesOnRelease()
 	switch {
 	case errors.Is(err, ErrNotOwner):
 		// The handler ran to completion under its lock, but the record
@@ -674,15 +674,15 @@ const (
 // completeScript answers as stored. It returns nil once stored,
 // ErrNotOwner if the record was taken over, or the store's last error.
 //
-// With the lock on the store, each attempt also releases the lock, in the
-// same script (see storeLock): the lock counts as given up from the first
-// attempt on, as any Release, and the attempts go on until the validity
-// it had then runs out (less the loss margin, when Valid would have turned
-// false).
+// With the lock on the store and no Keeper (completesOnRelease), each
+// attempt also releases the lock, in the same script (see storeLock): the
+// lock counts as given up from the first attempt on, as any Release, and
+// the attempts go on until the validity it had then runs out (less the
+// loss margin, when Valid would have turned false).
 func (b *Barrier) record(ctx context.Context, rec string, lk *redlease.Lock, kind string, payload []byte) error {
 	ctx = context.WithoutCancel(ctx)
 	giveUp := time.Now().Add(b.lease)
-	if b.onStore != nil {
+	if b.completesOnRelease() {
 		giveUp = minTime(giveUp, lk.Until().Add(-b.margin))
 	}
 	delay := recordFirstDelay
@@ -690,7 +690,7 @@ func (b *Barrier) record(ctx context.Context, rec string, lk *redlease.Lock, kin
 		end := minTime(giveUp, lk.Until())
 		actx, cancel := context.WithDeadline(ctx, end)
 		var err error
-		if b.onStore != nil {
+		if b.completesOnRelease() {
 			err = b.completeRelease(actx, rec, lk, kind, payload)
 		} else {
 			err = b.complete(actx, rec, lk.Token(), kind, payload)
@@ -699,11 +699,11 @@ func (b *Barrier) record(ctx context.Context, rec string, lk *redlease.Lock, kin
 		if err == nil || errors.Is(err, ErrNotOwner) || errors.Is(err, errRecordGone) {
 			return err
 		}
-		if attempt >= recordAttempts || time.Now().Add(delay).After(giveUp) || (b.onStore == nil && !lk.Valid()) {
+		if attempt >= recordAttempts || time.Now().Add(delay).After(giveUp) || (!b.completesOnRelease() && !lk.Valid()) {
 			return fmt.Errorf("%w (gave up after %d attempts)", err, attempt)
 		}
 		var lost <-chan struct{} // with the lock on the store, Lost closed at the first attempt's Release
-		if b.onStore == nil {
+		if !b.completesOnRelease() {
 			lost = lk.Lost()
 		}
 		t := time.NewTimer(delay)
@@ -716,6 +716,16 @@ func (b *Barrier) record(ctx context.Context, rec string, lk *redlease.Lock, kin
 		delay = min(2*delay, recordMaxDelay)
 	}
 }
+
+// completesOnRelease reports whether a run's outcome is recorded by its
+// lock's Release (completeRelease: one round trip for both) rather than
+// by complete and then the release. Only with the lock on the store and
+// no Keeper: from its first attempt on, a completion counts as the lock's
+// release, so the lock is no longer renewed, and a renewed lock's
+// completion could then not be retried for as long as the run held it
+// (the separate complete is retried while the lock is valid, renewals
+// included, and releases the lock after).
+func (b *Barrier) completesOnRelease() bool { return b.onStore != nil && b.keeper == nil }
 
 // completeRelease is complete and the release of lk in one script, sent
 // as lk's Release (see storeLock.Release).

@@ -129,8 +129,10 @@ var releaseScript = redis.NewScript(releaseSrc)
 // function's parameters, its return the function's. So the lock is taken
 // by the very code single's Acquire runs (the same fence counter, the same
 // takeover of an earlier attempt's key) and released by the very code its
-// Release runs (compare the token, delete, PUBLISH on the wake channel
-// under pcall), and a record step is the step it always was.
+// Release runs (compare the token, delete, leave the line, PUBLISH the
+// release on the wake channel under pcall), and a record step is the step
+// it always was. Their replies are flattened to one integer or one string,
+// which the client reads without building an array.
 
 // fn makes a script's source a local function of a larger script.
 func fn(name, src string) string {
@@ -139,65 +141,75 @@ func fn(name, src string) string {
 
 // claimLockScript classifies a request and, unless it is done or its
 // payload differs, takes the request's lock and claims its record, in one
-// atomic step: peekScript, then script.Acquire with fencing, then
-// claimScript under the fence just granted. A lock held by another token
-// is refused as Acquire refuses it, and nothing is claimed.
+// atomic step: peekScript, then script.Acquire with fencing (not in fair
+// mode: KEYS[4], the line, is the lock key), then claimScript under the
+// fence just granted. A lock held by another token is refused as Acquire
+// refuses it, and nothing is claimed.
 //
 //	KEYS[1] record, KEYS[2] lock key, KEYS[3] its fence counter
 //	ARGV[1] token (the lock's, and the record's owner), ARGV[2] lock ttl ms,
 //	ARGV[3..6] Acquire's ARGV[3..6] (mode, delayed-restart rule, durable,
 //	fence counter TTL ms), ARGV[7] fingerprint, ARGV[8] retention ms
-//	reply: {"done", kind, result} | {"mismatch"}      (lock not taken)
-//	     | {"held", v}         (lock refused; v is Acquire's refusal)
-//	     | {"claimed", fence}  (lock taken, record claimed)
-//	     | {"progress", fence} (lock taken, but the record is in progress
-//	                            under a higher fence: a double grant)
+//	reply: "d"..kind..":"..result  done (lock not taken)
+//	     | "m"                     mismatch (lock not taken)
+//	     | an integer < 0          the lock refused: Acquire's refusal
+//	     | an integer > 0          the lock taken (this fence), the record claimed
+//	     | "p"..fence              the lock taken, but the record is in progress
+//	                               under a higher fence: a double grant
 //
 // claim cannot answer done or mismatch here: peek has just read the same
-// record in the same atomic step.
-//
-// The functions are made as they are needed: a replay runs peek alone.
-var claimLockScript = redis.NewScript(fn("peek", peekSrc) + `
+// record in the same atomic step; any other answer is an error reply
+// (after the grant: the caller undoes it).
+var claimLockScript = script.New(3, fn("peek", peekSrc)+`
 local st = peek({KEYS[1]}, {ARGV[7]})
-if st[1] == 'done' or st[1] == 'mismatch' then return st end
-` + fn("acquire", script.Acquire.Source()) + `
-local f = acquire({KEYS[2], KEYS[3], KEYS[2]}, {ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]})
-if f < 0 then return {'held', f} end
-` + fn("claim", claimSrc) + `
+if st[1] == 'done' then return 'd' .. (st[2] or '') .. ':' .. st[3] end
+if st[1] == 'mismatch' then return 'm' end
+`+fn("acquire", script.Acquire.Source())+`
+local f = acquire({KEYS[2], KEYS[3], KEYS[2], KEYS[2]}, {ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]})
+if f < 0 then return f end
+`+fn("claim", claimSrc)+`
 local fresh = '0'
 if st[1] == 'none' then fresh = '1' end
 local c = claim({KEYS[1]}, {ARGV[1], string.format('%d', f), ARGV[7], ARGV[8], fresh})
-return {c[1], f}
+if c[1] == 'claimed' then return f end
+if c[1] == 'progress' then return 'p' .. string.format('%d', f) end
+return redis.error_reply('idempotency: unexpected claim answer ' .. tostring(c[1]))
 `)
 
 // completeReleaseScript stores the result (completeScript) and then
-// releases the request's lock (script.Release: only if it holds the
-// caller's token, so a late completion never removes a successor's lock,
-// and with a PUBLISH on the lock's wake channel). A record that is gone is
-// not completed and its lock is kept until its TTL, as when the steps are
-// separate: duplicates wait for it instead of running at once. Sent again
-// after a failure whose first attempt landed, it answers {1, 0}.
+// releases the request's lock (script.Release as a holder's release: only
+// if it holds the caller's token, so a late completion never removes a
+// successor's lock; leaving the line, and publishing the release on the
+// lock's wake channel). A record that is gone is not completed and its
+// lock is kept until its TTL, as when the steps are separate: duplicates
+// wait for it instead of running at once. Sent again after a failure whose
+// first attempt landed, it answers stored, not released.
 //
-//	KEYS[1] record, KEYS[2] lock key
+//	KEYS[1] record, KEYS[2] lock key, KEYS[3] its line (script.QueueKey)
 //	ARGV[1] owner (the lock's token), ARGV[2] kind, ARGV[3] result,
-//	ARGV[4] retention ms, ARGV[5] the lock's wake channel
-//	reply: {completeScript's reply, script.Release's reply (0 if not sent)}
-var completeReleaseScript = redis.NewScript(fn("complete", completeSrc) + fn("release", script.Release.Source()) + `
+//	ARGV[4] retention ms
+//	reply: 2*c + r, c completeScript's reply (1 stored, 0 not the owner),
+//	r script.Release's (1 released, 0 not held); -2 no record (nothing
+//	released)
+var completeReleaseScript = script.New(3, fn("complete", completeSrc)+fn("release", script.Release.Source())+`
 local n = complete({KEYS[1]}, {ARGV[1], ARGV[2], ARGV[3], ARGV[4]})
-if n == -1 then return {-1, 0} end
-return {n, release({KEYS[2]}, {ARGV[1], ARGV[5]})}
+if n == -1 then return -2 end
+return 2 * n + release({KEYS[2], KEYS[3]}, {ARGV[1], '1'})
 `)
 
 // undoClaimScript undoes what claimLockScript did for one token: it
 // forgets the record if that token still owns it in progress
 // (releaseScript) and releases the lock if it still holds that token
-// (script.Release). Nothing another token wrote is touched, however late
-// it lands.
+// (script.Release: ARGV[2] "0" for the undo of a failed attempt, which
+// publishes wake.UndoNotice, "1" for a grant given back, a holder's
+// release). Nothing another token wrote is touched, however late it
+// lands.
 //
-//	KEYS[1] record, KEYS[2] lock key; ARGV[1] token, ARGV[2] wake channel
-//	reply: {releaseScript's reply, script.Release's reply}
-var undoClaimScript = redis.NewScript(fn("forget", releaseSrc) + fn("release", script.Release.Source()) + `
-return {forget({KEYS[1]}, {ARGV[1]}), release({KEYS[2]}, {ARGV[1], ARGV[2]})}
+//	KEYS[1] record, KEYS[2] lock key, KEYS[3] its line (script.QueueKey)
+//	ARGV[1] token, ARGV[2] "0" undo, "1" release
+//	reply: 2*f + r, f releaseScript's reply, r script.Release's
+var undoClaimScript = script.New(3, fn("forget", releaseSrc)+fn("release", script.Release.Source())+`
+return 2 * forget({KEYS[1]}, {ARGV[1]}) + release({KEYS[2], KEYS[3]}, {ARGV[1], ARGV[2]})
 `)
 
 // consumeScript consumes a one-time token.

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -44,8 +46,10 @@ type storeLock struct {
 	bound     bool // store ignores contexts on its sockets (internal/bounded)
 	fenceTTL  time.Duration
 	retention time.Duration
-	// Script arguments that never change, boxed once.
-	fenceTTLMillis, retentionMillis any
+	lease     time.Duration
+	// Script arguments that never change (or, the lease, almost never),
+	// boxed once.
+	fenceTTLMillis, retentionMillis, leaseMillis any
 }
 
 var (
@@ -63,10 +67,30 @@ func newStoreLock(c *redis.Client, bound bool, retention, lease time.Duration) *
 		bound:     bound,
 		fenceTTL:  fenceTTL,
 		retention: retention,
+		lease:     lease,
 
 		fenceTTLMillis:  fenceTTL.Milliseconds(),
 		retentionMillis: retention.Milliseconds(),
+		leaseMillis:     lease.Milliseconds(),
 	}
+}
+
+// Script arguments, boxed once.
+var (
+	incrFence  any = script.IncrFence
+	ruleOff    any = script.RuleOff
+	notDurable any = script.NotDurable
+	noFP       any = ""
+	undoArg    any = "0" // undoClaimScript: the undo of a failed attempt
+	giveBack   any = "1" // undoClaimScript: a grant given back (a holder's release)
+)
+
+// ttlArg returns ttl in ms, boxed (once, for the lease).
+func (s *storeLock) ttlArg(ttl time.Duration) any {
+	if ttl == s.lease {
+		return s.leaseMillis
+	}
+	return ttl.Milliseconds()
 }
 
 // claim is one request's claim, carried by the ctx of its TryLock to
@@ -130,34 +154,44 @@ func (s *storeLock) Acquire(ctx context.Context, key, token string, ttl time.Dur
 	if err := ctx.Err(); err != nil {
 		return redlease.Grant{}, redlease.Wrap(redlease.ErrNotObtained, context.Cause(ctx))
 	}
-	fenceKey := script.MustFenceKey(key)
-	undo := func(ctx context.Context) { _ = s.undo(ctx, c.rec, key, token) }
+	fp := noFP
+	if c.fp != "" {
+		fp = c.fp
+	}
+	line := claimLockScript.Args(c.rec, key, script.MustFenceKey(key), token, s.ttlArg(ttl),
+		incrFence, ruleOff, notDurable, s.fenceTTLMillis, fp, s.retentionMillis)
 	start := time.Now()
-	reply, err := bounded.Call(ctx, s.bound, func(ctx context.Context) ([]any, error) {
-		return claimLockScript.Run(ctx, s.store, []string{c.rec, key, fenceKey},
-			token, ttl.Milliseconds(), script.IncrFence, script.RuleOff, script.NotDurable,
-			s.fenceTTLMillis, c.fp, s.retentionMillis).Slice()
-	}, func(reply []any, err error) {
-		// Abandoned, so reported as not obtained: whatever it wrote goes,
-		// by this attempt's token only.
-		if (err == nil && granted(reply)) || (err != nil && !primary.NotSent(err)) {
-			ctx, cancel := context.WithTimeout(context.Background(), ttl)
-			defer cancel()
-			undo(ctx)
-		}
-	})
+	var (
+		reply any
+		err   error
+	)
+	if s.bound {
+		reply, err = bounded.Call(ctx, true, func(ctx context.Context) (any, error) {
+			return claimLockScript.RunValue(ctx, s.store, line)
+		}, func(reply any, err error) {
+			// Abandoned, so reported as not obtained: whatever it wrote
+			// goes, by this attempt's token only.
+			if (err == nil && granted(reply)) || (err != nil && !primary.NotSent(err)) {
+				ctx, cancel := context.WithTimeout(context.Background(), ttl)
+				defer cancel()
+				_ = s.undo(ctx, c.rec, key, token, undoArg)
+			}
+		})
+	} else {
+		reply, err = claimLockScript.RunValue(ctx, s.store, line)
+	}
 	if err != nil {
 		var ab bounded.Abandoned
 		if !primary.NotSent(err) && !errors.As(err, &ab) { // an abandoned call undoes itself when it returns
 			// The script may have run and its reply been lost: without
 			// this the lock would block every retry until its TTL.
-			s.undoNow(ctx, ttl, undo)
+			s.undoNow(ctx, ttl, c.rec, key, token)
 		}
 		return redlease.Grant{}, primary.Fail(ctx, s.addr, primary.ErrNotObtainedUnavailable, err)
 	}
-	st, fence, err := parseClaim(reply)
+	st, v, err := parseClaim(reply)
 	if err != nil {
-		s.undoNow(ctx, ttl, undo)
+		s.undoNow(ctx, ttl, c.rec, key, token)
 		return redlease.Grant{}, primary.Fail(ctx, s.addr, primary.ErrNotObtainedUnavailable, err)
 	}
 	switch st.state {
@@ -165,59 +199,77 @@ func (s *storeLock) Acquire(ctx context.Context, key, token string, ttl time.Dur
 		c.st = st
 		return redlease.Grant{}, errSettled
 	case "held":
-		if d, ok := script.Remaining(fence); ok {
+		if d, ok := script.Remaining(v); ok {
 			return redlease.Grant{}, &redlease.HeldError{Remaining: d}
 		}
 		return redlease.Grant{}, redlease.ErrNotObtained
 	}
 	until := start.Add(ttl - drift.Allowance(ttl, drift.DefaultFactor))
 	if now := time.Now(); !now.Before(until) {
-		s.undoNow(ctx, ttl, undo)
+		s.undoNow(ctx, ttl, c.rec, key, token)
 		return redlease.Grant{}, fmt.Errorf("%w: no validity left after %v", redlease.ErrNotObtained, now.Sub(start))
 	}
 	c.st = st
-	return redlease.Grant{Until: until, Fence: uint64(fence)}, nil
+	return redlease.Grant{Until: until, Fence: uint64(v)}, nil
 }
 
-// undoNow runs undo for a failed Acquire, bounded by a tenth of the ttl
+// undoNow undoes a failed Acquire (undo), bounded by a tenth of the ttl
 // (the Locker's default loss margin) past ctx's end: it is best effort,
 // and the lock expires on its own.
-func (s *storeLock) undoNow(ctx context.Context, ttl time.Duration, undo func(context.Context)) {
+func (s *storeLock) undoNow(ctx context.Context, ttl time.Duration, rec, key, token string) {
 	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ttl/redlease.DefaultLossMarginDivisor)
 	defer cancel()
 	_, _ = bounded.Call(uctx, s.bound, func(ctx context.Context) (struct{}, error) {
-		undo(ctx)
-		return struct{}{}, nil
+		return struct{}{}, s.undo(ctx, rec, key, token, undoArg)
 	}, nil)
 }
 
 // granted reports whether a claimLockScript reply took the lock.
-func granted(reply []any) bool {
+func granted(reply any) bool {
 	st, _, err := parseClaim(reply)
 	return err == nil && (st.state == "claimed" || st.state == "progress")
 }
 
 // parseClaim reads a claimLockScript reply: the record's status and, for
 // "claimed" and "progress", the fence; for "held", Acquire's refusal.
-func parseClaim(reply []any) (status, int64, error) {
-	if len(reply) == 2 {
-		if state, ok := reply[0].(string); ok && (state == "claimed" || state == "progress" || state == "held") {
-			if v, ok := reply[1].(int64); ok {
-				return status{state: state}, v, nil
+func parseClaim(reply any) (st status, v int64, err error) {
+	switch r := reply.(type) {
+	case int64:
+		switch {
+		case r > 0:
+			return status{state: "claimed"}, r, nil
+		case r < 0:
+			return status{state: "held"}, r, nil
+		}
+	case string:
+		switch {
+		case r == "m":
+			return status{state: "mismatch"}, 0, nil
+		case strings.HasPrefix(r, "d"):
+			if kind, result, ok := strings.Cut(r[1:], ":"); ok {
+				return status{state: "done", kind: kind, result: []byte(result)}, 0, nil
+			}
+		case strings.HasPrefix(r, "p"):
+			if f, perr := strconv.ParseInt(r[1:], 10, 64); perr == nil && f > 0 {
+				return status{state: "progress"}, f, nil
 			}
 		}
 	}
-	st, err := parseStatus(reply)
-	if err == nil && st.state != "done" && st.state != "mismatch" {
-		err = fmt.Errorf("idempotency: claim reply %v", reply)
-	}
-	return st, 0, err
+	return status{}, 0, fmt.Errorf("idempotency: claim reply %v", reply)
 }
 
 // undo forgets the record if token still owns it in progress and releases
-// key if it still holds token (undoClaimScript).
-func (s *storeLock) undo(ctx context.Context, rec, key, token string) error {
-	return undoClaimScript.Run(ctx, s.store, []string{rec, key}, token, script.Channel(key)).Err()
+// key if it still holds token (undoClaimScript; how: undoArg or giveBack).
+func (s *storeLock) undo(ctx context.Context, rec, key, token string, how any) error {
+	_, err := s.undoClaim(ctx, rec, key, token, how)
+	return err
+}
+
+// undoClaim runs undoClaimScript, and reports whether the lock was
+// released.
+func (s *storeLock) undoClaim(ctx context.Context, rec, key, token string, how any) (released bool, err error) {
+	v, err := undoClaimScript.Run(ctx, s.store, undoClaimScript.Args(rec, key, script.QueueKey(key), token, how))
+	return err == nil && v&1 == 1, err
 }
 
 // Extend is single's.
@@ -239,39 +291,78 @@ func (s *storeLock) ExtendBatch(ctx context.Context, items []redlease.Extension)
 // answer that says the lock was not released is ErrNotHeld.
 func (s *storeLock) Release(ctx context.Context, key, token string) error {
 	if c, _ := ctx.Value(completionCtxKey{}).(*completion); c != nil && c.owner == token {
-		v, err := bounded.Call(ctx, s.bound, func(ctx context.Context) ([]int64, error) {
-			return completeReleaseScript.Run(ctx, s.store, []string{c.rec, key},
-				token, c.kind, c.result, s.retentionMillis, script.Channel(key)).Int64Slice()
-		}, nil)
-		switch {
-		case err != nil:
-			return primary.Fail(ctx, s.addr, redlease.ErrUnavailable, err)
-		case len(v) != 2:
-			return fmt.Errorf("%w: complete reply %v", redlease.ErrUnavailable, v)
+		line := completeReleaseScript.Args(c.rec, key, script.QueueKey(key), token, kindArg(c.kind), c.result, s.retentionMillis)
+		var (
+			v   int64
+			err error
+		)
+		if s.bound {
+			v, err = bounded.Call(ctx, true, func(ctx context.Context) (int64, error) {
+				return completeReleaseScript.Run(ctx, s.store, line)
+			}, nil)
+		} else {
+			v, err = completeReleaseScript.Run(ctx, s.store, line)
 		}
-		c.answered, c.n = true, v[0]
-		if c.n == -1 {
+		if err != nil {
+			return primary.Fail(ctx, s.addr, redlease.ErrUnavailable, err)
+		}
+		n, released, ok := parseCompleteRelease(v)
+		if !ok {
+			return fmt.Errorf("%w: complete reply %d", redlease.ErrUnavailable, v)
+		}
+		c.answered, c.n = true, n
+		if n == -1 {
 			return fmt.Errorf("idempotency: complete %s: %w; the lock is left to expire", c.rec, errRecordGone)
 		}
-		if v[1] != 1 {
+		if !released {
 			return redlease.ErrNotHeld
 		}
 		return nil
 	}
 	if c, _ := ctx.Value(claimCtxKey{}).(*claim); c != nil {
-		v, err := bounded.Call(ctx, s.bound, func(ctx context.Context) ([]int64, error) {
-			return undoClaimScript.Run(ctx, s.store, []string{c.rec, key}, token, script.Channel(key)).Int64Slice()
+		released, err := bounded.Call(ctx, s.bound, func(ctx context.Context) (bool, error) {
+			return s.undoClaim(ctx, c.rec, key, token, giveBack)
 		}, nil)
 		switch {
 		case err != nil:
 			return primary.Fail(ctx, s.addr, redlease.ErrUnavailable, err)
-		case len(v) != 2 || v[1] != 1:
+		case !released:
 			return redlease.ErrNotHeld
 		}
 		return nil
 	}
 	return s.single.Release(ctx, key, token)
 }
+
+// parseCompleteRelease reads a completeReleaseScript reply: n is
+// completeScript's (1 stored, 0 not the owner, -1 no record), released
+// whether the lock was released; ok false for a reply the script never
+// gives.
+func parseCompleteRelease(v int64) (n int64, released, ok bool) {
+	switch v {
+	case -2:
+		return -1, false, true
+	case 0, 1, 2, 3:
+		return v / 2, v%2 == 1, true
+	}
+	return 0, false, false
+}
+
+// kindArg returns a result kind boxed without allocating for the kinds
+// the Barrier stores.
+func kindArg(kind string) any {
+	switch kind {
+	case "ok":
+		return kindOK
+	case "err":
+		return kindErr
+	case "big":
+		return kindBig
+	}
+	return kind
+}
+
+var kindOK, kindErr, kindBig any = "ok", "err", "big"
 
 // Name returns "single", for observers: the lock is single's, on the store.
 func (s *storeLock) Name() string { return "single" }

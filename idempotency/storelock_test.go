@@ -18,6 +18,8 @@ import (
 	"github.com/redlease/redlease"
 	"github.com/redlease/redlease/idempotency"
 	"github.com/redlease/redlease/internal/redistest"
+	"github.com/redlease/redlease/internal/script"
+	"github.com/redlease/redlease/internal/wake"
 	"github.com/redlease/redlease/single"
 )
 
@@ -250,6 +252,10 @@ func TestClaimWhoseReplyIsLostIsUndoneByItsToken(t *testing.T) {
 	assert.EqualValues(t, 2, out.Fence, "above the lost attempt's fence")
 }
 
+// claimedFence1 is the claim's reply on the wire when it took the lock
+// with fence 1 and claimed the record: the integer 1.
+const claimedFence1 = ":1\r\n"
+
 // The same with go-redis's default client options, through a gate: the
 // claim's reply is held, Do returns at its ctx (the call is abandoned),
 // and when the reply finally comes the abandoned attempt undoes itself —
@@ -275,7 +281,7 @@ func TestAbandonedClaimUndoesItselfWhenItsReplyComes(t *testing.T) {
 	})
 	require.Error(t, err)
 	require.ErrorIs(t, err, context.DeadlineExceeded)
-	require.NoError(t, gate.WaitHeld(1, "claimed", 5*time.Second), "the claim was applied; its reply is held")
+	require.NoError(t, gate.WaitHeld(1, claimedFence1, 5*time.Second), "the claim was applied; its reply is held")
 	ctx := t.Context()
 	held, gerr := admin.Get(ctx, lock).Result()
 	require.NoError(t, gerr, "the abandoned claim holds the lock")
@@ -284,11 +290,11 @@ func TestAbandonedClaimUndoesItselfWhenItsReplyComes(t *testing.T) {
 	// The reply comes; the abandoned attempt then sends its undo, which the
 	// gate holds until the test has looked.
 	gate.HoldReplies("")
-	gate.HoldRequests("redlease:wake:") // the undo names the lock's wake channel
-	require.NoError(t, gate.Step("claimed", 5*time.Second))
-	require.NoError(t, gate.WaitHeld(1, "redlease:wake:", 5*time.Second), "the abandoned claim sent its undo")
+	gate.HoldRequests("redlease:queue:") // the undo names the lock's line
+	require.NoError(t, gate.Step(claimedFence1, 5*time.Second))
+	require.NoError(t, gate.WaitHeld(1, "redlease:queue:", 5*time.Second), "the abandoned claim sent its undo")
 	assert.Equal(t, 1, gate.HeldContaining(held), "the undo names the attempt's own token")
-	require.NoError(t, gate.Step("redlease:wake:", 5*time.Second))
+	require.NoError(t, gate.Step("redlease:queue:", 5*time.Second))
 	gate.Open()
 	assert.Zero(t, admin.Exists(ctx, lock).Val(), "the lock the abandoned claim took was undone")
 	assert.Zero(t, admin.Exists(ctx, "idem:r:"+req.Key).Val(), "the record it made was undone")
@@ -455,4 +461,87 @@ func TestBarrierOnAClusterKeepsSeparateSteps(t *testing.T) {
 		assert.True(t, replay.Replayed)
 		assert.EqualValues(t, 1, runs.Load())
 	}
+}
+
+// The completion releases the request's lock as single's Release does for
+// a holder, in the same atomic step: waiters subscribed to the lock's wake
+// channel hear a release (not wake.UndoNotice, which they would answer
+// only after a pause). The undo of a claim whose reply was lost is an
+// undo, and says so. Forced order: a subscriber confirmed before each
+// request.
+func TestCompletionWakesTheLocksWaitersAndAnUndoSaysUndo(t *testing.T) {
+	srv := redistest.Start(t, redistest.Config{})
+	const retention = 61 * time.Second
+	lose := &loseReplies{match: "61000"} // the claim's (and the completion's) ARGV
+	c := hookedClient(t, srv, lose)
+	b := barrier(t, c, idempotency.WithRetention(retention))
+	warm(t, c)
+	ctx := t.Context()
+	next := func(sub *redis.PubSub) (string, bool) {
+		select {
+		case m := <-sub.Channel():
+			return m.Payload, true
+		case <-time.After(5 * time.Second):
+			return "", false
+		}
+	}
+
+	req := idempotency.Request{Key: "pay:wakes"}
+	sub := srv.Client().Subscribe(ctx, script.Channel(requestLock("idem:", req.Key)))
+	t.Cleanup(func() { _ = sub.Close() })
+	_, err := sub.Receive(ctx) // confirmed before the request
+	require.NoError(t, err)
+	out, err := b.Do(ctx, req, func(context.Context, uint64) ([]byte, error) { return []byte("paid"), nil })
+	require.NoError(t, err)
+	require.False(t, out.Replayed)
+	payload, ok := next(sub)
+	require.True(t, ok, "the completion published nothing on the lock's wake channel")
+	assert.NotEqual(t, wake.UndoNotice, payload, "the completion's release is a release, not an undo")
+
+	req = idempotency.Request{Key: "pay:undone"}
+	sub2 := srv.Client().Subscribe(ctx, script.Channel(requestLock("idem:", req.Key)))
+	t.Cleanup(func() { _ = sub2.Close() })
+	_, err = sub2.Receive(ctx)
+	require.NoError(t, err)
+	lose.n.Store(1)
+	_, err = b.Do(ctx, req, func(context.Context, uint64) ([]byte, error) {
+		t.Error("the handler ran without the claim's reply")
+		return nil, nil
+	})
+	require.ErrorIs(t, err, redlease.ErrUnavailable)
+	payload, ok = next(sub2)
+	require.True(t, ok, "the undo of the lost claim published nothing")
+	assert.Equal(t, wake.UndoNotice, payload, "the undo of a failed attempt publishes the undo notice")
+}
+
+// A record in progress under a higher fence than the lock just granted
+// (only a double grant makes one: here written by hand) is not taken
+// over: the combined claim takes the lock, finds the record, and answers
+// "in progress" without claiming it. Do reports ErrInProgress with a
+// lease to wait, the handler does not run, the record keeps its owner and
+// fence, and the lock taken with the claim is released.
+func TestCombinedClaimLeavesARecordOfAHigherFence(t *testing.T) {
+	c := store(t)
+	const lease = 2 * time.Second
+	b := barrier(t, c, idempotency.WithLease(lease))
+	ctx := t.Context()
+	req := idempotency.Request{Key: "pay:higher-fence", Fingerprint: "fp"}
+	rec, lock := "idem:r:"+req.Key, requestLock("idem:", req.Key)
+	require.NoError(t, c.HSet(ctx, rec, "state", "p", "owner", "other-owner", "fence", "99", "fp", "fp").Err())
+	require.NoError(t, c.Expire(ctx, rec, time.Hour).Err())
+
+	_, err := b.Do(ctx, req, func(context.Context, uint64) ([]byte, error) {
+		t.Error("a handler ran while a run of a higher fence owns the record")
+		return nil, nil
+	})
+	var inProgress *idempotency.InProgressError
+	require.ErrorAs(t, err, &inProgress)
+	assert.Equal(t, lease, inProgress.RetryAfter, "a double grant: wait a lease")
+	got, err := c.HGetAll(ctx, rec).Result()
+	require.NoError(t, err)
+	assert.Equal(t, map[string]string{"state": "p", "owner": "other-owner", "fence": "99", "fp": "fp"}, got, "the record is untouched")
+	fence, err := c.Get(ctx, fenceOf(lock)).Int()
+	require.NoError(t, err)
+	assert.Equal(t, 1, fence, "the lock was granted (fence 1) with the claim")
+	assert.Zero(t, c.Exists(ctx, lock).Val(), "and released when the claim found the record taken")
 }
