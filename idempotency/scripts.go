@@ -148,8 +148,10 @@ func fn(name, src string) string {
 //
 //	KEYS[1] record, KEYS[2] lock key, KEYS[3] its fence counter
 //	ARGV[1] token (the lock's, and the record's owner), ARGV[2] lock ttl ms,
-//	ARGV[3..6] Acquire's ARGV[3..6] (mode, delayed-restart rule, durable,
-//	fence counter TTL ms), ARGV[7] fingerprint, ARGV[8] retention ms
+//	ARGV[3] fence counter TTL ms, ARGV[4] fingerprint, ARGV[5] retention ms
+//	(Acquire's other arguments are constants here: IncrFence, the
+//	delayed-restart rule off, not durable; each argument fewer is one
+//	string fewer for the server to make on every call)
 //	reply: "d"..kind..":"..result  done (lock not taken)
 //	     | "m"                     mismatch (lock not taken)
 //	     | an integer < 0          the lock refused: Acquire's refusal
@@ -161,16 +163,16 @@ func fn(name, src string) string {
 // record in the same atomic step; any other answer is an error reply
 // (after the grant: the caller undoes it).
 var claimLockScript = script.New(3, fn("peek", peekSrc)+`
-local st = peek({KEYS[1]}, {ARGV[7]})
+local st = peek({KEYS[1]}, {ARGV[4]})
 if st[1] == 'done' then return 'd' .. (st[2] or '') .. ':' .. st[3] end
 if st[1] == 'mismatch' then return 'm' end
 `+fn("acquire", script.Acquire.Source())+`
-local f = acquire({KEYS[2], KEYS[3], KEYS[2], KEYS[2]}, {ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]})
+local f = acquire({KEYS[2], KEYS[3], KEYS[2], KEYS[2]}, {ARGV[1], ARGV[2], '`+script.IncrFence+`', '`+script.RuleOff+`', '`+script.NotDurable+`', ARGV[3]})
 if f < 0 then return f end
 `+fn("claim", claimSrc)+`
 local fresh = '0'
 if st[1] == 'none' then fresh = '1' end
-local c = claim({KEYS[1]}, {ARGV[1], string.format('%d', f), ARGV[7], ARGV[8], fresh})
+local c = claim({KEYS[1]}, {ARGV[1], string.format('%d', f), ARGV[4], ARGV[5], fresh})
 if c[1] == 'claimed' then return f end
 if c[1] == 'progress' then return 'p' .. string.format('%d', f) end
 return redis.error_reply('idempotency: unexpected claim answer ' .. tostring(c[1]))

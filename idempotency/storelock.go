@@ -77,12 +77,9 @@ func newStoreLock(c *redis.Client, bound bool, retention, lease time.Duration) *
 
 // Script arguments, boxed once.
 var (
-	incrFence  any = script.IncrFence
-	ruleOff    any = script.RuleOff
-	notDurable any = script.NotDurable
-	noFP       any = ""
-	undoArg    any = "0" // undoClaimScript: the undo of a failed attempt
-	giveBack   any = "1" // undoClaimScript: a grant given back (a holder's release)
+	noFP     any = ""
+	undoArg  any = "0" // undoClaimScript: the undo of a failed attempt
+	giveBack any = "1" // undoClaimScript: a grant given back (a holder's release)
 )
 
 // ttlArg returns ttl in ms, boxed (once, for the lease).
@@ -159,7 +156,7 @@ func (s *storeLock) Acquire(ctx context.Context, key, token string, ttl time.Dur
 		fp = c.fp
 	}
 	line := claimLockScript.Args(c.rec, key, script.MustFenceKey(key), token, s.ttlArg(ttl),
-		incrFence, ruleOff, notDurable, s.fenceTTLMillis, fp, s.retentionMillis)
+		s.fenceTTLMillis, fp, s.retentionMillis)
 	start := time.Now()
 	var (
 		reply any

@@ -543,5 +543,9 @@ func TestCombinedClaimLeavesARecordOfAHigherFence(t *testing.T) {
 	fence, err := c.Get(ctx, fenceOf(lock)).Int()
 	require.NoError(t, err)
 	assert.Equal(t, 1, fence, "the lock was granted (fence 1) with the claim")
+	left, err := c.PTTL(ctx, fenceOf(lock)).Result()
+	require.NoError(t, err)
+	assert.InDelta(t, (idempotency.DefaultRetention + lease).Seconds(), left.Seconds(), 1,
+		"the fence counter expires retention+lease after the grant, as the default strategy's")
 	assert.Zero(t, c.Exists(ctx, lock).Val(), "and released when the claim found the record taken")
 }
