@@ -43,28 +43,9 @@ func requestLock(prefix, key string) string {
 // without braces).
 func fenceOf(lockKey string) string { return "redlease:fence:{" + lockKey + "}" }
 
-// roundTrips counts what a client sends: one per command, one per
-// pipeline.
-type roundTrips struct{ n atomic.Int64 }
-
-func (h *roundTrips) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (h *roundTrips) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		h.n.Add(1)
-		return next(ctx, cmd)
-	}
-}
-
-func (h *roundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		h.n.Add(1)
-		return next(ctx, cmds)
-	}
-}
-
-// during returns the round trips sent while f ran.
-func (h *roundTrips) during(f func()) int64 {
+// during returns how many commands h saw sent while f ran: round trips,
+// for a Barrier, which sends no pipelines.
+func during(h *countingHook, f func()) int32 {
 	before := h.n.Load()
 	f()
 	return h.n.Load() - before
@@ -142,7 +123,7 @@ func warm(t *testing.T, c *redis.Client) {
 // keeps the five separate steps.
 func TestFirstRequestTakesTwoRoundTrips(t *testing.T) {
 	srv := redistest.Start(t, redistest.Config{})
-	rt := &roundTrips{}
+	rt := &countingHook{}
 	c := hookedClient(t, srv, rt)
 	b := barrier(t, c)
 	warm(t, c)
@@ -151,10 +132,10 @@ func TestFirstRequestTakesTwoRoundTrips(t *testing.T) {
 	var fence uint64
 	running, finish := make(chan struct{}), make(chan struct{})
 	firstDone := make(chan error, 1)
-	var first int64
+	var first int32
 	go func() {
 		var err error
-		first = rt.during(func() {
+		first = during(rt, func() {
 			_, err = b.Do(ctx, idempotency.Request{Key: "pay:1"}, func(hctx context.Context, f uint64) ([]byte, error) {
 				fence = f
 				close(running)
@@ -168,7 +149,7 @@ func TestFirstRequestTakesTwoRoundTrips(t *testing.T) {
 	// The duplicate's round trip is counted apart from the first's:
 	// nothing else is sent while the first request's handler waits.
 	var dupErr error
-	dup := rt.during(func() {
+	dup := during(rt, func() {
 		_, dupErr = b.Do(ctx, idempotency.Request{Key: "pay:1"}, func(context.Context, uint64) ([]byte, error) {
 			t.Error("a duplicate ran while the first request ran")
 			return nil, nil
@@ -183,19 +164,19 @@ func TestFirstRequestTakesTwoRoundTrips(t *testing.T) {
 
 	var out idempotency.Outcome
 	var err error
-	replay := rt.during(func() { out, err = b.Do(ctx, idempotency.Request{Key: "pay:1"}, mustReplay) })
+	replay := during(rt, func() { out, err = b.Do(ctx, idempotency.Request{Key: "pay:1"}, mustReplay) })
 	require.NoError(t, err)
 	assert.True(t, out.Replayed)
 	assert.Equal(t, "paid", string(out.Result))
 	assert.EqualValues(t, 1, replay, "a replay: one round trip")
 
-	alone := rt.during(func() {
+	alone := during(rt, func() {
 		_, err = b.Do(ctx, idempotency.Request{Key: "pay:2", Fingerprint: "fp-a"}, func(context.Context, uint64) ([]byte, error) { return []byte("ok"), nil })
 	})
 	require.NoError(t, err)
 	assert.EqualValues(t, 2, alone, "a first request alone: two round trips")
 
-	mismatch := rt.during(func() {
+	mismatch := during(rt, func() {
 		_, err = b.Do(ctx, idempotency.Request{Key: "pay:2", Fingerprint: "fp-b"}, mustReplay)
 	})
 	assert.ErrorIs(t, err, idempotency.ErrMismatch)
@@ -203,7 +184,7 @@ func TestFirstRequestTakesTwoRoundTrips(t *testing.T) {
 
 	// Any other strategy keeps today's separate steps.
 	sep := barrier(t, c, idempotency.WithStrategy(single.New(c, single.WithFenceTTL(idempotency.DefaultRetention+idempotency.DefaultLease))))
-	alone = rt.during(func() {
+	alone = during(rt, func() {
 		_, err = sep.Do(ctx, idempotency.Request{Key: "pay:3"}, func(context.Context, uint64) ([]byte, error) { return []byte("ok"), nil })
 	})
 	require.NoError(t, err)
