@@ -16,7 +16,7 @@
 //
 // # How Lock waits
 //
-// A release wakes the waiters of its key. The release script deletes the
+// A release wakes a waiter of its key. The release script deletes the
 // key and, in the same atomic step, publishes on the key's channel
 // (redlease:wake:…, in the reserved namespace). When Lock's first attempt
 // is refused, it subscribes to that channel on the strategy's nodes (one
@@ -29,6 +29,14 @@
 // the backoff of WithRetryDelay, the holder's remaining TTL as the
 // refusing node reported it (+1 ms), and ctx. A notice only decides when a
 // waiter tries; every grant still goes through the strategy's Acquire.
+//
+// A notice wakes one waiter per process, not all of them: every waiter
+// woken costs a script call on every node, and all but one would be
+// refused. Fair mode's release names the line's head, and the process
+// where it waits wakes it; otherwise each process wakes its
+// longest-waiting waiter of the key. A waiter that leaves without
+// answering its notice with an attempt the nodes decided (it gave up, or
+// its attempt failed on the way) hands the notice to the next one.
 //
 // A notice can be lost: the subscription connection broke (the waiters on
 // it are woken when it breaks and again when it is back, in case a
@@ -114,9 +122,10 @@
 //   - Clients without fairness (fairness off, an older redlease, redsync
 //     on the same key layout) ignore the line: they take a free key
 //     whoever is waiting. Fairness holds among fair clients only.
-//   - Release notices name the next head; every waiter still wakes on
-//     them, and a waiter that is not the head is refused and waits again.
-//     A lost notice costs one backoff, as without fairness.
+//   - Release notices name the next head, and wake that waiter only
+//     (in whichever process it waits); a process whose waiters are all
+//     behind the head wakes none of them. A lost notice costs one
+//     backoff, as without fairness.
 //
 // Cost: an uncontended Lock or TryLock on a free key with an empty line
 // runs one more command (EXISTS on the line) inside the same script; the

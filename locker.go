@@ -127,6 +127,10 @@ func (l *Locker) Lock(ctx context.Context, key string, opts ...LockOption) (*Loc
 	return lk, err
 }
 
+// fullDelay is an attempt number whose backoff is drawn at the max retry
+// delay, whatever the min (the doubling stops there).
+const fullDelay = 64
+
 // leaveBound bounds the LeaveLine of a Lock that gives up.
 const leaveBound = 250 * time.Millisecond
 
@@ -136,13 +140,20 @@ func (l *Locker) retry(ctx context.Context, c lockConfig, key string) (lk *Lock,
 		timer   *time.Timer
 		notices <-chan struct{} // nil: not subscribed, never ready
 		refused error           // the last attempt the nodes decided: "held"
+		// owed: this call took a notice that no attempt the nodes decided
+		// has answered yet. A notice wakes one waiter of the process; one
+		// that leaves owing it hands it on (see Waker).
+		owed      bool
+		stopWatch func(handOn bool) // ends the subscription, once there is one
 	)
 	base := newToken()
 	var place *Place
+	waiter := "" // the id Waker.Watch knows this call by: its id in the line in fair mode
 	if q, ok := c.strategy.(Queuer); ok && c.fair {
 		// Fair mode: every attempt joins (or refreshes) this call's entry
 		// in the key's line, at the ticket of its arrival.
 		place = &Place{ID: base, Ticket: time.Now(), Join: true, Lifetime: LineLifetime(c.maxDelay)}
+		waiter = base
 		defer func() {
 			if lk == nil {
 				// Giving up: leave the line, by this call's id only, so
@@ -154,14 +165,36 @@ func (l *Locker) retry(ctx context.Context, c lockConfig, key string) (lk *Lock,
 			}
 		}()
 	}
+	defer func() {
+		if stopWatch != nil {
+			// A notice still waiting in notices came after the last
+			// attempt, which did not answer it.
+			stopWatch(lk == nil && (owed || len(notices) > 0))
+		}
+	}()
+	if w, ok := c.strategy.(Waker); ok && !c.polling {
+		// A hot key whose releases the process already hears: join that
+		// subscription before the first check, which then is the check
+		// after subscribing (see Waker.Listen).
+		if ch, stop, ok := w.Listen(l.prefix+key, waiter); ok {
+			notices, stopWatch = ch, stop
+		}
+	}
 	for attempt := 1; ; attempt++ {
 		// A notice that came before this attempt is sent is answered by
 		// it: only one that comes after may end the next wait.
 		select {
 		case <-notices:
+			owed = true
 		default:
 		}
 		lk, err = l.attempt(ctx, c, key, attemptToken(base, attempt), place)
+		if err == nil || (ctx.Err() == nil && !errors.Is(err, ErrUnavailable)) {
+			// Answered: granted, refused, or a bad call. An attempt the
+			// caller's deadline cut short (or never let out) answers
+			// nothing, even if a node refused it on the way.
+			owed = false
+		}
 		if err == nil || !errors.Is(err, ErrNotObtained) {
 			return lk, err
 		}
@@ -188,19 +221,28 @@ func (l *Locker) retry(ctx context.Context, c lockConfig, key string) (lk *Lock,
 		if c.maxAttempts > 0 && attempt >= c.maxAttempts {
 			return nil, err
 		}
-		if attempt == 1 && !c.polling {
+		if notices == nil && attempt == 1 && !c.polling {
 			if w, ok := c.strategy.(Waker); ok {
 				// Subscribe, confirmed, then check again at once: a
 				// release between the first check and the subscription
 				// was not heard, one after the second check will be.
-				if ch, stop, werr := w.Watch(ctx, l.prefix+key); werr == nil {
-					defer stop()
-					notices = ch
+				if ch, stop, werr := w.Watch(ctx, l.prefix+key, waiter); werr == nil {
+					notices, stopWatch = ch, stop
 					continue
 				}
 			}
 		}
-		wait := boundedBackoff(attempt, c.minDelay, c.maxDelay, err)
+		n := attempt
+		if notices != nil && !errors.Is(err, ErrUnavailable) {
+			// Subscribed, and refused: a release wakes this call (or the
+			// process's longest-waiting waiter, who hands the notice on
+			// if it leaves), so the wait only covers a lost notice or a
+			// holder that never releases, whose remaining TTL cuts it.
+			// The ramp from the min delay would only add refused
+			// attempts on a hot key's nodes.
+			n = fullDelay
+		}
+		wait := boundedBackoff(n, c.minDelay, c.maxDelay, err)
 		if timer == nil {
 			timer = time.NewTimer(wait)
 			defer timer.Stop()
@@ -212,6 +254,7 @@ func (l *Locker) retry(ctx context.Context, c lockConfig, key string) (lk *Lock,
 			return nil, withCause(err, context.Cause(ctx))
 		case <-timer.C:
 		case <-notices:
+			owed = true
 		}
 	}
 }

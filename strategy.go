@@ -73,7 +73,26 @@ type Waker interface {
 	// never waits on a node past the strategy's bound or ctx. stop ends
 	// the subscription (later calls do nothing); the error, if any, means
 	// there is none (the strategy was closed).
-	Watch(ctx context.Context, key string) (notices <-chan struct{}, stop func(), err error)
+	//
+	// A release wakes one waiter per process, not every one: the waiter
+	// the release names (fair mode: the line's head, by waiter, the
+	// caller's id in the line, "" when it waits without fairness) if it
+	// is in this process, otherwise the one that has waited longest (only
+	// among those without fairness when the named head is elsewhere).
+	// stop(true) says the waiter took a notice that no attempt of its own
+	// answered (it gives up, or its attempt failed on the way): the
+	// notice goes to the next waiter instead of being lost.
+	Watch(ctx context.Context, key, waiter string) (notices <-chan struct{}, stop func(handOn bool), err error)
+	// Listen is Watch without I/O and without waiting, for a key whose
+	// releases the process already hears: if enough nodes (as for Watch)
+	// have the key's subscription confirmed, kept by other waiters, it
+	// subscribes waiter on it and returns ok; a release that a node
+	// applies after Listen returned reaches the process (and wakes a
+	// waiter as Watch's notices do). Otherwise it subscribes nothing and
+	// returns ok false. Locker.Lock calls it before its first attempt, so
+	// that on a hot key that attempt is already the check after
+	// subscribing and the second check Watch needs is saved.
+	Listen(key, waiter string) (notices <-chan struct{}, stop func(handOn bool), ok bool)
 }
 
 // Queuer is a Strategy that can serve the waiters of a key in arrival

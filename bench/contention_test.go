@@ -32,9 +32,10 @@ type cycle func(ctx context.Context, obtained func()) (bool, error)
 
 // BenchmarkContention: 32 goroutines on 4 keys (8 per key) of a 5-node
 // quorum, each taking its key with the library's blocking Lock and default
-// retry policy (redlease in fair mode, its default, and with
-// WithFairness(false)) (ours: jittered exponential backoff from 10 ms to 320 ms,
-// no limit; redsync: 50–250 ms, 32 tries), holding it for 1 ms, releasing
+// retry policy (redlease in fair mode, and with WithFairness(false), its
+// default) (ours: woken by releases, jittered exponential backoff from
+// 10 ms to 320 ms as the fallback, no limit; redsync: 50–250 ms, 32
+// tries), holding it for 1 ms, releasing
 // it and going again. One op is one grant: ns/op is the time per grant
 // across all keys, grants/s its inverse. Fairness: grants per goroutine,
 // as Jain's index (1 = all equal, 1/32 = one goroutine got everything) and
@@ -47,9 +48,14 @@ type cycle func(ctx context.Context, obtained func()) (bool, error)
 // same run (the yardstick for both libraries: one RTT to a majority, as
 // this machine serves it), and floor-ratio is grants/s per key ×
 // (holdFor + 2 × acquire-ms): 1 would be a handoff that costs two round
-// trips and nothing else.
+// trips and nothing else. calls/grant is the script calls the nodes
+// served per grant (INFO commandstats, summed over the nodes): the work a
+// grant costs them, refusals included, which unlike grants/s does not
+// depend on what else the machine runs; redlease only (redsync acquires
+// with a plain SET, which it would not count).
 func BenchmarkContention(b *testing.B) {
-	cs := clients(b, nodes(b, 5))
+	addrs := nodes(b, 5)
+	cs := clients(b, addrs)
 	ours := newQuorum(b, cs, quorum.WithoutFencing()) // like for like: redsync has no fences
 	peer := redsync.New(pools(cs)...)
 	name := fmt.Sprintf("nodes=5/goroutines=%d/keys=%d", contenders, contendedKeys)
@@ -61,7 +67,7 @@ func BenchmarkContention(b *testing.B) {
 	}{{"redlease", true}, {"redlease-unfair", false}} {
 		b.Run("lib="+lib.name+"/"+name, func(b *testing.B) {
 			locker := redlease.New(ours, redlease.WithTTL(quorumTTL), redlease.WithFairness(lib.fair))
-			contend(b, rtt(b), func(g int, key string) cycle {
+			contend(b, addrs, true, rtt(b), func(g int, key string) cycle {
 				return func(ctx context.Context, obtained func()) (bool, error) {
 					lk, err := locker.Lock(ctx, key)
 					if err != nil {
@@ -75,7 +81,7 @@ func BenchmarkContention(b *testing.B) {
 		})
 	}
 	b.Run("lib=redsync/"+name, func(b *testing.B) {
-		contend(b, rtt(b), func(g int, key string) cycle {
+		contend(b, addrs, false, rtt(b), func(g int, key string) cycle {
 			m := peer.NewMutex(key, redsync.WithExpiry(quorumTTL)) // one Mutex per goroutine: not safe for concurrent use
 			return func(ctx context.Context, obtained func()) (bool, error) {
 				if err := m.LockContext(ctx); err != nil {
@@ -125,7 +131,7 @@ func acquireRTT(b *testing.B, s redlease.Strategy) time.Duration {
 // contend runs b.N grants among the contenders and reports grants/s,
 // fairness and waits; rtt is the uncontended acquisition time (see
 // BenchmarkContention). newCycle makes contender g's cycle on its key.
-func contend(b *testing.B, rtt time.Duration, newCycle func(g int, key string) cycle) {
+func contend(b *testing.B, addrs []string, countCalls bool, rtt time.Duration, newCycle func(g int, key string) cycle) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	cycles := make([]cycle, contenders)
@@ -140,6 +146,7 @@ func contend(b *testing.B, rtt time.Duration, newCycle func(g int, key string) c
 	var tickets, giveUps atomic.Int64
 	tickets.Store(int64(b.N))
 	var wg sync.WaitGroup
+	callsBefore := scriptCalls(b, addrs)
 	b.ReportAllocs()
 	b.ResetTimer()
 	for g := range contenders {
@@ -165,6 +172,9 @@ func contend(b *testing.B, rtt time.Duration, newCycle func(g int, key string) c
 	wg.Wait()
 	b.StopTimer()
 	perSec := float64(b.N) / b.Elapsed().Seconds()
+	if countCalls {
+		b.ReportMetric(float64(scriptCalls(b, addrs)-callsBefore)/float64(b.N), "calls/grant")
+	}
 	b.ReportMetric(perSec, "grants/s")
 	b.ReportMetric(float64(giveUps.Load())/float64(b.N), "giveups/op")
 	b.ReportMetric(float64(rtt.Microseconds())/1000, "acquire-ms")

@@ -166,8 +166,14 @@ func (s *Strategy) RevokeAll(cause error) int {
 // again as soon as the holder lets go (see redlease.Waker). All waiters of
 // the process on one client share one subscription connection; Watch waits
 // at most a second (or ctx) for the server to confirm.
-func (s *Strategy) Watch(ctx context.Context, key string) (<-chan struct{}, func(), error) {
-	return s.p.Watch(ctx, key)
+func (s *Strategy) Watch(ctx context.Context, key, waiter string) (<-chan struct{}, func(bool), error) {
+	return s.p.Watch(ctx, key, waiter)
+}
+
+// Listen subscribes waiter to releases of key without I/O if the process
+// already hears them (see redlease.Waker).
+func (s *Strategy) Listen(key, waiter string) (<-chan struct{}, func(bool), bool) {
+	return s.p.Listen(key, waiter)
 }
 
 // Close ends the release subscriptions of this strategy's waiters (they

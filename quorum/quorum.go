@@ -175,11 +175,21 @@ func (s *Strategy) Close() error {
 // reaches every node of the holder's quorum), or every node answered, or
 // the node timeout or ctx passed. All waiters of the process share one
 // subscription connection per node.
-func (s *Strategy) Watch(ctx context.Context, key string) (<-chan struct{}, func(), error) {
+func (s *Strategy) Watch(ctx context.Context, key, waiter string) (<-chan struct{}, func(bool), error) {
 	if key == "" {
 		return nil, nil, redlease.Invalid("empty key")
 	}
-	return s.wake.Watch(ctx, script.Channel(key), len(s.nodes)-s.quorum+1, s.nodeTimeout)
+	return s.wake.Watch(ctx, script.Channel(key), waiter, len(s.nodes)-s.quorum+1, s.nodeTimeout)
+}
+
+// Listen subscribes waiter to releases of key without I/O if enough nodes
+// (as for Watch) already carry the process's confirmed subscription to
+// them (see redlease.Waker).
+func (s *Strategy) Listen(key, waiter string) (<-chan struct{}, func(bool), bool) {
+	if key == "" {
+		return nil, nil, false
+	}
+	return s.wake.Listen(script.Channel(key), waiter, len(s.nodes)-s.quorum+1)
 }
 
 // Acquire makes one attempt to take key on a quorum of the nodes:

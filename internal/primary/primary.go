@@ -251,14 +251,23 @@ func (p *Primary) undo(ctx context.Context, key, token string) error {
 
 // Watch subscribes to releases of key on the primary (see
 // redlease.Waker), waiting at most WatchBound or ctx for the confirmation.
-func (p *Primary) Watch(ctx context.Context, key string) (<-chan struct{}, func(), error) {
+func (p *Primary) Watch(ctx context.Context, key, waiter string) (<-chan struct{}, func(bool), error) {
 	if p.err != nil {
 		return nil, nil, p.err
 	}
 	if key == "" {
 		return nil, nil, redlease.Invalid("empty key")
 	}
-	return p.wake.Watch(ctx, script.Channel(key), 1, WatchBound)
+	return p.wake.Watch(ctx, script.Channel(key), waiter, 1, WatchBound)
+}
+
+// Listen subscribes waiter to releases of key without I/O if the process
+// already hears them (see redlease.Waker).
+func (p *Primary) Listen(key, waiter string) (<-chan struct{}, func(bool), bool) {
+	if p.err != nil || key == "" {
+		return nil, nil, false
+	}
+	return p.wake.Listen(script.Channel(key), waiter, 1)
 }
 
 // Close ends the subscriptions of waiters on this primary (they fall back

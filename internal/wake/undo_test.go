@@ -73,7 +73,7 @@ func TestUndoNoticesArePaced(t *testing.T) {
 		// Removed: an undo on its way is not delivered.
 		deliver(UndoNotice)
 		mu.Lock()
-		sub.removeLocked()
+		sub.removeLocked(false)
 		mu.Unlock()
 		select {
 		case <-sub.notify:

@@ -103,10 +103,10 @@ func TestUnsubscribeThatCouldNotBeSentDoesNotHideTheNextConfirmation(t *testing.
 
 		// A waiter on another key keeps the hub (and its count) alive
 		// throughout, as on a busy process.
-		_, stopOther, err := s.Watch(t.Context(), "redlease:wake:other", 1, bound)
+		_, stopOther, err := s.Watch(t.Context(), "redlease:wake:other", "", 1, bound)
 		require.NoError(t, err)
-		defer stopOther()
-		_, stop, err := s.Watch(t.Context(), ch, 1, bound)
+		defer stopOther(false)
+		_, stop, err := s.Watch(t.Context(), ch, "", 1, bound)
 		require.NoError(t, err)
 		require.True(t, confirmed(c, ch), "first waiter confirmed: %s", hubState(c))
 
@@ -115,7 +115,7 @@ func TestUnsubscribeThatCouldNotBeSentDoesNotHideTheNextConfirmation(t *testing.
 		require.False(t, confirmed(c, ch), "the break unconfirms: %s", hubState(c))
 
 		dials := node.dialCount()
-		stop() // the last waiter leaves: the writer's UNSUBSCRIBE has no connection
+		stop(false) // the last waiter leaves: the writer's UNSUBSCRIBE has no connection
 		synctest.Wait()
 		require.Greater(t, node.dialCount(), dials, "the writer tried to send the UNSUBSCRIBE (and its dial was refused)")
 
@@ -124,9 +124,9 @@ func TestUnsubscribeThatCouldNotBeSentDoesNotHideTheNextConfirmation(t *testing.
 		synctest.Wait()
 
 		start := time.Now()
-		_, stop2, err := s.Watch(t.Context(), ch, 1, bound)
+		_, stop2, err := s.Watch(t.Context(), ch, "", 1, bound)
 		require.NoError(t, err)
-		defer stop2()
+		defer stop2(false)
 		took := time.Since(start)
 		require.True(t, confirmed(c, ch), "the new waiter's SUBSCRIBE was confirmed by the node, and the hub must count it: %s", hubState(c))
 		require.Less(t, took, time.Second, "Watch returned at its bound (%v), not at the confirmation", bound)

@@ -10,6 +10,11 @@
 // Sending SUBSCRIBE is not enough — a release between the send and the
 // server's processing of it would be missed (Redisson's issue 1763).
 //
+// A message wakes one waiter of the process, not all (see entry.pickLocked):
+// fair mode's release names the line's head, which is woken if it is
+// here; otherwise the process's longest-waiting waiter is. A waiter that
+// leaves without answering its notice hands it to the next.
+//
 // Every waiter of the process on one client shares one go-redis PubSub
 // (one connection), whatever the key and whatever strategy asked: a hub.
 // A hub has two goroutines, a reader (messages, confirmations, errors) and
@@ -49,6 +54,7 @@ var ErrClosed = errors.New("wake: closed")
 var (
 	mu   sync.Mutex
 	hubs = map[any]*hub{} // by client (or a Set-private key for clients that are not comparable)
+	seq  uint64           // the last Sub's seq
 )
 
 // Bounds of the hub's goroutines.
@@ -107,7 +113,12 @@ type entry struct {
 // Sub is one waiter's subscription to one channel on every client of a
 // Set.
 type Sub struct {
-	set      *Set
+	set *Set
+	// id is the waiter's id in the key's line (fair mode), "" for a
+	// waiter served without fairness; seq orders the process's waiters by
+	// arrival (see pick).
+	id       string
+	seq      uint64
 	notify   chan struct{} // buffer of one: a release was heard (or may have been missed)
 	progress chan struct{} // buffer of one: an entry was confirmed or failed
 	hubs     []*hub
@@ -149,40 +160,28 @@ func registryKey(c redis.UniversalClient) any {
 	return &struct{ redis.UniversalClient }{c}
 }
 
-// Watch subscribes to channel on every client of s and returns once need
-// of them confirmed the subscription, or every client confirmed or failed,
-// or bound passed, or ctx is done. notices receives a value after a
-// message on channel on any client (and after a connection that carried
-// it broke, or came back); it is never closed. stop ends the subscription;
-// call it when the wait is over (more calls do nothing). The subscription
-// stays in place whatever Watch returned on: a client that confirms later
-// delivers from then on. The only error is ErrClosed.
-func (s *Set) Watch(ctx context.Context, channel string, need int, bound time.Duration) (notices <-chan struct{}, stop func(), err error) {
-	sub := &Sub{set: s, notify: make(chan struct{}, 1), progress: make(chan struct{}, 1)}
+// Watch subscribes waiter (its id in the key's line in fair mode, "" if
+// it waits without fairness) to channel on every client of s and returns
+// once need of them confirmed the subscription, or every client confirmed
+// or failed, or bound passed, or ctx is done. notices receives a value
+// when a message on channel on any client picks this waiter (see pick),
+// and after a connection that carried it broke, or came back; it is never
+// closed. stop ends the subscription; call it when the wait is over (more
+// calls do nothing), with handOn true if the waiter took a notice that no
+// attempt of its own answered (it gives up, or its attempt failed on the
+// way): the notice then goes to the next waiter, so that a release is
+// not left unanswered in this process. The subscription stays in place
+// whatever Watch returned on: a client that confirms later delivers from
+// then on. The only error is ErrClosed.
+func (s *Set) Watch(ctx context.Context, channel, waiter string, need int, bound time.Duration) (notices <-chan struct{}, stop func(handOn bool), err error) {
 	mu.Lock()
 	if s.closed {
 		mu.Unlock()
 		return nil, nil, ErrClosed
 	}
-	for i, c := range s.clients {
-		h := hubFor(s.keys[i], c)
-		e := h.chans[channel]
-		if e == nil {
-			e = &entry{channel: channel, subs: map[*Sub]struct{}{}}
-			h.chans[channel] = e
-			h.kickLocked()
-		}
-		e.subs[sub] = struct{}{}
-		sub.hubs = append(sub.hubs, h)
-		sub.entries = append(sub.entries, e)
-	}
-	s.subs[sub] = struct{}{}
+	sub := s.registerLocked(channel, waiter)
 	mu.Unlock()
-	stop = func() {
-		mu.Lock()
-		sub.removeLocked()
-		mu.Unlock()
-	}
+	stop = sub.stop
 
 	t := time.NewTimer(bound)
 	defer t.Stop()
@@ -199,6 +198,63 @@ func (s *Set) Watch(ctx context.Context, channel string, need int, bound time.Du
 		}
 	}
 	return sub.notify, stop, nil
+}
+
+// Listen registers waiter on channel as Watch does, but only if need of
+// the Set's clients already have channel subscribed and confirmed (other
+// waiters of the process keep it so), and then without I/O and without
+// waiting: a release applied after Listen returned is published on a
+// subscription the server already confirmed, and reaches this process.
+// Otherwise it registers nothing and ok is false. On a hot key this lets a
+// new waiter's first check already be the check after subscribing, which
+// saves the second check (an attempt on every node) that Watch needs.
+func (s *Set) Listen(channel, waiter string, need int) (notices <-chan struct{}, stop func(handOn bool), ok bool) {
+	mu.Lock()
+	defer mu.Unlock()
+	if s.closed {
+		return nil, nil, false
+	}
+	live := 0
+	for _, k := range s.keys {
+		if h := hubs[k]; h != nil && !h.stopping {
+			if e := h.chans[channel]; e != nil && e.confirmed && len(e.subs) > 0 {
+				live++
+			}
+		}
+	}
+	if live < need {
+		return nil, nil, false
+	}
+	sub := s.registerLocked(channel, waiter)
+	return sub.notify, sub.stop, true
+}
+
+// registerLocked makes waiter's Sub on channel on every client of s,
+// making the entries (and hubs) that do not exist yet.
+func (s *Set) registerLocked(channel, waiter string) *Sub {
+	seq++
+	sub := &Sub{set: s, id: waiter, seq: seq, notify: make(chan struct{}, 1), progress: make(chan struct{}, 1)}
+	for i, c := range s.clients {
+		h := hubFor(s.keys[i], c)
+		e := h.chans[channel]
+		if e == nil {
+			e = &entry{channel: channel, subs: map[*Sub]struct{}{}}
+			h.chans[channel] = e
+			h.kickLocked()
+		}
+		e.subs[sub] = struct{}{}
+		sub.hubs = append(sub.hubs, h)
+		sub.entries = append(sub.entries, e)
+	}
+	s.subs[sub] = struct{}{}
+	return sub
+}
+
+// stop ends sub (Watch's stop).
+func (sub *Sub) stop(handOn bool) {
+	mu.Lock()
+	sub.removeLocked(handOn)
+	mu.Unlock()
 }
 
 // ready reports whether need entries are confirmed, or every entry is
@@ -255,13 +311,15 @@ func (sub *Sub) undoneLocked() {
 }
 
 // removeLocked takes sub off every entry; an entry left without waiters
-// is unsubscribed by its hub's writer.
-func (sub *Sub) removeLocked() {
+// is unsubscribed by its hub's writer. With handOn, the longest waiting
+// of those left on each entry is woken in its place.
+func (sub *Sub) removeLocked(handOn bool) {
 	if sub.removed {
 		return
 	}
 	sub.removed = true
-	if sub.pause != nil {
+	undoOwed := sub.pause != nil // an undo's notice on its way to sub
+	if undoOwed {
 		sub.pause.Stop()
 		sub.pause = nil
 	}
@@ -270,8 +328,55 @@ func (sub *Sub) removeLocked() {
 		delete(e.subs, sub)
 		if len(e.subs) == 0 {
 			sub.hubs[i].kickLocked()
+		} else if next := e.oldestLocked(false); handOn {
+			signal(next.notify)
+		} else if undoOwed {
+			next.undoneLocked()
 		}
 	}
+}
+
+// pick returns the waiter of the entry that a message wakes, or nil:
+//
+//   - a release that names the line's new head (fair mode) wakes that
+//     waiter if it is here, and otherwise the longest waiting of those
+//     without fairness (only the head can take the key, and this
+//     process's fair waiters would be refused; a waiter without fairness
+//     ignores the line);
+//   - a release with an empty line, and an undo (UndoNotice), wake the
+//     longest waiting.
+//
+// One waiter per message, not all: every waiter woken takes a script call
+// on every node, and all but one are refused, so waking all of a hot
+// key's waiters spent the nodes' time on refusals (BenchmarkContention).
+// Every hub of a Set picks the same waiter (the order is the process's),
+// so a release on five nodes wakes one waiter, not five. A waiter that
+// does not answer its notice hands it on (Watch's stop).
+func (e *entry) pickLocked(payload string) *Sub {
+	if payload == "" || payload == UndoNotice {
+		return e.oldestLocked(false)
+	}
+	for sub := range e.subs {
+		if sub.id == payload {
+			return sub
+		}
+	}
+	return e.oldestLocked(true)
+}
+
+// oldestLocked returns the entry's longest-waiting waiter (only among
+// those without fairness if unfairOnly), or nil.
+func (e *entry) oldestLocked(unfairOnly bool) *Sub {
+	var first *Sub
+	for sub := range e.subs {
+		if unfairOnly && sub.id != "" {
+			continue
+		}
+		if first == nil || sub.seq < first.seq {
+			first = sub
+		}
+	}
+	return first
 }
 
 // signal sends on a buffer-of-one channel without blocking.
@@ -291,7 +396,7 @@ func (s *Set) Close() {
 	mu.Lock()
 	s.closed = true
 	for sub := range s.subs {
-		sub.removeLocked()
+		sub.removeLocked(false)
 		signal(sub.notify)
 		signal(sub.progress) // a Watch still waiting for confirmations returns
 	}
@@ -496,17 +601,23 @@ func (h *hub) handleLocked(msg any) {
 		if e == nil {
 			return
 		}
-		for sub := range e.subs {
-			if m.Payload == UndoNotice {
-				sub.undoneLocked()
-				continue
+		woken := e.pickLocked(m.Payload)
+		if m.Payload == UndoNotice {
+			if woken != nil {
+				woken.undoneLocked()
 			}
+			return
+		}
+		// A release: undos paced before it are answered by it.
+		for sub := range e.subs {
 			sub.undos = 0
 			if sub.pause != nil {
 				sub.pause.Stop()
 				sub.pause = nil
 			}
-			signal(sub.notify)
+		}
+		if woken != nil {
+			signal(woken.notify)
 		}
 	case *redis.Subscription:
 		switch m.Kind {

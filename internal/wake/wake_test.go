@@ -60,9 +60,9 @@ func watchIn(t *testing.T, s *Set, channel string, bound time.Duration) <-chan s
 	done := make(chan string, 1)
 	ctx := t.Context()
 	go func() {
-		_, stop, err := s.Watch(ctx, channel, 1, bound)
+		_, stop, err := s.Watch(ctx, channel, "", 1, bound)
 		if err == nil {
-			defer stop()
+			defer stop(false)
 		}
 		done <- channel
 		<-ctx.Done()
@@ -137,7 +137,7 @@ func TestCloseEndsAWatchWaitingForItsConfirmation(t *testing.T) {
 	}
 	g.HoldRequests("")
 	g.Open()
-	if _, _, err := s.Watch(context.Background(), "redlease:wake:k", 1, bound); err != ErrClosed {
+	if _, _, err := s.Watch(context.Background(), "redlease:wake:k", "", 1, bound); err != ErrClosed {
 		t.Fatalf("Watch after Close: got %v, want ErrClosed", err)
 	}
 }

@@ -1,0 +1,80 @@
+package wake
+
+import (
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/redlease/redlease/internal/redistest"
+)
+
+// Listen joins a subscription only if it is already confirmed (kept by
+// another waiter); a held SUBSCRIBE (a gate) keeps it unconfirmed, and
+// Listen must then refuse, since a release published before the server
+// subscribes would be missed. Once joined, the process's notices go to
+// the longest waiting, and a hand-on reaches the listener.
+func TestListenJoinsOnlyAConfirmedSubscription(t *testing.T) {
+	srv := redistest.Start(t, redistest.Config{})
+	g := redistest.NewGate(t, srv.Addr)
+	c := redis.NewClient(&redis.Options{Addr: g.Addr})
+	t.Cleanup(func() { _ = c.Close() })
+	s := NewSet(c)
+	t.Cleanup(s.Close)
+	const ch = "redlease:wake:{k}"
+
+	_, _, ok := s.Listen(ch, "", 1)
+	require.False(t, ok, "nobody subscribed")
+
+	g.HoldRequests("subscribe")
+	first := make(chan struct {
+		notices <-chan struct{}
+		stop    func(bool)
+	}, 1)
+	go func() {
+		n, stop, err := s.Watch(t.Context(), ch, "", 1, time.Minute)
+		if err == nil {
+			first <- struct {
+				notices <-chan struct{}
+				stop    func(bool)
+			}{n, stop}
+		}
+	}()
+	require.NoError(t, g.WaitHeld(1, "subscribe", 10*time.Second))
+	_, _, ok = s.Listen(ch, "", 1)
+	require.False(t, ok, "SUBSCRIBE not confirmed yet")
+	g.HoldRequests("")
+	g.Open()
+	var w1 struct {
+		notices <-chan struct{}
+		stop    func(bool)
+	}
+	select {
+	case w1 = <-first:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("Watch not confirmed: %s", hubState(c))
+	}
+
+	n2, stop2, ok := s.Listen(ch, "", 1)
+	require.True(t, ok, "confirmed by the first waiter: %s", hubState(c))
+	_, _, ok = s.Listen("redlease:wake:{other}", "", 1)
+	require.False(t, ok, "another channel")
+
+	admin := srv.Client()
+	t.Cleanup(func() { _ = admin.Close() })
+	require.NoError(t, admin.Publish(t.Context(), ch, "").Err())
+	select {
+	case <-w1.notices:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the longest-waiting waiter was not woken")
+	}
+	require.Empty(t, n2, "one waiter woken per release")
+	w1.stop(true) // leaves without answering: hand on
+	select {
+	case <-n2:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the hand-on did not reach the listener")
+	}
+	stop2(false)
+}
