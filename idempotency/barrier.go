@@ -13,7 +13,6 @@ import (
 	"github.com/redlease/redlease"
 	"github.com/redlease/redlease/internal/bounded"
 	"github.com/redlease/redlease/internal/nodes"
-	"github.com/redlease/redlease/single"
 )
 
 // Defaults, in one place.
@@ -102,7 +101,10 @@ type optionFunc func(*Barrier) error
 func (f optionFunc) apply(b *Barrier) error { return f(b) }
 
 // WithStrategy keeps requests in flight exclusive with s (quorum, for a
-// settlement) instead of the default single strategy on the store.
+// settlement) instead of the default single strategy on the store. A
+// Barrier with its own strategy runs a request's steps one by one (five
+// round trips for a first request, against two for the default on a
+// one-Redis store: see the package doc).
 //
 // Every request key gets a lock of its own, and with fencing on each lock
 // name keeps a fence counter on the lock nodes: give s a fence TTL
@@ -243,9 +245,11 @@ type Barrier struct {
 	bound     bool // store ignores contexts on its sockets: calls return at their ctx (internal/bounded)
 	locker    *redlease.Locker
 	strategy  redlease.Strategy
+	onStore   *storeLock // the default strategy on a one-Redis store: two round trips per first request
 	keeper    redlease.Keeper
 	retention time.Duration
 	lease     time.Duration
+	margin    time.Duration // the locks' loss margin: a tenth of the lease, the Locker's default
 	maxResult int
 	storeAll  bool
 	prefix    string
@@ -271,13 +275,23 @@ func New(store redis.UniversalClient, opts ...Option) (*Barrier, error) {
 	if b.strategy == nil {
 		// Fence counters of request locks expire with their records: a
 		// request's fences are compared only while its record is kept.
-		s, err := single.New(store, single.WithFenceTTL(b.retention+b.lease))
-		if err != nil {
-			return nil, err
+		if c, ok := store.(*redis.Client); ok {
+			// One Redis: the record and the lock can share a script.
+			sl, err := newStoreLock(c, b.bound, b.retention, b.lease)
+			if err != nil {
+				return nil, err
+			}
+			b.onStore, b.strategy = sl, sl
+		} else {
+			s, err := newOnePrimary(store, b.retention+b.lease)
+			if err != nil {
+				return nil, err
+			}
+			b.strategy = s
 		}
-		b.strategy = s
 	}
-	lopts := []redlease.Option{redlease.WithTTL(b.lease), redlease.WithPrefix(b.prefix + nsLock)}
+	b.margin = b.lease / redlease.DefaultLossMarginDivisor
+	lopts := []redlease.Option{redlease.WithTTL(b.lease), redlease.WithLossMargin(b.margin), redlease.WithPrefix(b.prefix + nsLock)}
 	if b.keeper != nil {
 		lopts = append(lopts, redlease.WithKeeper(b.keeper))
 	}
@@ -375,9 +389,13 @@ func (b *Barrier) exec(ctx context.Context, ns string, req Request, h Handler, w
 	deadline := time.Now().Add(wait)
 	for attempt := 0; ; attempt++ {
 		// Cheap first look: most duplicates are replays, and need no lock.
-		st, err := b.peek(ctx, rec, req.Fingerprint)
-		if err != nil {
-			return Outcome{}, failed, err
+		// With the lock on the store, the look is part of run's claim.
+		st := status{state: "none"}
+		if b.onStore == nil {
+			var err error
+			if st, err = b.peek(ctx, rec, req.Fingerprint); err != nil {
+				return Outcome{}, failed, err
+			}
 		}
 		switch st.state {
 		case "done":
@@ -402,9 +420,27 @@ func (b *Barrier) exec(ctx context.Context, ns string, req Request, h Handler, w
 	}
 }
 
-// run takes the lock, claims the record and runs h.
+// run takes the lock, claims the record and runs h. With the lock on the
+// store, the lock's acquisition also reads and claims the record (see
+// storeLock), and a request found done or refused comes back as
+// errSettled, with the record's state in the claim.
 func (b *Barrier) run(ctx context.Context, req Request, rec, lockKey string, h Handler) (Outcome, verdict, error) {
-	lk, err := b.locker.TryLock(ctx, lockKey)
+	var cl *claim
+	lctx := ctx
+	if b.onStore != nil {
+		cl = &claim{rec: rec, fp: req.Fingerprint}
+		lctx = withClaim(ctx, cl)
+	}
+	lk, err := b.locker.TryLock(lctx, lockKey)
+	if errors.Is(err, errSettled) {
+		switch cl.st.state {
+		case "done":
+			out, err := cl.st.replay()
+			return out, recorded, err
+		case "mismatch":
+			return Outcome{}, failed, ErrMismatch
+		}
+	}
 	var nodeErr *redlease.NodeError
 	if errors.Is(err, redlease.ErrNotObtained) && ctx.Err() == nil && !errors.As(err, &nodeErr) {
 		// Taken, not failed: someone is running this request now.
@@ -417,7 +453,7 @@ func (b *Barrier) run(ctx context.Context, req Request, rec, lockKey string, h H
 	if b.keeper != nil {
 		stopKeeping = b.keeper.Keep(lk)
 	}
-	keepLock := false // an unrecorded outcome: duplicates wait for the lock to run out
+	keepLock := false // an unrecorded outcome: duplicates wait for the lock to run out (or the completion released it)
 	defer func() {
 		stopKeeping()
 		if keepLock {
@@ -429,9 +465,12 @@ func (b *Barrier) run(ctx context.Context, req Request, rec, lockKey string, h H
 	}()
 
 	// The record, again, now that we hold the lock: a request may have
-	// completed while we took it.
-	st, err := b.claim(ctx, rec, lk.Token(), lk.Fence(), req.Fingerprint)
-	if err != nil {
+	// completed while we took it. (With the lock on the store, the claim
+	// was made in the same step as the lock.)
+	var st status
+	if cl != nil {
+		st = cl.st
+	} else if st, err = b.claim(ctx, rec, lk.Token(), lk.Fence(), req.Fingerprint); err != nil {
 		return Outcome{}, failed, err
 	}
 	switch st.state {
@@ -458,12 +497,17 @@ func (b *Barrier) run(ctx context.Context, req Request, rec, lockKey string, h H
 	// The handler's ctx ends when the lock is lost; meanwhile the record
 	// is kept alive as long as the lock (see watch).
 	hctx, cancel := context.WithCancelCause(ctx)
-	watching := make(chan struct{})
-	go func() {
-		defer close(watching)
-		b.watch(hctx, cancel, lk, rec)
-	}()
-	stopWatching := sync.OnceFunc(func() { cancel(nil); <-watching })
+	var stopWatching func()
+	if b.onStore != nil && b.keeper == nil {
+		stopWatching = b.cancelAtExpiry(cancel, lk)
+	} else {
+		watching := make(chan struct{})
+		go func() {
+			defer close(watching)
+			b.watch(hctx, cancel, lk, rec)
+		}()
+		stopWatching = sync.OnceFunc(func() { cancel(nil); <-watching })
+	}
 	defer stopWatching()
 
 	result, panicked, herr := b.call(hctx, h, lk.Fence())
@@ -507,7 +551,12 @@ func (b *Barrier) run(ctx context.Context, req Request, rec, lockKey string, h H
 		kind, payload = "big", nil
 	}
 	out := Outcome{Result: result, Fence: lk.Fence()}
-	switch err := b.record(ctx, rec, lk, kind, payload); {
+	err = b.record(ctx, rec, lk, kind, payload)
+	// With completesOnRelease, the completion settled the lock too:
+	// released with the result (if it still held our token), or left to
+	// its TTL (the record was gone, or the store never answered).
+	keepLock = b.completesOnRelease()
+	switch {
 	case errors.Is(err, ErrNotOwner):
 		// The handler ran to completion under its lock, but the record
 		// was taken over before its result was stored (the store answered
@@ -563,6 +612,45 @@ func (b *Barrier) watch(hctx context.Context, cancel context.CancelCauseFunc, lk
 	}
 }
 
+// cancelAtExpiry is watch for a lock on the store that no Keeper renews,
+// on a timer instead of goroutines: nothing extends such a lock and its
+// strategy revokes nothing (storeLock is no Revoker), so while the handler
+// runs the lock can only be lost by its validity running out, when Valid
+// turns false (its Until less the loss margin) — which is when the timer
+// cancels the handler's ctx, after asking the lock itself. Nor does the
+// record need renewing: it was claimed for the retention, which is longer
+// than the lease, and the handler's ctx ends within the lease. stop ends
+// the watch and cancels the ctx (nil cause).
+func (b *Barrier) cancelAtExpiry(cancel context.CancelCauseFunc, lk *redlease.Lock) (stop func()) {
+	left := func() time.Duration { return time.Until(lk.Until().Add(-b.margin)) }
+	var (
+		mu      sync.Mutex
+		t       *time.Timer
+		stopped bool
+	)
+	mu.Lock()
+	defer mu.Unlock()
+	t = time.AfterFunc(max(left(), 0), func() {
+		if !lk.Valid() {
+			cancel(lostCause(lk))
+			return
+		}
+		// Not yet by the lock's own judgement: look again when it says.
+		mu.Lock()
+		defer mu.Unlock()
+		if !stopped {
+			t.Reset(max(left(), time.Millisecond))
+		}
+	})
+	return func() {
+		mu.Lock()
+		stopped = true
+		t.Stop()
+		mu.Unlock()
+		cancel(nil)
+	}
+}
+
 // lostCause is why the lock is gone: an error that errors.Is
 // redlease.ErrLost.
 func lostCause(lk *redlease.Lock) error {
@@ -595,33 +683,84 @@ const (
 // Each attempt may be a repeat of one that landed unseen, which
 // completeScript answers as stored. It returns nil once stored,
 // ErrNotOwner if the record was taken over, or the store's last error.
+//
+// With the lock on the store and no Keeper (completesOnRelease), each
+// attempt also releases the lock, in the same script (see storeLock): the
+// lock counts as given up from the first attempt on, as any Release, and
+// the attempts go on until the validity it had then runs out (less the
+// loss margin, when Valid would have turned false).
 func (b *Barrier) record(ctx context.Context, rec string, lk *redlease.Lock, kind string, payload []byte) error {
 	ctx = context.WithoutCancel(ctx)
 	giveUp := time.Now().Add(b.lease)
+	if b.completesOnRelease() {
+		giveUp = minTime(giveUp, lk.Until().Add(-b.margin))
+	}
 	delay := recordFirstDelay
 	for attempt := 1; ; attempt++ {
-		end := giveUp
-		if until := lk.Until(); until.Before(end) {
-			end = until
-		}
+		end := minTime(giveUp, lk.Until())
 		actx, cancel := context.WithDeadline(ctx, end)
-		err := b.complete(actx, rec, lk.Token(), kind, payload)
+		var err error
+		if b.completesOnRelease() {
+			err = b.completeRelease(actx, rec, lk, kind, payload)
+		} else {
+			err = b.complete(actx, rec, lk.Token(), kind, payload)
+		}
 		cancel()
 		if err == nil || errors.Is(err, ErrNotOwner) || errors.Is(err, errRecordGone) {
 			return err
 		}
-		if attempt >= recordAttempts || !lk.Valid() || time.Now().Add(delay).After(giveUp) {
+		if attempt >= recordAttempts || time.Now().Add(delay).After(giveUp) || (!b.completesOnRelease() && !lk.Valid()) {
 			return fmt.Errorf("%w (gave up after %d attempts)", err, attempt)
+		}
+		var lost <-chan struct{} // with the lock on the store, Lost closed at the first attempt's Release
+		if !b.completesOnRelease() {
+			lost = lk.Lost()
 		}
 		t := time.NewTimer(delay)
 		select {
 		case <-t.C:
-		case <-lk.Lost():
+		case <-lost:
 			t.Stop()
 			return fmt.Errorf("%w (gave up after %d attempts, at the loss of the lock)", err, attempt)
 		}
 		delay = min(2*delay, recordMaxDelay)
 	}
+}
+
+// completesOnRelease reports whether a run's outcome is recorded by its
+// lock's Release (completeRelease: one round trip for both) rather than
+// by complete and then the release. Only with the lock on the store and
+// no Keeper: from its first attempt on, a completion counts as the lock's
+// release, so the lock is no longer renewed, and a renewed lock's
+// completion could then not be retried for as long as the run held it
+// (the separate complete is retried while the lock is valid, renewals
+// included, and releases the lock after).
+func (b *Barrier) completesOnRelease() bool { return b.onStore != nil && b.keeper == nil }
+
+// completeRelease is complete and the release of lk in one script, sent
+// as lk's Release (see storeLock.Release).
+func (b *Barrier) completeRelease(ctx context.Context, rec string, lk *redlease.Lock, kind string, result []byte) error {
+	c := &completion{rec: rec, owner: lk.Token(), kind: kind, result: result}
+	err := lk.Release(withCompletion(ctx, c))
+	switch {
+	case !c.answered:
+		if err == nil {
+			err = errors.New("the lock's release was not sent") // Release was already confirmed: cannot happen
+		}
+		return fmt.Errorf("idempotency: complete %s: %w", rec, err)
+	case c.n == -1:
+		return fmt.Errorf("idempotency: complete %s: %w", rec, errRecordGone)
+	case c.n != 1:
+		return ErrNotOwner
+	}
+	return nil
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
 }
 
 // call runs h, turning a panic into a value so the record can be released

@@ -80,7 +80,7 @@ func TestNoHandlerStartsAfterItsLockRanOut(t *testing.T) {
 		})
 		aDone <- err
 	}()
-	require.NoError(t, gate.WaitHeld(1, "claimed", 5*time.Second), "the reply to A's claim is held")
+	require.NoError(t, gate.WaitHeld(1, claimedFence1, 5*time.Second), "the reply to A's claim is held")
 	gate.HoldReplies("")
 
 	var bOut idempotency.Outcome

@@ -25,6 +25,27 @@
 // its lock: while the handler runs, its record's TTL is renewed beside the
 // lock, so a handler that a Keeper keeps past the retention keeps it too.
 //
+// When the lock lives on the store — the default strategy on a store that
+// is one Redis (a *redis.Client: standalone, or behind Sentinel), not a
+// Cluster or a Ring — a first request costs two round trips: peek, the
+// lock's acquisition and the claim are one script, and complete and the
+// lock's release another (with a Keeper, complete and the release stay
+// two calls: complete is retried while renewals keep the lock, which a
+// release, once sent, ends). The scripts are made of the separate steps'
+// scripts and the single strategy's own Acquire and Release, unchanged,
+// so nothing about the lock differs: the same key, fence counter and
+// fences (rising across owners, and across Barriers that run the steps
+// separately on the same store), validity measured from before the
+// request was sent, a release that compares the lock's token (a late
+// completion never removes a successor's lock), leaves the key's line and
+// wakes its waiters (and an undo that publishes the undo notice, as
+// single's does). A replay, a mismatch and a duplicate in progress cost one round
+// trip. An acquisition whose reply is lost, that is abandoned at its ctx,
+// or whose grant comes back with too little validity left, undoes the
+// lock and the claim by its own token. Any other strategy (WithStrategy),
+// and a Cluster store, runs the steps one by one: five round trips for a
+// first request.
+//
 // # Keys
 //
 // A Barrier keeps everything under its prefix (WithPrefix, default

@@ -1,6 +1,10 @@
 package idempotency
 
-import "github.com/redis/go-redis/v9"
+import (
+	"github.com/redis/go-redis/v9"
+
+	"github.com/redlease/redlease/internal/script"
+)
 
 // The record of one idempotency key is a hash:
 //
@@ -20,13 +24,15 @@ import "github.com/redis/go-redis/v9"
 //
 //	KEYS[1] record; ARGV[1] fingerprint
 //	reply: {"none"} | {"done", kind, result} | {"progress"} | {"mismatch"}
-var peekScript = redis.NewScript(`
+const peekSrc = `
 local r = redis.call('HMGET', KEYS[1], 'state', 'fp', 'kind', 'result')
 if not r[1] then return {'none'} end
 if ARGV[1] ~= '' and r[2] ~= '' and r[2] ~= ARGV[1] then return {'mismatch'} end
 if r[1] == 'c' then return {'done', r[3], r[4] or ''} end
 return {'progress'}
-`)
+`
+
+var peekScript = redis.NewScript(peekSrc)
 
 // claimScript makes the caller (who holds the key's lock) the owner of the
 // record, unless the request is already done or its payload differs. An
@@ -34,10 +40,15 @@ return {'progress'}
 // expired, since we hold it now (its later Complete will be refused) —
 // unless its fence is higher than ours, which only a double grant produces.
 //
-//	KEYS[1] record; ARGV[1] owner, ARGV[2] fence, ARGV[3] fingerprint, ARGV[4] retention ms
+//	KEYS[1] record; ARGV[1] owner, ARGV[2] fence, ARGV[3] fingerprint, ARGV[4] retention ms,
+//	ARGV[5] (optional) "1": the caller read, in the same atomic step, that
+//	there is no record, so it is not read again
 //	reply: {"claimed"} | {"done", kind, result} | {"mismatch"} | {"progress"}
-var claimScript = redis.NewScript(`
-local r = redis.call('HMGET', KEYS[1], 'state', 'fp', 'kind', 'result', 'owner', 'fence')
+const claimSrc = `
+local r = {}
+if ARGV[5] ~= '1' then
+  r = redis.call('HMGET', KEYS[1], 'state', 'fp', 'kind', 'result', 'owner', 'fence')
+end
 if r[1] then
   if ARGV[3] ~= '' and r[2] ~= '' and r[2] ~= ARGV[3] then return {'mismatch'} end
   if r[1] == 'c' then return {'done', r[3], r[4] or ''} end
@@ -50,10 +61,14 @@ end
 local fp = ARGV[3]
 if r[1] and fp == '' then fp = r[2] end
 redis.call('HSET', KEYS[1], 'state', 'p', 'owner', ARGV[1], 'fence', ARGV[2], 'fp', fp)
-redis.call('HDEL', KEYS[1], 'kind', 'result')
+if r[1] then
+  redis.call('HDEL', KEYS[1], 'kind', 'result')
+end
 redis.call('PEXPIRE', KEYS[1], ARGV[4])
 return {'claimed'}
-`)
+`
+
+var claimScript = redis.NewScript(claimSrc)
 
 // completeScript stores the result, if the caller still owns the record.
 // It may be sent again after a failure whose first attempt landed: a
@@ -62,7 +77,7 @@ return {'claimed'}
 //	KEYS[1] record; ARGV[1] owner, ARGV[2] kind, ARGV[3] result, ARGV[4] retention ms
 //	reply: 1 stored (now, or by an earlier attempt of the same owner),
 //	       0 not the owner (taken over), -1 no record (expired, or lost)
-var completeScript = redis.NewScript(`
+const completeSrc = `
 local r = redis.call('HMGET', KEYS[1], 'state', 'owner')
 if not r[1] then return -1 end
 if r[2] ~= ARGV[1] then return 0 end
@@ -70,7 +85,9 @@ if r[1] == 'c' then return 1 end
 redis.call('HSET', KEYS[1], 'state', 'c', 'kind', ARGV[2], 'result', ARGV[3])
 redis.call('PEXPIRE', KEYS[1], ARGV[4])
 return 1
-`)
+`
+
+var completeScript = redis.NewScript(completeSrc)
 
 // renewScript keeps an in-progress record alive while its owner runs:
 // its TTL becomes at least ARGV[2] (never shortened), if the caller owns
@@ -94,11 +111,107 @@ return 1
 //
 //	KEYS[1] record; ARGV[1] owner
 //	reply: 1 released, 0 not the owner
-var releaseScript = redis.NewScript(`
+const releaseSrc = `
 local r = redis.call('HMGET', KEYS[1], 'state', 'owner')
 if r[1] ~= 'p' or r[2] ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1])
 return 1
+`
+
+var releaseScript = redis.NewScript(releaseSrc)
+
+// When the request's lock lives on the store (the default strategy: single
+// on the store's own client, see storeLock), the steps of a first request
+// are two scripts instead of five calls: claimLockScript (peek, the lock's
+// acquisition, claim) and completeReleaseScript (complete, the lock's
+// release). Each is made of the scripts above and the single strategy's
+// own, unchanged, as local functions: a script's KEYS and ARGV become the
+// function's parameters, its return the function's. So the lock is taken
+// by the very code single's Acquire runs (the same fence counter, the same
+// takeover of an earlier attempt's key) and released by the very code its
+// Release runs (compare the token, delete, leave the line, PUBLISH the
+// release on the wake channel under pcall), and a record step is the step
+// it always was. Their replies are flattened to one integer or one string,
+// which the client reads without building an array.
+
+// fn makes a script's source a local function of a larger script.
+func fn(name, src string) string {
+	return "local function " + name + "(KEYS, ARGV)\n" + src + "\nend\n"
+}
+
+// claimLockScript classifies a request and, unless it is done or its
+// payload differs, takes the request's lock and claims its record, in one
+// atomic step: peekScript, then script.Acquire with fencing (not in fair
+// mode: KEYS[4], the line, is the lock key), then claimScript under the
+// fence just granted. A lock held by another token is refused as Acquire
+// refuses it, and nothing is claimed.
+//
+//	KEYS[1] record, KEYS[2] lock key, KEYS[3] its fence counter
+//	ARGV[1] token (the lock's, and the record's owner), ARGV[2] lock ttl ms,
+//	ARGV[3] fence counter TTL ms, ARGV[4] fingerprint, ARGV[5] retention ms
+//	(Acquire's other arguments are constants here: IncrFence, the
+//	delayed-restart rule off, not durable; each argument fewer is one
+//	string fewer for the server to make on every call)
+//	reply: "d"..kind..":"..result  done (lock not taken)
+//	     | "m"                     mismatch (lock not taken)
+//	     | an integer < 0          the lock refused: Acquire's refusal
+//	     | an integer > 0          the lock taken (this fence), the record claimed
+//	     | "p"..fence              the lock taken, but the record is in progress
+//	                               under a higher fence: a double grant
+//
+// claim cannot answer done or mismatch here: peek has just read the same
+// record in the same atomic step; any other answer is an error reply
+// (after the grant: the caller undoes it).
+var claimLockScript = script.New(3, fn("peek", peekSrc)+`
+local st = peek({KEYS[1]}, {ARGV[4]})
+if st[1] == 'done' then return 'd' .. (st[2] or '') .. ':' .. st[3] end
+if st[1] == 'mismatch' then return 'm' end
+`+fn("acquire", script.Acquire.Source())+`
+local f = acquire({KEYS[2], KEYS[3], KEYS[2], KEYS[2]}, {ARGV[1], ARGV[2], '`+script.IncrFence+`', '`+script.RuleOff+`', '`+script.NotDurable+`', ARGV[3]})
+if f < 0 then return f end
+`+fn("claim", claimSrc)+`
+local fresh = '0'
+if st[1] == 'none' then fresh = '1' end
+local c = claim({KEYS[1]}, {ARGV[1], string.format('%d', f), ARGV[4], ARGV[5], fresh})
+if c[1] == 'claimed' then return f end
+if c[1] == 'progress' then return 'p' .. string.format('%d', f) end
+return redis.error_reply('idempotency: unexpected claim answer ' .. tostring(c[1]))
+`)
+
+// completeReleaseScript stores the result (completeScript) and then
+// releases the request's lock (script.Release as a holder's release: only
+// if it holds the caller's token, so a late completion never removes a
+// successor's lock; leaving the line, and publishing the release on the
+// lock's wake channel). A record that is gone is not completed and its
+// lock is kept until its TTL, as when the steps are separate: duplicates
+// wait for it instead of running at once. Sent again after a failure whose
+// first attempt landed, it answers stored, not released.
+//
+//	KEYS[1] record, KEYS[2] lock key, KEYS[3] its line (script.QueueKey)
+//	ARGV[1] owner (the lock's token), ARGV[2] kind, ARGV[3] result,
+//	ARGV[4] retention ms
+//	reply: 2*c + r, c completeScript's reply (1 stored, 0 not the owner),
+//	r script.Release's (1 released, 0 not held); -2 no record (nothing
+//	released)
+var completeReleaseScript = script.New(3, fn("complete", completeSrc)+fn("release", script.Release.Source())+`
+local n = complete({KEYS[1]}, {ARGV[1], ARGV[2], ARGV[3], ARGV[4]})
+if n == -1 then return -2 end
+return 2 * n + release({KEYS[2], KEYS[3]}, {ARGV[1], '1'})
+`)
+
+// undoClaimScript undoes what claimLockScript did for one token: it
+// forgets the record if that token still owns it in progress
+// (releaseScript) and releases the lock if it still holds that token
+// (script.Release: ARGV[2] "0" for the undo of a failed attempt, which
+// publishes wake.UndoNotice, "1" for a grant given back, a holder's
+// release). Nothing another token wrote is touched, however late it
+// lands.
+//
+//	KEYS[1] record, KEYS[2] lock key, KEYS[3] its line (script.QueueKey)
+//	ARGV[1] token, ARGV[2] "0" undo, "1" release
+//	reply: 2*f + r, f releaseScript's reply, r script.Release's
+var undoClaimScript = script.New(3, fn("forget", releaseSrc)+fn("release", script.Release.Source())+`
+return 2 * forget({KEYS[1]}, {ARGV[1]}) + release({KEYS[2], KEYS[3]}, {ARGV[1], ARGV[2]})
 `)
 
 // consumeScript consumes a one-time token.

@@ -398,3 +398,21 @@ func UseClock(clock redlease.Clock) func(*Config) error {
 		return nil
 	}
 }
+
+// NotSent is notSent for an acquisition run outside Primary (the
+// idempotency Barrier's, which takes a lock on the store together with its
+// record): err proves the request never reached the server.
+func NotSent(err error) bool { return notSent(err) }
+
+// Fail is the error Primary's calls report when the node at addr failed
+// with err, under sentinel (ErrNotObtainedUnavailable for an acquisition,
+// redlease.ErrUnavailable otherwise), and reports it to ctx's observer:
+// for calls run outside Primary on the same node, such as the idempotency
+// Barrier's.
+func Fail(ctx context.Context, addr string, sentinel, err error) error {
+	return (&Primary{}).failAt(ctx, addr, sentinel, err)
+}
+
+// ErrNotObtainedUnavailable is the sentinel of an acquisition that a node
+// failure decided (see Fail).
+var ErrNotObtainedUnavailable = errNotObtainedUnavailable

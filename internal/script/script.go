@@ -477,8 +477,21 @@ func newScript(numKeys int, src string) *Script {
 	return &Script{script: s, src: src, sha: s.Hash(), numKeys: numKeys}
 }
 
+// New returns a Script of numKeys keys (-1: given per call) made of src,
+// for a script of another package that runs with this package's command
+// lines (Args, boxed once per call) instead of go-redis's redis.Script,
+// which boxes its SHA1 and every key again on every call (the idempotency
+// Barrier's combined scripts).
+func New(numKeys int, src string) *Script { return newScript(numKeys, src) }
+
 // Hash returns the script's SHA1, as EVALSHA sends it.
 func (s *Script) Hash() string { return s.script.Hash() }
+
+// Source returns the script's Lua source, for a script of another package
+// that runs this one's logic inside its own atomic step (the idempotency
+// Barrier's claim takes the lock with Acquire's source, as a local
+// function) instead of keeping a copy of it.
+func (s *Script) Source() string { return s.src }
 
 // Args returns the EVALSHA command line for keysThenArgs, which must start
 // with the script's keys.
@@ -531,6 +544,17 @@ func (s *Script) Run(ctx context.Context, c Doer, line []any) (int64, error) {
 		eval := slices.Clone(line)
 		eval[0], eval[1] = "eval", s.src
 		v, err = c.Do(ctx, eval...).Int64()
+	}
+	return v, err
+}
+
+// RunValue is Run for a script whose reply is not always an integer: it
+// returns the reply as go-redis reads it (an int64, a string, a []any),
+// and redis.Nil for a nil reply.
+func (s *Script) RunValue(ctx context.Context, c Doer, line []any) (any, error) {
+	v, err := c.Do(ctx, line...).Result()
+	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+		v, err = c.Do(ctx, s.Eval(line)...).Result()
 	}
 	return v, err
 }

@@ -1,0 +1,27 @@
+package idempotency
+
+import (
+	"context"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/redlease/redlease/internal/script"
+)
+
+// LoadScripts puts every script of the package into c's script cache, so
+// that a test that counts or holds a store's commands sees no NOSCRIPT
+// round trip (a script's first use after a start sends EVALSHA, then
+// EVAL).
+func LoadScripts(ctx context.Context, c redis.Scripter) error {
+	for _, s := range []*redis.Script{peekScript, claimScript, completeScript, renewScript, releaseScript, consumeScript} {
+		if err := s.Load(ctx, c).Err(); err != nil {
+			return err
+		}
+	}
+	for _, s := range []*script.Script{claimLockScript, completeReleaseScript, undoClaimScript} {
+		if err := s.Load(ctx, c); err != nil {
+			return err
+		}
+	}
+	return nil
+}
