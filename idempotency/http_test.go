@@ -462,7 +462,15 @@ func TestHTTPHandlerGetsFence(t *testing.T) {
 }
 
 func TestHTTPStoreDown(t *testing.T) {
-	srv, b := httpStore(t)
+	// The store is reached through a gate, and "down" is the gate cut: a
+	// killed server frees its port, which another package's server running
+	// meanwhile can take (this test once got a 500 from such a stranger
+	// instead of the outage it expects); a cut gate keeps its port and
+	// refuses connections.
+	srv := redistest.Start(t, redistest.Config{})
+	g := redistest.NewGate(t, srv.Addr)
+	b, err := idempotency.New(g.Client())
+	require.NoError(t, err)
 	var logged atomic.Int32
 	logErr := idempotency.WithErrorLog(func(*http.Request, error) { logged.Add(1) })
 	var calls atomic.Int32
@@ -474,7 +482,7 @@ func TestHTTPStoreDown(t *testing.T) {
 		body, _ := io.ReadAll(r.Body)
 		_, _ = w.Write(body)
 	})
-	srv.Kill()
+	g.Cut()
 
 	t.Run("fail closed", func(t *testing.T) {
 		mw, err := idempotency.Middleware(b, idempotency.WithGlobalKeys(), logErr)
