@@ -53,7 +53,9 @@ type cycle func(ctx context.Context, obtained func()) (bool, error)
 // served per grant (INFO commandstats, summed over the nodes): the work a
 // grant costs them, refusals included, which unlike grants/s does not
 // depend on what else the machine runs; redlease only (redsync acquires
-// with a plain SET, which it would not count).
+// with a plain SET, which it would not count). lib=redlease-alone runs one
+// goroutine per key (nobody waits): its floor-ratio is the ceiling this
+// machine allows, four keys at once with every handoff free.
 func BenchmarkContention(b *testing.B) {
 	addrs := nodes(b, 5)
 	cs := clients(b, addrs)
@@ -69,7 +71,7 @@ func BenchmarkContention(b *testing.B) {
 		b.Run("lib="+lib.name+"/"+name, func(b *testing.B) {
 			locker, err := redlease.New(ours, redlease.WithTTL(quorumTTL), redlease.WithFairness(lib.fair))
 			require.NoError(b, err)
-			contend(b, addrs, true, rtt(b), func(g int, key string) cycle {
+			contend(b, addrs, true, rtt(b), contenders, func(g int, key string) cycle {
 				return func(ctx context.Context, obtained func()) (bool, error) {
 					lk, err := locker.Lock(ctx, key)
 					if err != nil {
@@ -82,8 +84,26 @@ func BenchmarkContention(b *testing.B) {
 			})
 		})
 	}
+	// The ceiling: one goroutine per key, so nobody waits. Its
+	// floor-ratio is what this machine allows 4 keys at once when every
+	// handoff is free (CPU for 5 nodes and the client on 2 cores).
+	b.Run(fmt.Sprintf("lib=redlease-alone/nodes=5/goroutines=%d/keys=%d", contendedKeys, contendedKeys), func(b *testing.B) {
+		locker, err := redlease.New(ours, redlease.WithTTL(quorumTTL))
+		require.NoError(b, err)
+		contend(b, addrs, true, rtt(b), contendedKeys, func(g int, key string) cycle {
+			return func(ctx context.Context, obtained func()) (bool, error) {
+				lk, err := locker.Lock(ctx, key)
+				if err != nil {
+					return false, err
+				}
+				obtained()
+				time.Sleep(holdFor)
+				return true, lk.Release(ctx)
+			}
+		})
+	})
 	b.Run("lib=redsync/"+name, func(b *testing.B) {
-		contend(b, addrs, false, rtt(b), func(g int, key string) cycle {
+		contend(b, addrs, false, rtt(b), contenders, func(g int, key string) cycle {
 			m := peer.NewMutex(key, redsync.WithExpiry(quorumTTL)) // one Mutex per goroutine: not safe for concurrent use
 			return func(ctx context.Context, obtained func()) (bool, error) {
 				if err := m.LockContext(ctx); err != nil {
@@ -134,7 +154,7 @@ func acquireRTT(b *testing.B, s redlease.Strategy) time.Duration {
 // contend runs b.N grants among the contenders and reports grants/s,
 // fairness and waits; rtt is the uncontended acquisition time (see
 // BenchmarkContention). newCycle makes contender g's cycle on its key.
-func contend(b *testing.B, addrs []string, countCalls bool, rtt time.Duration, newCycle func(g int, key string) cycle) {
+func contend(b *testing.B, addrs []string, countCalls bool, rtt time.Duration, contenders int, newCycle func(g int, key string) cycle) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	cycles := make([]cycle, contenders)
@@ -198,7 +218,7 @@ func contend(b *testing.B, addrs []string, countCalls bool, rtt time.Duration, n
 		}
 	}
 	if b.N >= contenders {
-		fair := float64(b.N) / contenders
+		fair := float64(b.N) / float64(contenders)
 		b.ReportMetric(jain(grants), "jain")
 		b.ReportMetric(float64(slices.Min(grants))/fair, "min/fair")
 		b.ReportMetric(float64(slices.Max(grants))/fair, "max/fair")
