@@ -136,11 +136,10 @@ func WithPolling() LockOption {
 // is free. Fairness only adds refusals: mutual exclusion, fences and
 // validity are the same either way. Default off: measured on quorum/5
 // (BenchmarkContention, 32 waiters on 4 keys, hold 1 ms) it brings the
-// longest wait to about 1.6–3.4× the mean (3.1–5.6× without) and Jain's
-// index to 0.9997 (0.997 without), for about a tenth fewer grants per
-// second (fair waiters cannot barge: the next head pays a wake-up and a
-// round trip), and an uncontended TryLock costs about 5 more
-// allocations. A waiter's entry lasts
+// longest wait to 1.4× the mean (2.7–2.8× without) and Jain's index to
+// 0.9999 (0.996 without), for about a fifth fewer grants per second (a
+// fair waiter cannot barge in: the next head pays a wake-up and a round
+// trip), and an uncontended TryLock costs about 5 more allocations. A waiter's entry lasts
 // LineLifetime of its retry delays after its last attempt, which bounds
 // how long a waiter that died at the head of the line holds the others
 // back. Give every client of a key the same setting: a client without
