@@ -249,7 +249,6 @@ type Barrier struct {
 	keeper    redlease.Keeper
 	retention time.Duration
 	lease     time.Duration
-	margin    time.Duration // the locks' loss margin: a tenth of the lease, the Locker's default
 	maxResult int
 	storeAll  bool
 	prefix    string
@@ -290,8 +289,7 @@ func New(store redis.UniversalClient, opts ...Option) (*Barrier, error) {
 			b.strategy = s
 		}
 	}
-	b.margin = b.lease / redlease.DefaultLossMarginDivisor
-	lopts := []redlease.Option{redlease.WithTTL(b.lease), redlease.WithLossMargin(b.margin), redlease.WithPrefix(b.prefix + nsLock)}
+	lopts := []redlease.Option{redlease.WithTTL(b.lease), redlease.WithPrefix(b.prefix + nsLock)}
 	if b.keeper != nil {
 		lopts = append(lopts, redlease.WithKeeper(b.keeper))
 	}
@@ -622,7 +620,7 @@ func (b *Barrier) watch(hctx context.Context, cancel context.CancelCauseFunc, lk
 // than the lease, and the handler's ctx ends within the lease. stop ends
 // the watch and cancels the ctx (nil cause).
 func (b *Barrier) cancelAtExpiry(cancel context.CancelCauseFunc, lk *redlease.Lock) (stop func()) {
-	left := func() time.Duration { return time.Until(lk.Until().Add(-b.margin)) }
+	left := func() time.Duration { return time.Until(lk.Deadline()) }
 	var (
 		mu      sync.Mutex
 		t       *time.Timer
@@ -693,7 +691,7 @@ func (b *Barrier) record(ctx context.Context, rec string, lk *redlease.Lock, kin
 	ctx = context.WithoutCancel(ctx)
 	giveUp := time.Now().Add(b.lease)
 	if b.completesOnRelease() {
-		giveUp = minTime(giveUp, lk.Until().Add(-b.margin))
+		giveUp = minTime(giveUp, lk.Deadline())
 	}
 	delay := recordFirstDelay
 	for attempt := 1; ; attempt++ {
