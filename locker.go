@@ -165,6 +165,7 @@ func (l *Locker) retry(ctx context.Context, c lockConfig, key string) (lk *Lock,
 		// that leaves owing it hands it on (see Waker).
 		owed      bool
 		stopWatch func(handOn bool) // ends the subscription, once there is one
+		queuedRun int               // refusals in a row with ErrQueued and no holder's TTL
 	)
 	base := newToken()
 	var place *Place
@@ -261,6 +262,20 @@ func (l *Locker) retry(ctx context.Context, c lockConfig, key string) (lk *Lock,
 			// The ramp from the min delay would only add refused
 			// attempts on a hot key's nodes.
 			n = fullDelay
+		}
+		if _, held := holderRemaining(err); !held && errors.Is(err, ErrQueued) {
+			// Fair mode, refused with the key free: another waiter is
+			// the line's head, and no holder's TTL bounds the wait. The
+			// head takes the key within a round trip or two (then the
+			// next refusal carries its TTL), or it is gone and its entry
+			// ends with its lifetime. Waiting the max delay would sleep
+			// through the head's whole hold if its release's notice is
+			// lost, so the wait ramps from the min delay, over this
+			// run of such refusals.
+			queuedRun++
+			n = queuedRun
+		} else {
+			queuedRun = 0
 		}
 		wait := boundedBackoff(n, c.minDelay, c.maxDelay, err)
 		if timer == nil {

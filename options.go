@@ -107,7 +107,10 @@ func WithStrategy(s Strategy) LockOption {
 // WithPolling) is woken by them, so after a refusal its waits are drawn
 // from [max/2, max] at once (still cut to the holder's TTL): the wait is
 // only the fallback for a lost notice. After an attempt that too few
-// nodes answered the ramp from min applies as above.
+// nodes answered the ramp from min applies as above, and so it does in
+// fair mode after refusals with ErrQueued and no holder's TTL (the key
+// was free, another waiter was the line's head): the head takes the key
+// within a round trip or two, and the next refusal then carries its TTL.
 func WithRetryDelay(min, max time.Duration) LockOption {
 	return lockOption(func(c *lockConfig) {
 		if min <= 0 || max < min {
