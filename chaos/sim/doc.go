@@ -57,10 +57,12 @@
 //     watchdog-mixed, barrier, single, quorum3-pastmax (aimed at the
 //     same bound, with its own schedule and client: pastmax.go),
 //     failover, wake-single and wake-quorum3 (waiters woken by release
-//     notices: wakework.go). The rotation had ten scenarios before the
-//     two wake ones: seed s of the rotation ran Scenarios[s % 10] and
-//     now runs Scenarios[s % 12] (a seed given with -scenario runs as
-//     before).
+//     notices: wakework.go), fair-single and fair-quorum3 (the same with
+//     fair mode: two clients in the key's line, one outside it). The
+//     rotation had ten scenarios before the two wake ones and twelve
+//     before the two fair ones: seed s of the rotation ran
+//     Scenarios[s % 10], then Scenarios[s % 12], and now runs
+//     Scenarios[s % 14] (a seed given with -scenario runs as before).
 //   - Pub/sub (Wake scenarios, pubsub.go): every Locker elsewhere waits
 //     by polling (WithPolling); in wake-single and wake-quorum3 they
 //     wait by notices, as by default. The nodes answer SUBSCRIBE,

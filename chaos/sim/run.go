@@ -221,13 +221,17 @@ func (w *World) locker(ci int, r *rand.Rand) *redlease.Locker {
 		s := must(single.New(w.redisClient(ci, w.nodes[0], ctxTimeouts)))
 		if w.sc.Wake {
 			w.onClose(func() { _ = s.Close() })
-			return must(redlease.New(s))
+			return must(redlease.New(s, redlease.WithFairness(w.fair(ci))))
 		}
 		return must(redlease.New(s, redlease.WithPolling()))
 	default:
 		return w.quorumLocker(ci, r, w.nodes, nil, ctxTimeouts)
 	}
 }
+
+// fair reports whether client ci's Locker waits in fair mode: in a Fair
+// scenario, every client's but the last.
+func (w *World) fair(ci int) bool { return w.sc.Fair && ci < w.sc.Clients-1 }
 
 // quorumLocker builds client ci's quorum strategy over nodes, and its
 // Locker with opt (nil: none).
@@ -257,7 +261,7 @@ func (w *World) quorumLocker(ci int, r *rand.Rand, nodes []*Node, opt redlease.O
 		w.onClose(func() { _ = q.Close() })
 		lopts := []redlease.Option{redlease.WithPolling()}
 		if w.sc.Wake {
-			lopts = nil
+			lopts = []redlease.Option{redlease.WithFairness(w.fair(ci))}
 		}
 		if opt != nil {
 			lopts = append(lopts, opt)

@@ -67,6 +67,12 @@ type Scenario struct {
 	// lost at random (only pushes, under the pub/sub faults). See
 	// wakework.go.
 	Wake bool
+	// Fair (with Wake): every client's Locker but the last waits in fair
+	// mode (redlease.WithFairness), the last without: fair waiters in
+	// line behind a holder that never joined it, and a waiter that
+	// ignores the line beside them. Fairness only adds refusals (the
+	// Queued reply), so every invariant of the Wake scenarios holds.
+	Fair bool
 	// Schedule, if set, draws the faults instead of the generic draw
 	// (quorum3-pastmax); Client, if set, is the workload's client instead
 	// of lockClient.
@@ -131,6 +137,13 @@ var Scenarios = []Scenario{
 	// cost most of their CPU in the undo storm (see the package doc's
 	// Findings); with four they cost 2.5 times a quorum3-plain seed.
 	{Name: "wake-quorum3", Strategy: Quorum, Nodes: 3, Clients: 3, Keys: 1, Ops: 2, TTL: [2]time.Duration{60 * time.Millisecond, 300 * time.Millisecond}, Wake: true,
+		Faults: true, Horizon: 600 * time.Millisecond, Schedule: wakeSchedule, Client: (*World).wakeClient},
+	// fair-single, fair-quorum3: wake-single and wake-quorum3 with Fair
+	// (the lines of fair mode, and a client outside them), under the same
+	// pub/sub faults.
+	{Name: "fair-single", Strategy: Single, Nodes: 1, Clients: 3, Keys: 1, Ops: 4, TTL: [2]time.Duration{60 * time.Millisecond, 300 * time.Millisecond}, Fencing: true, Wake: true, Fair: true,
+		Faults: true, Horizon: 900 * time.Millisecond, Schedule: wakeSchedule, Client: (*World).wakeClient},
+	{Name: "fair-quorum3", Strategy: Quorum, Nodes: 3, Clients: 3, Keys: 1, Ops: 2, TTL: [2]time.Duration{60 * time.Millisecond, 300 * time.Millisecond}, Wake: true, Fair: true,
 		Faults: true, Horizon: 600 * time.Millisecond, Schedule: wakeSchedule, Client: (*World).wakeClient},
 }
 

@@ -10,7 +10,8 @@ import (
 	"github.com/redlease/redlease"
 )
 
-// The Wake scenarios (wake-single, wake-quorum3) run Lockers that wait by
+// The Wake scenarios (wake-single, wake-quorum3, and with Fair
+// fair-single, fair-quorum3) run Lockers that wait by
 // release notices (internal/wake through the strategies' Watch), on one
 // hot key, under pub/sub faults only (wakeSchedule): published messages
 // lost with the connection up, subscription connections cut, pushes
@@ -34,10 +35,46 @@ import (
 // with no pub/sub fault from the first waiter's Lock call to that bound:
 // some client is granted the key within wakeFast of the release (the
 // notice ended a wait), unless that is later than handoff-late's bound.
+//
+// The Fair scenarios differ in one way: a fair waiter refused with
+// ErrQueued (the key free, another waiter the line's head) has no
+// holder's TTL to end its wait at, and its waits ramp up to the max retry
+// delay (wakeFairDelay). D then adds that max: the head's last attempt
+// and every Queued waiter's were refused by the holder (then as above)
+// or Queued (then the next comes within the max), so the head attempts
+// by the holder's expiry plus the max, and finds the key free.
 
 // wakeBackoff is the Wake clients' retry delay (min = max): waits are
 // drawn from [wakeBackoff/2, wakeBackoff], longer than every TTL.
 const wakeBackoff = time.Second
+
+// wakeFairDelay is the Fair scenarios' retry delay, min and max. A fair
+// waiter refused with ErrQueued (the key free, another waiter the line's
+// head) has no holder's TTL to cut its wait: it ramps from the min delay
+// up to the max (Locker.retry). So its wait may end at a backoff, and
+// handoff-late's bound in a Fair scenario adds the max: a waiter whose
+// last refusal was Queued attempts again within it, and one refused by
+// the holder within the holder's TTL.
+var wakeFairDelay = [2]time.Duration{5 * time.Millisecond, 100 * time.Millisecond}
+
+// wakeDelay is the Wake clients' retry delay: wakeBackoff (min = max), or
+// wakeFairDelay in a Fair scenario.
+func (w *World) wakeDelay() (minDelay, maxDelay time.Duration) {
+	if w.sc.Fair {
+		return wakeFairDelay[0], wakeFairDelay[1]
+	}
+	return wakeBackoff, wakeBackoff
+}
+
+// wakeLateBound is handoff-late's bound past the holder's grant and TTL:
+// wakeSlack, and in a Fair scenario the max retry delay (see
+// wakeFairDelay).
+func (w *World) wakeLateBound() time.Duration {
+	if w.sc.Fair {
+		return wakeSlack + wakeFairDelay[1]
+	}
+	return wakeSlack
+}
 
 // wakeLockTimeout bounds one Lock call of a Wake client.
 const wakeLockTimeout = 2 * time.Second
@@ -122,7 +159,7 @@ func (w *World) wakeClient(ci int, locker *redlease.Locker, r *rand.Rand) {
 		ttl := w.drawTTL(r)
 		from := w.hist.now()
 		ctx, cancel := context.WithTimeout(context.Background(), wakeLockTimeout)
-		lk, err := locker.Lock(ctx, key, redlease.WithTTL(ttl), redlease.WithRetryDelay(wakeBackoff, wakeBackoff))
+		lk, err := locker.Lock(ctx, key, redlease.WithTTL(ttl), redlease.WithRetryDelay(w.wakeDelay()))
 		cancel()
 		w.mu.Lock()
 		w.wakeWaits = append(w.wakeWaits, wakeWait{client: ci, key: key, from: from, to: w.hist.now(), granted: err == nil})
@@ -200,7 +237,7 @@ func (w *World) checkWake() ([]Violation, WakeStats) {
 		if i < len(grants) {
 			next = grants[i]
 		}
-		deadline := rel.grant + rel.ttl + wakeSlack
+		deadline := rel.grant + rel.ttl + w.wakeLateBound()
 		var waiting []wakeWait
 		for _, wt := range waits {
 			if wt.key == rel.key && wt.client != rel.client && wt.from < rel.sent && wt.to > rel.sent {
@@ -267,7 +304,7 @@ func (w *World) checkWake() ([]Violation, WakeStats) {
 			st.Late++
 			vs = append(vs, Violation{Inv: InvHandoffLate, At: deadline, Detail: fmt.Sprintf(
 				"c%d released %s at %.3fms (granted at %.3fms, ttl %v) with %d client(s) waiting; next grant %s, bound %.3fms (grant + ttl + %v)",
-				rel.client, rel.key, msf(rel.sent), msf(rel.grant), rel.ttl, len(waiting), fmtAt(next), msf(deadline), wakeSlack)})
+				rel.client, rel.key, msf(rel.sent), msf(rel.grant), rel.ttl, len(waiting), fmtAt(next), msf(deadline), w.wakeLateBound())})
 		}
 	}
 	return vs, st
