@@ -126,6 +126,15 @@
 //     (in whichever process it waits); a process whose waiters are all
 //     behind the head wakes none of them. A lost notice costs one
 //     backoff, as without fairness.
+//   - A waiter refused because another is the head of a free key's line
+//     (ErrQueued) learns no holder's TTL to cut its wait by. It waits a
+//     ramp from the min of WithRetryDelay instead of the max: the head
+//     takes the key within a round trip or two, and the next refusal then
+//     carries the new holder's TTL; were it to wait the max, a lost
+//     release notice would cost it the rest of that wait after the
+//     head's hold. A head that never comes (it died in line) costs the
+//     waiters one ramp of attempts, up to the max delay, until its entry
+//     expires.
 //
 // Cost: an uncontended Lock or TryLock on a free key with an empty line
 // runs one more command (EXISTS on the line) inside the same script; the
