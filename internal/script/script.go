@@ -286,6 +286,7 @@ return 0
 // "redlease:wake:"), so one string serves both. The message is the id of
 // the line's head (after entries past their deadline are purged), or
 // empty when the line is empty; an undo (ARGV[2] = "0") publishes "!"
+// (and does not read the line for a head it would not name)
 // (wake.UndoNotice), which waiters answer after a pause that grows with
 // each undo, not at once: a failed attempt's undo is not a release. With ARGV[2] = "1" (a holder's release,
 // not the undo of a failed attempt) it also removes the entry of the
@@ -313,7 +314,7 @@ if redis.pcall('EXISTS', q) == 1 then
       redis.pcall('ZREM', q, base, '@' .. base)
     end
   end
-  if n == 1 then
+  if n == 1 and ARGV[2] == '1' then
     local t = redis.call('TIME')
     local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
     local dead = redis.pcall('ZRANGEBYSCORE', q, -now, '(0')
