@@ -154,18 +154,41 @@ func TestRecordNeverDeletedByANonOwner(t *testing.T) {
 // A duplicate that arrives while a slow handler runs (its lease renewed
 // by the watchdog well past the lease) gets ErrInProgress, not a second
 // run; DoWait waits for the result instead.
+//
+// The handler runs until the test lets it finish, and the test lets it
+// finish only once DoWait has been told "in progress" (seen by a hook on
+// the store's client): no sleep decides the order. What is left to time is
+// the property itself, renewal past the lease, and the lease is long
+// enough for a starved process: a renewal is taken a quarter of the lease
+// after the previous one started and must land before the lock counts as
+// lost (Until less the loss margin, about 0.89 of the lease after that
+// start), so the process may stall for about 0.64 of the lease. Under
+// load (-race, two busy loops beside it, other tests on the machine) the
+// lock was lost in 8 of 120 runs with a lease of 300 ms (190 ms of stall)
+// and in 2 of 100 with 1 s (640 ms), and a 5 ms timer in the test process
+// fired up to 600 ms late; 2 s leaves 1.28 s.
 func TestDuplicateDuringSlowRenewedHandler(t *testing.T) {
+	const lease = 2 * time.Second
 	w, err := renew.New()
 	require.NoError(t, err)
 	defer w.Close()
-	b := barrier(t, store(t), idempotency.WithLease(300*time.Millisecond), idempotency.WithKeeper(w))
+	c := store(t)
+	held := make(chan struct{}, 16)
+	c.AddHook(claimRefusals{sha: idempotency.ClaimLockHash(), refused: held})
 	ctx := t.Context()
+	require.NoError(t, idempotency.LoadScripts(ctx, c), "EVALSHA finds the claim: the hook sees every one")
+	b := barrier(t, c, idempotency.WithLease(lease), idempotency.WithKeeper(w))
 	req := idempotency.Request{Key: "slow"}
 	var runs atomic.Int32
+	started := make(chan time.Time, 1)
+	finish := make(chan struct{})
 	h := func(ctx context.Context, fence uint64) ([]byte, error) {
-		runs.Add(1)
+		if runs.Add(1) > 1 {
+			return []byte("ran again"), nil // at once: the test fails without waiting for this run
+		}
+		started <- time.Now()
 		select {
-		case <-time.After(time.Second): // three leases long
+		case <-finish:
 		case <-ctx.Done():
 			return nil, context.Cause(ctx)
 		}
@@ -173,17 +196,75 @@ func TestDuplicateDuringSlowRenewedHandler(t *testing.T) {
 	}
 	first := make(chan error, 1)
 	go func() { _, err := b.Do(ctx, req, h); first <- err }()
-	time.Sleep(700 * time.Millisecond) // past two leases: only renewal keeps it in flight
+	var begun time.Time
+	select {
+	case begun = <-started:
+	case err := <-first:
+		t.Fatalf("the first request ended before its handler ran: %v", err)
+	}
+	// Half a lease past the lease since the grant (which came before the
+	// handler started): only renewal keeps the request in flight.
+	time.Sleep(time.Until(begun.Add(lease * 3 / 2)))
 	_, err = b.Do(ctx, req, h)
 	var inProgress *idempotency.InProgressError
-	require.ErrorAs(t, err, &inProgress)
+	require.ErrorAs(t, err, &inProgress, "in flight past its lease; if not, no renewal landed for 0.64 of the lease (%v): a stalled process, or renewals that stopped", lease*64/100)
 	assert.GreaterOrEqual(t, inProgress.RetryAfter, time.Second)
-	out, err := b.DoWait(ctx, req, 2*time.Second, h)
-	require.NoError(t, err)
-	assert.True(t, out.Replayed)
-	assert.Equal(t, "done", string(out.Result))
+	select {
+	case <-held: // the duplicate's claim, refused
+	case <-time.After(10 * lease):
+		t.Fatal("the duplicate's in-progress answer came without a refused claim")
+	}
+
+	type waited struct {
+		out idempotency.Outcome
+		err error
+	}
+	second := make(chan waited, 1)
+	go func() {
+		out, err := b.DoWait(ctx, req, 10*lease, h)
+		second <- waited{out, err}
+	}()
+	select {
+	case <-held: // DoWait found the request in flight: it waits for it
+	case got := <-second:
+		t.Fatalf("DoWait returned before the handler finished: %+v, %v", got.out, got.err)
+	}
+	close(finish)
+	got := <-second
+	require.NoError(t, got.err)
+	assert.True(t, got.out.Replayed)
+	assert.Equal(t, "done", string(got.out.Result))
 	require.NoError(t, <-first)
 	assert.EqualValues(t, 1, runs.Load())
+}
+
+// claimRefusals is a go-redis hook that sends on refused each time a claim
+// (the script sha: ClaimLockHash) is answered with the lock held by
+// someone else (a negative integer), without waiting for a receiver.
+type claimRefusals struct {
+	sha     string
+	refused chan<- struct{}
+}
+
+func (h claimRefusals) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h claimRefusals) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h claimRefusals) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if args := cmd.Args(); len(args) > 1 && args[1] == h.sha {
+			if c, ok := cmd.(*redis.Cmd); ok {
+				if v, ok := c.Val().(int64); ok && v < 0 {
+					select {
+					case h.refused <- struct{}{}:
+					default:
+					}
+				}
+			}
+		}
+		return err
+	}
 }
 
 // 1,000 concurrent duplicates of 100 requests: each request runs once,

@@ -25,3 +25,8 @@ func LoadScripts(ctx context.Context, c redis.Scripter) error {
 	}
 	return nil
 }
+
+// ClaimLockHash is the SHA1 of the script that reads a request's record,
+// takes its lock and claims it in one step (the default strategy on a
+// one-Redis store), as EVALSHA sends it: a test's hook tells a claim by it.
+func ClaimLockHash() string { return claimLockScript.Hash() }
