@@ -8,8 +8,9 @@
 // locks cost a handful of script calls per node per tick. To make batches,
 // a lock is taken a quarter of its interval before it is due, and every
 // lock due within a further quarter goes along: a lock is extended between
-// half and three quarters of its interval after its last extension, never
-// later. Locks kept together settle into one batch every three quarters of
+// half and three quarters of its interval after its last extension (later
+// only when both call slots of its strategy are busy or the process does
+// not run). Locks kept together settle into one batch every three quarters of
 // the interval; while locks keep arriving at scattered moments, batches come
 // more often, and each lock is extended up to twice per interval.
 //

@@ -45,7 +45,8 @@ func (f optionFunc) apply(w *Watchdog) error { return f(w) }
 // WithFraction sets a lock's renewal interval: fraction of its TTL. A lock
 // is extended between half and three quarters of its interval after its
 // last extension (see the package documentation: early, so that locks
-// fall into batches), never later. Default DefaultFraction (1/3). Must be
+// fall into batches; later only when the strategy's call slots are busy
+// or the process does not run). Default DefaultFraction (1/3). Must be
 // in (0, 1); above 1/2 a single failed round leaves no time for a retry.
 func WithFraction(fraction float64) Option {
 	return optionFunc(func(w *Watchdog) error {
