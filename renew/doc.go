@@ -1,15 +1,15 @@
 // Package renew keeps many locks alive with a few goroutines.
 //
 // A Watchdog is shared by a whole process. Keep hands it a lock; from then
-// on the lock is extended about every third of its TTL (its interval,
-// WithFraction). Locks that fall due together are extended together
+// on the lock is extended on a renewal interval of a third of its TTL
+// (WithFraction). Locks that fall due together are extended together
 // through redlease.ExtendAll, so a strategy that batches (single, quorum)
 // pays one round trip per node per batch, not one per lock: ten thousand
 // locks cost a handful of script calls per node per tick. To make batches,
 // a lock is taken a quarter of its interval before it is due, and every
 // lock due within a further quarter goes along: a lock is extended between
 // half and three quarters of its interval after its last extension (later
-// only when both call slots of its strategy are busy or the process does
+// only when the call slots of its strategy are busy or the process does
 // not run). Locks kept together settle into one batch every three quarters of
 // the interval; while locks keep arriving at scattered moments, batches come
 // more often, and each lock is extended up to twice per interval.
