@@ -15,6 +15,7 @@ import (
 
 	"github.com/redlease/redlease"
 	"github.com/redlease/redlease/quorum"
+	"github.com/redlease/redlease/single"
 )
 
 const (
@@ -66,12 +67,30 @@ func BenchmarkContention(b *testing.B) { contention(b, contendedKeys) }
 // redlease-alone case).
 func BenchmarkContentionOneKey(b *testing.B) { contention(b, 1) }
 
-// contention runs BenchmarkContention's cases on keys keys, with
-// contenders/contendedKeys contenders per key.
-func contention(b *testing.B, keys int) {
-	addrs := nodes(b, 5)
+// BenchmarkContentionSingle is BenchmarkContention on one node: the
+// single strategy (fences off, like for like) beside redsync on one pool,
+// 32 goroutines on 4 keys. One redis-server leaves the two cores far less
+// loaded than five, so the floor-ratio says what the handoff costs when
+// the machine is not the bound.
+func BenchmarkContentionSingle(b *testing.B) { contentionOn(b, 1, contendedKeys) }
+
+// contention runs BenchmarkContention's cases on a 5-node quorum.
+func contention(b *testing.B, keys int) { contentionOn(b, 5, keys) }
+
+// contentionOn runs BenchmarkContention's cases on n nodes (5: quorum, 1:
+// single) and keys keys, with contenders/contendedKeys contenders per key.
+func contentionOn(b *testing.B, n, keys int) {
+	addrs := nodes(b, n)
 	cs := clients(b, addrs)
-	ours := newQuorum(b, cs, quorum.WithoutFencing()) // like for like: redsync has no fences
+	var ours redlease.Strategy
+	if n == 1 {
+		s, err := single.New(cs[0], single.WithoutFencing()) // like for like: redsync has no fences
+		require.NoError(b, err)
+		b.Cleanup(func() { _ = s.Close() })
+		ours = s
+	} else {
+		ours = newQuorum(b, cs, quorum.WithoutFencing()) // like for like: redsync has no fences
+	}
 	peer := redsync.New(pools(cs)...)
 	many := contenders / contendedKeys * keys
 	rtt := func(b *testing.B) time.Duration { return acquireRTT(b, ours) }
@@ -89,7 +108,7 @@ func contention(b *testing.B, keys int) {
 		// cores).
 		{"redlease-alone", false, keys},
 	} {
-		b.Run(fmt.Sprintf("lib=%s/nodes=5/goroutines=%d/keys=%d", lib.name, lib.contenders, keys), func(b *testing.B) {
+		b.Run(fmt.Sprintf("lib=%s/nodes=%d/goroutines=%d/keys=%d", lib.name, n, lib.contenders, keys), func(b *testing.B) {
 			locker, err := redlease.New(ours, redlease.WithTTL(quorumTTL), redlease.WithFairness(lib.fair))
 			require.NoError(b, err)
 			contend(b, addrs, true, rtt(b), lib.contenders, keys, func(g int, key string) cycle {
@@ -105,7 +124,7 @@ func contention(b *testing.B, keys int) {
 			})
 		})
 	}
-	b.Run(fmt.Sprintf("lib=redsync/nodes=5/goroutines=%d/keys=%d", many, keys), func(b *testing.B) {
+	b.Run(fmt.Sprintf("lib=redsync/nodes=%d/goroutines=%d/keys=%d", n, many, keys), func(b *testing.B) {
 		contend(b, addrs, false, rtt(b), many, keys, func(g int, key string) cycle {
 			m := peer.NewMutex(key, redsync.WithExpiry(quorumTTL)) // one Mutex per goroutine: not safe for concurrent use
 			return func(ctx context.Context, obtained func()) (bool, error) {

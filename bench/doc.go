@@ -25,6 +25,7 @@
 //	BenchmarkSingle/lib=raw                               SET NX PX, then an EVALSHA compare-and-delete
 //	BenchmarkContention/lib=redlease/nodes=5/goroutines=32/keys=4
 //	BenchmarkContentionOneKey/lib=redlease/nodes=5/goroutines=8/keys=1   the same on one key: the handoff without the CPU of four keys
+//	BenchmarkContentionSingle/lib=redlease/nodes=1/goroutines=32/keys=4  the same on one node (single strategy; redsync on one pool)
 //	BenchmarkWatchdog/lib=redlease/nodes=5/locks=100000   one renewal tick of every held lock
 //	BenchmarkIdempotency/lib=redlease/case=replay         the barrier; lib=raw is a SET NX GET floor
 //	BenchmarkHandoff/lib=redlease/nodes=5                 Release returns → the waiting Lock returns (p50/p99-handoff-ns)
