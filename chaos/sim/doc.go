@@ -57,12 +57,14 @@
 //     watchdog-mixed, barrier, single, quorum3-pastmax (aimed at the
 //     same bound, with its own schedule and client: pastmax.go),
 //     failover, wake-single and wake-quorum3 (waiters woken by release
-//     notices: wakework.go), fair-single and fair-quorum3 (the same with
-//     fair mode: two clients in the key's line, one outside it). The
-//     rotation had ten scenarios before the two wake ones and twelve
-//     before the two fair ones: seed s of the rotation ran
+//     notices: wakework.go), fair-quorum5 (quorum5-restart with fair
+//     mode: three clients in the keys' lines, one outside them, under
+//     the general faults), fair-single and fair-quorum3 (the wake ones
+//     with fair mode: two clients in the key's line, one outside it).
+//     The rotation had ten scenarios before the two wake ones and twelve
+//     before the three fair ones: seed s of the rotation ran
 //     Scenarios[s % 10], then Scenarios[s % 12], and now runs
-//     Scenarios[s % 14] (a seed given with -scenario runs as before).
+//     Scenarios[s % 15] (a seed given with -scenario runs as before).
 //   - Pub/sub (Wake scenarios, pubsub.go): every Locker elsewhere waits
 //     by polling (WithPolling); in wake-single and wake-quorum3 they
 //     wait by notices, as by default. The nodes answer SUBSCRIBE,

@@ -223,7 +223,7 @@ func (w *World) locker(ci int, r *rand.Rand) *redlease.Locker {
 			w.onClose(func() { _ = s.Close() })
 			return must(redlease.New(s, redlease.WithFairness(w.fair(ci))))
 		}
-		return must(redlease.New(s, redlease.WithPolling()))
+		return must(redlease.New(s, redlease.WithPolling(), redlease.WithFairness(w.fair(ci))))
 	default:
 		return w.quorumLocker(ci, r, w.nodes, nil, ctxTimeouts)
 	}
@@ -259,7 +259,7 @@ func (w *World) quorumLocker(ci int, r *rand.Rand, nodes []*Node, opt redlease.O
 			panic(fmt.Sprintf("sim: quorum.New: %v", err)) // a bug in the scenario table
 		}
 		w.onClose(func() { _ = q.Close() })
-		lopts := []redlease.Option{redlease.WithPolling()}
+		lopts := []redlease.Option{redlease.WithPolling(), redlease.WithFairness(w.fair(ci))}
 		if w.sc.Wake {
 			lopts = []redlease.Option{redlease.WithFairness(w.fair(ci))}
 		}

@@ -67,11 +67,11 @@ type Scenario struct {
 	// lost at random (only pushes, under the pub/sub faults). See
 	// wakework.go.
 	Wake bool
-	// Fair (with Wake): every client's Locker but the last waits in fair
-	// mode (redlease.WithFairness), the last without: fair waiters in
-	// line behind a holder that never joined it, and a waiter that
-	// ignores the line beside them. Fairness only adds refusals (the
-	// Queued reply), so every invariant of the Wake scenarios holds.
+	// Fair: every client's Locker but the last waits in fair mode
+	// (redlease.WithFairness), the last without: fair waiters in line
+	// behind a holder that never joined it, and a waiter that ignores the
+	// line beside them. Fairness only adds refusals (the Queued reply), so
+	// every invariant of the scenario without it holds.
 	Fair bool
 	// Schedule, if set, draws the faults instead of the generic draw
 	// (quorum3-pastmax); Client, if set, is the workload's client instead
@@ -138,6 +138,11 @@ var Scenarios = []Scenario{
 	// Findings); with four they cost 2.5 times a quorum3-plain seed.
 	{Name: "wake-quorum3", Strategy: Quorum, Nodes: 3, Clients: 3, Keys: 1, Ops: 2, TTL: [2]time.Duration{60 * time.Millisecond, 300 * time.Millisecond}, Wake: true,
 		Faults: true, Horizon: 600 * time.Millisecond, Schedule: wakeSchedule, Client: (*World).wakeClient},
+	// fair-quorum5: quorum5-restart with Fair: the lines of fair mode on
+	// nodes that pause, restart empty (the delayed-restart rule keeps
+	// exclusion), lose requests and are partitioned, so that nodes hold
+	// different lines; the Lockers poll, as in quorum5-restart.
+	{Name: "fair-quorum5", Strategy: Quorum, Nodes: 5, Clients: 4, Keys: 2, Ops: 4, TTL: [2]time.Duration{60 * time.Millisecond, 300 * time.Millisecond}, Fencing: true, DelayedRestart: 400 * time.Millisecond, Fair: true, Faults: true, Horizon: 600 * time.Millisecond},
 	// fair-single, fair-quorum3: wake-single and wake-quorum3 with Fair
 	// (the lines of fair mode, and a client outside them), under the same
 	// pub/sub faults.
