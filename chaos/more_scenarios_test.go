@@ -50,6 +50,51 @@ func TestScenario10PerClientPartition(t *testing.T) {
 		})
 }
 
+// 10f. Scenario 10 in fair mode (redlease.WithFairness), with the sides
+// swapped under clients that are waiting in line: each side's entries are
+// left on the nodes it no longer reaches (its give-up cannot remove them
+// there), so after the swap the two sides' dead entries head the lines of
+// all five nodes, and every live waiter is refused on at least three.
+// Entries not refreshed expire (redlease.LineLifetime: 1 s here), so both
+// sides make progress once healed: no node blocks every waiter for good.
+// And at most one side holds at a time throughout.
+func TestScenario10fPerClientPartitionFair(t *testing.T) {
+	run(t, scenario{name: "10f quorum (fair): per-client partition swapped mid-wait, then heal", strategy: "quorum/5, fair", faults: "X↔{0,1} Y↔{2,3,4}; swap mid-wait; heal", fast: true},
+		func(t *testing.T, rec *Recorder) facts {
+			ctx := t.Context()
+			ns := StartNodes(t, 5, redistest.Config{})
+			const ttl = 500 * time.Millisecond
+			_, lx := quorumLockerFair(t, ns.Clients("x"), ttl, true)
+			_, ly := quorumLockerFair(t, ns.Clients("y"), ttl, true)
+			w := &Workload{Rec: rec, Reg: storage(t, rec, "s10f"), Key: "s10f", Hold: 10 * time.Millisecond, Attempt: 150 * time.Millisecond}
+			lockers := map[string]*redlease.Locker{"x1": lx, "x2": lx, "y1": ly, "y2": ly}
+
+			end := fault(rec, "X↔{0,1} Y↔{2,3,4}")
+			ns.Cut("x", 2, 3, 4)
+			ns.Cut("y", 0, 1)
+			parted := make(chan map[string]int, 1)
+			go func() { parted <- w.RunAll(ctx, lockers, 2*time.Second) }()
+			sleep(ctx, time.Second)
+			end()
+			end = fault(rec, "X↔{2,3,4} Y↔{0,1} (swapped mid-wait)")
+			ns.Cut("x", 0, 1)
+			ns.Cut("y", 2, 3, 4)
+			ns.Heal("x", 2, 3, 4)
+			ns.Heal("y", 0, 1)
+			before := <-parted
+			end()
+			ns.Heal("x", 0, 1)
+			ns.Heal("y", 2, 3, 4)
+			healed := w.RunAll(ctx, lockers, 2*time.Second)
+			var violations []string
+			if healed["x1"]+healed["x2"] == 0 || healed["y1"]+healed["y2"] == 0 {
+				violations = append(violations, fmt.Sprintf("no liveness after healing: grants %v", healed))
+			}
+			return facts{strays: waitStrays(ctx, ns, ttl), violations: violations,
+				notes: []string{fmt.Sprintf("grants while parted: %v; after healing: %v", before, healed)}}
+		})
+}
+
 // 11. Ambiguous replies: three nodes apply every request but their replies
 // never arrive (a downstream-only timeout toxic). Acquisitions fail for
 // want of a majority; the failure path must release on every node,

@@ -132,6 +132,13 @@ func storage(t *testing.T, rec *Recorder, name string) *Register {
 // quorumLocker builds a quorum strategy (closed on cleanup) and a Locker.
 func quorumLocker(t *testing.T, clients []redis.UniversalClient, ttl time.Duration, opts ...quorum.Option) (*quorum.Strategy, *redlease.Locker) {
 	t.Helper()
+	return quorumLockerFair(t, clients, ttl, false, opts...)
+}
+
+// quorumLockerFair is quorumLocker with the Locker's fair mode set to fair
+// (redlease.WithFairness).
+func quorumLockerFair(t *testing.T, clients []redis.UniversalClient, ttl time.Duration, fair bool, opts ...quorum.Option) (*quorum.Strategy, *redlease.Locker) {
+	t.Helper()
 	opts = append([]quorum.Option{quorum.WithFencing(), quorum.WithNodeTimeout(150 * time.Millisecond)}, opts...)
 	s, err := quorum.New(clients, opts...)
 	if err != nil {
@@ -139,7 +146,7 @@ func quorumLocker(t *testing.T, clients []redis.UniversalClient, ttl time.Durati
 	}
 	t.Cleanup(func() { _ = s.Close() })
 	locker, err := redlease.New(s, redlease.WithTTL(ttl), redlease.WithRetryDelay(2*time.Millisecond, 20*time.Millisecond),
-		redlease.WithPrefix("chaos:"))
+		redlease.WithPrefix("chaos:"), redlease.WithFairness(fair))
 	require.NoError(t, err)
 	return s, locker
 }
