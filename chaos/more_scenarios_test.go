@@ -1,6 +1,7 @@
 package chaos
 
 import (
+	"context"
 	"fmt"
 	"testing"
 	"time"
@@ -19,33 +20,20 @@ func TestScenario10PerClientPartition(t *testing.T) {
 	run(t, scenario{name: "10 quorum: per-client partition, then swap, then heal", strategy: "quorum/5", faults: "X↔{0,1} Y↔{2,3,4}; swap; heal", fast: true},
 		func(t *testing.T, rec *Recorder) facts {
 			ctx := t.Context()
-			ns := StartNodes(t, 5, redistest.Config{})
-			const ttl = 500 * time.Millisecond
-			_, lx := quorumLocker(t, ns.Clients("x"), ttl)
-			_, ly := quorumLocker(t, ns.Clients("y"), ttl)
-			w := &Workload{Rec: rec, Reg: storage(t, rec, "s10"), Key: "s10", Hold: 10 * time.Millisecond, Attempt: 150 * time.Millisecond}
-			lockers := map[string]*redlease.Locker{"x1": lx, "x2": lx, "y1": ly, "y2": ly}
+			ns, w, lockers := partitionSides(t, rec, "s10", false)
 
 			end := fault(rec, "X↔{0,1} Y↔{2,3,4}")
-			ns.Cut("x", 2, 3, 4)
-			ns.Cut("y", 0, 1)
+			split(ns, false)
 			w.RunAll(ctx, lockers, time.Second)
 			end()
-			ns.Heal("x", 2, 3, 4)
-			ns.Heal("y", 0, 1)
+			rejoin(ns, false)
 			end = fault(rec, "X↔{2,3,4} Y↔{0,1}")
-			ns.Cut("x", 0, 1)
-			ns.Cut("y", 2, 3, 4)
+			split(ns, true)
 			w.RunAll(ctx, lockers, time.Second)
 			end()
-			ns.Heal("x", 0, 1)
-			ns.Heal("y", 2, 3, 4)
-			healed := w.RunAll(ctx, lockers, time.Second)
-			var violations []string
-			if healed["x1"]+healed["x2"] == 0 || healed["y1"]+healed["y2"] == 0 {
-				violations = append(violations, fmt.Sprintf("no liveness after healing: grants %v", healed))
-			}
-			return facts{strays: waitStrays(ctx, ns, ttl), violations: violations,
+			rejoin(ns, true)
+			healed, violations := progressAfterHealing(ctx, w, lockers, time.Second)
+			return facts{strays: waitStrays(ctx, ns, partitionTTL), violations: violations,
 				notes: []string{fmt.Sprintf("grants after healing: %v", healed)}}
 		})
 }
@@ -62,37 +50,69 @@ func TestScenario10fPerClientPartitionFair(t *testing.T) {
 	run(t, scenario{name: "10f quorum (fair): per-client partition swapped mid-wait, then heal", strategy: "quorum/5, fair", faults: "X↔{0,1} Y↔{2,3,4}; swap mid-wait; heal", fast: true},
 		func(t *testing.T, rec *Recorder) facts {
 			ctx := t.Context()
-			ns := StartNodes(t, 5, redistest.Config{})
-			const ttl = 500 * time.Millisecond
-			_, lx := quorumLockerFair(t, ns.Clients("x"), ttl, true)
-			_, ly := quorumLockerFair(t, ns.Clients("y"), ttl, true)
-			w := &Workload{Rec: rec, Reg: storage(t, rec, "s10f"), Key: "s10f", Hold: 10 * time.Millisecond, Attempt: 150 * time.Millisecond}
-			lockers := map[string]*redlease.Locker{"x1": lx, "x2": lx, "y1": ly, "y2": ly}
+			ns, w, lockers := partitionSides(t, rec, "s10f", true)
 
-			end := fault(rec, "X↔{0,1} Y↔{2,3,4}")
-			ns.Cut("x", 2, 3, 4)
-			ns.Cut("y", 0, 1)
+			start := fault(rec, "X↔{0,1} Y↔{2,3,4}")
+			split(ns, false)
 			parted := make(chan map[string]int, 1)
 			go func() { parted <- w.RunAll(ctx, lockers, 2*time.Second) }()
 			sleep(ctx, time.Second)
-			end()
-			end = fault(rec, "X↔{2,3,4} Y↔{0,1} (swapped mid-wait)")
-			ns.Cut("x", 0, 1)
-			ns.Cut("y", 2, 3, 4)
-			ns.Heal("x", 2, 3, 4)
-			ns.Heal("y", 0, 1)
+			start()
+			swap := fault(rec, "X↔{2,3,4} Y↔{0,1} (swapped mid-wait)")
+			split(ns, true)
+			rejoin(ns, false)
 			before := <-parted
-			end()
-			ns.Heal("x", 0, 1)
-			ns.Heal("y", 2, 3, 4)
-			healed := w.RunAll(ctx, lockers, 2*time.Second)
-			var violations []string
-			if healed["x1"]+healed["x2"] == 0 || healed["y1"]+healed["y2"] == 0 {
-				violations = append(violations, fmt.Sprintf("no liveness after healing: grants %v", healed))
-			}
-			return facts{strays: waitStrays(ctx, ns, ttl), violations: violations,
+			swap()
+			rejoin(ns, true)
+			healed, violations := progressAfterHealing(ctx, w, lockers, 2*time.Second)
+			return facts{strays: waitStrays(ctx, ns, partitionTTL), violations: violations,
 				notes: []string{fmt.Sprintf("grants while parted: %v; after healing: %v", before, healed)}}
 		})
+}
+
+// partitionTTL is the lock TTL of scenarios 10 and 10f.
+const partitionTTL = 500 * time.Millisecond
+
+// partitionSides starts scenarios 10 and 10f: five nodes, two sides X and
+// Y of two holders each, each side with its own clients and Locker (in
+// fair mode if fair), and a workload on key.
+func partitionSides(t *testing.T, rec *Recorder, key string, fair bool) (*Nodes, *Workload, map[string]*redlease.Locker) {
+	t.Helper()
+	ns := StartNodes(t, 5, redistest.Config{})
+	_, lx := quorumLockerFair(t, ns.Clients("x"), partitionTTL, fair)
+	_, ly := quorumLockerFair(t, ns.Clients("y"), partitionTTL, fair)
+	w := &Workload{Rec: rec, Reg: storage(t, rec, key), Key: key, Hold: 10 * time.Millisecond, Attempt: 150 * time.Millisecond}
+	return ns, w, map[string]*redlease.Locker{"x1": lx, "x2": lx, "y1": ly, "y2": ly}
+}
+
+// split cuts side X off nodes {2,3,4} and Y off {0,1} (swapped: X off
+// {0,1}, Y off {2,3,4}); rejoin heals the same links.
+func split(ns *Nodes, swapped bool) {
+	x, y := []int{2, 3, 4}, []int{0, 1}
+	if swapped {
+		x, y = y, x
+	}
+	ns.Cut("x", x...)
+	ns.Cut("y", y...)
+}
+
+func rejoin(ns *Nodes, swapped bool) {
+	x, y := []int{2, 3, 4}, []int{0, 1}
+	if swapped {
+		x, y = y, x
+	}
+	ns.Heal("x", x...)
+	ns.Heal("y", y...)
+}
+
+// progressAfterHealing runs the workload for d and reports its grants, and
+// a violation unless both sides had one.
+func progressAfterHealing(ctx context.Context, w *Workload, lockers map[string]*redlease.Locker, d time.Duration) (map[string]int, []string) {
+	healed := w.RunAll(ctx, lockers, d)
+	if healed["x1"]+healed["x2"] == 0 || healed["y1"]+healed["y2"] == 0 {
+		return healed, []string{fmt.Sprintf("no liveness after healing: grants %v", healed)}
+	}
+	return healed, nil
 }
 
 // 11. Ambiguous replies: three nodes apply every request but their replies
