@@ -159,7 +159,7 @@ func (p *Primary) judge(ctx context.Context, addr string, items []redlease.Exten
 	for k, c := range calls {
 		r := replies[k]
 		if r.err != nil {
-			err := p.failAt(ctx, addr, redlease.ErrUnavailable, r.err) // one error, and one report, per failed call
+			err := Fail(ctx, addr, redlease.ErrUnavailable, r.err) // one error, and one report, per failed call
 			for _, i := range c.idx {
 				out[i].Err = err
 			}
@@ -185,7 +185,7 @@ func (p *Primary) judge(ctx context.Context, addr string, items []redlease.Exten
 				// A verdict, not a failure of the node: not reported as one.
 				out[i].Err = redlease.Wrap(redlease.ErrNotHeld, &redlease.NodeError{Addr: addr, Err: script.ErrWrongType})
 			default:
-				out[i].Err = p.failAt(ctx, addr, redlease.ErrUnavailable, script.KeyCause(v))
+				out[i].Err = Fail(ctx, addr, redlease.ErrUnavailable, script.KeyCause(v))
 			}
 		}
 	}
@@ -295,7 +295,7 @@ func (p *Primary) extendShards(ctx context.Context, items []redlease.Extension, 
 		if answered[k] {
 			continue
 		}
-		err := p.failAt(ctx, sh.addr, redlease.ErrUnavailable, cause)
+		err := Fail(ctx, sh.addr, redlease.ErrUnavailable, cause)
 		for _, call := range sh.calls {
 			for _, i := range call.idx {
 				out[i].Err = err

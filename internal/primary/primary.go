@@ -164,7 +164,7 @@ func (p *Primary) acquire(ctx context.Context, key, token string, ttl time.Durat
 		func(v int64, err error) {
 			// Abandoned: reported as not obtained, so whatever it wrote
 			// goes, by this attempt's token only.
-			if (err == nil && !script.IsTaken(v)) || (err != nil && !notSent(err)) {
+			if (err == nil && !script.IsTaken(v)) || (err != nil && !NotSent(err)) {
 				_ = p.undo(context.Background(), key, token)
 			}
 		})
@@ -177,14 +177,14 @@ func (p *Primary) acquire(ctx context.Context, key, token string, ttl time.Durat
 		return redlease.Grant{}, redlease.Wrap(redlease.ErrNotObtained, err)
 	case err != nil:
 		var ab bounded.Abandoned
-		if !notSent(err) && !errors.As(err, &ab) { // an abandoned call undoes itself when it returns
+		if !NotSent(err) && !errors.As(err, &ab) { // an abandoned call undoes itself when it returns
 			// The script may have run and its reply been lost (a timeout,
 			// a cut connection), or failed after its SET: without this the
 			// key would block every other attempt until its TTL.
 			_ = p.undo(context.WithoutCancel(ctx), key, token)
 		}
 		// Down is not held: the node failed, nobody refused.
-		return redlease.Grant{}, p.fail(ctx, errNotObtainedUnavailable, err)
+		return redlease.Grant{}, p.fail(ctx, ErrNotObtainedUnavailable, err)
 	case v == script.Queued:
 		return redlease.Grant{}, redlease.Wrap(redlease.ErrNotObtained, redlease.ErrQueued)
 	case script.IsTaken(v):
@@ -201,10 +201,12 @@ func (p *Primary) acquire(ctx context.Context, key, token string, ttl time.Durat
 	return redlease.Grant{Until: until, Fence: uint64(v)}, nil
 }
 
-// notSent reports whether err proves the request never reached the server
+// NotSent reports whether err proves the request never reached the server
 // (no connection could be made, or the server did not know the script), so
-// that it wrote nothing to undo.
-func notSent(err error) bool {
+// that it wrote nothing to undo. It is exported for acquisitions run
+// outside Primary on the same node (the idempotency Barrier's, which takes
+// a lock on the store together with its record).
+func NotSent(err error) bool {
 	var op *net.OpError
 	return (errors.As(err, &op) && op.Op == "dial") || errors.Is(err, redis.ErrPoolTimeout) || script.IsNoScript(err)
 }
@@ -329,9 +331,10 @@ func (p *Primary) check(key, token string, ttl time.Duration) error {
 	return script.Check(key, token, ttl, p.cfg.DriftFactor)
 }
 
-// errNotObtainedUnavailable is the sentinel of an acquisition that a node
-// failure decided: it matches ErrNotObtained and ErrUnavailable, on one line.
-var errNotObtainedUnavailable error = notObtainedUnavailable{}
+// ErrNotObtainedUnavailable is the sentinel of an acquisition that a node
+// failure decided (see Fail): it matches ErrNotObtained and ErrUnavailable,
+// on one line.
+var ErrNotObtainedUnavailable error = notObtainedUnavailable{}
 
 type notObtainedUnavailable struct{}
 
@@ -346,12 +349,14 @@ func (notObtainedUnavailable) Unwrap() []error {
 // fail wraps a node failure under sentinel, and reports it to ctx's
 // observer.
 func (p *Primary) fail(ctx context.Context, sentinel, err error) error {
-	return p.failAt(ctx, p.addr, sentinel, err)
+	return Fail(ctx, p.addr, sentinel, err)
 }
 
-// failAt is fail naming addr as the node: one master of a Cluster client,
-// in ExtendBatch.
-func (p *Primary) failAt(ctx context.Context, addr string, sentinel, err error) error {
+// Fail is fail naming addr as the node: one master of a Cluster client (in
+// ExtendBatch), or the node of a call run outside Primary (the idempotency
+// Barrier's on its store). sentinel is ErrNotObtainedUnavailable for an
+// acquisition, redlease.ErrUnavailable otherwise.
+func Fail(ctx context.Context, addr string, sentinel, err error) error {
 	ne := &redlease.NodeError{Node: 0, Addr: addr, Err: err}
 	redlease.ReportNodeFailure(ctx, ne)
 	return fmt.Errorf("%w: %w", sentinel, ne)
@@ -398,21 +403,3 @@ func UseClock(clock redlease.Clock) func(*Config) error {
 		return nil
 	}
 }
-
-// NotSent is notSent for an acquisition run outside Primary (the
-// idempotency Barrier's, which takes a lock on the store together with its
-// record): err proves the request never reached the server.
-func NotSent(err error) bool { return notSent(err) }
-
-// Fail is the error Primary's calls report when the node at addr failed
-// with err, under sentinel (ErrNotObtainedUnavailable for an acquisition,
-// redlease.ErrUnavailable otherwise), and reports it to ctx's observer:
-// for calls run outside Primary on the same node, such as the idempotency
-// Barrier's.
-func Fail(ctx context.Context, addr string, sentinel, err error) error {
-	return (&Primary{}).failAt(ctx, addr, sentinel, err)
-}
-
-// ErrNotObtainedUnavailable is the sentinel of an acquisition that a node
-// failure decided (see Fail).
-var ErrNotObtainedUnavailable = errNotObtainedUnavailable
