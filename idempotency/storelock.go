@@ -39,13 +39,16 @@ import (
 // the loss margin, renewal by a Keeper (Extend and ExtendBatch are
 // single's), all as before.
 type storeLock struct {
-	single    onePrimary
-	store     redis.UniversalClient
-	addr      string
-	bound     bool // store ignores contexts on its sockets (internal/bounded)
-	fenceTTL  time.Duration
-	retention time.Duration
-	lease     time.Duration
+	single onePrimary
+	store  redis.UniversalClient
+	addr   string
+	// bound: store ignores contexts on its sockets (internal/bounded).
+	// Unbound, the claim and the completion call their script directly:
+	// the closure bounded.Call takes escapes (to the goroutine of its
+	// bound case) and costs an allocation per call.
+	bound    bool
+	fenceTTL time.Duration
+	lease    time.Duration
 	// Script arguments that never change (or, the lease, almost never),
 	// boxed once.
 	fenceTTLMillis, retentionMillis, leaseMillis any
@@ -64,13 +67,12 @@ func newStoreLock(c *redis.Client, bound bool, retention, lease time.Duration) (
 		return nil, err
 	}
 	return &storeLock{
-		single:    one,
-		store:     c,
-		addr:      nodes.Addr(c),
-		bound:     bound,
-		fenceTTL:  fenceTTL,
-		retention: retention,
-		lease:     lease,
+		single:   one,
+		store:    c,
+		addr:     nodes.Addr(c),
+		bound:    bound,
+		fenceTTL: fenceTTL,
+		lease:    lease,
 
 		fenceTTLMillis:  fenceTTL.Milliseconds(),
 		retentionMillis: retention.Milliseconds(),
@@ -195,7 +197,7 @@ func (s *storeLock) Acquire(ctx context.Context, key, token string, ttl time.Dur
 			if (err == nil && granted(reply)) || (err != nil && !primary.NotSent(err)) {
 				ctx, cancel := context.WithTimeout(context.Background(), ttl)
 				defer cancel()
-				_ = s.undo(ctx, c.rec, key, token, undoArg)
+				_, _ = s.undoClaim(ctx, c.rec, key, token, undoArg)
 			}
 		})
 	} else {
@@ -234,14 +236,14 @@ func (s *storeLock) Acquire(ctx context.Context, key, token string, ttl time.Dur
 	return redlease.Grant{Until: until, Fence: uint64(v)}, nil
 }
 
-// undoNow undoes a failed Acquire (undo), bounded by a tenth of the ttl
+// undoNow undoes a failed Acquire (undoClaim), bounded by a tenth of the ttl
 // (the Locker's default loss margin) past ctx's end: it is best effort,
 // and the lock expires on its own.
 func (s *storeLock) undoNow(ctx context.Context, ttl time.Duration, rec, key, token string) {
 	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ttl/redlease.DefaultLossMarginDivisor)
 	defer cancel()
-	_, _ = bounded.Call(uctx, s.bound, func(ctx context.Context) (struct{}, error) {
-		return struct{}{}, s.undo(ctx, rec, key, token, undoArg)
+	_, _ = bounded.Call(uctx, s.bound, func(ctx context.Context) (bool, error) {
+		return s.undoClaim(ctx, rec, key, token, undoArg)
 	}, nil)
 }
 
@@ -279,15 +281,9 @@ func parseClaim(reply any) (st status, v int64, err error) {
 	return status{}, 0, fmt.Errorf("idempotency: claim reply %v", reply)
 }
 
-// undo forgets the record if token still owns it in progress and releases
-// key if it still holds token (undoClaimScript; how: undoArg or giveBack).
-func (s *storeLock) undo(ctx context.Context, rec, key, token string, how any) error {
-	_, err := s.undoClaim(ctx, rec, key, token, how)
-	return err
-}
-
-// undoClaim runs undoClaimScript, and reports whether the lock was
-// released.
+// undoClaim forgets the record if token still owns it in progress and
+// releases key if it still holds token (undoClaimScript; how: undoArg or
+// giveBack), and reports whether the lock was released.
 func (s *storeLock) undoClaim(ctx context.Context, rec, key, token string, how any) (released bool, err error) {
 	v, err := undoClaimScript.Run(ctx, s.store, undoClaimScript.Args(rec, key, script.QueueKey(key), token, how))
 	return err == nil && v&1 == 1, err
