@@ -326,12 +326,13 @@ func (sub *Sub) removeLocked(handOn bool) {
 	delete(sub.set.subs, sub)
 	for i, e := range sub.entries {
 		delete(e.subs, sub)
-		if len(e.subs) == 0 {
+		switch {
+		case len(e.subs) == 0:
 			sub.hubs[i].kickLocked()
-		} else if next := e.oldestLocked(false); handOn {
-			signal(next.notify)
-		} else if undoOwed {
-			next.undoneLocked()
+		case handOn:
+			signal(e.oldestLocked(false).notify)
+		case undoOwed:
+			e.oldestLocked(false).undoneLocked()
 		}
 	}
 }
