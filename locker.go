@@ -141,6 +141,12 @@ func (l *Locker) Lock(ctx context.Context, key string, opts ...LockOption) (*Loc
 	if err != nil {
 		return nil, err
 	}
+	return l.wait(ctx, c, key)
+}
+
+// wait is Lock with the call's config made: the retry loop, observed as
+// a "wait".
+func (l *Locker) wait(ctx context.Context, c lockConfig, key string) (*Lock, error) {
 	ctx, done := observe(ctx, l.observer, Op{Name: "wait", Strategy: strategyName(c.strategy), Key: key})
 	lk, err := l.retry(ctx, c, key)
 	done(err)
@@ -437,7 +443,8 @@ func withCause(err, cause error) error {
 //
 // The lock is kept alive by the Locker's Keeper (WithKeeper) or, by
 // default, by the one process-wide default watchdog: it extends the lock
-// every third of its TTL, like a renew.Watchdog with default options, and
+// on a renewal interval of a third of its TTL, like a renew.Watchdog with
+// default options (see package renew for the schedule), and
 // costs one goroutine plus at most two per strategy however many Do calls
 // run at once. It starts with the first Do and ends its goroutines
 // whenever no Do is running (after a renewal call still in flight
@@ -468,7 +475,7 @@ func (l *Locker) Do(ctx context.Context, key string, fn func(ctx context.Context
 	if err != nil {
 		return err
 	}
-	lk, err := l.Lock(ctx, key, opts...)
+	lk, err := l.wait(ctx, c, key)
 	if err != nil {
 		return err
 	}
