@@ -221,17 +221,23 @@ func (w *World) locker(ci int, r *rand.Rand) *redlease.Locker {
 		s := must(single.New(w.redisClient(ci, w.nodes[0], ctxTimeouts)))
 		if w.sc.Wake {
 			w.onClose(func() { _ = s.Close() })
-			return must(redlease.New(s, redlease.WithFairness(w.fair(ci))))
 		}
-		return must(redlease.New(s, redlease.WithPolling(), redlease.WithFairness(w.fair(ci))))
+		return must(redlease.New(s, w.lockerOptions(ci)...))
 	default:
 		return w.quorumLocker(ci, r, w.nodes, nil, ctxTimeouts)
 	}
 }
 
-// fair reports whether client ci's Locker waits in fair mode: in a Fair
-// scenario, every client's but the last.
-func (w *World) fair(ci int) bool { return w.sc.Fair && ci < w.sc.Clients-1 }
+// lockerOptions are client ci's Locker options: fair mode for every
+// client but the last in a Fair scenario, and polling (WithPolling) unless
+// the scenario wakes waiters by release notices (Wake).
+func (w *World) lockerOptions(ci int) []redlease.Option {
+	opts := []redlease.Option{redlease.WithFairness(w.sc.Fair && ci < w.sc.Clients-1)}
+	if !w.sc.Wake {
+		opts = append(opts, redlease.WithPolling())
+	}
+	return opts
+}
 
 // quorumLocker builds client ci's quorum strategy over nodes, and its
 // Locker with opt (nil: none).
@@ -259,10 +265,7 @@ func (w *World) quorumLocker(ci int, r *rand.Rand, nodes []*Node, opt redlease.O
 			panic(fmt.Sprintf("sim: quorum.New: %v", err)) // a bug in the scenario table
 		}
 		w.onClose(func() { _ = q.Close() })
-		lopts := []redlease.Option{redlease.WithPolling(), redlease.WithFairness(w.fair(ci))}
-		if w.sc.Wake {
-			lopts = []redlease.Option{redlease.WithFairness(w.fair(ci))}
-		}
+		lopts := w.lockerOptions(ci)
 		if opt != nil {
 			lopts = append(lopts, opt)
 		}
