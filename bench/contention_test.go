@@ -27,10 +27,12 @@ const (
 )
 
 // cycle takes the lock on a key (waiting with the library's own retry
-// policy), calls obtained the moment it has it, holds it for holdFor and
-// releases it. It reports whether it got the lock; a library that gives up
-// (redsync after 32 tries) reports false and the contender tries again.
-type cycle func(ctx context.Context, obtained func()) (bool, error)
+// policy), calls hold the moment it has it (hold is the work: it sleeps
+// holdFor and notes when the lock was obtained and when its release
+// began) and releases it when hold returns. It reports whether it got the
+// lock; a library that gives up (redsync after 32 tries) reports false
+// and the contender tries again.
+type cycle func(ctx context.Context, hold func()) (bool, error)
 
 // BenchmarkContention: 32 goroutines on 4 keys (8 per key) of a 5-node
 // quorum, each taking its key with the library's blocking Lock and default
@@ -57,6 +59,14 @@ type cycle func(ctx context.Context, obtained func()) (bool, error)
 // with a plain SET, which it would not count). lib=redlease-alone runs one
 // goroutine per key (nobody waits): its floor-ratio is the ceiling this
 // machine allows, four keys at once with every handoff free.
+//
+// Where a grant's time goes, per key: p50-hold-ms is how long a holder
+// actually held the key (the 1 ms sleep, as the machine's timers serve
+// it: the floor counts 1 ms), and p50-handoff-ms the time from a holder's
+// release call to the key's next grant (the release, the next holder
+// learning of it, its acquisition: the floor counts 2 × acquire-ms). A
+// grant costs about their sum; the two say whether a shortfall is the
+// handoff (the library) or the hold (the machine).
 func BenchmarkContention(b *testing.B) { contention(b, contendedKeys) }
 
 // BenchmarkContentionOneKey is BenchmarkContention on one key: 8
@@ -112,13 +122,12 @@ func contentionOn(b *testing.B, n, keys int) {
 			locker, err := redlease.New(ours, redlease.WithTTL(quorumTTL), redlease.WithFairness(lib.fair))
 			require.NoError(b, err)
 			contend(b, addrs, true, rtt(b), lib.contenders, keys, func(g int, key string) cycle {
-				return func(ctx context.Context, obtained func()) (bool, error) {
+				return func(ctx context.Context, hold func()) (bool, error) {
 					lk, err := locker.Lock(ctx, key)
 					if err != nil {
 						return false, err
 					}
-					obtained()
-					time.Sleep(holdFor)
+					hold()
 					return true, lk.Release(ctx)
 				}
 			})
@@ -127,7 +136,7 @@ func contentionOn(b *testing.B, n, keys int) {
 	b.Run(fmt.Sprintf("lib=redsync/nodes=%d/goroutines=%d/keys=%d", n, many, keys), func(b *testing.B) {
 		contend(b, addrs, false, rtt(b), many, keys, func(g int, key string) cycle {
 			m := peer.NewMutex(key, redsync.WithExpiry(quorumTTL)) // one Mutex per goroutine: not safe for concurrent use
-			return func(ctx context.Context, obtained func()) (bool, error) {
+			return func(ctx context.Context, hold func()) (bool, error) {
 				if err := m.LockContext(ctx); err != nil {
 					if errors.Is(err, redsync.ErrFailed) {
 						return false, nil // gave up after its tries
@@ -138,8 +147,7 @@ func contentionOn(b *testing.B, n, keys int) {
 					}
 					return false, err
 				}
-				obtained()
-				time.Sleep(holdFor)
+				hold()
 				ok, err := m.UnlockContext(ctx)
 				if !ok {
 					return true, fmt.Errorf("unlock: %w", err)
@@ -186,9 +194,16 @@ func contend(b *testing.B, addrs []string, countCalls bool, rtt time.Duration, c
 	}
 	grants := make([]int64, contenders)
 	waits := make([][]time.Duration, contenders)
+	holds := make([][]time.Duration, contenders)
+	gaps := make([][]time.Duration, contenders)
 	for g := range waits {
 		waits[g] = make([]time.Duration, 0, b.N/contenders+8)
+		holds[g] = make([]time.Duration, 0, b.N/contenders+8)
+		gaps[g] = make([]time.Duration, 0, b.N/contenders+8)
 	}
+	// released[k]: when the last holder of key k began its release (Unix
+	// ns, 0: not yet), for the gap to the key's next grant.
+	released := make([]atomic.Int64, keys)
 	var tickets, giveUps atomic.Int64
 	tickets.Store(int64(b.N))
 	var wg sync.WaitGroup
@@ -199,9 +214,19 @@ func contend(b *testing.B, addrs []string, countCalls bool, rtt time.Duration, c
 		wg.Go(func() {
 			for tickets.Add(-1) >= 0 {
 				start := time.Now()
-				obtained := func() { waits[g] = append(waits[g], time.Since(start)) }
+				hold := func() {
+					got := time.Now()
+					waits[g] = append(waits[g], got.Sub(start))
+					if r := released[g%keys].Load(); r != 0 {
+						gaps[g] = append(gaps[g], got.Sub(time.Unix(0, r)))
+					}
+					time.Sleep(holdFor)
+					end := time.Now()
+					holds[g] = append(holds[g], end.Sub(got))
+					released[g%keys].Store(end.UnixNano())
+				}
 				for {
-					ok, err := cycles[g](ctx, obtained)
+					ok, err := cycles[g](ctx, hold)
 					if err != nil {
 						b.Error(err)
 						return
@@ -225,6 +250,13 @@ func contend(b *testing.B, addrs []string, countCalls bool, rtt time.Duration, c
 	b.ReportMetric(float64(giveUps.Load())/float64(b.N), "giveups/op")
 	b.ReportMetric(float64(rtt.Microseconds())/1000, "acquire-ms")
 	b.ReportMetric(perSec/float64(keys)*(holdFor+2*rtt).Seconds(), "floor-ratio")
+	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+	if all := slices.Concat(holds...); len(all) > 0 {
+		b.ReportMetric(ms(median(all)), "p50-hold-ms")
+	}
+	if all := slices.Concat(gaps...); len(all) > 0 {
+		b.ReportMetric(ms(median(all)), "p50-handoff-ms")
+	}
 	if all := slices.Concat(waits...); len(all) > 0 {
 		slices.Sort(all)
 		var sum time.Duration
@@ -232,7 +264,6 @@ func contend(b *testing.B, addrs []string, countCalls bool, rtt time.Duration, c
 			sum += w
 		}
 		mean := sum / time.Duration(len(all))
-		ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 		b.ReportMetric(ms(all[len(all)/2]), "p50-wait-ms")
 		b.ReportMetric(ms(mean), "mean-wait-ms")
 		b.ReportMetric(ms(all[len(all)-1]), "max-wait-ms")
