@@ -345,6 +345,8 @@ func (s *Strategy) Extend(ctx context.Context, key, token string, ttl time.Durat
 // returns once a quorum confirmed the delete, or once a quorum can no longer
 // have held the key, or at the node timeout; stragglers finish in the
 // background, unaffected by ctx's cancellation, within the node timeout.
+// Until they land, those nodes may refuse an acquisition of key (see the
+// package documentation).
 func (s *Strategy) Release(ctx context.Context, key, token string) error {
 	if key == "" {
 		return redlease.Invalid("empty key")
