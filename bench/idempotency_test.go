@@ -3,6 +3,7 @@ package bench_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -27,11 +28,16 @@ var firstKeys atomic.Int64
 // floor has no fingerprints, fences, owner checks or takeover of a crashed
 // owner's request; the barrier has all of them.
 //
+// server-us/op is the time the store spent executing each request's
+// commands (INFO commandstats): the part of ns/op that is the server's,
+// which the client's work and the round trips do not blur.
+//
 //	case=first     a new key: the handler runs and its result is stored
 //	case=replay    a completed key: the stored result comes back
 //	case=conflict  a key whose first request is still running: ErrInProgress
 func BenchmarkIdempotency(b *testing.B) {
-	c := newClient(b, nodes(b, 1)[0])
+	addr := nodes(b, 1)[0]
+	c := newClient(b, addr)
 	barrier, err := idempotency.New(c, idempotency.WithPrefix("bench:"+runID+":idem:"))
 	if err != nil {
 		b.Fatal(err)
@@ -41,6 +47,7 @@ func BenchmarkIdempotency(b *testing.B) {
 
 	b.Run("lib=redlease/case=first", func(b *testing.B) {
 		b.ReportAllocs()
+		defer reportServerTime(b, addr, serverUsec(b, addr))
 		for b.Loop() {
 			key := "first:" + strconv.FormatInt(firstKeys.Add(1), 10)
 			out, err := barrier.Do(background, idempotency.Request{Key: key}, handler)
@@ -51,6 +58,7 @@ func BenchmarkIdempotency(b *testing.B) {
 	})
 	b.Run("lib=raw/case=first", func(b *testing.B) {
 		b.ReportAllocs()
+		defer reportServerTime(b, addr, serverUsec(b, addr))
 		for b.Loop() {
 			key := "first:" + strconv.FormatInt(firstKeys.Add(1), 10)
 			if _, replayed, err := raw.do(background, key, handler); err != nil || replayed {
@@ -65,6 +73,7 @@ func BenchmarkIdempotency(b *testing.B) {
 			b.Fatal(err)
 		}
 		b.ReportAllocs()
+		defer reportServerTime(b, addr, serverUsec(b, addr))
 		for b.Loop() {
 			out, err := barrier.Do(background, req, handler)
 			if err != nil || !out.Replayed {
@@ -77,6 +86,7 @@ func BenchmarkIdempotency(b *testing.B) {
 			b.Fatal(err)
 		}
 		b.ReportAllocs()
+		defer reportServerTime(b, addr, serverUsec(b, addr))
 		for b.Loop() {
 			if _, replayed, err := raw.do(background, "replay", handler); err != nil || !replayed {
 				b.Fatal(replayed, err)
@@ -92,6 +102,7 @@ func BenchmarkIdempotency(b *testing.B) {
 		})
 		defer stop()
 		b.ReportAllocs()
+		defer reportServerTime(b, addr, serverUsec(b, addr))
 		for b.Loop() {
 			if _, err := barrier.Do(background, req, handler); !errors.Is(err, idempotency.ErrInProgress) {
 				b.Fatal(err)
@@ -106,12 +117,41 @@ func BenchmarkIdempotency(b *testing.B) {
 		})
 		defer stop()
 		b.ReportAllocs()
+		defer reportServerTime(b, addr, serverUsec(b, addr))
 		for b.Loop() {
 			if _, _, err := raw.do(background, key, handler); !errors.Is(err, idempotency.ErrInProgress) {
 				b.Fatal(err)
 			}
 		}
 	})
+}
+
+// serverUsec is the time the server at addr has spent executing commands,
+// in µs, from INFO commandstats (INFO itself left out).
+func serverUsec(b *testing.B, addr string) int64 {
+	c := redis.NewClient(&redis.Options{Addr: addr})
+	defer c.Close()
+	info, err := c.InfoMap(background, "commandstats").Result()
+	if err != nil {
+		b.Fatalf("INFO commandstats on %s: %v", addr, err)
+	}
+	var total int64
+	for cmd, v := range info["Commandstats"] {
+		if cmd == "cmdstat_info" {
+			continue
+		}
+		var calls, usec int64
+		_, _ = fmt.Sscanf(v, "calls=%d,usec=%d", &calls, &usec)
+		total += usec
+	}
+	return total
+}
+
+// reportServerTime reports the server time per op since before
+// (serverUsec) as server-us/op: what the store spent on each request,
+// which, unlike ns/op, does not include the client or the round trips.
+func reportServerTime(b *testing.B, addr string, before int64) {
+	b.ReportMetric(float64(serverUsec(b, addr)-before)/float64(b.N), "server-us/op")
 }
 
 // holdInFlight starts a first request whose handler blocks until stop is
