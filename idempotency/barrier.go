@@ -441,7 +441,24 @@ func (b *Barrier) run(ctx context.Context, req Request, rec, lockKey string, h H
 	}
 	var nodeErr *redlease.NodeError
 	if errors.Is(err, redlease.ErrNotObtained) && ctx.Err() == nil && !errors.As(err, &nodeErr) {
-		// Taken, not failed: someone is running this request now.
+		// Taken, not failed: someone is running this request now, or has
+		// just finished it. With a lock that is not on the store, the look
+		// at the record (exec's peek) and the lock are two steps, and the
+		// request may have completed between them (on quorum, its lock's
+		// release may still be landing on some nodes). A second look
+		// answers a completed request with its result, and a payload that
+		// differs with ErrMismatch, instead of "in progress".
+		if b.onStore == nil {
+			if st, perr := b.peek(ctx, rec, req.Fingerprint); perr == nil {
+				switch st.state {
+				case "done":
+					out, err := st.replay()
+					return out, recorded, err
+				case "mismatch":
+					return Outcome{}, failed, ErrMismatch
+				}
+			}
+		}
 		return Outcome{}, busy, &InProgressError{RetryAfter: time.Second}
 	}
 	if err != nil {

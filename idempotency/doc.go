@@ -44,7 +44,11 @@
 // or whose grant comes back with too little validity left, undoes the
 // lock and the claim by its own token. Any other strategy (WithStrategy),
 // and a Cluster store, runs the steps one by one: five round trips for a
-// first request.
+// first request. There a duplicate looks at the record and then tries the
+// lock; if the lock is refused, it looks at the record once more, so a
+// request that completed in between (on quorum, its lock's release may
+// still be landing on some nodes) answers with its result, not
+// ErrInProgress.
 //
 // # Keys
 //
