@@ -44,6 +44,11 @@ func (m *memStrategy) Extend(_ context.Context, key, token string, ttl time.Dura
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.extends++
+	return m.extendLocked(key, token, ttl)
+}
+
+// extendLocked extends key for token, uncounted; m.mu is held.
+func (m *memStrategy) extendLocked(key, token string, ttl time.Duration) (redlease.Grant, error) {
 	if m.held[key] != token || !time.Now().Before(m.until[key]) {
 		return redlease.Grant{}, redlease.ErrNotHeld
 	}
@@ -61,14 +66,19 @@ func (m *memStrategy) Release(_ context.Context, key, token string) error {
 	return nil
 }
 
-func (m *memStrategy) ExtendBatch(ctx context.Context, items []redlease.Extension) []redlease.Extended {
+// ExtendBatch extends every item and counts one batch, in one critical
+// section: a count read while a batch runs (the watchdog's goroutine may
+// run at the very instant a test's sleep ends) sees it whole or not at
+// all. (It used to count the batch's items as single extends and take
+// them back first, so a read in between saw a negative count: 8 of 300
+// runs of TestKeepsManyLocksWithFewBatches failed so beside yes ×2.)
+func (m *memStrategy) ExtendBatch(_ context.Context, items []redlease.Extension) []redlease.Extended {
 	m.mu.Lock()
+	defer m.mu.Unlock()
 	m.batches++
-	m.extends -= len(items) // counted as one batch, not as single extends
-	m.mu.Unlock()
 	out := make([]redlease.Extended, len(items))
 	for i, it := range items {
-		out[i].Grant, out[i].Err = m.Extend(ctx, it.Key, it.Token, it.TTL)
+		out[i].Grant, out[i].Err = m.extendLocked(it.Key, it.Token, it.TTL)
 	}
 	return out
 }
