@@ -395,21 +395,17 @@ func (b *Barrier) exec(ctx context.Context, ns string, req Request, h Handler, w
 				return Outcome{}, failed, err
 			}
 		}
-		switch st.state {
-		case "done":
-			out, err := st.replay()
-			return out, recorded, err
-		case "mismatch":
-			return Outcome{}, failed, ErrMismatch
-		default: // none, or in progress: whoever holds the lock is running it
-			// An in-progress record whose owner's lock has expired (a crash,
-			// a pause) is taken over by whoever gets the lock next.
-			out, v, err := b.run(ctx, req, rec, lockKey(ns, req.Key), h)
-			// Only the Barrier's own in-progress answer is waited on: an
-			// ErrInProgress of the handler's is its result.
-			if v != busy || time.Now().After(deadline) {
-				return out, v, err
-			}
+		if st.settled() {
+			return st.answer()
+		}
+		// None, or in progress: whoever holds the lock is running it. An
+		// in-progress record whose owner's lock has expired (a crash, a
+		// pause) is taken over by whoever gets the lock next.
+		out, v, err := b.run(ctx, req, rec, lockKey(ns, req.Key), h)
+		// Only the Barrier's own in-progress answer is waited on: an
+		// ErrInProgress of the handler's is its result.
+		if v != busy || time.Now().After(deadline) {
+			return out, v, err
 		}
 		// Waiting for an in-flight duplicate: poll, bounded by the deadline.
 		if err := sleepCtx(ctx, min(50*time.Millisecond*time.Duration(attempt+1), time.Until(deadline), 500*time.Millisecond)); err != nil {
@@ -430,14 +426,8 @@ func (b *Barrier) run(ctx context.Context, req Request, rec, lockKey string, h H
 		lctx = withClaim(ctx, cl)
 	}
 	lk, err := b.locker.TryLock(lctx, lockKey)
-	if errors.Is(err, errSettled) {
-		switch cl.st.state {
-		case "done":
-			out, err := cl.st.replay()
-			return out, recorded, err
-		case "mismatch":
-			return Outcome{}, failed, ErrMismatch
-		}
+	if errors.Is(err, errSettled) && cl.st.settled() {
+		return cl.st.answer()
 	}
 	var nodeErr *redlease.NodeError
 	if errors.Is(err, redlease.ErrNotObtained) && ctx.Err() == nil && !errors.As(err, &nodeErr) {
@@ -449,14 +439,8 @@ func (b *Barrier) run(ctx context.Context, req Request, rec, lockKey string, h H
 		// answers a completed request with its result, and a payload that
 		// differs with ErrMismatch, instead of "in progress".
 		if b.onStore == nil {
-			if st, perr := b.peek(ctx, rec, req.Fingerprint); perr == nil {
-				switch st.state {
-				case "done":
-					out, err := st.replay()
-					return out, recorded, err
-				case "mismatch":
-					return Outcome{}, failed, ErrMismatch
-				}
+			if st, perr := b.peek(ctx, rec, req.Fingerprint); perr == nil && st.settled() {
+				return st.answer()
 			}
 		}
 		return Outcome{}, busy, &InProgressError{RetryAfter: time.Second}
@@ -812,6 +796,20 @@ type status struct {
 	state  string // none, done, progress, mismatch, claimed
 	kind   string
 	result []byte
+}
+
+// settled reports whether the record's state answers the request by
+// itself, without the lock: done (its result is replayed) or holding
+// another payload's fingerprint (ErrMismatch). See answer.
+func (st status) settled() bool { return st.state == "done" || st.state == "mismatch" }
+
+// answer is the answer of a settled status (see settled).
+func (st status) answer() (Outcome, verdict, error) {
+	if st.state == "mismatch" {
+		return Outcome{}, failed, ErrMismatch
+	}
+	out, err := st.replay()
+	return out, recorded, err
 }
 
 func (st status) replay() (Outcome, error) {
