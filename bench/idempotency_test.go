@@ -3,7 +3,6 @@ package bench_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -129,20 +128,11 @@ func BenchmarkIdempotency(b *testing.B) {
 // serverUsec is the time the server at addr has spent executing commands,
 // in µs, from INFO commandstats (INFO itself left out).
 func serverUsec(b *testing.B, addr string) int64 {
-	c := redis.NewClient(&redis.Options{Addr: addr})
-	defer c.Close()
-	info, err := c.InfoMap(background, "commandstats").Result()
-	if err != nil {
-		b.Fatalf("INFO commandstats on %s: %v", addr, err)
-	}
 	var total int64
-	for cmd, v := range info["Commandstats"] {
-		if cmd == "cmdstat_info" {
-			continue
+	for cmd, st := range commandStats(b, addr) {
+		if cmd != "cmdstat_info" {
+			total += st.usec
 		}
-		var calls, usec int64
-		_, _ = fmt.Sscanf(v, "calls=%d,usec=%d", &calls, &usec)
-		total += usec
 	}
 	return total
 }

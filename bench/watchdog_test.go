@@ -239,25 +239,36 @@ func (h roundTripHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis
 	}
 }
 
+// cmdStat is one command's line of INFO commandstats: how often the
+// server ran it, and for how long in all.
+type cmdStat struct{ calls, usec int64 }
+
+// commandStats reads INFO commandstats at addr, by command name
+// ("cmdstat_evalsha"), on a connection of its own that no counter of the
+// benchmark sees.
+func commandStats(b *testing.B, addr string) map[string]cmdStat {
+	c := redis.NewClient(&redis.Options{Addr: addr})
+	defer c.Close()
+	info, err := c.InfoMap(background, "commandstats").Result()
+	if err != nil {
+		b.Fatalf("INFO commandstats on %s: %v", addr, err)
+	}
+	stats := make(map[string]cmdStat, len(info["Commandstats"]))
+	for cmd, v := range info["Commandstats"] {
+		var st cmdStat
+		_, _ = fmt.Sscanf(v, "calls=%d,usec=%d", &st.calls, &st.usec)
+		stats[cmd] = st
+	}
+	return stats
+}
+
 // scriptCalls sums the script calls (EVAL, EVALSHA) the nodes executed,
-// from INFO commandstats, on separate connections that the round-trip
-// counter does not see.
+// from INFO commandstats.
 func scriptCalls(b *testing.B, addrs []string) int64 {
 	var total int64
 	for _, a := range addrs {
-		c := redis.NewClient(&redis.Options{Addr: a})
-		info, err := c.InfoMap(background, "commandstats").Result()
-		_ = c.Close()
-		if err != nil {
-			b.Fatalf("INFO commandstats on %s: %v", a, err)
-		}
-		for _, cmd := range []string{"cmdstat_evalsha", "cmdstat_eval"} {
-			var calls int64
-			if v, ok := info["Commandstats"][cmd]; ok {
-				_, _ = fmt.Sscanf(v, "calls=%d", &calls)
-			}
-			total += calls
-		}
+		stats := commandStats(b, a)
+		total += stats["cmdstat_evalsha"].calls + stats["cmdstat_eval"].calls
 	}
 	return total
 }
