@@ -41,9 +41,9 @@ func newQuorum(b *testing.B, cs []*redis.Client, opts ...quorum.Option) *quorum.
 // attempt; both hold the key for quorumTTL).
 //
 // Every case takes the key again right after releasing it. An attempt
-// refused then (by nodes whose delete has not landed yet; see refusal) is
-// tried again at once, counted in the op's time and reported as
-// retried/op.
+// refused then (by nodes whose delete has not landed yet; see
+// notObtained) is tried again at once, counted in the op's time and
+// reported as retried/op.
 //
 // Direct cases connect straight to the nodes. The slow=, down= cases put all
 // five nodes behind proxies (so both libraries pay the same extra hop), then
@@ -157,7 +157,7 @@ func redleaseSeq(b *testing.B, s redlease.Strategy) {
 	for range b.N {
 		start := time.Now()
 		lk, err := locker.TryLock(background, key)
-		for n := 0; err != nil && refusal(err) && n < maxRefusals; n++ {
+		for n := 0; err != nil && notObtained(err) && n < maxRetries; n++ {
 			retried++
 			lk, err = locker.TryLock(background, key)
 		}
@@ -186,7 +186,7 @@ func redsyncSeq(b *testing.B, rs *redsync.Redsync, opts ...redsync.Option) {
 	for range b.N {
 		start := time.Now()
 		err := m.LockContext(background)
-		for n := 0; err != nil && redsyncRefusal(err) && n < maxRefusals; n++ {
+		for n := 0; err != nil && redsyncNotObtained(err) && n < maxRetries; n++ {
 			retried++
 			err = m.LockContext(background)
 		}
@@ -203,11 +203,11 @@ func redsyncSeq(b *testing.B, rs *redsync.Redsync, opts ...redsync.Option) {
 	b.ReportMetric(float64(retried)/float64(b.N), "retried/op")
 }
 
-// maxRefusals bounds how often one op tries again at once after an
+// maxRetries bounds how often one op tries again at once after an
 // attempt that was not obtained.
-const maxRefusals = 1000
+const maxRetries = 1000
 
-// refusal reports whether a TryLock was not obtained: refused, or
+// notObtained reports whether a TryLock was not obtained: refused, or
 // undecided (ErrUnavailable, when a node that timed out decided it). A
 // Release returns once a majority deleted the key (ours, and redsync's
 // WithFailFast), so an acquisition sent at once can find the key still on
@@ -216,13 +216,13 @@ const maxRefusals = 1000
 // "unavailable" rather than "taken". Every case tries again at once (the
 // failed attempt's time counts in the op, up to a node timeout) and
 // reports how often as retried/op, instead of failing the run; a case
-// that keeps failing still fails after maxRefusals tries.
-func refusal(err error) bool {
+// that keeps failing still fails after maxRetries tries.
+func notObtained(err error) bool {
 	return errors.Is(err, redlease.ErrNotObtained)
 }
 
-// redsyncRefusal is refusal for redsync's LockContext with one try.
-func redsyncRefusal(err error) bool {
+// redsyncNotObtained is notObtained for redsync's LockContext with one try.
+func redsyncNotObtained(err error) bool {
 	var taken *redsync.ErrTaken
 	return errors.Is(err, redsync.ErrFailed) || errors.As(err, &taken)
 }
@@ -240,7 +240,7 @@ func redleasePar(b *testing.B, s redlease.Strategy) {
 		key := keyFor(b, strconv.FormatInt(id.Add(1), 10))
 		for pb.Next() {
 			lk, err := locker.TryLock(background, key)
-			for n := 0; err != nil && refusal(err) && n < maxRefusals; n++ {
+			for n := 0; err != nil && notObtained(err) && n < maxRetries; n++ {
 				retried.Add(1)
 				lk, err = locker.TryLock(background, key)
 			}
@@ -268,7 +268,7 @@ func redsyncPar(b *testing.B, rs *redsync.Redsync) {
 		m := rs.NewMutex(keyFor(b, strconv.FormatInt(id.Add(1), 10)), redsync.WithExpiry(quorumTTL), redsync.WithTries(1))
 		for pb.Next() {
 			err := m.LockContext(background)
-			for n := 0; err != nil && redsyncRefusal(err) && n < maxRefusals; n++ {
+			for n := 0; err != nil && redsyncNotObtained(err) && n < maxRetries; n++ {
 				retried.Add(1)
 				err = m.LockContext(background)
 			}
