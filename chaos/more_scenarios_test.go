@@ -85,24 +85,27 @@ func partitionSides(t *testing.T, rec *Recorder, key string, fair bool) (*Nodes,
 	return ns, w, map[string]*redlease.Locker{"x1": lx, "x2": lx, "y1": ly, "y2": ly}
 }
 
-// split cuts side X off nodes {2,3,4} and Y off {0,1} (swapped: X off
-// {0,1}, Y off {2,3,4}); rejoin heals the same links.
+// split cuts side X and side Y off the nodes sides names; rejoin heals
+// the same links.
 func split(ns *Nodes, swapped bool) {
-	x, y := []int{2, 3, 4}, []int{0, 1}
-	if swapped {
-		x, y = y, x
-	}
+	x, y := sides(swapped)
 	ns.Cut("x", x...)
 	ns.Cut("y", y...)
 }
 
 func rejoin(ns *Nodes, swapped bool) {
-	x, y := []int{2, 3, 4}, []int{0, 1}
-	if swapped {
-		x, y = y, x
-	}
+	x, y := sides(swapped)
 	ns.Heal("x", x...)
 	ns.Heal("y", y...)
+}
+
+// sides returns the nodes side X and side Y are cut off from: X off
+// {2,3,4} and Y off {0,1}, or the other way round when swapped.
+func sides(swapped bool) (x, y []int) {
+	if swapped {
+		return []int{0, 1}, []int{2, 3, 4}
+	}
+	return []int{2, 3, 4}, []int{0, 1}
 }
 
 // progressAfterHealing runs the workload for d and reports its grants, and
