@@ -31,15 +31,18 @@
 // lock's acquisition and the claim are one script, and complete and the
 // lock's release another (with a Keeper, complete and the release stay
 // two calls: complete is retried while renewals keep the lock, which a
-// release, once sent, ends). The scripts are made of the separate steps'
-// scripts and the single strategy's own Acquire and Release, unchanged,
-// so nothing about the lock differs: the same key, fence counter and
-// fences (rising across owners, and across Barriers that run the steps
-// separately on the same store), validity measured from before the
-// request was sent, a release that compares the lock's token (a late
-// completion never removes a successor's lock), leaves the key's line and
-// wakes its waiters (and an undo that publishes the undo notice, as
-// single's does). A replay, a mismatch and a duplicate in progress cost one round
+// release, once sent, ends). The scripts do, step for step, what the
+// separate steps' scripts and the single strategy's own Acquire and
+// Release do (a test runs both from every state that matters), so nothing
+// about the lock differs: the same key, fence counter and fences (rising
+// across owners, and across Barriers that run the steps separately on the
+// same store), validity measured from before the request was sent, a
+// release that compares the lock's token (a late completion never removes
+// a successor's lock). They leave out what nobody uses on a Barrier's
+// lock: fair mode's line, and the release's publish on the lock's wake
+// channel (run only ever calls TryLock, and DoWait polls the record; the
+// undo of a failed attempt still publishes the undo notice, as single's
+// does). A replay, a mismatch and a duplicate in progress cost one round
 // trip. An acquisition whose reply is lost, that is abandoned at its ctx,
 // or whose grant comes back with too little validity left, undoes the
 // lock and the claim by its own token. Any other strategy (WithStrategy),

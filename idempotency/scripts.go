@@ -124,15 +124,23 @@ var releaseScript = redis.NewScript(releaseSrc)
 // on the store's own client, see storeLock), the steps of a first request
 // are two scripts instead of five calls: claimLockScript (peek, the lock's
 // acquisition, claim) and completeReleaseScript (complete, the lock's
-// release). Each is made of the scripts above and the single strategy's
-// own, unchanged, as local functions: a script's KEYS and ARGV become the
-// function's parameters, its return the function's. So the lock is taken
-// by the very code single's Acquire runs (the same fence counter, the same
-// takeover of an earlier attempt's key) and released by the very code its
-// Release runs (compare the token, delete, leave the line, PUBLISH the
-// release on the wake channel under pcall), and a record step is the step
-// it always was. Their replies are flattened to one integer or one string,
-// which the client reads without building an array.
+// release). Each does, step for step, what the scripts above and the
+// single strategy's own (script.Acquire with fencing, script.Release as a
+// holder's release) do when run one after the other: the same record, the
+// same lock key holding the same token, the same fence counter and its
+// TTL, the same takeover of an earlier attempt's key, the same answers.
+// They are written out by hand rather than composed of those scripts (as
+// they first were), because a first request's cost is mostly the store's
+// work in them: one read of the record instead of two, no branches for
+// modes the store lock never uses, no local functions to build on every
+// call. What they leave out, the store lock never uses: fair mode's line
+// (the Barrier's Locker is never fair, so the line never exists) and the
+// release's publish on the lock's wake channel (nobody waits on a
+// Barrier's lock: run only ever calls TryLock, and DoWait polls the
+// record). TestHandWrittenScriptsDoWhatTheComposedOnesDo runs both
+// against the composed originals from every state that matters to them.
+// Their replies are flattened to one integer or one string, which the
+// client reads without building an array.
 
 // fn makes a script's source a local function of a larger script.
 func fn(name, src string) string {
@@ -141,62 +149,101 @@ func fn(name, src string) string {
 
 // claimLockScript classifies a request and, unless it is done or its
 // payload differs, takes the request's lock and claims its record, in one
-// atomic step: peekScript, then script.Acquire with fencing (not in fair
-// mode: KEYS[4], the line, is the lock key), then claimScript under the
-// fence just granted. A lock held by another token is refused as Acquire
-// refuses it, and nothing is claimed.
+// atomic step: peekScript, then script.Acquire with fencing (not fair,
+// the delayed-restart rule off), then claimScript under the fence just
+// granted. A lock held by another token is refused as Acquire refuses it
+// (with the holder's PTTL), and nothing is claimed.
 //
 //	KEYS[1] record, KEYS[2] lock key, KEYS[3] its fence counter
 //	ARGV[1] token (the lock's, and the record's owner), ARGV[2] lock ttl ms,
-//	ARGV[3] fence counter TTL ms, ARGV[4] fingerprint, ARGV[5] retention ms
-//	(Acquire's other arguments are constants here: IncrFence, the
-//	delayed-restart rule off, not durable; each argument fewer is one
-//	string fewer for the server to make on every call)
+//	ARGV[3] fence counter TTL ms (> 0; never shortened), ARGV[4]
+//	fingerprint, ARGV[5] retention ms
 //	reply: "d"..kind..":"..result  done (lock not taken)
 //	     | "m"                     mismatch (lock not taken)
 //	     | an integer < 0          the lock refused: Acquire's refusal
 //	     | an integer > 0          the lock taken (this fence), the record claimed
 //	     | "p"..fence              the lock taken, but the record is in progress
 //	                               under a higher fence: a double grant
-//
-// claim cannot answer done or mismatch here: peek has just read the same
-// record in the same atomic step; any other answer is an error reply
-// (after the grant: the caller undoes it).
-var claimLockScript = script.New(3, fn("peek", peekSrc)+`
-local st = peek({KEYS[1]}, {ARGV[4]})
-if st[1] == 'done' then return 'd' .. (st[2] or '') .. ':' .. st[3] end
-if st[1] == 'mismatch' then return 'm' end
-`+fn("acquire", script.Acquire.Source())+`
-local f = acquire({KEYS[2], KEYS[3], KEYS[2], KEYS[2]}, {ARGV[1], ARGV[2], '`+script.IncrFence+`', '`+script.RuleOff+`', '`+script.NotDurable+`', ARGV[3]})
+var claimLockScript = script.New(3, `
+local r = redis.call('HMGET', KEYS[1], 'state', 'fp', 'kind', 'result', 'owner', 'fence')
+if r[1] then
+  if ARGV[4] ~= '' and r[2] ~= '' and r[2] ~= ARGV[4] then return 'm' end
+  if r[1] == 'c' then return 'd' .. (r[3] or '') .. ':' .. (r[4] or '') end
+end
+local held = redis.call('GET', KEYS[2])
+if held ~= false and held ~= ARGV[1] then
+  -- An earlier attempt of the same acquisition ("<base>.<n>", the same
+  -- base, a smaller n) is ours to take over (as in script.Acquire);
+  -- any other token is a refusal.
+  local hb, hn = string.match(held, '^([%w_-]+)%.(%d+)$')
+  local mb, mn = string.match(ARGV[1], '^([%w_-]+)%.(%d+)$')
+  if hb ~= nil and hb == mb and tonumber(hn) < tonumber(mn) then
+    held = false
+  else
+    local left = redis.call('PTTL', KEYS[2])
+    if left < 0 then return -1 end
+    return -3 - left
+  end
+end
+local f
+if held == false then
+  redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
+  f = redis.call('INCR', KEYS[3])
+  local keep = tonumber(ARGV[3])
+  if keep > 0 and redis.call('PTTL', KEYS[3]) < keep then
+    redis.call('PEXPIRE', KEYS[3], keep)
+  end
+else
+  -- Our own token: a retried request whose first reply was lost.
+  redis.call('PEXPIRE', KEYS[2], ARGV[2])
+  f = tonumber(redis.call('GET', KEYS[3]) or '0')
+end
 if f < 0 then return f end
-`+fn("claim", claimSrc)+`
-local fresh = '0'
-if st[1] == 'none' then fresh = '1' end
-local c = claim({KEYS[1]}, {ARGV[1], string.format('%d', f), ARGV[4], ARGV[5], fresh})
-if c[1] == 'claimed' then return f end
-if c[1] == 'progress' then return 'p' .. string.format('%d', f) end
-return redis.error_reply('idempotency: unexpected claim answer ' .. tostring(c[1]))
+local fence = string.format('%d', f)
+-- We hold the key's lock, so another in-progress owner lost its lock:
+-- take over, unless fences say that owner came after us (a double grant).
+if r[1] and r[5] ~= ARGV[1] and f > 0 and tonumber(r[6] or '0') > f then
+  return 'p' .. fence
+end
+local fp = ARGV[4]
+if r[1] and fp == '' then fp = r[2] end
+redis.call('HSET', KEYS[1], 'state', 'p', 'owner', ARGV[1], 'fence', fence, 'fp', fp)
+if r[1] then
+  redis.call('HDEL', KEYS[1], 'kind', 'result')
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[5])
+return f
 `)
 
 // completeReleaseScript stores the result (completeScript) and then
 // releases the request's lock (script.Release as a holder's release: only
 // if it holds the caller's token, so a late completion never removes a
-// successor's lock; leaving the line, and publishing the release on the
-// lock's wake channel). A record that is gone is not completed and its
-// lock is kept until its TTL, as when the steps are separate: duplicates
-// wait for it instead of running at once. Sent again after a failure whose
+// successor's lock). A record that is gone is not completed and its lock
+// is kept until its TTL, as when the steps are separate: duplicates wait
+// for it instead of running at once. Sent again after a failure whose
 // first attempt landed, it answers stored, not released.
 //
-//	KEYS[1] record, KEYS[2] lock key, KEYS[3] its line (script.QueueKey)
+//	KEYS[1] record, KEYS[2] lock key
 //	ARGV[1] owner (the lock's token), ARGV[2] kind, ARGV[3] result,
 //	ARGV[4] retention ms
 //	reply: 2*c + r, c completeScript's reply (1 stored, 0 not the owner),
 //	r script.Release's (1 released, 0 not held); -2 no record (nothing
 //	released)
-var completeReleaseScript = script.New(3, fn("complete", completeSrc)+fn("release", script.Release.Source())+`
-local n = complete({KEYS[1]}, {ARGV[1], ARGV[2], ARGV[3], ARGV[4]})
-if n == -1 then return -2 end
-return 2 * n + release({KEYS[2], KEYS[3]}, {ARGV[1], '1'})
+var completeReleaseScript = script.New(2, `
+local r = redis.call('HMGET', KEYS[1], 'state', 'owner')
+if not r[1] then return -2 end
+local n = 0
+if r[2] == ARGV[1] then
+  n = 2
+  if r[1] ~= 'c' then
+    redis.call('HSET', KEYS[1], 'state', 'c', 'kind', ARGV[2], 'result', ARGV[3])
+    redis.call('PEXPIRE', KEYS[1], ARGV[4])
+  end
+end
+if redis.call('GET', KEYS[2]) == ARGV[1] then
+  return n + redis.call('DEL', KEYS[2])
+end
+return n
 `)
 
 // undoClaimScript undoes what claimLockScript did for one token: it

@@ -33,6 +33,11 @@ import (
 //   - Release with a completion (record's): completeReleaseScript stores
 //     the result and releases the lock in one round trip.
 //
+// The two scripts are written out by hand (see scripts.go): they do what
+// single's Acquire and Release and the record's scripts do one after the
+// other, less fair mode's line and the release's wake publish, which no
+// Barrier uses.
+//
 // So a first request costs two round trips, and the handler's lock is
 // still a *redlease.Lock made by the Barrier's Locker: validity measured
 // from before the request was sent, less single's drift allowance; Lost,
@@ -308,7 +313,7 @@ func (s *storeLock) ExtendBatch(ctx context.Context, items []redlease.Extension)
 // answer that says the lock was not released is ErrNotHeld.
 func (s *storeLock) Release(ctx context.Context, key, token string) error {
 	if c, _ := ctx.Value(completionCtxKey{}).(*completion); c != nil && c.owner == token {
-		line := completeReleaseScript.Args(c.rec, key, script.QueueKey(key), token, kindArg(c.kind), c.result, s.retentionMillis)
+		line := completeReleaseScript.Args(c.rec, key, token, kindArg(c.kind), c.result, s.retentionMillis)
 		var (
 			v   int64
 			err error

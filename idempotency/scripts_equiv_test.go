@@ -1,0 +1,247 @@
+package idempotency
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/redlease/redlease/internal/redistest"
+	"github.com/redlease/redlease/internal/script"
+)
+
+// The reference: the first request's two scripts as they were first
+// written, composed of the record's scripts and the single strategy's
+// Acquire and Release, unchanged, as local functions. claimLockScript and
+// completeReleaseScript are written out by hand, for speed, and must do to
+// the record, the lock and its fence counter exactly what these do, and
+// answer the same. They leave out only what the store lock never uses:
+// fair mode's line (the Barrier's Locker is never fair, so the line never
+// exists) and the release's publish on the lock's wake channel (nobody
+// waits on a Barrier's lock: run only ever calls TryLock, and DoWait
+// polls the record).
+var (
+	refClaimLock = script.New(3, fn("peek", peekSrc)+`
+local st = peek({KEYS[1]}, {ARGV[4]})
+if st[1] == 'done' then return 'd' .. (st[2] or '') .. ':' .. st[3] end
+if st[1] == 'mismatch' then return 'm' end
+`+fn("acquire", script.Acquire.Source())+`
+local f = acquire({KEYS[2], KEYS[3], KEYS[2], KEYS[2]}, {ARGV[1], ARGV[2], '`+script.IncrFence+`', '`+script.RuleOff+`', '`+script.NotDurable+`', ARGV[3]})
+if f < 0 then return f end
+`+fn("claim", claimSrc)+`
+local fresh = '0'
+if st[1] == 'none' then fresh = '1' end
+local c = claim({KEYS[1]}, {ARGV[1], string.format('%d', f), ARGV[4], ARGV[5], fresh})
+if c[1] == 'claimed' then return f end
+if c[1] == 'progress' then return 'p' .. string.format('%d', f) end
+return redis.error_reply('idempotency: unexpected claim answer ' .. tostring(c[1]))
+`)
+	refCompleteRelease = script.New(3, fn("complete", completeSrc)+fn("release", script.Release.Source())+`
+local n = complete({KEYS[1]}, {ARGV[1], ARGV[2], ARGV[3], ARGV[4]})
+if n == -1 then return -2 end
+return 2 * n + release({KEYS[2], KEYS[3]}, {ARGV[1], '1'})
+`)
+)
+
+// equivKeys are one copy of a request's keys: the record, the lock, the
+// lock's fence counter.
+type equivKeys struct{ rec, lock, fence string }
+
+func newEquivKeys(side string, n int) equivKeys {
+	lock := fmt.Sprintf("eq:%s:%d:l", side, n)
+	return equivKeys{rec: fmt.Sprintf("eq:%s:%d:r", side, n), lock: lock, fence: script.MustFenceKey(lock)}
+}
+
+// equivState is a starting state of a request's keys.
+type equivState struct {
+	rec      []any         // HSET field-value pairs; nil: no record
+	recTTL   time.Duration // 0: none
+	lock     string        // "": free
+	lockTTL  time.Duration // 0: none (a key set by hand)
+	fence    string        // "": no counter
+	fenceTTL time.Duration // 0: none
+}
+
+func (st equivState) apply(t *testing.T, c *redis.Client, k equivKeys) {
+	t.Helper()
+	ctx := t.Context()
+	if st.rec != nil {
+		require.NoError(t, c.HSet(ctx, k.rec, st.rec...).Err())
+		if st.recTTL > 0 {
+			require.NoError(t, c.PExpire(ctx, k.rec, st.recTTL).Err())
+		}
+	}
+	if st.lock != "" {
+		require.NoError(t, c.Set(ctx, k.lock, st.lock, st.lockTTL).Err())
+	}
+	if st.fence != "" {
+		require.NoError(t, c.Set(ctx, k.fence, st.fence, st.fenceTTL).Err())
+	}
+}
+
+// snapshot is everything a script may have changed. TTLs are kept apart
+// (see sameState): the two copies run milliseconds apart.
+func snapshot(t *testing.T, c *redis.Client, k equivKeys) (state map[string]any, ttls [3]time.Duration) {
+	t.Helper()
+	ctx := t.Context()
+	ttl := func(key string) time.Duration {
+		d, err := c.PTTL(ctx, key).Result()
+		require.NoError(t, err)
+		return d
+	}
+	rec, err := c.HGetAll(ctx, k.rec).Result()
+	require.NoError(t, err)
+	lock, err := c.Get(ctx, k.lock).Result()
+	if err == redis.Nil {
+		lock = "(none)"
+	} else {
+		require.NoError(t, err)
+	}
+	fence, err := c.Get(ctx, k.fence).Result()
+	if err == redis.Nil {
+		fence = "(none)"
+	} else {
+		require.NoError(t, err)
+	}
+	return map[string]any{"rec": rec, "lock": lock, "fence": fence}, [3]time.Duration{ttl(k.rec), ttl(k.lock), ttl(k.fence)}
+}
+
+// sameState asserts that the keys of ref and got hold the same values,
+// and the same TTLs: both none (or both no key), or both within a second
+// of each other.
+func sameState(t *testing.T, c *redis.Client, ref, got equivKeys, name string) {
+	t.Helper()
+	rs, rt := snapshot(t, c, ref)
+	gs, gt := snapshot(t, c, got)
+	assert.Equal(t, rs, gs, name)
+	for i, what := range []string{"record", "lock", "fence counter"} {
+		if rt[i] < 0 || gt[i] < 0 {
+			assert.Equal(t, rt[i], gt[i], "%s: the %s's TTL", name, what)
+			continue
+		}
+		assert.InDelta(t, rt[i].Seconds(), gt[i].Seconds(), 1, "%s: the %s's TTL", name, what)
+	}
+}
+
+// The hand-written claimLockScript and completeReleaseScript against the
+// reference, from every starting state that matters to them: no record,
+// a record in progress (ours, another owner's of a lower or a higher
+// fence, without its fingerprint), completed (ok, err, big), or of another
+// payload; a lock free, ours, another's (with a TTL or without one), an
+// earlier attempt of the same acquisition; a fence counter absent, with a
+// TTL longer or shorter than the one asked, or without one. Each pair runs
+// on two copies of the same state; replies and the resulting keys must be
+// equal.
+func TestHandWrittenScriptsDoWhatTheComposedOnesDo(t *testing.T) {
+	srv := redistest.Start(t, redistest.Config{})
+	c := srv.Client()
+	ctx := t.Context()
+
+	const token = "tok_A.2"
+	recs := map[string][]any{
+		"none":              nil,
+		"progress mine":     {"state", "p", "owner", token, "fence", "5", "fp", "fpA"},
+		"progress lower":    {"state", "p", "owner", "other.1", "fence", "3", "fp", "fpA"},
+		"progress higher":   {"state", "p", "owner", "other.1", "fence", "99", "fp", "fpA"},
+		"progress equal":    {"state", "p", "owner", "other.1", "fence", "8", "fp", "fpA"},
+		"progress no fp":    {"state", "p", "owner", "other.1", "fence", "3", "fp", ""},
+		"progress other fp": {"state", "p", "owner", "other.1", "fence", "3", "fp", "fpB"},
+		"done ok":           {"state", "c", "owner", "other.1", "fence", "3", "fp", "fpA", "kind", "ok", "result", "paid:1"},
+		"done err":          {"state", "c", "owner", "other.1", "fence", "3", "fp", "", "kind", "err", "result", "declined"},
+		"done big":          {"state", "c", "owner", token, "fence", "3", "fp", "fpA", "kind", "big"},
+		"done other fp":     {"state", "c", "owner", "other.1", "fence", "3", "fp", "fpB", "kind", "ok", "result", "x"},
+	}
+	locks := map[string]struct {
+		v   string
+		ttl time.Duration
+	}{
+		"free":          {},
+		"mine":          {token, 20 * time.Second},
+		"other":         {"other.1", 20 * time.Second},
+		"other no ttl":  {"other.1", 0},
+		"earlier mine":  {"tok_A.1", 20 * time.Second},
+		"later mine":    {"tok_A.3", 20 * time.Second},
+		"other base":    {"tok_B.1", 20 * time.Second},
+		"not a pattern": {"plain", 20 * time.Second},
+	}
+	fences := map[string]struct {
+		v   string
+		ttl time.Duration
+	}{
+		"none":    {},
+		"longer":  {"7", time.Hour},
+		"shorter": {"7", 10 * time.Second},
+		"no ttl":  {"7", 0},
+	}
+	fps := []string{"", "fpA"}
+
+	n := 0
+	for rn, rec := range recs {
+		for ln, lock := range locks {
+			for fn, fence := range fences {
+				for _, fp := range fps {
+					n++
+					name := fmt.Sprintf("claim/rec=%s/lock=%s/fence=%s/fp=%q", rn, ln, fn, fp)
+					st := equivState{rec: rec, recTTL: time.Hour, lock: lock.v, lockTTL: lock.ttl, fence: fence.v, fenceTTL: fence.ttl}
+					ref, got := newEquivKeys("ref", n), newEquivKeys("got", n)
+					st.apply(t, c, ref)
+					st.apply(t, c, got)
+					args := func(k equivKeys, s *script.Script) []any {
+						return s.Args(k.rec, k.lock, k.fence, token, int64(30_000), int64(60_000), fp, int64(120_000))
+					}
+					refReply, refErr := refClaimLock.RunValue(ctx, c, args(ref, refClaimLock))
+					gotReply, gotErr := claimLockScript.RunValue(ctx, c, args(got, claimLockScript))
+					assert.Equal(t, fmt.Sprint(refErr), fmt.Sprint(gotErr), name)
+					sameReply(t, refReply, gotReply, name)
+					sameState(t, c, ref, got, name)
+				}
+			}
+		}
+	}
+
+	owners := []string{token, "other.1"}
+	for rn, rec := range recs {
+		for ln, lock := range locks {
+			for _, owner := range owners {
+				n++
+				name := fmt.Sprintf("complete/rec=%s/lock=%s/owner=%s", rn, ln, owner)
+				st := equivState{rec: rec, recTTL: time.Hour, lock: lock.v, lockTTL: lock.ttl, fence: "7", fenceTTL: time.Hour}
+				ref, got := newEquivKeys("ref", n), newEquivKeys("got", n)
+				st.apply(t, c, ref)
+				st.apply(t, c, got)
+				refReply, refErr := refCompleteRelease.Run(ctx, c, refCompleteRelease.Args(ref.rec, ref.lock, script.QueueKey(ref.lock), owner, "ok", []byte("paid:2"), int64(120_000)))
+				gotReply, gotErr := runCompleteRelease(ctx, c, got.rec, got.lock, owner, "ok", []byte("paid:2"), int64(120_000))
+				assert.Equal(t, fmt.Sprint(refErr), fmt.Sprint(gotErr), name)
+				assert.Equal(t, refReply, gotReply, name)
+				sameState(t, c, ref, got, name)
+			}
+		}
+	}
+}
+
+// sameReply asserts that two claim replies are equal, except that two
+// refusals may carry remaining TTLs a second apart (the two copies run
+// milliseconds apart).
+func sameReply(t *testing.T, ref, got any, name string) {
+	t.Helper()
+	r, rok := ref.(int64)
+	g, gok := got.(int64)
+	if rok && gok && script.IsTaken(r) && script.IsTaken(g) {
+		rd, rhas := script.Remaining(r)
+		gd, ghas := script.Remaining(g)
+		assert.Equal(t, rhas, ghas, "%s: a refusal with a TTL, or without", name)
+		assert.InDelta(t, rd.Seconds(), gd.Seconds(), 1, "%s: the holder's TTL", name)
+		return
+	}
+	assert.Equal(t, ref, got, name)
+}
+
+// runCompleteRelease runs completeReleaseScript as storeLock.Release
+// sends it.
+func runCompleteRelease(ctx context.Context, c *redis.Client, rec, lock, owner, kind string, result []byte, retentionMillis int64) (int64, error) {
+	return completeReleaseScript.Run(ctx, c, completeReleaseScript.Args(rec, lock, owner, kind, result, retentionMillis))
+}
