@@ -170,33 +170,44 @@ if r[1] then
   if ARGV[4] ~= '' and r[2] ~= '' and r[2] ~= ARGV[4] then return 'm' end
   if r[1] == 'c' then return 'd' .. (r[3] or '') .. ':' .. (r[4] or '') end
 end
-local held = redis.call('GET', KEYS[2])
-if held ~= false and held ~= ARGV[1] then
-  -- An earlier attempt of the same acquisition ("<base>.<n>", the same
-  -- base, a smaller n) is ours to take over (as in script.Acquire);
-  -- any other token is a refusal.
-  local hb, hn = string.match(held, '^([%w_-]+)%.(%d+)$')
-  local mb, mn = string.match(ARGV[1], '^([%w_-]+)%.(%d+)$')
-  if hb ~= nil and hb == mb and tonumber(hn) < tonumber(mn) then
-    held = false
+-- The lock: SET NX takes a free key in one call (the common case); a key
+-- that is held is read, and handled as script.Acquire handles it.
+local f
+local fresh = redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2])
+if not fresh then
+  local held = redis.call('GET', KEYS[2])
+  if held == ARGV[1] then
+    -- Our own token: a retried request whose first reply was lost.
+    redis.call('PEXPIRE', KEYS[2], ARGV[2])
+    f = tonumber(redis.call('GET', KEYS[3]) or '0')
   else
-    local left = redis.call('PTTL', KEYS[2])
-    if left < 0 then return -1 end
-    return -3 - left
+    -- An earlier attempt of the same acquisition ("<base>.<n>", the
+    -- same base, a smaller n) is ours to take over; any other token is
+    -- a refusal, with the holder's PTTL.
+    local hb, hn = string.match(held, '^([%w_-]+)%.(%d+)$')
+    local mb, mn = string.match(ARGV[1], '^([%w_-]+)%.(%d+)$')
+    if hb == nil or hb ~= mb or tonumber(hn) >= tonumber(mn) then
+      local left = redis.call('PTTL', KEYS[2])
+      if left < 0 then return -1 end
+      return -3 - left
+    end
+    redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
+    fresh = true
   end
 end
-local f
-if held == false then
-  redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
-  f = redis.call('INCR', KEYS[3])
+if fresh then
+  -- The next fence: a counter that does not exist starts at 1 with its
+  -- TTL in one call (as INCR and PEXPIRE would leave it); one that does
+  -- is raised, and its TTL raised to at least ARGV[3], never shortened.
   local keep = tonumber(ARGV[3])
-  if keep > 0 and redis.call('PTTL', KEYS[3]) < keep then
-    redis.call('PEXPIRE', KEYS[3], keep)
+  if keep > 0 and redis.call('SET', KEYS[3], '1', 'NX', 'PX', ARGV[3]) then
+    f = 1
+  else
+    f = redis.call('INCR', KEYS[3])
+    if keep > 0 and redis.call('PTTL', KEYS[3]) < keep then
+      redis.call('PEXPIRE', KEYS[3], keep)
+    end
   end
-else
-  -- Our own token: a retried request whose first reply was lost.
-  redis.call('PEXPIRE', KEYS[2], ARGV[2])
-  f = tonumber(redis.call('GET', KEYS[3]) or '0')
 end
 if f < 0 then return f end
 local fence = string.format('%d', f)
