@@ -452,7 +452,7 @@ func (b *Barrier) run(ctx context.Context, req Request, rec, lockKey string, h H
 	if b.keeper != nil {
 		stopKeeping = b.keeper.Keep(lk)
 	}
-	keepLock := false // an unrecorded outcome: duplicates wait for the lock to run out (or the completion released it)
+	keepLock := false // an unrecorded outcome, or leavesLock: the lock is left to run out
 	defer func() {
 		stopKeeping()
 		if keepLock {
@@ -551,10 +551,10 @@ func (b *Barrier) run(ctx context.Context, req Request, rec, lockKey string, h H
 	}
 	out := Outcome{Result: result, Fence: lk.Fence()}
 	err = b.record(ctx, rec, lk, kind, payload)
-	// With completesOnRelease, the completion settled the lock too:
-	// released with the result (if it still held our token), or left to
-	// its TTL (the record was gone, or the store never answered).
-	keepLock = b.completesOnRelease()
+	// With leavesLock, the lock is left to its TTL whatever the answer:
+	// a completed record answers every duplicate by itself (see
+	// leavesLock), and a record taken over or gone is left as below.
+	keepLock = b.leavesLock()
 	switch {
 	case errors.Is(err, ErrNotOwner):
 		// The handler ran to completion under its lock, but the record
@@ -683,36 +683,30 @@ const (
 // completeScript answers as stored. It returns nil once stored,
 // ErrNotOwner if the record was taken over, or the store's last error.
 //
-// With the lock on the store and no Keeper (completesOnRelease), each
-// attempt also releases the lock, in the same script (see storeLock): the
-// lock counts as given up from the first attempt on, as any Release, and
-// the attempts go on until the validity it had then runs out (less the
-// loss margin, when Valid would have turned false).
+// With the lock on the store and no Keeper (leavesLock), nothing renews
+// or revokes the lock, so the attempts go on until its validity runs out
+// (less the loss margin, when Valid turns false), without a watch on
+// Lost (whose timer would cost every request an allocation).
 func (b *Barrier) record(ctx context.Context, rec string, lk *redlease.Lock, kind string, payload []byte) error {
 	ctx = context.WithoutCancel(ctx)
 	giveUp := time.Now().Add(b.lease)
-	if b.completesOnRelease() {
+	if b.leavesLock() {
 		giveUp = minTime(giveUp, lk.Deadline())
 	}
 	delay := recordFirstDelay
 	for attempt := 1; ; attempt++ {
 		end := minTime(giveUp, lk.Until())
 		actx, cancel := context.WithDeadline(ctx, end)
-		var err error
-		if b.completesOnRelease() {
-			err = b.completeRelease(actx, rec, lk, kind, payload)
-		} else {
-			err = b.complete(actx, rec, lk.Token(), kind, payload)
-		}
+		err := b.complete(actx, rec, lk.Token(), kind, payload)
 		cancel()
 		if err == nil || errors.Is(err, ErrNotOwner) || errors.Is(err, errRecordGone) {
 			return err
 		}
-		if attempt >= recordAttempts || time.Now().Add(delay).After(giveUp) || (!b.completesOnRelease() && !lk.Valid()) {
+		if attempt >= recordAttempts || time.Now().Add(delay).After(giveUp) || (!b.leavesLock() && !lk.Valid()) {
 			return fmt.Errorf("%w (gave up after %d attempts)", err, attempt)
 		}
-		var lost <-chan struct{} // with the lock on the store, Lost closed at the first attempt's Release
-		if !b.completesOnRelease() {
+		var lost <-chan struct{}
+		if !b.leavesLock() {
 			lost = lk.Lost()
 		}
 		t := time.NewTimer(delay)
@@ -726,34 +720,21 @@ func (b *Barrier) record(ctx context.Context, rec string, lk *redlease.Lock, kin
 	}
 }
 
-// completesOnRelease reports whether a run's outcome is recorded by its
-// lock's Release (completeRelease: one round trip for both) rather than
-// by complete and then the release. Only with the lock on the store and
-// no Keeper: from its first attempt on, a completion counts as the lock's
-// release, so the lock is no longer renewed, and a renewed lock's
-// completion could then not be retried for as long as the run held it
-// (the separate complete is retried while the lock is valid, renewals
-// included, and releases the lock after).
-func (b *Barrier) completesOnRelease() bool { return b.onStore != nil && b.keeper == nil }
-
-// completeRelease is complete and the release of lk in one script, sent
-// as lk's Release (see storeLock.Release).
-func (b *Barrier) completeRelease(ctx context.Context, rec string, lk *redlease.Lock, kind string, result []byte) error {
-	c := &completion{rec: rec, owner: lk.Token(), kind: kind, result: result}
-	err := lk.Release(withCompletion(ctx, c))
-	switch {
-	case !c.answered:
-		if err == nil {
-			err = errors.New("the lock's release was not sent") // Release was already confirmed: cannot happen
-		}
-		return fmt.Errorf("idempotency: complete %s: %w", rec, err)
-	case c.n == -1:
-		return fmt.Errorf("idempotency: complete %s: %w", rec, errRecordGone)
-	case c.n != 1:
-		return ErrNotOwner
-	}
-	return nil
-}
+// leavesLock reports whether a run whose outcome is recorded leaves its
+// lock to expire instead of releasing it: with the lock on the store and
+// no Keeper. There every claim reads the record before it looks at the
+// lock, in the same script (claimLockScript), so a completed record
+// answers every duplicate by itself, and nobody ever needs its lock again;
+// the release would cost two more calls in the store for nothing. The lock
+// holds the run's token until its TTL (the lease at most), which is
+// shorter than the record's retention: it is gone long before the record,
+// and a request of the same key, after the retention, finds it free. What
+// it changes: a record deleted by hand after its completion leaves the key
+// "in progress" for up to a lease. A run that failed (its record released
+// for a retry) still releases its lock at once, as does every other
+// strategy and a Barrier with a Keeper, whose completions are confirmed
+// while renewals keep the lock.
+func (b *Barrier) leavesLock() bool { return b.onStore != nil && b.keeper == nil }
 
 func minTime(a, b time.Time) time.Time {
 	if b.Before(a) {

@@ -28,22 +28,27 @@
 // When the lock lives on the store — the default strategy on a store that
 // is one Redis (a *redis.Client: standalone, or behind Sentinel), not a
 // Cluster or a Ring — a first request costs two round trips: peek, the
-// lock's acquisition and the claim are one script, and complete and the
-// lock's release another (with a Keeper, complete and the release stay
-// two calls: complete is retried while renewals keep the lock, which a
-// release, once sent, ends). The scripts do, step for step, what the
-// separate steps' scripts and the single strategy's own Acquire and
-// Release do (a test runs both from every state that matters), so nothing
-// about the lock differs: the same key, fence counter and fences (rising
-// across owners, and across Barriers that run the steps separately on the
-// same store), validity measured from before the request was sent, a
-// release that compares the lock's token (a late completion never removes
-// a successor's lock). They leave out what nobody uses on a Barrier's
-// lock: fair mode's line, and the release's publish on the lock's wake
-// channel (run only ever calls TryLock, and DoWait polls the record; the
-// undo of a failed attempt still publishes the undo notice, as single's
-// does). A replay, a mismatch and a duplicate in progress cost one round
-// trip. An acquisition whose reply is lost, that is abandoned at its ctx,
+// lock's acquisition and the claim are one script, and the completion
+// another. The claim script does, step for step, what the separate steps'
+// scripts and the single strategy's own Acquire do (a test runs both from
+// every state that matters), so nothing about the lock differs: the same
+// key, fence counter and fences (rising across owners, and across
+// Barriers that run the steps separately on the same store), validity
+// measured from before the request was sent. It leaves out fair mode's
+// line, which no Barrier's lock uses. Without a Keeper, a run whose
+// outcome is recorded does not release its lock: the lock expires within
+// its TTL (the lease at most), long before the record (the retention is
+// longer than the lease), and stands in nobody's way meanwhile, because
+// every claim reads the record first, in the same script, and a completed
+// record answers by itself. That saves the store two calls per request.
+// The one thing it changes: a record deleted by hand after its completion
+// leaves the request "in progress" until the lock expires. A run that
+// failed still releases its lock at once, and with a Keeper the outcome is
+// recorded and then the lock released (complete is retried while
+// renewals keep the lock, which a release, once sent, ends). The undo of
+// a failed attempt publishes the undo notice on the lock's wake channel,
+// as single's does. A replay, a mismatch and a duplicate in progress cost
+// one round trip. An acquisition whose reply is lost, that is abandoned at its ctx,
 // or whose grant comes back with too little validity left, undoes the
 // lock and the claim by its own token. Any other strategy (WithStrategy),
 // and a Cluster store, runs the steps one by one: five round trips for a

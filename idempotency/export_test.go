@@ -18,7 +18,7 @@ func LoadScripts(ctx context.Context, c redis.Scripter) error {
 			return err
 		}
 	}
-	for _, s := range []*script.Script{claimLockScript, completeReleaseScript, undoClaimScript} {
+	for _, s := range []*script.Script{claimLockScript, undoClaimScript} {
 		if err := s.Load(ctx, c); err != nil {
 			return err
 		}

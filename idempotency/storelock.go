@@ -23,20 +23,16 @@ import (
 // a Ring, where a record and its lock live in different slots). It is the
 // single strategy on the store, with fencing and the fence counter TTL
 // retention+lease, and every call that carries no request goes to that
-// strategy unchanged. Two calls carry one, in their ctx, and then run a
-// combined script instead of two or three separate calls:
-//
-//   - Acquire with a claim (run's TryLock): claimLockScript peeks at the
-//     record, takes the lock and claims the record in one round trip. The
-//     record's state comes back in the claim; a request found done or
-//     refused (mismatch) takes no lock, and Acquire answers errSettled.
-//   - Release with a completion (record's): completeReleaseScript stores
-//     the result and releases the lock in one round trip.
-//
-// The two scripts are written out by hand (see scripts.go): they do what
-// single's Acquire and Release and the record's scripts do one after the
-// other, less fair mode's line and the release's wake publish, which no
-// Barrier uses.
+// strategy unchanged. One call carries a request, in its ctx, and then
+// runs a combined script instead of three separate calls: Acquire with a
+// claim (run's TryLock), where claimLockScript peeks at the record, takes
+// the lock and claims the record in one round trip. The record's state
+// comes back in the claim; a request found done or refused (mismatch)
+// takes no lock, and Acquire answers errSettled. The script is written
+// out by hand (see scripts.go): it does what the record's peek, single's
+// Acquire and the record's claim do one after the other, less fair mode's
+// line, which no Barrier uses. The completion is the record's own script,
+// and it leaves the lock to expire (Barrier.leavesLock).
 //
 // So a first request costs two round trips, and the handler's lock is
 // still a *redlease.Lock made by the Barrier's Locker: validity measured
@@ -48,9 +44,9 @@ type storeLock struct {
 	store  redis.UniversalClient
 	addr   string
 	// bound: store ignores contexts on its sockets (internal/bounded).
-	// Unbound, the claim and the completion call their script directly:
-	// the closure bounded.Call takes escapes (to the goroutine of its
-	// bound case) and costs an allocation per call.
+	// Unbound, the claim calls its script directly: the closure
+	// bounded.Call takes escapes (to the goroutine of its bound case) and
+	// costs an allocation per call.
 	bound    bool
 	fenceTTL time.Duration
 	lease    time.Duration
@@ -129,30 +125,13 @@ type claim struct {
 	st  status // set by Acquire: "claimed", "progress", "done" or "mismatch"
 }
 
-// completion is one run's outcome, carried by the ctx of its lock's
-// Release to storeLock.Release, which fills in the store's answer.
-type completion struct {
-	rec      string
-	owner    string // the lock's token: a Release of any other lock ignores the completion
-	kind     string
-	result   []byte
-	answered bool  // the store answered (n is its answer)
-	n        int64 // completeScript's: 1 stored, 0 not the owner, -1 no record
-}
-
 type claimCtxKey struct{}
-type completionCtxKey struct{}
 
 // withClaim returns ctx carrying c to storeLock.Acquire. Only the ctx of
 // the TryLock of run carries it: not the handler's, whose own Barrier
 // calls must not see it.
 func withClaim(ctx context.Context, c *claim) context.Context {
 	return context.WithValue(ctx, claimCtxKey{}, c)
-}
-
-// withCompletion returns ctx carrying c to storeLock.Release.
-func withCompletion(ctx context.Context, c *completion) context.Context {
-	return context.WithValue(ctx, completionCtxKey{}, c)
 }
 
 // errSettled is storeLock.Acquire's answer for a request that is done, or
@@ -304,43 +283,11 @@ func (s *storeLock) ExtendBatch(ctx context.Context, items []redlease.Extension)
 	return s.single.ExtendBatch(ctx, items)
 }
 
-// Release releases key if it holds token. With a completion of the same
-// token in ctx, it first stores the completion's result, in the same
-// script (completeReleaseScript), and reports the store's answer in the
-// completion; a completion whose record is gone leaves the lock to its
-// TTL. With a claim in ctx (the Locker giving back a grant that came with
-// too little validity left), it also forgets the claim, by token. An
-// answer that says the lock was not released is ErrNotHeld.
+// Release releases key if it holds token. With a claim in ctx (the
+// Locker giving back a grant that came with too little validity left), it
+// also forgets the claim, by token. An answer that says the lock was not
+// released is ErrNotHeld.
 func (s *storeLock) Release(ctx context.Context, key, token string) error {
-	if c, _ := ctx.Value(completionCtxKey{}).(*completion); c != nil && c.owner == token {
-		line := completeReleaseScript.Args(c.rec, key, token, kindArg(c.kind), c.result, s.retentionMillis)
-		var (
-			v   int64
-			err error
-		)
-		if s.bound {
-			v, err = bounded.Call(ctx, true, func(ctx context.Context) (int64, error) {
-				return completeReleaseScript.Run(ctx, s.store, line)
-			}, nil)
-		} else {
-			v, err = completeReleaseScript.Run(ctx, s.store, line)
-		}
-		if err != nil {
-			return primary.Fail(ctx, s.addr, redlease.ErrUnavailable, err)
-		}
-		n, released, ok := parseCompleteRelease(v)
-		if !ok {
-			return fmt.Errorf("%w: complete reply %d", redlease.ErrUnavailable, v)
-		}
-		c.answered, c.n = true, n
-		if n == -1 {
-			return fmt.Errorf("idempotency: complete %s: %w; the lock is left to expire", c.rec, errRecordGone)
-		}
-		if !released {
-			return redlease.ErrNotHeld
-		}
-		return nil
-	}
 	if c, _ := ctx.Value(claimCtxKey{}).(*claim); c != nil {
 		released, err := bounded.Call(ctx, s.bound, func(ctx context.Context) (bool, error) {
 			return s.undoClaim(ctx, c.rec, key, token, giveBack)
@@ -355,36 +302,6 @@ func (s *storeLock) Release(ctx context.Context, key, token string) error {
 	}
 	return s.single.Release(ctx, key, token)
 }
-
-// parseCompleteRelease reads a completeReleaseScript reply: n is
-// completeScript's (1 stored, 0 not the owner, -1 no record), released
-// whether the lock was released; ok false for a reply the script never
-// gives.
-func parseCompleteRelease(v int64) (n int64, released, ok bool) {
-	switch v {
-	case -2:
-		return -1, false, true
-	case 0, 1, 2, 3:
-		return v / 2, v%2 == 1, true
-	}
-	return 0, false, false
-}
-
-// kindArg returns a result kind boxed without allocating for the kinds
-// the Barrier stores.
-func kindArg(kind string) any {
-	switch kind {
-	case "ok":
-		return kindOK
-	case "err":
-		return kindErr
-	case "big":
-		return kindBig
-	}
-	return kind
-}
-
-var kindOK, kindErr, kindBig any = "ok", "err", "big"
 
 // Name returns "single", for observers: the lock is single's, on the store.
 func (s *storeLock) Name() string { return "single" }

@@ -25,7 +25,7 @@ import (
 
 // The default Barrier on a one-Redis store (its lock on the store, single
 // strategy) runs a request's steps as two scripts: peek+lock+claim, then
-// complete+release. These tests force the orders of events those two
+// complete (which leaves the lock to expire). These tests force the orders of events those two
 // scripts create: a reply of either lost after the server applied it, a
 // grant that comes back with too little validity, a late completion that
 // lands after a successor took the request over, and duplicates between
@@ -116,7 +116,7 @@ func warm(t *testing.T, c *redis.Client) {
 	require.NoError(t, err)
 }
 
-// A first request costs two round trips (peek+lock+claim, complete+release),
+// A first request costs two round trips (peek+lock+claim, complete),
 // a replay one, a duplicate while the first runs one; the handler still
 // gets a fence and a lock that a Keeper-less run loses at its lease. A
 // Barrier given a strategy (here single on the same store, explicitly)
@@ -285,11 +285,11 @@ func TestAbandonedClaimUndoesItselfWhenItsReplyComes(t *testing.T) {
 	assert.EqualValues(t, 2, out.Fence)
 }
 
-// The combined completion (complete + release) is applied but its reply
-// is lost. Its retry finds the record completed by this owner and the
-// lock already gone: the outcome is recorded (no ErrNotRecorded, which
-// would tell the caller its effect may have happened unseen), the lock is
-// not left behind, and a duplicate replays.
+// The completion is applied but its reply is lost. Its retry finds the
+// record completed by this owner: the outcome is recorded (no
+// ErrNotRecorded, which would tell the caller its effect may have
+// happened unseen), the lock is left to expire within the lease, and a
+// duplicate replays.
 func TestCompletionWhoseReplyIsLostIsConfirmedByItsRetry(t *testing.T) {
 	srv := redistest.Start(t, redistest.Config{})
 	lose := &loseReplies{match: "receipt:lost-completion"}
@@ -307,7 +307,9 @@ func TestCompletionWhoseReplyIsLostIsConfirmedByItsRetry(t *testing.T) {
 	assert.Equal(t, "receipt:lost-completion", string(out.Result))
 	assert.False(t, out.Replayed)
 	assert.EqualValues(t, 2, lose.sent.Load(), "the completion was sent twice: its reply was lost once")
-	assert.Zero(t, admin.Exists(ctx, requestLock("idem:", req.Key)).Val(), "the first completion released the lock")
+	left, err := admin.PTTL(ctx, requestLock("idem:", req.Key)).Result()
+	require.NoError(t, err)
+	assert.True(t, left > 0 && left <= idempotency.DefaultLease, "the lock is left to expire within the lease: PTTL %v", left)
 	assert.Equal(t, "c", admin.HGet(ctx, "idem:r:"+req.Key, "state").Val())
 
 	replay, err := b.Do(ctx, req, result(&runs, "again"))
@@ -317,11 +319,11 @@ func TestCompletionWhoseReplyIsLostIsConfirmedByItsRetry(t *testing.T) {
 	assert.EqualValues(t, 1, runs.Load())
 }
 
-// A's handler returns in time, but its completion (complete + release)
-// reaches the store only after A's lock ran out and B took the request
-// over: held in a gate until B's handler runs. It must neither store A's
-// result over B's record nor remove B's lock — the release compares A's
-// token. A hears that its outcome was not recorded (its effect may have
+// A's handler returns in time, but its completion reaches the store only
+// after A's lock ran out and B took the request over: held in a gate
+// until B's handler runs. It must neither store A's result over B's record
+// nor remove B's lock (the completion compares the record's owner, and
+// touches no lock). A hears that its outcome was not recorded (its effect may have
 // happened); B's run goes on under a lock that is still there, and its
 // result is the one recorded.
 func TestLateCompletionNeverRemovesASuccessorsLock(t *testing.T) {
@@ -444,31 +446,52 @@ func TestBarrierOnAClusterKeepsSeparateSteps(t *testing.T) {
 	}
 }
 
-// The completion releases the request's lock in the same atomic step
-// (the lock key is gone when Do returns), and publishes nothing on the
-// lock's wake channel: nobody waits on a Barrier's lock (run only ever
-// calls TryLock, and DoWait polls the record), so the hand-written
-// completion leaves the publish out. The undo of a claim whose reply was
-// lost is still single's Release as an undo, and says so on the channel
-// (wake.UndoNotice). Forced order: a subscriber confirmed before each
-// request.
-func TestCompletionReleasesTheLockAndAnUndoSaysUndo(t *testing.T) {
+// A completed request leaves its lock to expire (Barrier.leavesLock):
+// the lock key still holds the run's token, for at most the lease, and it
+// stands in nobody's way, since every claim reads the record first and a
+// completed record answers by itself: a duplicate right after the
+// completion replays at once, in one round trip, without the handler. A
+// record deleted by hand after its completion leaves the key in progress
+// until the lock expires, as documented. The undo of a claim whose reply
+// was lost releases its lock at once, and says so on the lock's wake
+// channel (wake.UndoNotice). Forced order: a subscriber confirmed before
+// the request.
+func TestCompletionLeavesTheLockAndAnUndoSaysUndo(t *testing.T) {
 	srv := redistest.Start(t, redistest.Config{})
 	const retention = 61 * time.Second
 	lose := &loseReplies{match: "61000"} // the claim's (and the completion's) ARGV
 	c := hookedClient(t, srv, lose)
-	b := barrier(t, c, idempotency.WithRetention(retention))
+	const lease = 20 * time.Second
+	b := barrier(t, c, idempotency.WithRetention(retention), idempotency.WithLease(lease))
 	warm(t, c)
+	admin := srv.Client()
 	ctx := t.Context()
 
-	req := idempotency.Request{Key: "pay:released"}
-	out, err := b.Do(ctx, req, func(context.Context, uint64) ([]byte, error) { return []byte("paid"), nil })
+	req := idempotency.Request{Key: "pay:left"}
+	lock := requestLock("idem:", req.Key)
+	var runs atomic.Int32
+	out, err := b.Do(ctx, req, result(&runs, "paid"))
 	require.NoError(t, err)
 	require.False(t, out.Replayed)
-	assert.Zero(t, srv.Client().Exists(ctx, requestLock("idem:", req.Key)).Val(), "the completion released the lock")
+	left, err := admin.PTTL(ctx, lock).Result()
+	require.NoError(t, err)
+	assert.True(t, left > 0 && left <= lease, "the completed request's lock is left to expire within the lease: PTTL %v", left)
+
+	for range 3 {
+		dup, err := b.Do(ctx, req, result(&runs, "again"))
+		require.NoError(t, err, "a duplicate replays: the lock left behind is not in its way")
+		assert.True(t, dup.Replayed)
+		assert.Equal(t, "paid", string(dup.Result))
+	}
+	assert.EqualValues(t, 1, runs.Load())
+
+	require.NoError(t, admin.Del(ctx, "idem:r:"+req.Key).Err())
+	_, err = b.Do(ctx, req, result(&runs, "rerun"))
+	require.ErrorIs(t, err, idempotency.ErrInProgress, "a record deleted by hand: in progress until the lock expires")
+	assert.EqualValues(t, 1, runs.Load())
 
 	req = idempotency.Request{Key: "pay:undone"}
-	sub := srv.Client().Subscribe(ctx, script.Channel(requestLock("idem:", req.Key)))
+	sub := admin.Subscribe(ctx, script.Channel(requestLock("idem:", req.Key)))
 	t.Cleanup(func() { _ = sub.Close() })
 	_, err = sub.Receive(ctx) // confirmed before the request
 	require.NoError(t, err)
@@ -484,7 +507,7 @@ func TestCompletionReleasesTheLockAndAnUndoSaysUndo(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the undo of the lost claim published nothing")
 	}
-	assert.Zero(t, srv.Client().Exists(ctx, requestLock("idem:", req.Key)).Val(), "the undo released the lock")
+	assert.Zero(t, admin.Exists(ctx, requestLock("idem:", req.Key)).Val(), "the undo released the lock")
 }
 
 // A record in progress under a higher fence than the lock just granted

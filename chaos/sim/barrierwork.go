@@ -29,8 +29,8 @@ func (w *World) barrierClient(ci int, r *rand.Rand) {
 	opts := []idempotency.Option{idempotency.WithLease(w.drawTTL(r)), idempotency.WithRetention(30 * time.Second)}
 	if ci%2 == 0 {
 		// Odd clients run without a Keeper: on a one-Redis store their
-		// completion is the lock's release, one script (the Keeper's
-		// clients complete, then release).
+		// completion leaves the lock to expire (the Keeper's clients
+		// complete, then release).
 		opts = append(opts, idempotency.WithKeeper(wd))
 	}
 	b, err := idempotency.New(store, opts...)
