@@ -248,10 +248,13 @@ type Barrier struct {
 	onStore   *storeLock // the default strategy on a one-Redis store: two round trips per first request
 	keeper    redlease.Keeper
 	retention time.Duration
-	lease     time.Duration
-	maxResult int
-	storeAll  bool
-	prefix    string
+	// retentionMillis is the retention in ms, boxed once: an argument of
+	// every completion.
+	retentionMillis any
+	lease           time.Duration
+	maxResult       int
+	storeAll        bool
+	prefix          string
 }
 
 // New returns a Barrier whose records live on store.
@@ -271,6 +274,7 @@ func New(store redis.UniversalClient, opts ...Option) (*Barrier, error) {
 	if b.retention <= b.lease {
 		return nil, redlease.Invalid("idempotency: retention %v must be longer than the lease %v", b.retention, b.lease)
 	}
+	b.retentionMillis = b.retention.Milliseconds()
 	if b.strategy == nil {
 		// Fence counters of request locks expire with their records: a
 		// request's fences are compared only while its record is kept.
@@ -849,9 +853,20 @@ var errRecordGone = errors.New("the record is gone (expired, or lost by the stor
 func (b *Barrier) complete(ctx context.Context, rec, owner, kind string, result []byte) error {
 	// An abandoned completion may still land: the caller is told the
 	// outcome is unknown (ErrNotRecorded), and a duplicate then replays it.
-	n, err := bounded.Call(ctx, b.bound, func(ctx context.Context) (int64, error) {
-		return completeScript.Run(ctx, b.store, []string{rec}, owner, kind, result, b.retention.Milliseconds()).Int64()
-	}, nil)
+	line := completeScript.Args(rec, owner, kindArg(kind), result, b.retentionMillis)
+	var (
+		n   int64
+		err error
+	)
+	if b.bound {
+		n, err = bounded.Call(ctx, true, func(ctx context.Context) (int64, error) {
+			return completeScript.Run(ctx, b.store, line)
+		}, nil)
+	} else {
+		// Called directly: the closure bounded.Call takes escapes, and
+		// would cost every first request an allocation.
+		n, err = completeScript.Run(ctx, b.store, line)
+	}
 	switch {
 	case err != nil:
 		return fmt.Errorf("idempotency: complete %s: %w", rec, err)
@@ -924,6 +939,22 @@ type StoredError struct{ Message string }
 
 // Error is the stored error's text.
 func (e *StoredError) Error() string { return e.Message }
+
+// kindArg returns a result kind boxed without allocating for the kinds
+// the Barrier stores.
+func kindArg(kind string) any {
+	switch kind {
+	case "ok":
+		return kindOK
+	case "err":
+		return kindErr
+	case "big":
+		return kindBig
+	}
+	return kind
+}
+
+var kindOK, kindErr, kindBig any = "ok", "err", "big"
 
 func sleepCtx(ctx context.Context, d time.Duration) error {
 	if d <= 0 {

@@ -13,12 +13,12 @@ import (
 // round trip (a script's first use after a start sends EVALSHA, then
 // EVAL).
 func LoadScripts(ctx context.Context, c redis.Scripter) error {
-	for _, s := range []*redis.Script{peekScript, claimScript, completeScript, renewScript, releaseScript, consumeScript} {
+	for _, s := range []*redis.Script{peekScript, claimScript, renewScript, releaseScript, consumeScript} {
 		if err := s.Load(ctx, c).Err(); err != nil {
 			return err
 		}
 	}
-	for _, s := range []*script.Script{claimLockScript, undoClaimScript} {
+	for _, s := range []*script.Script{claimLockScript, completeScript, undoClaimScript} {
 		if err := s.Load(ctx, c); err != nil {
 			return err
 		}

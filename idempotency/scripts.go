@@ -87,7 +87,7 @@ redis.call('PEXPIRE', KEYS[1], ARGV[4])
 return 1
 `
 
-var completeScript = redis.NewScript(completeSrc)
+var completeScript = script.New(1, completeSrc)
 
 // renewScript keeps an in-progress record alive while its owner runs:
 // its TTL becomes at least ARGV[2] (never shortened), if the caller owns
