@@ -28,6 +28,7 @@
 //	BenchmarkContentionSingle/lib=redlease/nodes=1/goroutines=32/keys=4  the same on one node (single strategy; redsync on one pool)
 //	BenchmarkWatchdog/lib=redlease/nodes=5/locks=100000   one renewal tick of every held lock
 //	BenchmarkIdempotency/lib=redlease/case=replay         the barrier; lib=raw is a SET NX GET floor
+//	BenchmarkIdempotencyPaired/cpus=1/case=first          the same two, interleaved op by op (ratio metrics)
 //	BenchmarkHandoff/lib=redlease/nodes=5                 Release returns → the waiting Lock returns (p50/p99-handoff-ns)
 //
 // Libraries whose name starts with "redlease" are ours; the others are the
@@ -48,6 +49,9 @@
 // committed run) than the libraries differ, and the scheduler's placement of
 // the two processes changes from run to run (±40 % between runs unpinned,
 // a few per cent pinned). The multi-node groups run unpinned on every core.
+// IdempotencyPaired runs in both passes, and says which in its name
+// (cpus=1 pinned, cpus=2 not): it times the barrier and its floor op by op
+// on the same moments, so its ratios hold still even unpinned.
 //
 // Proxied cases (slow=, down=) put every node behind a proxy (the
 // hand-written gate of internal/redistest) that runs in a child process (the

@@ -3,6 +3,8 @@ package bench_test
 import (
 	"context"
 	"errors"
+	"runtime"
+	"slices"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -123,6 +125,120 @@ func BenchmarkIdempotency(b *testing.B) {
 			}
 		}
 	})
+}
+
+// BenchmarkIdempotencyPaired is BenchmarkIdempotency's first request and
+// replay with the barrier and the floor interleaved op by op, on the same
+// node and client: each op runs one request of each, in alternating order,
+// and times each. So a noisy moment of the machine (on a small VM they come
+// and go within a second, and two sub-benchmarks a second apart can differ
+// by a fifth) hits both alike, and the ratio is taken on the same moments.
+//
+// The name says how many CPUs the process may use (cpus=, from its
+// affinity at start): `make bench` runs it twice, once pinned to one CPU
+// with the server (cpus=1: each request's server time adds to the
+// client's, and the server's Lua runs with caches the client just used,
+// so this weighs the store's CPU per request) and once unpinned (cpus=2:
+// client and server on their own CPUs, as with a store on another
+// machine, and a round trip costs a wakeup across CPUs). Pairing keeps
+// the unpinned run's ratio steady where BenchmarkIdempotency's is not.
+// ns/op is the pair's; the metrics are per request:
+//
+//	ours-p50-us, raw-p50-us   median time of one request, µs
+//	p50-ratio                 ours-p50-us / raw-p50-us
+//	mean-ratio                all of ours' time / all of the floor's
+//	p90-ratio                 the same at the 90th percentile
+func BenchmarkIdempotencyPaired(b *testing.B) {
+	addr := nodes(b, 1)[0]
+	c := newClient(b, addr)
+	barrier, err := idempotency.New(c, idempotency.WithPrefix("bench:"+runID+":idem:"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	handler := func(context.Context, uint64) ([]byte, error) { return result, nil }
+	raw := rawBarrier{c: c, prefix: "bench:" + runID + ":raw:"}
+
+	paired := func(b *testing.B, ours, floor func(i int)) {
+		var mine, theirs []time.Duration
+		i := 0
+		for b.Loop() {
+			if i%2 == 0 {
+				t0 := time.Now()
+				ours(i)
+				t1 := time.Now()
+				floor(i)
+				mine, theirs = append(mine, t1.Sub(t0)), append(theirs, time.Since(t1))
+			} else {
+				t0 := time.Now()
+				floor(i)
+				t1 := time.Now()
+				ours(i)
+				theirs, mine = append(theirs, t1.Sub(t0)), append(mine, time.Since(t1))
+			}
+			i++
+		}
+		reportPaired(b, mine, theirs)
+	}
+
+	cpus := "cpus=" + strconv.Itoa(runtime.NumCPU())
+	b.Run(cpus+"/case=first", func(b *testing.B) {
+		paired(b, func(int) {
+			key := "first:" + strconv.FormatInt(firstKeys.Add(1), 10)
+			out, err := barrier.Do(background, idempotency.Request{Key: key}, handler)
+			if err != nil || out.Replayed {
+				b.Fatal(out, err)
+			}
+		}, func(int) {
+			key := "first:" + strconv.FormatInt(firstKeys.Add(1), 10)
+			if _, replayed, err := raw.do(background, key, handler); err != nil || replayed {
+				b.Fatal(replayed, err)
+			}
+		})
+	})
+	b.Run(cpus+"/case=replay", func(b *testing.B) {
+		req := idempotency.Request{Key: "paired-replay"}
+		if _, err := barrier.Do(background, req, handler); err != nil {
+			b.Fatal(err)
+		}
+		if _, _, err := raw.do(background, req.Key, handler); err != nil {
+			b.Fatal(err)
+		}
+		paired(b, func(int) {
+			out, err := barrier.Do(background, req, handler)
+			if err != nil || !out.Replayed {
+				b.Fatal(out, err)
+			}
+		}, func(int) {
+			if _, replayed, err := raw.do(background, req.Key, handler); err != nil || !replayed {
+				b.Fatal(replayed, err)
+			}
+		})
+	})
+}
+
+// reportPaired reports BenchmarkIdempotencyPaired's metrics from the
+// times of ours and the floor's requests, one of each per op.
+func reportPaired(b *testing.B, ours, floor []time.Duration) {
+	if len(ours) == 0 || len(floor) == 0 {
+		return
+	}
+	total := func(ds []time.Duration) (t time.Duration) {
+		for _, d := range ds {
+			t += d
+		}
+		return t
+	}
+	mean := float64(total(ours)) / float64(total(floor))
+	slices.Sort(ours)
+	slices.Sort(floor)
+	at := func(ds []time.Duration, q float64) float64 {
+		return float64(ds[int(q*float64(len(ds)-1))]) / float64(time.Microsecond)
+	}
+	b.ReportMetric(at(ours, 0.5), "ours-p50-us")
+	b.ReportMetric(at(floor, 0.5), "raw-p50-us")
+	b.ReportMetric(at(ours, 0.5)/at(floor, 0.5), "p50-ratio")
+	b.ReportMetric(mean, "mean-ratio")
+	b.ReportMetric(at(ours, 0.9)/at(floor, 0.9), "p90-ratio")
 }
 
 // serverUsec is the time the server at addr has spent executing commands,
