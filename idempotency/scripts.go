@@ -170,10 +170,15 @@ if r[1] then
   if ARGV[4] ~= '' and r[2] ~= '' and r[2] ~= ARGV[4] then return 'm' end
   if r[1] == 'c' then return 'd' .. (r[3] or '') .. ':' .. (r[4] or '') end
 end
--- The lock: SET NX takes a free key in one call (the common case); a key
--- that is held is read, and handled as script.Acquire handles it.
+-- The lock. With no record (a first request, the common case) SET NX
+-- takes a free key in one call; with a record in progress (a duplicate,
+-- whose key is most likely held) the key is read first. A key that is
+-- held is handled as script.Acquire handles it.
+local fresh = false
+if not r[1] then
+  fresh = redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2])
+end
 local f
-local fresh = redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2])
 if not fresh then
   local held = redis.call('GET', KEYS[2])
   if held == ARGV[1] then
@@ -181,15 +186,17 @@ if not fresh then
     redis.call('PEXPIRE', KEYS[2], ARGV[2])
     f = tonumber(redis.call('GET', KEYS[3]) or '0')
   else
-    -- An earlier attempt of the same acquisition ("<base>.<n>", the
-    -- same base, a smaller n) is ours to take over; any other token is
-    -- a refusal, with the holder's PTTL.
-    local hb, hn = string.match(held, '^([%w_-]+)%.(%d+)$')
-    local mb, mn = string.match(ARGV[1], '^([%w_-]+)%.(%d+)$')
-    if hb == nil or hb ~= mb or tonumber(hn) >= tonumber(mn) then
-      local left = redis.call('PTTL', KEYS[2])
-      if left < 0 then return -1 end
-      return -3 - left
+    if held ~= false then
+      -- An earlier attempt of the same acquisition ("<base>.<n>", the
+      -- same base, a smaller n) is ours to take over; any other token
+      -- is a refusal, with the holder's PTTL.
+      local hb, hn = string.match(held, '^([%w_-]+)%.(%d+)$')
+      local mb, mn = string.match(ARGV[1], '^([%w_-]+)%.(%d+)$')
+      if hb == nil or hb ~= mb or tonumber(hn) >= tonumber(mn) then
+        local left = redis.call('PTTL', KEYS[2])
+        if left < 0 then return -1 end
+        return -3 - left
+      end
     end
     redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
     fresh = true
