@@ -18,6 +18,21 @@ import (
 // result is what every handler returns: a small JSON body.
 var result = []byte(`{"id":"pay_123456","status":"captured","amount":1250,"currency":"EUR"}`)
 
+// handler is every benchmark's handler: it returns result.
+func handler(context.Context, uint64) ([]byte, error) { return result, nil }
+
+// idempotencySetup starts one node and returns its address, a Barrier on
+// it with its defaults, and the raw floor on the same client.
+func idempotencySetup(b *testing.B) (string, *idempotency.Barrier, rawBarrier) {
+	addr := nodes(b, 1)[0]
+	c := newClient(b, addr)
+	barrier, err := idempotency.New(c, idempotency.WithPrefix("bench:"+runID+":idem:"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	return addr, barrier, rawBarrier{c: c, prefix: "bench:" + runID + ":raw:"}
+}
+
 // firstKeys numbers the keys of first requests across runs, so each is new.
 var firstKeys atomic.Int64
 
@@ -37,14 +52,7 @@ var firstKeys atomic.Int64
 //	case=replay    a completed key: the stored result comes back
 //	case=conflict  a key whose first request is still running: ErrInProgress
 func BenchmarkIdempotency(b *testing.B) {
-	addr := nodes(b, 1)[0]
-	c := newClient(b, addr)
-	barrier, err := idempotency.New(c, idempotency.WithPrefix("bench:"+runID+":idem:"))
-	if err != nil {
-		b.Fatal(err)
-	}
-	handler := func(context.Context, uint64) ([]byte, error) { return result, nil }
-	raw := rawBarrier{c: c, prefix: "bench:" + runID + ":raw:"}
+	addr, barrier, raw := idempotencySetup(b)
 
 	b.Run("lib=redlease/case=first", func(b *testing.B) {
 		b.ReportAllocs()
@@ -149,14 +157,7 @@ func BenchmarkIdempotency(b *testing.B) {
 //	mean-ratio                all of ours' time / all of the floor's
 //	p90-ratio                 the same at the 90th percentile
 func BenchmarkIdempotencyPaired(b *testing.B) {
-	addr := nodes(b, 1)[0]
-	c := newClient(b, addr)
-	barrier, err := idempotency.New(c, idempotency.WithPrefix("bench:"+runID+":idem:"))
-	if err != nil {
-		b.Fatal(err)
-	}
-	handler := func(context.Context, uint64) ([]byte, error) { return result, nil }
-	raw := rawBarrier{c: c, prefix: "bench:" + runID + ":raw:"}
+	_, barrier, raw := idempotencySetup(b)
 
 	paired := func(b *testing.B, ours, floor func(i int)) {
 		var mine, theirs []time.Duration
