@@ -130,11 +130,11 @@ var releaseScript = redis.NewScript(releaseSrc)
 // lock key holding the same token, the same fence counter and its TTL, the
 // same takeover of an earlier attempt's key, the same answers. It is
 // written out by hand rather than composed of those scripts (as it first
-// was), because a first request's cost is mostly the store's work: every
-// call a script makes costs about a microsecond and a half beyond the
-// command's own time on the machines we measure on, so it reads the
-// record once instead of twice, takes a free lock key and starts a new
-// fence counter with one SET NX each, and has no branches for modes the
+// was), because a first request's cost is mostly the store's work, and
+// every call a script makes costs one to two microseconds on the machine
+// we measure on (README, Performance), whatever the command. So it reads
+// the record once instead of twice, takes a free lock key and starts a
+// new fence counter with one SET NX each, and has no branches for modes the
 // store lock never uses (fair mode's line: the Barrier's Locker is never
 // fair, so the line never exists) nor local functions to build on every
 // call. TestHandWrittenClaimDoesWhatTheComposedOneDoes runs it against the
