@@ -25,10 +25,13 @@ BENCH_GROUPS = Quorum Single Contention Watchdog Idempotency Handoff
 # cross-CPU wakeup costs more than the libraries differ, and where the scheduler
 # puts the two processes changes from run to run. Empty BENCH_PIN: no pinning.
 BENCH_ONE_NODE = Single|Idempotency
-BENCH_MULTI_NODE = Quorum|Contention|Watchdog
+BENCH_MULTI_NODE = Quorum|Contention|ContentionOneKey|ContentionSingle|Watchdog
 # Handoff runs a fixed number of handoffs per round (each waits a random
 # 5–155 ms first), unpinned: a time-based benchtime gives too few for a p99.
 BENCH_HANDOFF = Handoff
+# IdempotencyPaired runs in both the unpinned and the pinned pass (its name
+# says which: cpus=2 or cpus=1), never in the handoff pass's fixed count.
+BENCH_BOTH = IdempotencyPaired
 HANDOFFS ?= 40
 BENCH_PIN ?= taskset -c 0
 BENCHSTAT_VERSION ?= v0.0.0-20260908200009-22c9c6c9d4da
@@ -84,7 +87,7 @@ bench: redis
 	  echo "== round $$round of $(COUNT)"; \
 	  "$${run[@]}" -test.skip '^Benchmark($(BENCH_ONE_NODE)|$(BENCH_HANDOFF))$$' | tee -a $(BENCH_OUT)/raw.txt; \
 	  $$pin "$${run[@]}" -test.skip '^Benchmark($(BENCH_MULTI_NODE)|$(BENCH_HANDOFF))$$' | tee -a $(BENCH_OUT)/raw.txt; \
-	  "$${run[@]}" -test.skip '^Benchmark($(BENCH_ONE_NODE)|$(BENCH_MULTI_NODE))$$' -test.benchtime $(HANDOFFS)x | tee -a $(BENCH_OUT)/raw.txt; \
+	  "$${run[@]}" -test.skip '^Benchmark($(BENCH_ONE_NODE)|$(BENCH_MULTI_NODE)|$(BENCH_BOTH))$$' -test.benchtime $(HANDOFFS)x | tee -a $(BENCH_OUT)/raw.txt; \
 	done; \
 	echo "benchmarks took $$(( $$(date +%s) - start )) s" | tee -a $(BENCH_OUT)/machine.txt; \
 	$(BENCHSTAT) $(BENCH_OUT)/raw.txt > $(BENCH_OUT)/benchstat.txt; \
