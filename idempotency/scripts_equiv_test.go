@@ -119,13 +119,14 @@ func sameState(t *testing.T, c *redis.Client, ref, got equivKeys, name string) {
 }
 
 // The hand-written claimLockScript against the reference, from every
-// starting state that matters to it: no record, a record in progress (ours, another owner's of a lower or a higher
-// fence, without its fingerprint), completed (ok, err, big), or of another
-// payload; a lock free, ours, another's (with a TTL or without one), an
-// earlier attempt of the same acquisition; a fence counter absent, with a
-// TTL longer or shorter than the one asked, or without one. Both run
-// on two copies of the same state; replies and the resulting keys must be
-// equal.
+// starting state that matters to it: no record, a record in progress
+// (ours, another owner's of a lower, equal or higher fence, without its
+// fingerprint), completed (ok, err, big), or of another payload; a lock
+// free, ours, another's (with a TTL or without one), an earlier or later
+// attempt of the same acquisition, another base; a fence counter absent,
+// with a TTL longer or shorter than the one asked, or without one. Both
+// run on two copies of the same state; replies and the resulting keys
+// must be equal.
 func TestHandWrittenClaimDoesWhatTheComposedOneDoes(t *testing.T) {
 	srv := redistest.Start(t, redistest.Config{})
 	c := srv.Client()
