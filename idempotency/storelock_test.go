@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -556,55 +555,25 @@ func singleOn(t *testing.T, c redis.UniversalClient, opts ...single.Option) *sin
 	return s
 }
 
-// holdCommand is a hook that holds the first command with an argument
-// equal to match before it is sent, until release is closed; held is
-// closed when it is holding.
-type holdCommand struct {
-	match   string
-	once    sync.Once
-	held    chan struct{}
-	release chan struct{}
-}
-
-func newHoldCommand(match string) *holdCommand {
-	return &holdCommand{match: match, held: make(chan struct{}), release: make(chan struct{})}
-}
-
-func (h *holdCommand) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (h *holdCommand) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		if hasArg(cmd, h.match) {
-			first := false
-			h.once.Do(func() { first = true })
-			if first {
-				close(h.held)
-				<-h.release
-			}
-		}
-		return next(ctx, cmd)
-	}
-}
-
-func (h *holdCommand) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
-}
-
 // The lock a completed request leaves to expire stands in the way of a
 // Barrier that runs the steps one by one on the same store and prefix (a
 // process of an older version during a rolling upgrade, or one given the
 // single strategy explicitly) only where that Barrier looks at the record
 // again. Forced order: B peeks while A's handler runs ("in progress"),
-// B's lock request is held before it is sent, A completes (its lock left
-// behind), then B's request goes: refused by A's lock, B looks at the
-// record again and replays A's result. Its handler never runs, and it
-// never answers "in progress" for a request that is done.
+// B's lock request is held in a gate before it reaches the server, A
+// completes (its lock left behind), then B's request goes: refused by A's
+// lock, B looks at the record again and replays A's result. Its handler
+// never runs, and it never answers "in progress" for a request that is
+// done.
 func TestLockLeftByACompletionStandsInNoSeparateBarriersWay(t *testing.T) {
 	srv := redistest.Start(t, redistest.Config{})
+	gate := redistest.NewGate(t, srv.Addr)
+	slow := redis.NewClient(&redis.Options{Addr: gate.Addr, ContextTimeoutEnabled: true, MaxRetries: -1})
+	t.Cleanup(func() { _ = slow.Close() })
 	fast := srv.Client()
 	warm(t, fast)
-	hold := newHoldCommand(script.Acquire.Hash()) // B's lock request (single's Acquire)
-	slow := hookedClient(t, srv, hold)
+	acquire := script.Acquire.Hash() // B's lock request (single's Acquire)
+	gate.HoldRequests(acquire)
 	a := barrier(t, fast)
 	b := barrier(t, slow, idempotency.WithStrategy(singleOn(t, slow, single.WithFenceTTL(idempotency.DefaultRetention+idempotency.DefaultLease))))
 	ctx := t.Context()
@@ -634,15 +603,13 @@ func TestLockLeftByACompletionStandsInNoSeparateBarriersWay(t *testing.T) {
 		})
 		bDone <- answer{out, err}
 	}()
-	select {
-	case <-hold.held: // B peeked ("in progress") and asks for the lock
-	case <-time.After(5 * time.Second):
-		t.Fatal("B's lock request never came")
-	}
+	// B peeked ("in progress") and asks for the lock.
+	require.NoError(t, gate.WaitHeld(1, acquire, 5*time.Second), "B's lock request is held")
+	gate.HoldRequests("")
 	close(finish)
 	require.NoError(t, <-aDone)
 	require.EqualValues(t, 1, srv.Client().Exists(ctx, requestLock("idem:", req.Key)).Val(), "A's completion left its lock")
-	close(hold.release)
+	require.NoError(t, gate.Step(acquire, 5*time.Second))
 
 	got := <-bDone
 	require.NoError(t, got.err, "B replays; it does not answer in progress")
