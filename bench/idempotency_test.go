@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"runtime"
-	"slices"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -230,16 +229,14 @@ func reportPaired(b *testing.B, ours, floor []time.Duration) {
 		return t
 	}
 	mean := float64(total(ours)) / float64(total(floor))
-	slices.Sort(ours)
-	slices.Sort(floor)
-	at := func(ds []time.Duration, q float64) float64 {
-		return float64(ds[int(q*float64(len(ds)-1))]) / float64(time.Microsecond)
-	}
-	b.ReportMetric(at(ours, 0.5), "ours-p50-us")
-	b.ReportMetric(at(floor, 0.5), "raw-p50-us")
-	b.ReportMetric(at(ours, 0.5)/at(floor, 0.5), "p50-ratio")
+	ours50, floor50 := median(ours), median(floor) // sorts both
+	p90 := func(ds []time.Duration) time.Duration { return ds[min(len(ds)-1, len(ds)*90/100)] }
+	us := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
+	b.ReportMetric(us(ours50), "ours-p50-us")
+	b.ReportMetric(us(floor50), "raw-p50-us")
+	b.ReportMetric(float64(ours50)/float64(floor50), "p50-ratio")
 	b.ReportMetric(mean, "mean-ratio")
-	b.ReportMetric(at(ours, 0.9)/at(floor, 0.9), "p90-ratio")
+	b.ReportMetric(float64(p90(ours))/float64(p90(floor)), "p90-ratio")
 }
 
 // serverUsec is the time the server at addr has spent executing commands,
