@@ -40,15 +40,10 @@ var peekScript = redis.NewScript(peekSrc)
 // expired, since we hold it now (its later Complete will be refused) —
 // unless its fence is higher than ours, which only a double grant produces.
 //
-//	KEYS[1] record; ARGV[1] owner, ARGV[2] fence, ARGV[3] fingerprint, ARGV[4] retention ms,
-//	ARGV[5] (optional) "1": the caller read, in the same atomic step, that
-//	there is no record, so it is not read again
+//	KEYS[1] record; ARGV[1] owner, ARGV[2] fence, ARGV[3] fingerprint, ARGV[4] retention ms
 //	reply: {"claimed"} | {"done", kind, result} | {"mismatch"} | {"progress"}
 const claimSrc = `
-local r = {}
-if ARGV[5] ~= '1' then
-  r = redis.call('HMGET', KEYS[1], 'state', 'fp', 'kind', 'result', 'owner', 'fence')
-end
+local r = redis.call('HMGET', KEYS[1], 'state', 'fp', 'kind', 'result', 'owner', 'fence')
 if r[1] then
   if ARGV[3] ~= '' and r[2] ~= '' and r[2] ~= ARGV[3] then return {'mismatch'} end
   if r[1] == 'c' then return {'done', r[3], r[4] or ''} end

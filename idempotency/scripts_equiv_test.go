@@ -29,9 +29,7 @@ if st[1] == 'mismatch' then return 'm' end
 local f = acquire({KEYS[2], KEYS[3], KEYS[2], KEYS[2]}, {ARGV[1], ARGV[2], '`+script.IncrFence+`', '`+script.RuleOff+`', '`+script.NotDurable+`', ARGV[3]})
 if f < 0 then return f end
 `+fn("claim", claimSrc)+`
-local fresh = '0'
-if st[1] == 'none' then fresh = '1' end
-local c = claim({KEYS[1]}, {ARGV[1], string.format('%d', f), ARGV[4], ARGV[5], fresh})
+local c = claim({KEYS[1]}, {ARGV[1], string.format('%d', f), ARGV[4], ARGV[5]})
 if c[1] == 'claimed' then return f end
 if c[1] == 'progress' then return 'p' .. string.format('%d', f) end
 return redis.error_reply('idempotency: unexpected claim answer ' .. tostring(c[1]))
