@@ -25,11 +25,11 @@ import (
 
 // The default Barrier on a one-Redis store (its lock on the store, single
 // strategy) runs a request's steps as two scripts: peek+lock+claim, then
-// complete (which leaves the lock to expire). These tests force the orders of events those two
-// scripts create: a reply of either lost after the server applied it, a
-// grant that comes back with too little validity, a late completion that
-// lands after a successor took the request over, and duplicates between
-// the two scripts.
+// complete (which leaves the lock to expire). These tests force the
+// orders of events those two scripts create: a reply of either lost after
+// the server applied it, a grant that comes back with too little
+// validity, a late completion that lands after a successor took the
+// request over, and duplicates between the two scripts.
 
 // requestLock is the Redis key of the in-flight lock of Do's request key
 // under prefix (see keys.go: prefix+"l:"+32 hex digits of SHA-256 of
@@ -323,9 +323,9 @@ func TestCompletionWhoseReplyIsLostIsConfirmedByItsRetry(t *testing.T) {
 // after A's lock ran out and B took the request over: held in a gate
 // until B's handler runs. It must neither store A's result over B's record
 // nor remove B's lock (the completion compares the record's owner, and
-// touches no lock). A hears that its outcome was not recorded (its effect may have
-// happened); B's run goes on under a lock that is still there, and its
-// result is the one recorded.
+// touches no lock). A hears that its outcome was not recorded (its effect
+// may have happened); B's run goes on under a lock that is still there,
+// and its result is the one recorded.
 func TestLateCompletionNeverRemovesASuccessorsLock(t *testing.T) {
 	srv := redistest.Start(t, redistest.Config{})
 	gate := redistest.NewGate(t, srv.Addr)
