@@ -172,11 +172,14 @@ func (s *Strategy) Listen(key, waiter string) (<-chan struct{}, func(bool), bool
 }
 
 // Close ends the release subscriptions of this strategy's waiters (they
-// fall back to polling; later Watch calls fail) and waits for the shared
-// subscription connection to stop if nothing else in the process uses
-// it. Locks keep working; the client is not closed. Calling it is
-// optional: the subscription connection closes on its own once no waiter
-// is left.
+// fall back to polling; later Watch calls fail) and waits, at most 100 ms,
+// for the shared subscription connection to stop if nothing else in the
+// process uses it. A connection that go-redis is still dialing to a hung
+// server (paused before a waiter came, say) cannot stop sooner than that
+// dial gives up, at the client's DialTimeout and ReadTimeout: Close
+// returns at 100 ms then, and the connection stops once the dial fails.
+// Locks keep working; the client is not closed. Calling it is optional:
+// the subscription connection closes on its own once no waiter is left.
 func (s *Strategy) Close() error { return s.p.Close() }
 
 // Name returns "failover", for observers.

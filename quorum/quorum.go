@@ -155,15 +155,22 @@ func (s *Strategy) Quorum() int { return s.quorum }
 // Name returns "quorum", for observers.
 func (s *Strategy) Name() string { return "quorum" }
 
-// Close stops the strategy's per-node workers after their current request
-// and returns within two node timeouts: a worker whose request is held by a
-// hung node through a client without ContextTimeoutEnabled (go-redis then
-// waits for its ReadTimeout and retries) is left to end when that request
-// returns, at the client's own timeouts or when the client is closed.
-// Calls after Close fail. It does not close the node clients.
+// Close ends the release subscriptions of the strategy's waiters (they
+// fall back to polling) and stops its per-node workers after their current
+// request, waiting for both at once, and returns within two node timeouts.
+// What a hung node holds past that is left to end on its own: a worker
+// whose request is held through a client without ContextTimeoutEnabled
+// (go-redis then waits for its ReadTimeout and retries) ends when that
+// request returns, at the client's own timeouts or when the client is
+// closed; a subscription connection being dialed to a hung node (the node
+// paused before a waiter came, say) ends when go-redis's dial gives up, at
+// the client's DialTimeout and ReadTimeout, whatever ContextTimeoutEnabled
+// says. Calls after Close fail. It does not close the node clients.
 func (s *Strategy) Close() error {
-	s.wake.Close()
+	var wg sync.WaitGroup
+	wg.Go(func() { s.wake.Close(2 * s.nodeTimeout) })
 	s.fan.Close()
+	wg.Wait()
 	return nil
 }
 

@@ -56,6 +56,13 @@ var ErrNotReplicated = errors.New("redlease: write not acknowledged by enough re
 // subscription: a node that cannot in that time is no worse than polling.
 const WatchBound = time.Second
 
+// CloseWait is how long Close waits at most for the subscription
+// connection it leaves idle to stop: one on a live connection stops within
+// a few scheduling delays; one that go-redis is dialing to a hung node
+// cannot stop before the dial gives up, at the client's DialTimeout and
+// ReadTimeout, and is left to stop then.
+const CloseWait = 100 * time.Millisecond
+
 // Defaults is the configuration the strategies start from: fencing on, the
 // default drift factor, no replicas.
 func Defaults() Config {
@@ -282,10 +289,11 @@ func (p *Primary) Listen(key, waiter string) (<-chan struct{}, func(bool), bool)
 }
 
 // Close ends the subscriptions of waiters on this primary (they fall back
-// to polling) and waits for the shared subscription connection to stop if
-// nobody else in the process uses it. Calls other than Watch still work.
+// to polling) and waits, at most CloseWait, for the shared subscription
+// connection to stop if nobody else in the process uses it. Calls other
+// than Watch still work.
 func (p *Primary) Close() error {
-	p.wake.Close()
+	p.wake.Close(CloseWait)
 	return nil
 }
 

@@ -405,3 +405,32 @@ func AgeBootMarker(ctx context.Context, c redis.UniversalClient, age time.Durati
 	}
 	return c.Set(ctx, script.BootMarker, script.Marker(now.Add(-age).UnixMilli(), runID), 0).Err()
 }
+
+// Unaccepted returns how many connections to the server wait in its
+// listening socket's accept queue: made by the kernel, not yet taken by
+// redis-server. A paused server (Pause) takes none, so a client that dials
+// it shows here once its connection is made, and is then inside its
+// handshake, waiting for a reply that will not come until Resume. Linux
+// only (it reads /proc/net/tcp); elsewhere it returns an error.
+func (s *Server) Unaccepted() (int, error) {
+	b, err := os.ReadFile("/proc/net/tcp")
+	if err != nil {
+		return 0, err
+	}
+	local := fmt.Sprintf("0100007F:%04X", s.Port) // 127.0.0.1:port, as the kernel prints it
+	for _, line := range strings.Split(string(b), "\n")[1:] {
+		f := strings.Fields(line)
+		// sl local_address rem_address st tx_queue:rx_queue ...; st 0A is
+		// LISTEN, whose rx_queue is the accept queue's length.
+		if len(f) < 5 || f[1] != local || f[3] != "0A" {
+			continue
+		}
+		_, rx, ok := strings.Cut(f[4], ":")
+		if !ok {
+			return 0, fmt.Errorf("redistest: /proc/net/tcp: queue field %q", f[4])
+		}
+		n, err := strconv.ParseInt(rx, 16, 64)
+		return int(n), err
+	}
+	return 0, fmt.Errorf("redistest: no listening socket on %s in /proc/net/tcp", s.Addr)
+}

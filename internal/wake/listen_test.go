@@ -21,7 +21,7 @@ func TestListenJoinsOnlyAConfirmedSubscription(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: g.Addr})
 	t.Cleanup(func() { _ = c.Close() })
 	s := NewSet(c)
-	t.Cleanup(s.Close)
+	t.Cleanup(func() { s.Close(time.Second) })
 	const ch = "redlease:wake:{k}"
 
 	_, _, ok := s.Listen(ch, "", 1)

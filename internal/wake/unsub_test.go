@@ -98,7 +98,7 @@ func TestUnsubscribeThatCouldNotBeSentDoesNotHideTheNextConfirmation(t *testing.
 		})
 		defer func() { _ = c.Close() }()
 		s := NewSet(c)
-		defer s.Close()
+		defer s.Close(time.Second)
 		const ch, bound = "redlease:wake:k", time.Minute
 
 		// A waiter on another key keeps the hub (and its count) alive

@@ -22,7 +22,8 @@
 // dial or a write to a hung node). A channel is unsubscribed when its last
 // waiter leaves; a hub whose channels are all gone closes its PubSub and
 // both goroutines end. Set.Close, the strategy's Close, ends the
-// subscriptions that strategy made and waits for hubs it leaves idle.
+// subscriptions that strategy made and waits, for as long as the strategy
+// gives it, for the hubs it leaves idle.
 //
 // Notices are hints. A notice that is lost (the connection broke, the
 // node is down or paused, an ACL refused the PUBLISH or the SUBSCRIBE, a
@@ -69,8 +70,6 @@ const (
 	// down: every read is a refused dial), doubling in between.
 	retryMin = 10 * time.Millisecond
 	retryMax = time.Second
-	// closeWait bounds how long Close waits for the hubs it left idle.
-	closeWait = 2 * time.Second
 	// linger is how long a hub without channels keeps its connection
 	// for the next waiter before it stops: on a hot key one waiter
 	// leaves as the next arrives, and a new connection per wait would
@@ -390,10 +389,16 @@ func signal(c chan struct{}) {
 
 // Close ends every subscription made through s (their waiters are woken
 // once and then hear nothing more) and makes later Watch calls fail. It
-// waits, at most closeWait, for the hubs it left without channels to stop;
-// a hub whose goroutine is held by a dial to a hung node ends when the
-// dial gives up.
-func (s *Set) Close() {
+// waits, at most wait, for the hubs it left without channels to stop. A
+// hub on a live connection stops within a few scheduling delays. One whose
+// goroutine is inside go-redis's dial to a hung node (paused, say: the
+// kernel completes the connection, the handshake's reply never comes)
+// cannot be stopped before that dial gives up, since go-redis holds the
+// subscription's lock through the dial and closing it needs that lock:
+// Close returns at wait then, and the hub stops on its own once the dial
+// fails (at the client's DialTimeout and ReadTimeout, whatever its
+// ContextTimeoutEnabled).
+func (s *Set) Close(wait time.Duration) {
 	mu.Lock()
 	s.closed = true
 	for sub := range s.subs {
@@ -401,7 +406,7 @@ func (s *Set) Close() {
 		signal(sub.notify)
 		signal(sub.progress) // a Watch still waiting for confirmations returns
 	}
-	var wait []chan struct{}
+	var stopping []chan struct{}
 	for _, k := range s.keys {
 		h := hubs[k]
 		if h == nil {
@@ -416,13 +421,16 @@ func (s *Set) Close() {
 		}
 		if idle {
 			signal(h.flush)
-			wait = append(wait, h.done)
+			stopping = append(stopping, h.done)
 		}
 	}
 	mu.Unlock()
-	t := time.NewTimer(closeWait)
+	if len(stopping) == 0 {
+		return
+	}
+	t := time.NewTimer(wait)
 	defer t.Stop()
-	for _, d := range wait {
+	for _, d := range stopping {
 		select {
 		case <-d:
 		case <-t.C:

@@ -90,7 +90,7 @@ func TestRefusedSubscribeOfSeveralChannelsFailsEachOfThem(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: g.Addr, Username: "nochan", Password: "pw"})
 	t.Cleanup(func() { _ = c.Close() })
 	s := NewSet(c)
-	t.Cleanup(s.Close)
+	t.Cleanup(func() { s.Close(time.Second) })
 
 	g.HoldRequests("hello")
 	const bound = time.Minute // nothing here may wait for it
@@ -129,7 +129,7 @@ func TestCloseEndsAWatchWaitingForItsConfirmation(t *testing.T) {
 	if err := g.WaitHeld(1, "subscribe", 10*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	s.Close()
+	s.Close(time.Second)
 	select {
 	case <-res:
 	case <-time.After(10 * time.Second):
