@@ -25,11 +25,18 @@
 // # Lock-loss signalling on failover
 //
 // A Watcher (Watch) subscribes to Sentinel's +switch-master for the master
-// name on every Sentinel it is given, and polls them as a backstop. When the
-// primary moves, every lock the strategy granted and that is still held is
+// name on every Sentinel it is given, and polls them as a backstop. On every
+// failover, every lock the strategy granted and that is still held is
 // marked lost (Lost closes, Locker.Do cancels its function) with a cause
-// that errors.Is ErrFailover. Use it with redis.NewFailoverClient,
-// which follows the primary on its own.
+// that errors.Is ErrFailover. A failover is a +switch-master message, or a
+// poll that finds a config epoch higher than the newest seen, whatever
+// primary it names: a failover and a failback between two polls leave the
+// same primary in place, with the locks it lost to the replica promoted in
+// between. Since a message carries no epoch, the poll that hears of its
+// failover (asked at once) revokes again, and so costs the locks granted
+// within that round trip to the Sentinels. Use it with
+// redis.NewFailoverClient, which follows the primary on its own, and start
+// it before taking locks: those held when it starts are revoked.
 //
 // # Assumptions
 //

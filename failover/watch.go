@@ -19,7 +19,8 @@ import (
 )
 
 // DefaultPollInterval is how often a Watcher asks the Sentinels for the
-// current primary, as a backstop for a +switch-master message it missed.
+// current primary and config epoch, as a backstop for a +switch-master
+// message it missed.
 const DefaultPollInterval = 500 * time.Millisecond
 
 const (
@@ -46,9 +47,10 @@ const switchChannel = "+switch-master"
 // has not answered the previous one yet.
 var errStillAsking = errors.New("failover: previous question to this Sentinel still unanswered")
 
-// Watcher revokes a Strategy's locks when Sentinel moves the primary. It
-// listens for +switch-master on every Sentinel it is given, and polls them
-// for the primary's address in case a message was lost with a connection.
+// Watcher revokes a Strategy's locks when Sentinel fails over, also when a
+// failback names the same primary again. It listens for +switch-master on
+// every Sentinel it is given, and polls them for the primary's address and
+// config epoch in case a message was lost with a connection.
 type Watcher struct {
 	s          *Strategy
 	master     string
@@ -59,12 +61,13 @@ type Watcher struct {
 	ctx        context.Context
 	cancel     context.CancelFunc
 	wg         sync.WaitGroup
+	askNow     chan struct{} // buffer of one: a +switch-master came, poll at once
 
 	mu          sync.Mutex
 	closed      bool
 	current     string // the primary's address as last seen
 	epoch       int64  // the config epoch of the newest configuration a poll saw
-	unconfirmed bool   // current came from a +switch-master no poll has confirmed yet
+	unconfirmed bool   // current came from a +switch-master no poll has heard since
 	revoked     int
 }
 
@@ -86,7 +89,10 @@ type report struct {
 // Watch starts a Watcher for master on sentinels (at least one; use all of
 // them, so one Sentinel's trouble cannot hide a failover). It fails if no
 // Sentinel names master's primary in time. pollInterval 0 means
-// DefaultPollInterval. Close stops it.
+// DefaultPollInterval. Close stops it. Start it before the strategy takes
+// locks: the locks the strategy holds when Watch first hears the Sentinels
+// are revoked then (the epoch Watch adopts counts any failover before it,
+// so nothing later would tell of one those locks lived through).
 //
 // On a failover every lock the strategy granted and that is still held is
 // marked lost, with a cause that errors.Is ErrFailover: its Lost
@@ -94,6 +100,14 @@ type report struct {
 // the new primary did receive (WAIT covered it) is revoked too, and its
 // holder must take it again; the key itself stays until it is released or
 // expires, so the next holder waits for that, and gets a higher fence.
+//
+// A +switch-master message revokes at once and has the Sentinels asked at
+// once. The message carries no config epoch, so the answer that tells of
+// its failover, under a higher epoch, cannot be told from a second
+// failover after it, and revokes again: a lock granted between the message
+// and that answer is revoked too. That is about one round trip to the
+// Sentinels, longer (up to a poll interval more each time) while no
+// Sentinel that knows of the failover answers in time.
 //
 // One Sentinel's trouble does not blind the Watcher:
 //
@@ -104,12 +118,15 @@ type report struct {
 //   - Each Sentinel answers with the primary's address and the config epoch
 //     of the configuration that names it (SENTINEL MASTER and SENTINEL
 //     GET-MASTER-ADDR-BY-NAME). Sentinel raises the config epoch with every
-//     failover, so one answering Sentinel is enough to act on: an address
-//     other than the current one, with a config epoch at least as new as the
-//     newest the Watcher has seen, is a move and revokes. An answer with an
-//     older epoch comes from a Sentinel that has not heard of the latest
-//     failover yet and is ignored, so a lagging Sentinel cannot make the
-//     Watcher flip back and forth.
+//     failover, so one answering Sentinel is enough to act on: a config
+//     epoch newer than the newest the Watcher has seen is a failover and
+//     revokes, whatever address it names (a failover and a failback between
+//     two polls name the same primary as before, which lost, as a replica
+//     of the promoted one, whatever that one had not received), and so is
+//     another address under the newest epoch. An answer with an older epoch
+//     comes from a Sentinel that has not heard of the latest failover yet
+//     and is ignored, so a lagging Sentinel cannot make the Watcher flip
+//     back and forth.
 //   - Every Sentinel has its own subscription, made again (pausing from
 //     100 ms, doubling up to 2 s) whenever it fails or drops, for as long as
 //     the Watcher runs; a subscription silent for a second is checked with
@@ -150,7 +167,8 @@ func Watch(ctx context.Context, s *Strategy, master string, pollInterval time.Du
 	}
 	wctx, cancel := context.WithCancel(context.Background())
 	w := &Watcher{s: s, master: master, sents: sents, interval: pollInterval,
-		askTimeout: min(pollInterval, maxAskTimeout), ctx: wctx, cancel: cancel}
+		askTimeout: min(pollInterval, maxAskTimeout), ctx: wctx, cancel: cancel,
+		askNow: make(chan struct{}, 1)}
 	w.subTimeout = max(w.askTimeout, minSubscribeTimeout)
 
 	sctx, scancel := context.WithTimeout(ctx, max(w.askTimeout, startWait))
@@ -173,6 +191,10 @@ func Watch(ctx context.Context, s *Strategy, master string, pollInterval time.Du
 		}
 	}
 	w.current, w.epoch = best.addr, best.epoch
+	// A lock the strategy took before this look may have lived through a
+	// failover that the adopted epoch already counts: nothing would ever
+	// revoke it.
+	w.revoke(fmt.Errorf("%w: %s: held before the Watcher first asked the Sentinels (config epoch %d), a failover since its grant cannot be ruled out", ErrFailover, master, best.epoch))
 	for _, sn := range w.sents {
 		w.wg.Go(func() { w.listen(sn) })
 	}
@@ -226,13 +248,15 @@ func (w *Watcher) Close() error {
 	return nil
 }
 
-// poll asks the Sentinels for the primary every interval.
+// poll asks the Sentinels for the primary every interval, and at once after
+// a +switch-master.
 func (w *Watcher) poll() {
 	t := time.NewTicker(w.interval)
 	defer t.Stop()
 	for {
 		select {
 		case <-t.C:
+		case <-w.askNow:
 		case <-w.ctx.Done():
 			return
 		}
@@ -326,12 +350,16 @@ func (w *Watcher) askOne(ctx context.Context, sc *redis.SentinelClient) (report,
 // than the current one) decides:
 //
 //   - older than the newest the Watcher has seen: stale, ignored;
-//   - as old, while the current address came from a +switch-master no poll
-//     has confirmed yet: that message's configuration if it names the same
-//     address (now confirmed), else the configuration the message replaced,
-//     ignored;
-//   - naming the current address: nothing moved (the epoch is adopted);
-//   - naming another address: a move, which revokes.
+//   - newer: a failover, which revokes, whatever address it names: a
+//     failover and a failback between two polls name the same primary
+//     under a higher epoch, and the primary may have lost locks to the
+//     replica that was promoted in between. That holds after a
+//     +switch-master too: the poll that hears of the message's failover
+//     cannot tell it from a later one, so it revokes again;
+//   - as new, while the current address came from a +switch-master: the
+//     configuration the message replaced, ignored;
+//   - as new, naming the current address: nothing moved;
+//   - as new, naming another address: a move, which revokes.
 func (w *Watcher) observe(reports []report) {
 	w.mu.Lock()
 	best := reports[0]
@@ -340,28 +368,30 @@ func (w *Watcher) observe(reports []report) {
 			best = r
 		}
 	}
+	was := w.epoch
 	moved := false
 	switch {
 	case best.epoch < w.epoch:
-	case best.epoch == w.epoch && w.unconfirmed:
-		if best.addr == w.current {
-			w.unconfirmed = false
-		}
-	case best.addr == w.current:
-		w.epoch, w.unconfirmed = best.epoch, false
+	case best.epoch == w.epoch && (w.unconfirmed || best.addr == w.current):
 	default:
 		w.current, w.epoch, w.unconfirmed = best.addr, best.epoch, false
 		moved = true
 	}
 	w.mu.Unlock()
 	if moved {
-		w.revoke(best.addr)
+		w.revoke(fmt.Errorf("%w: %s at %s under config epoch %d (was %d)", ErrFailover, w.master, best.addr, best.epoch, was))
 	}
 }
 
 // onSwitch handles "<master> <old-ip> <old-port> <new-ip> <new-port>". A
-// message carries no epoch; the next poll that hears the same address
-// confirms it.
+// message that names another address than the current one revokes at once.
+// Every message has the Sentinels asked at once, since a message carries no
+// epoch: the poll that hears of its failover sees a higher config epoch and
+// revokes (again, see observe), and asking at once keeps what that costs to
+// the locks granted within one round trip to the Sentinels. A message that
+// names the current address is another Sentinel's copy of one already
+// heard, or tells of a failover and failback the Watcher missed; the poll
+// tells which.
 func (w *Watcher) onSwitch(payload string) {
 	f := strings.Fields(payload)
 	if len(f) != 5 || f[0] != w.master {
@@ -369,17 +399,23 @@ func (w *Watcher) onSwitch(payload string) {
 	}
 	addr := net.JoinHostPort(f[3], f[4])
 	w.mu.Lock()
-	if addr == w.current {
-		w.mu.Unlock()
-		return // another Sentinel's message, or a poll, got here first
+	moved := addr != w.current
+	if moved {
+		w.current, w.unconfirmed = addr, true
 	}
-	w.current, w.unconfirmed = addr, true
 	w.mu.Unlock()
-	w.revoke(addr)
+	select {
+	case w.askNow <- struct{}{}:
+	default: // a poll is due at once already
+	}
+	if moved {
+		w.revoke(fmt.Errorf("%w: %s now at %s (+switch-master)", ErrFailover, w.master, addr))
+	}
 }
 
-func (w *Watcher) revoke(addr string) {
-	n := w.s.RevokeAll(fmt.Errorf("%w: %s now at %s", ErrFailover, w.master, addr))
+// revoke marks every lock of the strategy lost with cause and counts them.
+func (w *Watcher) revoke(cause error) {
+	n := w.s.RevokeAll(cause)
 	w.mu.Lock()
 	w.revoked += n
 	w.mu.Unlock()
