@@ -137,13 +137,15 @@ func (w *World) sentinelAddrs() []string {
 }
 
 // noteGrant records which node granted an acquisition (by token): the
-// watcher invariant checks the old primary's grants. Called with n.mu held.
+// watcher invariant checks the old primary's grants. The token is
+// Acquire's ARGV[1], read by the key count the line declares (Acquire has
+// four keys since fair mode gave it the line's). Called with n.mu held.
 func (w *World) noteGrant(n *Node, args []string, reply []byte) {
-	if len(args) < 7 || n.sent != nil || len(reply) < 3 || reply[0] != ':' || reply[1] == '-' {
+	if n.sent != nil || len(reply) < 3 || reply[0] != ':' || reply[1] == '-' {
 		return
 	}
-	cmd := strings.ToUpper(args[0])
-	if !(cmd == "EVALSHA" && args[1] == script.Acquire.Hash()) && !(cmd == "EVAL" && sha1hex(args[1]) == script.Acquire.Hash()) {
+	sha, _, argv, ok := scriptLine(args)
+	if !ok || sha != script.Acquire.Hash() || len(argv) == 0 {
 		return
 	}
 	// The last node to grant a token is the one whose reply the client
@@ -152,7 +154,7 @@ func (w *World) noteGrant(n *Node, args []string, reply []byte) {
 	// 2393: granted by the old primary, WAIT 0, cut at the demotion,
 	// granted again by the new one).
 	w.mu.Lock()
-	w.grants[args[6]] = n.id
+	w.grants[argv[0]] = n.id
 	w.mu.Unlock()
 }
 

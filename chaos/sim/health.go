@@ -1,8 +1,6 @@
 package sim
 
 import (
-	"fmt"
-	"strings"
 	"time"
 
 	"github.com/redlease/redlease"
@@ -38,29 +36,24 @@ type pendingRenewal struct {
 }
 
 // renewalItems returns the (key, token) pairs of a renewal script call,
-// or nil for any other command.
+// or nil for any other command. The layouts are internal/script's: Extend
+// has KEYS[1] the lock key and ARGV[1] its token; ExtendMany has KEYS[i]
+// and its token at ARGV[2i-1].
 func renewalItems(args []string) (keys, tokens []string) {
-	if len(args) < 3 || !strings.EqualFold(args[0], "evalsha") && !strings.EqualFold(args[0], "eval") {
+	sha, ks, argv, ok := scriptLine(args)
+	if !ok {
 		return nil, nil
 	}
-	sha := args[1]
-	if strings.EqualFold(args[0], "eval") {
-		sha = sha1hex(args[1])
-	}
-	if name := scriptName(sha); name != "extend" && name != "extendmany" {
-		return nil, nil
-	}
-	nk := 0
-	if _, err := fmt.Sscan(args[2], &nk); err != nil || nk < 0 || 3+nk > len(args) {
-		return nil, nil
-	}
-	for i, k := range args[3 : 3+nk] {
-		j := 3 + nk + i // extend: KEYS then token; extendmany: token, ttl per key
-		if scriptName(sha) == "extendmany" {
-			j = 3 + nk + 2*i
+	switch scriptName(sha) {
+	case "extend":
+		if len(ks) == 1 && len(argv) >= 1 {
+			return ks, argv[:1]
 		}
-		if j < len(args) {
-			keys, tokens = append(keys, k), append(tokens, args[j])
+	case "extendmany":
+		for i, k := range ks {
+			if 2*i < len(argv) {
+				keys, tokens = append(keys, k), append(tokens, argv[2*i])
+			}
 		}
 	}
 	return keys, tokens

@@ -56,6 +56,32 @@ func sha1hex(src string) string {
 	return hex.EncodeToString(h[:])
 }
 
+// scriptLine splits an EVAL or EVALSHA command line by the key count it
+// declares (args[2], numkeys): the script's SHA1 (of its source, for
+// EVAL), its KEYS and its ARGV, as the script sees them. Whoever reads a
+// script's arguments reads them from here, by the script's documented
+// layout (internal/script), never at a fixed offset of the command line:
+// a key added to a script moves every ARGV. ok is false for any other
+// command, or a line whose numkeys is not a count of its arguments.
+func scriptLine(args []string) (sha string, keys, argv []string, ok bool) {
+	if len(args) < 3 {
+		return "", nil, nil, false
+	}
+	switch {
+	case strings.EqualFold(args[0], "evalsha"):
+		sha = strings.ToLower(args[1])
+	case strings.EqualFold(args[0], "eval"):
+		sha = sha1hex(args[1])
+	default:
+		return "", nil, nil, false
+	}
+	nk, err := strconv.Atoi(args[2])
+	if err != nil || nk < 0 || 3+nk > len(args) {
+		return "", nil, nil, false
+	}
+	return sha, args[3 : 3+nk], args[3+nk:], true
+}
+
 // luaState returns the node's Lua state, made on first use. Call with
 // n.mu held.
 func (n *Node) luaState() *lua.LState {

@@ -6,7 +6,6 @@ import (
 	"math/rand/v2"
 	"net"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -333,23 +332,14 @@ func (w *World) scriptCall(n *Node, c *conn, args []string, sent time.Time) bool
 	if msg == "" {
 		return false
 	}
-	sha := args[1]
-	if cmd == "EVAL" {
-		sha = sha1hex(args[1])
-	}
+	keys, toks := renewalItems(args)
 	w.mu.Lock()
 	if w.errCalls == nil {
 		w.errCalls = map[[2]int]int{}
 	}
 	w.errCalls[[2]int{n.id, int(at / time.Second)}]++
-	if name := scriptName(sha); name == "extend" || name == "extendmany" {
-		if nk, err := strconv.Atoi(args[2]); err == nil && nk >= 0 && 3+nk <= len(args) {
-			for i, k := range args[3 : 3+nk] {
-				if j := 3 + nk + 2*i; j < len(args) {
-					w.renews = append(w.renews, renewCall{node: n.id, key: k, token: args[j], at: at, sent: sent.Sub(w.start)})
-				}
-			}
-		}
+	for i, k := range keys {
+		w.renews = append(w.renews, renewCall{node: n.id, key: k, token: toks[i], at: at, sent: sent.Sub(w.start)})
 	}
 	w.mu.Unlock()
 	c.peer.WriteError(msg)
