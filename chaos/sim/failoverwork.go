@@ -447,6 +447,7 @@ func (w *World) checkFailover() ([]Violation, FailoverStats) {
 	}
 	if first < 0 {
 		st.Unwatched = 1
+		w.checkLog("failover-kept: no Sentinel healthy enough for the watcher bound; nothing checked")
 		return nil, st
 	}
 	var vs []Violation
@@ -458,15 +459,31 @@ func (w *World) checkFailover() ([]Violation, FailoverStats) {
 		st.OldHolds++
 		wi, ok := w.watchers[hd.Client]
 		if !ok || hd.To <= first {
+			w.checkLog("%s: granted by the old primary, ended before a healthy Sentinel named the new one", hd)
 			continue
 		}
 		bound := max(first, hd.From) + watchBound(wi.poll)
 		st.Revoked++
 		st.MaxLate = max(st.MaxLate, hd.To-max(first, hd.From))
+		w.checkLog("%s: granted by the old primary, believed until %.3fms, bound %.3fms (poll %v)", hd, msf(hd.To), msf(bound), wi.poll)
 		if hd.To > bound {
 			vs = append(vs, Violation{Inv: InvFailoverKept, At: bound, Detail: fmt.Sprintf("%s: granted by the old primary %s; a healthy Sentinel named %s at %.3fms, yet it was believed held until %.3fms (bound %.3fms: poll %v)",
 				hd, w.nodes[fPrimary].name, w.nodes[fReplica].name, msf(first), msf(hd.To), msf(bound), wi.poll)})
 		}
 	}
+	w.checkLog("failover-kept examined %d holds granted by the old primary, %d of them still believed when a healthy Sentinel named the new primary at %.3fms", st.OldHolds, st.Revoked, msf(first))
 	return vs, st
+}
+
+// checkLog adds a line of the failover check to the history printed on
+// replay (with -seed), after the run's own lines and without a time of
+// its own.
+func (w *World) checkLog(format string, args ...any) {
+	if !w.hist.keep {
+		return
+	}
+	line := "    check   " + fmt.Sprintf(format, args...)
+	w.hist.mu.Lock()
+	w.hist.lines = append(w.hist.lines, line)
+	w.hist.mu.Unlock()
 }

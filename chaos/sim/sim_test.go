@@ -148,6 +148,7 @@ func TestSim(t *testing.T) {
 	el := time.Since(began)
 	t.Logf("%d seeds in %v (%.0f/s), %d hazards", n, el.Round(time.Millisecond), float64(n)/el.Seconds(), hazards.Load())
 	t.Log(tallyReport())
+	checkFailoverExamined(t)
 }
 
 func joinFaults(fs []Fault) string {
