@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -37,6 +38,18 @@ const (
 	FaultSentinelHung  = "sentinel-hung"
 	FaultSentinelDown  = "sentinel-down"  // a Sentinel is down (refuses connections) for For
 	FaultSentinelLossy = "sentinel-lossy" // a Sentinel's links lose messages with Prob for For
+	// FaultFailback: Sentinel moves the primary back (an operator's
+	// SENTINEL FAILOVER once the old primary has rejoined as a replica and
+	// resynchronised): at At the old primary, a replica of the failover's
+	// promoted node since the failover's For, is promoted (config epoch
+	// 3); the node it replaces serves on, WAIT there answering 0, until it
+	// rejoins as its replica For later and its client connections close.
+	FaultFailback = "failback"
+	// FaultSentinelMute: every +switch-master a Sentinel announces from
+	// At for For is lost on its way to every subscriber (pub/sub delivers
+	// at most once; the subscriptions stay confirmed). Sentinels still
+	// answer questions.
+	FaultSentinelMute = "sentinel-mute"
 )
 
 // failoverNodes: the primary, its replica, then the Sentinels.
@@ -64,7 +77,7 @@ func (w *World) setupFailover() {
 		w.nodes = append(w.nodes, newSentinel(w, id, failoverName(id), failoverName(fPrimary), failoverName(fReplica)))
 	}
 	w.nodes[fReplica].follow(w.nodes[fPrimary])
-	w.grants = map[string]int{}
+	w.grants = map[string]grantRec{}
 	w.closing = map[int]bool{}
 }
 
@@ -154,8 +167,14 @@ func (w *World) noteGrant(n *Node, args []string, reply []byte) {
 	// 2393: granted by the old primary, WAIT 0, cut at the demotion,
 	// granted again by the new one).
 	w.mu.Lock()
-	w.grants[argv[0]] = n.id
+	w.grants[argv[0]] = grantRec{node: n.id, at: time.Since(w.start)}
 	w.mu.Unlock()
+}
+
+// grantRec is the last grant of a token: the node and when (virtual time).
+type grantRec struct {
+	node int
+	at   time.Duration
 }
 
 // watchInfo is one client's Watcher, for the watcher invariant.
@@ -166,11 +185,88 @@ type watchInfo struct {
 // failoverClient is one failover workload client: a go-redis client to
 // the primary (its Dialer dials the primary as a Sentinel names it, see
 // primaryDialer), the failover strategy on it, a Watcher over every
-// Sentinel, and then either the lockClient workload (even clients) or the
-// doClient workload with a renew.Watchdog (odd).
+// Sentinel (watchedStrategy), and then either the lockClient workload
+// (even clients) or the doClient workload with a renew.Watchdog (odd;
+// beside it, in a seed with a failback, the long lane: longLane).
 func (w *World) failoverClient(ci int, r *rand.Rand) {
 	ct := r.IntN(2) == 0
 	prefer := r.IntN(w.sc.Sentinels)
+	poll := []time.Duration{100 * time.Millisecond, 150 * time.Millisecond, 250 * time.Millisecond}[r.IntN(3)]
+	s, err := w.watchedStrategy(ci, ct, prefer, poll)
+	if err != nil {
+		w.hist.failed()
+		w.hist.logf("c%d failover.Watch: %v", ci, short(err))
+		return
+	}
+	if ci%2 == 0 {
+		w.lockClient(ci, must(redlease.New(s, redlease.WithPolling())), r)
+		return
+	}
+	wd, err := renew.New()
+	if err != nil {
+		panic(fmt.Sprintf("sim: renew.New: %v", err)) // a bug in the scenario table
+	}
+	w.onClose(func() { wd.Close() })
+	lk := must(redlease.New(s, redlease.WithKeeper(wd), redlease.WithPolling()))
+	var long sync.WaitGroup
+	long.Go(func() { w.longLane(ci, lk, poll) })
+	w.doClient(ci, []doLocker{{name: "k", locker: lk}})
+	long.Wait()
+}
+
+// longLane is an odd failover client's second lane in a seed with a
+// failback: from the start of the run until just after failover-kept's
+// bound for the failback on its client, it holds a key of its own (L1,
+// L3: nobody else takes it) with Locker.Do at the scenario's longest TTL,
+// kept by the client's watchdog, and takes it again whenever it was lost
+// or revoked. So a hold the first primary granted is alive at the
+// failover and one granted before the failback is alive at the failback
+// (unless renewals failed for a TTL), whatever the other lanes' holds
+// were doing then: the other lanes' holds seldom outlive the bound after
+// two moves. In a seed without a failback it does nothing.
+func (w *World) longLane(ci int, locker *redlease.Locker, poll time.Duration) {
+	m := w.lastMove()
+	if m == nil || m.Kind != FaultFailback {
+		return
+	}
+	s, _ := w.firstHealthy(*m)
+	if s < 0 {
+		s = moveAt(*m) + maxSentinelLag // no bound to check: hold as long
+	}
+	end := s + watchBound(poll) + longStep
+	r := rand.New(rand.NewPCG(w.seed, uint64(ci+1)<<8|0x80)) // apart from doClient's lanes
+	key, ttl := fmt.Sprintf("L%d", ci), w.sc.TTL[1]
+	dl := doLocker{name: "L", locker: locker}
+	for seq := 100; seq < 120 && w.hist.now() < end; seq++ {
+		ctx, cancel := context.WithTimeout(context.Background(), end-w.hist.now()+time.Second)
+		ran := false
+		err := locker.Do(ctx, key, func(fctx context.Context, lk *redlease.Lock) error {
+			ran = true
+			var pauses []time.Duration
+			for d := end - w.hist.now(); d > 0; d -= longStep {
+				pauses = append(pauses, min(d, longStep))
+			}
+			w.doHold(ci, seq, key, dl, lk, fctx, pauses, ttl)
+			return nil
+		}, redlease.WithTTL(ttl), redlease.WithRetryDelay(time.Nanosecond, time.Nanosecond), redlease.WithMaxAttempts(3))
+		cancel()
+		if !ran {
+			w.hist.failed()
+		}
+		w.hist.logf("c%d#%d do %s ttl=%v: %v", ci, seq, key, ttl, short(err))
+		sleep(ms(r, 1, 30))
+	}
+}
+
+// longStep is how often the long lane's hold checks Valid and writes.
+const longStep = 25 * time.Millisecond
+
+// watchedStrategy builds client ci's failover strategy on a go-redis
+// client to the primary (ContextTimeoutEnabled ct, dialling the primary
+// as Sentinel prefer names it) and starts its Watcher over every
+// Sentinel, polling every poll; the Watcher and the clients close when
+// the run ends.
+func (w *World) watchedStrategy(ci int, ct bool, prefer int, poll time.Duration) (*failover.Strategy, error) {
 	fc := redis.NewClient(&redis.Options{
 		Addr:                     masterName,
 		Dialer:                   w.primaryDialer(ci, prefer),
@@ -201,15 +297,12 @@ func (w *World) failoverClient(ci int, r *rand.Rand) {
 			_ = sc.Close()
 		}
 	}
-	poll := []time.Duration{100 * time.Millisecond, 150 * time.Millisecond, 250 * time.Millisecond}[r.IntN(3)]
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	wt, err := failover.Watch(ctx, s, masterName, poll, scs...)
 	cancel()
 	if err != nil {
 		w.onClose(closeSentinels)
-		w.hist.failed()
-		w.hist.logf("c%d failover.Watch: %v", ci, short(err))
-		return
+		return nil, err
 	}
 	w.onClose(func() {
 		// go-redis's PubSub.Close takes the mutex its Subscribe holds
@@ -234,16 +327,7 @@ func (w *World) failoverClient(ci int, r *rand.Rand) {
 	w.watchers[ci] = watchInfo{poll: poll}
 	w.mu.Unlock()
 	w.hist.logf("c%d watching %s at %s, poll %v", ci, masterName, wt.Primary(), poll)
-	if ci%2 == 0 {
-		w.lockClient(ci, must(redlease.New(s, redlease.WithPolling())), r)
-		return
-	}
-	wd, err := renew.New()
-	if err != nil {
-		panic(fmt.Sprintf("sim: renew.New: %v", err)) // a bug in the scenario table
-	}
-	w.onClose(func() { wd.Close() })
-	w.doClient(ci, []doLocker{{name: "k", locker: must(redlease.New(s, redlease.WithKeeper(wd), redlease.WithPolling()))}})
+	return s, nil
 }
 
 // makeFailoverFaults draws the failover scenario's own faults: one
@@ -289,7 +373,49 @@ func makeFailoverFaults(r *rand.Rand, sc *Scenario, horizon time.Duration) []Fau
 	if r.IntN(4) == 0 && used < k-1 {
 		fs = append(fs, Fault{At: max(0, at-ms(r, 0, 200)), Kind: FaultSentinelLossy, Node: fSentinel0 + perm[used], Client: -1, For: ms(r, 50, 400), Prob: 0.3 + 0.6*r.Float64()})
 	}
+	// Drawn last, so that the faults above are the ones the same seed drew
+	// before failbacks existed: one seed in three (not after a stale
+	// promotion) moves the primary back soon after the old one rejoined,
+	// and in three of four of those every +switch-master of both moves is
+	// lost, so that a Watcher whose polls fall outside the short time the
+	// failover's node was primary sees only the first primary again, at a
+	// higher config epoch.
+	if !f.Outside && r.IntN(3) == 0 {
+		b := Fault{At: promoteAt(f) + f.For + ms(r, 1, 40), Kind: FaultFailback, Node: fPrimary, Client: -1, For: ms(r, 0, 50)}
+		fs = append(fs, b)
+		if r.IntN(4) > 0 {
+			fs = append(fs, Fault{At: promoteAt(f), Kind: FaultSentinelMute, Node: -1, Client: -1, For: b.At + maxSentinelLag + time.Millisecond - promoteAt(f)})
+		}
+	}
 	return fs
+}
+
+// failoverEnd is when the failover scenario's moves are over: the old
+// primary rejoined after the failover, or the other node after the
+// failback.
+func failoverEnd(fs []Fault) time.Duration {
+	var end time.Duration
+	for _, f := range fs {
+		switch f.Kind {
+		case FaultFailover:
+			end = max(end, promoteAt(f)+f.For)
+		case FaultFailback:
+			end = max(end, f.At+f.For)
+		}
+	}
+	return end
+}
+
+// muted reports whether a sentinel-mute fault loses the announcements
+// Sentinels make now.
+func (w *World) muted() bool {
+	at := time.Since(w.start)
+	for _, f := range w.faults {
+		if f.Kind == FaultSentinelMute && at >= f.At && at < f.At+f.For {
+			return true
+		}
+	}
+	return false
 }
 
 // failoverActions are the timed steps of the failover scenario's own
@@ -308,6 +434,10 @@ func (w *World) failoverActions(f Fault) []action {
 	case FaultSentinelDown:
 		n := w.nodes[f.Node]
 		return []action{{f.At, f.String(), n.crash}, {f.At + f.For, fmt.Sprintf("up sentinel node=%d", f.Node), n.sentinelUp}}
+	case FaultFailback:
+		return w.failbackActions(f)
+	case FaultSentinelMute:
+		return []action{{f.At, f.String(), func() {}}}
 	case FaultFailover:
 	default:
 		return nil
@@ -352,6 +482,47 @@ func (w *World) failoverActions(f Fault) []action {
 	return as
 }
 
+// failbackActions are the steps of a failback f: the old primary, a
+// replica of the failover's promoted node since it rejoined, is promoted
+// (config epoch 3); each Sentinel adopts the configuration that names it
+// (the failback's leader at once, the others after their own lag, which
+// may come before they adopted the failover's: then they skip epoch 2);
+// the node it replaced serves on, WAIT there answering 0, until it
+// rejoins as the new primary's replica For later and its client
+// connections close.
+func (w *World) failbackActions(f Fault) []action {
+	old, rep := w.nodes[fPrimary], w.nodes[fReplica]
+	as := []action{{f.At, f.String() + ": promote " + old.name, old.promote}}
+	leader := int(mix(w.seed, 0x1ead3) % uint64(w.sc.Sentinels))
+	for i := range w.sc.Sentinels {
+		sn := w.nodes[fSentinel0+i]
+		lag := failbackLag(w.seed, (i-leader+w.sc.Sentinels)%w.sc.Sentinels)
+		as = append(as, action{f.At + lag, fmt.Sprintf("sentinel node=%d switches back to %s", sn.id, old.name), func() {
+			sn.switchMaster(sentinelSwitch{from: rep.name, to: old.name, replica: rep.name, epoch: 3})
+		}})
+	}
+	as = append(as, action{f.At + f.For, rep.name + " rejoins as a replica", func() {
+		rep.follow(old)
+		w.cut(rep.id, -1) // the clients' failover clients drop their connections to it
+	}})
+	return as
+}
+
+// failbackAt is when Sentinel id adopts the failback f's configuration.
+func (w *World) failbackAt(f Fault, id int) time.Duration {
+	leader := int(mix(w.seed, 0x1ead3) % uint64(w.sc.Sentinels))
+	i := id - fSentinel0
+	return f.At + failbackLag(w.seed, (i-leader+w.sc.Sentinels)%w.sc.Sentinels)
+}
+
+// failbackLag is sentinelLag for the failback, drawn apart.
+func failbackLag(seed uint64, i int) time.Duration {
+	if i == 0 {
+		return 0
+	}
+	return time.Duration(unit(mix(seed, 0x5e37+uint64(i))) * float64(maxSentinelLag))
+}
+
 // promoteAt is when the failover f promotes the replica.
 func promoteAt(f Fault) time.Duration { return f.At + f.Amount }
 
@@ -365,17 +536,24 @@ func (w *World) switchAt(f Fault, id int) time.Duration {
 // FailoverStats are the failover scenario's figures of one run.
 type FailoverStats struct {
 	Failovers int // runs with a failover
-	Unwatched int // failovers with no Sentinel healthy enough for the watcher bound
-	OldHolds  int // holds granted by the old primary
+	Failbacks int // of those, runs with a failback (the primary moved back)
+	Muted     int // of those, runs whose moves' +switch-master were all lost
+	Unwatched int // runs with no Sentinel healthy enough for the watcher bound
+	// OldHolds: holds granted by a primary the run's last move replaced
+	// (the old primary; with a failback, either node before it), which
+	// failover-kept examined.
+	OldHolds int
 	// Revoked: of those, still believed held when a healthy Sentinel
-	// switched, and ended by the bound; MaxLate: the latest such end,
-	// after that Sentinel switched.
+	// named the last move's configuration, and so checked against the
+	// bound; MaxLate: the latest such end, after that Sentinel switched.
 	Revoked int
 	MaxLate time.Duration
 }
 
 func (s *FailoverStats) add(o FailoverStats) {
 	s.Failovers += o.Failovers
+	s.Failbacks += o.Failbacks
+	s.Muted += o.Muted
 	s.Unwatched += o.Unwatched
 	s.OldHolds += o.OldHolds
 	s.Revoked += o.Revoked
@@ -397,36 +575,63 @@ func watchBound(poll time.Duration) time.Duration {
 	return 2*poll + min(poll, time.Second) + watchSlack
 }
 
-// checkFailover checks the watcher invariant: after a failover whose new
-// configuration a healthy Sentinel (never hung, and neither down nor lossy
-// around its switch) adopted at S, every lock the old primary granted
-// stops claiming validity by max(S, its grant) + watchBound(poll) on its
-// client.
-func (w *World) checkFailover() ([]Violation, FailoverStats) {
-	var st FailoverStats
-	if w.sc.Strategy != Failover {
-		return nil, st
-	}
-	var ff *Fault
+// lastMove is the run's last change of primary: the failback if there is
+// one, else the failover (nil: neither).
+func (w *World) lastMove() *Fault {
+	var ff, fb *Fault
 	for i := range w.faults {
-		if w.faults[i].Kind == FaultFailover {
+		switch w.faults[i].Kind {
+		case FaultFailover:
 			ff = &w.faults[i]
+		case FaultFailback:
+			fb = &w.faults[i]
 		}
 	}
-	if ff == nil {
-		return nil, st
+	if fb != nil {
+		return fb
 	}
-	st.Failovers = 1
-	w.hist.mu.Lock()
-	holds := slices.Clone(w.hist.holds)
-	w.hist.mu.Unlock()
-	w.mu.Lock()
-	defer w.mu.Unlock()
+	return ff
+}
+
+// moveAt is when the move m promotes a node, and adoptAt when Sentinel id
+// adopts the configuration that names it.
+func moveAt(m Fault) time.Duration {
+	if m.Kind == FaultFailback {
+		return m.At
+	}
+	return promoteAt(m)
+}
+
+func (w *World) adoptAt(m Fault, id int) time.Duration {
+	if m.Kind == FaultFailback {
+		return w.failbackAt(m, id)
+	}
+	return w.switchAt(m, id)
+}
+
+// oldGrant reports whether a grant at g belongs to a configuration the
+// move m replaced: without a failback, any grant by the old primary (a
+// grant it made after the promotion cannot stand: WAIT there answers 0);
+// with one, any grant made before the failback's promotion, by either
+// node (the first primary's before and during the failover, the
+// failover's node's while it was primary).
+func oldGrant(m Fault, g grantRec) bool {
+	if m.Kind == FaultFailback {
+		return g.at < m.At
+	}
+	return g.node == fPrimary
+}
+
+// firstHealthy is the first moment S a healthy Sentinel (never hung, and
+// neither down nor lossy within the longest watcher bound of its switch)
+// adopts the configuration of the move m, and that Sentinel's node id;
+// -1, -1 if no Sentinel is healthy.
+func (w *World) firstHealthy(m Fault) (time.Duration, int) {
 	maxBound := watchBound(250 * time.Millisecond)
-	first := time.Duration(-1)
+	first, named := time.Duration(-1), -1
 	for i := range w.sc.Sentinels {
 		id := fSentinel0 + i
-		s := w.switchAt(*ff, id)
+		s := w.adoptAt(m, id)
 		ok := true
 		for _, f := range w.faults {
 			if f.Node != id {
@@ -442,36 +647,81 @@ func (w *World) checkFailover() ([]Violation, FailoverStats) {
 			}
 		}
 		if ok && (first < 0 || s < first) {
-			first = s
+			first, named = s, id
 		}
 	}
+	return first, named
+}
+
+// checkFailover checks the watcher invariant, failover-kept: let the
+// run's last move be the failover or, in a run with a failback, the
+// failback, and S the first moment a healthy Sentinel (never hung, and
+// neither down nor lossy within the longest bound of its switch) names
+// the configuration of that move. Every hold whose grant belongs to a
+// configuration the move replaced (oldGrant) stops claiming validity by
+// max(S, its grant) + watchBound(poll) on its client. With a failback
+// whose announcements were lost, a Watcher may never see the failover's
+// node named at all: its next poll names the first primary again, at a
+// higher config epoch, which must revoke as any move does.
+func (w *World) checkFailover() ([]Violation, FailoverStats) {
+	var st FailoverStats
+	if w.sc.Strategy != Failover {
+		return nil, st
+	}
+	m := w.lastMove()
+	if m == nil {
+		return nil, st
+	}
+	st.Failovers = 1
+	what := "the failover"
+	if m.Kind == FaultFailback {
+		st.Failbacks = 1
+		what = "the failback"
+		for _, f := range w.faults {
+			if f.Kind == FaultSentinelMute {
+				st.Muted = 1
+				what = "the failback (every +switch-master of both moves lost)"
+			}
+		}
+	}
+	w.hist.mu.Lock()
+	holds := slices.Clone(w.hist.holds)
+	w.hist.mu.Unlock()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	first, named := w.firstHealthy(*m)
 	if first < 0 {
 		st.Unwatched = 1
-		w.checkLog("failover-kept: no Sentinel healthy enough for the watcher bound; nothing checked")
+		w.checkLog("failover-kept: no Sentinel healthy enough for the watcher bound of %s; nothing checked", what)
 		return nil, st
+	}
+	promoted := w.nodes[fReplica].name
+	if m.Kind == FaultFailback {
+		promoted = w.nodes[fPrimary].name
 	}
 	var vs []Violation
 	for _, hd := range holds {
-		node, ok := w.grants[hd.Token]
-		if !ok || node != fPrimary {
+		g, ok := w.grants[hd.Token]
+		if !ok || !oldGrant(*m, g) {
 			continue
 		}
 		st.OldHolds++
+		granted := fmt.Sprintf("granted by %s at %.3fms", w.nodes[g.node].name, msf(g.at))
 		wi, ok := w.watchers[hd.Client]
 		if !ok || hd.To <= first {
-			w.checkLog("%s: granted by the old primary, ended before a healthy Sentinel named the new one", hd)
+			w.checkLog("%s: %s, ended before a healthy Sentinel named the configuration of %s", hd, granted, what)
 			continue
 		}
 		bound := max(first, hd.From) + watchBound(wi.poll)
 		st.Revoked++
 		st.MaxLate = max(st.MaxLate, hd.To-max(first, hd.From))
-		w.checkLog("%s: granted by the old primary, believed until %.3fms, bound %.3fms (poll %v)", hd, msf(hd.To), msf(bound), wi.poll)
+		w.checkLog("%s: %s, believed until %.3fms, bound %.3fms (poll %v)", hd, granted, msf(hd.To), msf(bound), wi.poll)
 		if hd.To > bound {
-			vs = append(vs, Violation{Inv: InvFailoverKept, At: bound, Detail: fmt.Sprintf("%s: granted by the old primary %s; a healthy Sentinel named %s at %.3fms, yet it was believed held until %.3fms (bound %.3fms: poll %v)",
-				hd, w.nodes[fPrimary].name, w.nodes[fReplica].name, msf(first), msf(hd.To), msf(bound), wi.poll)})
+			vs = append(vs, Violation{Inv: InvFailoverKept, At: bound, Detail: fmt.Sprintf("%s: %s; after %s, Sentinel node=%d (healthy) named %s at %.3fms, yet it was believed held until %.3fms (bound %.3fms: poll %v)",
+				hd, granted, what, named, promoted, msf(first), msf(hd.To), msf(bound), wi.poll)})
 		}
 	}
-	w.checkLog("failover-kept examined %d holds granted by the old primary, %d of them still believed when a healthy Sentinel named the new primary at %.3fms", st.OldHolds, st.Revoked, msf(first))
+	w.checkLog("failover-kept examined %d holds granted under a configuration %s replaced, %d of them still believed when a healthy Sentinel named %s at %.3fms", st.OldHolds, what, st.Revoked, promoted, msf(first))
 	return vs, st
 }
 

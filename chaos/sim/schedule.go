@@ -189,9 +189,10 @@ func makeSchedule(seed uint64, sc *Scenario, horizon time.Duration) []Fault {
 	}
 	if sc.Strategy == Failover {
 		ff := makeFailoverFaults(r, sc, horizon)
-		// A restart close to the failover would make a second one of it.
+		// A restart close to the failover (or its failback) would make
+		// another one of it.
 		fs = slices.DeleteFunc(fs, func(f Fault) bool {
-			return f.Kind == FaultRestart && f.At+f.For > ff[0].At-150*time.Millisecond && f.At < ff[0].At+ff[0].Amount+ff[0].For+100*time.Millisecond
+			return f.Kind == FaultRestart && f.At+f.For > ff[0].At-150*time.Millisecond && f.At < failoverEnd(ff)+100*time.Millisecond
 		})
 		fs = append(fs, ff...)
 	}

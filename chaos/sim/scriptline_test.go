@@ -46,11 +46,13 @@ func TestScriptLineLayouts(t *testing.T) {
 			require.NotEmpty(t, argv)
 			assert.Equal(t, c.tok, argv[0])
 
-			w := &World{grants: map[string]int{}}
+			w := &World{grants: map[string]grantRec{}, start: time.Now()}
 			w.noteGrant(&Node{id: fPrimary}, wire(c.line), []byte(":7\r\n"))
-			assert.Equal(t, map[string]int{c.tok: fPrimary}, w.grants)
+			require.Contains(t, w.grants, c.tok)
+			assert.Equal(t, fPrimary, w.grants[c.tok].node)
 			w.noteGrant(&Node{id: fReplica}, wire(c.line), []byte(":-5\r\n")) // a refusal grants nothing
-			assert.Equal(t, map[string]int{c.tok: fPrimary}, w.grants)
+			assert.Len(t, w.grants, 1)
+			assert.Equal(t, fPrimary, w.grants[c.tok].node)
 		})
 	}
 

@@ -137,7 +137,9 @@ func (n *Node) switchMaster(sw sentinelSwitch) {
 		return
 	}
 	if n.down {
-		s.pending = &sw
+		if s.pending == nil || sw.epoch > s.pending.epoch {
+			s.pending = &sw // a failback's switch may reach it before the failover's
+		}
 		return
 	}
 	s.addr, s.replica, s.epoch = sw.to, sw.replica, sw.epoch
@@ -145,6 +147,12 @@ func (n *Node) switchMaster(sw sentinelSwitch) {
 		n.w.hist.logf("%s switched to %s (epoch %d)%s", n.name, sw.to, sw.epoch, map[bool]string{true: ", hung: no announcement"}[n.paused])
 	}
 	if n.paused {
+		return
+	}
+	if n.w.muted() {
+		if n.w.opts.Log {
+			n.w.hist.logf("%s: its +switch-master to %s lost on the way to every subscriber (sentinel-mute)", n.name, sw.to)
+		}
 		return
 	}
 	oh, op, _ := net.SplitHostPort(sw.from)
@@ -191,5 +199,9 @@ func sentinelLag(seed uint64, i int) time.Duration {
 	if i == 0 {
 		return 0
 	}
-	return time.Duration(unit(mix(seed, 0x5e27+uint64(i))) * float64(150*time.Millisecond))
+	return time.Duration(unit(mix(seed, 0x5e27+uint64(i))) * float64(maxSentinelLag))
 }
+
+// maxSentinelLag bounds how long after a promotion every Sentinel has
+// adopted its configuration.
+const maxSentinelLag = 150 * time.Millisecond

@@ -305,8 +305,8 @@ func tallyReport() string {
 	}
 	for _, k := range slices.Sorted(maps.Keys(failoverBy)) {
 		s := failoverBy[k]
-		fmt.Fprintf(&b, "  %s watcher: failovers %d (no healthy Sentinel for the bound: %d); holds granted by the old primary %d, still believed when a healthy Sentinel switched %d, the latest ended %v after it\n",
-			k, s.Failovers, s.Unwatched, s.OldHolds, s.Revoked, s.MaxLate.Round(time.Microsecond))
+		fmt.Fprintf(&b, "  %s watcher: failovers %d (with a failback %d, its announcements lost %d; no healthy Sentinel for the bound: %d); holds granted by a replaced primary %d, still believed when a healthy Sentinel named the last move %d, the latest ended %v after it\n",
+			k, s.Failovers, s.Failbacks, s.Muted, s.Unwatched, s.OldHolds, s.Revoked, s.MaxLate.Round(time.Microsecond))
 	}
 	b.WriteString("seeds per fault kind:\n")
 	for _, k := range slices.Sorted(maps.Keys(faultSeeds)) {

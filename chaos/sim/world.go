@@ -48,7 +48,7 @@ type World struct {
 	renewals map[string][]*renewMsg
 	links    map[[2]int][]linkMsg // (client, node) → every message between them, in send order
 	pending  map[pendingRenewal]*renewMsg
-	grants   map[string]int // failover: acquisition token → the node that granted it
+	grants   map[string]grantRec // failover: acquisition token → its last grant
 	watchers map[int]watchInfo
 	closing  map[int]bool // failover: clients whose Watcher is closing (see failoverClient)
 	// Wake scenarios (wakework.go): every Lock call and every release.
