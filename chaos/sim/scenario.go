@@ -120,9 +120,11 @@ var Scenarios = []Scenario{
 	// redis.NewFailoverClient each with a failover.Watch over every
 	// Sentinel; half run Lock/TryLock/Extend/Release, half Locker.Do kept
 	// by a renew.Watchdog, on the same keys. One failover per run (the
-	// primary killed or not, the promoted replica maybe stale), around it
-	// replication-link faults, Sentinels hung, down or lossy, and the
-	// clients' links to the data nodes slow, lossy, cut or paused.
+	// primary killed or not, the promoted replica maybe stale), in one
+	// run in three followed by a failback (A→B→A, its announcements
+	// mostly lost; failoverwork.go), around it replication-link faults,
+	// Sentinels hung, down or lossy, and the clients' links to the data
+	// nodes slow, lossy, cut or paused.
 	{Name: "failover", Strategy: Failover, Nodes: 2, Sentinels: 3, Clients: 4, Keys: 2, Ops: 4, TTL: [2]time.Duration{60 * time.Millisecond, 300 * time.Millisecond},
 		Kinds: []string{FaultDelay, FaultLoss, FaultCut, FaultPause, FaultRestart}, RestartModes: []string{"empty", "durable"}, Faults: true, Horizon: 900 * time.Millisecond},
 	// wake-single, wake-quorum3: waiters woken by release notices (no

@@ -128,7 +128,10 @@ func newSentinel(w *World, id int, name, primary, replica string) *Node {
 // switchMaster makes the Sentinel adopt the configuration that names to as
 // the primary, and announce it to its subscribers (over their links). A
 // Sentinel that is down adopts it when it comes back; one that hangs
-// adopts it and announces nothing.
+// adopts it and announces nothing; under a sentinel-mute fault the
+// announcement is lost on the way to every subscriber. A configuration
+// no newer than the one it has (a failover's reaching it after the
+// failback's) is ignored.
 func (n *Node) switchMaster(sw sentinelSwitch) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
