@@ -123,6 +123,7 @@ func (h *history) twiceLocked() []Violation {
 	var vs []Violation
 	for _, k := range sortedKeys(h.effects) {
 		es := h.effects[k]
+		h.ex.count(InvTwice, len(es))
 		for i := 1; i < len(es); i++ {
 			excused := false
 			for _, p := range es[:i] {
@@ -191,6 +192,7 @@ func (h *history) handlerOverlapLocked() []Violation {
 	for _, k := range sortedKeys(h.spans) {
 		sp := h.spans[k]
 		for i, a := range sp {
+			h.ex.count(InvHandlerOverlap, len(sp)-i-1)
 			for _, b := range sp[i+1:] {
 				aEnd, bEnd := a.to, b.to
 				if aEnd < 0 {

@@ -111,6 +111,7 @@ type history struct {
 	reg      map[string]uint64
 	keep     bool // keep log lines
 	direct   []Violation
+	ex       examinedCounts // what the invariants examined (examined.go)
 }
 
 // violation records a violation seen directly by the workload.
@@ -190,8 +191,12 @@ func (h *history) check(fenced bool) []Violation {
 		hs := byKey[k]
 		slices.SortStableFunc(hs, func(a, b *Hold) int { return cmp.Compare(a.From, b.From) })
 		for i, a := range hs {
+			h.ex.count(InvOverlap, len(hs)-i-1)
 			for _, b := range hs[i+1:] {
 				if b.From >= a.To {
+					if fenced {
+						h.ex.count(InvFenceOrder, 1)
+					}
 					if fenced && b.Fence <= a.Fence {
 						vs = append(vs, Violation{Inv: InvFenceOrder, At: b.From, Detail: fmt.Sprintf("key %s: %s then %s", k, a, b)})
 					}
@@ -202,6 +207,9 @@ func (h *history) check(fenced bool) []Violation {
 		}
 	}
 	for _, hd := range h.holds {
+		if hd.RelSent >= 0 {
+			h.ex.count(InvReleaseKept, 1)
+		}
 		if hd.RelSent >= 0 && (hd.LostAt < 0 || hd.LostAt > hd.RelSent) && hd.RelSent < hd.To {
 			vs = append(vs, Violation{Inv: InvReleaseKept, At: hd.RelSent, Detail: fmt.Sprintf("%s: Release sent at %.3fms, Lost closed at %.3fms", hd, msf(hd.RelSent), msf(hd.LostAt))})
 		}
@@ -224,6 +232,9 @@ func (h *history) staleLocked() []Violation {
 	for _, w := range h.writes {
 		if !w.accepted {
 			continue
+		}
+		if _, ok := last[w.key]; ok {
+			h.ex.count(InvStale, 1)
 		}
 		if p, ok := last[w.key]; ok && from[[2]int{p.client, p.seq}] > from[[2]int{w.client, w.seq}] {
 			vs = append(vs, Violation{Inv: InvStale, At: w.at, Detail: fmt.Sprintf("key %s: c%d#%d fence %d (granted %.3fms) overwrote c%d#%d fence %d (granted later, %.3fms)",

@@ -180,6 +180,7 @@ func (w *World) checkHeld(ci, seq int, key string, dl doLocker, lk *redlease.Loc
 	}
 	tok := lk.Token()
 	ids, quorum := w.holdNodes(dl.name, key)
+	w.hist.ex.count(InvPastExpiry, 1)
 	held := 0
 	for _, i := range ids {
 		if w.nodes[i].holds(key, tok) {

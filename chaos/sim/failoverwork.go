@@ -550,6 +550,11 @@ type FailoverStats struct {
 	MaxLate time.Duration
 }
 
+// examined is what failover-kept examined in a run, read by the
+// examined-count framework (examined.go): the holds the old primary
+// granted.
+func (s FailoverStats) examined() int { return s.OldHolds }
+
 func (s *FailoverStats) add(o FailoverStats) {
 	s.Failovers += o.Failovers
 	s.Failbacks += o.Failbacks

@@ -34,6 +34,8 @@ type Result struct {
 	Watch      WatchStats    // watchdog-mixed: badkey, healthy and errnode figures
 	Failover   FailoverStats // failover: the watcher's figures
 	Wake       WakeStats     // wake-*: handoffs and how long they took
+	// Examined: what each invariant examined, by name (examined.go).
+	Examined map[string]int
 }
 
 // maxRun bounds a run in virtual time: a workload still going after it is
@@ -174,6 +176,7 @@ func Run(sc Scenario, seed uint64, opts Options) *Result {
 		Wake:       kst,
 	}
 	res.Verdict = grade(res.Violations, w.faults)
+	res.Examined = w.examined(res)
 	return res
 }
 

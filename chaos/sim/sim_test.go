@@ -146,9 +146,10 @@ func TestSim(t *testing.T) {
 	pool.Wait()
 	n = int(done.Load())
 	el := time.Since(began)
-	t.Logf("%d seeds in %v (%.0f/s), %d hazards", n, el.Round(time.Millisecond), float64(n)/el.Seconds(), hazards.Load())
+	t.Logf("%d seeds in %v (%.0f/s), %d hazards; examined: %s", n, el.Round(time.Millisecond), float64(n)/el.Seconds(), hazards.Load(), examinedLine(examinedTotal()))
 	t.Log(tallyReport())
 	checkFailoverExamined(t)
+	checkTally(t)
 }
 
 func joinFaults(fs []Fault) string {
@@ -260,6 +261,7 @@ func tally(res *Result) {
 		}
 		watchBy[res.Scenario].add(res.Watch)
 	}
+	tallyMore(res)
 	seen := map[string]bool{}
 	for _, f := range res.Schedule {
 		k := f.Kind
@@ -316,6 +318,7 @@ func tallyReport() string {
 	for _, k := range slices.Sorted(maps.Keys(hazardsKind)) {
 		fmt.Fprintf(&b, "  %-40s %6d\n", k, hazardsKind[k])
 	}
+	b.WriteString(moreReport())
 	return b.String()
 }
 
