@@ -67,20 +67,24 @@ type Hold struct {
 	WrongType bool          // the lock's Err names WRONGTYPE
 }
 
-// Violation is one broken invariant. Hazard says it followed a fault
-// outside the strategy's assumptions; Faults names those faults' kinds.
+// Violation is one broken invariant. Hazard says a fault outside the
+// strategy's assumptions can have caused it: the Scope of such a fault
+// covers one of its Holds (scope.go); Faults names those faults' kinds,
+// Excused the faults (their index in the schedule).
 type Violation struct {
-	Inv    string
-	At     time.Duration
-	Detail string
-	Hazard bool
-	Faults []string
+	Inv     string
+	At      time.Duration
+	Detail  string
+	Hazard  bool
+	Faults  []string
+	Excused []int
+	Holds   []*Hold // the holds it names, if any
 }
 
 func (v Violation) String() string {
 	s := fmt.Sprintf("%s at %.3fms: %s", v.Inv, float64(v.At)/float64(time.Millisecond), v.Detail)
 	if v.Hazard {
-		s += fmt.Sprintf(" [hazard: %s]", strings.Join(v.Faults, ","))
+		s += fmt.Sprintf(" [hazard: %s, faults %v]", strings.Join(v.Faults, ","), v.Excused)
 	}
 	return s
 }
@@ -198,11 +202,11 @@ func (h *history) check(fenced bool) []Violation {
 						h.ex.count(InvFenceOrder, 1)
 					}
 					if fenced && b.Fence <= a.Fence {
-						vs = append(vs, Violation{Inv: InvFenceOrder, At: b.From, Detail: fmt.Sprintf("key %s: %s then %s", k, a, b)})
+						vs = append(vs, Violation{Inv: InvFenceOrder, At: b.From, Detail: fmt.Sprintf("key %s: %s then %s", k, a, b), Holds: []*Hold{a, b}})
 					}
 					continue
 				}
-				vs = append(vs, Violation{Inv: InvOverlap, At: b.From, Detail: fmt.Sprintf("key %s: %s and %s overlap for %v", k, a, b, min(a.To, b.To)-b.From)})
+				vs = append(vs, Violation{Inv: InvOverlap, At: b.From, Detail: fmt.Sprintf("key %s: %s and %s overlap for %v", k, a, b, min(a.To, b.To)-b.From), Holds: []*Hold{a, b}})
 			}
 		}
 	}
@@ -211,7 +215,7 @@ func (h *history) check(fenced bool) []Violation {
 			h.ex.count(InvReleaseKept, 1)
 		}
 		if hd.RelSent >= 0 && (hd.LostAt < 0 || hd.LostAt > hd.RelSent) && hd.RelSent < hd.To {
-			vs = append(vs, Violation{Inv: InvReleaseKept, At: hd.RelSent, Detail: fmt.Sprintf("%s: Release sent at %.3fms, Lost closed at %.3fms", hd, msf(hd.RelSent), msf(hd.LostAt))})
+			vs = append(vs, Violation{Inv: InvReleaseKept, At: hd.RelSent, Detail: fmt.Sprintf("%s: Release sent at %.3fms, Lost closed at %.3fms", hd, msf(hd.RelSent), msf(hd.LostAt)), Holds: []*Hold{hd}})
 		}
 	}
 	vs = append(vs, h.staleLocked()...)
@@ -224,8 +228,10 @@ func (h *history) check(fenced bool) []Violation {
 // written under a later grant.
 func (h *history) staleLocked() []Violation {
 	from := map[[2]int]time.Duration{}
+	holdOf := map[regHold]*Hold{}
 	for _, hd := range h.holds {
 		from[[2]int{hd.Client, hd.Seq}] = hd.From
+		holdOf[regHold{hd.Client, hd.Seq, hd.Key}] = hd
 	}
 	last := map[string]regWrite{}
 	var vs []Violation
@@ -238,7 +244,8 @@ func (h *history) staleLocked() []Violation {
 		}
 		if p, ok := last[w.key]; ok && from[[2]int{p.client, p.seq}] > from[[2]int{w.client, w.seq}] {
 			vs = append(vs, Violation{Inv: InvStale, At: w.at, Detail: fmt.Sprintf("key %s: c%d#%d fence %d (granted %.3fms) overwrote c%d#%d fence %d (granted later, %.3fms)",
-				w.key, w.client, w.seq, w.fence, msf(from[[2]int{w.client, w.seq}]), p.client, p.seq, p.fence, msf(from[[2]int{p.client, p.seq}]))})
+				w.key, w.client, w.seq, w.fence, msf(from[[2]int{w.client, w.seq}]), p.client, p.seq, p.fence, msf(from[[2]int{p.client, p.seq}])),
+				Holds: []*Hold{holdOf[regHold{w.client, w.seq, w.key}], holdOf[regHold{p.client, p.seq, p.key}]}})
 		}
 		last[w.key] = w
 	}
@@ -260,26 +267,44 @@ func sortedKeys[V any](m map[string]V) []string {
 
 func msf(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
-// grade marks violations as hazards where a fault outside the strategy's
-// assumptions came before them, and returns the verdict.
-func grade(vs []Violation, faults []Fault) string {
-	verdict := Pass
+// regHold names the hold of a register write.
+type regHold struct {
+	client, seq int
+	key         string
+}
+
+// excuse records, on each violation, the outside faults whose Scope
+// covers one of its holds (scope.go): Excused and their kinds in Faults.
+func excuse(vs []Violation, scopes []Scope, votes map[string][]vote) {
 	for i := range vs {
 		v := &vs[i]
-		for _, f := range faults {
-			if f.At > v.At && v.At > 0 {
-				continue
+		v.Faults, v.Excused = nil, nil
+		for _, s := range scopes {
+			if s.At > v.At && v.At > 0 {
+				continue // after the violation: it cannot have caused it
 			}
-			fenceInv := v.Inv == InvFenceOrder || v.Inv == InvStale
-			if f.Outside || (f.FenceOutside && fenceInv) {
-				v.Hazard = true
-				if !slices.Contains(v.Faults, f.Kind) {
-					v.Faults = append(v.Faults, f.Kind)
+			for _, hd := range v.Holds {
+				if s.covers(hd, v.Inv, votes) {
+					v.Excused = append(v.Excused, s.Fault)
+					if !slices.Contains(v.Faults, s.Kind) {
+						v.Faults = append(v.Faults, s.Kind)
+					}
+					break
 				}
 			}
 		}
+	}
+}
+
+// grade marks as hazards the violations an outside fault excused
+// (excuse), and returns the verdict.
+func grade(vs []Violation) string {
+	verdict := Pass
+	for i := range vs {
+		v := &vs[i]
+		v.Hazard = len(v.Excused) > 0
 		if v.Inv == InvLeak || v.Inv == InvStuck || v.Inv == InvReleaseKept || v.Inv == InvPanic || v.Inv == InvFailoverKept {
-			v.Hazard, v.Faults = false, nil // no fault excuses these
+			v.Hazard = false // no fault excuses these
 		}
 		switch {
 		case !v.Hazard:

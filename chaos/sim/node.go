@@ -240,6 +240,7 @@ func (n *Node) execLocked(c *conn, args []string, sent time.Time) {
 			pre = n.keyStatesLocked(keys)
 		}
 	}
+	ac := n.w.beforeApply(n, c, args)
 	n.cur = c
 	n.m.Server().Dispatch(c.peer, args)
 	n.cur = nil
@@ -263,6 +264,7 @@ func (n *Node) execLocked(c *conn, args []string, sent time.Time) {
 	if n.w.grants != nil {
 		n.w.noteGrant(n, args, reply)
 	}
+	n.w.afterApply(n, ac, reply)
 	if n.w.opts.Log {
 		n.w.hist.logf("%s applied %s -> %s (sent %.3fms)", c.name, describe(args), strings.TrimSpace(strings.ReplaceAll(string(reply), "\r\n", " ")), msf(sent.Sub(n.w.start)))
 	}
@@ -322,6 +324,7 @@ func (n *Node) crash() {
 	n.down = true
 	old := n.m
 	n.atCrash = snapshotOf(old, n.clockLocked())
+	n.w.noteCrash(n)
 	n.mu.Unlock()
 	for _, c := range cs {
 		c.cut()
@@ -362,6 +365,7 @@ func (n *Node) takeSnapshot() {
 	}
 	n.m.SetTime(n.clockLocked())
 	n.snapshot = snapshotOf(n.m, n.clockLocked())
+	n.w.noteSnapshot(n)
 }
 
 // jump moves the node's clock by d (forward when positive): key TTLs run
@@ -369,6 +373,7 @@ func (n *Node) takeSnapshot() {
 func (n *Node) jump(d time.Duration) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	n.w.noteJump(n)
 	n.offset += d
 	if n.m != nil && !n.down {
 		n.m.SetTime(n.clockLocked())

@@ -113,7 +113,7 @@ func (w *World) pastMaxClient(ci int, locker *redlease.Locker, r *rand.Rand) {
 // as hold does; it extends every 3–30 ms, three times in four past the
 // max TTL.
 func (w *World) pastMaxHold(ci, seq int, key, via string, ttl time.Duration, lk *redlease.Lock, r *rand.Rand) {
-	hd := &Hold{Client: ci, Seq: seq, Key: key, Via: via, Fence: lk.Fence(), From: w.hist.now(), LostAt: -1, RelSent: -1}
+	hd := &Hold{Client: ci, Seq: seq, Key: key, Via: via, Fence: lk.Fence(), From: w.hist.now(), LostAt: -1, RelSent: -1, Token: lk.Token()}
 	w.hist.logf("c%d#%d %s %s ttl=%v granted fence=%d until=+%.3fms", ci, seq, via, key, ttl, lk.Fence(), msf(time.Until(lk.Until())))
 	_ = lk.Valid() // as hold does, unless -lostfirst
 	lost, perr := safeLost(lk)

@@ -34,6 +34,9 @@ type Result struct {
 	Watch      WatchStats    // watchdog-mixed: badkey, healthy and errnode figures
 	Failover   FailoverStats // failover: the watcher's figures
 	Wake       WakeStats     // wake-*: handoffs and how long they took
+	// Scopes: what each outside fault of the schedule can have affected
+	// (scope.go); a violation is a hazard only inside one.
+	Scopes []Scope
 	// Examined: what each invariant examined, by name (examined.go).
 	Examined map[string]int
 }
@@ -175,7 +178,9 @@ func Run(sc Scenario, seed uint64, opts Options) *Result {
 		Failover:   fst,
 		Wake:       kst,
 	}
-	res.Verdict = grade(res.Violations, w.faults)
+	res.Scopes = w.scopes()
+	excuse(res.Violations, res.Scopes, w.votesByToken())
+	res.Verdict = grade(res.Violations)
 	res.Examined = w.examined(res)
 	return res
 }

@@ -78,6 +78,9 @@ func TestSim(t *testing.T) {
 		})
 		t.Logf("scenario %s seed %d: %s", res.Scenario, res.Seed, res.Verdict)
 		t.Log("schedule:\n" + joinFaults(res.Schedule))
+		for _, sc := range res.Scopes {
+			t.Logf("scope of fault %d: %s", sc.Fault, sc)
+		}
 		t.Log("history:\n" + strings.Join(res.Log, "\n"))
 		for _, v := range res.Violations {
 			t.Log(v)
@@ -183,7 +186,7 @@ func onlyInvariants(res *Result) {
 		}
 	}
 	res.Violations = vs
-	res.Verdict = grade(vs, res.Schedule)
+	res.Verdict = grade(vs)
 }
 
 // replays runs one seed n times and reports how often it failed and how

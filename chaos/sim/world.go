@@ -54,6 +54,7 @@ type World struct {
 	// Wake scenarios (wakework.go): every Lock call and every release.
 	wakeWaits []wakeWait
 	wakeRels  []wakeRelease
+	scope     scopeRecs // what the nodes recorded for the hazard scopes (scope.go)
 }
 
 // badHit is one node on which a badkey fault replaced a lock's token.
