@@ -303,7 +303,7 @@ func grade(vs []Violation) string {
 	for i := range vs {
 		v := &vs[i]
 		v.Hazard = len(v.Excused) > 0
-		if v.Inv == InvLeak || v.Inv == InvStuck || v.Inv == InvReleaseKept || v.Inv == InvPanic || v.Inv == InvFailoverKept {
+		if v.Inv == InvLeak || v.Inv == InvStuck || v.Inv == InvReleaseKept || v.Inv == InvPanic || v.Inv == InvFailoverKept || v.Inv == InvFIFO {
 			v.Hazard = false // no fault excuses these
 		}
 		switch {

@@ -54,6 +54,8 @@ var examinedIn = map[string]func(sc *Scenario) bool{
 	InvWakeSlow: func(sc *Scenario) bool { return sc.Wake },
 	// Holds the old primary granted (FailoverStats.examined).
 	InvFailoverKept: func(sc *Scenario) bool { return sc.Strategy == Failover },
+	// Free-key grants a node applied to a fair attempt (fifo.go).
+	InvFIFO: func(sc *Scenario) bool { return sc.Fair },
 }
 
 // examinedCounts is a run's counts by invariant, guarded by its own

@@ -34,6 +34,7 @@ type Result struct {
 	Watch      WatchStats    // watchdog-mixed: badkey, healthy and errnode figures
 	Failover   FailoverStats // failover: the watcher's figures
 	Wake       WakeStats     // wake-*: handoffs and how long they took
+	Fair       FairStats     // fair-*: what the fifo check examined
 	// Scopes: what each outside fault of the schedule can have affected
 	// (scope.go); a violation is a hazard only inside one.
 	Scopes []Scope
@@ -154,6 +155,7 @@ func Run(sc Scenario, seed uint64, opts Options) *Result {
 	time.Sleep(leakGrace)
 
 	vs = append(vs, w.hist.check(sc.fenced())...)
+	vs = append(vs, w.checkFIFO()...)
 	wvs, wst := w.checkWatch()
 	vs = append(vs, wvs...)
 	fvs, fst := w.checkFailover()
@@ -177,6 +179,7 @@ func Run(sc Scenario, seed uint64, opts Options) *Result {
 		Watch:      wst,
 		Failover:   fst,
 		Wake:       kst,
+		Fair:       w.fairStats(),
 	}
 	res.Scopes = w.scopes()
 	excuse(res.Violations, res.Scopes, w.votesByToken())

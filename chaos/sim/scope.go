@@ -139,25 +139,32 @@ func granted(reply []byte) bool {
 }
 
 // acquireCall is an Acquire a node is about to apply: its key, token and
-// client.
+// client, and in a Fair scenario what the fifo check reads (fifo.go).
 type acquireCall struct {
 	key, token string
 	client     int
+	fairCall
 }
 
 // beforeApply runs before node n applies args for c: for an Acquire
-// call, it reads what the checks need of the call. Called with n.mu
-// held, the node's clock set.
+// call, it reads what the checks need of the call and, in a Fair
+// scenario, of the node's state (fifo.go). Called with n.mu held, the
+// node's clock set.
 func (w *World) beforeApply(n *Node, c *conn, args []string) *acquireCall {
 	if n.sent != nil || !w.sc.Faults || !isAcquire(args) {
 		return nil
 	}
-	return &acquireCall{key: args[3], token: args[7], client: c.client}
+	ac := &acquireCall{key: args[3], token: args[7], client: c.client}
+	if w.sc.Fair {
+		w.fifoBefore(n, ac, args)
+	}
+	return ac
 }
 
 // afterApply runs after node n applied an Acquire call (ac from
-// beforeApply) and replied: it records a grant as the node's vote. Called
-// with n.mu held.
+// beforeApply) and replied: it records a grant as the node's vote and, in
+// a Fair scenario, checks fair mode's line (fifo.go). Called with n.mu
+// held.
 func (w *World) afterApply(n *Node, ac *acquireCall, reply []byte) {
 	if ac == nil {
 		return
@@ -166,6 +173,9 @@ func (w *World) afterApply(n *Node, ac *acquireCall, reply []byte) {
 		w.scope.mu.Lock()
 		w.scope.votes = append(w.scope.votes, vote{node: n.id, key: ac.key, token: ac.token, at: time.Since(w.start)})
 		w.scope.mu.Unlock()
+	}
+	if w.sc.Fair {
+		w.fifoAfter(n, ac, reply)
 	}
 }
 

@@ -8,11 +8,15 @@ import (
 	"testing"
 )
 
-// The tally of examined counts (examined.go), kept beside sim_test.go's;
-// tallyMu guards it too.
-var examinedBy = map[string]map[string]int{} // scenario → invariant → count
+// The tallies of examined counts (examined.go) and of the fifo figures
+// (fifo.go), kept beside sim_test.go's; tallyMu guards them too.
+var (
+	examinedBy = map[string]map[string]int{} // scenario → invariant → count
+	fairBy     = map[string]*FairStats{}
+)
 
-// tallyMore adds a run's examined counts. Called with tallyMu held.
+// tallyMore adds a run's examined counts and fifo figures. Called with
+// tallyMu held.
 func tallyMore(res *Result) {
 	m := examinedBy[res.Scenario]
 	if m == nil {
@@ -22,12 +26,23 @@ func tallyMore(res *Result) {
 	for inv, n := range res.Examined {
 		m[inv] += n
 	}
+	if res.Fair != (FairStats{}) {
+		if fairBy[res.Scenario] == nil {
+			fairBy[res.Scenario] = &FairStats{}
+		}
+		fairBy[res.Scenario].add(res.Fair)
+	}
 }
 
-// moreReport is the report of tallyMore's tally. Called with tallyMu
+// moreReport is the report of tallyMore's tallies. Called with tallyMu
 // held.
 func moreReport() string {
 	var b strings.Builder
+	for _, k := range slices.Sorted(maps.Keys(fairBy)) {
+		s := fairBy[k]
+		fmt.Fprintf(&b, "  %s fifo: free-key grants to fair attempts checked %d (a live line of others on the node %d), head of the node's line every time but %d; granted while an earlier waiter still attempting was missing from that node's line (a fairness miss fair mode admits) %d; refreshes and takeovers %d, grants to the client without fairness %d, Queued refusals %d\n",
+			k, s.Grants, s.Lined, s.Ahead, s.Missed, s.Refreshes, s.Unfair, s.Queued)
+	}
 	b.WriteString("examined per scenario and invariant:\n")
 	for _, k := range slices.Sorted(maps.Keys(examinedBy)) {
 		fmt.Fprintf(&b, "  %-18s %s\n", k, examinedLine(examinedBy[k]))

@@ -55,6 +55,7 @@ type World struct {
 	wakeWaits []wakeWait
 	wakeRels  []wakeRelease
 	scope     scopeRecs // what the nodes recorded for the hazard scopes (scope.go)
+	fifo      fifoRecs  // fair mode's line as the nodes applied grants (fifo.go)
 }
 
 // badHit is one node on which a badkey fault replaced a lock's token.
