@@ -33,22 +33,24 @@ import (
 // What it leaves out, because fair mode does not promise it: attempts
 // without fairness (the scenario's last client: it ignores the line,
 // counted as Unfair); a line that lost or never got a waiter's entry on
-// some node (a lost join, a restart: lines are not kept by snapshots or
-// restarts here) or whose entry expired there: the check reads what the
-// node has, so a waiter missing from the node's line is not ahead of
-// anyone there (such grants, with that waiter still attempting before
-// and after the grant, are counted as Missed: fairness misses the design
-// admits). No fault excuses a violation: the rule holds on every node
-// whatever its line holds.
+// some node (a join in flight or lost, a restart: lines are not kept by
+// snapshots or restarts here) or whose entry expired or was removed
+// there: the check reads what the node has, so a waiter missing from the
+// node's line is not ahead of anyone there (locks granted that way, with
+// that waiter still attempting before and after the grant, are counted as
+// Missed: fairness misses the design admits). No fault excuses a
+// violation: the rule holds on every node whatever its line holds.
 const InvFIFO = "fifo"
 
 // FairStats are the fifo check's figures of one run.
 type FairStats struct {
 	Grants int // free-key grants nodes applied to fair attempts (each checked)
 	Lined  int // of those, with a live entry of another waiter in the node's line
-	// Missed: of those, granted while a waiter with an earlier ticket was
-	// not in that node's live line though it attempted before and after
-	// the grant (a lost join, a lost line, an expired entry).
+	// Missed: locks granted to fair attempts (holds) with, on one of the
+	// nodes that granted them, a waiter of an earlier ticket missing from
+	// the node's live line though it attempted before and after that
+	// node's grant (a join still in flight or lost, a line lost with a
+	// restart, an entry its own grant there removed before an undo).
 	Missed    int
 	Refreshes int // grants to fair attempts that found the key theirs (refresh, takeover)
 	Unfair    int // grants to attempts without fairness
@@ -252,15 +254,25 @@ func (w *World) fifoAfter(n *Node, ac *acquireCall, reply []byte) {
 }
 
 // checkFIFO returns the fifo violations and counts the misses (see
-// FairStats.Missed).
+// FairStats.Missed; logged with the run's log on).
 func (w *World) checkFIFO() []Violation {
 	if !w.sc.Fair {
 		return nil
 	}
+	held := map[string]bool{}
+	w.hist.mu.Lock()
+	for _, hd := range w.hist.holds {
+		held[hd.Token] = true
+	}
+	w.hist.mu.Unlock()
 	r := &w.fifo
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	missed := map[string]bool{}
 	for _, g := range r.grants {
+		if !held[g.token] || missed[g.token] {
+			continue
+		}
 		for id, fw := range r.attempts {
 			if id == g.w.id || g.live[id] || !(lineEntry{id: id, ticket: fw.ticket}).before(g.w) {
 				continue
@@ -268,6 +280,9 @@ func (w *World) checkFIFO() []Violation {
 			i, _ := slices.BinarySearchFunc(fw.ats, g.at, cmp.Compare)
 			if i > 0 && i < len(fw.ats) {
 				r.stats.Missed++
+				missed[g.token] = true
+				w.hist.logf("fifo miss: node%d granted %s (waiter %s) at %.3fms while waiter %s of c%d, ticket %.0f ms earlier, attempting at %.3fms and %.3fms, was not in its live line",
+					g.node, g.token, g.w.id, msf(g.at), id, fw.client, g.w.ticket-fw.ticket, msf(fw.ats[i-1]), msf(fw.ats[i]))
 				break
 			}
 		}

@@ -40,7 +40,7 @@ func moreReport() string {
 	var b strings.Builder
 	for _, k := range slices.Sorted(maps.Keys(fairBy)) {
 		s := fairBy[k]
-		fmt.Fprintf(&b, "  %s fifo: free-key grants to fair attempts checked %d (a live line of others on the node %d), head of the node's line every time but %d; granted while an earlier waiter still attempting was missing from that node's line (a fairness miss fair mode admits) %d; refreshes and takeovers %d, grants to the client without fairness %d, Queued refusals %d\n",
+		fmt.Fprintf(&b, "  %s fifo: free-key grants to fair attempts checked %d (a live line of others on the node %d), head of the node's line every time but %d; locks granted on a node whose line lacked an earlier waiter still attempting (a fairness miss fair mode admits) %d; refreshes and takeovers %d, grants to the client without fairness %d, Queued refusals %d\n",
 			k, s.Grants, s.Lined, s.Ahead, s.Missed, s.Refreshes, s.Unfair, s.Queued)
 	}
 	b.WriteString("examined per scenario and invariant:\n")
