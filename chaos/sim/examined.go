@@ -20,8 +20,8 @@ const minExaminedSeeds = 50
 
 // examinedIn says, per invariant that counts what it examined, to which
 // scenarios it applies. An invariant added elsewhere registers here (its
-// name and its scenarios) and counts with history.count or in
-// World.examined.
+// name and its scenarios) and counts in its check with
+// w.hist.ex.count(name, n), or in World.examined from its figures.
 var examinedIn = map[string]func(sc *Scenario) bool{
 	// Pairs of holds of one key compared.
 	InvOverlap: func(sc *Scenario) bool { return !sc.Barrier },

@@ -123,17 +123,17 @@ type fifoWaiter struct {
 
 // fifoBefore reads a fair attempt's place and the node's lock key and
 // live line into ac. Called with n.mu held, the node's clock set.
-func (w *World) fifoBefore(n *Node, ac *acquireCall, args []string) {
-	if len(args) < 3+4+10 {
+func (w *World) fifoBefore(n *Node, ac *acquireCall, keys, argv []string) {
+	if len(argv) < 10 {
 		return // without fairness
 	}
-	ac.fair, ac.id, ac.join = true, args[13], args[15] == "1"
-	t, _ := strconv.ParseInt(args[14], 10, 64)
+	ac.fair, ac.id, ac.join = true, argv[6], argv[8] == "1"
+	t, _ := strconv.ParseInt(argv[7], 10, 64)
 	ac.ticket = float64(t)
 	ac.free = !n.m.Exists(ac.key)
 	now := n.clockLocked()
 	ac.nowMS = now.UnixMilli()
-	ss, err := n.m.SortedSet(args[6])
+	ss, err := n.m.SortedSet(keys[3])
 	if err != nil {
 		return
 	}

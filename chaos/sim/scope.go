@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -65,6 +66,7 @@ type Scope struct {
 	FenceOnly bool
 }
 
+// String describes the scope for a replay's log.
 func (s Scope) String() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s at %.3fms nodes=%v", s.Kind, msf(s.At), s.Nodes)
@@ -119,18 +121,24 @@ type scopeRecs struct {
 	snaps   []snapRec
 }
 
-// isAcquire reports whether args call the Acquire script.
-func isAcquire(args []string) bool {
-	if len(args) < 3+4+3 {
-		return false
+// acquireLine splits args if they call the Acquire script: its KEYS and
+// ARGV, by the key count the line declares (KEYS[1] the lock key, KEYS[4]
+// the line; ARGV[1] the token, ARGV[7..10] a fair attempt's place).
+func acquireLine(args []string) (keys, argv []string, ok bool) {
+	if len(args) < 3 {
+		return nil, nil, false
 	}
 	switch {
 	case strings.EqualFold(args[0], "evalsha"):
-		return args[1] == script.Acquire.Hash()
+		ok = args[1] == script.Acquire.Hash()
 	case strings.EqualFold(args[0], "eval"):
-		return sha1hex(args[1]) == script.Acquire.Hash()
+		ok = sha1hex(args[1]) == script.Acquire.Hash()
 	}
-	return false
+	nk, err := strconv.Atoi(args[2])
+	if !ok || err != nil || nk < 4 || len(args) < 3+nk+1 {
+		return nil, nil, false
+	}
+	return args[3 : 3+nk], args[3+nk:], true
 }
 
 // granted reports whether an Acquire reply is a grant (a fence or 0).
@@ -151,12 +159,16 @@ type acquireCall struct {
 // scenario, of the node's state (fifo.go). Called with n.mu held, the
 // node's clock set.
 func (w *World) beforeApply(n *Node, c *conn, args []string) *acquireCall {
-	if n.sent != nil || !w.sc.Faults || !isAcquire(args) {
+	if n.sent != nil || !w.sc.Faults {
 		return nil
 	}
-	ac := &acquireCall{key: args[3], token: args[7], client: c.client}
+	keys, argv, ok := acquireLine(args)
+	if !ok {
+		return nil
+	}
+	ac := &acquireCall{key: keys[0], token: argv[0], client: c.client}
 	if w.sc.Fair {
-		w.fifoBefore(n, ac, args)
+		w.fifoBefore(n, ac, keys, argv)
 	}
 	return ac
 }
