@@ -192,6 +192,41 @@ type BatchExtender interface {
 	ExtendBatch(ctx context.Context, items []Extension) []Extended
 }
 
+// DriftAllowancer is a Strategy that states its clock-drift allowance:
+// every Grant it makes for an acquisition or extension to ttl ends
+// DriftAllowance(ttl) before the start of that call plus ttl, so that a
+// key the nodes expire on their own clocks is never still believed held
+// after it is gone. The strategies of this module implement it, each with
+// its configured drift factor (ttl×factor + 2 ms).
+//
+// A Lock uses it where no Grant tells it the validity: an extension still
+// in flight, or one whose answer never came, may be applied by the nodes
+// at any time and then ends the key ttl after it arrives, so the lock
+// counts itself valid no longer than the extension's start plus ttl less
+// this allowance (see Lock.Extend). A Strategy without it states no
+// allowance, and the Lock then takes no validity at all from an extension
+// it has no Grant for: such an extension to a TTL shorter than another
+// that a node may apply after it leaves the lock's Until where it was, and
+// Lock.Extend refuses a TTL shorter than the lock's (ErrInvalid), which
+// would end the hold the moment it was sent.
+type DriftAllowancer interface {
+	DriftAllowance(ttl time.Duration) time.Duration
+}
+
+// CallBounder is a Strategy that states how long one of its calls may
+// take: the quorum strategy's node timeout (its rounds run on every node
+// at once, each bounded by it). Locker.Do waits for its release after fn
+// at most the shorter of this bound and the lock's TTL, and a keeper
+// (renew.Watchdog, Do's default) waits for a renewal of its locks at
+// least twice it. A Strategy without it is given DefaultCallBound.
+type CallBounder interface {
+	CallBound() time.Duration
+}
+
+// DefaultCallBound is the call bound of a Strategy that states none (see
+// CallBounder): 1 s, the renew package's DefaultTimeout for a renewal.
+const DefaultCallBound = time.Second
+
 // Extension asks for one key to be extended: the request side of
 // BatchExtender.
 type Extension struct {

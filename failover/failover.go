@@ -32,10 +32,11 @@ type Strategy struct {
 type grant struct{ key, token string }
 
 var (
-	_ redlease.Strategy      = (*Strategy)(nil)
-	_ redlease.BatchExtender = (*Strategy)(nil)
-	_ redlease.Waker         = (*Strategy)(nil)
-	_ redlease.Revoker       = (*Strategy)(nil)
+	_ redlease.Strategy        = (*Strategy)(nil)
+	_ redlease.BatchExtender   = (*Strategy)(nil)
+	_ redlease.DriftAllowancer = (*Strategy)(nil)
+	_ redlease.Waker           = (*Strategy)(nil)
+	_ redlease.Revoker         = (*Strategy)(nil)
 )
 
 // Option configures a Strategy in New.
@@ -116,6 +117,11 @@ func (s *Strategy) Extend(ctx context.Context, key, token string, ttl time.Durat
 func (s *Strategy) ExtendBatch(ctx context.Context, items []redlease.Extension) []redlease.Extended {
 	return s.p.ExtendBatch(ctx, items)
 }
+
+// DriftAllowance is the clock-drift allowance of a grant for ttl (see
+// redlease.DriftAllowancer): ttl × the drift factor (WithDriftFactor) +
+// 2 ms. Every grant's Until is its call's start plus ttl less this.
+func (s *Strategy) DriftAllowance(ttl time.Duration) time.Duration { return s.p.DriftAllowance(ttl) }
 
 // Release deletes key if it still holds token, without waiting for
 // replicas.

@@ -12,7 +12,6 @@ import (
 
 	"github.com/redlease/redlease"
 	"github.com/redlease/redlease/internal/bounded"
-	"github.com/redlease/redlease/internal/drift"
 	"github.com/redlease/redlease/internal/nodes"
 	"github.com/redlease/redlease/internal/primary"
 	"github.com/redlease/redlease/internal/script"
@@ -56,8 +55,10 @@ type storeLock struct {
 }
 
 var (
-	_ redlease.Strategy      = (*storeLock)(nil)
-	_ redlease.BatchExtender = (*storeLock)(nil)
+	_ redlease.Strategy        = (*storeLock)(nil)
+	_ redlease.BatchExtender   = (*storeLock)(nil)
+	_ redlease.DriftAllowancer = (*storeLock)(nil)
+	_ redlease.DriftAllowancer = onePrimary{}
 )
 
 // newStoreLock returns the lock strategy for a Barrier whose store is c.
@@ -152,7 +153,7 @@ func (s *storeLock) Acquire(ctx context.Context, key, token string, ttl time.Dur
 	if c == nil {
 		return s.single.Acquire(ctx, key, token, ttl)
 	}
-	if err := script.Check(key, token, ttl, drift.DefaultFactor); err != nil {
+	if err := s.single.Check(key, token, ttl); err != nil {
 		return redlease.Grant{}, err
 	}
 	if ttl > s.fenceTTL {
@@ -211,7 +212,7 @@ func (s *storeLock) Acquire(ctx context.Context, key, token string, ttl time.Dur
 		}
 		return redlease.Grant{}, redlease.ErrNotObtained
 	}
-	until := start.Add(ttl - drift.Allowance(ttl, drift.DefaultFactor))
+	until := start.Add(ttl - s.DriftAllowance(ttl))
 	if now := time.Now(); !now.Before(until) {
 		s.undoNow(ctx, ttl, c.rec, key, token)
 		return redlease.Grant{}, fmt.Errorf("%w: no validity left after %v", redlease.ErrNotObtained, now.Sub(start))
@@ -271,6 +272,12 @@ func parseClaim(reply any) (st status, v int64, err error) {
 func (s *storeLock) undoClaim(ctx context.Context, rec, key, token string, how any) (released bool, err error) {
 	v, err := undoClaimScript.Run(ctx, s.store, undoClaimScript.Args(rec, key, script.QueueKey(key), token, how))
 	return err == nil && v&1 == 1, err
+}
+
+// DriftAllowance is single's (see redlease.DriftAllowancer): every grant,
+// the claim's included, ends this much before its call's start plus ttl.
+func (s *storeLock) DriftAllowance(ttl time.Duration) time.Duration {
+	return s.single.DriftAllowance(ttl)
 }
 
 // Extend is single's.

@@ -8,7 +8,6 @@ import (
 	"github.com/hashicorp/go-multierror"
 
 	"github.com/redlease/redlease"
-	"github.com/redlease/redlease/internal/drift"
 	"github.com/redlease/redlease/internal/fanout"
 	"github.com/redlease/redlease/internal/script"
 )
@@ -80,7 +79,7 @@ func (s *Strategy) ExtendBatch(ctx context.Context, items []redlease.Extension) 
 					// its own. The shared list is copied, never appended to.
 					t.causes = &multierror.Error{Errors: append(slices.Clip(causes.WrappedErrors()), keyCauses[j]...)}
 				}
-				until := start.Add(items[i].TTL - drift.Allowance(items[i].TTL, s.driftFactor))
+				until := start.Add(items[i].TTL - s.DriftAllowance(items[i].TTL))
 				switch {
 				case t.agreed < s.quorum:
 					out[i].Err = s.failure(ctx, "extend", s.heldOrUnknown(t), t, start, false)

@@ -54,8 +54,10 @@ type Strategy struct {
 }
 
 var (
-	_ redlease.Strategy = (*Strategy)(nil)
-	_ redlease.Waker    = (*Strategy)(nil)
+	_ redlease.Strategy        = (*Strategy)(nil)
+	_ redlease.Waker           = (*Strategy)(nil)
+	_ redlease.DriftAllowancer = (*Strategy)(nil)
+	_ redlease.CallBounder     = (*Strategy)(nil)
 )
 
 // New returns a Strategy over nodes, which must be independent Redis
@@ -283,7 +285,7 @@ func (s *Strategy) acquire(ctx context.Context, key, token string, ttl time.Dura
 	}
 
 	// 4. Validity.
-	until := start.Add(ttl - drift.Allowance(ttl, s.driftFactor))
+	until := start.Add(ttl - s.DriftAllowance(ttl))
 	if !s.clock.Now().Before(until) {
 		return fail("acquire", t, true)
 	}
@@ -341,7 +343,7 @@ func (s *Strategy) Extend(ctx context.Context, key, token string, ttl time.Durat
 	if t.agreed < s.quorum {
 		return redlease.Grant{}, s.failure(ctx, "extend", s.heldOrUnknown(t), t, start, false)
 	}
-	until := start.Add(ttl - drift.Allowance(ttl, s.driftFactor))
+	until := start.Add(ttl - s.DriftAllowance(ttl))
 	if !s.clock.Now().Before(until) {
 		return redlease.Grant{}, s.failure(ctx, "extend", redlease.ErrNotHeld, t, start, true)
 	}
@@ -592,10 +594,19 @@ func sameClient(a, b redis.UniversalClient) bool {
 	return ta == tb && ta.Comparable() && a == b
 }
 
-// CallBound is how long one round to the nodes may take: the node timeout.
-// A keeper (renew.Watchdog, Do's default) waits at least twice that for a
-// renewal of this strategy's locks, whatever its own renewal timeout.
+// CallBound is how long one round to the nodes may take: the node timeout
+// (see redlease.CallBounder). A keeper (renew.Watchdog, Do's default)
+// waits at least twice that for a renewal of this strategy's locks,
+// whatever its own renewal timeout, and Locker.Do waits that long for its
+// release after fn (the lock's TTL if shorter).
 func (s *Strategy) CallBound() time.Duration { return s.nodeTimeout }
+
+// DriftAllowance is the clock-drift allowance of a grant for ttl (see
+// redlease.DriftAllowancer): ttl × the drift factor (WithDriftFactor) +
+// 2 ms. Every grant's Until is its round's start plus ttl less this.
+func (s *Strategy) DriftAllowance(ttl time.Duration) time.Duration {
+	return drift.Allowance(ttl, s.driftFactor)
+}
 
 // identify learns, at first contact, which entries are one server: every
 // node is asked for its run_id, in one round before the first acquisition

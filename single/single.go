@@ -19,9 +19,10 @@ type Strategy struct {
 }
 
 var (
-	_ redlease.Strategy      = (*Strategy)(nil)
-	_ redlease.BatchExtender = (*Strategy)(nil)
-	_ redlease.Waker         = (*Strategy)(nil)
+	_ redlease.Strategy        = (*Strategy)(nil)
+	_ redlease.BatchExtender   = (*Strategy)(nil)
+	_ redlease.DriftAllowancer = (*Strategy)(nil)
+	_ redlease.Waker           = (*Strategy)(nil)
 )
 
 // Option configures a Strategy in New.
@@ -70,6 +71,11 @@ func (s *Strategy) Acquire(ctx context.Context, key, token string, ttl time.Dura
 func (s *Strategy) Extend(ctx context.Context, key, token string, ttl time.Duration) (redlease.Grant, error) {
 	return s.p.Extend(ctx, key, token, ttl)
 }
+
+// DriftAllowance is the clock-drift allowance of a grant for ttl (see
+// redlease.DriftAllowancer): ttl × the drift factor (WithDriftFactor) +
+// 2 ms. Every grant's Until is its call's start plus ttl less this.
+func (s *Strategy) DriftAllowance(ttl time.Duration) time.Duration { return s.p.DriftAllowance(ttl) }
 
 // Release deletes key if it still holds token, in one round trip.
 func (s *Strategy) Release(ctx context.Context, key, token string) error {

@@ -11,7 +11,6 @@ import (
 
 	"github.com/redlease/redlease"
 	"github.com/redlease/redlease/internal/bounded"
-	"github.com/redlease/redlease/internal/drift"
 	"github.com/redlease/redlease/internal/script"
 )
 
@@ -40,7 +39,7 @@ func (p *Primary) ExtendBatch(ctx context.Context, items []redlease.Extension) [
 	out := make([]redlease.Extended, len(items))
 	var valid []int
 	for i, it := range items {
-		if err := p.check(it.Key, it.Token, it.TTL); err != nil {
+		if err := p.Check(it.Key, it.Token, it.TTL); err != nil {
 			out[i].Err = err
 			continue
 		}
@@ -173,7 +172,7 @@ func (p *Primary) judge(ctx context.Context, addr string, items []redlease.Exten
 					continue
 				}
 				ttl := items[i].TTL
-				until := start.Add(ttl - drift.Allowance(ttl, p.cfg.DriftFactor))
+				until := start.Add(ttl - p.DriftAllowance(ttl))
 				if !now.Before(until) {
 					out[i].Err = fmt.Errorf("%w: no validity left after %v", redlease.ErrNotHeld, now.Sub(start))
 					continue
@@ -320,7 +319,7 @@ func (p *Primary) shardDeadline(ctx context.Context, items []redlease.Extension,
 	wait := time.Duration(math.MaxInt64)
 	for _, i := range valid {
 		ttl := items[i].TTL
-		wait = min(wait, ttl-drift.Allowance(ttl, p.cfg.DriftFactor))
+		wait = min(wait, ttl-p.DriftAllowance(ttl))
 	}
 	if d, ok := ctx.Deadline(); ok {
 		wait = min(wait, d.Sub(now))

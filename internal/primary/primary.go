@@ -139,7 +139,7 @@ func (p *Primary) LeaveLine(ctx context.Context, key, id string) error {
 
 // acquire is Acquire, in fair mode when place is not nil.
 func (p *Primary) acquire(ctx context.Context, key, token string, ttl time.Duration, place *redlease.Place) (redlease.Grant, error) {
-	if err := p.check(key, token, ttl); err != nil {
+	if err := p.Check(key, token, ttl); err != nil {
 		return redlease.Grant{}, err
 	}
 	if err := ctx.Err(); err != nil {
@@ -200,7 +200,7 @@ func (p *Primary) acquire(ctx context.Context, key, token string, ttl time.Durat
 		}
 		return redlease.Grant{}, redlease.ErrNotObtained
 	}
-	until := start.Add(ttl - drift.Allowance(ttl, p.cfg.DriftFactor))
+	until := start.Add(ttl - p.DriftAllowance(ttl))
 	if !p.cfg.Clock.Now().Before(until) {
 		_ = p.undo(context.WithoutCancel(ctx), key, token)
 		return redlease.Grant{}, fmt.Errorf("%w: no validity left after %v", redlease.ErrNotObtained, p.cfg.Clock.Now().Sub(start))
@@ -222,7 +222,7 @@ func NotSent(err error) bool {
 // extension too few replicas acknowledged is undecided (ErrUnavailable and
 // ErrNotReplicated): the lock keeps its previous Until.
 func (p *Primary) Extend(ctx context.Context, key, token string, ttl time.Duration) (redlease.Grant, error) {
-	if err := p.check(key, token, ttl); err != nil {
+	if err := p.Check(key, token, ttl); err != nil {
 		return redlease.Grant{}, err
 	}
 	start := p.cfg.Clock.Now()
@@ -236,7 +236,7 @@ func (p *Primary) Extend(ctx context.Context, key, token string, ttl time.Durati
 	case err != nil:
 		return redlease.Grant{}, p.fail(ctx, redlease.ErrUnavailable, err)
 	}
-	until := start.Add(ttl - drift.Allowance(ttl, p.cfg.DriftFactor))
+	until := start.Add(ttl - p.DriftAllowance(ttl))
 	if !p.cfg.Clock.Now().Before(until) {
 		return redlease.Grant{}, fmt.Errorf("%w: no validity left after %v", redlease.ErrNotHeld, p.cfg.Clock.Now().Sub(start))
 	}
@@ -335,8 +335,18 @@ func (p *Primary) replicated(wait *redis.Cmd) error {
 	return nil
 }
 
-func (p *Primary) check(key, token string, ttl time.Duration) error {
+// Check rejects what Acquire and Extend would reject before sending
+// anything (script.Check with the configured drift factor): for calls run
+// outside Primary on the same node (the idempotency Barrier's claim).
+func (p *Primary) Check(key, token string, ttl time.Duration) error {
 	return script.Check(key, token, ttl, p.cfg.DriftFactor)
+}
+
+// DriftAllowance is the clock-drift allowance of a grant for ttl (see
+// redlease.DriftAllowancer): ttl × the configured drift factor + 2 ms.
+// Every grant's Until is its call's start plus ttl less this.
+func (p *Primary) DriftAllowance(ttl time.Duration) time.Duration {
+	return drift.Allowance(ttl, p.cfg.DriftFactor)
 }
 
 // ErrNotObtainedUnavailable is the sentinel of an acquisition that a node
