@@ -15,6 +15,7 @@ import (
 	"context"
 	"errors"
 	"reflect"
+	"slices"
 	"sync"
 	"time"
 )
@@ -32,7 +33,9 @@ type Item interface {
 	comparable
 	// Valid reports whether the item is still worth extending.
 	Valid() bool
-	// TTL is the item's time to live; it is extended every Fraction of it.
+	// TTL is the item's time to live, which the engine reads again every
+	// time it schedules the item: it is extended every Fraction of it
+	// (see Engine.Keep).
 	TTL() time.Duration
 	// Until is the end of the current validity.
 	Until() time.Time
@@ -71,7 +74,8 @@ type Config[T Item] struct {
 
 // CallBounder is a lane key (a strategy) whose calls may take up to a bound
 // of their own: the quorum strategy's node timeout, for each round of a
-// batch (the rounds run at once). The engine waits for such a lane's call
+// batch (the rounds run at once). It has the shape of redlease.CallBounder,
+// which the strategies implement. The engine waits for such a lane's call
 // at least twice that bound, whatever its renewal timeout: giving up on a
 // call the strategy is still entitled to finish keeps its call slot busy
 // and sends a retry behind it (with a 2 s node timeout and the 1 s default,
@@ -148,6 +152,7 @@ type entry[T Item] struct {
 	index    int      // in the heap; -1 while pending in its lane or in a call
 	call     *call[T] // the call it is in, while the engine waits for it
 	dropped  bool     // stop was called: do not reschedule
+	untouch  func()   // ends its registration for Touch
 }
 
 // lane is the renewal state of one strategy.
@@ -225,13 +230,24 @@ func (w *Engine[T]) startLocked() {
 // Keep extends it every fraction of its TTL until stop is called, it is
 // no longer Valid, or a renewal finds it not held. Keeping an item that is
 // already kept, or keeping after Close, does nothing.
+//
+// The renewal interval is computed again after every renewal, from the
+// item's TTL at that moment (an extension may have changed it; its holder
+// says so with Touch), and the next renewal is due no later than halfway
+// from the last one's start to the item's Deadline (but no sooner than
+// half an interval after it): an item whose deadline is nearer than its
+// TTL suggests (a loss margin that takes much of a shortened TTL, a
+// renewal that another extension capped) is still renewed before it is
+// lost.
 func (w *Engine[T]) Keep(it T) (stop func()) {
 	noop := func() {}
 	var zero T
 	if it == zero || !it.Valid() {
 		return noop
 	}
-	interval := time.Duration(float64(it.TTL()) * w.fraction)
+	now := w.clock()
+	interval := w.interval(it)
+	due := w.firstDue(it, now, interval)
 	key := w.lane(it)
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -250,9 +266,8 @@ func (w *Engine[T]) Keep(it T) (stop func()) {
 		w.lanes[key] = ln
 	}
 	ln.kept++
-	// The first extension is due interval after the grant: Until is
-	// start+ttl−drift, so the grant happened about ttl before Until.
-	e := &entry[T]{it: it, lane: ln, interval: interval, due: it.Until().Add(-it.TTL()).Add(interval)}
+	e := &entry[T]{it: it, lane: ln, interval: interval, due: due}
+	e.untouch = sync.OnceFunc(touches.add(it, func() { w.touch(e) }))
 	w.entries[it] = e
 	heap.Push(&w.due, e)
 	if e.index == 0 {
@@ -260,6 +275,105 @@ func (w *Engine[T]) Keep(it T) (stop func()) {
 	}
 	var once sync.Once
 	return func() { once.Do(func() { w.drop(e) }) }
+}
+
+// firstDue is when a renewal of it is due, seen from now, with no renewal
+// of the engine's to go by: interval after the grant (Until is
+// start+ttl−drift, so the grant happened about ttl before Until), but no
+// later than nextDue from now.
+func (w *Engine[T]) firstDue(it T, now time.Time, interval time.Duration) time.Time {
+	return minTime(it.Until().Add(-it.TTL()).Add(interval), w.nextDue(it, now, interval))
+}
+
+// touch schedules e again, from now, if that makes it due sooner: its
+// TTL or Deadline changed (Touch). An entry in a call, or waiting for a
+// call slot, is scheduled again when its call ends.
+func (w *Engine[T]) touch(e *entry[T]) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if e.dropped || e.index < 0 || !e.it.Valid() {
+		return
+	}
+	now := w.clock()
+	interval := w.interval(e.it)
+	if due := w.firstDue(e.it, now, interval); due.Before(e.due) {
+		e.interval, e.due = interval, due
+		heap.Fix(&w.due, e.index)
+		if e.index == 0 {
+			w.pokeLocked()
+		}
+	}
+}
+
+// Touch tells every engine that keeps it that its TTL or Deadline
+// changed other than by the engine's own renewal (an Extend to a shorter
+// TTL, by its holder): each schedules its next renewal again from now, if
+// that makes it sooner. Call it without holding anything it takes.
+func Touch(it any) {
+	for _, f := range touches.of(it) {
+		f()
+	}
+}
+
+// touches is, for every kept item, what Touch calls: one function per
+// engine that keeps it.
+var touches = registry{m: map[any][]*func(){}}
+
+type registry struct {
+	mu sync.Mutex
+	m  map[any][]*func()
+}
+
+// add registers f for it and returns what unregisters it.
+func (r *registry) add(it any, f func()) (remove func()) {
+	p := &f
+	r.mu.Lock()
+	r.m[it] = append(r.m[it], p)
+	r.mu.Unlock()
+	return func() {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		fs := slices.DeleteFunc(r.m[it], func(q *func()) bool { return q == p })
+		if len(fs) == 0 {
+			delete(r.m, it)
+		} else {
+			r.m[it] = fs
+		}
+	}
+}
+
+// of returns the functions registered for it.
+func (r *registry) of(it any) []func() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	fs := make([]func(), len(r.m[it]))
+	for i, p := range r.m[it] {
+		fs[i] = *p
+	}
+	return fs
+}
+
+// interval is the renewal interval of it: Fraction of its TTL as it is
+// now (an extension may have changed it), at least a millisecond.
+func (w *Engine[T]) interval(it T) time.Duration {
+	return max(time.Duration(float64(it.TTL())*w.fraction), time.Millisecond)
+}
+
+// nextDue is when the renewal of it that follows one started at from is
+// due: interval later, or sooner if its Deadline leaves less room than
+// that: halfway from from to the Deadline, but no sooner than half the
+// interval after from. An item is taken a quarter of its interval early,
+// so none is renewed more often than every quarter interval, whatever
+// its Deadline says (one read on another clock than the engine's too).
+func (w *Engine[T]) nextDue(it T, from time.Time, interval time.Duration) time.Time {
+	return from.Add(min(interval, max(it.Deadline().Sub(from)/2, interval/2)))
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
 }
 
 // Len returns how many items the engine keeps.
@@ -285,6 +399,9 @@ func (w *Engine[T]) Close() {
 	g := w.gen
 	if !w.stopped {
 		w.stopped = true
+		for _, e := range w.entries {
+			e.untouch() // nothing is renewed any more
+		}
 		if g != nil && g.active {
 			g.active = false
 			close(g.stop)
@@ -334,6 +451,7 @@ func (w *Engine[T]) drop(e *entry[T]) {
 // neither items nor calls). e must not be put back in the heap.
 func (w *Engine[T]) forgetLocked(e *entry[T]) {
 	if w.entries[e.it] == e {
+		e.untouch()
 		delete(w.entries, e.it)
 		e.lane.kept--
 		w.pruneLaneLocked(e.lane)
@@ -596,11 +714,13 @@ func (w *Engine[T]) rescheduleLocked(e *entry[T], err error, c *call[T], now tim
 		w.forgetLocked(e)
 		return
 	case err == nil:
-		e.due, e.retry = c.start.Add(e.interval), false
+		e.interval = w.interval(e.it)
+		e.due, e.retry = w.nextDue(e.it, c.start, e.interval), false
 	default:
 		// Undecided (a node down, a timeout, an error reply): try again,
 		// not before the retry delay, while the item is valid; its own
 		// deadline settles it otherwise.
+		e.interval = w.interval(e.it)
 		e.due, e.retry = now.Add(RetryDelay(e.interval)), true
 	}
 	heap.Push(&w.due, e)
