@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"reflect"
 	"sync"
-	"time"
 
 	"github.com/redlease/redlease/internal/watch"
 )
@@ -19,6 +18,10 @@ type Keeper interface {
 	// lk is lost. Calling stop more than once is harmless.
 	Keep(lk *Lock) (stop func())
 }
+
+// The renewal engine waits for a lane's calls at least twice its strategy's
+// CallBound, through an interface of its own with the same method.
+var _ watch.CallBounder = CallBounder(nil)
 
 // defaultKeeper is the one process-wide default watchdog that Do uses
 // without WithKeeper: renew.Watchdog's engine with its default options,
@@ -33,12 +36,15 @@ var defaultKeeper = sync.OnceValue(func() *watch.Engine[*Lock] {
 	})
 })
 
-// ExtendAll extends every lock by its own TTL and records each outcome on
-// its lock as Lock.Extend would (a new Until, or the lock marked lost when
-// it is no longer held), except that an extension never moves Until back:
-// one that started before another already recorded says nothing newer.
-// Locks already released or lost get ErrNotHeld without a round trip. The
-// result matches locks one to one.
+// ExtendAll extends every lock by its own TTL (Lock.TTL, the TTL of its
+// latest Lock.Extend) and records each outcome on its lock exactly as
+// Lock.Extend does, through the same bookkeeping: a new Until, or the lock
+// marked lost when it is no longer held; Until never moves back, nor past
+// the start plus the shorter TTL of another extension a node may apply
+// after the renewal (see Lock.Extend); a renewal whose answer never came
+// caps later extensions as an Extend's does. Locks already released or
+// lost get ErrNotHeld without a round trip. The result matches locks one
+// to one.
 //
 // Locks are grouped by strategy; a strategy that is a BatchExtender gets
 // one call for its whole group, any other gets one Extend per lock. Groups
@@ -56,19 +62,20 @@ var defaultKeeper = sync.OnceValue(func() *watch.Engine[*Lock] {
 // package's Watchdog stops waiting at the deadline instead.
 func ExtendAll(ctx context.Context, locks []*Lock) []error {
 	errs := make([]error, len(locks))
-	groups := groupByStrategy(locks, errs)
+	recs := make([]*pendingExtend, len(locks))
+	groups := groupByStrategy(locks, recs, errs)
 	switch len(groups) {
 	case 0:
 		return errs
 	case 1:
-		extendGroup(ctx, locks, groups[0], errs)
+		extendGroup(ctx, locks, recs, groups[0], errs)
 		return errs
 	}
 	var wg sync.WaitGroup
 	for _, g := range groups[1:] {
-		wg.Go(func() { extendGroup(ctx, locks, g, errs) })
+		wg.Go(func() { extendGroup(ctx, locks, recs, g, errs) })
 	}
-	extendGroup(ctx, locks, groups[0], errs)
+	extendGroup(ctx, locks, recs, groups[0], errs)
 	wg.Wait()
 	return errs
 }
@@ -79,19 +86,22 @@ type strategyGroup struct {
 	idx []int
 }
 
-// groupByStrategy groups the usable locks by strategy and records ErrNotHeld
-// (with its cause) in errs for the others.
-func groupByStrategy(locks []*Lock, errs []error) []strategyGroup {
+// groupByStrategy begins the renewal of every usable lock (recs[i]) and
+// groups those locks by strategy; for the others it records ErrNotHeld
+// (with its cause) in errs.
+func groupByStrategy(locks []*Lock, recs []*pendingExtend, errs []error) []strategyGroup {
 	var groups []strategyGroup
 	for i, lk := range locks {
 		if lk == nil {
 			errs[i] = ErrNotHeld
 			continue
 		}
-		if err := lk.usable(); err != nil {
+		rec, err := lk.beginRenewal()
+		if err != nil {
 			errs[i] = err
 			continue
 		}
+		recs[i] = rec
 		g := -1
 		if comparableStrategy(lk.strategy) { // == on an incomparable dynamic value panics
 			for j := range groups {
@@ -121,9 +131,10 @@ func comparableStrategy(s Strategy) bool {
 	return t.Kind() == reflect.Pointer || reflect.ValueOf(s).Comparable()
 }
 
-// extendGroup extends one strategy's locks under the group's own deadline
-// (the latest of theirs) and records the outcomes in errs.
-func extendGroup(ctx context.Context, locks []*Lock, grp strategyGroup, errs []error) {
+// extendGroup sends one strategy's renewals (begun as recs) under the
+// group's own deadline (the latest of its locks') and records the outcomes
+// on the locks and in errs.
+func extendGroup(ctx context.Context, locks []*Lock, recs []*pendingExtend, grp strategyGroup, errs []error) {
 	deadline := locks[grp.idx[0]].Deadline()
 	for _, i := range grp.idx[1:] {
 		if d := locks[i].Deadline(); d.After(deadline) {
@@ -138,26 +149,26 @@ func extendGroup(ctx context.Context, locks []*Lock, grp strategyGroup, errs []e
 	if !ok {
 		for _, i := range idx {
 			lk := locks[i]
-			start := lk.clock.Now()
-			g, err := s.Extend(ctx, lk.fullKey, lk.token, lk.ttl)
-			errs[i] = lk.applyExtension(start, g, err)
+			g, err := s.Extend(ctx, lk.fullKey, lk.token, recs[i].ttl)
+			errs[i] = lk.finishExtend(recs[i], g, err)
 			lk.observeRenewal(errs[i])
 		}
 		return
 	}
 	items := make([]Extension, len(idx))
-	starts := make([]time.Time, len(idx))
 	for j, i := range idx {
-		starts[j] = locks[i].clock.Now()
-		items[j] = Extension{Key: locks[i].fullKey, Token: locks[i].token, TTL: locks[i].ttl}
+		items[j] = Extension{Key: locks[i].fullKey, Token: locks[i].token, TTL: recs[i].ttl}
 	}
 	out := b.ExtendBatch(ctx, items)
 	for j, i := range idx {
-		if j >= len(out) {
-			errs[i] = fmt.Errorf("%w: strategy returned %d results for %d extensions", ErrUnavailable, len(out), len(items))
-			continue
+		var ext Extended
+		if j < len(out) {
+			ext = out[j]
+		} else {
+			// Undecided: the strategy may have sent it.
+			ext.Err = fmt.Errorf("%w: strategy returned %d results for %d extensions", ErrUnavailable, len(out), len(items))
 		}
-		errs[i] = locks[i].applyExtension(starts[j], out[j].Grant, out[j].Err)
+		errs[i] = locks[i].finishExtend(recs[i], ext.Grant, ext.Err)
 		locks[i].observeRenewal(errs[i])
 	}
 }

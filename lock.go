@@ -7,6 +7,8 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/redlease/redlease/internal/watch"
 )
 
 // Lock is one held lease. Its methods are safe for concurrent use, and safe
@@ -23,18 +25,25 @@ type Lock struct {
 	key      string // as the caller gave it
 	fullKey  string // with the Locker's prefix, as sent to Redis
 	token    string
-	ttl      time.Duration
 	margin   time.Duration // Lost closes this long before until
 	fence    uint64
 
 	mu    sync.Mutex
 	until time.Time
-	// Lock.Extend calls a node may apply after another extension: those in
-	// flight, and those answered (replied) after that other one started.
-	// An extension that succeeded can only vouch for its start plus the
-	// shortest TTL among them (see extensionCapLocked). undecidedTTL is the
-	// shortest TTL of those whose answer never came: they may land at any
-	// time, so they cap every later extension.
+	// ttl is the TTL of the latest Lock.Extend (ttlSeq, by extendSeq) whose
+	// answer came and was not a refusal, or the acquisition's (ttlSeq 0);
+	// the lock's TTL is that of a later one still in flight, if any
+	// (ttlLocked).
+	ttl       time.Duration
+	ttlSeq    uint64
+	extendSeq uint64 // Lock.Extend calls sent
+	// Extensions (Lock.Extend's and keepers' renewals) a node may apply
+	// after another extension: those in flight, and those answered
+	// (replied) after that other one started. An extension that succeeded
+	// can only vouch for its start plus the shortest TTL among them (see
+	// extensionCapLocked). undecidedTTL is the shortest TTL of those whose
+	// answer never came: they may land at any time, so they cap every
+	// later extension.
 	extends      []*pendingExtend
 	undecidedTTL time.Duration
 	cause        error         // non-nil once lost
@@ -97,12 +106,29 @@ func (lk *Lock) Fence() uint64 {
 	return lk.fence
 }
 
-// TTL returns the TTL the lock was taken with.
+// TTL returns the lock's TTL: that of the latest Lock.Extend sent, whether
+// or not its answer came (unless the strategy refused it as invalid, which
+// sends nothing), or before any the TTL the lock was taken with. Keepers
+// (ExtendAll: renew.Watchdog, Do's default keeper) renew the lock with it,
+// so that a renewal never cuts the key shorter than an extension made it.
 func (lk *Lock) TTL() time.Duration {
 	if lk == nil {
 		return 0
 	}
-	return lk.ttl
+	lk.mu.Lock()
+	defer lk.unlock()
+	return lk.ttlLocked()
+}
+
+// ttlLocked is TTL.
+func (lk *Lock) ttlLocked() time.Duration {
+	ttl, seq := lk.ttl, lk.ttlSeq
+	for _, p := range lk.extends {
+		if !p.done && p.seq > seq {
+			ttl, seq = p.ttl, p.seq
+		}
+	}
+	return ttl
 }
 
 // Until returns the end of the current validity on the monotonic clock,
@@ -187,18 +213,32 @@ func (lk *Lock) Err() error {
 	return lk.cause
 }
 
-// Extend resets the lock's TTL to ttl on the strategy's nodes and moves
-// Until. If the strategy says the lock is no longer held, the lock is marked
-// lost and the error errors.Is ErrNotHeld. Other failures (ErrUnavailable,
-// ctx) are undecided: the extension may still be applied, so the lock stays
-// valid until the earlier of its current Until and the time the extension
-// would end the key (its start plus ttl, less a 5% drift allowance), and
-// Extend may be tried again. An Extend to a shorter TTL therefore shortens
-// the hold from the moment it is sent, whether or not its answer comes; an
-// extension whose answer comes later (a keeper's renewal, another Extend)
-// cannot move Until past its own start plus the shortest TTL of the Extend
-// calls a node may have applied after it, and one never answered caps
-// every later extension so.
+// Extend resets the lock's TTL to ttl on the strategy's nodes, makes ttl
+// the lock's TTL (the one keepers renew it with from now on; see TTL) and
+// moves Until. If the strategy says the lock is no longer held, the lock
+// is marked lost and the error errors.Is ErrNotHeld. Other failures
+// (ErrUnavailable, ctx) are undecided: the extension may still be
+// applied, so the lock stays valid until the earlier of its current Until
+// and the time the extension would end the key (its start plus ttl, less
+// the strategy's drift allowance, see DriftAllowancer), and Extend may be
+// tried again.
+//
+// An Extend to a shorter TTL therefore shortens the hold from the moment
+// it is sent, whether or not its answer comes. An extension (Extend's, or
+// a keeper's renewal) cannot move Until past its own start plus the
+// shortest TTL, less its allowance, of the shorter extensions a node may
+// have applied after it: those in flight, those answered after it
+// started, and those never answered, which cap every later extension so.
+// Until never moves back on an answer: every earlier bound was one that
+// the calls sent since could only shorten, and they did so when sent.
+//
+// A ttl whose validity (ttl less the strategy's drift allowance) would
+// not outlast the loss margin (WithLossMargin) is refused with ErrInvalid
+// and nothing is sent: the lock would count as lost the moment the
+// extension went out. On a Strategy that states no drift allowance (not a
+// DriftAllowancer), so is a ttl shorter than the lock's TTL, whose end the
+// lock could not bound. A ttl the strategy refuses (ErrInvalid: nothing
+// sent) leaves the lock's TTL as it was.
 func (lk *Lock) Extend(ctx context.Context, ttl time.Duration) error {
 	if lk == nil {
 		return ErrNotHeld
@@ -206,31 +246,31 @@ func (lk *Lock) Extend(ctx context.Context, ttl time.Duration) error {
 	if ttl < time.Millisecond {
 		return Invalid("ttl %v: must be at least 1ms", ttl)
 	}
-	if err := lk.usable(); err != nil {
+	rec, sooner, err := lk.beginExtend(ttl)
+	if err != nil {
 		return err
 	}
+	if sooner {
+		// Keepers renew it by its TTL, before its Deadline: both may have
+		// come closer than their schedule says.
+		watch.Touch(lk)
+	}
 	ctx, done := observe(ctx, lk.observer, lk.op("extend"))
-	start := lk.clock.Now()
-	// From the moment it is sent, a node may apply it: the key then lives
-	// ttl from its arrival, no longer, whatever an earlier extension said.
-	lk.mu.Lock()
-	rec := &pendingExtend{ttl: ttl}
-	lk.extends = append(lk.extends, rec)
-	lk.shortenLocked(capLimit(start, ttl))
-	lk.unlock()
-	g, err := lk.strategy.Extend(ctx, lk.fullKey, lk.token, ttl)
-	lk.mu.Lock()
-	lk.settleExtendLocked(rec, undecided(err))
-	lk.unlock()
-	err = lk.applyExtension(start, g, err)
+	g, err := lk.strategy.Extend(ctx, lk.fullKey, lk.token, rec.ttl)
+	err = lk.finishExtend(rec, g, err)
 	done(err)
 	return err
 }
 
-// pendingExtend is a Lock.Extend that a node may apply after another
-// extension: replied is when its answer came (zero while it is in flight).
+// pendingExtend is one extension sent to the strategy, Lock.Extend's or a
+// keeper's renewal, while a node may still apply it after another one:
+// while it is in flight, and once answered (replied is when; zero while
+// in flight) for as long as an extension that started before that answer
+// is in flight.
 type pendingExtend struct {
 	ttl     time.Duration
+	start   time.Time
+	seq     uint64 // Lock.Extend's number, in sending order; 0 for a renewal
 	replied time.Time
 	done    bool
 }
@@ -239,18 +279,105 @@ type pendingExtend struct {
 // records merge into one that caps more (the later reply, the shorter TTL).
 const maxPendingExtends = 16
 
-// settleExtendLocked records the answer to rec: an undecided one caps every
-// later extension for good; a decided one caps extensions that started
-// before its answer came.
-func (lk *Lock) settleExtendLocked(rec *pendingExtend, undecided bool) {
-	if undecided {
+// beginExtend records a Lock.Extend to ttl that is about to be sent (see
+// sendLocked), or refuses it: ErrNotHeld if the lock is released or
+// lost, ErrInvalid for a ttl the lock could not be held with (see
+// Extend). sooner reports that the lock's TTL got shorter or its
+// Deadline came closer.
+func (lk *Lock) beginExtend(ttl time.Duration) (rec *pendingExtend, sooner bool, err error) {
+	lk.mu.Lock()
+	defer lk.unlock()
+	if err := lk.usableLocked(); err != nil {
+		return nil, false, err
+	}
+	prevTTL, prevUntil := lk.ttlLocked(), lk.until
+	a, known := lk.allowance(ttl)
+	switch {
+	case ttl-a <= lk.margin:
+		return nil, false, Invalid("ttl %v: its validity (less the drift allowance of %v) does not outlast the loss margin %v, so the lock would be lost once the extension is sent", ttl, a, lk.margin)
+	case !known && ttl < prevTTL:
+		return nil, false, Invalid("ttl %v: shorter than the lock's TTL %v, on a strategy that states no drift allowance (redlease.DriftAllowancer): the lock could not bound when the key ends", ttl, prevTTL)
+	}
+	lk.extendSeq++
+	rec = lk.sendLocked(ttl, lk.extendSeq)
+	return rec, ttl < prevTTL || lk.until.Before(prevUntil), nil
+}
+
+// beginRenewal records a keeper's renewal that is about to be sent: by
+// the lock's TTL (see TTL). It returns ErrNotHeld if the lock is released
+// or lost.
+func (lk *Lock) beginRenewal() (*pendingExtend, error) {
+	lk.mu.Lock()
+	defer lk.unlock()
+	if err := lk.usableLocked(); err != nil {
+		return nil, err
+	}
+	return lk.sendLocked(lk.ttlLocked(), 0), nil
+}
+
+// sendLocked records an extension to ttl sent from now on (seq: see
+// pendingExtend): from the moment it is sent a node may apply it, and the
+// key then lives ttl from its arrival, no longer, whatever an earlier
+// extension said. So the lock is valid no longer than the extension's
+// start plus ttl less the strategy's drift allowance (capLimit), if that
+// comes before its Until: an extension to the lock's TTL or a longer one
+// changes nothing, one to a shorter TTL shortens the hold. On a strategy
+// that states no allowance nothing shorter than the lock's TTL is sent
+// (beginExtend), so nothing is shortened.
+func (lk *Lock) sendLocked(ttl time.Duration, seq uint64) *pendingExtend {
+	rec := &pendingExtend{ttl: ttl, start: lk.clock.Now(), seq: seq}
+	lk.extends = append(lk.extends, rec)
+	if _, known := lk.allowance(ttl); known {
+		lk.shortenLocked(lk.capLimit(rec.start, ttl))
+	}
+	return rec
+}
+
+// finishExtend records the strategy's answer to the extension rec (g and
+// err, as Strategy.Extend returns them) and returns the error to report:
+// on success a new Until (see applySuccessLocked); the loss of the lock if
+// the strategy says it is no longer held; for other errors the lock stays
+// as it was (sendLocked shortened it when the extension was sent), and an
+// undecided extension caps every later one. An answer that is not a
+// refusal of the ttl (ErrInvalid) makes a Lock.Extend's ttl the lock's
+// TTL, unless a later Lock.Extend's already is.
+func (lk *Lock) finishExtend(rec *pendingExtend, g Grant, err error) error {
+	lk.mu.Lock()
+	defer lk.unlock()
+	refused := errors.Is(err, ErrInvalid) // nothing was sent
+	if rec.seq > lk.ttlSeq && !refused {
+		lk.ttl, lk.ttlSeq = rec.ttl, rec.seq
+	}
+	switch {
+	case refused:
+		lk.dropExtendLocked(rec)
+	case undecided(err):
 		if lk.undecidedTTL == 0 || rec.ttl < lk.undecidedTTL {
 			lk.undecidedTTL = rec.ttl
 		}
-		lk.extends = slices.DeleteFunc(lk.extends, func(p *pendingExtend) bool { return p == rec })
-		return
+		lk.dropExtendLocked(rec)
+	default:
+		rec.replied, rec.done = lk.clock.Now(), true
+		lk.mergeExtendsLocked()
 	}
-	rec.replied, rec.done = lk.clock.Now(), true
+	switch {
+	case err == nil:
+		err = lk.applySuccessLocked(rec, g)
+	case errors.Is(err, ErrNotHeld):
+		lk.markLostLocked(err)
+	}
+	lk.pruneExtendsLocked()
+	return err
+}
+
+// dropExtendLocked forgets rec.
+func (lk *Lock) dropExtendLocked(rec *pendingExtend) {
+	lk.extends = slices.DeleteFunc(lk.extends, func(p *pendingExtend) bool { return p == rec })
+}
+
+// mergeExtendsLocked keeps lk.extends within maxPendingExtends by merging
+// its two oldest answered records, while there are two.
+func (lk *Lock) mergeExtendsLocked() {
 	for len(lk.extends) > maxPendingExtends {
 		i := slices.IndexFunc(lk.extends, func(p *pendingExtend) bool { return p.done })
 		j := -1
@@ -266,28 +393,64 @@ func (lk *Lock) settleExtendLocked(rec *pendingExtend, undecided bool) {
 	}
 }
 
-// extensionCapLocked returns the shortest TTL among the Lock.Extend calls a
-// node may have applied after an extension that started at start (in
-// flight, answered after start, or never answered), and whether there is
-// any.
-func (lk *Lock) extensionCapLocked(start time.Time) (time.Duration, bool) {
-	c := lk.undecidedTTL
+// pruneExtendsLocked forgets the answered records that can cap nothing any
+// more: those answered before every extension still in flight started
+// (all of them when none is in flight), since every extension sent from
+// now on starts after their answer too.
+func (lk *Lock) pruneExtendsLocked() {
+	var oldest time.Time
+	inFlight := false
+	for _, p := range lk.extends {
+		if !p.done && (!inFlight || p.start.Before(oldest)) {
+			oldest, inFlight = p.start, true
+		}
+	}
+	lk.extends = slices.DeleteFunc(lk.extends, func(p *pendingExtend) bool {
+		return p.done && (!inFlight || !p.replied.After(oldest))
+	})
+}
+
+// extensionCapLocked returns the shortest TTL shorter than ttl among the
+// extensions a node may have applied after an extension to ttl that
+// started at start (in flight, answered after start, or never answered),
+// and whether there is any. One to ttl or longer cannot end the key before
+// the extension's own arrival plus ttl.
+func (lk *Lock) extensionCapLocked(start time.Time, ttl time.Duration) (time.Duration, bool) {
+	var c time.Duration
+	if lk.undecidedTTL > 0 && lk.undecidedTTL < ttl {
+		c = lk.undecidedTTL
+	}
 	for _, p := range lk.extends {
 		if p.done && !p.replied.After(start) {
 			continue
 		}
-		if c == 0 || p.ttl < c {
+		if p.ttl < ttl && (c == 0 || p.ttl < c) {
 			c = p.ttl
 		}
 	}
 	return c, c > 0
 }
 
+// allowance returns the strategy's drift allowance for ttl, and whether
+// the strategy states one (DriftAllowancer).
+func (lk *Lock) allowance(ttl time.Duration) (time.Duration, bool) {
+	if d, ok := lk.strategy.(DriftAllowancer); ok {
+		return d.DriftAllowance(ttl), true
+	}
+	return 0, false
+}
+
 // capLimit is the latest Until an extension to ttl sent at start can vouch
-// for when its answer is unknown: a node that applies it expires the key
-// ttl after it arrives, which is no sooner than start.
-func capLimit(start time.Time, ttl time.Duration) time.Time {
-	return start.Add(ttl - time.Duration(float64(ttl)*undecidedDriftFactor) - undecidedDriftFixed)
+// for without a Grant: a node that applies it expires the key ttl after it
+// arrives, which is no sooner than start, and the strategy's drift
+// allowance for ttl maps that onto this process's clock. For a strategy
+// that states no allowance it is start: no validity at all.
+func (lk *Lock) capLimit(start time.Time, ttl time.Duration) time.Time {
+	a, known := lk.allowance(ttl)
+	if !known {
+		return start
+	}
+	return start.Add(ttl - a)
 }
 
 func minTime(a, b time.Time) time.Time {
@@ -304,16 +467,15 @@ func maxTime(a, b time.Time) time.Time {
 	return a
 }
 
-// applySuccess records an extension, started at start, that the strategy
-// confirmed with g. Until moves to g.Until, held to start plus the shortest
-// TTL among the Lock.Extend calls that a node may have applied after it,
-// and never back: every earlier Until was a bound that calls sent since
-// could only shorten, and those shortened it when they were sent (and an
-// answer a keeper stopped waiting for may arrive after that of the retry
-// that followed it, which knows better).
-func (lk *Lock) applySuccess(start time.Time, g Grant) error {
-	lk.mu.Lock()
-	defer lk.unlock()
+// applySuccessLocked records the extension rec, which the strategy
+// confirmed with g. Until moves to g.Until, held to rec's start plus the
+// shortest TTL (less its allowance) among the shorter extensions that a
+// node may have applied after it, and never back: every earlier Until
+// was a bound that calls sent since could only shorten, and those
+// shortened it when they were sent (and an answer a keeper stopped
+// waiting for may arrive after that of the retry that followed it, which
+// knows better).
+func (lk *Lock) applySuccessLocked(rec *pendingExtend, g Grant) error {
 	lk.checkExpiryLocked()
 	if !lk.heldLocked() {
 		// Lost or given up while the extension was in flight: the earlier
@@ -324,8 +486,8 @@ func (lk *Lock) applySuccess(start time.Time, g Grant) error {
 		return fmt.Errorf("%w: released", ErrNotHeld)
 	}
 	until := g.Until
-	if c, ok := lk.extensionCapLocked(start); ok {
-		until = minTime(until, capLimit(start, c))
+	if c, ok := lk.extensionCapLocked(rec.start, rec.ttl); ok {
+		until = minTime(until, lk.capLimit(rec.start, c))
 	}
 	if until.After(lk.until) {
 		lk.setUntilLocked(until)
@@ -340,20 +502,7 @@ func undecided(err error) bool {
 	return err != nil && !errors.Is(err, ErrNotHeld) && !errors.Is(err, ErrInvalid)
 }
 
-// undecidedDriftFactor is the clock drift assumed for an extension whose
-// outcome is unknown: five times the strategies' default (1%), since the
-// strategy that would have measured it did not answer;
-// undecidedDriftFixed is added to it, like the strategies' fixed 2 ms.
-const (
-	undecidedDriftFactor = 0.05
-	undecidedDriftFixed  = 2 * time.Millisecond
-)
-
-// shortenLocked records that an extension sent at start may be applied
-// although nobody said so yet: a node that applies it expires the key its
-// TTL after it arrived, so the lock is valid no longer than limit (start +
-// that TTL, less drift) if that comes before its Until. An extension to a
-// longer TTL changes nothing; one to a shorter TTL shortens the hold.
+// shortenLocked makes limit the lock's Until if it comes first.
 func (lk *Lock) shortenLocked(limit time.Time) {
 	if lk.heldLocked() && limit.Before(lk.until) {
 		lk.setUntilLocked(limit)
@@ -373,21 +522,6 @@ func (lk *Lock) setUntilLocked(until time.Time) {
 // op describes an operation on this lock for the Observer.
 func (lk *Lock) op(name string) Op {
 	return Op{Name: name, Strategy: strategyName(lk.strategy), Key: lk.key}
-}
-
-// applyExtension records the outcome of an extension that started at
-// start, Lock.Extend's or a keeper's renewal: on success a new Until (see
-// applySuccess); the loss of the lock if the strategy says it is no longer
-// held; other errors leave the lock as it was (Lock.Extend shortened it
-// when it sent a shorter TTL).
-func (lk *Lock) applyExtension(start time.Time, g Grant, err error) error {
-	if err == nil {
-		return lk.applySuccess(start, g)
-	}
-	if errors.Is(err, ErrNotHeld) {
-		lk.markLost(err)
-	}
-	return err
 }
 
 // Release gives the lock up: the key is removed on the strategy's nodes
@@ -433,11 +567,9 @@ func (lk *Lock) Release(ctx context.Context) error {
 	return err
 }
 
-// usable returns ErrNotHeld (wrapping the cause) if the lock was released or
-// lost.
-func (lk *Lock) usable() error {
-	lk.mu.Lock()
-	defer lk.unlock()
+// usableLocked returns ErrNotHeld (wrapping the cause) if the lock was
+// released or lost.
+func (lk *Lock) usableLocked() error {
 	lk.checkExpiryLocked()
 	switch {
 	case lk.cause != nil:

@@ -80,6 +80,10 @@ func (f *fake) Extend(ctx context.Context, key, token string, ttl time.Duration)
 	return redlease.Grant{Until: until}, nil
 }
 
+// DriftAllowance is 0: the fake's grants end exactly at the call's start
+// plus the TTL, on the same clock.
+func (f *fake) DriftAllowance(time.Duration) time.Duration { return 0 }
+
 func (f *fake) Release(ctx context.Context, key, token string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -451,12 +455,12 @@ func TestRenewalDoesNotOutbidAShorterExtend(t *testing.T) {
 		require.NoError(t, (<-done)[0])
 		assert.False(t, lk.Until().After(extendStart.Add(2*time.Second)),
 			"Until %v after the Extend's start, whose 2 s TTL a node may have applied last", lk.Until().Sub(extendStart))
-		// A renewal that starts after the Extend answered may move it again.
-		go func() { done <- redlease.ExtendAll(t.Context(), []*redlease.Lock{lk}) }()
-		h.release = make(chan struct{})
-		<-h.entered
-		close(h.release)
-		require.NoError(t, (<-done)[0])
-		assert.True(t, lk.Until().After(extendStart.Add(5*time.Second)), "a later renewal extends it")
+		// A renewal that starts after the Extend answered may move it
+		// again, by the lock's TTL, which is now the Extend's.
+		require.Equal(t, 2*time.Second, lk.TTL())
+		time.Sleep(500 * time.Millisecond)
+		renewalStart := time.Now()
+		require.NoError(t, redlease.ExtendAll(t.Context(), []*redlease.Lock{lk})[0])
+		assert.Equal(t, renewalStart.Add(2*time.Second), lk.Until(), "a later renewal extends it by the lock's TTL")
 	})
 }

@@ -478,7 +478,10 @@ func TestUndecidedShorterExtendShortensValidity(t *testing.T) {
 	gate := redistest.NewGate(t, srv.Addr)
 	c := redis.NewClient(&redis.Options{Addr: gate.Addr, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = c.Close() })
-	la := singleLocker(t, c, redlease.WithTTL(20*time.Second))
+	// A 50 ms loss margin: the default (2 s, a tenth of the TTL) would have
+	// the 300 ms Extend refused before it is sent (ErrInvalid: the lock
+	// would be lost at once).
+	la := singleLocker(t, c, redlease.WithTTL(20*time.Second), redlease.WithLossMargin(50*time.Millisecond))
 	lb := singleLocker(t, srv.Client(), redlease.WithTTL(20*time.Second))
 	a, err := la.TryLock(ctx, "attack:shortextend")
 	require.NoError(t, err)

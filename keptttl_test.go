@@ -1,0 +1,236 @@
+package redlease_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/redlease/redlease"
+	"github.com/redlease/redlease/internal/redistest"
+	"github.com/redlease/redlease/quorum"
+	"github.com/redlease/redlease/renew"
+	"github.com/redlease/redlease/single"
+)
+
+// renewals is an Observer that counts the "extend" operations that
+// succeeded: Lock.Extend's and every renewal of a keeper (ExtendAll
+// reports each to the lock's Observer).
+type renewals struct {
+	mu      sync.Mutex
+	n       int
+	changed chan struct{} // closed and replaced on every count
+}
+
+func newRenewals() *renewals { return &renewals{changed: make(chan struct{})} }
+
+func (r *renewals) Start(ctx context.Context, op redlease.Op) (context.Context, func(error)) {
+	return ctx, func(err error) {
+		if op.Name != "extend" || err != nil {
+			return
+		}
+		r.mu.Lock()
+		r.n++
+		close(r.changed)
+		r.changed = make(chan struct{})
+		r.mu.Unlock()
+	}
+}
+func (r *renewals) Held(redlease.Op, time.Duration, error)                       {}
+func (r *renewals) NodeFailed(context.Context, redlease.Op, *redlease.NodeError) {}
+
+// count returns the successful extensions so far.
+func (r *renewals) count() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.n
+}
+
+// waitFor waits until at least n extensions succeeded, or fails after d.
+func (r *renewals) waitFor(t *testing.T, n int, d time.Duration) {
+	t.Helper()
+	deadline := time.NewTimer(d)
+	defer deadline.Stop()
+	for {
+		r.mu.Lock()
+		got, ch := r.n, r.changed
+		r.mu.Unlock()
+		if got >= n {
+			return
+		}
+		select {
+		case <-ch:
+		case <-deadline.C:
+			t.Fatalf("%d successful extensions after %v, want %d", got, d, n)
+		}
+	}
+}
+
+// keptSetup is one strategy's arrangement for the kept-TTL attack: the
+// holder A reaches every node through a gate, the second client B
+// directly.
+type keptSetup struct {
+	servers []*redistest.Server
+	gates   []*redistest.Gate
+	a, b    redlease.Strategy
+	quorum  int // nodes that must keep the key for A's lock to be held
+}
+
+func keptSingle(t *testing.T) keptSetup {
+	srv := redistest.Start(t, redistest.Config{})
+	gate := redistest.NewGate(t, srv.Addr)
+	a, err := single.New(gate.Client())
+	require.NoError(t, err)
+	b, err := single.New(srv.Client())
+	require.NoError(t, err)
+	return keptSetup{servers: []*redistest.Server{srv}, gates: []*redistest.Gate{gate}, a: a, b: b, quorum: 1}
+}
+
+func keptQuorum(t *testing.T) keptSetup {
+	servers := redistest.StartN(t, 3, redistest.Config{})
+	gates := make([]*redistest.Gate, len(servers))
+	ac := make([]redis.UniversalClient, len(servers))
+	for i, s := range servers {
+		gates[i] = redistest.NewGate(t, s.Addr)
+		ac[i] = gates[i].Client()
+	}
+	// A node timeout of 500 ms: the default 100 ms can pass with no reply
+	// on a loaded machine, and nothing here depends on it.
+	a := quorumOver(t, ac, quorum.WithNodeTimeout(500*time.Millisecond))
+	b := quorumOver(t, directClients(t, servers), quorum.WithNodeTimeout(500*time.Millisecond))
+	return keptSetup{servers: servers, gates: gates, a: a, b: b, quorum: a.Quorum()}
+}
+
+// checkKeyOutlivesUntil asserts that on at least a quorum of the nodes the
+// key's PTTL covers A's validity: PTTL ≥ Until − now, less the 2 ms that
+// Redis's millisecond expiry may cost. Until is read before the PTTL, now
+// after it, so a renewal in between only makes the check easier.
+func checkKeyOutlivesUntil(t *testing.T, s keptSetup, lk *redlease.Lock, key string) {
+	t.Helper()
+	until := lk.Until()
+	pttl := make([]time.Duration, len(s.servers))
+	for i, srv := range s.servers {
+		d, err := srv.Client().PTTL(t.Context(), key).Result()
+		require.NoError(t, err)
+		pttl[i] = d
+	}
+	left := time.Until(until)
+	covered := 0
+	var report []string
+	for i, d := range pttl {
+		if d >= left-2*time.Millisecond {
+			covered++
+		}
+		report = append(report, fmt.Sprintf("node %d: PTTL %v", i, d))
+	}
+	assert.GreaterOrEqual(t, covered, s.quorum,
+		"the key must outlive A's Until (%v left, TTL %v) on a quorum of %d: %s",
+		left.Round(time.Millisecond), lk.TTL(), s.quorum, strings.Join(report, ", "))
+}
+
+// noSecondHolderWhileValid polls B until it is granted key (at most 10 s)
+// and fails if A's lock is still Valid then; fnCtx, if not nil, is the
+// context Do gave A's function, whose state the failure reports; clock is
+// A's Locker's clock.
+func noSecondHolderWhileValid(t *testing.T, fnCtx context.Context, lb *redlease.Locker, a *redlease.Lock, key string, clock redlease.Clock) {
+	t.Helper()
+	ctx := t.Context()
+	deadline := time.Now().Add(10 * time.Second)
+	for attempts := 1; ; attempts++ {
+		b, err := lb.TryLock(ctx, key)
+		if err == nil {
+			valid, left := a.Valid(), a.Until().Sub(clock.Now())
+			fnCtxState := "no fn"
+			if fnCtx != nil {
+				fnCtxState = fmt.Sprintf("fn's ctx error %v", fnCtx.Err())
+			}
+			if valid {
+				t.Errorf("double grant: B got the lock (attempt %d, fence %d) while A's is Valid for %v more by its clock (A's TTL %v; %s)",
+					attempts, b.Fence(), left.Round(time.Millisecond), a.TTL(), fnCtxState)
+			}
+			require.NoError(t, b.Release(ctx))
+			return
+		}
+		require.ErrorIs(t, err, redlease.ErrNotObtained)
+		require.True(t, time.Now().Before(deadline), "B was never granted the key (the check examined nothing): %v", err)
+		time.Sleep(5 * time.Millisecond) // polling for the key's expiry, not racing it
+	}
+}
+
+// Audit issue 27, defect 1: a keeper shortened an extended lock. A lock
+// taken with a 1 s TTL and extended to 3 s was renewed by its keeper with
+// the 1 s it was taken with, which cut the key down to 1 s while the lock
+// still claimed the 3 s extension's Until; once the holder was cut off or
+// no longer kept, a second client was granted the key while the first was
+// still Valid. Each case extends, waits for two keeper renewals (the
+// second one started after the Extend answered), checks that the key
+// outlives Until on a quorum of the nodes, then cuts the holder off (Do:
+// every gate black-holed) or stops keeping (Watchdog), and lets B poll
+// for the key: B may only get it once A's lock is no longer Valid.
+func TestKeeperKeepsTheExtendedTTL(t *testing.T) {
+	const (
+		ttl      = time.Second
+		extended = 3 * time.Second
+	)
+	for _, c := range []struct {
+		name  string
+		setup func(*testing.T) keptSetup
+	}{{"single", keptSingle}, {"quorum", keptQuorum}} {
+		t.Run(c.name+"/Do", func(t *testing.T) {
+			s := c.setup(t)
+			const key = "attack:kept-ttl-do"
+			obs := newRenewals()
+			la := newLocker(t, s.a, redlease.WithTTL(ttl), redlease.WithObserver(obs))
+			lb := newLocker(t, s.b, redlease.WithTTL(ttl))
+			ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+			defer cancel()
+			err := la.Do(ctx, key, func(ctx context.Context, lk *redlease.Lock) error {
+				if err := lk.Extend(ctx, extended); err != nil {
+					return err
+				}
+				obs.waitFor(t, obs.count()+2, 10*time.Second)
+				checkKeyOutlivesUntil(t, s, lk, key)
+				for _, g := range s.gates {
+					g.BlackHole()
+				}
+				noSecondHolderWhileValid(t, ctx, lb, lk, key, redlease.SystemClock())
+				select {
+				case <-ctx.Done():
+				case <-time.After(5 * time.Second):
+					t.Errorf("fn's ctx not cancelled 5 s after B was granted the key")
+				}
+				return nil
+			})
+			for _, g := range s.gates {
+				g.Heal()
+			}
+			assert.ErrorIs(t, err, redlease.ErrLost, "the lock was lost before fn returned")
+		})
+		t.Run(c.name+"/Watchdog", func(t *testing.T) {
+			s := c.setup(t)
+			const key = "attack:kept-ttl-watchdog"
+			obs := newRenewals()
+			la := newLocker(t, s.a, redlease.WithTTL(ttl), redlease.WithObserver(obs))
+			lb := newLocker(t, s.b, redlease.WithTTL(ttl))
+			w, err := renew.New()
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = w.Close() })
+			lctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+			defer cancel()
+			lk, err := la.Lock(lctx, key)
+			require.NoError(t, err)
+			stop := w.Keep(lk)
+			require.NoError(t, lk.Extend(t.Context(), extended))
+			obs.waitFor(t, obs.count()+2, 10*time.Second)
+			checkKeyOutlivesUntil(t, s, lk, key)
+			stop()
+			noSecondHolderWhileValid(t, nil, lb, lk, key, redlease.SystemClock())
+		})
+	}
+}
