@@ -459,9 +459,13 @@ func withCause(err, cause error) error {
 // errors.Is ErrLost, even if fn returned nil. Failing to obtain the lock
 // returns the error of Lock and does not call fn.
 //
-// A failed release after fn (a node down, say) is not reported: fn's work
-// was done under a valid lock, and the key expires at its TTL. A panic in fn
-// stops the renewal, releases the lock and is then re-raised.
+// The release after fn waits at most the strategy's call bound
+// (CallBounder; DefaultCallBound, 1 s, for a strategy that states none),
+// or the lock's TTL if that is shorter: a node that stops answering as fn
+// returns holds Do no longer than any other call of the strategy. A failed
+// release (a node down, say) is not reported: fn's work was done under a
+// valid lock, and the key expires at its TTL. A panic in fn stops the
+// renewal, releases the lock and is then re-raised.
 //
 // The default watchdog runs on the real clock. Inside a testing/synctest
 // bubble, give Do WithoutKeeper or a Keeper made in the bubble
@@ -504,7 +508,7 @@ func (l *Locker) Do(ctx context.Context, key string, fn func(ctx context.Context
 		stopKeeping()
 		cancel(nil)
 		lost := lk.Err() // read before Release: a lock released in time is not lost
-		relCtx, relCancel := context.WithTimeout(context.WithoutCancel(ctx), lk.ttl)
+		relCtx, relCancel := context.WithTimeout(context.WithoutCancel(ctx), releaseBound(lk))
 		_ = lk.Release(relCtx)
 		relCancel()
 		switch {
@@ -516,4 +520,15 @@ func (l *Locker) Do(ctx context.Context, key string, fn func(ctx context.Context
 		}
 	}()
 	return fn(fnCtx, lk)
+}
+
+// releaseBound is how long Do waits for its release: the strategy's call
+// bound (CallBounder; DefaultCallBound if it states none, or none that is
+// positive), at most the lock's TTL.
+func releaseBound(lk *Lock) time.Duration {
+	bound := DefaultCallBound
+	if b, ok := lk.strategy.(CallBounder); ok && b.CallBound() > 0 {
+		bound = b.CallBound()
+	}
+	return min(bound, lk.TTL())
 }
