@@ -153,6 +153,14 @@
 // context at the lock's loss margin, within its first TTL. Either way the
 // function's context is cancelled as soon as the lock is known lost.
 //
+// A keeper renews a lock by its TTL, which is that of its latest
+// Lock.Extend (Lock.TTL): a function that extends its lock to a longer TTL
+// keeps that TTL, and every renewal goes through the same bookkeeping as
+// Extend, so no renewal leaves the key shorter than the lock's Until. After
+// the function returns, Do waits for the release at most the strategy's
+// call bound (CallBounder: the quorum strategy's node timeout;
+// DefaultCallBound, 1 s, for the others), or the lock's TTL if shorter.
+//
 // # What a grant guarantees, and under which assumptions
 //
 // While time.Now() is before Lock.Until, no other holder can be granted the

@@ -2,7 +2,12 @@
 //
 // A Watchdog is shared by a whole process. Keep hands it a lock; from then
 // on the lock is extended on a renewal interval of a third of its TTL
-// (WithFraction). Locks that fall due together are extended together
+// (WithFraction), by that TTL: the lock's current one (Lock.TTL, that of its
+// latest Lock.Extend), read again at every renewal, and at once when an
+// Extend shortens it. A lock whose deadline (Until less the loss margin)
+// is nearer than its interval would allow for is renewed sooner: halfway
+// from its last renewal to its deadline, at the earliest half an interval
+// after it. Locks that fall due together are extended together
 // through redlease.ExtendAll, so a strategy that batches (single, quorum)
 // pays one round trip per node per batch, not one per lock: ten thousand
 // locks cost a handful of script calls per node per tick. To make batches,

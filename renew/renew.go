@@ -65,8 +65,8 @@ func WithFraction(fraction float64) Option {
 // (1 s). Must be at least a millisecond. Keep it above the strategy's own
 // bound on a call (failover's WAIT timeout) and below the renewal
 // interval, so that a timed-out renewal leaves time for retries. A
-// strategy that states its bound (quorum: CallBound, its node timeout) is
-// waited for at least twice that, whatever this timeout says.
+// strategy that states its bound (redlease.CallBounder; quorum: its node
+// timeout) is waited for at least twice that, whatever this timeout says.
 func WithTimeout(d time.Duration) Option {
 	return optionFunc(func(w *Watchdog) error {
 		if d < time.Millisecond {
@@ -165,8 +165,8 @@ func New(opts ...Option) (*Watchdog, error) {
 	return w, nil
 }
 
-// Keep extends lk every fraction of its TTL until stop is called, lk is
-// released, or lk is lost (a renewal that finds it no longer held marks it
+// Keep extends lk by its TTL (Lock.TTL, read again at every renewal) every
+// fraction of it until stop is called, lk is released, or lk is lost (a renewal that finds it no longer held marks it
 // lost; one that cannot get an answer in time leaves it to expire, and its
 // Lost closes a loss margin before its Until). Keeping a lock that is
 // already kept, or keeping after Close, does nothing.
