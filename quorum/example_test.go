@@ -28,7 +28,10 @@ func Example() {
 		defer c.Close()
 		nodes = append(nodes, c)
 	}
-	s, err := quorum.New(nodes, quorum.WithFencing(), quorum.WithNodeTimeout(50*time.Millisecond))
+	// A node timeout of a second: in production it bounds how long a slow
+	// node may hold a call (default 100 ms); here the in-process nodes
+	// share the CPU with everything else the test binary runs.
+	s, err := quorum.New(nodes, quorum.WithFencing(), quorum.WithNodeTimeout(time.Second))
 	if err != nil {
 		panic(err)
 	}
