@@ -13,31 +13,30 @@ import (
 	"github.com/redlease/redlease/single"
 )
 
-// rateClock runs at rate times real time from start.
-type rateClock struct {
-	start time.Time
-	rate  float64
-}
+// frozenClock always reads the same instant: every extension then starts
+// at it, so the bounds the lock takes from them are exact.
+type frozenClock struct{ at time.Time }
 
-func (c rateClock) Now() time.Time {
-	return c.start.Add(time.Duration(float64(time.Since(c.start)) * c.rate))
-}
+func (c frozenClock) Now() time.Time { return c.at }
 
 // Audit issue 27, defect 3: an Extend whose answer never came capped the
 // lock's Until with a fixed 5 % drift allowance, whatever the strategy's
-// drift factor said. With WithDriftFactor(0.1) and the client's clock
-// 8.7 % slow (as if the server's ran 8.7 % fast: inside the 10 % the
-// strategy allows for), the key expired while the lock still counted
-// itself Valid. Forced order: A holds the key with a 20 s TTL (loss margin
-// 10 ms); its Extend to 4 s reaches the server, which applies it, but the
-// reply is held in the gate until the Extend's ctx ends; B polls for the
-// key, and may only get it once A's lock is no longer Valid.
+// drift factor said; with WithDriftFactor(0.1) and a clock 8.7 % slow, a
+// key cut back by the extension expired while the lock still counted
+// itself Valid. The nodes no longer cut a held key back (the key keeps
+// its 20 s here), but the lock still bounds itself as if they could:
+// Until becomes the extension's start plus 4 s less the strategy's own
+// allowance for 4 s (0.1 × 4 s + 2 ms), exactly, on a clock that does not
+// move. Forced order: A holds the key with a 20 s TTL (loss margin 10 ms);
+// its Extend to 4 s reaches the server, which applies it, but the reply
+// is held in the gate until the Extend's ctx ends. B is refused until A
+// releases.
 func TestUndecidedExtendUsesTheStrategysDriftAllowance(t *testing.T) {
 	ctx := t.Context()
 	srv := redistest.Start(t, redistest.Config{})
 	loadScripts(t, srv.Client())
 	gate := redistest.NewGate(t, srv.Addr)
-	clock := rateClock{start: time.Now(), rate: 1 - 0.087}
+	clock := frozenClock{at: time.Now()}
 	sa, err := single.New(gate.Client(), single.WithDriftFactor(0.1), single.WithClock(clock))
 	require.NoError(t, err)
 	la := newLocker(t, sa, redlease.WithTTL(20*time.Second), redlease.WithLossMargin(10*time.Millisecond), redlease.WithClock(clock))
@@ -45,6 +44,7 @@ func TestUndecidedExtendUsesTheStrategysDriftAllowance(t *testing.T) {
 	const key = "attack:undecided-drift"
 	a, err := la.TryLock(ctx, key)
 	require.NoError(t, err)
+	require.Equal(t, clock.at.Add(20*time.Second-sa.DriftAllowance(20*time.Second)), a.Until())
 
 	gate.HoldReplies(script.Extend.Hash())
 	ectx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
@@ -53,9 +53,19 @@ func TestUndecidedExtendUsesTheStrategysDriftAllowance(t *testing.T) {
 	require.Error(t, extErr)
 	require.NotErrorIs(t, extErr, redlease.ErrNotHeld, "undecided, not refused")
 	require.Equal(t, 1, gate.HeldContaining(""), "the Extend's reply is held")
+	require.Equal(t, 402*time.Millisecond, sa.DriftAllowance(4*time.Second))
+	require.Equal(t, clock.at.Add(4*time.Second-402*time.Millisecond), a.Until(),
+		"the undecided extension bounds the lock by the strategy's allowance")
 	pttl, err := srv.Client().PTTL(ctx, key).Result()
 	require.NoError(t, err)
-	require.LessOrEqual(t, pttl, 4*time.Second, "the Extend reached the server and was applied there")
+	require.Greater(t, pttl, 15*time.Second, "the Extend reached the server and left the key's longer life")
 
-	noSecondHolderWhileValid(t, nil, lb, a, key, clock)
+	require.True(t, a.Valid())
+	_, err = lb.TryLock(ctx, key)
+	require.ErrorIs(t, err, redlease.ErrNotObtained)
+	gate.Open()
+	require.NoError(t, a.Release(ctx))
+	b, err := lb.TryLock(ctx, key)
+	require.NoError(t, err, "released: B may take it")
+	require.NoError(t, b.Release(ctx))
 }

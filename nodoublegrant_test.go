@@ -467,10 +467,12 @@ func TestLockKeysCannotEnterReservedNamespace(t *testing.T) {
 
 // Found by the simulator (chaos/sim, seed 204 of quorum5-fenced). An Extend
 // to a TTL shorter than the validity left whose reply never comes (ctx
-// ended) may still be applied: the key then expires at the shorter TTL,
-// and the lock must not go on claiming its old Until. Forced order: the
-// extension is held in the gate until its caller gave up, then applied;
-// the key expires; B takes it.
+// ended) may still be applied. The lock counts on no more than its start
+// plus the shorter TTL from the moment it is sent; the node, which never
+// shortens a held key, keeps the key's longer life, so others wait for
+// that (or for a Release). Forced order: the extension is held in the
+// gate until its caller gave up, then applied; the lock is lost by its
+// own deadline while the key lives on; B is refused until A releases.
 func TestUndecidedShorterExtendShortensValidity(t *testing.T) {
 	ctx := t.Context()
 	srv := redistest.Start(t, redistest.Config{})
@@ -483,7 +485,8 @@ func TestUndecidedShorterExtendShortensValidity(t *testing.T) {
 	// would be lost at once).
 	la := singleLocker(t, c, redlease.WithTTL(20*time.Second), redlease.WithLossMargin(50*time.Millisecond))
 	lb := singleLocker(t, srv.Client(), redlease.WithTTL(20*time.Second))
-	a, err := la.TryLock(ctx, "attack:shortextend")
+	const key = "attack:shortextend"
+	a, err := la.TryLock(ctx, key)
 	require.NoError(t, err)
 	lost := a.Lost()
 
@@ -493,35 +496,36 @@ func TestUndecidedShorterExtendShortensValidity(t *testing.T) {
 	cancel()
 	require.Error(t, extErr)
 	require.NotErrorIs(t, extErr, redlease.ErrNotHeld, "undecided, not refused")
+	require.False(t, a.Until().After(time.Now().Add(300*time.Millisecond)),
+		"Until %v from now: past the undecided extension's start plus its 300 ms", time.Until(a.Until()))
 	require.NoError(t, gate.Step("", 5*time.Second)) // the extension lands after all
 	gate.Open()
-	var b *redlease.Lock
-	for range 100 { // the key expires 300 ms after the extension landed
-		if b, err = lb.TryLock(ctx, "attack:shortextend"); err == nil {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	require.NoError(t, err, "the key expired: B may take it")
-	if a.Valid() {
-		t.Fatalf("double grant: B holds the lock (fence %d) and A's lock still says Valid for %v (extend error: %v)",
-			b.Fence(), time.Until(a.Until()).Round(time.Millisecond), extErr)
-	}
+	pttl, err := srv.Client().PTTL(ctx, key).Result()
+	require.NoError(t, err)
+	require.Greater(t, pttl, 10*time.Second, "the late shorter extension left the key's longer life")
 	select {
 	case <-lost:
-	default:
-		t.Fatal("Lost not closed although the lock's validity ended")
+	case <-time.After(5 * time.Second):
+		t.Fatal("Lost not closed 5 s after the 300 ms extension was sent")
 	}
+	require.False(t, a.Valid())
+	_, err = lb.TryLock(ctx, key)
+	require.ErrorIs(t, err, redlease.ErrNotObtained, "the key keeps its longer life: B waits for it, or for A's release")
+	require.NoError(t, a.Release(ctx), "A's token still holds the key: the release deletes it")
+	b, err := lb.TryLock(ctx, key)
+	require.NoError(t, err, "released: B may take it")
 	require.NoError(t, b.Release(ctx))
 }
 
 // Found by the simulator (TestFindingExtendAfterUndecided, seed 2586 of
 // quorum3-extend): an Extend to a short TTL whose answer never came, then
 // an Extend to a long TTL that succeeded. The short one may land after the
-// long one and expire the key early, so the long one's success cannot
-// vouch for more than its own start plus the short TTL. Forced order: the
-// short extension is held in the gate, the long one goes through, then
-// the short one lands; the key expires; B takes it.
+// long one; a node that reset the TTL would expire the key early, so the
+// lock counts on no more than the long one's start plus the short TTL.
+// The nodes never shorten a held key: the key keeps the long extension's
+// life, which outlives that Until. Forced order: the short extension is
+// held in the gate, the long one goes through, then the short one lands;
+// B is refused until A releases.
 func TestSuccessfulExtendAfterAnUndecidedShorterOne(t *testing.T) {
 	ctx := t.Context()
 	srv := redistest.Start(t, redistest.Config{})
@@ -534,7 +538,8 @@ func TestSuccessfulExtendAfterAnUndecidedShorterOne(t *testing.T) {
 	la, err := redlease.New(strategy, redlease.WithTTL(3*time.Second))
 	require.NoError(t, err) // loss margin 300 ms
 	lb := singleLocker(t, srv.Client(), redlease.WithTTL(20*time.Second))
-	a, err := la.TryLock(ctx, "attack:extendafter")
+	const key = "attack:extendafter"
+	a, err := la.TryLock(ctx, key)
 	require.NoError(t, err)
 
 	gate.HoldRequests("$4\r\n1333\r\n") // the 1333 ms extension's TTL argument, and nothing else
@@ -544,18 +549,19 @@ func TestSuccessfulExtendAfterAnUndecidedShorterOne(t *testing.T) {
 	require.Error(t, shortErr)
 	require.NotErrorIs(t, shortErr, redlease.ErrNotHeld, "undecided, not refused")
 	require.NoError(t, a.Extend(ctx, 10*time.Second), "the long extension goes through")
+	require.False(t, a.Until().After(time.Now().Add(1333*time.Millisecond)),
+		"Until %v from now: past the long extension's start plus the undecided 1333 ms", time.Until(a.Until()))
 	require.NoError(t, gate.Step("", 5*time.Second)) // the short one lands last
 	gate.Open()
-	var b *redlease.Lock
-	for range 100 { // the key expires 1333 ms after the short extension landed
-		if b, err = lb.TryLock(ctx, "attack:extendafter"); err == nil {
-			break
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	require.NoError(t, err, "the key expired: B may take it")
-	if a.Valid() {
-		t.Fatalf("double grant: B holds the lock (fence %d) and A's lock still says Valid for %v", b.Fence(), time.Until(a.Until()).Round(time.Millisecond))
-	}
+	until := a.Until()
+	pttl, err := srv.Client().PTTL(ctx, key).Result()
+	require.NoError(t, err)
+	require.Greater(t, pttl, 5*time.Second, "the late short extension left the long one's life")
+	require.GreaterOrEqual(t, pttl, time.Until(until)-2*time.Millisecond, "the key outlives A's Until")
+	_, err = lb.TryLock(ctx, key)
+	require.ErrorIs(t, err, redlease.ErrNotObtained, "the key keeps the long extension's life: B waits for it, or for A's release")
+	require.NoError(t, a.Release(ctx))
+	b, err := lb.TryLock(ctx, key)
+	require.NoError(t, err, "released: B may take it")
 	require.NoError(t, b.Release(ctx))
 }

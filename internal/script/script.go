@@ -1,7 +1,9 @@
 // Package script holds the Lua scripts and key layout shared by the
 // strategies. Every script compares the caller's token before it touches a
 // lock key, and each runs atomically on one Redis node: no GET-then-SET race
-// exists between a check and its action.
+// exists between a check and its action. No script shortens a lock key
+// that holds the caller's token: an extension or a refresh raises its TTL
+// to the one asked, or leaves a longer one (see Extend).
 //
 // Keys: a lock is stored at its key with the holder's token as the plain
 // string value (the layout redsync uses too, so a redsync mutex and a redlease
@@ -65,8 +67,8 @@ func Remaining(v int64) (d time.Duration, ok bool) {
 }
 
 // Acquire places the lock if the key is free, or refreshes its TTL if it
-// already holds our token (a retried request whose first reply was lost),
-// or takes it over from an earlier attempt of the same acquisition: tokens
+// already holds our token (a retried request whose first reply was lost;
+// raised to ARGV[2], never shortened: see Extend), or takes it over from an earlier attempt of the same acquisition: tokens
 // of the form "<base>.<n>" (see redlease.Strategy) with the same base and
 // a smaller n. Any other token is taken.
 //
@@ -202,7 +204,10 @@ if held == false then
     return f
   end
 elseif held == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  -- Our own key (a resent request, a late copy): never shortened.
+  if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[2]) then
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  end
 else
   local left = redis.call('PTTL', KEYS[1])
   if left < 0 then
@@ -268,13 +273,24 @@ end
 return 0
 `)
 
-// Extend resets the TTL of a lock we hold.
+// Extend raises the TTL of a lock we hold to ARGV[2]: it sets it only if
+// the key's PTTL is below that (a key without expiry gets it too), and
+// never shortens the key. A late copy of an earlier, shorter extension
+// (a quorum's request still in flight to a node after the call returned,
+// a resent request) may land after a later, longer one, over another
+// connection, with nothing to order them: were it to reset the TTL, it
+// would cut the key back below the longer one's Until. The reply is 1
+// either way: the key lives at least ARGV[2] from now, which is all an
+// extension to that TTL vouches for.
 //
 //	KEYS[1] lock key; ARGV[1] token, ARGV[2] ttl in ms
-//	reply: 1 if extended, 0 if the key is gone or not ours
+//	reply: 1 if held (its TTL now at least ARGV[2]), 0 if the key is gone or not ours
 var Extend = newScript(1, `
 if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[2]) then
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  end
+  return 1
 end
 return 0
 `)
@@ -572,10 +588,10 @@ end
 return tonumber(string.sub(run, 1, 13), 16)
 `)
 
-// ExtendMany resets the TTL of many locks we hold, in one call, and
-// answers for every key on its own: a key the node cannot read as a string
-// does not abort the call (redis.pcall), so it costs no other key its
-// extension.
+// ExtendMany raises the TTL of many locks we hold, in one call, each to
+// its own ttl as Extend does (never shortened), and answers for every key
+// on its own: a key the node cannot read as a string does not abort the
+// call (redis.pcall), so it costs no other key its extension.
 //
 //	KEYS[i] lock key i; ARGV[2i-1] its token, ARGV[2i] its ttl in ms
 //	reply: array, element i one of Extended, NotOurs, WrongType, KeyFailed
@@ -591,9 +607,13 @@ local out = {}
 for i, key in ipairs(KEYS) do
   local v = redis.pcall('GET', key)
   if v == ARGV[2*i-1] then
-    v = redis.pcall('PEXPIRE', key, ARGV[2*i])
+    local ttl = tonumber(ARGV[2*i])
+    v = redis.pcall('PTTL', key)
+    if type(v) == 'number' and v < ttl then
+      v = redis.pcall('PEXPIRE', key, ttl)
+    end
     if type(v) == 'number' then
-      out[i] = v
+      out[i] = 1
     else
       out[i] = -2
     end
@@ -612,7 +632,7 @@ return out
 
 // The per-key replies of ExtendMany.
 const (
-	Extended  = 1  // the key held our token; its TTL was reset
+	Extended  = 1  // the key held our token; its TTL is now at least the one asked
 	NotOurs   = 0  // the key is missing or holds another token
 	WrongType = -1 // the key holds a value of another type: not ours either
 	KeyFailed = -2 // the node refused a command on this key: undecided
