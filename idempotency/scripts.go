@@ -177,8 +177,11 @@ local f
 if not fresh then
   local held = redis.call('GET', KEYS[2])
   if held == ARGV[1] then
-    -- Our own token: a retried request whose first reply was lost.
-    redis.call('PEXPIRE', KEYS[2], ARGV[2])
+    -- Our own token: a retried request whose first reply was lost. As
+    -- in script.Acquire, a held key is never shortened.
+    if redis.call('PTTL', KEYS[2]) < tonumber(ARGV[2]) then
+      redis.call('PEXPIRE', KEYS[2], ARGV[2])
+    end
     f = tonumber(redis.call('GET', KEYS[3]) or '0')
   else
     if held ~= false then

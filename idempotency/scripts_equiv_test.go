@@ -120,7 +120,8 @@ func sameState(t *testing.T, c *redis.Client, ref, got equivKeys, name string) {
 // starting state that matters to it: no record, a record in progress
 // (ours, another owner's of a lower, equal or higher fence, without its
 // fingerprint), completed (ok, err, big), or of another payload; a lock
-// free, ours, another's (with a TTL or without one), an earlier or later
+// free, ours (with a TTL shorter or longer than the one asked, or without
+// one), another's (with a TTL or without one), an earlier or later
 // attempt of the same acquisition, another base; a fence counter absent,
 // with a TTL longer or shorter than the one asked, or without one. Both
 // run on two copies of the same state; replies and the resulting keys
@@ -150,6 +151,8 @@ func TestHandWrittenClaimDoesWhatTheComposedOneDoes(t *testing.T) {
 	}{
 		"free":          {},
 		"mine":          {token, 20 * time.Second},
+		"mine longer":   {token, time.Minute}, // longer than the 30 s asked: kept
+		"mine no ttl":   {token, 0},
 		"other":         {"other.1", 20 * time.Second},
 		"other no ttl":  {"other.1", 0},
 		"earlier mine":  {"tok_A.1", 20 * time.Second},
@@ -209,4 +212,43 @@ func sameReply(t *testing.T, ref, got any, name string) {
 		return
 	}
 	assert.Equal(t, ref, got, name)
+}
+
+// The claim's own-token branch (a resent claim whose first reply was
+// lost, or a late copy) never shortens the lock key, as script.Acquire's:
+// a longer TTL is kept, a shorter one raised, a key without one given
+// the lease; another token's key is untouched.
+func TestClaimNeverShortensItsOwnLock(t *testing.T) {
+	srv := redistest.Start(t, redistest.Config{})
+	c := srv.Client()
+	ctx := t.Context()
+	const token = "tok_A.2"
+	cases := []struct {
+		name     string
+		holder   string
+		ttl      time.Duration
+		granted  bool
+		min, max time.Duration
+	}{
+		{"mine, longer left: kept", token, time.Minute, true, 50 * time.Second, time.Minute},
+		{"mine, shorter left: raised", token, 10 * time.Second, true, 25 * time.Second, 30 * time.Second},
+		{"mine, no expiry: given the lease", token, 0, true, 25 * time.Second, 30 * time.Second},
+		{"another's, longer: untouched", "other.1", time.Minute, false, 50 * time.Second, time.Minute},
+		{"another's, shorter: untouched", "other.1", 10 * time.Second, false, 5 * time.Second, 10 * time.Second},
+	}
+	for i, tc := range cases {
+		k := newEquivKeys("own", i)
+		equivState{lock: tc.holder, lockTTL: tc.ttl, fence: "7", fenceTTL: time.Hour}.apply(t, c, k)
+		reply, err := claimLockScript.RunValue(ctx, c, claimLockScript.Args(k.rec, k.lock, k.fence, token, int64(30_000), int64(60_000), "", int64(120_000)))
+		require.NoError(t, err, tc.name)
+		v, ok := reply.(int64)
+		require.True(t, ok, "%s: reply %v", tc.name, reply)
+		assert.Equal(t, tc.granted, !script.IsTaken(v), "%s: reply %d", tc.name, v)
+		held, err := c.Get(ctx, k.lock).Result()
+		require.NoError(t, err)
+		assert.Equal(t, tc.holder, held, tc.name)
+		d, err := c.PTTL(ctx, k.lock).Result()
+		require.NoError(t, err)
+		assert.True(t, d >= tc.min && d <= tc.max, "%s: the lock's PTTL %v, want [%v, %v]", tc.name, d, tc.min, tc.max)
+	}
 }
