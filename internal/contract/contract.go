@@ -218,6 +218,37 @@ func Run(t *testing.T, setup func(t *testing.T) Setup) {
 		assert.Zero(t, holders(t, s, items[1].Key, "tok"), "a failed extension does not create the key")
 	})
 
+	t.Run("ExtendNeverShortensTheKey", func(t *testing.T) {
+		s := setup(t)
+		ctx := t.Context()
+		keys := []string{"{short}:" + Key(t), "{short}:" + Key(t)}
+		for _, key := range keys {
+			_, err := s.Strategy.Acquire(ctx, key, "tok-a", 20*time.Second)
+			require.NoError(t, err)
+			require.Eventually(t, func() bool { return holders(t, s, key, "tok-a") >= s.Quorum }, 2*time.Second, time.Millisecond)
+		}
+		// An extension to a shorter TTL is granted for that TTL, and the
+		// key keeps the longer life it has: a late copy of an earlier,
+		// shorter extension must never cut the key back below a later,
+		// longer one's Until.
+		before := time.Now()
+		g, err := s.Strategy.Extend(ctx, keys[0], "tok-a", 5*time.Second)
+		require.NoError(t, err, "a shorter extension of a held key is a success")
+		assert.False(t, g.Until.After(before.Add(5*time.Second)), "Until %v must not exceed start+ttl", g.Until)
+		checked := []string{keys[0]}
+		if b, ok := s.Strategy.(redlease.BatchExtender); ok {
+			out := b.ExtendBatch(ctx, []redlease.Extension{{Key: keys[1], Token: "tok-a", TTL: 5 * time.Second}})
+			require.Len(t, out, 1)
+			require.NoError(t, out[0].Err, "a shorter batch extension of a held key is a success")
+			checked = append(checked, keys[1])
+		}
+		for _, key := range checked {
+			assert.Equal(t, holders(t, s, key, "tok-a"), extendedOn(t, s, key, "tok-a", 15*time.Second),
+				"%s: every node that holds the key keeps its 20 s", key)
+			assert.GreaterOrEqual(t, extendedOn(t, s, key, "tok-a", 15*time.Second), s.Quorum, key)
+		}
+	})
+
 	t.Run("ClusterSlotCompanions", func(t *testing.T) {
 		s := setup(t)
 		ctx := t.Context()
