@@ -156,10 +156,24 @@
 // A keeper renews a lock by its TTL, which is that of its latest
 // Lock.Extend (Lock.TTL): a function that extends its lock to a longer TTL
 // keeps that TTL, and every renewal goes through the same bookkeeping as
-// Extend, so no renewal leaves the key shorter than the lock's Until. After
+// Extend. After
 // the function returns, Do waits for the release at most the strategy's
 // call bound (CallBounder: the quorum strategy's node timeout;
 // DefaultCallBound, 1 s, for the others), or the lock's TTL if shorter.
+//
+// # Extending a lock
+//
+// Lock.Extend has the nodes keep the key at least its TTL from when they
+// apply it, and moves the lock's Until to the extension's start plus that
+// TTL, less the drift allowance. A node never shortens a held key: an
+// extension (or a resent acquisition) raises the key's TTL to the one it
+// carries, or leaves a longer one as it is, so that a late copy of an
+// earlier, shorter extension (a quorum's request to a node that had not
+// answered when the call returned) cannot cut the key back below a later
+// extension's Until. So an Extend to a shorter TTL shortens the holder's
+// Until at once, but not the key: it keeps the longer life an earlier
+// extension gave it, and others may be refused the key until that runs
+// out. Release is how to let them in sooner.
 //
 // # What a grant guarantees, and under which assumptions
 //

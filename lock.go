@@ -110,7 +110,7 @@ func (lk *Lock) Fence() uint64 {
 // or not its answer came (unless the strategy refused it as invalid, which
 // sends nothing), or before any the TTL the lock was taken with. Keepers
 // (ExtendAll: renew.Watchdog, Do's default keeper) renew the lock with it,
-// so that a renewal never cuts the key shorter than an extension made it.
+// so that renewals keep the lock by the TTL its latest Extend chose.
 func (lk *Lock) TTL() time.Duration {
 	if lk == nil {
 		return 0
@@ -213,24 +213,36 @@ func (lk *Lock) Err() error {
 	return lk.cause
 }
 
-// Extend resets the lock's TTL to ttl on the strategy's nodes, makes ttl
-// the lock's TTL (the one keepers renew it with from now on; see TTL) and
-// moves Until. If the strategy says the lock is no longer held, the lock
-// is marked lost and the error errors.Is ErrNotHeld. Other failures
+// Extend extends the lock to ttl: the strategy's nodes give the key, where
+// it still holds the lock's token, at least ttl from when they apply the
+// extension (the strategies of this module raise its TTL to ttl and never
+// shorten a held key: one with a longer life left keeps it); ttl becomes
+// the lock's TTL (the one keepers renew it with from now on; see TTL); and
+// Until moves to the extension's start plus ttl, less the strategy's drift
+// allowance. If the strategy says the lock is no longer held, the lock is
+// marked lost and the error errors.Is ErrNotHeld. Other failures
 // (ErrUnavailable, ctx) are undecided: the extension may still be
 // applied, so the lock stays valid until the earlier of its current Until
 // and the time the extension would end the key (its start plus ttl, less
 // the strategy's drift allowance, see DriftAllowancer), and Extend may be
 // tried again.
 //
-// An Extend to a shorter TTL therefore shortens the hold from the moment
-// it is sent, whether or not its answer comes. An extension (Extend's, or
-// a keeper's renewal) cannot move Until past its own start plus the
-// shortest TTL, less its allowance, of the shorter extensions a node may
-// have applied after it: those in flight, those answered after it
-// started, and those never answered, which cap every later extension so.
-// Until never moves back on an answer: every earlier bound was one that
-// the calls sent since could only shorten, and they did so when sent.
+// An Extend to a shorter TTL shortens the hold from the moment it is sent,
+// whether or not its answer comes: Until comes no later than its start
+// plus ttl, less its allowance. The key does not shorten with it: the
+// nodes keep the longer life that the acquisition or an earlier extension
+// gave it, so others may be refused the key until that runs out. Release
+// is how to let them in sooner.
+//
+// The lock bounds itself as if a node could reset the key to whatever TTL
+// an extension carries (a Strategy of another module may): an extension
+// (Extend's, or a keeper's renewal) cannot move Until past its own start
+// plus the shortest TTL, less its allowance, of the shorter extensions a
+// node may have applied after it: those in flight, those answered after
+// it started, and those never answered, which cap every later extension
+// so. Until never moves back on an answer: every earlier bound was one
+// that the calls sent since could only shorten, and they did so when
+// sent.
 //
 // A ttl whose validity (ttl less the strategy's drift allowance) would
 // not outlast the loss margin (WithLossMargin) is refused with ErrInvalid
@@ -317,11 +329,13 @@ func (lk *Lock) beginRenewal() (*pendingExtend, error) {
 
 // sendLocked records an extension to ttl sent from now on (seq: see
 // pendingExtend): from the moment it is sent a node may apply it, and the
-// key then lives ttl from its arrival, no longer, whatever an earlier
-// extension said. So the lock is valid no longer than the extension's
-// start plus ttl less the strategy's drift allowance (capLimit), if that
-// comes before its Until: an extension to the lock's TTL or a longer one
-// changes nothing, one to a shorter TTL shortens the hold. On a strategy
+// key then lives at least ttl from its arrival; the lock counts on no
+// more, as if the node reset the key to ttl whatever an earlier extension
+// said (the nodes of this module's strategies keep a longer life; see
+// Extend). So the lock is valid no longer than the extension's start plus
+// ttl less the strategy's drift allowance (capLimit), if that comes before
+// its Until: an extension to the lock's TTL or a longer one changes
+// nothing, one to a shorter TTL shortens the hold. On a strategy
 // that states no allowance nothing shorter than the lock's TTL is sent
 // (beginExtend), so nothing is shortened.
 func (lk *Lock) sendLocked(ttl time.Duration, seq uint64) *pendingExtend {
@@ -441,10 +455,11 @@ func (lk *Lock) allowance(ttl time.Duration) (time.Duration, bool) {
 }
 
 // capLimit is the latest Until an extension to ttl sent at start can vouch
-// for without a Grant: a node that applies it expires the key ttl after it
-// arrives, which is no sooner than start, and the strategy's drift
-// allowance for ttl maps that onto this process's clock. For a strategy
-// that states no allowance it is start: no validity at all.
+// for without a Grant: a node that applies it keeps the key at least ttl
+// after it arrives (a node that resets the TTL, exactly that long), which
+// is no sooner than start, and the strategy's drift allowance for ttl
+// maps that onto this process's clock. For a strategy that states no
+// allowance it is start: no validity at all.
 func (lk *Lock) capLimit(start time.Time, ttl time.Duration) time.Time {
 	a, known := lk.allowance(ttl)
 	if !known {

@@ -35,7 +35,13 @@ type Strategy interface {
 	// errors.Is ErrNotObtained (taken, or too few nodes agreed in time),
 	// ErrInvalid (bad input) or the ctx error.
 	Acquire(ctx context.Context, key, token string, ttl time.Duration) (Grant, error)
-	// Extend resets the ttl of key where it is still held under token.
+	// Extend gives key, where it is still held under token, at least ttl
+	// from when each node applies it. The strategies of this module raise
+	// the key's TTL to ttl and never shorten it: a late copy of an earlier,
+	// shorter extension (still in flight when its call returned, or resent)
+	// may land after a later, longer one, and must not cut the key back
+	// below that one's Until. A Lock does not count on it (see
+	// Lock.Extend).
 	// It fails with an error that errors.Is ErrNotHeld when the strategy can
 	// no longer vouch that token holds key. The returned Grant's Fence is 0:
 	// an extension keeps the fence of the acquisition.
@@ -201,9 +207,10 @@ type BatchExtender interface {
 //
 // A Lock uses it where no Grant tells it the validity: an extension still
 // in flight, or one whose answer never came, may be applied by the nodes
-// at any time and then ends the key ttl after it arrives, so the lock
-// counts itself valid no longer than the extension's start plus ttl less
-// this allowance (see Lock.Extend). A Strategy without it states no
+// at any time and then keeps the key at least ttl after it arrives (a node
+// that resets the TTL, no longer), so the lock counts itself valid no
+// longer than the extension's start plus ttl less this allowance (see
+// Lock.Extend). A Strategy without it states no
 // allowance, and the Lock then takes no validity at all from an extension
 // it has no Grant for: such an extension to a TTL shorter than another
 // that a node may apply after it leaves the lock's Until where it was, and

@@ -106,7 +106,8 @@ func (s *Strategy) Acquire(ctx context.Context, key, token string, ttl time.Dura
 	return s.p.Acquire(ctx, key, token, ttl)
 }
 
-// Extend resets key's TTL, followed by WAIT. An extension too few replicas
+// Extend raises key's TTL to ttl (never shortening it: see
+// redlease.Strategy), followed by WAIT. An extension too few replicas
 // acknowledged errors.Is redlease.ErrUnavailable and ErrNotReplicated: the
 // lock keeps its previous Until, and the watchdog tries again.
 func (s *Strategy) Extend(ctx context.Context, key, token string, ttl time.Duration) (redlease.Grant, error) {

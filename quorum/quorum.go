@@ -325,8 +325,9 @@ func (s *Strategy) raiseFence(ctx context.Context, key, fenceKey, token any, fen
 	return t
 }
 
-// Extend resets key's TTL on every node that still holds token, in
-// parallel, and succeeds once a quorum did so with validity left. A partial
+// Extend raises key's TTL to ttl on every node that still holds token (a
+// node never shortens it: see redlease.Strategy), in parallel, and
+// succeeds once a quorum did so with validity left. A partial
 // extension is not undone: those keys are ours and expire on their own.
 func (s *Strategy) Extend(ctx context.Context, key, token string, ttl time.Duration) (redlease.Grant, error) {
 	if err := script.Check(key, token, ttl, s.driftFactor); err != nil {

@@ -67,7 +67,8 @@ func (s *Strategy) Acquire(ctx context.Context, key, token string, ttl time.Dura
 	return s.p.Acquire(ctx, key, token, ttl)
 }
 
-// Extend resets key's TTL if it still holds token, in one round trip.
+// Extend raises key's TTL to ttl if it still holds token (never
+// shortening it: see redlease.Strategy), in one round trip.
 func (s *Strategy) Extend(ctx context.Context, key, token string, ttl time.Duration) (redlease.Grant, error) {
 	return s.p.Extend(ctx, key, token, ttl)
 }

@@ -218,7 +218,8 @@ func NotSent(err error) bool {
 	return (errors.As(err, &op) && op.Op == "dial") || errors.Is(err, redis.ErrPoolTimeout) || script.IsNoScript(err)
 }
 
-// Extend resets key's TTL if it still holds token, in one round trip. An
+// Extend raises key's TTL to ttl if it still holds token (script.Extend:
+// never shortened), in one round trip. An
 // extension too few replicas acknowledged is undecided (ErrUnavailable and
 // ErrNotReplicated): the lock keeps its previous Until.
 func (p *Primary) Extend(ctx context.Context, key, token string, ttl time.Duration) (redlease.Grant, error) {
