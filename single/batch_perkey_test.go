@@ -85,7 +85,7 @@ func TestExtendBatchCommandErrorStaysWithItsKeys(t *testing.T) {
 	srv := redistest.Start(t, redistest.Config{})
 	admin := srv.Client()
 	require.NoError(t, admin.Do(ctx, "ACL", "SETUSER", "batch", "on", ">pw", "resetkeys", "~ok:*",
-		"-@all", "+hello", "+ping", "+evalsha", "+eval", "+script|load", "+get", "+pexpire").Err())
+		"-@all", "+hello", "+ping", "+evalsha", "+eval", "+script|load", "+get", "+pttl", "+pexpire").Err())
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: "batch", Password: "pw", ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = c.Close() })
 
