@@ -31,7 +31,8 @@ func (w *World) barrierClient(ci int, r *rand.Rand) {
 		// Odd clients run without a Keeper: on a one-Redis store their
 		// completion leaves the lock to expire (the Keeper's clients
 		// complete, then release).
-		opts = append(opts, idempotency.WithKeeper(wd))
+		// The keeper sees each lock (the state check tracks it while kept).
+		opts = append(opts, idempotency.WithKeeper(trackKeeper{w: w, ci: ci, inner: wd, prefix: "idem:l:", place: lockPlace{nodes: []int{w.sc.storeNode()}, need: 1}}))
 	}
 	b, err := idempotency.New(store, opts...)
 	if err != nil {

@@ -38,10 +38,10 @@ func (w *World) doLockers(ci int, r *rand.Rand) []doLocker {
 	sn := w.nodes[w.sc.Nodes]
 	sct := r.IntN(2) == 0
 	w.hist.logf("c%d single client ContextTimeoutEnabled=%v", ci, sct)
-	s := must(redlease.New(must(single.New(w.redisClient(ci, sn, sct))), redlease.WithKeeper(wd), redlease.WithPolling()))
+	s := must(redlease.New(must(single.New(w.redisClient(ci, sn, sct))), redlease.WithKeeper(wd), redlease.WithPolling(), redlease.WithObserver(stateObserver{w, ci})))
 	ls := []doLocker{{name: "q", locker: q}, {name: "s", locker: s}}
 	if w.sc.Cluster {
-		c := must(redlease.New(must(single.New(w.clusterClient(ci, r.IntN(2) == 0))), redlease.WithKeeper(wd), redlease.WithPolling()))
+		c := must(redlease.New(must(single.New(w.clusterClient(ci, r.IntN(2) == 0))), redlease.WithKeeper(wd), redlease.WithPolling(), redlease.WithObserver(stateObserver{w, ci})))
 		ls = append(ls, doLocker{name: "c", locker: c})
 	}
 	return ls
@@ -124,6 +124,8 @@ func (w *World) doHold(ci, seq int, key string, dl doLocker, lk *redlease.Lock, 
 		}
 	}
 	w.hist.logf("c%d#%d do %s granted fence=%d until=+%.3fms on nodes %v", ci, seq, key, lk.Fence(), msf(time.Until(lk.Until())), hd.HeldOn)
+	live := w.track(ci, fmt.Sprintf("c%d#%d", ci, seq), key, lk, w.placeOf(dl.name, key))
+	defer w.untrack(live)
 	var mu sync.Mutex
 	fnDone, watched := make(chan struct{}), make(chan struct{})
 	go func() { // ends with fn at the latest
@@ -136,7 +138,7 @@ func (w *World) doHold(ci, seq int, key string, dl doLocker, lk *redlease.Lock, 
 		case <-fnDone:
 		}
 	}()
-	for _, d := range pauses {
+	for step, d := range pauses {
 		t := time.NewTimer(d)
 		select {
 		case <-fctx.Done():
@@ -148,6 +150,7 @@ func (w *World) doHold(ci, seq int, key string, dl doLocker, lk *redlease.Lock, 
 		}
 		if lk.Valid() {
 			w.checkHeld(ci, seq, key, dl, lk)
+			sleep(w.writePause(ci, seq, step, ttl))
 			w.hist.write(ci, seq, key, lk.Fence())
 		}
 	}
@@ -161,7 +164,7 @@ func (w *World) doHold(ci, seq int, key string, dl doLocker, lk *redlease.Lock, 
 	if err := lk.Err(); err != nil && (errors.Is(err, script.ErrWrongType) || strings.Contains(err.Error(), "WRONGTYPE")) {
 		hd.WrongType = true
 	}
-	hd.Until = lk.Until().Sub(w.start)
+	hd.Until = w.untilV(ci, lk)
 	hd.To = min(end, hd.Until)
 	if hd.LostAt >= 0 {
 		hd.To = min(hd.To, hd.LostAt)

@@ -198,8 +198,12 @@ func (w *World) failoverClient(ci int, r *rand.Rand) {
 		w.hist.logf("c%d failover.Watch: %v", ci, short(err))
 		return
 	}
+	if w.ops != nil {
+		w.opsClient(ci, r, s)
+		return
+	}
 	if ci%2 == 0 {
-		w.lockClient(ci, must(redlease.New(s, redlease.WithPolling())), r)
+		w.lockClient(ci, must(redlease.New(s, redlease.WithPolling(), redlease.WithObserver(stateObserver{w, ci}))), r)
 		return
 	}
 	wd, err := renew.New()
@@ -207,7 +211,7 @@ func (w *World) failoverClient(ci int, r *rand.Rand) {
 		panic(fmt.Sprintf("sim: renew.New: %v", err)) // a bug in the scenario table
 	}
 	w.onClose(func() { wd.Close() })
-	lk := must(redlease.New(s, redlease.WithKeeper(wd), redlease.WithPolling()))
+	lk := must(redlease.New(s, redlease.WithKeeper(wd), redlease.WithPolling(), redlease.WithObserver(stateObserver{w, ci})))
 	var long sync.WaitGroup
 	long.Go(func() { w.longLane(ci, lk, poll) })
 	w.doClient(ci, []doLocker{{name: "k", locker: lk}})
@@ -283,7 +287,7 @@ func (w *World) watchedStrategy(ci int, ct bool, prefer int, poll time.Duration)
 	w.mu.Lock()
 	w.clients = append(w.clients, fc)
 	w.mu.Unlock()
-	s := must(failover.New(fc))
+	s := must(failover.New(fc, w.failoverOptions(ci)...))
 	var scs []*redis.SentinelClient
 	for _, a := range w.sentinelAddrs() {
 		scs = append(scs, redis.NewSentinelClient(&redis.Options{

@@ -108,8 +108,12 @@ func (n *Node) start() {
 	n.runID = fmt.Sprintf("%040x", mix(n.w.seed, uint64(n.id)<<32|uint64(n.boots)))
 }
 
-// clockLocked is the node's clock: virtual time plus its offset.
-func (n *Node) clockLocked() time.Time { return time.Now().Add(n.offset) }
+// clockLocked is the node's clock: virtual time plus its offset (its
+// jumps) and its lead from clock-rate faults (drift.go).
+func (n *Node) clockLocked() time.Time {
+	now := time.Now()
+	return now.Add(n.offset + n.w.nodeSkew(n.id, now))
+}
 
 // hook supplies what miniredis lacks. It runs inside Dispatch, with n.mu
 // held by the caller (receive/exec), also for commands called from Lua.
@@ -244,6 +248,7 @@ func (n *Node) execLocked(c *conn, args []string, sent time.Time) {
 	n.cur = c
 	n.m.Server().Dispatch(c.peer, args)
 	n.cur = nil
+	n.w.touch(args) // the state check runs once n.mu is released (flushState)
 	if keys != nil && n.replica != nil {
 		n.replicateLocked(keys, pre)
 	}

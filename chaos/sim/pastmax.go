@@ -129,6 +129,8 @@ func (w *World) pastMaxHold(ci, seq int, key, via string, ttl time.Duration, lk 
 		hd.LostAt = w.hist.now()
 		close(done)
 	}()
+	live := w.track(ci, fmt.Sprintf("c%d#%d", ci, seq), key, lk, w.placeOf("", key))
+	defer w.untrack(live)
 	maxTTL := w.sc.DelayedRestart
 	for range 1 + r.IntN(w.sc.holdSteps()) {
 		sleep(ms(r, 3, 30))
@@ -144,6 +146,7 @@ func (w *World) pastMaxHold(ci, seq int, key, via string, ttl time.Duration, lk 
 		err := lk.Extend(ctx, ttl2)
 		cancel()
 		w.hist.logf("c%d#%d extend %s ttl=%v: %v", ci, seq, key, ttl2, short(err))
+		w.checkLock(live)
 	}
 	if r.IntN(10) > 0 {
 		ctx, cancel := context.WithTimeout(context.Background(), ms(r, 5, 100))

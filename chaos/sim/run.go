@@ -40,6 +40,7 @@ type Result struct {
 	Scopes []Scope
 	// Examined: what each invariant examined, by name (examined.go).
 	Examined map[string]int
+	State    StateStats // state-valid: what it examined
 }
 
 // maxRun bounds a run in virtual time: a workload still going after it is
@@ -77,6 +78,7 @@ type Options struct {
 // time only, and a goroutine that outlives it fails the bubble.
 func Run(sc Scenario, seed uint64, opts Options) *Result {
 	w := newWorld(sc, seed, opts)
+	sc = w.sc // as the seed's ops options set it (drawOps)
 	start := w.start
 	if sc.Strategy == Quorum && sc.DelayedRestart > 0 {
 		// A deployment that has been up for a while: markers older than
@@ -109,6 +111,10 @@ func Run(sc Scenario, seed uint64, opts Options) *Result {
 		}
 		if sc.Strategy == Failover {
 			clients.Go(func() { w.failoverClient(ci, r) })
+			continue
+		}
+		if w.ops != nil {
+			clients.Go(func() { w.opsClient(ci, r, nil) })
 			continue
 		}
 		if sc.Watchdog {
@@ -154,7 +160,11 @@ func Run(sc Scenario, seed uint64, opts Options) *Result {
 	// bubble as a leak.
 	time.Sleep(leakGrace)
 
-	vs = append(vs, w.hist.check(sc.fenced())...)
+	fenced := sc.fenced()
+	if w.ops != nil {
+		fenced = w.ops.fencing // single and failover with WithoutFencing
+	}
+	vs = append(vs, w.hist.check(fenced)...)
 	vs = append(vs, w.checkFIFO()...)
 	wvs, wst := w.checkWatch()
 	vs = append(vs, wvs...)
@@ -180,6 +190,7 @@ func Run(sc Scenario, seed uint64, opts Options) *Result {
 		Failover:   fst,
 		Wake:       kst,
 		Fair:       w.fairStats(),
+		State:      w.stateResult(),
 	}
 	res.Scopes = w.scopes()
 	excuse(res.Violations, res.Scopes, w.votesByToken())
@@ -192,8 +203,11 @@ func Run(sc Scenario, seed uint64, opts Options) *Result {
 // announcing their address) and its network goroutine.
 func newWorld(sc Scenario, seed uint64, opts Options) *World {
 	start := time.Now()
-	w := &World{seed: seed, sc: sc, opts: opts, start: start, hist: newHistory(start, opts.Log), net: newSched()}
+	ops := drawOps(seed, &sc) // the ops scenarios' options (nil elsewhere); may adjust sc
+	w := &World{seed: seed, sc: sc, opts: opts, start: start, hist: newHistory(start, opts.Log), ops: ops}
+	w.net = newSched(w.flushState)
 	w.faults = makeSchedule(seed, &sc, sc.horizon())
+	w.afterSchedule() // clock-rate faults, the state check's windows
 	if sc.Strategy == Failover {
 		w.watchers = map[int]watchInfo{}
 		w.setupFailover()
@@ -229,7 +243,11 @@ func (w *World) locker(ci int, r *rand.Rand) *redlease.Locker {
 	ctxTimeouts := r.IntN(2) == 0
 	switch w.sc.Strategy {
 	case Single:
-		s := must(single.New(w.redisClient(ci, w.nodes[0], ctxTimeouts)))
+		var sopts []single.Option
+		if c := w.clientClock(ci); c != nil {
+			sopts = append(sopts, single.WithClock(c))
+		}
+		s := must(single.New(w.redisClient(ci, w.nodes[0], ctxTimeouts), sopts...))
 		if w.sc.Wake {
 			w.onClose(func() { _ = s.Close() })
 		}
@@ -246,6 +264,12 @@ func (w *World) lockerOptions(ci int) []redlease.Option {
 	opts := []redlease.Option{redlease.WithFairness(w.sc.Fair && ci < w.sc.Clients-1)}
 	if !w.sc.Wake {
 		opts = append(opts, redlease.WithPolling())
+	}
+	// The state check hears every extension's outcome; a client whose
+	// clock drifts judges validity by it (drift.go).
+	opts = append(opts, redlease.WithObserver(stateObserver{w, ci}))
+	if c := w.clientClock(ci); c != nil {
+		opts = append(opts, redlease.WithClock(c))
 	}
 	return opts
 }
@@ -270,6 +294,9 @@ func (w *World) quorumLocker(ci int, r *rand.Rand, nodes []*Node, opt redlease.O
 		}
 		if w.sc.DelayedRestart > 0 {
 			opts = append(opts, quorum.WithDelayedRestart(w.sc.DelayedRestart))
+		}
+		if c := w.clientClock(ci); c != nil {
+			opts = append(opts, quorum.WithClock(c))
 		}
 		q, err := quorum.New(cs, opts...)
 		if err != nil {

@@ -78,6 +78,13 @@ type Scenario struct {
 	// of lockClient.
 	Schedule scheduleFunc
 	Client   clientFunc
+	// OpsWork: every public lock operation in random sequences, with
+	// options drawn per seed and client (opswork.go); the seed's draw
+	// sets Fencing, DelayedRestart, Durable, Nodes (quorum) and Wake.
+	OpsWork bool
+	// Durable: quorum.WithDurableNodes (with DelayedRestart): a node
+	// restarted from a snapshot votes at once, OUTSIDE.
+	Durable bool
 }
 
 // Scenarios is the default rotation: seed s runs Scenarios[s % len].
@@ -152,6 +159,19 @@ var Scenarios = []Scenario{
 		Faults: true, Horizon: 900 * time.Millisecond, Schedule: wakeSchedule, Client: (*World).wakeClient},
 	{Name: "fair-quorum3", Strategy: Quorum, Nodes: 3, Clients: 3, Keys: 1, Ops: 2, TTL: [2]time.Duration{60 * time.Millisecond, 300 * time.Millisecond}, Wake: true, Fair: true,
 		Faults: true, Horizon: 600 * time.Millisecond, Schedule: wakeSchedule, Client: (*World).wakeClient},
+	// ops-single, ops-quorum, ops-failover: every public lock operation
+	// in random sequences (opswork.go) with options drawn per seed and
+	// client (TTLs, loss margins, drift factors 0.01–0.2, fences on or
+	// off with or without a counter TTL, fair mode, the quorum's size,
+	// node timeout, delayed-restart rule and durable nodes), under the
+	// general faults and clock-rate drift (a quarter of the single and
+	// quorum seeds: waiters woken by notices, under the Wake faults);
+	// ops-failover on the failover scenario's primary, replica,
+	// Sentinels and Watchers.
+	{Name: "ops-single", Strategy: Single, Nodes: 1, Clients: 3, Keys: 2, Ops: 4, OpsWork: true, Faults: true, Horizon: 700 * time.Millisecond},
+	{Name: "ops-quorum", Strategy: Quorum, Nodes: 3, Clients: 3, Keys: 2, Ops: 4, OpsWork: true, Faults: true, Horizon: 700 * time.Millisecond},
+	{Name: "ops-failover", Strategy: Failover, Nodes: 2, Sentinels: 3, Clients: 3, Keys: 2, Ops: 4, OpsWork: true,
+		Kinds: []string{FaultDelay, FaultLoss, FaultCut, FaultPause, FaultRestart}, RestartModes: []string{"empty", "durable"}, Faults: true, Horizon: 800 * time.Millisecond},
 }
 
 // ScenarioByName returns the scenario called name, if any.
@@ -204,6 +224,9 @@ func (sc *Scenario) storeNode() int { return 0 }
 func (sc *Scenario) restartOutside(mode string) (outside, fenceOutside bool, why string) {
 	if mode == "durable" {
 		return false, false, ""
+	}
+	if sc.Strategy == Quorum && sc.DelayedRestart > 0 && sc.Durable && mode == "snapshot" {
+		return true, false, "a node declared durable restarted from an older snapshot and voted at once"
 	}
 	if sc.Strategy == Quorum && sc.DelayedRestart > 0 {
 		if sc.Fencing {

@@ -21,6 +21,9 @@ type sched struct {
 	wake chan struct{} // cap 1: an event was pushed
 	stop chan struct{}
 	done chan struct{}
+	// post runs after every event, on the loop (the state check: see
+	// World.flushState); nil: nothing.
+	post func()
 }
 
 type event struct {
@@ -48,8 +51,12 @@ func (q *eventQueue) Pop() any {
 	return e
 }
 
-func newSched() *sched {
+// newSched starts a run's network; post, if given, runs after every event.
+func newSched(post ...func()) *sched {
 	s := &sched{wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
+	if len(post) > 0 {
+		s.post = post[0]
+	}
 	go s.loop()
 	return s
 }
@@ -87,6 +94,9 @@ func (s *sched) loop() {
 		s.mu.Unlock()
 		if f != nil {
 			f()
+			if s.post != nil {
+				s.post()
+			}
 			continue
 		}
 		var tc <-chan time.Time

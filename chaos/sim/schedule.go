@@ -57,6 +57,8 @@ type Fault struct {
 	// mutual exclusion holds, fence order is not promised).
 	FenceOutside bool
 	Why          string // for Outside or FenceOutside: which assumption it breaks
+	// Rate: clock-drift, the clock's rate excess (drift.go).
+	Rate float64
 }
 
 func (f Fault) String() string {
@@ -71,7 +73,7 @@ func (f Fault) String() string {
 	if f.Key != "" {
 		fmt.Fprintf(&b, " key=%s", f.Key)
 	}
-	if f.Client >= 0 && (f.Kind == FaultPartition || f.Kind == FaultCut) {
+	if f.Client >= 0 && (f.Kind == FaultPartition || f.Kind == FaultCut || f.Kind == FaultDrift) {
 		fmt.Fprintf(&b, " client=%d", f.Client)
 	}
 	if f.For > 0 {
@@ -85,6 +87,9 @@ func (f Fault) String() string {
 	}
 	if f.Mode != "" {
 		fmt.Fprintf(&b, " mode=%s", f.Mode)
+	}
+	if f.Rate != 0 {
+		fmt.Fprintf(&b, " rate=%+.3f%%", 100*f.Rate)
 	}
 	switch {
 	case f.Outside:

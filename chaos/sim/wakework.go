@@ -172,6 +172,7 @@ func (w *World) wakeClient(ci int, locker *redlease.Locker, r *rand.Rand) {
 		hd := &Hold{Client: ci, Seq: seq, Key: key, Via: "lock", Fence: lk.Fence(), From: w.hist.now(), LostAt: -1, RelSent: -1, Token: lk.Token()}
 		w.hist.logf("c%d#%d lock %s ttl=%v granted fence=%d until=+%.3fms", ci, seq, key, ttl, lk.Fence(), msf(time.Until(lk.Until())))
 		_ = lk.Valid() // as hold does: Valid before Lost
+		live := w.track(ci, fmt.Sprintf("c%d#%d", ci, seq), key, lk, w.placeOf("", key))
 		done := make(chan struct{})
 		go func() { // owned by this iteration, which waits for it below; Lost closes by Until at the latest
 			<-lk.Lost()
@@ -193,6 +194,7 @@ func (w *World) wakeClient(ci int, locker *redlease.Locker, r *rand.Rand) {
 		w.wakeRels = append(w.wakeRels, rel)
 		w.mu.Unlock()
 		<-done
+		w.untrack(live)
 		hd.Until = lk.Until().Sub(w.start)
 		hd.To = min(hd.LostAt, hd.Until)
 		w.hist.addHold(hd)

@@ -68,10 +68,13 @@ func (w *World) hold(ci, seq int, key, via string, ttl time.Duration, lk *redlea
 		hd.LostAt = w.hist.now()
 		close(done)
 	}()
+	live := w.track(ci, fmt.Sprintf("c%d#%d", ci, seq), key, lk, w.placeOf("", key))
+	defer w.untrack(live)
 	steps := r.IntN(w.sc.holdSteps())
-	for range steps {
+	for step := range steps {
 		sleep(time.Duration(r.Int64N(int64(ttl * 7 / 10))))
 		if lk.Valid() {
+			sleep(w.writePause(ci, seq, step, ttl))
 			w.hist.write(ci, seq, key, lk.Fence())
 		}
 		if r.IntN(2) == 0 {
@@ -89,6 +92,7 @@ func (w *World) hold(ci, seq int, key, via string, ttl time.Duration, lk *redlea
 			err := lk.Extend(ctx, ttl2)
 			cancel()
 			w.hist.logf("c%d#%d extend %s ttl=%v: %v", ci, seq, key, ttl2, short(err))
+			w.checkLock(live)
 		}
 	}
 	if r.IntN(10) > 0 {
@@ -114,7 +118,7 @@ func (w *World) hold(ci, seq int, key, via string, ttl time.Duration, lk *redlea
 		}
 	}
 	<-done
-	hd.Until = lk.Until().Sub(w.start)
+	hd.Until = w.untilV(ci, lk)
 	hd.To = min(hd.LostAt, hd.Until)
 	w.hist.logf("c%d#%d end %s: %s (%v)", ci, seq, key, hd, short(lk.Err()))
 	w.hist.addHold(hd)

@@ -56,6 +56,12 @@ type World struct {
 	wakeRels  []wakeRelease
 	scope     scopeRecs // what the nodes recorded for the hazard scopes (scope.go)
 	fifo      fifoRecs  // fair mode's line as the nodes applied grants (fifo.go)
+
+	// Clock rates (drift.go), the state-valid invariant (statecheck.go)
+	// and the ops scenarios' options (opswork.go, nil elsewhere).
+	drift driftPlan
+	state stateCheck
+	ops   *opsPlan
 }
 
 // badHit is one node on which a badkey fault replaced a lock's token.
@@ -296,6 +302,10 @@ func (w *World) actions() []action {
 					w.hist.logf("fault badkey node=%d %s replaced a token (it would have expired at %.3fms)", i, f.Key, msf(exp.Sub(w.start)))
 				}
 			}})
+		case FaultDrift:
+			// Rates need no action (drift.go); this one logs the start and
+			// has every lock checked (drive) from the moment it runs.
+			as = append(as, action{f.At, f.String(), func() {}})
 		case FaultClockJump:
 			n := w.nodes[f.Node]
 			as = append(as, action{f.At, f.String(), func() { n.jump(f.Amount) }})
@@ -394,6 +404,7 @@ func (w *World) drive(stop <-chan struct{}) {
 		}
 		a.do()
 		w.hist.event(a.what)
+		w.checkAllState()
 	}
 }
 

@@ -1,0 +1,457 @@
+package sim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+
+	"github.com/redlease/redlease"
+	"github.com/redlease/redlease/internal/drift"
+)
+
+// InvStateValid: a lock its holder believed valid (Lost open, its clock
+// before its Deadline) was not held, until its Until less drift.Fixed, by
+// the nodes that make it valid: a majority of the quorum's nodes, the
+// single strategy's node, the Cluster master serving its key, the
+// failover primary that granted it.
+const InvStateValid = "state-valid"
+
+// StateStats are the state-valid figures of one run.
+type StateStats struct {
+	Locks    int // locks tracked (every grant a workload saw)
+	Examined int // checks of a lock its holder believed valid
+	// Exempt: checks of a failover lock granted by the old primary after
+	// the promotion (failover-kept bounds those), or whose granting node
+	// the simulator did not see.
+	Exempt     int
+	Violations int
+}
+
+func (s *StateStats) add(o StateStats) {
+	s.Locks += o.Locks
+	s.Examined += o.Examined
+	s.Exempt += o.Exempt
+	s.Violations += o.Violations
+}
+
+// liveLock is one lock a workload holds, from its grant until its hold
+// ended, as the state check sees it.
+type liveLock struct {
+	ci       int
+	name     string // the workload's name for the hold, c<client>#<seq>
+	lk       *redlease.Lock
+	lost     <-chan struct{}
+	key      string // on the nodes
+	token    string
+	nodes    []int // the nodes that make it valid (failover: none, see grantor)
+	need     int   // how many of them
+	failover bool  // the failover primary that granted it makes it valid
+	reported bool  // a violation was recorded (one per lock)
+}
+
+// stateCheck is the state-valid invariant's state. Lock order: mu, then a
+// Lock's mutex, a node's mutex, World.mu, the history's mutex; dmu is a
+// leaf (taken with a node's mutex held).
+type stateCheck struct {
+	mu    sync.Mutex
+	live  map[string][]*liveLock
+	stats StateStats
+	// sitOut: per node, the windows (virtual time) in which it counts as
+	// holding every lock because it cannot vote for another holder: from
+	// a restart fault that lost its data under the delayed-restart rule
+	// until the rule's max TTL (on its clock) after it came back.
+	sitOut map[int][][2]time.Duration
+	// moves: failover only, when each change of primary (the failover,
+	// a failback) promoted its node. A grant made before a move is left to
+	// failover-kept from the move on: the new primary may lack it, and
+	// the Watcher's bound covers it.
+	moves []time.Duration
+
+	dmu   sync.Mutex
+	dirty []string // keys commands touched since the last flush
+	flag  atomic.Bool
+}
+
+// afterSchedule completes a run's schedule before its nodes exist: the
+// clock-rate faults (drawn apart, see driftFaults) and their rate
+// windows, and the state check's exemption windows.
+func (w *World) afterSchedule() {
+	fmin, fmax := w.driftFactors()
+	if df := driftFaults(w.seed, &w.sc, fmin, fmax); len(df) > 0 {
+		w.faults = append(w.faults, df...)
+		sortFaults(w.faults)
+	}
+	w.planDrift()
+	st := &w.state
+	st.live = map[string][]*liveLock{}
+	maxTTL := w.sc.DelayedRestart
+	for i, f := range w.faults {
+		switch {
+		case f.Kind == FaultFailover, f.Kind == FaultFailback:
+			st.moves = append(st.moves, moveAt(w.faults[i]))
+		case f.Kind == FaultRestart && maxTTL > 0 && !f.Outside && f.Mode != "durable":
+			if st.sitOut == nil {
+				st.sitOut = map[int][][2]time.Duration{}
+			}
+			end := w.nodeVirtualAfter(f.Node, f.At+f.For, maxTTL)
+			st.sitOut[f.Node] = append(st.sitOut[f.Node], [2]time.Duration{f.At, end})
+		}
+	}
+}
+
+// lockPlace is where a lock lives: the nodes that make it valid and how
+// many of them, or the failover primary that granted it.
+type lockPlace struct {
+	nodes    []int
+	need     int
+	failover bool
+}
+
+// placeOf is where a lock of strategy strat on key lives: "q", "s", "c"
+// as holdNodes names the watchdog-mixed strategies, "k" or "" for the
+// scenario's own strategy.
+func (w *World) placeOf(strat, key string) lockPlace {
+	switch {
+	case strat == "q" || strat == "s" || strat == "c":
+		ids, q := w.holdNodes(strat, key)
+		return lockPlace{nodes: ids, need: q}
+	case w.sc.Strategy == Failover:
+		return lockPlace{failover: true}
+	case w.sc.Strategy == Single:
+		return lockPlace{nodes: []int{0}, need: 1}
+	}
+	ids := make([]int, w.sc.Nodes)
+	for i := range ids {
+		ids[i] = i
+	}
+	return lockPlace{nodes: ids, need: w.sc.Nodes/2 + 1}
+}
+
+// track starts checking lk (granted to client ci, on key as sent to the
+// nodes) and checks it once: a grant the client saw return.
+func (w *World) track(ci int, name, key string, lk *redlease.Lock, pl lockPlace) *liveLock {
+	e := &liveLock{ci: ci, name: name, lk: lk, lost: lk.Lost(), key: key, token: lk.Token(), nodes: pl.nodes, need: pl.need, failover: pl.failover}
+	st := &w.state
+	st.mu.Lock()
+	if st.live == nil {
+		st.live = map[string][]*liveLock{}
+	}
+	st.live[key] = append(st.live[key], e)
+	st.stats.Locks++
+	w.checkLockLocked(e)
+	st.mu.Unlock()
+	return e
+}
+
+// untrack stops checking e (its hold ended).
+func (w *World) untrack(e *liveLock) {
+	if e == nil {
+		return
+	}
+	st := &w.state
+	st.mu.Lock()
+	ls := st.live[e.key]
+	for i, x := range ls {
+		if x == e {
+			ls = append(ls[:i], ls[i+1:]...)
+			break
+		}
+	}
+	if len(ls) == 0 {
+		delete(st.live, e.key)
+	} else {
+		st.live[e.key] = ls
+	}
+	st.mu.Unlock()
+}
+
+// checkLock checks e now: an operation of its client returned.
+func (w *World) checkLock(e *liveLock) {
+	if e == nil {
+		return
+	}
+	w.state.mu.Lock()
+	w.checkLockLocked(e)
+	w.state.mu.Unlock()
+}
+
+// checkClientKey checks client ci's locks on key (a renewal's outcome,
+// reported by the client's Observer).
+func (w *World) checkClientKey(ci int, key string) {
+	st := &w.state
+	st.mu.Lock()
+	for _, e := range st.live[key] {
+		if e.ci == ci {
+			w.checkLockLocked(e)
+		}
+	}
+	st.mu.Unlock()
+}
+
+// touch records the keys a command a node applied touched (a script's
+// declared keys, another command's first argument). Called with the
+// node's mutex held; the check runs after it is released (flushState).
+func (w *World) touch(args []string) {
+	if len(args) < 2 {
+		return
+	}
+	st := &w.state
+	st.dmu.Lock()
+	cmd := args[0]
+	if len(args) > 3 && (strings.EqualFold(cmd, "evalsha") || strings.EqualFold(cmd, "eval")) {
+		if nk, err := strconv.Atoi(args[2]); err == nil && nk >= 0 && 3+nk <= len(args) {
+			st.dirty = append(st.dirty, args[3:3+nk]...)
+		}
+	} else {
+		st.dirty = append(st.dirty, args[1])
+	}
+	st.dmu.Unlock()
+	st.flag.Store(true)
+}
+
+// flushState checks the locks on every key a command touched since the
+// last flush. The scheduler runs it after each event (every delivery,
+// so after every command a node applied), with no node's mutex held.
+func (w *World) flushState() {
+	st := &w.state
+	if !st.flag.Load() {
+		return
+	}
+	st.dmu.Lock()
+	keys := st.dirty
+	st.dirty = nil
+	st.flag.Store(false)
+	st.dmu.Unlock()
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if len(st.live) == 0 {
+		return
+	}
+	for i, k := range keys {
+		dup := false
+		for _, p := range keys[:i] {
+			if p == k {
+				dup = true
+				break
+			}
+		}
+		if dup {
+			continue
+		}
+		for _, e := range st.live[k] {
+			w.checkLockLocked(e)
+		}
+	}
+}
+
+// checkAllState checks every live lock: after a fault's action (a
+// restart, a promotion, a resume that applied a queue) changed nodes
+// wholesale.
+func (w *World) checkAllState() {
+	w.flushState()
+	st := &w.state
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	for _, ls := range st.live {
+		for _, e := range ls {
+			w.checkLockLocked(e)
+		}
+	}
+}
+
+// keyState is what the state check reads of a lock key on a node.
+type nodeHold struct {
+	held   bool          // the token is there (or counts as there)
+	exp    time.Duration // when it expires there, virtual time (held only)
+	reason string        // for the report
+}
+
+// forever is an expiry beyond every run.
+const forever = time.Duration(1<<63 - 1)
+
+// stateOf reads key on n: whether it holds token, and until when in
+// virtual time (its TTL read on its clock, converted through its rate
+// windows). A node that is down counts as holding it (it comes back with
+// its data, or a restart that loses data is OUTSIDE, or the
+// delayed-restart rule keeps it from voting: see sitOut). A token a
+// badkey fault replaced counts as held until it would have expired (the
+// hash outlives it; see watchcheck.go).
+func (n *Node) stateOf(key, token string, nowV time.Duration) nodeHold {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.down {
+		return nodeHold{held: true, exp: forever, reason: "down"}
+	}
+	n.m.SetTime(n.clockLocked())
+	v, err := n.m.Get(key)
+	if err == nil && v == token {
+		ttl := n.m.TTL(key)
+		if ttl <= 0 {
+			return nodeHold{held: true, exp: forever, reason: "no ttl"}
+		}
+		exp := n.w.nodeVirtualAfter(n.id, nowV, ttl)
+		return nodeHold{held: true, exp: exp, reason: fmt.Sprintf("expires %.3fms", msf(exp))}
+	}
+	if bk, ok := n.badKeys[key]; ok && bk.token == token && time.Now().Before(bk.exp) {
+		exp := bk.exp.Sub(n.w.start)
+		return nodeHold{held: true, exp: exp, reason: fmt.Sprintf("badkey, token would expire %.3fms", msf(exp))}
+	}
+	switch {
+	case errors.Is(err, miniredis.ErrKeyNotFound):
+		return nodeHold{reason: "absent"}
+	case err != nil:
+		return nodeHold{reason: "not a string"}
+	}
+	return nodeHold{reason: "another token"}
+}
+
+// sittingOut reports whether node id cannot vote at nowV under the
+// delayed-restart rule after a restart that lost its data.
+func (st *stateCheck) sittingOut(id int, nowV time.Duration) bool {
+	for _, win := range st.sitOut[id] {
+		if nowV >= win[0] && nowV < win[1] {
+			return true
+		}
+	}
+	return false
+}
+
+// checkLockLocked is the state-valid check of one lock, with st.mu held.
+// A lock its holder no longer believes valid (Lost closed, or its clock
+// at or past its Deadline) is skipped.
+func (w *World) checkLockLocked(e *liveLock) {
+	select {
+	case <-e.lost:
+		return
+	default:
+	}
+	now := time.Now()
+	clientNow := now
+	if c := w.clientClock(e.ci); c != nil {
+		clientNow = c.Now()
+	}
+	if !clientNow.Before(e.lk.Deadline()) {
+		return
+	}
+	st := &w.state
+	nowV := now.Sub(w.start)
+	nodes, need := e.nodes, e.need
+	if e.failover {
+		w.mu.Lock()
+		g, ok := w.grants[e.token]
+		w.mu.Unlock()
+		if !ok || st.movedSince(g.at, nowV) {
+			st.stats.Exempt++
+			return
+		}
+		nodes, need = []int{g.node}, 1
+	}
+	st.stats.Examined++
+	untilV := w.clientVirtual(e.ci, e.lk.Until())
+	held := 0
+	var why []string
+	for _, id := range nodes {
+		if st.sittingOut(id, nowV) {
+			held++
+			continue
+		}
+		h := w.nodes[id].stateOf(e.key, e.token, nowV)
+		if h.held && h.exp >= untilV-drift.Fixed {
+			held++
+			continue
+		}
+		why = append(why, fmt.Sprintf("node%d %s", id, h.reason))
+	}
+	if held >= need || e.reported {
+		return
+	}
+	e.reported = true
+	st.stats.Violations++
+	w.hist.violation(Violation{Inv: InvStateValid, At: nowV, Detail: fmt.Sprintf(
+		"%s %s (token %s): believed valid (Deadline in %.3fms on its clock, Until at %.3fms), but %d of %d nodes hold it until Until−%v (%d needed): %s",
+		e.name, e.key, e.token, msf(e.lk.Deadline().Sub(clientNow)), msf(untilV), held, len(nodes), drift.Fixed, need, strings.Join(why, "; "))})
+}
+
+// stateResult returns the run's state-valid figures.
+func (w *World) stateResult() StateStats {
+	w.state.mu.Lock()
+	defer w.state.mu.Unlock()
+	return w.state.stats
+}
+
+// stateObserver reports every extension outcome of client ci's Locker
+// (Lock.Extend's and a keeper's renewals, which ExtendAll reports as
+// "extend") to the state check, after it was recorded on the lock.
+type stateObserver struct {
+	w  *World
+	ci int
+}
+
+func noDone(error) {}
+
+// Start returns done for an "extend": check the client's locks on the key.
+func (o stateObserver) Start(ctx context.Context, op redlease.Op) (context.Context, func(error)) {
+	if op.Name != "extend" {
+		return ctx, noDone
+	}
+	return ctx, func(error) { o.w.checkClientKey(o.ci, op.Key) }
+}
+
+// Held does nothing.
+func (stateObserver) Held(redlease.Op, time.Duration, error) {}
+
+// NodeFailed does nothing.
+func (stateObserver) NodeFailed(context.Context, redlease.Op, *redlease.NodeError) {}
+
+// trackKeeper wraps a Keeper so that every lock it is handed is checked
+// while kept (the Barrier's locks, which the workload never sees
+// otherwise): key is prefix + the lock's key.
+type trackKeeper struct {
+	w      *World
+	ci     int
+	inner  redlease.Keeper
+	prefix string
+	place  lockPlace
+}
+
+// Keep tracks lk and keeps it with the inner Keeper; stop ends both.
+func (k trackKeeper) Keep(lk *redlease.Lock) (stop func()) {
+	e := k.w.track(k.ci, fmt.Sprintf("c%d/%s", k.ci, lk.Key()), k.prefix+lk.Key(), lk, k.place)
+	s := k.inner.Keep(lk)
+	return func() {
+		s()
+		k.w.untrack(e)
+	}
+}
+
+// writePause is how long a client pauses between a Valid that said yes
+// and its write to the fenced register, in the lockClient and doClient
+// workloads: one write in eight, up to 1.5 TTLs (past the lock's end at
+// times: the fences, not the belief intervals, must then refuse a stale
+// write). Drawn from a hash of the seed, client, hold and step, so that
+// the workloads' own draws stay what they were.
+func (w *World) writePause(ci, seq, step int, ttl time.Duration) time.Duration {
+	h := mix(mix(w.seed, 0x9a05e), uint64(ci)<<40|uint64(seq)<<20|uint64(step))
+	if h%8 != 0 {
+		return 0
+	}
+	return time.Duration(unit(mix(h, 1)) * 1.5 * float64(ttl))
+}
+
+// movedSince reports whether the primary changed (a failover or a
+// failback promoted a node) after a grant at grant and by now.
+func (st *stateCheck) movedSince(grant, now time.Duration) bool {
+	for _, p := range st.moves {
+		if grant < p && now >= p {
+			return true
+		}
+	}
+	return false
+}
