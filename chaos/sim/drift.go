@@ -187,9 +187,11 @@ func (sc *Scenario) driftAllowed() bool {
 // bound) and the clients (the rest, the slowest client's bound), so that
 // for every client and node the two rates add up to at most B: inside
 // the assumptions. One to three windows, on distinct nodes or clients,
-// each at 40–100 % of its side's share, fast (the dangerous direction)
-// three times in four; half of them last to the end of the run. One drift
-// seed in eight also gets a node rate of 1.2–3 times fmax: OUTSIDE.
+// each at 50–100 % of its side's share, fast (the dangerous direction)
+// three times in four; half of them last to the end of the run; a node
+// window covers a majority of the nodes one time in three (a quorum lock
+// then drifts with them). One drift seed in eight also gets a node rate
+// of 1.2–3 times fmax: OUTSIDE.
 func driftFaults(seed uint64, sc *Scenario, fmin, fmax float64) []Fault {
 	if !sc.driftAllowed() {
 		return nil
@@ -233,7 +235,7 @@ func driftFaults(seed uint64, sc *Scenario, fmin, fmax float64) []Fault {
 		f := Fault{Kind: FaultDrift}
 		window(&f)
 		onNode := share == 1 || (share > 0 && r.IntN(2) == 0)
-		mag := 0.4 + 0.6*r.Float64()
+		mag := 0.5 + 0.5*r.Float64()
 		sign := 1.0
 		if r.IntN(4) == 0 {
 			sign = -1
@@ -248,6 +250,21 @@ func driftFaults(seed uint64, sc *Scenario, fmin, fmax float64) []Fault {
 			}
 			usedNode[n] = true
 			target(&f, n)
+			if nodes >= 3 && r.IntN(3) == 0 {
+				f.Node, f.Nodes = -1, pick(r, nodes, nodes/2+1)
+				for _, i := range f.Nodes {
+					if usedNode[i] && i != n {
+						f.Nodes = nil
+						break
+					}
+				}
+				if f.Nodes == nil {
+					continue
+				}
+				for _, i := range f.Nodes {
+					usedNode[i] = true
+				}
+			}
 			f.Rate = sign * mag * share * budget
 		} else {
 			c := r.IntN(sc.Clients)
