@@ -248,7 +248,7 @@ func (n *Node) execLocked(c *conn, args []string, sent time.Time) {
 	n.cur = c
 	n.m.Server().Dispatch(c.peer, args)
 	n.cur = nil
-	n.w.touch(args) // the state check runs once n.mu is released (flushState)
+	n.w.touch(n.id, args) // the state check runs once n.mu is released (flushState)
 	if keys != nil && n.replica != nil {
 		n.replicateLocked(keys, pre)
 	}

@@ -54,6 +54,11 @@ type liveLock struct {
 	need     int   // how many of them
 	failover bool  // the failover primary that granted it makes it valid
 	reported bool  // a violation was recorded (one per lock)
+	// seen: what each of nodes held when last read (nil: not read yet).
+	// A node's reading changes only when it applies a command on the key
+	// (flushState rereads that node) or a fault acts on it (every node
+	// is reread): expiry is foreseen in exp.
+	seen []nodeHold
 }
 
 // stateCheck is the state-valid invariant's state. Lock order: mu, then a
@@ -75,8 +80,14 @@ type stateCheck struct {
 	moves []time.Duration
 
 	dmu   sync.Mutex
-	dirty []string // keys commands touched since the last flush
+	dirty []touched // keys commands touched since the last flush
 	flag  atomic.Bool
+}
+
+// touched is a key a command touched on a node.
+type touched struct {
+	node int
+	key  string
 }
 
 // afterSchedule completes a run's schedule before its nodes exist: the
@@ -145,7 +156,7 @@ func (w *World) track(ci int, name, key string, lk *redlease.Lock, pl lockPlace)
 	}
 	st.live[key] = append(st.live[key], e)
 	st.stats.Locks++
-	w.checkLockLocked(e)
+	w.checkLockLocked(e, -1)
 	st.mu.Unlock()
 	return e
 }
@@ -178,7 +189,7 @@ func (w *World) checkLock(e *liveLock) {
 		return
 	}
 	w.state.mu.Lock()
-	w.checkLockLocked(e)
+	w.checkLockLocked(e, -1)
 	w.state.mu.Unlock()
 }
 
@@ -189,16 +200,16 @@ func (w *World) checkClientKey(ci int, key string) {
 	st.mu.Lock()
 	for _, e := range st.live[key] {
 		if e.ci == ci {
-			w.checkLockLocked(e)
+			w.checkLockLocked(e, -1)
 		}
 	}
 	st.mu.Unlock()
 }
 
-// touch records the keys a command a node applied touched (a script's
+// touch records the keys a command node applied touched (a script's
 // declared keys, another command's first argument). Called with the
 // node's mutex held; the check runs after it is released (flushState).
-func (w *World) touch(args []string) {
+func (w *World) touch(node int, args []string) {
 	if len(args) < 2 {
 		return
 	}
@@ -207,10 +218,12 @@ func (w *World) touch(args []string) {
 	cmd := args[0]
 	if len(args) > 3 && (strings.EqualFold(cmd, "evalsha") || strings.EqualFold(cmd, "eval")) {
 		if nk, err := strconv.Atoi(args[2]); err == nil && nk >= 0 && 3+nk <= len(args) {
-			st.dirty = append(st.dirty, args[3:3+nk]...)
+			for _, k := range args[3 : 3+nk] {
+				st.dirty = append(st.dirty, touched{node, k})
+			}
 		}
 	} else {
-		st.dirty = append(st.dirty, args[1])
+		st.dirty = append(st.dirty, touched{node, args[1]})
 	}
 	st.dmu.Unlock()
 	st.flag.Store(true)
@@ -235,6 +248,10 @@ func (w *World) flushState() {
 		return
 	}
 	for i, k := range keys {
+		ls := st.live[k.key]
+		if len(ls) == 0 {
+			continue
+		}
 		dup := false
 		for _, p := range keys[:i] {
 			if p == k {
@@ -245,8 +262,8 @@ func (w *World) flushState() {
 		if dup {
 			continue
 		}
-		for _, e := range st.live[k] {
-			w.checkLockLocked(e)
+		for _, e := range ls {
+			w.checkLockLocked(e, k.node)
 		}
 	}
 }
@@ -261,16 +278,48 @@ func (w *World) checkAllState() {
 	defer st.mu.Unlock()
 	for _, ls := range st.live {
 		for _, e := range ls {
-			w.checkLockLocked(e)
+			w.checkLockLocked(e, -1)
 		}
 	}
 }
 
-// keyState is what the state check reads of a lock key on a node.
+// nodeHold is what the state check read of a lock key on a node.
 type nodeHold struct {
-	held   bool          // the token is there (or counts as there)
-	exp    time.Duration // when it expires there, virtual time (held only)
-	reason string        // for the report
+	read bool          // a reading (false: none yet, read it)
+	held bool          // the token is there (or counts as there)
+	exp  time.Duration // when it expires there, virtual time (held only)
+	what holdKind      // for the report
+}
+
+type holdKind uint8
+
+const (
+	holdDown holdKind = iota
+	holdNoTTL
+	holdExpires
+	holdBadKey
+	holdAbsent
+	holdNotString
+	holdOther
+)
+
+// String says what the node held, for a violation's report.
+func (h nodeHold) String() string {
+	switch h.what {
+	case holdDown:
+		return "down"
+	case holdNoTTL:
+		return "no ttl"
+	case holdExpires:
+		return fmt.Sprintf("expires %.3fms", msf(h.exp))
+	case holdBadKey:
+		return fmt.Sprintf("badkey, token would expire %.3fms", msf(h.exp))
+	case holdAbsent:
+		return "absent"
+	case holdNotString:
+		return "not a string"
+	}
+	return "another token"
 }
 
 // forever is an expiry beyond every run.
@@ -284,32 +333,36 @@ const forever = time.Duration(1<<63 - 1)
 // badkey fault replaced counts as held until it would have expired (the
 // hash outlives it; see watchcheck.go).
 func (n *Node) stateOf(key, token string, nowV time.Duration) nodeHold {
+	h := n.readKey(key, token, nowV)
+	h.read = true
+	return h
+}
+
+func (n *Node) readKey(key, token string, nowV time.Duration) nodeHold {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.down {
-		return nodeHold{held: true, exp: forever, reason: "down"}
+		return nodeHold{held: true, exp: forever, what: holdDown}
 	}
 	n.m.SetTime(n.clockLocked())
 	v, err := n.m.Get(key)
 	if err == nil && v == token {
 		ttl := n.m.TTL(key)
 		if ttl <= 0 {
-			return nodeHold{held: true, exp: forever, reason: "no ttl"}
+			return nodeHold{held: true, exp: forever, what: holdNoTTL}
 		}
-		exp := n.w.nodeVirtualAfter(n.id, nowV, ttl)
-		return nodeHold{held: true, exp: exp, reason: fmt.Sprintf("expires %.3fms", msf(exp))}
+		return nodeHold{held: true, exp: n.w.nodeVirtualAfter(n.id, nowV, ttl), what: holdExpires}
 	}
 	if bk, ok := n.badKeys[key]; ok && bk.token == token && time.Now().Before(bk.exp) {
-		exp := bk.exp.Sub(n.w.start)
-		return nodeHold{held: true, exp: exp, reason: fmt.Sprintf("badkey, token would expire %.3fms", msf(exp))}
+		return nodeHold{held: true, exp: bk.exp.Sub(n.w.start), what: holdBadKey}
 	}
 	switch {
 	case errors.Is(err, miniredis.ErrKeyNotFound):
-		return nodeHold{reason: "absent"}
+		return nodeHold{what: holdAbsent}
 	case err != nil:
-		return nodeHold{reason: "not a string"}
+		return nodeHold{what: holdNotString}
 	}
-	return nodeHold{reason: "another token"}
+	return nodeHold{what: holdOther}
 }
 
 // sittingOut reports whether node id cannot vote at nowV under the
@@ -325,8 +378,10 @@ func (st *stateCheck) sittingOut(id int, nowV time.Duration) bool {
 
 // checkLockLocked is the state-valid check of one lock, with st.mu held.
 // A lock its holder no longer believes valid (Lost closed, or its clock
-// at or past its Deadline) is skipped.
-func (w *World) checkLockLocked(e *liveLock) {
+// at or past its Deadline) is skipped. It reads node only (a command
+// there touched the key), or every node (-1), and takes the others'
+// last readings.
+func (w *World) checkLockLocked(e *liveLock, node int) {
 	select {
 	case <-e.lost:
 		return
@@ -352,25 +407,38 @@ func (w *World) checkLockLocked(e *liveLock) {
 			return
 		}
 		nodes, need = []int{g.node}, 1
+		node = -1
 	}
 	st.stats.Examined++
 	untilV := w.clientVirtual(e.ci, e.lk.Until())
 	held := 0
-	var why []string
-	for _, id := range nodes {
+	if len(e.seen) != len(nodes) {
+		e.seen = make([]nodeHold, len(nodes))
+	}
+	if e.failover {
+		node = -1
+	}
+	for i, id := range nodes {
 		if st.sittingOut(id, nowV) {
 			held++
+			e.seen[i] = nodeHold{} // read it again once it votes
 			continue
 		}
-		h := w.nodes[id].stateOf(e.key, e.token, nowV)
-		if h.held && h.exp >= untilV-drift.Fixed {
+		if node < 0 || node == id || !e.seen[i].read {
+			e.seen[i] = w.nodes[id].stateOf(e.key, e.token, nowV)
+		}
+		if h := e.seen[i]; h.held && h.exp >= untilV-drift.Fixed {
 			held++
-			continue
 		}
-		why = append(why, fmt.Sprintf("node%d %s", id, h.reason))
 	}
 	if held >= need || e.reported {
 		return
+	}
+	var why []string
+	for i, id := range nodes {
+		if h := e.seen[i]; h.read && !(h.held && h.exp >= untilV-drift.Fixed) {
+			why = append(why, fmt.Sprintf("node%d %s", id, h))
+		}
 	}
 	e.reported = true
 	st.stats.Violations++
