@@ -169,7 +169,7 @@ var Scenarios = []Scenario{
 	// ops-failover on the failover scenario's primary, replica,
 	// Sentinels and Watchers.
 	{Name: "ops-single", Strategy: Single, Nodes: 1, Clients: 3, Keys: 2, Ops: 4, OpsWork: true, Faults: true, Horizon: 700 * time.Millisecond},
-	{Name: "ops-quorum", Strategy: Quorum, Nodes: 3, Clients: 3, Keys: 2, Ops: 4, OpsWork: true, Faults: true, Horizon: 700 * time.Millisecond},
+	{Name: "ops-quorum", Strategy: Quorum, Nodes: 3, Clients: 3, Keys: 2, Ops: 4, OpsWork: true, Faults: true, Horizon: 550 * time.Millisecond},
 	{Name: "ops-failover", Strategy: Failover, Nodes: 2, Sentinels: 3, Clients: 3, Keys: 2, Ops: 4, OpsWork: true,
 		Kinds: []string{FaultDelay, FaultLoss, FaultCut, FaultPause, FaultRestart}, RestartModes: []string{"empty", "durable"}, Faults: true, Horizon: 800 * time.Millisecond},
 }
