@@ -79,6 +79,13 @@ type Violation struct {
 	Faults  []string
 	Excused []int
 	Holds   []*Hold // the holds it names, if any
+	// Nodes and Short (state-valid): the nodes that did not hold the
+	// lock long enough, and how many more holding nodes it needed. A
+	// scope excuses such a violation only if it touched one of Nodes, and
+	// the scopes that excuse it together touched at least Short of them:
+	// a node no outside fault touched must not fall short by itself.
+	Nodes []int
+	Short int
 }
 
 func (v Violation) String() string {
@@ -275,13 +282,20 @@ type regHold struct {
 
 // excuse records, on each violation, the outside faults whose Scope
 // covers one of its holds (scope.go): Excused and their kinds in Faults.
+// A violation that names its nodes (state-valid) is excused only by
+// scopes that touched one of them, and only if those scopes together
+// touched as many of them as the lock lacked (Violation.Short).
 func excuse(vs []Violation, scopes []Scope, votes map[string][]vote) {
 	for i := range vs {
 		v := &vs[i]
 		v.Faults, v.Excused = nil, nil
+		var touched []int // the violation's nodes the excusing scopes touched
 		for _, s := range scopes {
 			if s.At > v.At && v.At > 0 {
 				continue // after the violation: it cannot have caused it
+			}
+			if v.Short > 0 && !s.touchesAny(v.Nodes) {
+				continue
 			}
 			for _, hd := range v.Holds {
 				if s.covers(hd, v.Inv, votes) {
@@ -289,9 +303,17 @@ func excuse(vs []Violation, scopes []Scope, votes map[string][]vote) {
 					if !slices.Contains(v.Faults, s.Kind) {
 						v.Faults = append(v.Faults, s.Kind)
 					}
+					for _, n := range v.Nodes {
+						if s.touches(n) && !slices.Contains(touched, n) {
+							touched = append(touched, n)
+						}
+					}
 					break
 				}
 			}
+		}
+		if v.Short > 0 && len(touched) < v.Short {
+			v.Faults, v.Excused = nil, nil
 		}
 	}
 }

@@ -41,6 +41,21 @@ import (
 //     new primary), and for the fence invariants the grants of the new
 //     primary on a key the old one granted after the snapshot (its fence
 //     counter went back).
+//   - clock-drift beyond the drift factor (OUTSIDE; drift.go), a node's
+//     clock fast from From to To: the locks whose TTL ran on that clock
+//     while it was fast, so that they expired early there: those whose
+//     key was on the node at From (if it was down, those it had at its
+//     crash: a durable restart brings them back onto the fast clock),
+//     those it granted from From to To, those it had when it crashed
+//     between From and To, and those a restart of the node under the
+//     delayed-restart rule lost, if the rule's wait (counted on the
+//     node's clock) overlapped the window. A client's clock slow beyond
+//     the factor (never drawn: drift.go draws OUTSIDE rates on nodes
+//     only) would cover the locks that client was granted before To.
+//
+// Every scope names its nodes (Nodes; a client's drift: every node). A
+// violation that names the nodes its lock was short on (state-valid) is
+// excused only by scopes that touched them (see excuse).
 //
 // A hold is matched by its token's base (the Lock call's id, "<base>" of
 // "<base>.<n>"): a node may hold an earlier attempt's token of the call.
@@ -64,12 +79,33 @@ type Scope struct {
 	// FenceOnly: the fault is outside the assumptions of fence order only
 	// (OUTSIDE-FENCES).
 	FenceOnly bool
+	// Clients: a client's clock drift (its belief outran every node).
+	Clients []int
+}
+
+// touches reports whether the scope's fault acted on node n (a client's
+// drift acts on the client's view of every node).
+func (s *Scope) touches(n int) bool {
+	return len(s.Clients) > 0 || slices.Contains(s.Nodes, n)
+}
+
+// touchesAny reports whether the scope touches one of nodes.
+func (s *Scope) touchesAny(nodes []int) bool {
+	for _, n := range nodes {
+		if s.touches(n) {
+			return true
+		}
+	}
+	return false
 }
 
 // String describes the scope for a replay's log.
 func (s Scope) String() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s at %.3fms nodes=%v", s.Kind, msf(s.At), s.Nodes)
+	if len(s.Clients) > 0 {
+		fmt.Fprintf(&b, " clients=%v", s.Clients)
+	}
 	if len(s.Tokens) > 0 {
 		fmt.Fprintf(&b, " locks=%d", len(s.Tokens))
 	}
@@ -85,6 +121,7 @@ func (s Scope) String() string {
 // vote is one Acquire a node granted (a grant, a refresh or a takeover).
 type vote struct {
 	node       int
+	client     int // the workload client whose connection sent it
 	key, token string
 	at         time.Duration
 }
@@ -97,7 +134,8 @@ type crashRec struct {
 	data, snap []snapKey
 }
 
-// jumpRec is a node's lock keys when its clock jumped.
+// jumpRec is a node's lock keys when its clock jumped (jumps), or when
+// it began to run fast beyond the drift factor (drifts).
 type jumpRec struct {
 	node int
 	at   time.Duration
@@ -118,6 +156,7 @@ type scopeRecs struct {
 	votes   []vote
 	crashes []crashRec
 	jumps   []jumpRec
+	drifts  []jumpRec
 	snaps   []snapRec
 }
 
@@ -183,7 +222,7 @@ func (w *World) afterApply(n *Node, ac *acquireCall, reply []byte) {
 	}
 	if granted(reply) {
 		w.scope.mu.Lock()
-		w.scope.votes = append(w.scope.votes, vote{node: n.id, key: ac.key, token: ac.token, at: time.Since(w.start)})
+		w.scope.votes = append(w.scope.votes, vote{node: n.id, client: ac.client, key: ac.key, token: ac.token, at: time.Since(w.start)})
 		w.scope.mu.Unlock()
 	}
 	if w.sc.Fair {
@@ -209,6 +248,22 @@ func (w *World) noteJump(n *Node) {
 	}
 	w.scope.mu.Lock()
 	w.scope.jumps = append(w.scope.jumps, r)
+	w.scope.mu.Unlock()
+}
+
+// noteDrift records node n's keys as its clock begins to run fast beyond
+// the drift factor (an OUTSIDE clock-drift fault's start).
+func (n *Node) noteDrift() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	w := n.w
+	r := jumpRec{node: n.id, at: time.Since(w.start), down: n.down}
+	if !n.down && n.m != nil {
+		n.m.SetTime(n.clockLocked())
+		r.data = snapshotOf(n.m, n.clockLocked())
+	}
+	w.scope.mu.Lock()
+	w.scope.drifts = append(w.scope.drifts, r)
 	w.scope.mu.Unlock()
 }
 
@@ -365,6 +420,8 @@ func (w *World) scopes() []Scope {
 			}
 		case FaultFailover:
 			w.staleScope(&s, f)
+		case FaultDrift:
+			w.driftScope(&s, f)
 		default:
 			// An outside fault of a kind without a scope excuses nothing:
 			// its violations are failures until it has one.
@@ -402,6 +459,69 @@ func (w *World) jumpLocks(into map[string]bool, node int, at time.Duration) {
 			lostLocks(into, last, mode)
 		} else {
 			lostLocks(into, last, "empty")
+		}
+	}
+}
+
+// driftScope fills the scope of a clock rate beyond the drift factor (see
+// the Scope kinds above). Called with w.scope.mu held.
+func (w *World) driftScope(s *Scope, f Fault) {
+	from, to := f.At, f.At+f.For
+	if f.Client >= 0 {
+		s.Clients = []int{f.Client}
+		for _, v := range w.scope.votes {
+			if v.client == f.Client && v.at < to {
+				s.Tokens[base(v.token)] = true
+			}
+		}
+		return
+	}
+	s.Nodes = f.Nodes
+	if f.Node >= 0 {
+		s.Nodes = []int{f.Node}
+	}
+	r := &w.scope
+	for _, id := range s.Nodes {
+		var start *jumpRec
+		for i := range r.drifts {
+			if r.drifts[i].node == id && r.drifts[i].at == from {
+				start = &r.drifts[i]
+				break
+			}
+		}
+		switch {
+		case start != nil && !start.down:
+			for _, k := range start.data {
+				if lockKey(k) && !k.exp.IsZero() {
+					s.Tokens[base(k.val)] = true
+				}
+			}
+		default:
+			// Down at the start (or the run ended first): what it had at
+			// its last crash comes back onto the fast clock.
+			if c, ok := r.crashAt(id, from, true); ok {
+				lostLocks(s.Tokens, c, "empty")
+			}
+		}
+		for _, v := range r.votes {
+			if v.node == id && v.at >= from && v.at < to {
+				s.Tokens[base(v.token)] = true
+			}
+		}
+		for _, c := range r.crashes {
+			if c.node == id && c.at >= from && c.at < to {
+				lostLocks(s.Tokens, c, "empty")
+			}
+		}
+		if maxTTL := w.sc.DelayedRestart; maxTTL > 0 {
+			for _, rf := range w.faults {
+				if rf.Kind != FaultRestart || rf.Node != id || rf.Outside || rf.Mode == "durable" || rf.At >= to || rf.At+rf.For+maxTTL <= from {
+					continue
+				}
+				if c, ok := r.crashAt(id, rf.At, false); ok {
+					lostLocks(s.Tokens, c, rf.Mode)
+				}
+			}
 		}
 	}
 }

@@ -155,3 +155,99 @@ func TestScopeOutsideKindWithoutScope(t *testing.T) {
 	v, _ := gradeOne(w, InvOverlap, time.Millisecond, &Hold{Token: "A.1"}, &Hold{Token: "B.1"})
 	require.Equal(t, Fail, v)
 }
+
+// gradeState excuses and grades one state-valid violation of the lock
+// with token, short on nodes and lacking short more holding nodes.
+func gradeState(w *World, at time.Duration, token string, nodes []int, short int) (string, Violation) {
+	vs := []Violation{{Inv: InvStateValid, At: at, Holds: []*Hold{{Token: token}}, Nodes: nodes, Short: short}}
+	excuse(vs, w.scopes(), w.votesByToken())
+	return grade(vs), vs[0]
+}
+
+func TestScopeStateValidNodes(t *testing.T) {
+	exp := time.Now().Add(time.Second)
+	w := scopeWorld(Scenario{Strategy: Quorum, Nodes: 5}, []Fault{
+		{At: 100 * time.Millisecond, Kind: FaultClockJump, Node: 1, Amount: 50 * time.Millisecond, Outside: true},
+		{At: 120 * time.Millisecond, Kind: FaultClockJump, Node: 2, Amount: 50 * time.Millisecond, Outside: true},
+	})
+	w.scope.jumps = []jumpRec{
+		{node: 1, at: 100 * time.Millisecond, data: []snapKey{lockAt("k0", "A.1", exp)}},
+		{node: 2, at: 120 * time.Millisecond, data: []snapKey{lockAt("k0", "A.1", exp)}},
+	}
+	v, viol := gradeState(w, 150*time.Millisecond, "A.2", []int{1, 3}, 1)
+	assert.Equal(t, Hazard, v, "the jump cut A short on node 1, and one node was lacking")
+	assert.Equal(t, []int{0}, viol.Excused)
+	v, _ = gradeState(w, 150*time.Millisecond, "A.1", []int{0, 3}, 1)
+	assert.Equal(t, Fail, v, "A was short on nodes no jump touched")
+	v, _ = gradeState(w, 150*time.Millisecond, "A.1", []int{1, 3}, 2)
+	assert.Equal(t, Fail, v, "node 3 fell short by itself, and A needed both")
+	v, viol = gradeState(w, 150*time.Millisecond, "A.1", []int{1, 2}, 2)
+	assert.Equal(t, Hazard, v, "the two jumps together")
+	assert.Equal(t, []int{0, 1}, viol.Excused)
+	v, _ = gradeState(w, 110*time.Millisecond, "A.1", []int{1, 2}, 2)
+	assert.Equal(t, Fail, v, "node 2's jump came after the violation")
+	v, _ = gradeState(w, 150*time.Millisecond, "B.1", []int{1, 2}, 2)
+	assert.Equal(t, Fail, v, "B was on neither node at its jump")
+}
+
+func TestScopeStateValidRestart(t *testing.T) {
+	// The single strategy's node restarted empty: the lock it lost is a
+	// hazard, a lock it granted after it came back is not.
+	exp := time.Now().Add(time.Second)
+	w := scopeWorld(Scenario{Strategy: Single, Nodes: 1}, []Fault{
+		{At: 100 * time.Millisecond, Kind: FaultRestart, Node: 0, For: 20 * time.Millisecond, Mode: "empty", Outside: true},
+	})
+	w.scope.crashes = []crashRec{{node: 0, at: 100 * time.Millisecond, data: []snapKey{lockAt("k0", "A.1", exp)}}}
+	w.scope.votes = []vote{{node: 0, key: "k0", token: "B.1", at: 130 * time.Millisecond}}
+	v, _ := gradeState(w, 120*time.Millisecond, "A.1", []int{0}, 1)
+	assert.Equal(t, Hazard, v)
+	v, _ = gradeState(w, 150*time.Millisecond, "B.1", []int{0}, 1)
+	assert.Equal(t, Fail, v)
+}
+
+func TestScopeDriftOutside(t *testing.T) {
+	exp := time.Now().Add(time.Second)
+	f := Fault{At: 100 * time.Millisecond, For: 200 * time.Millisecond, Kind: FaultDrift, Node: 2, Client: -1, Rate: 0.5, Outside: true}
+	r := Fault{At: 20 * time.Millisecond, For: 10 * time.Millisecond, Kind: FaultRestart, Node: 2, Mode: "empty"}
+	late := Fault{At: 400 * time.Millisecond, For: 10 * time.Millisecond, Kind: FaultRestart, Node: 2, Mode: "empty"}
+	w := scopeWorld(Scenario{Strategy: Quorum, Nodes: 3, DelayedRestart: 100 * time.Millisecond}, []Fault{r, f, late})
+	w.scope.drifts = []jumpRec{{node: 2, at: 100 * time.Millisecond, data: []snapKey{lockAt("k0", "A.1", exp)}}}
+	w.scope.crashes = []crashRec{
+		{node: 2, at: 20 * time.Millisecond, data: []snapKey{lockAt("k0", "R.1", exp)}},  // its wait ran into the window
+		{node: 2, at: 400 * time.Millisecond, data: []snapKey{lockAt("k0", "L.1", exp)}}, // after it
+	}
+	w.scope.votes = []vote{
+		{node: 2, key: "k0", token: "B.1", at: 150 * time.Millisecond}, // granted on the fast clock
+		{node: 2, key: "k0", token: "C.1", at: 300 * time.Millisecond}, // after the window
+		{node: 1, key: "k0", token: "D.1", at: 150 * time.Millisecond}, // on another node
+	}
+	for _, tc := range []struct {
+		token string
+		want  string
+	}{{"A.1", Hazard}, {"B.1", Hazard}, {"R.1", Hazard}, {"C.1", Fail}, {"D.1", Fail}, {"L.1", Fail}} {
+		v, _ := gradeState(w, 320*time.Millisecond, tc.token, []int{2, 0}, 1)
+		assert.Equal(t, tc.want, v, tc.token)
+		v, _ = gradeOne(w, InvOverlap, 320*time.Millisecond, &Hold{Token: tc.token}, &Hold{Token: "X.1"})
+		assert.Equal(t, tc.want, v, tc.token+" (overlap)")
+	}
+	v, _ := gradeState(w, 320*time.Millisecond, "A.1", []int{0, 1}, 1)
+	assert.Equal(t, Fail, v, "A was short on nodes that ran at their rate")
+	v, _ = gradeState(w, 90*time.Millisecond, "A.1", []int{2}, 1)
+	assert.Equal(t, Fail, v, "before the window")
+
+	// A client's clock slow beyond the factor: the locks it was granted
+	// before the window's end, short on any node.
+	cf := Fault{At: 100 * time.Millisecond, For: 100 * time.Millisecond, Kind: FaultDrift, Node: -1, Client: 1, Rate: 0.5, Outside: true}
+	w = scopeWorld(Scenario{Strategy: Quorum, Nodes: 3}, []Fault{cf})
+	w.scope.votes = []vote{
+		{node: 0, client: 1, key: "k0", token: "E.1", at: 50 * time.Millisecond},
+		{node: 0, client: 1, key: "k0", token: "F.1", at: 250 * time.Millisecond},
+		{node: 0, client: 0, key: "k0", token: "G.1", at: 150 * time.Millisecond},
+	}
+	v, _ = gradeState(w, 150*time.Millisecond, "E.1", []int{0, 1}, 2)
+	assert.Equal(t, Hazard, v)
+	v, _ = gradeState(w, 260*time.Millisecond, "F.1", []int{0, 1}, 2)
+	assert.Equal(t, Fail, v)
+	v, _ = gradeState(w, 150*time.Millisecond, "G.1", []int{0, 1}, 2)
+	assert.Equal(t, Fail, v)
+}

@@ -50,10 +50,15 @@ type liveLock struct {
 	lost     <-chan struct{}
 	key      string // on the nodes
 	token    string
-	nodes    []int // the nodes that make it valid (failover: none, see grantor)
-	need     int   // how many of them
-	failover bool  // the failover primary that granted it makes it valid
-	reported bool  // a violation was recorded (one per lock)
+	nodes    []int         // the nodes that make it valid (failover: none, see grantor)
+	need     int           // how many of them
+	failover bool          // the failover primary that granted it makes it valid
+	from     time.Duration // when the workload saw the grant (virtual)
+	// reported: the nodes (bits by index in nodes) a violation already
+	// named; a lock is reported again only when another node falls short,
+	// so that a shortfall a fault's scope excuses cannot hide a later one
+	// it does not.
+	reported uint64
 	// seen: what each of nodes held when last read (nil: not read yet).
 	// A node's reading changes only when it applies a command on the key
 	// (flushState rereads that node) or a fault acts on it (every node
@@ -148,7 +153,7 @@ func (w *World) placeOf(strat, key string) lockPlace {
 // track starts checking lk (granted to client ci, on key as sent to the
 // nodes) and checks it once: a grant the client saw return.
 func (w *World) track(ci int, name, key string, lk *redlease.Lock, pl lockPlace) *liveLock {
-	e := &liveLock{ci: ci, name: name, lk: lk, lost: lk.Lost(), key: key, token: lk.Token(), nodes: pl.nodes, need: pl.need, failover: pl.failover}
+	e := &liveLock{ci: ci, name: name, lk: lk, lost: lk.Lost(), key: key, token: lk.Token(), nodes: pl.nodes, need: pl.need, failover: pl.failover, from: time.Since(w.start)}
 	st := &w.state
 	st.mu.Lock()
 	if st.live == nil {
@@ -431,20 +436,29 @@ func (w *World) checkLockLocked(e *liveLock, node int) {
 			held++
 		}
 	}
-	if held >= need || e.reported {
+	if held >= need {
 		return
 	}
 	var why []string
+	var short []int
+	var bits uint64
 	for i, id := range nodes {
 		if h := e.seen[i]; h.read && !(h.held && h.exp >= untilV-drift.Fixed) {
 			why = append(why, fmt.Sprintf("node%d %s", id, h))
+			short = append(short, id)
+			bits |= 1 << uint(i)
 		}
 	}
-	e.reported = true
+	if bits&^e.reported == 0 {
+		return // no node short that a violation of this lock has not named
+	}
+	e.reported |= bits
 	st.stats.Violations++
 	w.hist.violation(Violation{Inv: InvStateValid, At: nowV, Detail: fmt.Sprintf(
 		"%s %s (token %s): believed valid (Deadline in %.3fms on its clock, Until at %.3fms), but %d of %d nodes hold it until Until−%v (%d needed): %s",
-		e.name, e.key, e.token, msf(e.lk.Deadline().Sub(clientNow)), msf(untilV), held, len(nodes), drift.Fixed, need, strings.Join(why, "; "))})
+		e.name, e.key, e.token, msf(e.lk.Deadline().Sub(clientNow)), msf(untilV), held, len(nodes), drift.Fixed, need, strings.Join(why, "; ")),
+		Holds: []*Hold{{Client: e.ci, Key: e.key, Via: "state", Token: e.token, From: e.from, LostAt: -1, RelSent: -1}},
+		Nodes: short, Short: need - held})
 }
 
 // stateResult returns the run's state-valid figures.

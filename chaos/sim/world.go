@@ -303,9 +303,22 @@ func (w *World) actions() []action {
 				}
 			}})
 		case FaultDrift:
-			// Rates need no action (drift.go); this one logs the start and
-			// has every lock checked (drive) from the moment it runs.
-			as = append(as, action{f.At, f.String(), func() {}})
+			// Rates need no action (drift.go); this one logs the start,
+			// has every lock checked (drive) from the moment it runs and,
+			// for a rate beyond the drift factor, records the node's keys
+			// for its scope (scope.go).
+			as = append(as, action{f.At, f.String(), func() {
+				if !f.Outside || f.Client >= 0 {
+					return
+				}
+				ids := f.Nodes
+				if f.Node >= 0 {
+					ids = []int{f.Node}
+				}
+				for _, i := range ids {
+					w.nodes[i].noteDrift()
+				}
+			}})
 		case FaultClockJump:
 			n := w.nodes[f.Node]
 			as = append(as, action{f.At, f.String(), func() { n.jump(f.Amount) }})
