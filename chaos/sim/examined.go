@@ -14,6 +14,22 @@ import (
 // applies to a scenario (examinedIn) examined nothing over the seeds of
 // that scenario it ran, if they were at least minExaminedSeeds.
 
+// Counts kept beside an invariant's own, named "<invariant>/<what>":
+// registered in examinedIn when they must not stay at zero either.
+const (
+	// ExFailoverBound: holds failover-kept checked against the watcher
+	// bound (still believed when a healthy Sentinel named the last move:
+	// FailoverStats.Revoked).
+	ExFailoverBound = InvFailoverKept + "/bound"
+	// ExStateExempt: checks of a lock believed valid that state-valid
+	// left to failover-kept (a grant of a primary a later move replaced),
+	// or whose granting node the simulator did not see.
+	ExStateExempt = InvStateValid + "/exempt"
+	// ExStateLocks: locks state-valid tracked (every grant a workload
+	// saw, and the Barrier's locks while a keeper kept them).
+	ExStateLocks = InvStateValid + "/locks"
+)
+
 // minExaminedSeeds is how many seeds of a scenario TestSim needs before an
 // invariant that examined nothing there fails it.
 const minExaminedSeeds = 50
@@ -54,6 +70,12 @@ var examinedIn = map[string]func(sc *Scenario) bool{
 	InvWakeSlow: func(sc *Scenario) bool { return sc.Wake },
 	// Holds the old primary granted (FailoverStats.examined).
 	InvFailoverKept: func(sc *Scenario) bool { return sc.Strategy == Failover },
+	// Of those, the ones checked against the watcher bound.
+	ExFailoverBound: func(sc *Scenario) bool { return sc.Strategy == Failover },
+	// Checks of a lock its holder believed valid (statecheck.go): every
+	// scenario's workload tracks its locks (the Barrier's through its
+	// keeper).
+	InvStateValid: func(*Scenario) bool { return true },
 	// Free-key grants a node applied to a fair attempt (fifo.go).
 	InvFIFO: func(sc *Scenario) bool { return sc.Fair },
 }
@@ -98,6 +120,11 @@ func (w *World) examined(res *Result) map[string]int {
 	add(InvHandoffLate, res.Wake.Handoffs)
 	add(InvWakeSlow, res.Wake.NoFault)
 	add(InvFailoverKept, res.Failover.examined())
+	add(ExFailoverBound, res.Failover.Revoked)
+	st := w.stateResult()
+	add(InvStateValid, st.Examined)
+	add(ExStateExempt, st.Exempt)
+	add(ExStateLocks, st.Locks)
 	return out
 }
 

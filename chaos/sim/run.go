@@ -40,7 +40,6 @@ type Result struct {
 	Scopes []Scope
 	// Examined: what each invariant examined, by name (examined.go).
 	Examined map[string]int
-	State    StateStats // state-valid: what it examined
 }
 
 // maxRun bounds a run in virtual time: a workload still going after it is
@@ -190,7 +189,6 @@ func Run(sc Scenario, seed uint64, opts Options) *Result {
 		Failover:   fst,
 		Wake:       kst,
 		Fair:       w.fairStats(),
-		State:      w.stateResult(),
 	}
 	res.Scopes = w.scopes()
 	excuse(res.Violations, res.Scopes, w.votesByToken())

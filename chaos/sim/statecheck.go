@@ -23,22 +23,16 @@ import (
 // failover primary that granted it.
 const InvStateValid = "state-valid"
 
-// StateStats are the state-valid figures of one run.
-type StateStats struct {
+// stateStats are the state-valid figures of one run, read by the
+// examined-count framework (examined.go: state-valid, and its /exempt and
+// /locks counts).
+type stateStats struct {
 	Locks    int // locks tracked (every grant a workload saw)
 	Examined int // checks of a lock its holder believed valid
 	// Exempt: checks of a failover lock granted by the old primary after
 	// the promotion (failover-kept bounds those), or whose granting node
 	// the simulator did not see.
-	Exempt     int
-	Violations int
-}
-
-func (s *StateStats) add(o StateStats) {
-	s.Locks += o.Locks
-	s.Examined += o.Examined
-	s.Exempt += o.Exempt
-	s.Violations += o.Violations
+	Exempt int
 }
 
 // liveLock is one lock a workload holds, from its grant until its hold
@@ -72,7 +66,7 @@ type liveLock struct {
 type stateCheck struct {
 	mu    sync.Mutex
 	live  map[string][]*liveLock
-	stats StateStats
+	stats stateStats
 	// sitOut: per node, the windows (virtual time) in which it counts as
 	// holding every lock because it cannot vote for another holder: from
 	// a restart fault that lost its data under the delayed-restart rule
@@ -453,7 +447,6 @@ func (w *World) checkLockLocked(e *liveLock, node int) {
 		return // no node short that a violation of this lock has not named
 	}
 	e.reported |= bits
-	st.stats.Violations++
 	w.hist.violation(Violation{Inv: InvStateValid, At: nowV, Detail: fmt.Sprintf(
 		"%s %s (token %s): believed valid (Deadline in %.3fms on its clock, Until at %.3fms), but %d of %d nodes hold it until Until−%v (%d needed): %s",
 		e.name, e.key, e.token, msf(e.lk.Deadline().Sub(clientNow)), msf(untilV), held, len(nodes), drift.Fixed, need, strings.Join(why, "; ")),
@@ -462,7 +455,7 @@ func (w *World) checkLockLocked(e *liveLock, node int) {
 }
 
 // stateResult returns the run's state-valid figures.
-func (w *World) stateResult() StateStats {
+func (w *World) stateResult() stateStats {
 	w.state.mu.Lock()
 	defer w.state.mu.Unlock()
 	return w.state.stats

@@ -199,3 +199,15 @@ func TestOverCeiling(t *testing.T) {
 	assert.NotEmpty(t, overCeiling("nowhere clock-jump", 40, 1), "a row without a ceiling")
 	assert.Empty(t, overCeiling("nowhere clock-jump", 29, 10), "too few faults to judge")
 }
+
+func TestExaminedNothing(t *testing.T) {
+	full := map[string]int{InvOverlap: 1, InvFenceOrder: 1, InvStale: 1, InvReleaseKept: 1, InvFailoverKept: 3, ExFailoverBound: 1, InvStateValid: 9}
+	assert.Empty(t, examinedNothing("failover", 50, full))
+	assert.Empty(t, examinedNothing("failover", 49, nil), "too few seeds to judge")
+	some := maps.Clone(full)
+	delete(some, ExFailoverBound)
+	delete(some, InvStateValid)
+	some[ExStateExempt] = 4 // exemptions are not checks
+	assert.Equal(t, []string{ExFailoverBound, InvStateValid}, examinedNothing("failover", 50, some))
+	assert.Equal(t, []string{InvStateValid}, examinedNothing("barrier", 50, map[string]int{InvTwice: 1, InvHandlerOverlap: 1}))
+}
