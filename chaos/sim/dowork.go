@@ -100,14 +100,19 @@ func (w *World) doLane(ci, li, lanes int, dl doLocker, r *rand.Rand) {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 		ran := false
+		var fnRet time.Duration
+		var strat redlease.Strategy
 		err := dl.locker.Do(ctx, key, func(fctx context.Context, lk *redlease.Lock) error {
 			ran = true
 			w.doHold(ci, seq, key, dl, lk, fctx, pauses, ttl)
+			fnRet, strat = w.hist.now(), lk.Strategy()
 			return nil
 		}, redlease.WithTTL(ttl), redlease.WithRetryDelay(time.Nanosecond, time.Nanosecond), redlease.WithMaxAttempts(2+r.IntN(5)))
 		cancel()
 		if !ran {
 			w.hist.failed()
+		} else {
+			w.checkDo(ci, seq, key, strat, ttl, fnRet, false)
 		}
 		w.hist.logf("c%d#%d do %s ttl=%v: %v", ci, seq, key, ttl, short(err))
 		sleep(ms(r, 0, 30))

@@ -244,6 +244,8 @@ func (w *World) longLane(ci int, locker *redlease.Locker, poll time.Duration) {
 	for seq := 100; seq < 120 && w.hist.now() < end; seq++ {
 		ctx, cancel := context.WithTimeout(context.Background(), end-w.hist.now()+time.Second)
 		ran := false
+		var fnRet time.Duration
+		var strat redlease.Strategy
 		err := locker.Do(ctx, key, func(fctx context.Context, lk *redlease.Lock) error {
 			ran = true
 			var pauses []time.Duration
@@ -251,11 +253,14 @@ func (w *World) longLane(ci int, locker *redlease.Locker, poll time.Duration) {
 				pauses = append(pauses, min(d, longStep))
 			}
 			w.doHold(ci, seq, key, dl, lk, fctx, pauses, ttl)
+			fnRet, strat = w.hist.now(), lk.Strategy()
 			return nil
 		}, redlease.WithTTL(ttl), redlease.WithRetryDelay(time.Nanosecond, time.Nanosecond), redlease.WithMaxAttempts(3))
 		cancel()
 		if !ran {
 			w.hist.failed()
+		} else {
+			w.checkDo(ci, seq, key, strat, ttl, fnRet, false)
 		}
 		w.hist.logf("c%d#%d do %s ttl=%v: %v", ci, seq, key, ttl, short(err))
 		sleep(ms(r, 1, 30))

@@ -232,8 +232,8 @@ func (e *opsEnv) newStrategy() {
 		q := must(quorum.New(e.rcs, opts...))
 		e.strat, e.close = q, q.Close
 	}
-	s := e.close
-	w.onClose(func() { _ = s() })
+	s, strat := e.close, e.strat
+	w.onClose(func() { w.closeStrategy(e.ci, "end of run", strat, s) })
 	e.lockers()
 }
 
@@ -481,9 +481,11 @@ func (w *World) opsDo(e *opsEnv, seq int, key string, r *rand.Rand, locker *redl
 	ttl := e.drawTTL(r)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	var h *opsHold
+	var strat redlease.Strategy
 	opts := append(e.lockOpts(ttl), redlease.WithRetryDelay(time.Nanosecond, time.Nanosecond), redlease.WithMaxAttempts(2+r.IntN(5)))
 	err := locker.Do(ctx, key, func(fctx context.Context, lk *redlease.Lock) error {
 		h = w.opsStart(e, seq, key, via, ttl, lk)
+		strat = lk.Strategy()
 		w.opsSteps(e, h, r, fctx, false)
 		h.end = w.hist.now()
 		return nil
@@ -494,6 +496,7 @@ func (w *World) opsDo(e *opsEnv, seq int, key string, r *rand.Rand, locker *redl
 		w.hist.failed()
 		return
 	}
+	w.checkDo(e.ci, seq, key, strat, h.ttl, h.end, false)
 	w.opsEnd(e, h) // Do released it (Lost closed) before it returned
 }
 
@@ -577,7 +580,7 @@ func (w *World) opsClose(e *opsEnv, seq int, key string, r *rand.Rand) {
 		e.newEngine()
 	default:
 		w.opsSteps(e, h, r, nil, false)
-		_ = e.close()
+		w.closeStrategy(e.ci, "mid-run", e.strat, e.close)
 		w.hist.logf("c%d#%d strategy closed (holding %s)", e.ci, seq, key)
 		h.hd.Via += "+close"
 		w.opsSteps(e, h, r, nil, false)

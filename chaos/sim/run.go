@@ -247,7 +247,7 @@ func (w *World) locker(ci int, r *rand.Rand) *redlease.Locker {
 		}
 		s := must(single.New(w.redisClient(ci, w.nodes[0], ctxTimeouts), sopts...))
 		if w.sc.Wake {
-			w.onClose(func() { _ = s.Close() })
+			w.onClose(func() { w.closeStrategy(ci, "end of run", s, s.Close) })
 		}
 		return must(redlease.New(s, w.lockerOptions(ci)...))
 	default:
@@ -300,7 +300,7 @@ func (w *World) quorumLocker(ci int, r *rand.Rand, nodes []*Node, opt redlease.O
 		if err != nil {
 			panic(fmt.Sprintf("sim: quorum.New: %v", err)) // a bug in the scenario table
 		}
-		w.onClose(func() { _ = q.Close() })
+		w.onClose(func() { w.closeStrategy(ci, "end of run", q, q.Close) })
 		lopts := w.lockerOptions(ci)
 		if opt != nil {
 			lopts = append(lopts, opt)
