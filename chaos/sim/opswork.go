@@ -351,6 +351,7 @@ func (w *World) opsClient(ci int, r *rand.Rand, fs *failover.Strategy) {
 		}
 		sleep(ms(r, 0, 20))
 	}
+	w.opsConstructions(e) // boundwork.go
 }
 
 // acquire takes key with TryLock or Lock (1 ns retry delay and a bounded

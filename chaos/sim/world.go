@@ -62,6 +62,7 @@ type World struct {
 	drift driftPlan
 	state stateCheck
 	ops   *opsPlan
+	bnd   boundsState // the bound invariants' constructions (bounds.go)
 }
 
 // badHit is one node on which a badkey fault replaced a lock's token.
@@ -121,6 +122,9 @@ func (w *World) fate(c *conn, toNode bool, i uint64, now time.Time) (time.Durati
 	d := uint64(1)
 	if toNode {
 		d = 2
+	}
+	if bd, lost, ok := w.boundsFate(c, toNode, i, now); ok {
+		return bd, lost
 	}
 	h := mix(mix(w.seed, c.key), i<<2|d)
 	u := func(k uint64) float64 { return unit(mix(h, k)) }
@@ -199,7 +203,7 @@ func (w *World) redisClient(ci int, n *Node, ctxTimeouts bool) *redis.Client {
 	c := redis.NewClient(&redis.Options{
 		Addr: n.name,
 		Dialer: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return n.dial(ci)
+			return w.dialNode(ci, n)
 		},
 		ContextTimeoutEnabled: ctxTimeouts,
 		DisableIdentity:       true,
