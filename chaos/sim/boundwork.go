@@ -43,6 +43,7 @@ type boundsState struct {
 	arm     map[[2]int]time.Time  // (client, node) → its next dial's handshake answered then
 	held    map[*conn]time.Time   // connections whose handshake reply is held until then
 	started map[[2]int]bool       // an armed hold began (the dial came)
+	cte     map[int]bool          // client → its go-redis clients have ContextTimeoutEnabled (ctxbound.go)
 }
 
 func (b *boundsState) refresh() {

@@ -190,6 +190,7 @@ type watchInfo struct {
 // beside it, in a seed with a failback, the long lane: longLane).
 func (w *World) failoverClient(ci int, r *rand.Rand) {
 	ct := r.IntN(2) == 0
+	w.noteCTE(ci, ct)
 	prefer := r.IntN(w.sc.Sentinels)
 	poll := []time.Duration{100 * time.Millisecond, 150 * time.Millisecond, 250 * time.Millisecond}[r.IntN(3)]
 	s, err := w.watchedStrategy(ci, ct, prefer, poll)

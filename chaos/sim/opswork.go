@@ -179,6 +179,7 @@ func (w *World) newOpsEnv(ci int, fs *failover.Strategy) *opsEnv {
 		for _, n := range nodes {
 			e.rcs = append(e.rcs, w.redisClient(ci, n, e.cp.ctxTimeouts))
 		}
+		w.noteCTE(ci, e.cp.ctxTimeouts)
 		e.newStrategy()
 	}
 	e.newWatchdog()
@@ -365,7 +366,9 @@ func (w *World) opsAcquire(e *opsEnv, seq int, key string, r *rand.Rand, via str
 	if via == "" {
 		via = []string{"trylock", "lock"}[r.IntN(2)]
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), ms(r, 10, 300))
+	cd := ms(r, 10, 300)
+	ctx, cancel := context.WithTimeout(context.Background(), cd)
+	start := w.hist.now()
 	var lk *redlease.Lock
 	var err error
 	if via == "trylock" {
@@ -375,6 +378,7 @@ func (w *World) opsAcquire(e *opsEnv, seq int, key string, r *rand.Rand, via str
 		lk, err = locker.Lock(ctx, key, opts...)
 	}
 	cancel()
+	w.checkCtx(e.ci, via, key, start, cd, true)
 	if err != nil {
 		w.hist.failed()
 		w.hist.logf("c%d#%d %s %s ttl=%v: %v", e.ci, seq, via, key, ttl, short(err))
@@ -437,6 +441,7 @@ func (w *World) opsRelease(e *opsEnv, h *opsHold, r *rand.Rand) {
 	h.hd.RelSent = w.hist.now()
 	err := h.lk.Release(ctx)
 	cancel()
+	w.checkCtx(e.ci, "release", h.hd.Key, h.hd.RelSent, d, false)
 	w.hist.logf("c%d#%d release %s: %v (valid after: %v)", e.ci, h.hd.Seq, h.hd.Key, short(err), h.lk.Valid())
 }
 
@@ -528,8 +533,10 @@ func (w *World) opsPair(e *opsEnv, seq int, r *rand.Rand) {
 				d = time.Duration(r.Int64N(int64(3 * time.Millisecond)))
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), d)
+			start := w.hist.now()
 			errs := redlease.ExtendAll(ctx, []*redlease.Lock{a.lk, b.lk})
 			cancel()
+			w.checkCtx(e.ci, "extendall", "k0,k1", start, d, false)
 			w.hist.logf("c%d#%d extendall k0,k1: %v, %v", e.ci, seq, short(errs[0]), short(errs[1]))
 			w.checkLock(a.live)
 			w.checkLock(b.live)
@@ -673,8 +680,10 @@ func (w *World) opsExtend(e *opsEnv, h *opsHold, r *rand.Rand) {
 		d = time.Duration(r.Int64N(int64(3 * time.Millisecond)))
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), d)
+	start := w.hist.now()
 	err := h.lk.Extend(ctx, ttl2)
 	cancel()
+	w.checkCtx(e.ci, "extend", h.hd.Key, start, d, false)
 	if !errors.Is(err, redlease.ErrInvalid) && !errors.Is(err, redlease.ErrNotHeld) || err == nil {
 		h.ttl = ttl2 // sent (its answer maybe unknown)
 	}

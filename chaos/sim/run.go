@@ -246,6 +246,7 @@ func (w *World) locker(ci int, r *rand.Rand) *redlease.Locker {
 			sopts = append(sopts, single.WithClock(c))
 		}
 		s := must(single.New(w.redisClient(ci, w.nodes[0], ctxTimeouts), sopts...))
+		w.noteCTE(ci, ctxTimeouts)
 		if w.sc.Wake {
 			w.onClose(func() { w.closeStrategy(ci, "end of run", s, s.Close) })
 		}

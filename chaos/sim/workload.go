@@ -19,7 +19,9 @@ func (w *World) lockClient(ci int, locker *redlease.Locker, r *rand.Rand) {
 		key := fmt.Sprintf("k%d", r.IntN(w.sc.Keys))
 		ttl := w.drawTTL(r)
 		via := "lock"
-		ctx, cancel := context.WithTimeout(context.Background(), ms(r, 20, 400))
+		cd := ms(r, 20, 400)
+		ctx, cancel := context.WithTimeout(context.Background(), cd)
+		start := w.hist.now()
 		var lk *redlease.Lock
 		var err error
 		if r.IntN(3) == 0 {
@@ -33,6 +35,7 @@ func (w *World) lockClient(ci int, locker *redlease.Locker, r *rand.Rand) {
 			lk, err = locker.Lock(ctx, key, redlease.WithTTL(ttl), redlease.WithRetryDelay(time.Nanosecond, time.Nanosecond), redlease.WithMaxAttempts(2+r.IntN(5)))
 		}
 		cancel()
+		w.checkCtx(ci, via, key, start, cd, true)
 		if err != nil {
 			w.hist.failed()
 			w.hist.logf("c%d#%d %s %s ttl=%v: %v", ci, seq, via, key, ttl, short(err))
@@ -88,9 +91,12 @@ func (w *World) hold(ci, seq int, key, via string, ttl time.Duration, lk *redlea
 			if w.sc.DelayedRestart > 0 && r.IntN(w.sc.pastMax()) == 0 {
 				ttl2 = w.sc.DelayedRestart * 3 / 2 // past the rule's max TTL: must be refused
 			}
-			ctx, cancel := context.WithTimeout(context.Background(), ms(r, 5, 200))
+			cd := ms(r, 5, 200)
+			ctx, cancel := context.WithTimeout(context.Background(), cd)
+			start := w.hist.now()
 			err := lk.Extend(ctx, ttl2)
 			cancel()
+			w.checkCtx(ci, "extend", key, start, cd, false)
 			w.hist.logf("c%d#%d extend %s ttl=%v: %v", ci, seq, key, ttl2, short(err))
 			w.checkLock(live)
 		}
@@ -104,6 +110,7 @@ func (w *World) hold(ci, seq int, key, via string, ttl time.Duration, lk *redlea
 		hd.RelSent = w.hist.now()
 		err := lk.Release(ctx)
 		cancel()
+		w.checkCtx(ci, "release", key, hd.RelSent, d, false)
 		w.hist.logf("c%d#%d release %s: %v (valid after: %v)", ci, seq, key, short(err), lk.Valid())
 		if err != nil && lk.Valid() {
 			// The lock still claims validity: a holder goes on using it,
@@ -113,8 +120,10 @@ func (w *World) hold(ci, seq int, key, via string, ttl time.Duration, lk *redlea
 				w.hist.write(ci, seq, key, lk.Fence())
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+			start := w.hist.now()
 			_ = lk.Release(ctx)
 			cancel()
+			w.checkCtx(ci, "release", key, start, 100*time.Millisecond, false)
 		}
 	}
 	<-done
