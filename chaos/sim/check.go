@@ -116,9 +116,10 @@ type history struct {
 	effFence map[string]uint64
 	runErr   map[effectRun]error // what Do returned to each run's caller
 	spans    map[string][]*handlerSpan
-	excused  int      // repeated effects after an unknown outcome
-	lines    []string // the log printed on replay
-	fails    int      // failed lock attempts
+	excused  int             // repeated effects after an unknown outcome
+	lines    []string        // the log printed on replay
+	ats      []time.Duration // each line's virtual time (-1: a check's line, after the run)
+	fails    int             // failed lock attempts
 	reg      map[string]uint64
 	keep     bool // keep log lines
 	direct   []Violation
@@ -143,9 +144,11 @@ func (h *history) logf(format string, args ...any) {
 	if !h.keep {
 		return
 	}
-	line := fmt.Sprintf("%9.3fms ", float64(h.now())/float64(time.Millisecond)) + fmt.Sprintf(format, args...)
+	at := h.now()
+	line := fmt.Sprintf("%9.3fms ", float64(at)/float64(time.Millisecond)) + fmt.Sprintf(format, args...)
 	h.mu.Lock()
 	h.lines = append(h.lines, line)
+	h.ats = append(h.ats, at)
 	h.mu.Unlock()
 }
 

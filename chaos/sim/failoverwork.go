@@ -750,5 +750,6 @@ func (w *World) checkLog(format string, args ...any) {
 	line := "    check   " + fmt.Sprintf(format, args...)
 	w.hist.mu.Lock()
 	w.hist.lines = append(w.hist.lines, line)
+	w.hist.ats = append(w.hist.ats, -1)
 	w.hist.mu.Unlock()
 }

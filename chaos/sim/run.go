@@ -22,7 +22,8 @@ type Result struct {
 	Verdict    string // Pass, Hazard or Fail
 	Violations []Violation
 	Schedule   []Fault
-	Log        []string // with Run's log on: what happened, in virtual time
+	Log        []string        // with Run's log on: what happened, in virtual time
+	LogAt      []time.Duration // each Log line's exact virtual time (-1: a check's line)
 	Grants     int
 	Failures   int // lock attempts that failed (expected under faults)
 	Messages   int
@@ -177,6 +178,7 @@ func Run(sc Scenario, seed uint64, opts Options) *Result {
 		Violations: vs,
 		Schedule:   w.faults,
 		Log:        w.hist.lines,
+		LogAt:      w.hist.ats,
 		Grants:     len(w.hist.holds),
 		Failures:   w.hist.fails,
 		Messages:   w.msgs,

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"maps"
 	"os"
+	"path/filepath"
 	"runtime"
 	"runtime/debug"
 	"slices"
@@ -21,16 +22,17 @@ import (
 )
 
 var (
-	flagSeeds     = flag.Int("seeds", 0, "seeds to explore (0: the default budget)")
-	flagSeed      = flag.Int64("seed", -1, "replay one seed and print its schedule and history")
-	flagScenario  = flag.String("scenario", "", "only this scenario (default: the rotation)")
-	flagFirst     = flag.Uint64("first", 1, "first seed explored")
-	flagInv       = flag.String("inv", "", "comma-separated invariants that count (default: all); power tests use it to show which check finds a defect")
-	flagReplays   = flag.Int("replays", 1, "with -seed: run it this many times and report how often each verdict and each history came back")
-	flagProgress  = flag.Bool("progress", false, "log a progress line every 10 s")
-	flagStop      = flag.Bool("stopfail", false, "stop at the first failing seed (power tests)")
-	flagLostFirst = flag.Bool("lostfirst", false, "call Lock.Lost first on every grant (exposes the double-close panic)")
-	flagWorkers   = flag.Int("workers", 0, "seeds run at once (0: 4 per GOMAXPROCS)")
+	flagSeeds      = flag.Int("seeds", 0, "seeds to explore (0: the default budget)")
+	flagSeed       = flag.Int64("seed", -1, "replay one seed and print its schedule and history")
+	flagScenario   = flag.String("scenario", "", "only this scenario (default: the rotation)")
+	flagFirst      = flag.Uint64("first", 1, "first seed explored")
+	flagInv        = flag.String("inv", "", "comma-separated invariants that count (default: all); power tests use it to show which check finds a defect")
+	flagReplays    = flag.Int("replays", 1, "with -seed: run it this many times and report how often each verdict and each history came back")
+	flagProgress   = flag.Bool("progress", false, "log a progress line every 10 s")
+	flagStop       = flag.Bool("stopfail", false, "stop at the first failing seed (power tests)")
+	flagLostFirst  = flag.Bool("lostfirst", false, "call Lock.Lost first on every grant (exposes the double-close panic)")
+	flagWorkers    = flag.Int("workers", 0, "seeds run at once (0: 4 per GOMAXPROCS)")
+	flagReplayDump = flag.String("replaydump", "", "with -replays: write each distinct history to a file in this directory")
 )
 
 // TestMain silences go-redis's own log (its dial retries while a node
@@ -188,13 +190,17 @@ func onlyInvariants(res *Result) {
 	res.Verdict = grade(vs)
 }
 
-// replays runs one seed n times and reports how often it failed and how
-// many distinct histories it produced (client-level events and faults,
-// virtual times included; node-level lines carry random tokens and are
-// left out).
+// replays runs one seed n times and reports how often each verdict came
+// back and how many distinct histories the runs produced: canonical
+// histories (canonicalHistory: every line, node-level ones included,
+// tokens numbered, the lines of one virtual instant as a set), and beside
+// them the same with the lines in the order they were logged. With
+// -replaydump, each distinct canonical history is written to a file there.
 func replays(t *testing.T, s uint64, n int) {
 	verdicts := map[string]int{}
 	histories := map[[32]byte]int{}
+	ordered := map[[32]byte]bool{}
+	var first [][32]byte // distinct canonical histories, in order of appearance
 	for range n {
 		var res *Result
 		synctest.Test(t, func(t *testing.T) {
@@ -202,15 +208,25 @@ func replays(t *testing.T, s uint64, n int) {
 		})
 		onlyInvariants(res)
 		verdicts[res.Verdict]++
-		h := sha256.New()
-		for _, l := range res.Log {
-			if !strings.Contains(l, " applied ") {
-				h.Write([]byte(l))
+		canon, ord := canonicalHistory(res.Log, res.LogAt)
+		h := sha256.Sum256([]byte(strings.Join(canon, "\n")))
+		ordered[sha256.Sum256([]byte(strings.Join(ord, "\n")))] = true
+		if histories[h] == 0 {
+			first = append(first, h)
+			if *flagReplayDump != "" {
+				name := filepath.Join(*flagReplayDump, fmt.Sprintf("%s-%d-h%d.txt", res.Scenario, s, len(first)))
+				if err := os.WriteFile(name, []byte(strings.Join(canon, "\n")+"\n"), 0o644); err != nil {
+					t.Fatal(err)
+				}
 			}
 		}
-		histories[[32]byte(h.Sum(nil))]++
+		histories[h]++
 	}
-	t.Logf("seed %d (%s) run %d times: verdicts %v; %d distinct client-level histories", s, scenarioOf(s).Name, n, verdicts, len(histories))
+	counts := make([]int, len(first))
+	for i, h := range first {
+		counts[i] = histories[h]
+	}
+	t.Logf("seed %d (%s) run %d times: verdicts %v; %d distinct histories %v (%d in logged order)", s, scenarioOf(s).Name, n, verdicts, len(histories), counts, len(ordered))
 }
 
 // Per scenario and per fault kind: seeds run, seeds with the fault, and

@@ -1,0 +1,120 @@
+package sim
+
+import (
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// canonicalHistory is the history -replays compares: every line of the
+// log (node-level lines included), with each lock token (22 characters of
+// base64url from crypto/rand: only its equality matters) replaced by T
+// and its number in order of first appearance, an attempt's suffix (.2)
+// kept; and the lines logged at one exact virtual instant sorted, since
+// goroutines that run at one instant log in the order the Go scheduler
+// runs them, which the model leaves open (see the package doc's
+// Determinism). Sorted, a set of lines compares equal whatever order they
+// were logged in; a line that differs, one more or one fewer, still
+// differs. Lines without a time (a check's, at the end) keep their order.
+// ordered is the same history with the lines in the order they were
+// logged.
+func canonicalHistory(lines []string, ats []time.Duration) (canon, ordered []string) {
+	masked := make([]string, len(lines))
+	for i, l := range lines {
+		masked[i] = maskTokens(l, nil)
+	}
+	idx := make([]int, len(lines))
+	for i := range idx {
+		idx[i] = i
+	}
+	for i := 0; i < len(idx); {
+		j := i + 1
+		for j < len(idx) && ats[j] == ats[i] && ats[i] >= 0 {
+			j++
+		}
+		slices.SortStableFunc(idx[i:j], func(a, b int) int { return strings.Compare(masked[a], masked[b]) })
+		i = j
+	}
+	num := map[string]int{}
+	for _, i := range idx {
+		canon = append(canon, maskTokens(lines[i], num))
+	}
+	num = map[string]int{}
+	for _, l := range lines {
+		ordered = append(ordered, maskTokens(l, num))
+	}
+	return canon, ordered
+}
+
+// maskTokens replaces each run of exactly 22 base64url characters in l
+// by T and its number in num (numbered on first sight), or by T when num
+// is nil.
+func maskTokens(l string, num map[string]int) string {
+	isTok := func(c byte) bool {
+		return c >= 'A' && c <= 'Z' || c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_' || c == '-'
+	}
+	var b strings.Builder
+	last := 0
+	for i := 0; i < len(l); {
+		if !isTok(l[i]) {
+			i++
+			continue
+		}
+		j := i
+		for j < len(l) && isTok(l[j]) {
+			j++
+		}
+		if j-i == 22 {
+			b.WriteString(l[last:i])
+			b.WriteByte('T')
+			if num != nil {
+				n, ok := num[l[i:j]]
+				if !ok {
+					n = len(num) + 1
+					num[l[i:j]] = n
+				}
+				b.WriteString(strconv.Itoa(n))
+			}
+			last = j
+		}
+		i = j
+	}
+	if last == 0 {
+		return l
+	}
+	b.WriteString(l[last:])
+	return b.String()
+}
+
+func TestCanonicalHistory(t *testing.T) {
+	a := []string{
+		"    1.000ms c0#0 lock k0 granted",
+		"    2.000ms c1>node0#0 applied evalsha acquire 1 k0 kWioX4WjUUVSPPRdTrUSCw.2 97 -> :1",
+		"    2.000ms c0>node0#0 applied evalsha release 1 k0 FhzetMZ_eb0oJ464wRlJ5Q -> :1",
+		"    3.000ms c1 release kWioX4WjUUVSPPRdTrUSCw",
+		"    check   done",
+	}
+	ats := []time.Duration{time.Millisecond, 2 * time.Millisecond, 2 * time.Millisecond, 3 * time.Millisecond, -1}
+	// The same history with other tokens and the two lines at 2 ms
+	// logged the other way round.
+	b := []string{a[0], strings.ReplaceAll(a[2], "FhzetMZ_eb0oJ464wRlJ5Q", "zzzzzzzzzzzzzzzzzzzzzz"), strings.ReplaceAll(a[1], "kWioX4WjUUVSPPRdTrUSCw", "yyyyyyyyyyyyyyyyyyyyyy"), strings.ReplaceAll(a[3], "kWioX4WjUUVSPPRdTrUSCw", "yyyyyyyyyyyyyyyyyyyyyy"), a[4]}
+	ca, oa := canonicalHistory(a, ats)
+	cb, ob := canonicalHistory(b, ats)
+	require.Equal(t, ca, cb)
+	require.NotEqual(t, oa, ob)
+	require.Contains(t, ca[1], " T1 ")
+	require.Contains(t, ca[2], " T2.2 ")
+	require.Contains(t, ca[3], "release T2")
+	// A token used where the other history used a new one differs.
+	c := slices.Clone(a)
+	c[3] = strings.ReplaceAll(a[3], "kWioX4WjUUVSPPRdTrUSCw", "xxxxxxxxxxxxxxxxxxxxxx")
+	cc, _ := canonicalHistory(c, ats)
+	require.NotEqual(t, ca, cc)
+	// A 21- or 23-character word is not a token; a 40-hex SHA neither.
+	require.Equal(t, "x ContextTimeoutEnable y", maskTokens("x ContextTimeoutEnable y", nil))
+	require.Equal(t, "191c9d69a84572dadfbd67a97dd9318667563fc3", maskTokens("191c9d69a84572dadfbd67a97dd9318667563fc3", nil))
+}
