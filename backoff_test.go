@@ -21,7 +21,7 @@ func TestBackoffDoublesWithinJitterBounds(t *testing.T) {
 	}
 	for _, c := range cases {
 		for range 200 {
-			got := backoff(c.attempt, lo, hi)
+			got := backoff(nil, c.attempt, lo, hi)
 			if got < c.want/2 || got > c.want {
 				t.Fatalf("backoff(%d) = %v, want within [%v, %v]", c.attempt, got, c.want/2, c.want)
 			}
@@ -46,7 +46,7 @@ func TestBackoffIsBoundedByTheHoldersRemainingTTL(t *testing.T) {
 	}
 	for _, c := range cases {
 		for range 100 {
-			got := boundedBackoff(c.attempt, lo, hi, c.refusal)
+			got := boundedBackoff(nil, c.attempt, lo, hi, c.refusal)
 			if got < c.min || got > c.max {
 				t.Fatalf("%s: got %v, want within [%v, %v]", c.name, got, c.min, c.max)
 			}

@@ -174,6 +174,7 @@ func (l *Locker) retry(ctx context.Context, c lockConfig, key string) (lk *Lock,
 		queuedRun int               // refusals in a row with ErrQueued and no holder's TTL
 	)
 	base := newToken()
+	jitter := jittered.NewStream(ctx, 0)
 	var place *Place
 	waiter := "" // the id Waker.Watch knows this call by: its id in the line in fair mode
 	if q, ok := c.strategy.(Queuer); ok && c.fair {
@@ -283,7 +284,7 @@ func (l *Locker) retry(ctx context.Context, c lockConfig, key string) (lk *Lock,
 		} else {
 			queuedRun = 0
 		}
-		wait := boundedBackoff(n, c.minDelay, c.maxDelay, err)
+		wait := boundedBackoff(jitter, n, c.minDelay, c.maxDelay, err)
 		if timer == nil {
 			timer = time.NewTimer(wait)
 			defer timer.Stop()
@@ -397,8 +398,8 @@ func (t *tracking) attach(lk *Lock) {
 // the time the attempt lands, unless it was extended or taken again).
 // Waiting longer than the key lives would only leave it free; a wait is
 // still at least 1 ms.
-func boundedBackoff(n int, minDelay, maxDelay time.Duration, refusal error) time.Duration {
-	d := backoff(n, minDelay, maxDelay)
+func boundedBackoff(s *jittered.Stream, n int, minDelay, maxDelay time.Duration, refusal error) time.Duration {
+	d := backoff(s, n, minDelay, maxDelay)
 	if left, ok := holderRemaining(refusal); ok {
 		d = min(d, left+time.Millisecond)
 	}
@@ -406,9 +407,11 @@ func boundedBackoff(n int, minDelay, maxDelay time.Duration, refusal error) time
 }
 
 // backoff returns the wait before the attempt after attempt n (n >= 1):
-// d = min(minDelay * 2^(n-1), maxDelay), drawn uniformly from [d/2, d].
-func backoff(n int, minDelay, maxDelay time.Duration) time.Duration {
-	return jittered.Jittered(n, minDelay, maxDelay)
+// d = min(minDelay * 2^(n-1), maxDelay), drawn uniformly from [d/2, d] by
+// s (the Lock call's jitter: math/rand/v2's global source unless a
+// simulation seeded the call's context).
+func backoff(s *jittered.Stream, n int, minDelay, maxDelay time.Duration) time.Duration {
+	return jittered.Jittered(s, n, minDelay, maxDelay)
 }
 
 // attemptToken is the token of attempt n of a Lock call (see Strategy):

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"net"
 	"os"
 	"strconv"
@@ -16,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/redlease/redlease"
+	"github.com/redlease/redlease/internal/backoff"
 )
 
 // DefaultPollInterval is how often a Watcher asks the Sentinels for the
@@ -75,8 +75,9 @@ type Watcher struct {
 type sentinel struct {
 	i      int
 	client *redis.SentinelClient
-	busy   atomic.Bool   // a question to it is still out
-	ps     *redis.PubSub // the subscription being made or read; guarded by Watcher.mu
+	jitter *backoff.Stream // listen's pauses (from Watch's ctx)
+	busy   atomic.Bool     // a question to it is still out
+	ps     *redis.PubSub   // the subscription being made or read; guarded by Watcher.mu
 }
 
 // report is one Sentinel's answer: the primary's address and the config
@@ -163,7 +164,7 @@ func Watch(ctx context.Context, s *Strategy, master string, pollInterval time.Du
 		if sc == nil {
 			return nil, redlease.Invalid("failover.Watch: Sentinel %d is nil", i)
 		}
-		sents[i] = &sentinel{i: i, client: sc}
+		sents[i] = &sentinel{i: i, client: sc, jitter: backoff.NewStream(ctx, uint64(i))}
 	}
 	wctx, cancel := context.WithCancel(context.Background())
 	w := &Watcher{s: s, master: master, sents: sents, interval: pollInterval,
@@ -431,7 +432,7 @@ func (w *Watcher) listen(sn *sentinel) {
 		if w.subscribe(sn) {
 			delay = resubscribeMin
 		}
-		pause := delay/2 + rand.N(delay/2+1)
+		pause := delay/2 + sn.jitter.N(delay/2+1)
 		select {
 		case <-w.ctx.Done():
 			return

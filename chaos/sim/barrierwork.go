@@ -44,7 +44,7 @@ func (w *World) barrierClient(ci int, r *rand.Rand) {
 		for try := range 4 {
 			run := effectRun{client: ci, seq: seq, try: try}
 			work := ms(r, 5, 100)
-			ctx, cancel := context.WithTimeout(context.Background(), ms(r, 20, 150))
+			ctx, cancel := context.WithTimeout(w.jitterCtx(context.Background(), ci, jitBarrier, seq<<2|try), ms(r, 20, 150))
 			out, err := b.Do(ctx, req, func(hctx context.Context, fence uint64) ([]byte, error) {
 				span := w.hist.handlerStart(key, run, fence)
 				stop := context.AfterFunc(hctx, func() { w.hist.handlerEnd(span) })

@@ -98,7 +98,7 @@ func (w *World) doLane(ci, li, lanes int, dl doLocker, r *rand.Rand) {
 		for range steps {
 			pauses = append(pauses, time.Duration(r.Int64N(int64(ttl/2))))
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		ctx, cancel := context.WithTimeout(w.jitterCtx(context.Background(), ci, jitDo, seq), 3*time.Second)
 		ran := false
 		var fnRet time.Duration
 		var strat redlease.Strategy

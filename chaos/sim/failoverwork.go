@@ -243,7 +243,7 @@ func (w *World) longLane(ci int, locker *redlease.Locker, poll time.Duration) {
 	key, ttl := fmt.Sprintf("L%d", ci), w.sc.TTL[1]
 	dl := doLocker{name: "L", locker: locker}
 	for seq := 100; seq < 120 && w.hist.now() < end; seq++ {
-		ctx, cancel := context.WithTimeout(context.Background(), end-w.hist.now()+time.Second)
+		ctx, cancel := context.WithTimeout(w.jitterCtx(context.Background(), ci, jitLong, seq), end-w.hist.now()+time.Second)
 		ran := false
 		var fnRet time.Duration
 		var strat redlease.Strategy
@@ -307,7 +307,7 @@ func (w *World) watchedStrategy(ci int, ct bool, prefer int, poll time.Duration)
 			_ = sc.Close()
 		}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	ctx, cancel := context.WithTimeout(w.jitterCtx(context.Background(), ci, jitWatch, 0), 3*time.Second)
 	wt, err := failover.Watch(ctx, s, masterName, poll, scs...)
 	cancel()
 	if err != nil {

@@ -356,7 +356,7 @@ func (w *World) opsClient(ci int, r *rand.Rand, fs *failover.Strategy) {
 }
 
 // acquire takes key with TryLock or Lock (1 ns retry delay and a bounded
-// number of attempts, as lockClient does: Lock's own jitter is unseeded).
+// number of attempts, as lockClient does).
 func (w *World) opsAcquire(e *opsEnv, seq int, key string, r *rand.Rand, via string) (*opsHold, bool) {
 	ttl := e.drawTTL(r)
 	locker := e.lw
@@ -367,7 +367,7 @@ func (w *World) opsAcquire(e *opsEnv, seq int, key string, r *rand.Rand, via str
 		via = []string{"trylock", "lock"}[r.IntN(2)]
 	}
 	cd := ms(r, 10, 300)
-	ctx, cancel := context.WithTimeout(context.Background(), cd)
+	ctx, cancel := context.WithTimeout(w.jitterCtx(context.Background(), e.ci, jitOpsLock, seq), cd)
 	start := w.hist.now()
 	var lk *redlease.Lock
 	var err error
@@ -485,7 +485,7 @@ func (w *World) opsKeepWith(e *opsEnv, h *opsHold, r *rand.Rand) {
 // its ctx ends.
 func (w *World) opsDo(e *opsEnv, seq int, key string, r *rand.Rand, locker *redlease.Locker, via string) {
 	ttl := e.drawTTL(r)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	ctx, cancel := context.WithTimeout(w.jitterCtx(context.Background(), e.ci, jitOpsDo, seq), 3*time.Second)
 	var h *opsHold
 	var strat redlease.Strategy
 	opts := append(e.lockOpts(ttl), redlease.WithRetryDelay(time.Nanosecond, time.Nanosecond), redlease.WithMaxAttempts(2+r.IntN(5)))

@@ -86,12 +86,12 @@ func (w *World) pastMaxClient(ci int, locker *redlease.Locker, r *rand.Rand) {
 		key := "k0"
 		ttl := w.drawTTL(r)
 		via := "trylock"
-		ctx, cancel := context.WithTimeout(context.Background(), ms(r, 10, 60))
+		ctx, cancel := context.WithTimeout(w.jitterCtx(context.Background(), ci, jitPastMax, seq), ms(r, 10, 60))
 		var lk *redlease.Lock
 		var err error
 		if r.IntN(4) == 0 {
 			// 1 ns retry delay and a bounded number of attempts: see
-			// lockClient (Lock's jitter is drawn from an unseeded source).
+			// lockClient.
 			via = "lock"
 			lk, err = locker.Lock(ctx, key, redlease.WithTTL(ttl), redlease.WithRetryDelay(time.Nanosecond, time.Nanosecond), redlease.WithMaxAttempts(2+r.IntN(3)))
 		} else {

@@ -17,8 +17,8 @@ import (
 // lost with the connection up, subscription connections cut, pushes
 // slowed. Each client takes the key with Lock (its backoff far longer
 // than any TTL, so a wait ends at a notice or at the holder's remaining
-// TTL + 1 ms, which the refusal carries: never at a jittered backoff,
-// whose draw no seed controls), holds it for up to 7/10 of its TTL,
+// TTL + 1 ms, which the refusal carries: never at a jittered backoff),
+// holds it for up to 7/10 of its TTL,
 // writes its fence to the register, and releases it with a generous ctx.
 //
 // Invariants handoff-late and wake-slow, besides overlap, fence-order,
@@ -158,7 +158,7 @@ func (w *World) wakeClient(ci int, locker *redlease.Locker, r *rand.Rand) {
 		key := fmt.Sprintf("k%d", r.IntN(w.sc.Keys))
 		ttl := w.drawTTL(r)
 		from := w.hist.now()
-		ctx, cancel := context.WithTimeout(context.Background(), wakeLockTimeout)
+		ctx, cancel := context.WithTimeout(w.jitterCtx(context.Background(), ci, jitWake, seq), wakeLockTimeout)
 		lk, err := locker.Lock(ctx, key, redlease.WithTTL(ttl), redlease.WithRetryDelay(w.wakeDelay()))
 		cancel()
 		w.checkCtx(ci, "lock", key, from, wakeLockTimeout, true)

@@ -20,7 +20,7 @@ func (w *World) lockClient(ci int, locker *redlease.Locker, r *rand.Rand) {
 		ttl := w.drawTTL(r)
 		via := "lock"
 		cd := ms(r, 20, 400)
-		ctx, cancel := context.WithTimeout(context.Background(), cd)
+		ctx, cancel := context.WithTimeout(w.jitterCtx(context.Background(), ci, jitLock, seq), cd)
 		start := w.hist.now()
 		var lk *redlease.Lock
 		var err error
@@ -28,10 +28,9 @@ func (w *World) lockClient(ci int, locker *redlease.Locker, r *rand.Rand) {
 			via = "trylock"
 			lk, err = locker.TryLock(ctx, key, redlease.WithTTL(ttl))
 		} else {
-			// Lock's own backoff draws its jitter from math/rand/v2's
-			// global source, which no seed controls: retry at once (its
-			// jitter is then at most 1 ns) a bounded number of times, and
-			// back off between Lock calls with the client's seeded draws.
+			// Retry at once (Lock's jitter, seeded by jitterCtx, is then
+			// at most 1 ns) a bounded number of times, and back off
+			// between Lock calls with the client's seeded draws.
 			lk, err = locker.Lock(ctx, key, redlease.WithTTL(ttl), redlease.WithRetryDelay(time.Nanosecond, time.Nanosecond), redlease.WithMaxAttempts(2+r.IntN(5)))
 		}
 		cancel()

@@ -13,6 +13,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/maintnotifications"
+
+	"github.com/redlease/redlease/internal/backoff"
 )
 
 // World is one run: the nodes, the links between them and the clients,
@@ -192,6 +194,27 @@ func (w *World) noteMessage(c *conn, now time.Time, delay time.Duration, lost bo
 		w.links[k] = append(w.links[k], linkMsg{at: now.Sub(w.start), delay: delay, lost: lost})
 	}
 	w.mu.Unlock()
+}
+
+// Sites of jitterCtx: each calling workload apart.
+const (
+	jitLock uint64 = iota + 1
+	jitDo
+	jitLong
+	jitOpsLock
+	jitOpsDo
+	jitPastMax
+	jitWake
+	jitBarrier
+	jitWatch
+)
+
+// jitterCtx returns ctx seeded for the library's jitter (internal/backoff:
+// Lock's retry backoff, a waiter's undo pauses, the failover Watcher's
+// resubscription pauses) of client ci's call seq at site, so that those
+// draws are the seed's and replay with it, whichever goroutine runs first.
+func (w *World) jitterCtx(ctx context.Context, ci int, site uint64, seq int) context.Context {
+	return backoff.WithSeed(ctx, mix(mix(w.seed, uint64(ci+1)<<8|site), uint64(seq)))
 }
 
 // after runs f after d of virtual time, on the network's goroutine.

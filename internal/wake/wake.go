@@ -126,8 +126,9 @@ type Sub struct {
 	// Undo notices (UndoNotice) are passed on after a pause that doubles
 	// with each one since the last release notice: pause is the timer of
 	// the one on its way (nil: none), undos how many came.
-	pause *time.Timer
-	undos int
+	pause  *time.Timer
+	undos  int
+	jitter *backoff.Stream // the pauses' draws
 }
 
 // Set is what a strategy owns: its clients' hubs and the subscriptions it
@@ -178,7 +179,7 @@ func (s *Set) Watch(ctx context.Context, channel, waiter string, need int, bound
 		mu.Unlock()
 		return nil, nil, ErrClosed
 	}
-	sub := s.registerLocked(channel, waiter)
+	sub := s.registerLocked(channel, waiter, backoff.NewStream(ctx, undoTag))
 	mu.Unlock()
 	stop = sub.stop
 
@@ -224,15 +225,15 @@ func (s *Set) Listen(channel, waiter string, need int) (notices <-chan struct{},
 	if live < need {
 		return nil, nil, false
 	}
-	sub := s.registerLocked(channel, waiter)
+	sub := s.registerLocked(channel, waiter, nil)
 	return sub.notify, sub.stop, true
 }
 
 // registerLocked makes waiter's Sub on channel on every client of s,
 // making the entries (and hubs) that do not exist yet.
-func (s *Set) registerLocked(channel, waiter string) *Sub {
+func (s *Set) registerLocked(channel, waiter string, jitter *backoff.Stream) *Sub {
 	seq++
-	sub := &Sub{set: s, id: waiter, seq: seq, notify: make(chan struct{}, 1), progress: make(chan struct{}, 1)}
+	sub := &Sub{set: s, id: waiter, seq: seq, notify: make(chan struct{}, 1), progress: make(chan struct{}, 1), jitter: jitter}
 	for i, c := range s.clients {
 		h := hubFor(s.keys[i], c)
 		e := h.chans[channel]
@@ -286,10 +287,14 @@ func (sub *Sub) ready(need int) bool {
 // No waiter id (base64url) or empty release message is "!".
 const UndoNotice = "!"
 
-// Pacing of undo notices (see UndoNotice).
+// Pacing of undo notices (see UndoNotice). A waiter's pauses draw their
+// jitter from its Watch context (backoff.NewStream, undoTag: the Lock
+// call's retries draw apart under tag 0); one registered by Listen, which
+// has no context, from math/rand/v2's global source.
 const (
 	undoBase = 5 * time.Millisecond
 	undoMax  = time.Second
+	undoTag  = 1
 )
 
 // undoneLocked schedules the notice of an undo, unless one is on its way.
@@ -298,7 +303,7 @@ func (sub *Sub) undoneLocked() {
 		return
 	}
 	sub.undos++
-	d := backoff.Jittered(sub.undos, undoBase, undoMax)
+	d := backoff.Jittered(sub.jitter, sub.undos, undoBase, undoMax)
 	sub.pause = time.AfterFunc(d, func() {
 		mu.Lock()
 		defer mu.Unlock()
