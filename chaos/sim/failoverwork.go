@@ -277,11 +277,14 @@ const longStep = 25 * time.Millisecond
 // Sentinel, polling every poll; the Watcher and the clients close when
 // the run ends.
 func (w *World) watchedStrategy(ci int, ct bool, prefer int, poll time.Duration) (*failover.Strategy, error) {
+	backoff := w.retryBackoff(ci, 1<<16) // the primary, whichever node it is
 	fc := redis.NewClient(&redis.Options{
 		Addr:                     masterName,
 		Dialer:                   w.primaryDialer(ci, prefer),
 		ContextTimeoutEnabled:    ct,
 		DisableIdentity:          true,
+		MinRetryBackoff:          backoff, // see redisClient
+		MaxRetryBackoff:          backoff,
 		Protocol:                 2,
 		ReadBufferSize:           1024,
 		WriteBufferSize:          1024,
@@ -295,9 +298,11 @@ func (w *World) watchedStrategy(ci int, ct bool, prefer int, poll time.Duration)
 	w.mu.Unlock()
 	s := must(failover.New(fc, w.failoverOptions(ci)...))
 	var scs []*redis.SentinelClient
-	for _, a := range w.sentinelAddrs() {
+	for i, a := range w.sentinelAddrs() {
+		sb := w.retryBackoff(ci, 1<<16|uint64(i+1))
 		scs = append(scs, redis.NewSentinelClient(&redis.Options{
 			Addr: a, Dialer: w.dialer(ci), ContextTimeoutEnabled: true, DisableIdentity: true, Protocol: 2,
+			MinRetryBackoff: sb, MaxRetryBackoff: sb,
 			ReadBufferSize: 1024, WriteBufferSize: 1024, PoolSize: 64,
 			MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
 		}))

@@ -223,6 +223,7 @@ func (w *World) after(d time.Duration, f func()) { w.net.at(time.Now().Add(d), f
 // redisClient returns a go-redis client of workload client ci to node n,
 // unmodified but for its Dialer, which opens a simulated connection.
 func (w *World) redisClient(ci int, n *Node, ctxTimeouts bool) *redis.Client {
+	backoff := w.retryBackoff(ci, uint64(n.id))
 	c := redis.NewClient(&redis.Options{
 		Addr: n.name,
 		Dialer: func(ctx context.Context, _, _ string) (net.Conn, error) {
@@ -230,6 +231,11 @@ func (w *World) redisClient(ci int, n *Node, ctxTimeouts bool) *redis.Client {
 		},
 		ContextTimeoutEnabled: ctxTimeouts,
 		DisableIdentity:       true,
+		// go-redis's own retries (MaxRetries) wait a backoff it draws
+		// from math/rand's global source, which no seed controls: min =
+		// max makes it wait exactly that, drawn from the seed.
+		MinRetryBackoff: backoff,
+		MaxRetryBackoff: backoff,
 		// Never exhausted: go-redis waits for a pool turn on a timer from
 		// a process-wide sync.Pool, and a timer made in one seed's bubble
 		// and reused in another's is a fatal error ("select on synctest
@@ -258,6 +264,17 @@ func (w *World) redisClient(ci int, n *Node, ctxTimeouts bool) *redis.Client {
 	w.clients = append(w.clients, c)
 	w.mu.Unlock()
 	return c
+}
+
+// retryBackoff is the wait before each of go-redis's own retries
+// (MaxRetries) on client ci's go-redis client to target (a node's id).
+// go-redis draws it (internal.RetryBackoff: min + [0, min << retry),
+// capped at max) from math/rand's global source, which no seed controls;
+// with min = max it waits max. So each go-redis client waits a time
+// drawn from the seed, over [10 ms, 50 ms): every wait go-redis's
+// defaults draw for its three retries (10 ms plus up to 10, 20 or 40 ms).
+func (w *World) retryBackoff(ci int, target uint64) time.Duration {
+	return 10*time.Millisecond + time.Duration(unit(mix(mix(w.seed, 0xbac0ff), uint64(ci+2)<<32|target))*float64(40*time.Millisecond))
 }
 
 // onClose registers f to run when the run ends, before the go-redis
