@@ -124,11 +124,14 @@ func (n *Node) clusterID() string { return fmt.Sprintf("%040x", mix(0xc1, uint64
 // clusterClient returns a go-redis ClusterClient of workload client ci,
 // seeded with the first master's address and reaching the masters through
 // the simulator's Dialer, with the options redisClient gives a plain
-// client. One seed address: go-redis asks CLUSTER SLOTS and COMMAND of a
-// seed address it picks with math/rand's global source, which no seed
-// controls (it knows the masters CLUSTER SLOTS names only as nodes, not as
-// seed addresses, until a state reload a minute later, and reloads only on
-// MOVED, ASK and READONLY, which no simulated master answers).
+// client. go-redis picks the seed address it asks CLUSTER SLOTS with
+// math/rand's global source, which no seed controls: with one, it asks
+// that master (it knows the others as nodes of the topology, not as seed
+// addresses, and reloads the topology only on MOVED, ASK and READONLY,
+// which no simulated master answers). DisableRoutingPolicies: go-redis
+// would otherwise fetch COMMAND, for Redis 7's command tips, from a master
+// it picks the same way; miniredis's COMMAND has no tips, so every command
+// of the library routes by its key's slot either way.
 func (w *World) clusterClient(ci int, ctxTimeouts bool) *redis.ClusterClient {
 	first := w.clusterNodes()[0]
 	backoff := w.retryBackoff(ci, uint64(first.id))
@@ -145,6 +148,7 @@ func (w *World) clusterClient(ci int, ctxTimeouts bool) *redis.ClusterClient {
 		DisableIdentity:          true,
 		MinRetryBackoff:          backoff, // see redisClient
 		MaxRetryBackoff:          backoff,
+		DisableRoutingPolicies:   true,
 		PoolSize:                 64, // see redisClient
 		Protocol:                 2,
 		ReadBufferSize:           1024,
@@ -157,15 +161,14 @@ func (w *World) clusterClient(ci int, ctxTimeouts bool) *redis.ClusterClient {
 	w.clients = append(w.clients, c)
 	w.mu.Unlock()
 	// Warm up: the client's first command loads the topology (CLUSTER
-	// SLOTS) and the command table (COMMAND). go-redis fetches COMMAND
-	// holding a mutex, and every other command of the client waits for
-	// that mutex; a goroutine waiting on a mutex is not durably blocked,
-	// so synctest's clock stops while the fetch waits for a reply that
-	// only the clock can bring (a paused or black-holed master): the run
-	// hangs in real time (seed 100 did). Fetched once here, while the run
-	// sets up on a quiet network (World.quiet), nothing waits on it later.
-	// A command on a key of the first master, not PING: go-redis sends a
-	// keyless command to a master it picks at random.
+	// SLOTS), here while the run sets up on a quiet network (World.quiet).
+	// (go-redis fetches COMMAND, with routing policies on, holding a mutex
+	// every other command of the client waits for; a goroutine waiting on
+	// a mutex is not durably blocked, so synctest's clock stopped while the
+	// fetch waited for a reply only the clock could bring, a paused or
+	// black-holed master: seed 100 hung in real time.) A command on a key
+	// of the first master, not PING: go-redis sends a keyless command to a
+	// master it picks at random.
 	if err := c.Exists(context.Background(), clusterKeys[0]).Err(); err != nil {
 		w.hist.logf("c%d cluster client warm-up: %v", ci, err)
 	}
