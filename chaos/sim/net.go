@@ -43,6 +43,11 @@ type conn struct {
 	client int    // index of the workload client (for partitions), -1: the simulator itself
 	key    uint64 // identity for the per-message randomness
 	name   string
+	// settle is how long after a read deadline or a cut the blocked Read
+	// returns: a few nanoseconds drawn from key, so that reads that one
+	// instant ends (one ctx deadline, one node crash) return one after
+	// the other in an order of the seed, not in the Go scheduler's.
+	settle time.Duration
 
 	mu     sync.Mutex
 	closed bool
@@ -70,14 +75,18 @@ type conn struct {
 }
 
 func newConn(w *World, n *Node, client int, key uint64, name string) *conn {
-	c := &conn{w: w, node: n, client: client, key: key, name: name, done: make(chan struct{}), notify: make(chan struct{}, 1)}
+	c := &conn{w: w, node: n, client: client, key: key, name: name, done: make(chan struct{}), notify: make(chan struct{}, 1),
+		settle: time.Duration(1 + mix(key, 0x5e771e)%maxSettle)}
 	c.pw = bufio.NewWriter(&c.pbuf)
 	c.peer = server.NewPeer(c.pw)
 	return c
 }
 
+// maxSettle bounds conn.settle (4 µs).
+const maxSettle = 4096
+
 // Read returns delivered reply bytes, waiting for them until the read
-// deadline or a cut.
+// deadline or a cut (each noticed settle late, see conn).
 func (c *conn) Read(b []byte) (int, error) {
 	for {
 		c.mu.Lock()
@@ -99,13 +108,14 @@ func (c *conn) Read(b []byte) (int, error) {
 			if d <= 0 {
 				return 0, os.ErrDeadlineExceeded
 			}
-			t := time.NewTimer(d)
+			t := time.NewTimer(d + c.settle)
 			timeout = t.C
 			defer t.Stop()
 		}
 		select {
 		case <-c.notify:
 		case <-c.done:
+			time.Sleep(c.settle)
 		case <-timeout:
 			return 0, os.ErrDeadlineExceeded
 		}
