@@ -107,7 +107,7 @@ func (w *World) doLane(ci, li, lanes int, dl doLocker, r *rand.Rand) {
 			w.doHold(ci, seq, key, dl, lk, fctx, pauses, ttl)
 			fnRet, strat = w.hist.now(), lk.Strategy()
 			return nil
-		}, redlease.WithTTL(ttl), redlease.WithRetryDelay(time.Nanosecond, time.Nanosecond), redlease.WithMaxAttempts(2+r.IntN(5)))
+		}, redlease.WithTTL(ttl), retryAtOnce(), redlease.WithMaxAttempts(2+r.IntN(5)))
 		cancel()
 		if !ran {
 			w.hist.failed()

@@ -256,7 +256,7 @@ func (w *World) longLane(ci int, locker *redlease.Locker, poll time.Duration) {
 			w.doHold(ci, seq, key, dl, lk, fctx, pauses, ttl)
 			fnRet, strat = w.hist.now(), lk.Strategy()
 			return nil
-		}, redlease.WithTTL(ttl), redlease.WithRetryDelay(time.Nanosecond, time.Nanosecond), redlease.WithMaxAttempts(3))
+		}, redlease.WithTTL(ttl), retryAtOnce(), redlease.WithMaxAttempts(3))
 		cancel()
 		if !ran {
 			w.hist.failed()

@@ -355,7 +355,7 @@ func (w *World) opsClient(ci int, r *rand.Rand, fs *failover.Strategy) {
 	w.opsConstructions(e) // boundwork.go
 }
 
-// acquire takes key with TryLock or Lock (1 ns retry delay and a bounded
+// acquire takes key with TryLock or Lock (retryAtOnce and a bounded
 // number of attempts, as lockClient does).
 func (w *World) opsAcquire(e *opsEnv, seq int, key string, r *rand.Rand, via string) (*opsHold, bool) {
 	ttl := e.drawTTL(r)
@@ -374,7 +374,7 @@ func (w *World) opsAcquire(e *opsEnv, seq int, key string, r *rand.Rand, via str
 	if via == "trylock" {
 		lk, err = locker.TryLock(ctx, key, e.lockOpts(ttl)...)
 	} else {
-		opts := append(e.lockOpts(ttl), redlease.WithRetryDelay(time.Nanosecond, time.Nanosecond), redlease.WithMaxAttempts(2+r.IntN(5)))
+		opts := append(e.lockOpts(ttl), retryAtOnce(), redlease.WithMaxAttempts(2+r.IntN(5)))
 		lk, err = locker.Lock(ctx, key, opts...)
 	}
 	cancel()
@@ -488,7 +488,7 @@ func (w *World) opsDo(e *opsEnv, seq int, key string, r *rand.Rand, locker *redl
 	ctx, cancel := context.WithTimeout(w.jitterCtx(context.Background(), e.ci, jitOpsDo, seq), 3*time.Second)
 	var h *opsHold
 	var strat redlease.Strategy
-	opts := append(e.lockOpts(ttl), redlease.WithRetryDelay(time.Nanosecond, time.Nanosecond), redlease.WithMaxAttempts(2+r.IntN(5)))
+	opts := append(e.lockOpts(ttl), retryAtOnce(), redlease.WithMaxAttempts(2+r.IntN(5)))
 	err := locker.Do(ctx, key, func(fctx context.Context, lk *redlease.Lock) error {
 		h = w.opsStart(e, seq, key, via, ttl, lk)
 		strat = lk.Strategy()

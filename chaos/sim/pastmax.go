@@ -90,10 +90,10 @@ func (w *World) pastMaxClient(ci int, locker *redlease.Locker, r *rand.Rand) {
 		var lk *redlease.Lock
 		var err error
 		if r.IntN(4) == 0 {
-			// 1 ns retry delay and a bounded number of attempts: see
+			// Retry at once, a bounded number of attempts: see
 			// lockClient.
 			via = "lock"
-			lk, err = locker.Lock(ctx, key, redlease.WithTTL(ttl), redlease.WithRetryDelay(time.Nanosecond, time.Nanosecond), redlease.WithMaxAttempts(2+r.IntN(3)))
+			lk, err = locker.Lock(ctx, key, redlease.WithTTL(ttl), retryAtOnce(), redlease.WithMaxAttempts(2+r.IntN(3)))
 		} else {
 			lk, err = locker.TryLock(ctx, key, redlease.WithTTL(ttl))
 		}

@@ -28,10 +28,10 @@ func (w *World) lockClient(ci int, locker *redlease.Locker, r *rand.Rand) {
 			via = "trylock"
 			lk, err = locker.TryLock(ctx, key, redlease.WithTTL(ttl))
 		} else {
-			// Retry at once (Lock's jitter, seeded by jitterCtx, is then
-			// at most 1 ns) a bounded number of times, and back off
-			// between Lock calls with the client's seeded draws.
-			lk, err = locker.Lock(ctx, key, redlease.WithTTL(ttl), redlease.WithRetryDelay(time.Nanosecond, time.Nanosecond), redlease.WithMaxAttempts(2+r.IntN(5)))
+			// Retry at once (retryAtOnce) a bounded number of times,
+			// and back off between Lock calls with the client's seeded
+			// draws.
+			lk, err = locker.Lock(ctx, key, redlease.WithTTL(ttl), retryAtOnce(), redlease.WithMaxAttempts(2+r.IntN(5)))
 		}
 		cancel()
 		w.checkCtx(ci, via, key, start, cd, true)

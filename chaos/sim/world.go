@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/maintnotifications"
 
+	"github.com/redlease/redlease"
 	"github.com/redlease/redlease/internal/backoff"
 )
 
@@ -215,6 +216,15 @@ const (
 // draws are the seed's and replay with it, whichever goroutine runs first.
 func (w *World) jitterCtx(ctx context.Context, ci int, site uint64, seq int) context.Context {
 	return backoff.WithSeed(ctx, mix(mix(w.seed, uint64(ci+1)<<8|site), uint64(seq)))
+}
+
+// retryAtOnce is the workloads' Lock retry delay: the next attempt goes
+// 1 or 2 ns after the last one was decided. Not 0: the last attempt's
+// undo leaves at that instant, and a node's two workers taking the undo
+// and the next attempt at one instant would take pooled connections (or
+// dial) in the Go scheduler's order.
+func retryAtOnce() redlease.LockOption {
+	return redlease.WithRetryDelay(2*time.Nanosecond, 2*time.Nanosecond)
 }
 
 // after runs f after d of virtual time, on the network's goroutine.
