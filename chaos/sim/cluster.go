@@ -148,6 +148,7 @@ func (w *World) clusterClient(ci int, ctxTimeouts bool) *redis.ClusterClient {
 		DisableIdentity:          true,
 		MinRetryBackoff:          backoff, // see redisClient
 		MaxRetryBackoff:          backoff,
+		DialerRetryTimeout:       w.dialRetry(ci, uint64(first.id)),
 		DisableRoutingPolicies:   true,
 		PoolSize:                 64, // see redisClient
 		Protocol:                 2,

@@ -285,6 +285,7 @@ func (w *World) watchedStrategy(ci int, ct bool, prefer int, poll time.Duration)
 		DisableIdentity:          true,
 		MinRetryBackoff:          backoff, // see redisClient
 		MaxRetryBackoff:          backoff,
+		DialerRetryTimeout:       w.dialRetry(ci, 1<<16),
 		Protocol:                 2,
 		ReadBufferSize:           1024,
 		WriteBufferSize:          1024,
@@ -302,7 +303,7 @@ func (w *World) watchedStrategy(ci int, ct bool, prefer int, poll time.Duration)
 		sb := w.retryBackoff(ci, 1<<16|uint64(i+1))
 		scs = append(scs, redis.NewSentinelClient(&redis.Options{
 			Addr: a, Dialer: w.dialer(ci), ContextTimeoutEnabled: true, DisableIdentity: true, Protocol: 2,
-			MinRetryBackoff: sb, MaxRetryBackoff: sb,
+			MinRetryBackoff: sb, MaxRetryBackoff: sb, DialerRetryTimeout: w.dialRetry(ci, 1<<16|uint64(i+1)),
 			ReadBufferSize: 1024, WriteBufferSize: 1024, PoolSize: 64,
 			MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
 		}))

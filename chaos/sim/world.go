@@ -244,8 +244,9 @@ func (w *World) redisClient(ci int, n *Node, ctxTimeouts bool) *redis.Client {
 		// go-redis's own retries (MaxRetries) wait a backoff it draws
 		// from math/rand's global source, which no seed controls: min =
 		// max makes it wait exactly that, drawn from the seed.
-		MinRetryBackoff: backoff,
-		MaxRetryBackoff: backoff,
+		MinRetryBackoff:    backoff,
+		MaxRetryBackoff:    backoff,
+		DialerRetryTimeout: w.dialRetry(ci, uint64(n.id)),
 		// Never exhausted: go-redis waits for a pool turn on a timer from
 		// a process-wide sync.Pool, and a timer made in one seed's bubble
 		// and reused in another's is a fatal error ("select on synctest
@@ -285,6 +286,17 @@ func (w *World) redisClient(ci int, n *Node, ctxTimeouts bool) *redis.Client {
 // defaults draw for its three retries (10 ms plus up to 10, 20 or 40 ms).
 func (w *World) retryBackoff(ci int, target uint64) time.Duration {
 	return 10*time.Millisecond + time.Duration(unit(mix(mix(w.seed, 0xbac0ff), uint64(ci+2)<<32|target))*float64(40*time.Millisecond))
+}
+
+// dialRetry is the wait between go-redis's dial attempts (DialerRetries)
+// on client ci's go-redis client to target: go-redis's default 100 ms
+// plus a few nanoseconds drawn from the seed, so that a dial retried
+// after a refused one never wakes at the instant a library timer of a
+// round 100 ms started with the refused dial ends (the failover
+// Watcher's ask timeout did, and which of the two dialled first followed
+// the Go scheduler).
+func (w *World) dialRetry(ci int, target uint64) time.Duration {
+	return 100*time.Millisecond + time.Duration(1+mix(mix(w.seed, 0xd1a1), uint64(ci+2)<<32|target)%maxSettle)
 }
 
 // onClose registers f to run when the run ends, before the go-redis
