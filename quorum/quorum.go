@@ -1,6 +1,7 @@
 package quorum
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -559,9 +560,7 @@ func (s *Strategy) failure(ctx context.Context, op string, sentinel error, t tal
 	qe := &redlease.QuorumError{
 		Action: op, Votes: t.agreed, Quorum: s.quorum, Nodes: len(s.nodes),
 		Elapsed: s.clock.Now().Sub(start), Expired: expired, Err: sentinel,
-		// The batch's items share one list: clipped, so that appending to
-		// one error's causes cannot write into another's.
-		Causes:    slices.Clip(t.causes.WrappedErrors()),
+		Causes:    byNode(t.causes.WrappedErrors()),
 		Remaining: t.remaining,
 		// Down is not held: refusals alone did not rule the quorum out.
 		Unavailable: sentinel == redlease.ErrNotObtained && !expired && len(s.nodes)-t.refused >= s.quorum,
@@ -583,6 +582,22 @@ func (e errNoReply) Error() string {
 
 // Is makes errors.Is(err, context.DeadlineExceeded) true.
 func (e errNoReply) Is(target error) bool { return target == context.DeadlineExceeded }
+
+// byNode returns a copy of causes (the batch's items share one list) with
+// the per-node causes in node order, after any other: failures that came
+// at one instant arrive in the order their workers ran, which says
+// nothing, and an error's text should not depend on it.
+func byNode(causes []error) []error {
+	out := slices.Clone(causes)
+	node := func(err error) int {
+		if ne, ok := err.(*redlease.NodeError); ok {
+			return ne.Node
+		}
+		return -1
+	}
+	slices.SortStableFunc(out, func(a, b error) int { return cmp.Compare(node(a), node(b)) })
+	return out
+}
 
 func (s *Strategy) nodeError(i int, err error) *redlease.NodeError {
 	return &redlease.NodeError{Node: i, Addr: s.addrs[i], Err: err}
