@@ -3,6 +3,7 @@ package sim
 import (
 	"cmp"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -269,12 +270,24 @@ func (w *World) checkFIFO() []Violation {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	missed := map[string]bool{}
+	// Waiters in the order of their tickets, then clients, then first
+	// attempts: not in map order, nor by id (random tokens), so that the
+	// miss a grant is charged with is the seed's.
+	ids := slices.Collect(maps.Keys(r.attempts))
+	slices.SortFunc(ids, func(a, b string) int {
+		x, y := r.attempts[a], r.attempts[b]
+		return cmp.Or(cmp.Compare(x.ticket, y.ticket), cmp.Compare(x.client, y.client), cmp.Compare(x.ats[0], y.ats[0]), strings.Compare(a, b))
+	})
 	for _, g := range r.grants {
 		if !held[g.token] || missed[g.token] {
 			continue
 		}
-		for id, fw := range r.attempts {
-			if id == g.w.id || g.live[id] || !(lineEntry{id: id, ticket: fw.ticket}).before(g.w) {
+		for _, id := range ids {
+			fw := r.attempts[id]
+			// An earlier ticket, strictly: between equal tickets the line
+			// orders by id, a random token, which says nothing of who came
+			// first.
+			if id == g.w.id || g.live[id] || fw.ticket >= g.w.ticket {
 				continue
 			}
 			i, _ := slices.BinarySearchFunc(fw.ats, g.at, cmp.Compare)
