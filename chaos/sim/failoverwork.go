@@ -240,6 +240,10 @@ func (w *World) longLane(ci int, locker *redlease.Locker, poll time.Duration) {
 	}
 	end := s + watchBound(poll) + longStep
 	r := rand.New(rand.NewPCG(w.seed, uint64(ci+1)<<8|0x80)) // apart from doClient's lanes
+	// A microsecond after the client's other lane starts: the two share
+	// one go-redis client, and two Lock calls leaving at one instant take
+	// its pooled connections (or dial) in the Go scheduler's order.
+	sleep(time.Microsecond)
 	key, ttl := fmt.Sprintf("L%d", ci), w.sc.TTL[1]
 	dl := doLocker{name: "L", locker: locker}
 	for seq := 100; seq < 120 && w.hist.now() < end; seq++ {
