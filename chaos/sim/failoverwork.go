@@ -496,7 +496,7 @@ func (w *World) failoverActions(f Fault) []action {
 		}
 		old.follow(rep)
 		if !crash {
-			w.cut(old.id, -1) // the clients' failover clients drop their connections to it
+			w.cutFault(old.id, -1) // the clients' failover clients drop their connections to it
 		}
 	}})
 	return as
@@ -523,7 +523,7 @@ func (w *World) failbackActions(f Fault) []action {
 	}
 	as = append(as, action{f.At + f.For, rep.name + " rejoins as a replica", func() {
 		rep.follow(old)
-		w.cut(rep.id, -1) // the clients' failover clients drop their connections to it
+		w.cutFault(rep.id, -1) // the clients' failover clients drop their connections to it
 	}})
 	return as
 }

@@ -43,10 +43,11 @@ type conn struct {
 	client int    // index of the workload client (for partitions), -1: the simulator itself
 	key    uint64 // identity for the per-message randomness
 	name   string
-	// settle is how long after a read deadline or a cut the blocked Read
-	// returns: a few nanoseconds drawn from key, so that reads that one
-	// instant ends (one ctx deadline, one node crash) return one after
-	// the other in an order of the seed, not in the Go scheduler's.
+	// settle is how late a blocked Read notices its deadline, and a
+	// fault's cut reaches the connection (cutSoon): a few nanoseconds
+	// drawn from key, so that reads that one instant ends (one ctx
+	// deadline, one node crash) return one after the other in an order of
+	// the seed, not in the Go scheduler's.
 	settle time.Duration
 
 	mu     sync.Mutex
@@ -86,7 +87,7 @@ func newConn(w *World, n *Node, client int, key uint64, name string) *conn {
 const maxSettle = 4096
 
 // Read returns delivered reply bytes, waiting for them until the read
-// deadline or a cut (each noticed settle late, see conn).
+// deadline (noticed settle late, see conn) or a cut.
 func (c *conn) Read(b []byte) (int, error) {
 	for {
 		c.mu.Lock()
@@ -115,7 +116,6 @@ func (c *conn) Read(b []byte) (int, error) {
 		select {
 		case <-c.notify:
 		case <-c.done:
-			time.Sleep(c.settle)
 		case <-timeout:
 			return 0, os.ErrDeadlineExceeded
 		}
@@ -277,7 +277,13 @@ func (c *conn) Close() error {
 	return nil
 }
 
+// cutSoon cuts the connection settle from now (a fault's cut: see conn).
+func (c *conn) cutSoon() { c.w.after(c.settle, c.cut) }
+
 // cut closes the connection: whatever is in flight either way is lost.
+// At once: a closer that cuts connections before it takes a mutex their
+// reader holds (failoverClient's) needs their reads to return with no
+// virtual time passing.
 func (c *conn) cut() {
 	c.mu.Lock()
 	if c.closed {

@@ -306,12 +306,16 @@ func (n *Node) resume() {
 	}
 }
 
-// crash stops the server process: every connection is cut, queued
-// requests are lost, dials are refused until restart. A node already down
-// stays as it is (two restart faults can overlap: the second one's crash
-// must not record the dead process's data as what a durable restart
-// brings back; failover seed 11836 lost a fence counter that way).
-func (n *Node) crash() {
+// crash stops the server process: every connection is cut (each its
+// settle later: cutSoon), queued requests are lost, dials are refused
+// until restart. A node already down stays as it is (two restart faults
+// can overlap: the second one's crash must not record the dead process's
+// data as what a durable restart brings back; failover seed 11836 lost a
+// fence counter that way).
+func (n *Node) crash() { n.stop((*conn).cutSoon) }
+
+// stop is crash, cutting the connections with cut.
+func (n *Node) stop(cut func(*conn)) {
 	n.mu.Lock()
 	if n.down {
 		n.mu.Unlock()
@@ -332,7 +336,7 @@ func (n *Node) crash() {
 	n.w.noteCrash(n)
 	n.mu.Unlock()
 	for _, c := range cs {
-		c.cut()
+		cut(c)
 	}
 	old.Close()
 }
@@ -385,9 +389,10 @@ func (n *Node) jump(d time.Duration) {
 	}
 }
 
-// close stops the node for good (end of a run).
+// close stops the node for good (end of a run), its connections cut at
+// once (the network stops next).
 func (n *Node) close() {
-	n.crash()
+	n.stop((*conn).cut)
 	n.mu.Lock()
 	if n.lua != nil {
 		n.lua.Close()

@@ -169,7 +169,7 @@ func (w *World) cutSubscribers(node int) {
 	}
 	n.mu.Unlock()
 	for _, c := range cs {
-		c.cut()
+		c.cutSoon()
 	}
 }
 

@@ -327,7 +327,7 @@ func (w *World) actions() []action {
 		}
 		switch f.Kind {
 		case FaultCut:
-			as = append(as, action{f.At, f.String(), func() { w.cut(f.Node, f.Client) }})
+			as = append(as, action{f.At, f.String(), func() { w.cutFault(f.Node, f.Client) }})
 		case FaultSubCut:
 			as = append(as, action{f.At, f.String(), func() { w.cutSubscribers(f.Node) }})
 		case FaultPause:
@@ -446,8 +446,14 @@ func (w *World) scriptCall(n *Node, c *conn, args []string, sent time.Time) bool
 }
 
 // cut cuts the connections of node (all nodes if -1) from client (all
-// clients if -1).
-func (w *World) cut(node, client int) {
+// clients if -1), at once.
+func (w *World) cut(node, client int) { w.cutWith(node, client, (*conn).cut) }
+
+// cutFault is cut for a fault: each connection is cut its settle later
+// (cutSoon).
+func (w *World) cutFault(node, client int) { w.cutWith(node, client, (*conn).cutSoon) }
+
+func (w *World) cutWith(node, client int, cut func(*conn)) {
 	for _, n := range w.nodes {
 		if node >= 0 && n.id != node {
 			continue
@@ -461,7 +467,7 @@ func (w *World) cut(node, client int) {
 		}
 		n.mu.Unlock()
 		for _, c := range cs {
-			c.cut()
+			cut(c)
 		}
 	}
 }
