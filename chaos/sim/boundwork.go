@@ -180,12 +180,12 @@ func (w *World) silentRelease(e *opsEnv, r *rand.Rand) {
 	}
 	work := time.Duration(r.Int64N(int64(ttl / 3)))
 	quiet := ms(r, 1, 20)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	ctx, cancel := context.WithTimeout(w.jitterCtx(context.Background(), e.ci, jitOpsDo, seq), 3*time.Second)
 	defer cancel()
 	var h *opsHold
 	var fnRet time.Duration
 	var strat redlease.Strategy
-	opts := append(e.lockOpts(ttl), redlease.WithRetryDelay(time.Nanosecond, time.Nanosecond), redlease.WithMaxAttempts(3))
+	opts := append(e.lockOpts(ttl), retryAtOnce(), redlease.WithMaxAttempts(3))
 	err := e.lw.Do(ctx, key, func(fctx context.Context, lk *redlease.Lock) error {
 		h = w.opsStart(e, seq, key, "do-silent", ttl, lk)
 		strat = lk.Strategy()
