@@ -95,16 +95,29 @@ type Nodes struct {
 type holder struct{ key, token string }
 
 type node struct {
-	client  redis.UniversalClient
-	queue   chan job
+	client redis.UniversalClient
+	// The node's queue: jobs wait in q, in order, up to queueLen of them.
+	// room holds a token for each job queued or being queued (a sender
+	// takes one before it appends, so a full queue refuses or blocks as a
+	// channel of queueLen would), ready one for each job in q that no
+	// worker has taken. Both are channels of empty structs, which have no
+	// buffer: a queue costs memory only while jobs wait in it (a channel
+	// of queueLen jobs cost 96 KiB per node, 480 KiB per quorum of five,
+	// allocated by New).
+	room    chan struct{}
+	ready   chan struct{}
+	qmu     sync.Mutex
+	q       []job
+	head    int // q[head:] are waiting
 	max     int32
 	total   atomic.Int32 // workers started
 	idle    atomic.Int32 // workers waiting for a job
 	spawnMu sync.Mutex
 }
 
-// job is what travels through a node's queue: by value, so sending it does
-// not allocate.
+// job is what travels through a node's queue: by value, in an array the
+// queue reuses, so queueing one does not allocate once the queue has grown
+// to its load.
 type job struct {
 	round *Round
 	node  int
@@ -115,7 +128,7 @@ type job struct {
 // queueLen is how many requests may wait for one node's workers. A burst
 // beyond that fails on that node at once (ErrOverloaded); requests that wait
 // past their round's deadline are dropped unsent, so a long queue costs
-// memory (a few dozen bytes a request), never stale writes.
+// memory (24 bytes a request waiting, see node), never stale writes.
 const queueLen = 4096
 
 // New prepares workers for clients: at most workersPerNode each, started as
@@ -130,7 +143,7 @@ func New(clients []redis.UniversalClient, workersPerNode int, timeout time.Durat
 		free:     make([]*Round, 0, freeRounds),
 	}
 	for i, c := range clients {
-		ns.nodes[i] = &node{client: c, queue: make(chan job, queueLen), max: int32(workersPerNode)}
+		ns.nodes[i] = &node{client: c, room: make(chan struct{}, queueLen), ready: make(chan struct{}, queueLen), max: int32(workersPerNode)}
 	}
 	return ns
 }
@@ -359,7 +372,8 @@ func (r *Round) send(i int) {
 	}
 	nd.ensureWorker(ns)
 	select {
-	case nd.queue <- job{round: r, node: i}:
+	case nd.room <- struct{}{}:
+		nd.push(job{round: r, node: i})
 	default:
 		r.deliver(i, Result{Err: ErrOverloaded}, false)
 		r.unref()
@@ -534,14 +548,16 @@ func (r *Round) enqueueUndo(i int) {
 	}
 	nd.ensureWorker(r.ns)
 	select {
-	case nd.queue <- job{round: r, node: i, undo: true}:
+	case nd.room <- struct{}{}:
+		nd.push(job{round: r, node: i, undo: true})
 		return
 	default:
 	}
 	t := time.NewTimer(r.ns.timeout)
 	defer t.Stop()
 	select {
-	case nd.queue <- job{round: r, node: i, undo: true}:
+	case nd.room <- struct{}{}:
+		nd.push(job{round: r, node: i, undo: true})
 	case <-t.C:
 		r.undoneSignal(i)
 		r.unref()
@@ -568,6 +584,38 @@ func (nd *node) ensureWorker(ns *Nodes) {
 	go nd.work(ns)
 }
 
+// push appends j to the queue, for which the caller took a room token.
+// Its ready token never blocks: ready holds at most one per job in q, and
+// q at most as many jobs as room holds tokens.
+func (nd *node) push(j job) {
+	nd.qmu.Lock()
+	if nd.head > 0 && len(nd.q) == cap(nd.q) {
+		// Full array, taken jobs at its front: move the waiting ones
+		// down instead of growing it.
+		n := copy(nd.q, nd.q[nd.head:])
+		clear(nd.q[n:])
+		nd.q, nd.head = nd.q[:n], 0
+	}
+	nd.q = append(nd.q, j)
+	nd.qmu.Unlock()
+	nd.ready <- struct{}{}
+}
+
+// pop takes the first job, for which the caller took a ready token, and
+// gives its room token back.
+func (nd *node) pop() job {
+	nd.qmu.Lock()
+	j := nd.q[nd.head]
+	nd.q[nd.head] = job{}
+	nd.head++
+	if nd.head == len(nd.q) {
+		nd.q, nd.head = nd.q[:0], 0
+	}
+	nd.qmu.Unlock()
+	<-nd.room
+	return j
+}
+
 // work takes jobs until Close.
 func (nd *node) work(ns *Nodes) {
 	defer ns.workers.Done()
@@ -575,7 +623,8 @@ func (nd *node) work(ns *Nodes) {
 		select {
 		case <-ns.stop:
 			return
-		case j := <-nd.queue:
+		case <-nd.ready:
+			j := nd.pop()
 			nd.idle.Add(-1)
 			for next := nd.run(j); next != nil; next = nd.run(j) {
 				j = job{round: next, node: j.node, after: true}
