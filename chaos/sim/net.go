@@ -63,6 +63,7 @@ type conn struct {
 	reps      []message     // replies in flight to the client
 	rbuf      []byte        // replies delivered, not yet read
 	notify    chan struct{} // cap 1: rbuf grew
+	rtimer    *time.Timer   // Read's deadline timer (used by the one reader)
 	deadline  time.Time     // read deadline
 	nreq      uint64        // requests sent
 	nrep      uint64        // replies sent
@@ -78,7 +79,10 @@ type conn struct {
 func newConn(w *World, n *Node, client int, key uint64, name string) *conn {
 	c := &conn{w: w, node: n, client: client, key: key, name: name, done: make(chan struct{}), notify: make(chan struct{}, 1),
 		settle: time.Duration(1 + mix(key, 0x5e771e)%maxSettle)}
-	c.pw = bufio.NewWriter(&c.pbuf)
+	// The node's replies pass through pw into pbuf: a small buffer (a
+	// reply larger than it is written through), not bufio's 4 KiB per
+	// connection.
+	c.pw = bufio.NewWriterSize(&c.pbuf, 256)
 	c.peer = server.NewPeer(c.pw)
 	return c
 }
@@ -109,15 +113,23 @@ func (c *conn) Read(b []byte) (int, error) {
 			if d <= 0 {
 				return 0, os.ErrDeadlineExceeded
 			}
-			t := time.NewTimer(d + c.settle)
-			timeout = t.C
-			defer t.Stop()
+			// One timer per connection, reset for each wait (a new one
+			// per Read cost a timer's allocations every reply).
+			if c.rtimer == nil {
+				c.rtimer = time.NewTimer(d + c.settle)
+			} else {
+				c.rtimer.Reset(d + c.settle)
+			}
+			timeout = c.rtimer.C
 		}
 		select {
 		case <-c.notify:
 		case <-c.done:
 		case <-timeout:
 			return 0, os.ErrDeadlineExceeded
+		}
+		if timeout != nil {
+			c.rtimer.Stop()
 		}
 	}
 }
