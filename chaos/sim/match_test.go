@@ -18,12 +18,17 @@ func TestMatchPatterns(t *testing.T) {
 	defer fast.Close()
 	installMatch(fast)
 	r := rand.New(rand.NewPCG(1, 2))
-	alphabet := "0123456789abcdefABCDEFxyzXYZ_-.:+ \r\n#"
+	alphabet := "0123456789abcdefABCDEFxyzXYZ_-.:+ \r\n#\xc3\xa9\xff"
 	subjects := []string{"", "run_id:", "run_id:abc", "# Server\r\nredis_version:7\r\nrun_id:00ff\r\n", "run_id:xyz run_id:12",
 		"123:abc", "123:abc\n", ":abc", "12:", "1:g", "a-b_C.12", "a.b.3", "abc.", ".3", "a.3x", "tok.0012", "x y.3"}
-	for range 3000 {
+	pieces := []string{"run_id:", "run_id", ":", ".", "12", "ab"}
+	for range 6000 {
 		var b strings.Builder
 		for range r.IntN(14) {
+			if r.IntN(5) == 0 {
+				b.WriteString(pieces[r.IntN(len(pieces))])
+				continue
+			}
 			b.WriteByte(alphabet[r.IntN(len(alphabet))])
 		}
 		subjects = append(subjects, b.String())
