@@ -5,7 +5,9 @@ import (
 	"bytes"
 	"crypto/sha1"
 	"encoding/hex"
+	"errors"
 	"fmt"
+	"io"
 	"regexp"
 	"strconv"
 	"strings"
@@ -104,12 +106,53 @@ func scriptLine(args []string) (sha string, keys, argv []string, ok bool) {
 	return sha, args[3 : 3+nk], args[3+nk:], true
 }
 
-// luaState returns the node's Lua state, made on first use. Call with
-// n.mu held.
+// luaState returns the node's Lua state, made on first use (or taken
+// from luaVMs). Call with n.mu held.
 func (n *Node) luaState() *lua.LState {
 	if n.lua != nil {
-		return n.lua
+		return n.lua.L
 	}
+	vm, _ := luaVMs.Get().(*luaVM)
+	if vm == nil {
+		vm = newLuaVM()
+	}
+	vm.node = n
+	n.lua = vm
+	return vm.L
+}
+
+// dropLua gives the node's Lua state back (its process ended). Call with
+// n.mu held.
+func (n *Node) dropLua() {
+	if n.lua == nil {
+		return
+	}
+	n.lua.put()
+	n.lua = nil
+}
+
+// luaVM is a Lua state with the libraries a script sees, and the node
+// its redis.call serves.
+//
+// A node process's Lua state ends with it, as in Redis, but making one
+// (opening the libraries: a few hundred tables and functions) was 2-3 %
+// of a run's CPU and a sixth of its allocated bytes, so a state whose
+// node stopped is kept for the next node that needs one, in any run.
+// What a script could leave in it is reset or checked first (put): the
+// stack is emptied, KEYS and ARGV cleared, and a state whose globals are
+// not the ones it was made with (a script that set a global, which Redis
+// refuses) is closed, never reused. The library's scripts use locals
+// only.
+type luaVM struct {
+	L       *lua.LState
+	node    *Node
+	globals int // globals when made
+}
+
+var luaVMs sync.Pool // *luaVM
+
+func newLuaVM() *luaVM {
+	vm := &luaVM{}
 	// The default registry (5,120 slots) and call stack were a large
 	// share of a run's allocations, one set per node process; the
 	// library's scripts need a few dozen slots and grow it if not.
@@ -124,8 +167,8 @@ func (n *Node) luaState() *lua.LState {
 	}
 	installMatch(L)
 	mod := L.NewTable()
-	mod.RawSetString("call", L.NewFunction(func(L *lua.LState) int { return n.luaCall(L, true) }))
-	mod.RawSetString("pcall", L.NewFunction(func(L *lua.LState) int { return n.luaCall(L, false) }))
+	mod.RawSetString("call", L.NewFunction(func(L *lua.LState) int { return vm.node.luaCall(L, true) }))
+	mod.RawSetString("pcall", L.NewFunction(func(L *lua.LState) int { return vm.node.luaCall(L, false) }))
 	mod.RawSetString("error_reply", L.NewFunction(func(L *lua.LState) int {
 		t := L.CreateTable(0, 1)
 		t.RawSetString("err", lua.LString(L.CheckString(1)))
@@ -143,8 +186,35 @@ func (n *Node) luaState() *lua.LState {
 		mod.RawSetString(name, lua.LNumber(i))
 	}
 	L.SetGlobal("redis", mod)
-	n.lua = L
-	return L
+	vm.L, vm.globals = L, countGlobals(L)
+	return vm
+}
+
+// put resets vm and keeps it for reuse, or closes it if a script changed
+// its globals.
+func (vm *luaVM) put() {
+	vm.node = nil
+	if !vm.reset() {
+		vm.L.Close()
+		return
+	}
+	luaVMs.Put(vm)
+}
+
+// reset empties the stack, clears KEYS and ARGV, and reports whether the
+// globals are the ones the state was made with.
+func (vm *luaVM) reset() bool {
+	L := vm.L
+	L.SetTop(0)
+	L.SetGlobal("KEYS", lua.LNil)
+	L.SetGlobal("ARGV", lua.LNil)
+	return countGlobals(L) == vm.globals
+}
+
+func countGlobals(L *lua.LState) int {
+	n := 0
+	L.G.Global.ForEach(func(lua.LValue, lua.LValue) { n++ })
+	return n
 }
 
 // evalHook answers EVAL, EVALSHA and SCRIPT LOAD/EXISTS/FLUSH. It reports
@@ -160,12 +230,13 @@ func (n *Node) evalHook(p *server.Peer, cmd string, args []string) bool {
 			if len(args) != 2 {
 				return false
 			}
-			if _, err := compileScript(args[1]); err != nil {
+			proto, err := compileScript(args[1])
+			if err != nil {
 				p.WriteError("ERR Error compiling script: " + err.Error())
 				return true
 			}
 			sha := sha1hex(args[1])
-			n.scripts[sha] = args[1]
+			n.scripts[sha] = proto
 			p.WriteBulk(sha)
 			return true
 		case "FLUSH":
@@ -192,27 +263,27 @@ func (n *Node) evalHook(p *server.Peer, cmd string, args []string) bool {
 		p.WriteError(fmt.Sprintf("ERR wrong number of arguments for '%s' command", strings.ToLower(cmd)))
 		return true
 	}
-	src := args[0]
+	var proto *lua.FunctionProto
 	if cmd == "EVALSHA" {
-		s, ok := n.scripts[strings.ToLower(args[0])]
+		pr, ok := n.scripts[strings.ToLower(args[0])]
 		if !ok {
 			p.WriteError("NOSCRIPT No matching script. Please use EVAL.")
 			return true
 		}
-		src = s
+		proto = pr
 	}
 	nkeys, err := strconv.Atoi(args[1])
 	if err != nil || nkeys < 0 || nkeys > len(args)-2 {
 		p.WriteError("ERR Number of keys can't be greater than number of args")
 		return true
 	}
-	proto, err := compileScript(src)
-	if err != nil {
-		p.WriteError("ERR Error compiling script: " + err.Error())
-		return true
-	}
 	if cmd == "EVAL" {
-		n.scripts[sha1hex(src)] = src
+		src := args[0]
+		if proto, err = compileScript(src); err != nil {
+			p.WriteError("ERR Error compiling script: " + err.Error())
+			return true
+		}
+		n.scripts[sha1hex(src)] = proto
 	}
 	L := n.luaState()
 	keys, argv := L.CreateTable(nkeys, 0), L.CreateTable(len(args)-2-nkeys, 0)
@@ -238,7 +309,6 @@ func (n *Node) evalHook(p *server.Peer, cmd string, args []string) bool {
 type luaCallBufs struct {
 	buf  bytes.Buffer
 	w    *bufio.Writer
-	r    *bufio.Reader
 	peer *server.Peer
 }
 
@@ -268,13 +338,11 @@ func (n *Node) luaCall(L *lua.LState, raise bool) int {
 	if lc.peer == nil {
 		lc.w = bufio.NewWriterSize(&lc.buf, 256)
 		lc.peer = server.NewPeer(lc.w)
-		lc.r = bufio.NewReaderSize(&lc.buf, 256)
 	}
 	lc.buf.Reset()
-	lc.r.Reset(&lc.buf)
 	n.m.Server().Dispatch(lc.peer, args)
 	_ = lc.w.Flush()
-	res, err := server.ParseReply(lc.r)
+	res, _, err := replyToLua(L, lc.buf.Bytes())
 	if err != nil {
 		if raise {
 			L.RaiseError("%s", err.Error())
@@ -285,35 +353,73 @@ func (n *Node) luaCall(L *lua.LState, raise bool) int {
 		L.Push(t)
 		return 1
 	}
-	L.Push(toLua(L, res))
+	L.Push(res)
 	return 1
 }
 
-// toLua converts a parsed reply, as miniredis's binding does.
-func toLua(L *lua.LState, v any) lua.LValue {
-	switch r := v.(type) {
-	case nil:
-		return lua.LFalse
-	case int64:
-		return lua.LNumber(r)
-	case int:
-		return lua.LNumber(r)
-	case []uint8:
-		return lua.LString(string(r))
-	case string:
-		return lua.LString(r)
-	case server.Simple:
+// replyToLua converts the RESP2 reply at the front of b to a Lua value, as
+// miniredis's binding does (server.ParseReply, then its conversion: a
+// status is a table {ok = status}, nil bulks and arrays are false, an
+// error anywhere in the reply is the error), without the parsed reply in
+// between (a []any of strings and ints: 5 % of a fair run's CPU). It
+// returns the bytes after the reply.
+func replyToLua(L *lua.LState, b []byte) (lua.LValue, []byte, error) {
+	i := bytes.IndexByte(b, '\n')
+	if i < 0 {
+		return nil, nil, io.EOF
+	}
+	line, rest := string(b[:i+1]), b[i+1:]
+	if len(line) < 3 {
+		return nil, nil, server.ErrProtocol
+	}
+	body := line[1 : len(line)-2]
+	switch line[0] {
+	case '+':
 		t := L.CreateTable(0, 1) // NewTable's first string key makes a 32-slot map
-		t.RawSetString("ok", lua.LString(string(r)))
-		return t
-	case []any:
-		t := L.CreateTable(len(r), 0)
-		for i, e := range r {
-			t.RawSetInt(i+1, toLua(L, e))
+		t.RawSetString("ok", lua.LString(body))
+		return t, rest, nil
+	case '-':
+		return nil, nil, errors.New(body)
+	case ':':
+		if body == "" {
+			return lua.LNumber(0), rest, nil
 		}
-		return t
+		v, err := strconv.Atoi(body)
+		if err != nil {
+			return nil, nil, server.ErrProtocol
+		}
+		return lua.LNumber(v), rest, nil
+	case '$':
+		size, err := strconv.Atoi(body)
+		if err != nil {
+			return nil, nil, err
+		}
+		if size < 0 {
+			return lua.LFalse, rest, nil
+		}
+		if len(rest) < size+2 {
+			return nil, nil, io.EOF
+		}
+		return lua.LString(rest[:size]), rest[size+2:], nil
+	case '*':
+		count, err := strconv.Atoi(body)
+		if err != nil {
+			return nil, nil, server.ErrProtocol
+		}
+		if count < 0 {
+			return lua.LFalse, rest, nil
+		}
+		t := L.CreateTable(count, 0)
+		for k := 1; k <= count; k++ {
+			var e lua.LValue
+			if e, rest, err = replyToLua(L, rest); err != nil {
+				return nil, nil, err
+			}
+			t.RawSetInt(k, e)
+		}
+		return t, rest, nil
 	default:
-		return lua.LString(fmt.Sprint(r))
+		return nil, nil, server.ErrProtocol
 	}
 }
 

@@ -39,22 +39,22 @@ type Node struct {
 	queue     []queued
 	offset    time.Duration // node clock minus virtual clock
 	conns     map[*conn]struct{}
-	replica   *Node              // failover: the replica this primary feeds, nil if none
-	repl      replLink           // failover: state of the replication stream
-	master    *Node              // failover: the primary this replica follows, nil if a primary
-	followGen uint64             // as a replica: the link generation it follows
-	applied   uint64             // as a replica: offset applied
-	cur       *conn              // the connection whose command is being dispatched
-	block     bool               // set by WAIT: the reply is deferred, the connection blocked
-	waiters   []*waiter          // blocked WAITs
-	blocked   map[*conn][]queued // requests that arrived behind a blocked WAIT
-	sent      *sentinelState     // a Sentinel (sentinel.go), nil for a Redis node
-	dialsBy   map[int]int        // per client: connections dialled, for per-message randomness
-	snapshot  []snapKey          // the last snapshot (for restarts that roll back)
-	atCrash   []snapKey          // the data when the node last crashed (durable restarts)
-	scripts   map[string]string  // script cache: SHA → source (lost on restart)
-	lua       *lua.LState        // the node's Lua state (see lua.go)
-	lcall     luaCallBufs        // redis.call's peer and buffers (see lua.go)
+	replica   *Node                         // failover: the replica this primary feeds, nil if none
+	repl      replLink                      // failover: state of the replication stream
+	master    *Node                         // failover: the primary this replica follows, nil if a primary
+	followGen uint64                        // as a replica: the link generation it follows
+	applied   uint64                        // as a replica: offset applied
+	cur       *conn                         // the connection whose command is being dispatched
+	block     bool                          // set by WAIT: the reply is deferred, the connection blocked
+	waiters   []*waiter                     // blocked WAITs
+	blocked   map[*conn][]queued            // requests that arrived behind a blocked WAIT
+	sent      *sentinelState                // a Sentinel (sentinel.go), nil for a Redis node
+	dialsBy   map[int]int                   // per client: connections dialled, for per-message randomness
+	snapshot  []snapKey                     // the last snapshot (for restarts that roll back)
+	atCrash   []snapKey                     // the data when the node last crashed (durable restarts)
+	scripts   map[string]*lua.FunctionProto // script cache: SHA → compiled source (lost on restart)
+	lua       *luaVM                        // the node's Lua state (see lua.go)
+	lcall     luaCallBufs                   // redis.call's peer and buffers (see lua.go)
 	// gate, when set (hand-written tests), holds back the requests it
 	// returns true for until openGate, as redistest.Gate does with
 	// redis-server: the test decides the order in which they land.
@@ -99,11 +99,8 @@ func (n *Node) start() {
 	m.ClockTTL(true)
 	m.Server().SetPreHook(n.hook)
 	n.m = m
-	n.scripts = map[string]string{}
-	if n.lua != nil {
-		n.lua.Close()
-		n.lua = nil
-	}
+	n.scripts = map[string]*lua.FunctionProto{}
+	n.dropLua()
 	n.boots++
 	n.runID = fmt.Sprintf("%040x", mix(n.w.seed, uint64(n.id)<<32|uint64(n.boots)))
 }
@@ -394,10 +391,7 @@ func (n *Node) jump(d time.Duration) {
 func (n *Node) close() {
 	n.stop((*conn).cut)
 	n.mu.Lock()
-	if n.lua != nil {
-		n.lua.Close()
-		n.lua = nil
-	}
+	n.dropLua()
 	n.mu.Unlock()
 }
 
