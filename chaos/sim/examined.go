@@ -28,6 +28,11 @@ const (
 	// ExStateLocks: locks state-valid tracked (every grant a workload
 	// saw, and the Barrier's locks while a keeper kept them).
 	ExStateLocks = InvStateValid + "/locks"
+	// exStateStood, exStateStoodWrong: with Options.verifyReadings
+	// (tests), node readings state-valid let stand, and those a fresh
+	// reading contradicted.
+	exStateStood      = InvStateValid + "/stood"
+	exStateStoodWrong = InvStateValid + "/stood-wrong"
 )
 
 // minExaminedSeeds is how many seeds of a scenario TestSim needs before an
@@ -125,6 +130,8 @@ func (w *World) examined(res *Result) map[string]int {
 	add(InvStateValid, st.Examined)
 	add(ExStateExempt, st.Exempt)
 	add(ExStateLocks, st.Locks)
+	add(exStateStood, st.Stood)
+	add(exStateStoodWrong, st.StoodWrong)
 	return out
 }
 

@@ -71,6 +71,8 @@ type Options struct {
 	// Locker.Do does, which exposes the library's double close (see the
 	// package doc). Off, the workload calls Valid first.
 	LostFirst bool
+	// verifyReadings (tests): see World.verifyReadings.
+	verifyReadings bool
 }
 
 // Run runs scenario sc under seed and checks its history. Call it inside a
@@ -204,7 +206,7 @@ func Run(sc Scenario, seed uint64, opts Options) *Result {
 func newWorld(sc Scenario, seed uint64, opts Options) *World {
 	start := time.Now()
 	ops := drawOps(seed, &sc) // the ops scenarios' options (nil elsewhere); may adjust sc
-	w := &World{seed: seed, sc: sc, opts: opts, start: start, hist: newHistory(start, opts.Log), ops: ops}
+	w := &World{seed: seed, sc: sc, opts: opts, start: start, hist: newHistory(start, opts.Log), ops: ops, verifyReadings: opts.verifyReadings}
 	w.net = newSched(w.flushState)
 	w.faults = makeSchedule(seed, &sc, sc.horizon())
 	w.afterSchedule() // clock-rate faults, the state check's windows

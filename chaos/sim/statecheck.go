@@ -33,6 +33,9 @@ type stateStats struct {
 	// the promotion (failover-kept bounds those), or whose granting node
 	// the simulator did not see.
 	Exempt int
+	// With World.verifyReadings: node readings a check took as they stood,
+	// and those a fresh reading contradicted (held long enough or not).
+	Stood, StoodWrong int
 }
 
 // liveLock is one lock a workload holds, from its grant until its hold
@@ -155,7 +158,7 @@ func (w *World) track(ci int, name, key string, lk *redlease.Lock, pl lockPlace)
 	}
 	st.live[key] = append(st.live[key], e)
 	st.stats.Locks++
-	w.checkLockLocked(e, -1)
+	w.checkLockLocked(e, readAll)
 	st.mu.Unlock()
 	return e
 }
@@ -182,24 +185,25 @@ func (w *World) untrack(e *liveLock) {
 	st.mu.Unlock()
 }
 
-// checkLock checks e now: an operation of its client returned.
+// checkLock checks e now: an operation of its client returned. The
+// client's belief changed, not the nodes: their last readings stand.
 func (w *World) checkLock(e *liveLock) {
 	if e == nil {
 		return
 	}
 	w.state.mu.Lock()
-	w.checkLockLocked(e, -1)
+	w.checkLockLocked(e, readNone)
 	w.state.mu.Unlock()
 }
 
 // checkClientKey checks client ci's locks on key (a renewal's outcome,
-// reported by the client's Observer).
+// reported by the client's Observer), on the nodes' last readings.
 func (w *World) checkClientKey(ci int, key string) {
 	st := &w.state
 	st.mu.Lock()
 	for _, e := range st.live[key] {
 		if e.ci == ci {
-			w.checkLockLocked(e, -1)
+			w.checkLockLocked(e, readNone)
 		}
 	}
 	st.mu.Unlock()
@@ -277,7 +281,7 @@ func (w *World) checkAllState() {
 	defer st.mu.Unlock()
 	for _, ls := range st.live {
 		for _, e := range ls {
-			w.checkLockLocked(e, -1)
+			w.checkLockLocked(e, readAll)
 		}
 	}
 }
@@ -375,11 +379,22 @@ func (st *stateCheck) sittingOut(id int, nowV time.Duration) bool {
 	return false
 }
 
+// Which nodes checkLockLocked reads again: every one, or none (beyond
+// those not read yet); a node id reads that one.
+const (
+	readAll  = -1
+	readNone = -2
+)
+
 // checkLockLocked is the state-valid check of one lock, with st.mu held.
 // A lock its holder no longer believes valid (Lost closed, or its clock
 // at or past its Deadline) is skipped. It reads node only (a command
-// there touched the key), or every node (-1), and takes the others'
-// last readings.
+// there touched the key), every node (readAll), or none (readNone), and
+// takes the others' last readings. A reading stands until the node
+// applies a command on the key (flushState reads it again) or a fault
+// acts on the node (checkAllState reads every node): it foresees the
+// key's expiry. With verifyReadings (tests), every reading that stands
+// is compared with a fresh one (stateStats.Stood, StoodWrong).
 func (w *World) checkLockLocked(e *liveLock, node int) {
 	select {
 	case <-e.lost:
@@ -423,8 +438,15 @@ func (w *World) checkLockLocked(e *liveLock, node int) {
 			e.seen[i] = nodeHold{} // read it again once it votes
 			continue
 		}
-		if node < 0 || node == id || !e.seen[i].read {
+		if node == readAll || node == id || !e.seen[i].read {
 			e.seen[i] = w.nodes[id].stateOf(e.key, e.token, nowV)
+		} else if w.verifyReadings {
+			st.stats.Stood++
+			old, fresh := e.seen[i], w.nodes[id].stateOf(e.key, e.token, nowV)
+			if (old.held && old.exp >= untilV-drift.Fixed) != (fresh.held && fresh.exp >= untilV-drift.Fixed) {
+				st.stats.StoodWrong++
+				w.hist.logf("state-valid: %s node%d: reading %s stood, a fresh one says %s", e.name, id, old, fresh)
+			}
 		}
 		if h := e.seen[i]; h.held && h.exp >= untilV-drift.Fixed {
 			held++

@@ -30,6 +30,9 @@ type World struct {
 	faults []Fault
 	hist   *history
 	net    *sched // delivers messages, runs the nodes' commands
+	// verifyReadings (tests): the state check compares every node reading
+	// it lets stand with a fresh one (checkLockLocked).
+	verifyReadings bool
 
 	mu       sync.Mutex
 	msgs     int // messages sent (both directions)
