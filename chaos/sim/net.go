@@ -142,15 +142,22 @@ func (c *conn) Write(b []byte) (int, error) {
 	if c.closed {
 		return 0, errClosed
 	}
-	c.wbuf = append(c.wbuf, b...)
+	// Parse b in place when nothing is left over from an earlier write
+	// (go-redis writes whole commands); keep only an incomplete tail.
+	buf := b
+	if len(c.wbuf) > 0 {
+		c.wbuf = append(c.wbuf, b...)
+		buf = c.wbuf
+	}
 	for {
-		args, n, ok := parseCommand(c.wbuf)
+		args, n, ok := parseCommand(buf)
 		if !ok {
 			break
 		}
-		c.wbuf = c.wbuf[n:]
+		buf = buf[n:]
 		c.sendRequestLocked(args)
 	}
+	c.wbuf = append(c.wbuf[:0], buf...)
 	if len(c.wbuf) == 0 {
 		c.wbuf = nil
 	}
@@ -325,7 +332,9 @@ func (c *conn) SetReadDeadline(t time.Time) error {
 func (c *conn) SetWriteDeadline(time.Time) error { return nil }
 
 // parseCommand parses one RESP array of bulk strings (what go-redis sends)
-// from the front of b. ok is false until a whole command is there.
+// from the front of b. ok is false until a whole command is there. The
+// arguments share one string, the command's bytes (one allocation per
+// command, not per argument).
 func parseCommand(b []byte) (args []string, n int, ok bool) {
 	line, rest, ok := cutLine(b)
 	if !ok || len(line) < 2 || line[0] != '*' {
@@ -336,7 +345,9 @@ func parseCommand(b []byte) (args []string, n int, ok bool) {
 		return nil, 0, false
 	}
 	pos := len(b) - len(rest)
-	args = make([]string, 0, count)
+	// Where each argument starts and ends in b, until the command is whole.
+	var spans [16][2]int
+	at := spans[:0]
 	for range count {
 		line, rest2, ok := cutLine(b[pos:])
 		if !ok || len(line) < 2 || line[0] != '$' {
@@ -350,8 +361,13 @@ func parseCommand(b []byte) (args []string, n int, ok bool) {
 		if len(b) < start+size+2 {
 			return nil, 0, false
 		}
-		args = append(args, string(b[start:start+size]))
+		at = append(at, [2]int{start, start + size})
 		pos = start + size + 2
+	}
+	whole := string(b[:pos])
+	args = make([]string, len(at))
+	for i, sp := range at {
+		args[i] = whole[sp[0]:sp[1]]
 	}
 	return args, pos, true
 }
