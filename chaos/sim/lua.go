@@ -20,7 +20,8 @@ import (
 )
 
 // The simulator runs EVAL and EVALSHA itself, on one Lua state per node
-// that lives as long as the node's process, as Redis does: miniredis
+// that lives as long as the node's process, as Redis does (then reset and
+// kept for a later node: see luaVM): miniredis
 // builds a fresh Lua state (and opens every library) for each call, which
 // cost 60 % of a run's CPU. The scripts are the library's own, run by the
 // same interpreter (gopher-lua) as miniredis; redis.call dispatches into
