@@ -225,7 +225,7 @@ func driftFaults(seed uint64, sc *Scenario, fmin, fmax float64) []Fault {
 		if sc.Strategy == Failover {
 			// Primary and replica share one rate: a replicated key's
 			// absolute expiry means the same moment on both (see the
-			// drift gap in doc.txt).
+			// package doc's gaps).
 			f.Node, f.Nodes = -1, []int{fPrimary, fReplica}
 		}
 	}

@@ -113,14 +113,11 @@ func (w *World) noteRenewReply(c *conn, args []string, sent time.Time, delay tim
 //     grant until fn returned (one lost message, even a new connection's
 //     HELLO, leaves the call waiting for its deadline; a go-redis client
 //     without ContextTimeoutEnabled waits on a lost reply for its
-//     ReadTimeout, 3 s, and retries it up to 3 times, and single's
-//     ExtendBatch is not bounded by its ctx: such a call keeps one of
-//     the strategy's watchdog call slots (renew.WithMaxCalls, 2) that
-//     long, and two of them stop every renewal of that strategy,
-//     locks granted after the node recovered included — see the package
-//     doc's findings; a node that did not grant the lock cannot renew
-//     it: a quorum lock granted on a bare majority needs every one of
-//     those nodes);
+//     ReadTimeout, 3 s, and retries it up to 3 times; the look-back
+//     covers such a call whole, though the library's renewals return at
+//     their ctx — see docs/simulator.md, Findings, on ExtendBatch; a
+//     node that did not grant the lock cannot renew it: a quorum lock
+//     granted on a bare majority needs every one of those nodes);
 //  2. time: let D be the longest one-way delay the network drew for a
 //     message between its client and those nodes while fn ran (at most
 //     maxOneWay, 40.5 ms: base delay and a spike). A renewal takes at

@@ -68,8 +68,8 @@ type Options struct {
 	// Log keeps the run's history line by line in Result.Log.
 	Log bool
 	// LostFirst calls Lock.Lost on a fresh grant before anything else, as
-	// Locker.Do does, which exposes the library's double close (see the
-	// package doc). Off, the workload calls Valid first.
+	// Locker.Do does (the order of TestFindingLostAfterDeadline). Off, the
+	// workload calls Valid first.
 	LostFirst bool
 	// verifyReadings (tests): see World.verifyReadings.
 	verifyReadings bool

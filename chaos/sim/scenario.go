@@ -58,8 +58,8 @@ type Scenario struct {
 	// snapshot, durable).
 	RestartModes []string
 	// ShortExtends lets the workload extend a lock with a TTL shorter than
-	// the validity it has left (see the package doc, "Findings"). Off, an
-	// extension never shortens.
+	// the validity it has left (the case of TestFindingShortExtend). Off,
+	// an extension never shortens.
 	ShortExtends bool
 	// Wake: the Lockers wait by release notices (no WithPolling); the
 	// nodes answer SUBSCRIBE, UNSUBSCRIBE and PUBLISH (pubsub.go), a
@@ -123,9 +123,10 @@ var Scenarios = []Scenario{
 	{Name: "quorum3-pastmax", Strategy: Quorum, Nodes: 3, Clients: 3, Keys: 1, Ops: 120, TTL: [2]time.Duration{40 * time.Millisecond, 100 * time.Millisecond}, DelayedRestart: 100 * time.Millisecond, HoldSteps: 12, Faults: true, Horizon: 300 * time.Millisecond,
 		Schedule: pastMaxSchedule, Client: (*World).pastMaxClient},
 	// failover: the failover strategy on a primary with one replica (WAIT
-	// 1 after every grant) behind three emulated Sentinels, clients on
-	// redis.NewFailoverClient each with a failover.Watch over every
-	// Sentinel; half run Lock/TryLock/Extend/Release, half Locker.Do kept
+	// 1 after every grant) behind three emulated Sentinels, clients on a
+	// go-redis client that dials the primary a Sentinel names
+	// (primaryDialer), each with a failover.Watch over every Sentinel;
+	// half run Lock/TryLock/Extend/Release, half Locker.Do kept
 	// by a renew.Watchdog, on the same keys. One failover per run (the
 	// primary killed or not, the promoted replica maybe stale), in one
 	// run in three followed by a failback (A→B→A, its announcements
@@ -142,9 +143,8 @@ var Scenarios = []Scenario{
 	// TTL plus wakeSlack of the holder's grant.
 	{Name: "wake-single", Strategy: Single, Nodes: 1, Clients: 3, Keys: 1, Ops: 4, TTL: [2]time.Duration{60 * time.Millisecond, 300 * time.Millisecond}, Fencing: true, Wake: true,
 		Faults: true, Horizon: 900 * time.Millisecond, Schedule: wakeSchedule, Client: (*World).wakeClient},
-	// wake-quorum3 makes two Lock calls per client, not four: its seeds
-	// cost most of their CPU in the undo storm (see the package doc's
-	// Findings); with four they cost 2.5 times a quorum3-plain seed.
+	// wake-quorum3 makes two Lock calls per client, not four, to keep its
+	// seeds' cost near the rotation's (docs/simulator.md, Speed).
 	{Name: "wake-quorum3", Strategy: Quorum, Nodes: 3, Clients: 3, Keys: 1, Ops: 2, TTL: [2]time.Duration{60 * time.Millisecond, 300 * time.Millisecond}, Wake: true,
 		Faults: true, Horizon: 600 * time.Millisecond, Schedule: wakeSchedule, Client: (*World).wakeClient},
 	// fair-quorum5: quorum5-restart with Fair: the lines of fair mode on

@@ -51,10 +51,10 @@ func (w *World) hold(ci, seq int, key, via string, ttl time.Duration, lk *redlea
 	hd := &Hold{Client: ci, Seq: seq, Key: key, Via: via, Fence: lk.Fence(), From: w.hist.now(), LostAt: -1, RelSent: -1, Token: lk.Token()}
 	w.hist.logf("c%d#%d %s %s ttl=%v granted fence=%d until=+%.3fms", ci, seq, via, key, ttl, lk.Fence(), msf(time.Until(lk.Until())))
 	if !w.opts.LostFirst {
-		// Work around a library bug (see the package doc, "Findings"):
-		// the first Lost call on a lock whose deadline has already passed
-		// closes its channel twice and panics. Valid marks such a lock
-		// lost first; no virtual time passes between the two calls.
+		// Valid first, then Lost (-lostfirst: Lost first, as Locker.Do
+		// calls them; a first Lost call after the deadline once closed
+		// its channel twice, TestFindingLostAfterDeadline). No virtual
+		// time passes between the two calls.
 		_ = lk.Valid()
 	}
 	lost, perr := safeLost(lk)
@@ -82,9 +82,8 @@ func (w *World) hold(ci, seq int, key, via string, ttl time.Duration, lk *redlea
 		if r.IntN(2) == 0 {
 			ttl2 := w.drawTTL(r)
 			if !w.sc.ShortExtends {
-				// Never shorter than the validity left (see the package
-				// doc, "Findings": an undecided shortening Extend leaves
-				// the lock claiming its old Until).
+				// Never shorter than the validity left (ShortExtends
+				// draws those: the case of TestFindingShortExtend).
 				ttl2 = max(ttl2, time.Until(lk.Until())+time.Millisecond)
 			}
 			if w.sc.DelayedRestart > 0 && r.IntN(w.sc.pastMax()) == 0 {
