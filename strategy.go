@@ -220,6 +220,17 @@ type DriftAllowancer interface {
 	DriftAllowance(ttl time.Duration) time.Duration
 }
 
+// Fencer is a Strategy that states whether its grants carry fences
+// (Grant.Fence above 0, rising across holders of a key), or whether it was
+// built without fencing (every Fence 0). The strategies of this module
+// implement it. A caller whose safety rests on fences asks it: the
+// idempotency package's Barrier refuses a strategy that does not fence, or
+// does not say (WithStrategy), since its guard against a late claim
+// compares fences.
+type Fencer interface {
+	Fencing() bool
+}
+
 // CallBounder is a Strategy that states how long one of its calls may
 // take: the quorum strategy's node timeout (its rounds run on every node
 // at once, each bounded by it). Locker.Do waits for its release after fn

@@ -35,6 +35,7 @@ var (
 	_ redlease.Strategy        = (*Strategy)(nil)
 	_ redlease.BatchExtender   = (*Strategy)(nil)
 	_ redlease.DriftAllowancer = (*Strategy)(nil)
+	_ redlease.Fencer          = (*Strategy)(nil)
 	_ redlease.Waker           = (*Strategy)(nil)
 	_ redlease.Revoker         = (*Strategy)(nil)
 )
@@ -188,6 +189,10 @@ func (s *Strategy) Listen(key, waiter string) (<-chan struct{}, func(bool), bool
 // Locks keep working; the client is not closed. Calling it is optional:
 // the subscription connection closes on its own once no waiter is left.
 func (s *Strategy) Close() error { return s.p.Close() }
+
+// Fencing reports whether grants carry fences: true unless built
+// WithoutFencing (see redlease.Fencer).
+func (s *Strategy) Fencing() bool { return s.p.Fencing() }
 
 // Name returns "failover", for observers.
 func (s *Strategy) Name() string { return "failover" }

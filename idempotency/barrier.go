@@ -112,10 +112,20 @@ func (f optionFunc) apply(b *Barrier) error { return f(b) }
 // least retention+lease, as the default strategy has, or one counter per
 // request ever made stays on the nodes forever. A shorter fence TTL would
 // let a request's fences start again at 1 while its record is still kept.
+//
+// s must fence (redlease.Fencer, true): the claim refuses to take over a
+// record in progress under a higher fence than its own, which is what keeps
+// a late claim (granted, then delayed past a newer owner's claim) from
+// taking the newer owner's record. A strategy built WithoutFencing, or one
+// that does not say whether it fences (no Fencing method), is refused with
+// redlease.ErrInvalid.
 func WithStrategy(s redlease.Strategy) Option {
 	return optionFunc(func(b *Barrier) error {
 		if s == nil {
 			return redlease.Invalid("idempotency: nil strategy")
+		}
+		if f, ok := s.(redlease.Fencer); !ok || !f.Fencing() {
+			return redlease.Invalid("idempotency: lock strategy %T does not fence (redlease.Fencer): a Barrier compares fences to refuse a late claim", s)
 		}
 		b.strategy = s
 		return nil

@@ -111,6 +111,9 @@
 // WithStrategy(quorum) the lock survives the loss of a minority of lock
 // nodes; the record itself still lives on the store, so make the store
 // durable (persistence, or failover with WAIT) where results must survive
-// it. Whatever the choice, a handler's own writes must carry the fence it
-// was given: that is what refuses a handler that woke up too late.
+// it. A strategy must fence (redlease.Fencer): the claim compares fences to
+// refuse a late claim, and WithStrategy refuses a strategy built
+// WithoutFencing, or one that does not say. Whatever the choice, a
+// handler's own writes must carry the fence it was given: that is what
+// refuses a handler that woke up too late.
 package idempotency

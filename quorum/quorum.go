@@ -58,6 +58,7 @@ var (
 	_ redlease.Strategy        = (*Strategy)(nil)
 	_ redlease.Waker           = (*Strategy)(nil)
 	_ redlease.DriftAllowancer = (*Strategy)(nil)
+	_ redlease.Fencer          = (*Strategy)(nil)
 	_ redlease.CallBounder     = (*Strategy)(nil)
 )
 
@@ -154,6 +155,10 @@ func New(nodeClients []redis.UniversalClient, opts ...Option) (*Strategy, error)
 
 // Quorum returns how many nodes must agree for a grant.
 func (s *Strategy) Quorum() int { return s.quorum }
+
+// Fencing reports whether grants carry fences: true unless built
+// WithoutFencing (see redlease.Fencer).
+func (s *Strategy) Fencing() bool { return s.fencing }
 
 // Name returns "quorum", for observers.
 func (s *Strategy) Name() string { return "quorum" }
