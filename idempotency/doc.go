@@ -7,7 +7,9 @@
 //     completion gets the stored result, marked replayed; a duplicate while
 //     it runs gets ErrInProgress (or waits, with DoWait); the same key with a
 //     different payload gets ErrMismatch.
-//   - Tokens: one-time tokens, issued and consumed atomically.
+//   - Tokens: one-time tokens, issued and consumed atomically; a consume
+//     whose reply was lost and that the client sent again is recognised as
+//     its own (a nonce per call), not refused as used.
 //   - Consumer: MQ dedup with an ack decision.
 //   - Middleware: the IETF Idempotency-Key header for net/http.
 //

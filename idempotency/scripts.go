@@ -246,14 +246,21 @@ var undoClaimScript = script.New(3, fn("forget", releaseSrc)+fn("release", scrip
 return 2 * forget({KEYS[1]}, {ARGV[1]}) + release({KEYS[2], KEYS[3]}, {ARGV[1], ARGV[2]})
 `)
 
-// consumeScript consumes a one-time token.
+// consumeScript consumes a one-time token, for one call of Consume: the
+// token's key then holds "used:" and that call's nonce, with the TTL
+// ARGV[1], so that the same call sent again (its reply was lost, and the
+// client resent it) answers 1 again, while any other call answers -1. A
+// key holding "used" alone (no nonce) is used too.
 //
-//	KEYS[1] token key; ARGV[1] how long to remember a used token, ms
-//	reply: 1 consumed, 0 unknown (or expired), -1 already used
+//	KEYS[1] token key; ARGV[1] how long to remember a used token, ms;
+//	ARGV[2] the call's nonce
+//	reply: 1 consumed (now, or by this call before), 0 unknown (or
+//	expired), -1 already used
 var consumeScript = redis.NewScript(`
 local v = redis.call('GET', KEYS[1])
 if not v then return 0 end
-if v == 'used' then return -1 end
-redis.call('SET', KEYS[1], 'used', 'PX', ARGV[1])
+if v == 'used:' .. ARGV[2] then return 1 end
+if v == 'used' or string.sub(v, 1, 5) == 'used:' then return -1 end
+redis.call('SET', KEYS[1], 'used:' .. ARGV[2], 'PX', ARGV[1])
 return 1
 `)
