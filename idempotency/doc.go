@@ -93,13 +93,23 @@
 // independent of the lease, which only bounds a request in flight — and
 // are bounded in size (WithMaxResult).
 //
-// What the handler returns counts only if its context was still live when
-// it returned. A run whose context was cancelled — its lock was lost, or
-// its caller's context ended — has an unknown outcome: nothing is stored,
-// not even WithStoreEverything, the record is released, and the caller
-// gets ErrRunCancelled. A handler's own ErrInProgress (a nested Barrier, a
+// A caller's context bounds its wait, never the run: once the lock is
+// held, the handler runs on a context detached from the caller's (Do,
+// DoWait, the Consumer), and what it returns while its lock is valid is
+// recorded. A caller whose context ends first gets its context's error at
+// once, while the handler runs on in the background, owned by the
+// Barrier: Close waits for such runs and, at the end of its grace (its
+// ctx), cancels their contexts (cause ErrClosed). What a handler returns
+// after its lock was lost is discarded; so is an error other than a Final
+// one that it returns after Close cancelled it: those outcomes are
+// unknown, nothing is stored, not even WithStoreEverything, the record is
+// released, and the caller gets ErrRunCancelled. A retry then runs the
+// handler again under a higher fence, so a handler's storage must key its
+// effect by the request (a unique request or payment id), not only refuse
+// lower fences. A handler's own ErrInProgress (a nested Barrier, a
 // downstream conflict) is a transient failure: released, returned, never
-// waited on by DoWait.
+// waited on by DoWait. (The Middleware runs its handler on a context of
+// its own, which its handler timeout ends: see Middleware.)
 //
 // A result the store cannot take when the handler returns is tried again
 // while the request's lock is held. If it never lands, the caller gets the
