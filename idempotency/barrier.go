@@ -123,7 +123,9 @@ func (f optionFunc) apply(b *Barrier) error { return f(b) }
 // a late claim (granted, then delayed past a newer owner's claim) from
 // taking the newer owner's record. A strategy built WithoutFencing, or one
 // that does not say whether it fences (no Fencing method), is refused with
-// redlease.ErrInvalid.
+// redlease.ErrInvalid. Records claimed through s name its placement
+// (redlease.Placer; its type, if it names none): see WithPrefix for
+// Barriers of different lock schemes on one prefix.
 func WithStrategy(s redlease.Strategy) Option {
 	return optionFunc(func(b *Barrier) error {
 		if s == nil {
@@ -218,7 +220,15 @@ func WithStoreEverything() Option {
 // request's record or lock. Records and locks are named from the prefix and
 // the key only, so two Barriers with the same prefix on the same store
 // share requests (useful for a second Barrier with another lease; a trap
-// if unintended). A prefix that would put keys under
+// if unintended). Such Barriers may lock through different schemes (the
+// store's own lock and quorum, during a move from one to the other):
+// every claim records its lock scheme (the strategy's placement,
+// redlease.Placer: the default strategy's is single's on the store), and
+// a record in progress under another scheme is never taken over, since
+// the two locks do not exclude each other — the claim answers
+// ErrInProgress. So a request whose owner died under one scheme waits for
+// a Barrier of that scheme to take it over, or for its record to expire
+// (the retention). A prefix that would put keys under
 // redlease.ReservedPrefix, the namespace of redlease's own keys, is refused
 // with redlease.ErrInvalid. Keep other keys on the store (Tokens, your own)
 // outside prefix.
@@ -270,6 +280,10 @@ type Barrier struct {
 	maxResult       int
 	storeAll        bool
 	prefix          string
+	// scheme names the lock scheme, recorded by every claim (see
+	// lockScheme). A claim never takes over a record claimed through
+	// another.
+	scheme string
 
 	// Runs in flight, for Close: active counts them; idle, made by the
 	// first Close, is closed when none is left; stopping ends (cause
@@ -301,6 +315,7 @@ func New(store redis.UniversalClient, opts ...Option) (*Barrier, error) {
 		return nil, redlease.Invalid("idempotency: retention %v must be longer than the lease %v", b.retention, b.lease)
 	}
 	b.retentionMillis = b.retention.Milliseconds()
+	given := b.strategy != nil
 	if b.strategy == nil {
 		// Fence counters of request locks expire with their records: a
 		// request's fences are compared only while its record is kept.
@@ -319,6 +334,7 @@ func New(store redis.UniversalClient, opts ...Option) (*Barrier, error) {
 			b.strategy = s
 		}
 	}
+	b.scheme = lockScheme(store, b.strategy, b.onStore != nil || !given)
 	lopts := []redlease.Option{redlease.WithTTL(b.lease), redlease.WithPrefix(b.prefix + nsLock)}
 	if b.keeper != nil {
 		lopts = append(lopts, redlease.WithKeeper(b.keeper))
@@ -329,6 +345,30 @@ func New(store redis.UniversalClient, opts ...Option) (*Barrier, error) {
 	}
 	b.locker = l
 	return b, nil
+}
+
+// storeScheme is the lock scheme of the store's own lock: the default
+// strategy, single on the store, which every Barrier sharing the store's
+// records reaches, however its client names the store.
+const storeScheme = "store"
+
+// lockScheme names the lock scheme of a Barrier on store with strategy s
+// (onStore: the default strategy): storeScheme for the store's own lock,
+// and for a strategy that places keys where single would on the store's
+// client (redlease.Placer: the same placement); otherwise s's placement,
+// or, if it names none, its type.
+func lockScheme(store redis.UniversalClient, s redlease.Strategy, onStore bool) string {
+	if onStore {
+		return storeScheme
+	}
+	p, ok := s.(redlease.Placer)
+	if !ok {
+		return fmt.Sprintf("%T", s)
+	}
+	if a := nodes.Addr(store); a != "" && p.Placement() == "primary "+a {
+		return storeScheme
+	}
+	return p.Placement()
 }
 
 // Outcome is what Do returns for a request.
@@ -1071,7 +1111,7 @@ func (b *Barrier) claim(ctx context.Context, rec, owner string, fence uint64, fp
 	// this run gives up: the next request takes it over (its owner's lock
 	// is gone), as after a crash.
 	reply, err := bounded.Call(ctx, b.bound, func(ctx context.Context) ([]any, error) {
-		return claimScript.Run(ctx, b.store, []string{rec}, owner, strconv.FormatUint(fence, 10), fp, b.retention.Milliseconds()).Slice()
+		return claimScript.Run(ctx, b.store, []string{rec}, owner, strconv.FormatUint(fence, 10), fp, b.retention.Milliseconds(), b.scheme).Slice()
 	}, nil)
 	if err != nil {
 		return status{}, fmt.Errorf("idempotency: claim %s: %w", rec, err)

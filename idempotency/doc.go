@@ -16,7 +16,11 @@
 // # One record, atomic steps
 //
 // Each request key has one record on the store: in progress (owner, fence,
-// payload fingerprint), then completed (stored result) or released. Peek,
+// payload fingerprint, lock scheme), then completed (stored result) or
+// released. A claim takes over a record in progress only if it was claimed
+// through the same lock scheme (the lock strategy's placement,
+// redlease.Placer), whose lock the claimer now holds; a record of another
+// scheme answers ErrInProgress (see WithPrefix). Peek,
 // claim, renew, complete and release are each one Lua script, and renew,
 // complete and release check the owner, so no step races another and no
 // caller deletes a record it did not claim. A handler that outlived its
