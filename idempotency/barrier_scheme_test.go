@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/redlease/redlease/failover"
 	"github.com/redlease/redlease/idempotency"
 	"github.com/redlease/redlease/quorum"
 )
@@ -115,4 +116,24 @@ func TestSingleOnTheStoreIsTheStoresOwnLockScheme(t *testing.T) {
 		require.NoError(t, err, "pair %d: taken over through the same scheme", i)
 		assert.Equal(t, "ran", string(out.Result))
 	}
+}
+
+// Placements name where a strategy takes a key: single and failover on
+// one client the same, a quorum by its nodes whatever their order, and
+// different nodes differently.
+func TestPlacementsNameWhereKeysAreTaken(t *testing.T) {
+	a, b := store(t), store(t)
+	f, err := failover.New(a)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = f.Close() })
+	quorumOn := func(nodes ...redis.UniversalClient) string {
+		q, err := quorum.New(nodes)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = q.Close() })
+		return q.Placement()
+	}
+	assert.Equal(t, singleOn(t, a).Placement(), f.Placement(), "single and failover on one client")
+	assert.NotEqual(t, singleOn(t, a).Placement(), singleOn(t, b).Placement())
+	assert.Equal(t, quorumOn(a, b), quorumOn(b, a), "a quorum's placement does not depend on the order of its nodes")
+	assert.NotEqual(t, quorumOn(a, b), quorumOn(a))
 }
