@@ -220,6 +220,33 @@ type DriftAllowancer interface {
 	DriftAllowance(ttl time.Duration) time.Duration
 }
 
+// Fencer is a Strategy that states whether its grants carry fences
+// (Grant.Fence above 0, rising across holders of a key), or whether it was
+// built without fencing (every Fence 0). The strategies of this module
+// implement it. A caller whose safety rests on fences asks it: the
+// idempotency package's Barrier refuses a strategy that does not fence, or
+// does not say (WithStrategy), since its guard against a late claim
+// compares fences.
+type Fencer interface {
+	Fencing() bool
+}
+
+// Placer is a Strategy that names where it places keys: its kind of
+// placement and its nodes ("primary 10.0.0.1:6379", "quorum a,b,c" with
+// the addresses sorted). Two strategies with the same placement take a key
+// in the same place, so a lock taken through one excludes a lock taken
+// through the other; two with different placements may both hold one key
+// name at once. The strategies of this module implement it: single and
+// failover on one client name the same placement (they take the same key
+// on the same primary). A client whose type exposes no address (a
+// redis.NewFailoverClient's is "FailoverClient") names no more than that.
+// The idempotency package records the placement of the lock that claimed
+// a request, and never lets a claim through another placement take it
+// over.
+type Placer interface {
+	Placement() string
+}
+
 // CallBounder is a Strategy that states how long one of its calls may
 // take: the quorum strategy's node timeout (its rounds run on every node
 // at once, each bounded by it). Locker.Do waits for its release after fn

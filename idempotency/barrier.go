@@ -43,13 +43,18 @@ var (
 	// ErrResultNotStored: the request completed, but its result was larger
 	// than the limit and was not kept; it will not run again.
 	ErrResultNotStored = errors.New("idempotency: request completed; result too large to replay")
-	// ErrRunCancelled: the handler's context was cancelled while it ran —
-	// its lock was lost or its caller's context ended — so its outcome is
-	// unknown and was not recorded, whatever it returned. The record was
-	// released and a retry will run the handler again; the handler's own
-	// storage must refuse a stale run by its fence. The error also wraps
+	// ErrRunCancelled: the handler's run was cut short, so its outcome is
+	// unknown and was not recorded: its lock was lost (whatever it
+	// returned), or its context was cancelled by Close (or, in the
+	// Middleware, by its handler timeout) and it returned an error that is
+	// not Final. The record was released and a retry will run the handler
+	// again, under a higher fence: the handler's own storage must key its
+	// effect by the request (its key), not only by the fence, or the
+	// retry repeats an effect the cut-short run made. The error also wraps
 	// the handler's error and the context's cause (context.Cause: an error
-	// that errors.Is redlease.ErrLost when the lock was lost).
+	// that errors.Is redlease.ErrLost when the lock was lost, ErrClosed
+	// when Close cancelled it). A caller's own ctx never cuts a run short
+	// (see Do).
 	ErrRunCancelled = errors.New("idempotency: run cancelled; outcome unknown, not recorded")
 	// ErrNotRecorded: the handler ran and its effect may have happened, but
 	// its result could not be recorded (the store failed for as long as
@@ -112,10 +117,22 @@ func (f optionFunc) apply(b *Barrier) error { return f(b) }
 // least retention+lease, as the default strategy has, or one counter per
 // request ever made stays on the nodes forever. A shorter fence TTL would
 // let a request's fences start again at 1 while its record is still kept.
+//
+// s must fence (redlease.Fencer, true): the claim refuses to take over a
+// record in progress under a higher fence than its own, which is what keeps
+// a late claim (granted, then delayed past a newer owner's claim) from
+// taking the newer owner's record. A strategy built WithoutFencing, or one
+// that does not say whether it fences (no Fencing method), is refused with
+// redlease.ErrInvalid. Records claimed through s name its placement
+// (redlease.Placer; its type, if it names none): see WithPrefix for
+// Barriers of different lock schemes on one prefix.
 func WithStrategy(s redlease.Strategy) Option {
 	return optionFunc(func(b *Barrier) error {
 		if s == nil {
 			return redlease.Invalid("idempotency: nil strategy")
+		}
+		if f, ok := s.(redlease.Fencer); !ok || !f.Fencing() {
+			return redlease.Invalid("idempotency: lock strategy %T does not fence (redlease.Fencer): a Barrier compares fences to refuse a late claim", s)
 		}
 		b.strategy = s
 		return nil
@@ -180,7 +197,7 @@ func WithMaxResult(n int) Option {
 // WithStoreEverything stores every outcome once the handler ran: errors of
 // any kind are replayed too, not only Final ones. Default off: a transient
 // failure releases the request so a retry can run. Even with it, a run
-// whose context was cancelled (ErrRunCancelled), a handler's error that
+// cut short (ErrRunCancelled), a handler's error that
 // says its lock was lost (redlease.ErrLost) and a handler's own
 // ErrInProgress are never stored: none of them is an outcome.
 func WithStoreEverything() Option {
@@ -203,7 +220,15 @@ func WithStoreEverything() Option {
 // request's record or lock. Records and locks are named from the prefix and
 // the key only, so two Barriers with the same prefix on the same store
 // share requests (useful for a second Barrier with another lease; a trap
-// if unintended). A prefix that would put keys under
+// if unintended). Such Barriers may lock through different schemes (the
+// store's own lock and quorum, during a move from one to the other):
+// every claim records its lock scheme (the strategy's placement,
+// redlease.Placer: the default strategy's is single's on the store), and
+// a record in progress under another scheme is never taken over, since
+// the two locks do not exclude each other — the claim answers
+// ErrInProgress. So a request whose owner died under one scheme waits for
+// a Barrier of that scheme to take it over, or for its record to expire
+// (the retention). A prefix that would put keys under
 // redlease.ReservedPrefix, the namespace of redlease's own keys, is refused
 // with redlease.ErrInvalid. Keep other keys on the store (Tokens, your own)
 // outside prefix.
@@ -255,6 +280,20 @@ type Barrier struct {
 	maxResult       int
 	storeAll        bool
 	prefix          string
+	// scheme names the lock scheme, recorded by every claim (see
+	// lockScheme). A claim never takes over a record claimed through
+	// another.
+	scheme string
+
+	// Runs in flight, for Close: active counts them; idle, made by the
+	// first Close, is closed when none is left; stopping ends (cause
+	// ErrClosed) when Close gives up waiting, and cancels their handlers.
+	mu       sync.Mutex
+	closed   bool
+	active   int
+	idle     chan struct{}
+	stopping context.Context
+	stopAll  context.CancelCauseFunc
 }
 
 // New returns a Barrier whose records live on store.
@@ -263,6 +302,7 @@ func New(store redis.UniversalClient, opts ...Option) (*Barrier, error) {
 		return nil, redlease.Invalid("idempotency: nil store client")
 	}
 	b := &Barrier{store: store, bound: !bounded.HonorsContext(store), retention: DefaultRetention, lease: DefaultLease, maxResult: DefaultMaxResult, prefix: "idem:"}
+	b.stopping, b.stopAll = context.WithCancelCause(context.Background())
 	for _, o := range opts {
 		if o == nil {
 			continue
@@ -275,6 +315,7 @@ func New(store redis.UniversalClient, opts ...Option) (*Barrier, error) {
 		return nil, redlease.Invalid("idempotency: retention %v must be longer than the lease %v", b.retention, b.lease)
 	}
 	b.retentionMillis = b.retention.Milliseconds()
+	given := b.strategy != nil
 	if b.strategy == nil {
 		// Fence counters of request locks expire with their records: a
 		// request's fences are compared only while its record is kept.
@@ -293,6 +334,7 @@ func New(store redis.UniversalClient, opts ...Option) (*Barrier, error) {
 			b.strategy = s
 		}
 	}
+	b.scheme = lockScheme(store, b.strategy, b.onStore != nil || !given)
 	lopts := []redlease.Option{redlease.WithTTL(b.lease), redlease.WithPrefix(b.prefix + nsLock)}
 	if b.keeper != nil {
 		lopts = append(lopts, redlease.WithKeeper(b.keeper))
@@ -305,6 +347,30 @@ func New(store redis.UniversalClient, opts ...Option) (*Barrier, error) {
 	return b, nil
 }
 
+// storeScheme is the lock scheme of the store's own lock: the default
+// strategy, single on the store, which every Barrier sharing the store's
+// records reaches, however its client names the store.
+const storeScheme = "store"
+
+// lockScheme names the lock scheme of a Barrier on store with strategy s
+// (onStore: the default strategy): storeScheme for the store's own lock,
+// and for a strategy that places keys where single would on the store's
+// client (redlease.Placer: the same placement); otherwise s's placement,
+// or, if it names none, its type.
+func lockScheme(store redis.UniversalClient, s redlease.Strategy, onStore bool) string {
+	if onStore {
+		return storeScheme
+	}
+	p, ok := s.(redlease.Placer)
+	if !ok {
+		return fmt.Sprintf("%T", s)
+	}
+	if a := nodes.Addr(store); a != "" && p.Placement() == "primary "+a {
+		return storeScheme
+	}
+	return p.Placement()
+}
+
 // Outcome is what Do returns for a request.
 type Outcome struct {
 	Result   []byte // the handler's result, or the stored one
@@ -312,13 +378,20 @@ type Outcome struct {
 	Fence    uint64 // the fence the handler ran under (0 on a replay)
 }
 
-// Handler does the request's work under the lock. Its ctx is cancelled if
-// the lock is lost. If its ctx is done when it returns (the lock was lost,
-// or the caller's ctx ended), whatever it returned is discarded and the
-// request released: see ErrRunCancelled. fence is the fence of this
+// Handler does the request's work under the lock. Its ctx carries the
+// caller's values but not its cancellation (Do, DoWait and the Consumer;
+// the Middleware's is its own, see Middleware): it is cancelled when the
+// lock is lost, or when Close gives up waiting for it. If the lock was
+// lost when it returns, whatever it returned is discarded and the request
+// released; if Close cancelled it, a success or a Final error it returns
+// while its lock is valid is recorded, and any other error releases the
+// request (see ErrRunCancelled). fence is the fence of this
 // request's lock: it orders the runs of this one request (a takeover gets
 // a higher fence), so storage written only by this request can refuse a
-// stale run with it. It says
+// stale run with it — but a run cut short may have made its effect, and
+// the retry that follows comes with a higher fence, which such storage
+// accepts: storage must also key the effect by the request (a unique
+// request or payment id), so that the retry finds it made. It says
 // nothing about other requests: a shared row (an account balance) needs its
 // own lock and that lock's fence — see examples/settlement.
 type Handler func(ctx context.Context, fence uint64) ([]byte, error)
@@ -335,9 +408,15 @@ type Request struct {
 // ErrInProgress, ErrMismatch, ErrNotOwner, ErrResultNotStored,
 // ErrRunCancelled, ErrNotRecorded, or a lock or store failure.
 //
-// Once h has returned, Do tries to record its outcome for as long as the
-// request's lock is held, at most a lease, even if ctx ends meanwhile: an
-// outcome that is not recorded lets a later retry run h again.
+// ctx bounds the wait, not the run: once the lock is held, h runs on a
+// context detached from ctx (its values kept), and its outcome is
+// recorded whatever becomes of ctx, for as long as the request's lock is
+// held (at most a lease). If ctx ends first, Do returns at once with an
+// error that wraps ctx's error (and cause): h goes on in the background,
+// owned by the Barrier (Close waits for it, and at the end of its grace
+// cancels it), and a retry gets ErrInProgress until its outcome is
+// recorded, then the outcome. An outcome that is not recorded lets a later
+// retry run h again.
 func (b *Barrier) Do(ctx context.Context, req Request, h Handler) (Outcome, error) {
 	return b.do(ctx, nsRequest, req, h, 0)
 }
@@ -405,7 +484,7 @@ func (b *Barrier) exec(ctx context.Context, ns string, req Request, h Handler, w
 		// None, or in progress: whoever holds the lock is running it. An
 		// in-progress record whose owner's lock has expired (a crash, a
 		// pause) is taken over by whoever gets the lock next.
-		out, v, err := b.run(ctx, req, rec, lockKey(ns, req.Key), h)
+		out, v, err := b.run(ctx, req, rec, lockKey(ns, req.Key), h, ns != nsHTTP)
 		// Only the Barrier's own in-progress answer is waited on: an
 		// ErrInProgress of the handler's is its result.
 		if v != busy || time.Now().After(deadline) {
@@ -422,7 +501,14 @@ func (b *Barrier) exec(ctx context.Context, ns string, req Request, h Handler, w
 // store, the lock's acquisition also reads and claims the record (see
 // storeLock), and a request found done or refused comes back as
 // errSettled, with the record's state in the claim.
-func (b *Barrier) run(ctx context.Context, req Request, rec, lockKey string, h Handler) (Outcome, verdict, error) {
+//
+// With detach (Do, DoWait, the Consumer), everything after the lock's
+// acquisition (see hold) runs on a context detached from ctx: ctx's end
+// does not cut the handler short, nor decide its record. If ctx ends
+// first, run returns at once with ctx's error while the run goes on in a
+// goroutine the Barrier owns (see Close). Without detach (the Middleware,
+// whose ctx is its own: its handler timeout), h runs on ctx as before.
+func (b *Barrier) run(ctx context.Context, req Request, rec, lockKey string, h Handler, detach bool) (Outcome, verdict, error) {
 	var cl *claim
 	lctx := ctx
 	if b.onStore != nil {
@@ -452,6 +538,176 @@ func (b *Barrier) run(ctx context.Context, req Request, rec, lockKey string, h H
 	if err != nil {
 		return Outcome{}, failed, err
 	}
+	if err := b.enter(); err != nil {
+		// Closed while the lock was taken: nothing runs, and what this
+		// attempt took goes back.
+		if cl != nil {
+			_, _ = b.release(ctx, rec, lk.Token())
+		}
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.lease)
+		_ = lk.Release(rctx)
+		cancel()
+		return Outcome{}, failed, err
+	}
+	if !detach || ctx.Done() == nil {
+		// A ctx that never ends needs no goroutine to be left behind.
+		base := ctx
+		if detach {
+			base = context.WithoutCancel(ctx)
+		}
+		defer b.leave()
+		r := b.hold(base, req, rec, lk, cl, h)
+		if r.panicked != nil {
+			panic(r.panicked)
+		}
+		return r.out, r.v, r.err
+	}
+	f := &flight{done: make(chan held, 1)}
+	go func() {
+		defer b.leave()
+		f.deliver(b.hold(context.WithoutCancel(ctx), req, rec, lk, cl, h))
+	}()
+	select {
+	case r := <-f.done:
+		return r.result()
+	case <-ctx.Done():
+	}
+	if r, ok := f.leave(); ok {
+		return r.result()
+	}
+	return Outcome{Fence: lk.Fence()}, failed, callerLeft(ctx)
+}
+
+// held is what became of a run that held the lock (see hold); a panic of
+// the handler's is carried to whoever waits for it.
+type held struct {
+	out      Outcome
+	v        verdict
+	err      error
+	panicked any
+}
+
+// result is r's answer, re-raising the handler's panic.
+func (r held) result() (Outcome, verdict, error) {
+	if r.panicked != nil {
+		panic(r.panicked)
+	}
+	return r.out, r.v, r.err
+}
+
+// flight hands a detached run's answer to its caller, if the caller still
+// waits: a caller that left (its ctx ended) takes nothing, and a panic of
+// the handler's then goes on in the run's goroutine, as any unrecovered
+// panic does.
+type flight struct {
+	mu   sync.Mutex
+	left bool
+	done chan held // buffered: one answer
+}
+
+// deliver gives r to the caller, or, if it left, re-raises the handler's
+// panic.
+func (f *flight) deliver(r held) {
+	f.mu.Lock()
+	left := f.left
+	if !left {
+		f.done <- r
+	}
+	f.mu.Unlock()
+	if left && r.panicked != nil {
+		panic(r.panicked)
+	}
+}
+
+// leave marks the caller gone, unless the answer came meanwhile (ok).
+func (f *flight) leave() (r held, ok bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	select {
+	case r = <-f.done:
+		return r, true
+	default:
+		f.left = true
+		return held{}, false
+	}
+}
+
+// callerLeft is the error of a caller whose ctx ended while its run goes
+// on: ctx's error (and its cause), in words that say the outcome will be
+// recorded.
+func callerLeft(ctx context.Context) error {
+	err := fmt.Errorf("idempotency: the caller's context ended while the handler ran; it runs on under its lock, and its outcome is recorded for a retry to replay: %w", ctx.Err())
+	if c := context.Cause(ctx); c != nil && c != ctx.Err() {
+		err = redlease.Wrap(err, c)
+	}
+	return err
+}
+
+// ErrClosed: the Barrier was closed (Close); it runs nothing more, and the
+// context of a handler still running when Close gave up waiting is
+// cancelled with it as the cause.
+var ErrClosed = errors.New("idempotency: Barrier closed")
+
+// enter counts a run in flight, or refuses it once the Barrier is closed.
+func (b *Barrier) enter() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return ErrClosed
+	}
+	b.active++
+	return nil
+}
+
+// leave counts a run finished (see enter).
+func (b *Barrier) leave() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.active--
+	if b.active == 0 && b.idle != nil {
+		close(b.idle)
+	}
+}
+
+// Close stops the Barrier: it runs no request from now on (ErrClosed), and
+// waits until the runs in flight have finished — their handlers returned
+// and their outcomes recorded or released — or until ctx ends, which is
+// their shutdown grace. Then it cancels their handlers' contexts
+// (context.Cause: ErrClosed) and returns an error that wraps ctx's; those
+// runs release their records (or record what their handlers return while
+// their locks are valid) on their own, within a lease, and a second Close
+// waits for them again. Close may be called any number of times.
+func (b *Barrier) Close(ctx context.Context) error {
+	b.mu.Lock()
+	b.closed = true
+	if b.idle == nil {
+		b.idle = make(chan struct{})
+		if b.active == 0 {
+			close(b.idle)
+		}
+	}
+	idle := b.idle
+	b.mu.Unlock()
+	select {
+	case <-idle:
+		return nil
+	case <-ctx.Done():
+	}
+	b.stopAll(ErrClosed)
+	select {
+	case <-idle:
+		return nil
+	default:
+	}
+	return fmt.Errorf("idempotency: Barrier closed with runs in flight, their handlers' contexts cancelled: %w", context.Cause(ctx))
+}
+
+// hold is a run once the lock is held: it claims the record (unless the
+// lock's acquisition did), runs h on a context derived from base, and
+// records or releases its outcome, then releases the lock or leaves it to
+// expire. base is the caller's ctx, or one detached from it (see run).
+func (b *Barrier) hold(base context.Context, req Request, rec string, lk *redlease.Lock, cl *claim, h Handler) held {
+	ctx := base
 	stopKeeping := func() {}
 	if b.keeper != nil {
 		stopKeeping = b.keeper.Keep(lk)
@@ -469,23 +725,30 @@ func (b *Barrier) run(ctx context.Context, req Request, rec, lockKey string, h H
 
 	// The record, again, now that we hold the lock: a request may have
 	// completed while we took it. (With the lock on the store, the claim
-	// was made in the same step as the lock.)
+	// was made in the same step as the lock.) The claim counts only while
+	// the lock is valid, and is given no longer.
 	var st status
 	if cl != nil {
 		st = cl.st
-	} else if st, err = b.claim(ctx, rec, lk.Token(), lk.Fence(), req.Fingerprint); err != nil {
-		return Outcome{}, failed, err
+	} else {
+		cctx, cancel := context.WithDeadline(ctx, lk.Until())
+		var err error
+		st, err = b.claim(cctx, rec, lk.Token(), lk.Fence(), req.Fingerprint)
+		cancel()
+		if err != nil {
+			return held{v: failed, err: err}
+		}
 	}
 	switch st.state {
 	case "done":
 		out, err := st.replay()
-		return out, recorded, err
+		return held{out: out, v: recorded, err: err}
 	case "mismatch":
-		return Outcome{}, failed, ErrMismatch
+		return held{v: failed, err: ErrMismatch}
 	case "progress":
 		// Only a double grant gets here (an owner with a higher fence): it
 		// will finish or lose its lock within a lease.
-		return Outcome{}, busy, &InProgressError{RetryAfter: b.lease}
+		return held{v: busy, err: &InProgressError{RetryAfter: b.lease}}
 	}
 	if !lk.Valid() {
 		// The claim's reply came back after the lock ran out (a slow
@@ -494,12 +757,15 @@ func (b *Barrier) run(ctx context.Context, req Request, rec, lockKey string, h H
 		// is still ours, and the caller hears "in progress", as it would
 		// have a moment later.
 		_, _ = b.release(ctx, rec, lk.Token())
-		return Outcome{}, busy, &InProgressError{RetryAfter: time.Second}
+		return held{v: busy, err: &InProgressError{RetryAfter: time.Second}}
 	}
 
-	// The handler's ctx ends when the lock is lost; meanwhile the record
-	// is kept alive as long as the lock (see watch).
-	hctx, cancel := context.WithCancelCause(ctx)
+	// The handler's ctx ends when the lock is lost, or when Close gives up
+	// waiting; meanwhile the record is kept alive as long as the lock (see
+	// watch).
+	hctx, cancel := context.WithCancelCause(base)
+	unhook := context.AfterFunc(b.stopping, func() { cancel(context.Cause(b.stopping)) })
+	defer unhook()
 	var stopWatching func()
 	if b.onStore != nil && b.keeper == nil {
 		stopWatching = b.cancelAtExpiry(cancel, lk)
@@ -523,13 +789,19 @@ func (b *Barrier) run(ctx context.Context, req Request, rec, lockKey string, h H
 	if hctx.Err() != nil {
 		cause = context.Cause(hctx)
 	}
+	lost := cause != nil && (errors.Is(cause, redlease.ErrLost) || !lk.Valid())
 	stopWatching()
 	if panicked != nil {
 		_, _ = b.release(ctx, rec, lk.Token())
-		panic(panicked)
+		return held{panicked: panicked}
 	}
-	if cause != nil {
-		// Whatever h returned, its run was cut short: nothing is recorded.
+	var final *FinalError
+	if lost || (cause != nil && herr != nil && !errors.As(herr, &final)) {
+		// Its lock was lost, or its run was cut short (Close, or the
+		// Middleware's own deadline) and it returned neither a success nor
+		// a Final error: its outcome is unknown, and nothing is recorded.
+		// A success or a Final error returned while the lock was valid is
+		// an outcome, however its ctx ended, and is recorded below.
 		err := redlease.Wrap(ErrRunCancelled, herr)
 		if !errors.Is(herr, cause) {
 			err = redlease.Wrap(err, cause)
@@ -540,11 +812,11 @@ func (b *Barrier) run(ctx context.Context, req Request, rec, lockKey string, h H
 		case !ok:
 			err = redlease.Wrap(err, ErrNotOwner)
 		}
-		return Outcome{Fence: lk.Fence()}, failed, err
+		return held{out: Outcome{Fence: lk.Fence()}, v: failed, err: err}
 	}
 	if herr != nil && !b.keep(herr) {
 		_, _ = b.release(ctx, rec, lk.Token())
-		return Outcome{Fence: lk.Fence()}, failed, herr
+		return held{out: Outcome{Fence: lk.Fence()}, v: failed, err: herr}
 	}
 	kind, payload := "ok", result
 	if herr != nil {
@@ -554,7 +826,7 @@ func (b *Barrier) run(ctx context.Context, req Request, rec, lockKey string, h H
 		kind, payload = "big", nil
 	}
 	out := Outcome{Result: result, Fence: lk.Fence()}
-	err = b.record(ctx, rec, lk, kind, payload)
+	err := b.record(ctx, rec, lk, kind, payload)
 	// With leavesLock, the lock is left to its TTL whatever the answer:
 	// a completed record answers every duplicate by itself (see
 	// leavesLock), and a record taken over or gone is left as below.
@@ -566,16 +838,16 @@ func (b *Barrier) run(ctx context.Context, req Request, rec, lockKey string, h H
 		// after the lock ran out): the effect happened and nothing says
 		// so. That is "not recorded", not "taken over before anything
 		// ran": the caller must not treat it as a failure to retry.
-		return out, unrecorded, notRecorded(herr, err)
+		return held{out: out, v: unrecorded, err: notRecorded(herr, err)}
 	case err != nil:
 		keepLock = true
-		return out, unrecorded, notRecorded(herr, err)
+		return held{out: out, v: unrecorded, err: notRecorded(herr, err)}
 	}
 	if kind == "big" && herr == nil {
 		// The caller gets its result now; duplicates will not.
-		return out, recorded, nil
+		return held{out: out, v: recorded}
 	}
-	return out, recorded, herr
+	return held{out: out, v: recorded, err: herr}
 }
 
 // watch runs beside a handler until hctx ends (the handler returned, or
@@ -763,8 +1035,9 @@ func (b *Barrier) call(ctx context.Context, h Handler, fence uint64) (res []byte
 // (definitive business outcomes) yes; everything else no, unless
 // WithStoreEverything — and even then not a handler's own ErrInProgress
 // (transient by nature) nor an error that says a lock was lost (the run
-// may not have been exclusive). A run whose own context ended never gets
-// here (ErrRunCancelled).
+// may not have been exclusive). A run whose lock was lost never gets here,
+// nor one cut short (by Close) that returned a non-Final error
+// (ErrRunCancelled).
 func (b *Barrier) keep(err error) bool {
 	var f *FinalError
 	switch {
@@ -838,7 +1111,7 @@ func (b *Barrier) claim(ctx context.Context, rec, owner string, fence uint64, fp
 	// this run gives up: the next request takes it over (its owner's lock
 	// is gone), as after a crash.
 	reply, err := bounded.Call(ctx, b.bound, func(ctx context.Context) ([]any, error) {
-		return claimScript.Run(ctx, b.store, []string{rec}, owner, strconv.FormatUint(fence, 10), fp, b.retention.Milliseconds()).Slice()
+		return claimScript.Run(ctx, b.store, []string{rec}, owner, strconv.FormatUint(fence, 10), fp, b.retention.Milliseconds(), b.scheme).Slice()
 	}, nil)
 	if err != nil {
 		return status{}, fmt.Errorf("idempotency: claim %s: %w", rec, err)

@@ -52,58 +52,6 @@ func TestRunWithALostLockIsNotRecorded(t *testing.T) {
 	assert.EqualValues(t, 2, runs.Load())
 }
 
-// The caller's ctx ends while the handler runs: whatever the handler
-// returns — a partial success, or even a Final error — is not recorded.
-func TestRunWhoseCallerLeftIsNotRecorded(t *testing.T) {
-	b := barrier(t, store(t))
-	insufficient := errors.New("insufficient funds")
-	for _, c := range []struct {
-		name   string
-		cancel func(context.Context) (context.Context, func())
-		want   error
-		result []byte
-		err    error
-	}{
-		{"cancelled, returns a partial result", func(ctx context.Context) (context.Context, func()) {
-			ctx, cancel := context.WithCancel(ctx)
-			return ctx, cancel
-		}, context.Canceled, []byte("half done"), nil},
-		{"deadline, returns a Final error", func(ctx context.Context) (context.Context, func()) {
-			// Long enough for the lock and the claim, whatever the load.
-			ctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
-			return ctx, cancel
-		}, context.DeadlineExceeded, nil, idempotency.Final(insufficient)},
-	} {
-		t.Run(c.name, func(t *testing.T) {
-			req := idempotency.Request{Key: c.name}
-			var runs atomic.Int32
-			cctx, cancel := c.cancel(t.Context())
-			defer cancel()
-			_, err := b.Do(cctx, req, func(ctx context.Context, fence uint64) ([]byte, error) {
-				runs.Add(1)
-				if c.want == context.Canceled {
-					cancel() // the caller gives up while the handler runs
-				}
-				if err := untilDone(ctx); err != nil {
-					return nil, err
-				}
-				return c.result, c.err
-			})
-			assert.ErrorIs(t, err, idempotency.ErrRunCancelled)
-			assert.ErrorIs(t, err, c.want)
-			if c.err != nil {
-				assert.ErrorIs(t, err, insufficient, "the handler's error is kept in the chain")
-			}
-
-			out, err := b.Do(t.Context(), req, result(&runs, "done"))
-			require.NoError(t, err, "the retry runs, instead of replaying the cancelled run")
-			assert.False(t, out.Replayed)
-			assert.Equal(t, "done", string(out.Result))
-			assert.EqualValues(t, 2, runs.Load())
-		})
-	}
-}
-
 // WithStoreEverything stores every outcome of a run — but a run aborted by
 // the loss of its lock has no outcome: its "context canceled" must not be
 // replayed forever.

@@ -29,6 +29,9 @@ func (g *grantAll) Extend(_ context.Context, _, _ string, ttl time.Duration) (re
 
 func (g *grantAll) Release(context.Context, string, string) error { return nil }
 
+// Fencing says it fences: its fences rise.
+func (g *grantAll) Fencing() bool { return true }
+
 // Under a double grant both holders believe in their lock, so neither run
 // is cancelled; the record's owner check still refuses the result of the
 // one that was taken over (the lower fence), and the newer owner's stands.

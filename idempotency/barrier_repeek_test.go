@@ -34,6 +34,10 @@ func (r *refuseAfter) Extend(context.Context, string, string, time.Duration) (re
 
 func (r *refuseAfter) Release(context.Context, string, string) error { return redlease.ErrNotHeld }
 
+// Fencing says it fences (it never grants): a Barrier takes only a
+// strategy that does.
+func (r *refuseAfter) Fencing() bool { return true }
+
 // With a lock that is not on the store (quorum, for money), the Barrier
 // looks at the record and then takes the lock: two steps. A duplicate whose
 // look found the request in flight, and whose lock was then refused, may

@@ -42,11 +42,15 @@ func NewConsumer(b *Barrier) (*Consumer, error) {
 //     refused (ErrMismatch, or an empty id: redlease.ErrInvalid) and will
 //     never succeed; dead-letter it (move it aside and ack it), or it is
 //     redelivered forever.
+//   - ack false, err wrapping ctx's error: ctx ended while h ran; h runs
+//     on in the background under the message's lock (as for Do: ctx never
+//     cuts it short) and its outcome will be recorded; do not ack — the
+//     redelivery gets ErrInProgress while it runs, then its outcome.
 //   - ack false, other err: nothing was recorded and the record was
-//     released — h failed transiently, its run was cancelled
-//     (ErrRunCancelled: its lock was lost or ctx ended), the message was
-//     taken over (ErrNotOwner), or the store or lock failed before h ran;
-//     do not ack, let it be redelivered.
+//     released — h failed transiently, its run was cut short
+//     (ErrRunCancelled: its lock was lost, or Close cancelled it), the
+//     message was taken over (ErrNotOwner), or the store or lock failed
+//     before h ran; do not ack, let it be redelivered.
 func (c *Consumer) Handle(ctx context.Context, id string, h Handler) (ack bool, err error) {
 	return c.handle(ctx, Request{Key: id}, h)
 }

@@ -7,14 +7,20 @@
 //     completion gets the stored result, marked replayed; a duplicate while
 //     it runs gets ErrInProgress (or waits, with DoWait); the same key with a
 //     different payload gets ErrMismatch.
-//   - Tokens: one-time tokens, issued and consumed atomically.
+//   - Tokens: one-time tokens, issued and consumed atomically; a consume
+//     whose reply was lost and that the client sent again is recognised as
+//     its own (a nonce per call), not refused as used.
 //   - Consumer: MQ dedup with an ack decision.
 //   - Middleware: the IETF Idempotency-Key header for net/http.
 //
 // # One record, atomic steps
 //
 // Each request key has one record on the store: in progress (owner, fence,
-// payload fingerprint), then completed (stored result) or released. Peek,
+// payload fingerprint, lock scheme), then completed (stored result) or
+// released. A claim takes over a record in progress only if it was claimed
+// through the same lock scheme (the lock strategy's placement,
+// redlease.Placer), whose lock the claimer now holds; a record of another
+// scheme answers ErrInProgress (see WithPrefix). Peek,
 // claim, renew, complete and release are each one Lua script, and renew,
 // complete and release check the owner, so no step races another and no
 // caller deletes a record it did not claim. A handler that outlived its
@@ -91,13 +97,23 @@
 // independent of the lease, which only bounds a request in flight — and
 // are bounded in size (WithMaxResult).
 //
-// What the handler returns counts only if its context was still live when
-// it returned. A run whose context was cancelled — its lock was lost, or
-// its caller's context ended — has an unknown outcome: nothing is stored,
-// not even WithStoreEverything, the record is released, and the caller
-// gets ErrRunCancelled. A handler's own ErrInProgress (a nested Barrier, a
+// A caller's context bounds its wait, never the run: once the lock is
+// held, the handler runs on a context detached from the caller's (Do,
+// DoWait, the Consumer), and what it returns while its lock is valid is
+// recorded. A caller whose context ends first gets its context's error at
+// once, while the handler runs on in the background, owned by the
+// Barrier: Close waits for such runs and, at the end of its grace (its
+// ctx), cancels their contexts (cause ErrClosed). What a handler returns
+// after its lock was lost is discarded; so is an error other than a Final
+// one that it returns after Close cancelled it: those outcomes are
+// unknown, nothing is stored, not even WithStoreEverything, the record is
+// released, and the caller gets ErrRunCancelled. A retry then runs the
+// handler again under a higher fence, so a handler's storage must key its
+// effect by the request (a unique request or payment id), not only refuse
+// lower fences. A handler's own ErrInProgress (a nested Barrier, a
 // downstream conflict) is a transient failure: released, returned, never
-// waited on by DoWait.
+// waited on by DoWait. (The Middleware runs its handler on a context of
+// its own, which its handler timeout ends: see Middleware.)
 //
 // A result the store cannot take when the handler returns is tried again
 // while the request's lock is held. If it never lands, the caller gets the
@@ -111,6 +127,9 @@
 // WithStrategy(quorum) the lock survives the loss of a minority of lock
 // nodes; the record itself still lives on the store, so make the store
 // durable (persistence, or failover with WAIT) where results must survive
-// it. Whatever the choice, a handler's own writes must carry the fence it
-// was given: that is what refuses a handler that woke up too late.
+// it. A strategy must fence (redlease.Fencer): the claim compares fences to
+// refuse a late claim, and WithStrategy refuses a strategy built
+// WithoutFencing, or one that does not say. Whatever the choice, a
+// handler's own writes must carry the fence it was given: that is what
+// refuses a handler that woke up too late.
 package idempotency

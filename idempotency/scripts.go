@@ -14,6 +14,9 @@ import (
 //	       first attempt landed knows it was its own)
 //	fence  the owner's fence (its lock fence), so a later owner can take over
 //	fp     the payload fingerprint of the first request ("" if none given)
+//	ls     the lock scheme of the owner's lock (Barrier.scheme): a claim
+//	       through another scheme never takes the record over. A record
+//	       without it (written before it existed) is taken over by any.
 //	result the stored result (completed only)
 //	kind   what result is: "ok", "err" (a stored failure) or "big" (too large to keep)
 //
@@ -38,24 +41,30 @@ var peekScript = redis.NewScript(peekSrc)
 // record, unless the request is already done or its payload differs. An
 // in-progress record of another owner is taken over: that owner's lock
 // expired, since we hold it now (its later Complete will be refused) —
-// unless its fence is higher than ours, which only a double grant produces.
+// unless its fence is higher than ours, which only a double grant
+// produces, or it was claimed through another lock scheme, whose lock
+// ours does not exclude (its owner may be running now).
 //
-//	KEYS[1] record; ARGV[1] owner, ARGV[2] fence, ARGV[3] fingerprint, ARGV[4] retention ms
+//	KEYS[1] record; ARGV[1] owner, ARGV[2] fence, ARGV[3] fingerprint,
+//	ARGV[4] retention ms, ARGV[5] lock scheme
 //	reply: {"claimed"} | {"done", kind, result} | {"mismatch"} | {"progress"}
 const claimSrc = `
-local r = redis.call('HMGET', KEYS[1], 'state', 'fp', 'kind', 'result', 'owner', 'fence')
+local r = redis.call('HMGET', KEYS[1], 'state', 'fp', 'kind', 'result', 'owner', 'fence', 'ls')
 if r[1] then
   if ARGV[3] ~= '' and r[2] ~= '' and r[2] ~= ARGV[3] then return {'mismatch'} end
   if r[1] == 'c' then return {'done', r[3], r[4] or ''} end
-  -- We hold the key's lock, so another in-progress owner lost its lock:
-  -- take over, unless fences say that owner came after us (a double grant).
+  -- We hold the key's lock, so another in-progress owner of the same lock
+  -- scheme lost its lock: take over, unless fences say that owner came
+  -- after us (a double grant). An owner of another scheme holds a lock
+  -- ours does not exclude: never taken over.
+  if r[5] ~= ARGV[1] and r[7] and r[7] ~= ARGV[5] then return {'progress'} end
   if r[5] ~= ARGV[1] and tonumber(ARGV[2]) > 0 and tonumber(r[6] or '0') > tonumber(ARGV[2]) then
     return {'progress'}
   end
 end
 local fp = ARGV[3]
 if r[1] and fp == '' then fp = r[2] end
-redis.call('HSET', KEYS[1], 'state', 'p', 'owner', ARGV[1], 'fence', ARGV[2], 'fp', fp)
+redis.call('HSET', KEYS[1], 'state', 'p', 'owner', ARGV[1], 'fence', ARGV[2], 'fp', fp, 'ls', ARGV[5])
 if r[1] then
   redis.call('HDEL', KEYS[1], 'kind', 'result')
 end
@@ -152,15 +161,16 @@ func fn(name, src string) string {
 //	KEYS[1] record, KEYS[2] lock key, KEYS[3] its fence counter
 //	ARGV[1] token (the lock's, and the record's owner), ARGV[2] lock ttl ms,
 //	ARGV[3] fence counter TTL ms (> 0; never shortened), ARGV[4]
-//	fingerprint, ARGV[5] retention ms
+//	fingerprint, ARGV[5] retention ms, ARGV[6] lock scheme
 //	reply: "d"..kind..":"..result  done (lock not taken)
 //	     | "m"                     mismatch (lock not taken)
 //	     | an integer < 0          the lock refused: Acquire's refusal
 //	     | an integer > 0          the lock taken (this fence), the record claimed
 //	     | "p"..fence              the lock taken, but the record is in progress
-//	                               under a higher fence: a double grant
+//	                               under a higher fence (a double grant), or
+//	                               under another lock scheme
 var claimLockScript = script.New(3, `
-local r = redis.call('HMGET', KEYS[1], 'state', 'fp', 'kind', 'result', 'owner', 'fence')
+local r = redis.call('HMGET', KEYS[1], 'state', 'fp', 'kind', 'result', 'owner', 'fence', 'ls')
 if r[1] then
   if ARGV[4] ~= '' and r[2] ~= '' and r[2] ~= ARGV[4] then return 'm' end
   if r[1] == 'c' then return 'd' .. (r[3] or '') .. ':' .. (r[4] or '') end
@@ -216,14 +226,15 @@ if fresh then
 end
 if f < 0 then return f end
 local fence = string.format('%d', f)
--- We hold the key's lock, so another in-progress owner lost its lock:
--- take over, unless fences say that owner came after us (a double grant).
-if r[1] and r[5] ~= ARGV[1] and f > 0 and tonumber(r[6] or '0') > f then
+-- We hold the key's lock, so another in-progress owner of the same lock
+-- scheme lost its lock: take over, unless fences say that owner came
+-- after us (a double grant). An owner of another scheme: never.
+if r[1] and r[5] ~= ARGV[1] and ((r[7] and r[7] ~= ARGV[6]) or (f > 0 and tonumber(r[6] or '0') > f)) then
   return 'p' .. fence
 end
 local fp = ARGV[4]
 if r[1] and fp == '' then fp = r[2] end
-redis.call('HSET', KEYS[1], 'state', 'p', 'owner', ARGV[1], 'fence', fence, 'fp', fp)
+redis.call('HSET', KEYS[1], 'state', 'p', 'owner', ARGV[1], 'fence', fence, 'fp', fp, 'ls', ARGV[6])
 if r[1] then
   redis.call('HDEL', KEYS[1], 'kind', 'result')
 end
@@ -246,14 +257,21 @@ var undoClaimScript = script.New(3, fn("forget", releaseSrc)+fn("release", scrip
 return 2 * forget({KEYS[1]}, {ARGV[1]}) + release({KEYS[2], KEYS[3]}, {ARGV[1], ARGV[2]})
 `)
 
-// consumeScript consumes a one-time token.
+// consumeScript consumes a one-time token, for one call of Consume: the
+// token's key then holds "used:" and that call's nonce, with the TTL
+// ARGV[1], so that the same call sent again (its reply was lost, and the
+// client resent it) answers 1 again, while any other call answers -1. A
+// key holding "used" alone (no nonce) is used too.
 //
-//	KEYS[1] token key; ARGV[1] how long to remember a used token, ms
-//	reply: 1 consumed, 0 unknown (or expired), -1 already used
+//	KEYS[1] token key; ARGV[1] how long to remember a used token, ms;
+//	ARGV[2] the call's nonce
+//	reply: 1 consumed (now, or by this call before), 0 unknown (or
+//	expired), -1 already used
 var consumeScript = redis.NewScript(`
 local v = redis.call('GET', KEYS[1])
 if not v then return 0 end
-if v == 'used' then return -1 end
-redis.call('SET', KEYS[1], 'used', 'PX', ARGV[1])
+if v == 'used:' .. ARGV[2] then return 1 end
+if v == 'used' or string.sub(v, 1, 5) == 'used:' then return -1 end
+redis.call('SET', KEYS[1], 'used:' .. ARGV[2], 'PX', ARGV[1])
 return 1
 `)

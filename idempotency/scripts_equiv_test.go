@@ -29,7 +29,7 @@ if st[1] == 'mismatch' then return 'm' end
 local f = acquire({KEYS[2], KEYS[3], KEYS[2], KEYS[2]}, {ARGV[1], ARGV[2], '`+script.IncrFence+`', '`+script.RuleOff+`', '`+script.NotDurable+`', ARGV[3]})
 if f < 0 then return f end
 `+fn("claim", claimSrc)+`
-local c = claim({KEYS[1]}, {ARGV[1], string.format('%d', f), ARGV[4], ARGV[5]})
+local c = claim({KEYS[1]}, {ARGV[1], string.format('%d', f), ARGV[4], ARGV[5], ARGV[6]})
 if c[1] == 'claimed' then return f end
 if c[1] == 'progress' then return 'p' .. string.format('%d', f) end
 return redis.error_reply('idempotency: unexpected claim answer ' .. tostring(c[1]))
@@ -140,6 +140,9 @@ func TestHandWrittenClaimDoesWhatTheComposedOneDoes(t *testing.T) {
 		"progress equal":    {"state", "p", "owner", "other.1", "fence", "8", "fp", "fpA"},
 		"progress no fp":    {"state", "p", "owner", "other.1", "fence", "3", "fp", ""},
 		"progress other fp": {"state", "p", "owner", "other.1", "fence", "3", "fp", "fpB"},
+		"progress same ls":  {"state", "p", "owner", "other.1", "fence", "3", "fp", "fpA", "ls", "store"},
+		"progress other ls": {"state", "p", "owner", "other.1", "fence", "3", "fp", "fpA", "ls", "quorum a,b,c"},
+		"progress mine ls":  {"state", "p", "owner", token, "fence", "5", "fp", "fpA", "ls", "quorum a,b,c"},
 		"done ok":           {"state", "c", "owner", "other.1", "fence", "3", "fp", "fpA", "kind", "ok", "result", "paid:1"},
 		"done err":          {"state", "c", "owner", "other.1", "fence", "3", "fp", "", "kind", "err", "result", "declined"},
 		"done big":          {"state", "c", "owner", token, "fence", "3", "fp", "fpA", "kind", "big"},
@@ -183,7 +186,7 @@ func TestHandWrittenClaimDoesWhatTheComposedOneDoes(t *testing.T) {
 					st.apply(t, c, ref)
 					st.apply(t, c, got)
 					args := func(k equivKeys, s *script.Script) []any {
-						return s.Args(k.rec, k.lock, k.fence, token, int64(30_000), int64(60_000), fp, int64(120_000))
+						return s.Args(k.rec, k.lock, k.fence, token, int64(30_000), int64(60_000), fp, int64(120_000), "store")
 					}
 					refReply, refErr := refClaimLock.RunValue(ctx, c, args(ref, refClaimLock))
 					gotReply, gotErr := claimLockScript.RunValue(ctx, c, args(got, claimLockScript))
@@ -239,7 +242,7 @@ func TestClaimNeverShortensItsOwnLock(t *testing.T) {
 	for i, tc := range cases {
 		k := newEquivKeys("own", i)
 		equivState{lock: tc.holder, lockTTL: tc.ttl, fence: "7", fenceTTL: time.Hour}.apply(t, c, k)
-		reply, err := claimLockScript.RunValue(ctx, c, claimLockScript.Args(k.rec, k.lock, k.fence, token, int64(30_000), int64(60_000), "", int64(120_000)))
+		reply, err := claimLockScript.RunValue(ctx, c, claimLockScript.Args(k.rec, k.lock, k.fence, token, int64(30_000), int64(60_000), "", int64(120_000), "store"))
 		require.NoError(t, err, tc.name)
 		v, ok := reply.(int64)
 		require.True(t, ok, "%s: reply %v", tc.name, reply)

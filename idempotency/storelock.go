@@ -105,9 +105,10 @@ func newOnePrimary(store redis.UniversalClient, fenceTTL time.Duration) (onePrim
 
 // Script arguments, boxed once.
 var (
-	noFP     any = ""
-	undoArg  any = "0" // undoClaimScript: the undo of a failed attempt
-	giveBack any = "1" // undoClaimScript: a grant given back (a holder's release)
+	storeSchemeArg any = storeScheme // the lock scheme of every claim through storeLock
+	noFP           any = ""
+	undoArg        any = "0" // undoClaimScript: the undo of a failed attempt
+	giveBack       any = "1" // undoClaimScript: a grant given back (a holder's release)
 )
 
 // ttlArg returns ttl in ms, boxed (once, for the lease).
@@ -167,7 +168,7 @@ func (s *storeLock) Acquire(ctx context.Context, key, token string, ttl time.Dur
 		fp = c.fp
 	}
 	line := claimLockScript.Args(c.rec, key, script.MustFenceKey(key), token, s.ttlArg(ttl),
-		s.fenceTTLMillis, fp, s.retentionMillis)
+		s.fenceTTLMillis, fp, s.retentionMillis, storeSchemeArg)
 	start := time.Now()
 	var (
 		reply any

@@ -85,6 +85,13 @@ func (t *Tokens) Issue(ctx context.Context, scope string, ttl time.Duration) (st
 // ErrTokenUnknown, one past its expiry ErrTokenExpired. A string that is
 // not a token in the form Issue writes gets ErrTokenUnknown without a round
 // trip to the store.
+//
+// Each call carries a nonce of its own (128 random bits), and the used
+// token's key records it (with the token's TTL, at least a second): a
+// command the client sends again because its reply was lost finds the
+// token used by its own call and answers nil, not ErrTokenUsed. Only the
+// same call is recognised: calling Consume again after an error (a new
+// nonce) finds the token used if the first call's command landed.
 func (t *Tokens) Consume(ctx context.Context, scope, tok string) error {
 	expiry, ok := parseToken(tok)
 	if !ok {
@@ -101,8 +108,11 @@ func (t *Tokens) Consume(ctx context.Context, scope, tok string) error {
 	remember := max(time.Until(expiry), time.Second)
 	// An abandoned call may still use the token up: its error says the
 	// call may still be applied.
+	var nonce [16]byte
+	_, _ = rand.Read(nonce[:])
 	n, err := bounded.Call(ctx, t.bound, func(ctx context.Context) (int64, error) {
-		return consumeScript.Run(ctx, t.client, []string{t.key(scope, tok)}, remember.Milliseconds()).Int64()
+		return consumeScript.Run(ctx, t.client, []string{t.key(scope, tok)}, remember.Milliseconds(),
+			base64.RawURLEncoding.EncodeToString(nonce[:])).Int64()
 	}, nil)
 	switch {
 	case err != nil:

@@ -8,6 +8,7 @@ import (
 	"reflect"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -58,6 +59,8 @@ var (
 	_ redlease.Strategy        = (*Strategy)(nil)
 	_ redlease.Waker           = (*Strategy)(nil)
 	_ redlease.DriftAllowancer = (*Strategy)(nil)
+	_ redlease.Fencer          = (*Strategy)(nil)
+	_ redlease.Placer          = (*Strategy)(nil)
 	_ redlease.CallBounder     = (*Strategy)(nil)
 )
 
@@ -154,6 +157,18 @@ func New(nodeClients []redis.UniversalClient, opts ...Option) (*Strategy, error)
 
 // Quorum returns how many nodes must agree for a grant.
 func (s *Strategy) Quorum() int { return s.quorum }
+
+// Placement names the strategy's nodes: "quorum " and their addresses,
+// sorted and comma-separated (see redlease.Placer).
+func (s *Strategy) Placement() string {
+	addrs := slices.Clone(s.addrs)
+	slices.Sort(addrs)
+	return "quorum " + strings.Join(addrs, ",")
+}
+
+// Fencing reports whether grants carry fences: true unless built
+// WithoutFencing (see redlease.Fencer).
+func (s *Strategy) Fencing() bool { return s.fencing }
 
 // Name returns "quorum", for observers.
 func (s *Strategy) Name() string { return "quorum" }

@@ -22,6 +22,8 @@ var (
 	_ redlease.Strategy        = (*Strategy)(nil)
 	_ redlease.BatchExtender   = (*Strategy)(nil)
 	_ redlease.DriftAllowancer = (*Strategy)(nil)
+	_ redlease.Fencer          = (*Strategy)(nil)
+	_ redlease.Placer          = (*Strategy)(nil)
 	_ redlease.Waker           = (*Strategy)(nil)
 )
 
@@ -114,6 +116,15 @@ func (s *Strategy) Listen(key, waiter string) (<-chan struct{}, func(bool), bool
 // Locks keep working; the client is not closed. Calling it is optional:
 // the subscription connection closes on its own once no waiter is left.
 func (s *Strategy) Close() error { return s.p.Close() }
+
+// Placement names the primary the strategy locks on: "primary " and its
+// client's address, the same for single and failover on one client (see
+// redlease.Placer).
+func (s *Strategy) Placement() string { return s.p.Placement() }
+
+// Fencing reports whether grants carry fences: true unless built
+// WithoutFencing (see redlease.Fencer).
+func (s *Strategy) Fencing() bool { return s.p.Fencing() }
 
 // Name returns "single", for observers.
 func (s *Strategy) Name() string { return "single" }

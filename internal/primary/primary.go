@@ -289,6 +289,12 @@ func (p *Primary) Listen(key, waiter string) (<-chan struct{}, func(bool), bool)
 	return p.wake.Listen(script.Channel(key), waiter, 1)
 }
 
+// Placement is "primary " and the client's address (see redlease.Placer).
+func (p *Primary) Placement() string { return "primary " + p.addr }
+
+// Fencing reports whether grants carry fences (see redlease.Fencer).
+func (p *Primary) Fencing() bool { return p.cfg.Fencing }
+
 // Close ends the subscriptions of waiters on this primary (they fall back
 // to polling) and waits, at most CloseWait, for the shared subscription
 // connection to stop if nobody else in the process uses it. Calls other
