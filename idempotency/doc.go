@@ -87,9 +87,10 @@
 // Successes are stored and replayed; so are errors marked Final (definitive
 // business outcomes: "insufficient funds"). Panics and other errors release
 // the record so a retry can run; WithStoreEverything stores every outcome
-// once the handler ran. Results are kept WithRetention (default 24 h) —
-// independent of the lease, which only bounds a request in flight — and
-// are bounded in size (WithMaxResult).
+// once the handler ran, except those that are not outcomes (below) and a
+// Middleware's responses, which its own options decide. Results are kept
+// WithRetention (default 24 h) — independent of the lease, which only
+// bounds a request in flight — and are bounded in size (WithMaxResult).
 //
 // What the handler returns counts only if its context was still live when
 // it returned. A run whose context was cancelled — its lock was lost, or

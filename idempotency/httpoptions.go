@@ -243,7 +243,8 @@ func WithInFlightWait(d time.Duration) HTTPOption {
 // client but not recorded, so that a retry with the same key runs the
 // handler again. Use it only for handlers whose 5xx may follow a side
 // effect that must not be repeated. A 5xx listed in WithTransientStatuses
-// is not recorded either way.
+// is not recorded either way. The Barrier's WithStoreEverything does not
+// change any of this.
 func WithStoreServerErrors(store bool) HTTPOption {
 	return httpOptionFunc(func(c *httpConfig) error {
 		c.storeServerErrors = store
@@ -258,7 +259,8 @@ func WithStoreServerErrors(store bool) HTTPOption {
 // were it recorded, a 429 would be replayed for the whole retention, and
 // the request it refused would never run. Codes must be 400-599; with none,
 // every 4xx is recorded. 5xx are not recorded unless WithStoreServerErrors,
-// and a 5xx listed here is not recorded even then.
+// and a 5xx listed here is not recorded even then. A status listed here is
+// not recorded on a Barrier with WithStoreEverything either.
 func WithTransientStatuses(codes ...int) HTTPOption {
 	return httpOptionFunc(func(c *httpConfig) error {
 		c.transient = make(map[int]bool, len(codes))

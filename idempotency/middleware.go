@@ -67,7 +67,9 @@ const (
 //     except the transient statuses of WithTransientStatuses (by default
 //     408, 425 and 429: "not now", not "no"), which are sent to their
 //     client but not recorded, so a retry runs the handler again. A 5xx is
-//     sent but not recorded either (see WithStoreServerErrors). A response
+//     sent but not recorded either (see WithStoreServerErrors). A status
+//     that is not recorded is never recorded, whatever b's options say
+//     (WithStoreEverything included): its key is released. A response
 //     larger than b's WithMaxResult is sent, and the request only marked
 //     done.
 //   - Fields recorded with a response: Content-Type, Content-Encoding and
@@ -106,8 +108,10 @@ const (
 // "code" that tells the cases apart: "missing-key", "invalid-key",
 // "no-principal",
 // "body-too-large", "unreadable-body", "in-progress", "key-reused" (422),
-// "result-not-retained", "stored-failure" (a failure recorded by a Barrier
-// with WithStoreEverything, replayed as 500), "store-unavailable",
+// "result-not-retained", "stored-failure" (500: a failure recorded in a
+// Middleware's namespace by an earlier version of this package, whose
+// Middleware on a Barrier with WithStoreEverything recorded the statuses
+// it does not record; this one never records a failure), "store-unavailable",
 // "outcome-unknown" (503: a run cancelled half-way), "internal".
 //
 // Requests with other methods, and requests without a key unless required,
