@@ -184,7 +184,7 @@ func WithMaxResult(n int) Option {
 // says its lock was lost (redlease.ErrLost) and a handler's own
 // ErrInProgress are never stored: none of them is an outcome. Nor does it
 // change what a Middleware on the Barrier records: a response whose status
-// the Middleware does not record (a transient status, a 5xx without
+// the Middleware does not record (a 409, a transient status, a 5xx without
 // WithStoreServerErrors) is sent and its key released, whatever this
 // option says; a Middleware's responses are recorded by its own options.
 func WithStoreEverything() Option {

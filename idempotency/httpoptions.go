@@ -258,7 +258,7 @@ func WithStoreServerErrors(store bool) HTTPOption {
 // 408 (Request Timeout), 425 (Too Early) and 429 (Too Many Requests);
 // were it recorded, a 429 would be replayed for the whole retention, and
 // the request it refused would never run. Codes must be 400-599; with none,
-// every 4xx is recorded. 5xx are not recorded unless WithStoreServerErrors,
+// every 4xx but 409 is recorded (a 409 never is: see Middleware). 5xx are not recorded unless WithStoreServerErrors,
 // and a 5xx listed here is not recorded even then. A status listed here is
 // not recorded on a Barrier with WithStoreEverything either.
 func WithTransientStatuses(codes ...int) HTTPOption {

@@ -67,7 +67,14 @@ const (
 //     except the transient statuses of WithTransientStatuses (by default
 //     408, 425 and 429: "not now", not "no"), which are sent to their
 //     client but not recorded, so a retry runs the handler again. A 5xx is
-//     sent but not recorded either (see WithStoreServerErrors). A status
+//     sent but not recorded either (see WithStoreServerErrors). Nor is a
+//     409, whatever the options: it is the in-progress answer of a server
+//     that honours Idempotency-Key (this one's, and a downstream's that
+//     the handler relays, such as a payment provider still charging),
+//     which recorded would hide the downstream's outcome for the
+//     retention; any other 409 refuses the request (a conflict with the
+//     resource's state, which a client may resolve and resubmit), so a
+//     retry that runs the handler again causes no second effect. A status
 //     that is not recorded is never recorded, whatever b's options say
 //     (WithStoreEverything included): its key is released. A response
 //     larger than b's WithMaxResult is sent, and the request only marked
