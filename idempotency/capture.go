@@ -46,7 +46,7 @@ func (x *exchange) handle(ctx context.Context, fence uint64) ([]byte, error) {
 	if x.m.unrecorded(resp.status) {
 		return nil, &unrecordedStatus{status: resp.status}
 	}
-	return encodeResponse(resp, x.m.cfg.replayHeaders), nil
+	return encodeResponse(resp, x.m.cfg.replayHeaders, x.r), nil
 }
 
 // unrecorded reports whether a response with status is sent but not

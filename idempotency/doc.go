@@ -9,7 +9,11 @@
 //     different payload gets ErrMismatch.
 //   - Tokens: one-time tokens, issued and consumed atomically.
 //   - Consumer: MQ dedup with an ack decision.
-//   - Middleware: the IETF Idempotency-Key header for net/http.
+//   - Middleware: the IETF Idempotency-Key header for net/http. It records
+//     a handler's response (never a 409, a transient status or, by
+//     default, a 5xx: those release the key) and replays it, but not to a
+//     duplicate whose request differs in a field the response's Vary
+//     names.
 //
 // # One record, atomic steps
 //

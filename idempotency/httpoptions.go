@@ -78,9 +78,11 @@ func defaultHTTPConfig() httpConfig {
 // recordedHeaders are stored and replayed with every recorded response,
 // whatever WithReplayHeaders says: the representation fields, without
 // which the body cannot be read (a gzip body without its Content-Encoding
-// is garbage to its client), and Retry-After, which is part of the answer
-// wherever a handler sent it.
-var recordedHeaders = [...]string{"Content-Type", "Content-Encoding", "Content-Language", "Retry-After"}
+// is garbage to its client), Vary, which says what the representation was
+// negotiated by (a replay is refused to a request that differs there: see
+// Middleware), and Retry-After, which is part of the answer wherever a
+// handler sent it.
+var recordedHeaders = [...]string{"Content-Type", "Content-Encoding", "Content-Language", "Vary", "Retry-After"}
 
 // withRecordedHeaders returns recordedHeaders followed by the names not
 // among them, each once.
@@ -195,8 +197,8 @@ func WithMaxKeyLength(n int) HTTPOption {
 // WithReplayHeaders sets the response header fields stored with a response
 // and replayed with it (all their values), besides those that always are:
 // the representation fields Content-Type, Content-Encoding and
-// Content-Language, which a body cannot be read without, and Retry-After.
-// Default Location (and those four). Other fields the handler set reach the
+// Content-Language, which a body cannot be read without, Vary, and
+// Retry-After. Default Location (and those five). Other fields the handler set reach the
 // first client only; fields that vary per response (Date, request ids) or
 // carry secrets (Set-Cookie) should not be replayed.
 func WithReplayHeaders(names ...string) HTTPOption {
