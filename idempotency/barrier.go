@@ -199,7 +199,11 @@ func WithMaxResult(n int) Option {
 // failure releases the request so a retry can run. Even with it, a run
 // cut short (ErrRunCancelled), a handler's error that
 // says its lock was lost (redlease.ErrLost) and a handler's own
-// ErrInProgress are never stored: none of them is an outcome.
+// ErrInProgress are never stored: none of them is an outcome. Nor does it
+// change what a Middleware on the Barrier records: a response whose status
+// the Middleware does not record (a 409, a transient status, a 5xx without
+// WithStoreServerErrors) is sent and its key released, whatever this
+// option says; a Middleware's responses are recorded by its own options.
 func WithStoreEverything() Option {
 	return optionFunc(func(b *Barrier) error {
 		b.storeAll = true
@@ -1034,13 +1038,20 @@ func (b *Barrier) call(ctx context.Context, h Handler, fence uint64) (res []byte
 // keep decides whether a failed handler's outcome is stored: Final errors
 // (definitive business outcomes) yes; everything else no, unless
 // WithStoreEverything — and even then not a handler's own ErrInProgress
-// (transient by nature) nor an error that says a lock was lost (the run
-// may not have been exclusive). A run whose lock was lost never gets here,
-// nor one cut short (by Close) that returned a non-Final error
+// (transient by nature), an error that says a lock was lost (the run may
+// not have been exclusive), nor a Middleware's response with a status it
+// does not record (*unrecordedStatus: the Middleware's own rule, which the
+// Barrier's option does not override). A run whose lock was lost never gets
+// here, nor one cut short (by Close) that returned a non-Final error
 // (ErrRunCancelled).
 func (b *Barrier) keep(err error) bool {
-	var f *FinalError
+	var (
+		f *FinalError
+		u *unrecordedStatus
+	)
 	switch {
+	case errors.As(err, &u):
+		return false
 	case errors.As(err, &f):
 		return true
 	case errors.Is(err, ErrInProgress), errors.Is(err, redlease.ErrLost):

@@ -31,8 +31,9 @@ func (x *exchange) request(ctx context.Context) *http.Request {
 
 // handle is the Barrier handler: it runs the HTTP handler and returns its
 // encoded response, or a non-Final error so that the record is released:
-// for a status that is not recorded (a 5xx, a transient status), and for a
-// run whose context ended (the Barrier refuses to record those too).
+// for a status that is not recorded (a 409, a transient status, a 5xx),
+// and for a run whose context ended (the Barrier refuses to record those
+// too).
 func (x *exchange) handle(ctx context.Context, fence uint64) ([]byte, error) {
 	resp := &bufferedResponse{header: make(http.Header)}
 	x.m.next.ServeHTTP(resp, x.request(context.WithValue(ctx, fenceKey{}, fence)))
@@ -45,17 +46,29 @@ func (x *exchange) handle(ctx context.Context, fence uint64) ([]byte, error) {
 	if x.m.unrecorded(resp.status) {
 		return nil, &unrecordedStatus{status: resp.status}
 	}
-	return encodeResponse(resp, x.m.cfg.replayHeaders), nil
+	return encodeResponse(resp, x.m.cfg.replayHeaders, x.r), nil
 }
 
 // unrecorded reports whether a response with status is sent but not
-// recorded: a 5xx unless WithStoreServerErrors, a transient status.
+// recorded: a 409, a transient status, a 5xx unless WithStoreServerErrors.
+//
+// Every 409, whatever the options: a 409 is what a server that honours
+// Idempotency-Key answers while a request with that key is in progress
+// (the IETF draft's answer, with or without Retry-After), and a handler
+// that relays a downstream's (a payment provider's) cannot tell it from
+// any other conflict. Recorded, it would be replayed for the retention
+// while the downstream's run completes unreported. Any other 409 refuses
+// the request ("a conflict with the current state of the target
+// resource", which RFC 9110 expects a client may resolve and resubmit):
+// nothing took effect, so running the handler again for a retry costs a
+// second look, never a second effect.
 func (m *middleware) unrecorded(status int) bool {
-	return m.cfg.transient[status] || (status >= 500 && !m.cfg.storeServerErrors)
+	return status == http.StatusConflict || m.cfg.transient[status] || (status >= 500 && !m.cfg.storeServerErrors)
 }
 
 // unrecordedStatus is a handler's response with a status that is not
-// recorded (a 5xx, a transient status): the request is released.
+// recorded (a 409, a transient status, a 5xx): the request is released,
+// whatever the Barrier's WithStoreEverything says (see Barrier.keep).
 type unrecordedStatus struct{ status int }
 
 // Error names the status that released the request.

@@ -11,7 +11,11 @@
 //     whose reply was lost and that the client sent again is recognised as
 //     its own (a nonce per call), not refused as used.
 //   - Consumer: MQ dedup with an ack decision.
-//   - Middleware: the IETF Idempotency-Key header for net/http.
+//   - Middleware: the IETF Idempotency-Key header for net/http. It records
+//     a handler's response (never a 409, a transient status or, by
+//     default, a 5xx: those release the key) and replays it, but not to a
+//     duplicate whose request differs in a field the response's Vary
+//     names.
 //
 // # One record, atomic steps
 //
@@ -93,9 +97,10 @@
 // Successes are stored and replayed; so are errors marked Final (definitive
 // business outcomes: "insufficient funds"). Panics and other errors release
 // the record so a retry can run; WithStoreEverything stores every outcome
-// once the handler ran. Results are kept WithRetention (default 24 h) —
-// independent of the lease, which only bounds a request in flight — and
-// are bounded in size (WithMaxResult).
+// once the handler ran, except those that are not outcomes (below) and a
+// Middleware's responses, which its own options decide. Results are kept
+// WithRetention (default 24 h) — independent of the lease, which only
+// bounds a request in flight — and are bounded in size (WithMaxResult).
 //
 // A caller's context bounds its wait, never the run: once the lock is
 // held, the handler runs on a context detached from the caller's (Do,

@@ -348,22 +348,6 @@ func TestHTTPServerErrorsRecordedOnRequest(t *testing.T) {
 	assert.EqualValues(t, 1, calls.Load())
 }
 
-func TestHTTPStoreEverythingBarrierReplaysFailure(t *testing.T) {
-	_, b := httpStore(t, idempotency.WithStoreEverything())
-	var calls atomic.Int32
-	mw, err := idempotency.Middleware(b, idempotency.WithGlobalKeys())
-	require.NoError(t, err)
-	h := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		calls.Add(1)
-		w.WriteHeader(http.StatusBadGateway)
-	}))
-	assert.Equal(t, http.StatusBadGateway, serveHTTP(h, keyed("POST", "/orders", httpKey, "x")).Code)
-	dup := serveHTTP(h, keyed("POST", "/orders", httpKey, "x"))
-	requireRecProblem(t, dup, http.StatusInternalServerError, "stored-failure")
-	assert.Equal(t, "true", dup.Header().Get(idempotency.HeaderIdempotentReplayed))
-	assert.EqualValues(t, 1, calls.Load())
-}
-
 func TestHTTPClientErrorsAreRecorded(t *testing.T) {
 	_, b := httpStore(t)
 	var calls atomic.Int32

@@ -81,7 +81,7 @@ func TestHTTPRetryAfterIsRecorded(t *testing.T) {
 		opts   []idempotency.HTTPOption
 	}{
 		{"202 accepted", http.StatusAccepted, nil},
-		{"409 conflict, no replay headers", http.StatusConflict, []idempotency.HTTPOption{idempotency.WithReplayHeaders()}},
+		{"422 unprocessable, no replay headers", http.StatusUnprocessableEntity, []idempotency.HTTPOption{idempotency.WithReplayHeaders()}},
 		{"503 with WithStoreServerErrors", http.StatusServiceUnavailable, []idempotency.HTTPOption{idempotency.WithStoreServerErrors(true)}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

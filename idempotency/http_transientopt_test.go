@@ -14,7 +14,7 @@ import (
 // WithTransientStatuses replaces the default set: what it lists is not
 // recorded (5xx included, even with WithStoreServerErrors), everything
 // else a recorded status would be is recorded and replayed, Retry-After
-// and all.
+// and all. A 409 is not recorded whatever the set.
 func TestHTTPTransientStatusesOption(t *testing.T) {
 	sets := map[string][]idempotency.HTTPOption{
 		"default": nil,
@@ -33,7 +33,9 @@ func TestHTTPTransientStatusesOption(t *testing.T) {
 		{"none", http.StatusTooManyRequests, true},
 		{"none", http.StatusRequestTimeout, true},
 		{"default", http.StatusTooManyRequests, false},
-		{"default", http.StatusConflict, true},
+		{"default", http.StatusConflict, false},
+		{"none", http.StatusConflict, false},
+		{"default", http.StatusUnprocessableEntity, true},
 	} {
 		t.Run(fmt.Sprintf("set=%s/status=%d", tc.set, tc.status), func(t *testing.T) {
 			wireNoLeaks(t)

@@ -78,9 +78,11 @@ func defaultHTTPConfig() httpConfig {
 // recordedHeaders are stored and replayed with every recorded response,
 // whatever WithReplayHeaders says: the representation fields, without
 // which the body cannot be read (a gzip body without its Content-Encoding
-// is garbage to its client), and Retry-After, which is part of the answer
-// wherever a handler sent it.
-var recordedHeaders = [...]string{"Content-Type", "Content-Encoding", "Content-Language", "Retry-After"}
+// is garbage to its client), Vary, which says what the representation was
+// negotiated by (a replay is refused to a request that differs there: see
+// Middleware), and Retry-After, which is part of the answer wherever a
+// handler sent it.
+var recordedHeaders = [...]string{"Content-Type", "Content-Encoding", "Content-Language", "Vary", "Retry-After"}
 
 // withRecordedHeaders returns recordedHeaders followed by the names not
 // among them, each once.
@@ -195,8 +197,8 @@ func WithMaxKeyLength(n int) HTTPOption {
 // WithReplayHeaders sets the response header fields stored with a response
 // and replayed with it (all their values), besides those that always are:
 // the representation fields Content-Type, Content-Encoding and
-// Content-Language, which a body cannot be read without, and Retry-After.
-// Default Location (and those four). Other fields the handler set reach the
+// Content-Language, which a body cannot be read without, Vary, and
+// Retry-After. Default Location (and those five). Other fields the handler set reach the
 // first client only; fields that vary per response (Date, request ids) or
 // carry secrets (Set-Cookie) should not be replayed.
 func WithReplayHeaders(names ...string) HTTPOption {
@@ -243,7 +245,8 @@ func WithInFlightWait(d time.Duration) HTTPOption {
 // client but not recorded, so that a retry with the same key runs the
 // handler again. Use it only for handlers whose 5xx may follow a side
 // effect that must not be repeated. A 5xx listed in WithTransientStatuses
-// is not recorded either way.
+// is not recorded either way. The Barrier's WithStoreEverything does not
+// change any of this.
 func WithStoreServerErrors(store bool) HTTPOption {
 	return httpOptionFunc(func(c *httpConfig) error {
 		c.storeServerErrors = store
@@ -257,8 +260,9 @@ func WithStoreServerErrors(store bool) HTTPOption {
 // 408 (Request Timeout), 425 (Too Early) and 429 (Too Many Requests);
 // were it recorded, a 429 would be replayed for the whole retention, and
 // the request it refused would never run. Codes must be 400-599; with none,
-// every 4xx is recorded. 5xx are not recorded unless WithStoreServerErrors,
-// and a 5xx listed here is not recorded even then.
+// every 4xx but 409 is recorded (a 409 never is: see Middleware). 5xx are not recorded unless WithStoreServerErrors,
+// and a 5xx listed here is not recorded even then. A status listed here is
+// not recorded on a Barrier with WithStoreEverything either.
 func WithTransientStatuses(codes ...int) HTTPOption {
 	return httpOptionFunc(func(c *httpConfig) error {
 		c.transient = make(map[int]bool, len(codes))

@@ -10,6 +10,7 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -67,13 +68,27 @@ const (
 //     except the transient statuses of WithTransientStatuses (by default
 //     408, 425 and 429: "not now", not "no"), which are sent to their
 //     client but not recorded, so a retry runs the handler again. A 5xx is
-//     sent but not recorded either (see WithStoreServerErrors). A response
+//     sent but not recorded either (see WithStoreServerErrors). Nor is a
+//     409, whatever the options: it is the in-progress answer of a server
+//     that honours Idempotency-Key (this one's, and a downstream's that
+//     the handler relays, such as a payment provider still charging),
+//     which recorded would hide the downstream's outcome for the
+//     retention; any other 409 refuses the request (a conflict with the
+//     resource's state, which a client may resolve and resubmit), so a
+//     retry that runs the handler again causes no second effect. A status
+//     that is not recorded is never recorded, whatever b's options say
+//     (WithStoreEverything included): its key is released. A response
 //     larger than b's WithMaxResult is sent, and the request only marked
 //     done.
 //   - Fields recorded with a response: Content-Type, Content-Encoding and
-//     Content-Language (a body cannot be read without them) and
+//     Content-Language (a body cannot be read without them), Vary and
 //     Retry-After, always; then those of WithReplayHeaders (default
-//     Location).
+//     Location). With them, for each request field the response's Vary
+//     names ("*" names none), a digest of the request's values of it
+//     (field lines combined as RFC 9110 allows; absent differs from
+//     empty; a digest, so that an Authorization or Cookie a Vary names is
+//     not stored). Records written before Vary was recorded are replayed
+//     as they were, as responses that vary on nothing.
 //   - A response that could not be recorded (the store failed after the
 //     handler ran, and b could not store it while it held the lock) is
 //     sent all the same: the handler ran and its effect happened. It is
@@ -85,6 +100,17 @@ const (
 //     own storage, keyed by the request, can refuse a second effect then.
 //   - Duplicate after completion: the recorded status, fields and body,
 //     with Idempotent-Replayed: true. The handler does not run.
+//   - Duplicate after completion whose request differs from the first in a
+//     field the recorded response's Vary names (it accepts no gzip, or
+//     another language): 409 "negotiation-mismatch", with
+//     Idempotent-Replayed: true and without Retry-After. The recorded
+//     bytes were negotiated for another request, and the handler must not
+//     run again (its effect would repeat); the request completed, and the
+//     same request with the first one's values of those fields gets the
+//     replay. A 409, as for a response too large to keep: the request's
+//     response exists but is not available to this request; not 406
+//     (which a client may take for the request's own refusal) nor 422
+//     (the key was not reused for another payload).
 //   - Duplicate while the first runs: 409 with Retry-After (WithInFlightWait
 //     lets it wait instead).
 //   - Same key, different request: 422.
@@ -106,8 +132,10 @@ const (
 // "code" that tells the cases apart: "missing-key", "invalid-key",
 // "no-principal",
 // "body-too-large", "unreadable-body", "in-progress", "key-reused" (422),
-// "result-not-retained", "stored-failure" (a failure recorded by a Barrier
-// with WithStoreEverything, replayed as 500), "store-unavailable",
+// "result-not-retained", "negotiation-mismatch" (409), "stored-failure" (500: a failure recorded in a
+// Middleware's namespace by an earlier version of this package, whose
+// Middleware on a Barrier with WithStoreEverything recorded the statuses
+// it does not record; this one never records a failure), "store-unavailable",
 // "outcome-unknown" (503: a run cancelled half-way), "internal".
 //
 // Requests with other methods, and requests without a key unless required,
@@ -290,6 +318,17 @@ func (m *middleware) replay(w http.ResponseWriter, r *http.Request, result []byt
 	if err != nil {
 		m.cfg.errorLog(r, err)
 		writeProblem(w, http.StatusInternalServerError, codeInternal, "the recorded response for this Idempotency-Key could not be read")
+		return
+	}
+	if differ := resp.varyMismatch(r); len(differ) > 0 {
+		// The recorded bytes were negotiated for another request (gzip
+		// for a client that did not ask for it). Running the handler
+		// again would repeat its effect; so the client is told its
+		// request completed, and how to get its response.
+		w.Header().Set(HeaderIdempotentReplayed, "true")
+		writeProblem(w, http.StatusConflict, codeNegotiation,
+			"the request with this Idempotency-Key completed, but its response was negotiated for other values of "+
+				strings.Join(differ, ", ")+"; send them as the first request did to get it")
 		return
 	}
 	h := w.Header()

@@ -22,6 +22,7 @@ const (
 	codeInProgress        = "in-progress"
 	codeKeyReused         = "key-reused"
 	codeResultNotRetained = "result-not-retained"
+	codeNegotiation       = "negotiation-mismatch"
 	codeStoredFailure     = "stored-failure"
 	codeStoreUnavailable  = "store-unavailable"
 	codeOutcomeUnknown    = "outcome-unknown"
