@@ -38,6 +38,12 @@ const (
 	// redlease.ErrInvalid) is the expected outcome: that client sits the
 	// run out (counted as ExIdemRefused).
 	IdemUnfenced = "unfenced"
+	// IdemLate: IdemStore with handlers that return late in their lease
+	// (their work 55-90 % of it, then up to a tenth more), under delay
+	// faults alone: completions
+	// sent just before the lock's deadline and delayed on the link while
+	// another client takes the request over.
+	IdemLate = "late"
 	// IdemTokens: idempotency.Tokens, issued and consumed over lossy
 	// links (tokenwork.go).
 	IdemTokens = "tokens"
@@ -165,6 +171,12 @@ func (s *lockSpy) validAtEnd(lk *redlease.Lock) (valid, known bool) {
 	return valid, known
 }
 
+// nopKeeper keeps nothing: the lock runs out at its TTL.
+type nopKeeper struct{}
+
+// Keep does nothing.
+func (nopKeeper) Keep(*redlease.Lock) (stop func()) { return func() {} }
+
 // idemScheme builds client ci's lock strategy for its Barrier (nil: the
 // store's own lock), where its locks live (for the state check), and
 // whether it is built WithoutFencing.
@@ -235,9 +247,19 @@ func (w *World) idemClient(ci int, r *rand.Rand) {
 	if strat != nil {
 		opts = append(opts, idempotency.WithStrategy(strat))
 	}
+	// Half the clients renew their locks (the watchdog). The others keep
+	// nothing; on a strategy of their own (WithStrategy) they still get a
+	// Keeper that renews nothing, through which the workload sees the
+	// lock (a Barrier with its own strategy runs the same steps with a
+	// Keeper or without; on the store's own lock it does not).
 	var spy *lockSpy
-	if r.IntN(2) == 0 {
-		spy = &lockSpy{inner: trackKeeper{w: w, ci: ci, inner: wd, prefix: "idem:l:", place: place}}
+	renews := r.IntN(2) == 0
+	if renews || strat != nil {
+		var inner redlease.Keeper = nopKeeper{}
+		if renews {
+			inner = wd
+		}
+		spy = &lockSpy{inner: trackKeeper{w: w, ci: ci, inner: inner, prefix: "idem:l:", place: place}}
 		opts = append(opts, idempotency.WithKeeper(spy))
 	}
 	b, err := idempotency.New(store, opts...)
@@ -249,12 +271,15 @@ func (w *World) idemClient(ci int, r *rand.Rand) {
 		}
 		panic(fmt.Sprintf("sim: idempotency.New: %v", err))
 	}
-	w.hist.logf("c%d idem lease=%v keeper=%v strategy=%T unfenced=%v ctxTimeouts=%v", ci, lease, spy != nil, strat, unfenced, ct)
+	w.hist.logf("c%d idem lease=%v renewed=%v strategy=%T unfenced=%v ctxTimeouts=%v", ci, lease, renews, strat, unfenced, ct)
 	cons := must(idempotency.NewConsumer(b))
 	leaseMs := int(lease / time.Millisecond)
 	for seq := range w.sc.Ops {
 		consumer := r.IntN(3) == 0
-		key := fmt.Sprintf("p%d", r.IntN(w.sc.Keys))
+		// A new set of keys every second op: a key is contended until its
+		// outcome is recorded, then only replayed.
+		k := r.IntN(w.sc.Keys) + seq/2*w.sc.Keys
+		key := fmt.Sprintf("p%d", k)
 		if consumer {
 			key = "m" + key[1:]
 		}
@@ -266,6 +291,9 @@ func (w *World) idemClient(ci int, r *rand.Rand) {
 			rec := &idemRunRec{run: effectRun{client: ci, seq: seq, try: try}, key: key, fp: fp, consumer: consumer}
 			pre := ms(r, 1, leaseMs+leaseMs/10)
 			post := ms(r, 0, 15)
+			if w.sc.Idem == IdemLate {
+				pre, post = ms(r, leaseMs*55/100, leaseMs*90/100), ms(r, 0, leaseMs/10)
+			}
 			h := func(hctx context.Context, fence uint64) ([]byte, error) {
 				w.idemStarted(rec)
 				span := w.hist.handlerStart(key, rec.run, fence)

@@ -192,12 +192,14 @@ var Scenarios = []Scenario{
 	// lossy and cut links.
 	{Name: "idem-store", Strategy: Single, Nodes: 1, Clients: 3, Keys: 2, Ops: 5, Barrier: true, Idem: IdemStore, Pending: "issue 28",
 		Kinds: []string{FaultPause, FaultDelay, FaultLoss, FaultCut}, Faults: true, Horizon: 400 * time.Millisecond},
+	{Name: "idem-late", Strategy: Single, Nodes: 1, Clients: 5, Keys: 1, Ops: 12, Barrier: true, Idem: IdemLate, Pending: "issue 28",
+		Kinds: []string{FaultDelay}, Faults: true, Horizon: 400 * time.Millisecond},
 	{Name: "idem-quorum", Strategy: Quorum, Nodes: 3, Fencing: true, Clients: 3, Keys: 2, Ops: 5, Barrier: true, Idem: IdemQuorum, Pending: "issue 28",
 		Kinds: []string{FaultPause, FaultDelay, FaultLoss, FaultCut, FaultPartition}, Faults: true, Horizon: 400 * time.Millisecond},
 	{Name: "idem-mixed", Strategy: Quorum, Nodes: 3, Fencing: true, Clients: 4, Keys: 2, Ops: 5, Barrier: true, Idem: IdemMixed, Pending: "issue 28",
 		Kinds: []string{FaultPause, FaultDelay, FaultLoss, FaultCut, FaultPartition}, Faults: true, Horizon: 400 * time.Millisecond},
-	{Name: "idem-unfenced", Strategy: Quorum, Nodes: 3, Clients: 3, Keys: 2, Ops: 5, Barrier: true, Idem: IdemUnfenced, Pending: "issue 28",
-		Kinds: []string{FaultPause, FaultDelay, FaultLoss, FaultCut}, Faults: true, Horizon: 400 * time.Millisecond},
+	{Name: "idem-unfenced", Strategy: Quorum, Nodes: 3, Clients: 4, Keys: 2, Ops: 10, Barrier: true, Idem: IdemUnfenced, Pending: "issue 28",
+		Kinds: []string{FaultDelay}, Faults: true, Horizon: 400 * time.Millisecond},
 	{Name: "idem-tokens", Strategy: Single, Nodes: 1, Clients: 3, Ops: 6, Idem: IdemTokens, Pending: "issue 28",
 		Kinds: []string{FaultLoss, FaultCut, FaultPause}, Faults: true, Horizon: 150 * time.Millisecond},
 }
