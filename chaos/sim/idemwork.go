@@ -194,7 +194,7 @@ func (w *World) idemScheme(ci int, ct bool, store *redis.Client) (s redlease.Str
 			opt = quorum.WithoutFencing()
 		}
 		q := must(quorum.New(cs, opt, quorum.WithFenceTTL(time.Minute)))
-		w.onClose(func() { _ = q.Close() })
+		w.onClose(func() { w.closeStrategy(ci, "end of run", q, q.Close) })
 		place = lockPlace{nodes: ids, need: len(ids)/2 + 1}
 		return q
 	}
