@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -71,6 +72,10 @@ const (
 	// the record taken over or gone (a completion that landed after its
 	// lock ran out, mostly): the late-completion path (a figure).
 	ExIdemLate = "idem/late"
+	// ExIdemMustRecord: runs whose outcome the Barrier must have recorded
+	// whatever their caller was told (idemMustRecord): a run of their
+	// key after them is not excused by their caller's error (a figure).
+	ExIdemMustRecord = "idem/must-record"
 	// ExIdemCancelled: runs whose handler returned its outcome and whose
 	// caller was told ErrRunCancelled (a figure).
 	ExIdemCancelled = "idem/cancelled"
@@ -104,8 +109,9 @@ type idemRunRec struct {
 	result   string
 	retAt    time.Duration
 	validRet bool           // the lock was valid when the handler returned
-	validEnd bool           // and still valid when the run ended
 	lk       *redlease.Lock // the run's lock, if the client's keeper saw it
+	spy      *lockSpy       // the client's keeper, if any
+	lease    time.Duration
 	err      error
 	out      idempotency.Outcome
 	ack      bool
@@ -115,7 +121,8 @@ type idemRunRec struct {
 type idemState struct {
 	mu      sync.Mutex
 	runs    []*idemRunRec
-	results map[string]*idemRunRec // a handler's returned result → its run
+	results map[string]*idemRunRec    // a handler's returned result → its run
+	byRun   map[effectRun]*idemRunRec // runs whose handler returned
 	starts  []handlerStartRec
 	tokens  []tokenRec
 }
@@ -126,49 +133,66 @@ type handlerStartRec struct {
 	at      time.Duration
 }
 
-// lockSpy is a Keeper that remembers the lock of the client's current
-// run (a client runs one request at a time) and whether it was still
-// valid when the Barrier stopped keeping it (after the outcome was
-// recorded, before the release), then keeps it with inner.
+// lockSpy is a Keeper that remembers the locks it keeps (a client's
+// runs: one at a time, and those a Barrier runs on after their caller
+// left) and whether each was still valid when the Barrier stopped keeping
+// it (after the outcome was recorded, before the release), then keeps
+// them with inner.
 type lockSpy struct {
 	inner redlease.Keeper
+	now   func() time.Duration
 	mu    sync.Mutex
-	cur   *redlease.Lock
-	end   map[*redlease.Lock]bool
+	live  []*redlease.Lock
+	end   map[*redlease.Lock]spyEnd
+}
+
+// spyEnd is how a kept lock's run ended: whether the lock was still
+// valid, and when.
+type spyEnd struct {
+	valid bool
+	at    time.Duration
 }
 
 // Keep remembers lk and keeps it with the inner Keeper.
 func (s *lockSpy) Keep(lk *redlease.Lock) (stop func()) {
 	s.mu.Lock()
-	s.cur = lk
+	s.live = append(s.live, lk)
 	s.mu.Unlock()
 	in := s.inner.Keep(lk)
 	return func() {
-		v := lk.Valid()
+		e := spyEnd{valid: lk.Valid(), at: s.now()}
 		s.mu.Lock()
 		if s.end == nil {
-			s.end = map[*redlease.Lock]bool{}
+			s.end = map[*redlease.Lock]spyEnd{}
 		}
-		s.end[lk] = v
+		s.end[lk] = e
+		s.live = slices.DeleteFunc(s.live, func(l *redlease.Lock) bool { return l == lk })
 		s.mu.Unlock()
 		in()
 	}
 }
 
+// current is the kept lock with fence, if exactly one is.
 func (s *lockSpy) current(fence uint64) *redlease.Lock {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.cur != nil && s.cur.Fence() == fence {
-		return s.cur
+	var found *redlease.Lock
+	for _, l := range s.live {
+		if l.Fence() == fence {
+			if found != nil {
+				return nil // two runs with one fence (two keys): unknown
+			}
+			found = l
+		}
 	}
-	return nil
+	return found
 }
 
-func (s *lockSpy) validAtEnd(lk *redlease.Lock) (valid, known bool) {
+func (s *lockSpy) endOf(lk *redlease.Lock) (e spyEnd, known bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	valid, known = s.end[lk]
-	return valid, known
+	e, known = s.end[lk]
+	return e, known
 }
 
 // nopKeeper keeps nothing: the lock runs out at its TTL.
@@ -259,7 +283,7 @@ func (w *World) idemClient(ci int, r *rand.Rand) {
 		if renews {
 			inner = wd
 		}
-		spy = &lockSpy{inner: trackKeeper{w: w, ci: ci, inner: inner, prefix: "idem:l:", place: place}}
+		spy = &lockSpy{now: w.hist.now, inner: trackKeeper{w: w, ci: ci, inner: inner, prefix: "idem:l:", place: place}}
 		opts = append(opts, idempotency.WithKeeper(spy))
 	}
 	b, err := idempotency.New(store, opts...)
@@ -317,37 +341,40 @@ func (w *World) idemClient(ci int, r *rand.Rand) {
 				sleep(post)
 				res := fmt.Sprintf("%s/%s/%s", rec.run, key, fp)
 				valid := false
+				var lk *redlease.Lock
 				if spy != nil {
-					lk := spy.current(fence)
+					lk = spy.current(fence)
 					valid = lk != nil && lk.Valid()
-					rec.lk = lk
 				} else {
 					valid = w.hist.now() < rec.t0+lease*8/10-3*time.Millisecond
 				}
-				w.idemReturned(rec, res, valid)
+				w.idemReturned(rec, res, valid, lk)
 				return []byte(res), nil
 			}
 			ctx, cancel := context.WithTimeout(w.jitterCtx(context.Background(), ci, jitBarrier, seq<<2|try), ms(r, 10, 120))
-			rec.t0 = w.hist.now()
+			t0 := w.hist.now()
+			rec.t0, rec.lease, rec.spy = t0, lease, spy
+			var (
+				ack bool
+				out idempotency.Outcome
+				err error
+			)
 			if consumer {
-				rec.ack, rec.err = cons.HandlePayload(ctx, key, []byte(fp), h)
+				ack, err = cons.HandlePayload(ctx, key, []byte(fp), h)
 			} else {
-				rec.out, rec.err = b.Do(ctx, idempotency.Request{Key: key, Fingerprint: fp}, h)
+				out, err = b.Do(ctx, idempotency.Request{Key: key, Fingerprint: fp}, h)
 			}
 			cancel()
-			rec.end = w.hist.now()
-			if spy != nil && rec.lk != nil {
-				rec.validEnd, _ = spy.validAtEnd(rec.lk)
-			} else if spy == nil && rec.returned {
-				rec.validEnd = rec.end < rec.t0+lease*8/10-3*time.Millisecond
-			}
-			w.idemEnded(rec)
-			if rec.consumer {
-				w.hist.logf("%s handle %s fp=%s: ack=%v: %v", rec.run, key, fp, rec.ack, short(rec.err))
+			// The handler may still run (a Barrier that runs it on after
+			// its caller's ctx ended): rec's handler fields are written
+			// under w.idem.mu, and read when the run is checked.
+			w.idemEnded(rec, ack, out, err)
+			if consumer {
+				w.hist.logf("%s handle %s fp=%s: ack=%v: %v", rec.run, key, fp, ack, short(err))
 			} else {
-				w.hist.logf("%s do %s fp=%s: replayed=%v fence=%d result=%q: %v", rec.run, key, fp, rec.out.Replayed, rec.out.Fence, rec.out.Result, short(rec.err))
+				w.hist.logf("%s do %s fp=%s: replayed=%v fence=%d result=%q: %v", rec.run, key, fp, out.Replayed, out.Fence, out.Result, short(err))
 			}
-			if (consumer && rec.ack) || (!consumer && rec.err == nil) || idempotency.Permanent(rec.err) {
+			if (consumer && ack) || (!consumer && err == nil) || idempotency.Permanent(err) {
 				break
 			}
 			sleep(ms(r, 0, 20))
@@ -364,10 +391,19 @@ func (w *World) idemStarted(rec *idemRunRec) {
 	w.idem.mu.Unlock()
 }
 
-func (w *World) idemReturned(rec *idemRunRec, res string, valid bool) {
+func (w *World) idemReturned(rec *idemRunRec, res string, valid bool, lk *redlease.Lock) {
 	at := w.hist.now()
+	w.hist.mu.Lock()
+	if w.hist.mustRecord == nil {
+		w.hist.mustRecord = w.idemMustRecord
+	}
+	w.hist.mu.Unlock()
 	w.idem.mu.Lock()
-	rec.returned, rec.result, rec.retAt, rec.validRet = true, res, at, valid
+	if w.idem.byRun == nil {
+		w.idem.byRun = map[effectRun]*idemRunRec{}
+	}
+	w.idem.byRun[rec.run] = rec
+	rec.returned, rec.result, rec.retAt, rec.validRet, rec.lk = true, res, at, valid, lk
 	if w.idem.results == nil {
 		w.idem.results = map[string]*idemRunRec{}
 	}
@@ -376,11 +412,68 @@ func (w *World) idemReturned(rec *idemRunRec, res string, valid bool) {
 	w.hist.logf("%s handler returned %q, lock valid=%v", rec.run, res, valid)
 }
 
-func (w *World) idemEnded(rec *idemRunRec) {
-	w.hist.runEnded(rec.run, rec.err)
+// idemMustRecord says whether the Barrier must have recorded run's
+// outcome, whatever its caller was told: its handler returned it while
+// the lock was valid, the run ended (as the client's keeper saw it, after
+// the completion's answer) within half a lease of that return with the
+// lock still valid, and no fault of the schedule touched the store
+// meanwhile (up to a lease after the return). A completion that the
+// store answered in time either stored the outcome or found the record
+// taken (record-taken); one that went unanswered (a spike, a fault) is
+// tried for up to a lease, and may go unrecorded without a defect.
+func (w *World) idemMustRecord(run effectRun) bool {
 	w.idem.mu.Lock()
+	defer w.idem.mu.Unlock()
+	return w.mustRecordLocked(w.idem.byRun[run])
+}
+
+func (w *World) mustRecordLocked(rec *idemRunRec) bool {
+	if rec == nil || !rec.returned || !rec.validRet || rec.spy == nil || rec.lk == nil {
+		return false
+	}
+	e, ok := rec.spy.endOf(rec.lk)
+	return ok && e.valid && e.at-rec.retAt < rec.lease/2 && !w.storeTroubled(rec.retAt, rec.retAt+rec.lease)
+}
+
+// storeTroubled reports whether a fault of the schedule touched the
+// store's node between from and to (virtual times): a completion then
+// may fail for as long as the lock is valid, and the outcome go
+// unrecorded without a defect (ErrNotRecorded, which a caller that left
+// never hears). An instant fault (cut) counts for a millisecond.
+func (w *World) storeTroubled(from, to time.Duration) bool {
+	store := w.sc.storeNode()
+	for _, f := range w.faults {
+		if f.Node != store && !slices.Contains(f.Nodes, store) {
+			continue
+		}
+		if f.At <= to && from <= f.At+max(f.For, time.Millisecond) {
+			return true
+		}
+	}
+	return false
+}
+
+func (w *World) idemEnded(rec *idemRunRec, ack bool, out idempotency.Outcome, err error) {
+	w.hist.runEnded(rec.run, err)
+	end := w.hist.now()
+	w.idem.mu.Lock()
+	rec.ack, rec.out, rec.err, rec.end = ack, out, err, end
 	w.idem.runs = append(w.idem.runs, rec)
 	w.idem.mu.Unlock()
+}
+
+// validAtEnd says whether rec's lock was still valid when its run ended:
+// as the client's keeper saw it when the Barrier stopped keeping it, or,
+// without one, judged from the time (the call's return, within 0.8 of
+// the lease from its start, less 3 ms: the lock was granted after the
+// call began, and its validity is the lease less the drift allowance and
+// the loss margin, a tenth).
+func (rec *idemRunRec) validAtEnd() bool {
+	if rec.spy != nil {
+		e, _ := rec.spy.endOf(rec.lk)
+		return rec.lk != nil && e.valid
+	}
+	return rec.end < rec.t0+rec.lease*8/10-3*time.Millisecond
 }
 
 // recordTaken reports whether err says the run's record was taken over
@@ -409,13 +502,16 @@ func (w *World) checkIdem() []Violation {
 		if recordTaken(rec.err) && rec.returned {
 			ex.count(ExIdemLate, 1)
 		}
+		if w.mustRecordLocked(rec) {
+			ex.count(ExIdemMustRecord, 1)
+		}
 		if rec.returned && rec.validRet {
 			ex.count(InvDiscarded, 1)
 			if errors.Is(rec.err, idempotency.ErrRunCancelled) {
 				vs = append(vs, Violation{Inv: InvDiscarded, At: rec.end, Detail: fmt.Sprintf("%s %s fp=%s: the handler returned %q at %.3fms while its lock was valid, and the caller was told %v",
 					rec.run, rec.key, rec.fp, rec.result, msf(rec.retAt), short(rec.err))})
 			}
-			if rec.validEnd {
+			if rec.validAtEnd() {
 				ex.count(InvRecordTaken, 1)
 				if recordTaken(rec.err) {
 					vs = append(vs, Violation{Inv: InvRecordTaken, At: rec.end, Detail: fmt.Sprintf("%s %s fp=%s: the handler returned at %.3fms and the run ended at %.3fms with its lock valid throughout, yet its record was taken: %v",
