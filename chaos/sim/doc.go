@@ -64,7 +64,9 @@
 //     The rotation had ten scenarios before the two wake ones and twelve
 //     before the three fair ones: seed s of the rotation ran
 //     Scenarios[s % 10], then Scenarios[s % 12], and now runs
-//     Scenarios[s % 15] (a seed given with -scenario runs as before).
+//     Scenarios[s % 15] (a seed given with -scenario runs as before);
+//     today it runs Rotation[s % len(Rotation)]: Scenarios but the
+//     Pending ones, which come last.
 //   - Pub/sub (Wake scenarios, pubsub.go): every Locker elsewhere waits
 //     by polling (WithPolling); in wake-single and wake-quorum3 they
 //     wait by notices, as by default. The nodes answer SUBSCRIBE,
@@ -145,6 +147,27 @@
 //     the three Sentinels (poll 100, 150 or 250 ms); even clients run
 //     lockClient, odd ones doClient with their own renew.Watchdog, on the
 //     same two keys.
+//   - Pending scenarios (issue 28; Scenario.Pending, out of the rotation
+//     until the fixes land, run with -scenario): the idempotency paths the
+//     barrier workload never drives (idemwork.go, tokenwork.go). Each
+//     idemClient has its own Barrier (lease 15–60 ms; half the clients
+//     renew by a Watchdog) and a Consumer on it, and sends requests on a
+//     new pair of keys every second op, a third through
+//     Consumer.HandlePayload, with one of two payloads (fingerprint "B"
+//     one time in four), a caller's ctx of 10–120 ms and up to four tries;
+//     the handler works while its ctx is live, applies its effect to the
+//     fenced effect store, then works 0–15 ms more that no ctx stops and
+//     returns. idem-store: the store's own lock; idem-quorum: a fenced
+//     quorum over nodes 0–2 (the store among them); idem-mixed: both
+//     schemes on one prefix (even clients the store's lock, odd ones the
+//     quorum); idem-unfenced: all clients but the last on a strategy built
+//     WithoutFencing (single on the store or a quorum, by seed), the last
+//     on the same strategy fenced; a Barrier that refuses the unfenced one
+//     at construction (ErrInvalid) is the expected outcome (idem/refused);
+//     idem-late: handlers that return late in their lease, delay faults
+//     only (late completions); idem-tokens: Tokens issued and consumed by
+//     one to three consumers with a ctx of 0.2, 5 or 15 s, over lossy, cut
+//     and paused links (go-redis resends a command whose reply was lost).
 //
 // # Invariants (checked on every run)
 //
@@ -202,6 +225,27 @@
 //     an earlier run of that key was told its outcome is unknown
 //     (ErrRunCancelled, ErrNotRecorded: the Barrier's documented limit;
 //     such repeats are counted in the report).
+//     A run whose caller left while the handler ran (Do answered with its
+//     ctx's error, the handler running on) counts as unknown too, unless
+//     the idempotency workload knows its outcome must have been recorded
+//     (idem/must-record: returned with the lock valid, the run ended
+//     within half a lease with the lock still valid, no fault on the
+//     store).
+//   - outcome-discarded, record-taken, replay-outcome (the idem
+//     scenarios): a handler that returned its outcome while its lock was
+//     valid is never answered ErrRunCancelled; a run whose lock stayed
+//     valid to its end never finds its record taken over or deleted
+//     (ErrNotOwner, the record gone); every caller told nil for a key
+//     got one outcome of one payload, a replay is a result some handler
+//     of that key and payload returned, and no handler of another payload
+//     starts once the key's outcome was recorded. The lock's validity is
+//     read from the Lock (a Keeper that records what it keeps; a Barrier
+//     on its own strategy runs the same steps with a Keeper that renews
+//     nothing) or, on the store's lock without a Keeper, judged from the
+//     call's start (within 0.8 of the lease, less 3 ms).
+//   - token-once (idem-tokens): at most one Consume of a token returns
+//     nil, and when every Consume of it got the store's answer (nil or
+//     ErrTokenUsed), exactly one did.
 //   - handler-overlap (barrier): two handlers of one idempotency key
 //     never run at once with live contexts: a handler's span runs from its
 //     start until its ctx ended or it returned. The Barrier's lock makes
@@ -651,6 +695,23 @@
 //   - The Barrier not cancelling a handler whose lock was lost
 //     (idempotency/barrier.go, watch): barrier seed 1373 after 1,373
 //     seeds and 6.5 s, effect-twice.
+//   - Issue 28, on the library before its fixes (-stopfail from seed 1,
+//     two workers; rates over seeds 1–1,000): hole 1 (a caller's ended ctx
+//     discards a run's outcome), idem-store seed 2, outcome-discarded
+//     (321 of 1,000 seeds; 156 of 418 violations on the Consumer path),
+//     idem-quorum seed 1 (413 of 1,000); hole 2 (an unfenced strategy's
+//     late claim takes the record over), idem-unfenced seed 14 with -inv
+//     effect-twice,handler-overlap,replay-outcome,record-taken,state-valid,
+//     record-taken (17 of 1,000); hole 3 (two lock schemes on one prefix),
+//     idem-mixed seed 2, handler-overlap (535 of 1,000); hole 6 (Tokens'
+//     resent consume), idem-tokens seed 1, token-once (86 of 1,000).
+//     Re-introduced alone (go build -overlay, scripts.go; with the -inv
+//     above, hole 1 being open): "the claim ignores the fingerprint"
+//     (claimLockScript without its mismatch line), idem-store seed 1,
+//     replay-outcome (776 of 1,000; idem-quorum, which claims through
+//     peekScript and claimScript, 0); "a completion is stored after a
+//     takeover" (completeScript without its owner check), idem-late seed
+//     86, replay-outcome (13 of 1,000; idem-store 3 of 1,000).
 //
 // # Findings
 //
