@@ -118,6 +118,22 @@ func unknownOutcome(err error) bool {
 	return errors.Is(err, idempotency.ErrRunCancelled) || errors.Is(err, idempotency.ErrNotRecorded)
 }
 
+// unknownLocked says whether run's caller was left without its outcome
+// (unknownOutcome), or left it: its ctx ended while the handler ran, and
+// a Barrier that runs the handler on under its lock (rather than
+// cancelling it with the caller's ctx) answered with the ctx's error.
+// The handler's outcome is then recorded only if the run keeps its lock
+// and the store takes it; a run the workload knows must have been
+// recorded (mustRecord) excuses nothing.
+func (h *history) unknownLocked(run effectRun) bool {
+	err := h.runErr[run]
+	if unknownOutcome(err) {
+		return true
+	}
+	left := errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)
+	return left && (h.mustRecord == nil || !h.mustRecord(run))
+}
+
 // twiceLocked finds keys whose effect the store accepted more than once,
 // where no earlier run of the key ended with an unknown outcome.
 func (h *history) twiceLocked() []Violation {
@@ -128,7 +144,7 @@ func (h *history) twiceLocked() []Violation {
 		for i := 1; i < len(es); i++ {
 			excused := false
 			for _, p := range es[:i] {
-				if unknownOutcome(h.runErr[p.run]) {
+				if h.unknownLocked(p.run) {
 					excused = true
 				}
 			}

@@ -115,15 +115,19 @@ type history struct {
 	effects  map[string][]effectRec // idempotency key → effects the fenced store accepted
 	effFence map[string]uint64
 	runErr   map[effectRun]error // what Do returned to each run's caller
-	spans    map[string][]*handlerSpan
-	excused  int             // repeated effects after an unknown outcome
-	lines    []string        // the log printed on replay
-	ats      []time.Duration // each line's virtual time (-1: a check's line, after the run)
-	fails    int             // failed lock attempts
-	reg      map[string]uint64
-	keep     bool // keep log lines
-	direct   []Violation
-	ex       examinedCounts // what the invariants examined (examined.go)
+	// mustRecord, if set, says which runs' outcomes the Barrier must
+	// have recorded whatever their caller was told (the idempotency
+	// workloads, idemwork.go: see history.unknownLocked).
+	mustRecord func(effectRun) bool
+	spans      map[string][]*handlerSpan
+	excused    int             // repeated effects after an unknown outcome
+	lines      []string        // the log printed on replay
+	ats        []time.Duration // each line's virtual time (-1: a check's line, after the run)
+	fails      int             // failed lock attempts
+	reg        map[string]uint64
+	keep       bool // keep log lines
+	direct     []Violation
+	ex         examinedCounts // what the invariants examined (examined.go)
 }
 
 // violation records a violation seen directly by the workload.

@@ -190,6 +190,30 @@
 //     fall silent for 1-20 ms) or, with wake, a dial-close (the strategy
 //     closed while a subscription handshake is held).
 //
+// The idempotency rotation (-rotation idem; Scenario.Group "idem") drives
+// the paths the barrier scenario does not (idemwork.go, tokenwork.go).
+// Each idemClient has its own Barrier (lease 15-60 ms; half the clients
+// renew by a Watchdog) and a Consumer on it, and sends requests on a new
+// pair of keys every second op, a third through Consumer.HandlePayload,
+// with one of two payloads (fingerprint "B" one time in four), a caller's
+// ctx of 10-120 ms and up to four tries; the handler works while its ctx
+// is live, applies its effect to the fenced effect store, then works
+// 0-15 ms more that no ctx stops, and returns.
+//
+//   - idem-store: the store's own lock; pauses, delays, loss, cuts.
+//   - idem-late: handlers that return late in their lease, delay faults
+//     only (late completions after a takeover).
+//   - idem-quorum: a fenced quorum over nodes 0-2 (the store among them).
+//   - idem-mixed: both schemes on one prefix (even clients the store's
+//     lock, odd ones the quorum).
+//   - idem-unfenced: all clients but the last on a strategy built
+//     WithoutFencing (single on the store or a quorum, by seed), the last
+//     on the same strategy fenced; New refusing the unfenced one with
+//     ErrInvalid is the expected outcome (counted as idem/refused).
+//   - idem-tokens: Tokens issued and consumed by one to three consumers
+//     with a ctx of 0.2, 5 or 15 s, over lossy, cut and paused links
+//     (go-redis resends a command whose reply was lost).
+//
 // # Invariants
 //
 // Each invariant counts what it examined in a run (Result.Examined, by
@@ -246,8 +270,27 @@
 //     report. Examined: protected holds.
 //   - effect-twice (barrier): the effect store accepts a key's effect at
 //     most once, unless an earlier run was told its outcome is unknown
-//     (ErrRunCancelled, ErrNotRecorded; counted). Examined: accepted
-//     effects.
+//     (ErrRunCancelled, ErrNotRecorded; counted). A run whose caller left
+//     while the handler ran (Do answered with its ctx's error, the
+//     handler running on) counts as unknown too, unless the idempotency
+//     workload knows its outcome must have been recorded
+//     (idem/must-record: returned with the lock valid, the run ended
+//     within half a lease with the lock still valid, no fault on the
+//     store). Examined: accepted effects.
+//   - outcome-discarded, record-taken, replay-outcome (idem-*): a handler
+//     that returned its outcome while its lock was valid is never
+//     answered ErrRunCancelled; a run whose lock stayed valid to its end
+//     never finds its record taken over or deleted; every caller told nil
+//     for a key got one outcome of one payload, a replay is a result some
+//     handler of that key and payload returned, and no handler of another
+//     payload starts once the key's outcome was recorded. The lock's
+//     validity is read from the Lock (a Keeper that records what it
+//     keeps; a Barrier on its own strategy runs with a Keeper that renews
+//     nothing) or, on the store's lock without a Keeper, judged from the
+//     call's start (within 0.8 of the lease, less 3 ms).
+//   - token-once (idem-tokens): at most one Consume of a token returns
+//     nil, and when every Consume of it got the store's answer (nil or
+//     ErrTokenUsed), exactly one did.
 //   - handler-overlap (barrier): two handlers of one key never run at once
 //     with live contexts. Examined: pairs of handler spans.
 //   - failover-kept (failover, ops-failover): let S be the first moment a

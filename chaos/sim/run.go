@@ -107,6 +107,10 @@ func Run(sc Scenario, seed uint64, opts Options) *Result {
 	}
 	for ci := range sc.Clients {
 		r := rand.New(rand.NewPCG(seed, uint64(ci)+1))
+		if sc.Idem != "" {
+			clients.Go(func() { w.idemWorkload(ci, r) })
+			continue
+		}
 		if sc.Barrier {
 			clients.Go(func() { w.barrierClient(ci, r) })
 			continue
@@ -168,6 +172,7 @@ func Run(sc Scenario, seed uint64, opts Options) *Result {
 	}
 	vs = append(vs, w.hist.check(fenced)...)
 	vs = append(vs, w.checkFIFO()...)
+	vs = append(vs, w.checkIdem()...)
 	wvs, wst := w.checkWatch()
 	vs = append(vs, wvs...)
 	fvs, fst := w.checkFailover()

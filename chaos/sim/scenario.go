@@ -85,6 +85,14 @@ type Scenario struct {
 	// Durable: quorum.WithDurableNodes (with DelayedRestart): a node
 	// restarted from a snapshot votes at once, OUTSIDE.
 	Durable bool
+	// Idem: the idempotency workloads of idemwork.go and tokenwork.go
+	// (IdemStore, IdemQuorum, IdemMixed, IdemUnfenced, IdemTokens)
+	// instead of the scenario's own.
+	Idem string
+	// Pending: a scenario left out of the rotation (Rotation) because it
+	// fails on the current library, naming the issue whose fix it waits
+	// for; -scenario still runs it.
+	Pending string
 }
 
 // Scenarios is the default rotation: seed s runs Scenarios[s % len].
@@ -172,7 +180,42 @@ var Scenarios = []Scenario{
 	{Name: "ops-quorum", Strategy: Quorum, Nodes: 3, Clients: 3, Keys: 2, Ops: 4, OpsWork: true, Faults: true, Horizon: 550 * time.Millisecond},
 	{Name: "ops-failover", Strategy: Failover, Nodes: 2, Sentinels: 3, Clients: 3, Keys: 2, Ops: 4, OpsWork: true,
 		Kinds: []string{FaultDelay, FaultLoss, FaultCut, FaultPause, FaultRestart}, RestartModes: []string{"empty", "durable"}, Faults: true, Horizon: 800 * time.Millisecond},
+	// Pending (issue 28: each fails on the library before its fix), out
+	// of the rotation. The idempotency paths the barrier scenario never
+	// drives (idemwork.go, tokenwork.go): two payloads per key, callers'
+	// ctx ending while the handler runs, Do and the Consumer, leases of
+	// 15-60 ms (takeovers and late completions), the store paused, slow,
+	// lossy, cut and blinking. idem-store on the store's own lock,
+	// idem-quorum on a fenced quorum over nodes 0-2 (the store among
+	// them), idem-mixed with both schemes on one prefix, idem-unfenced
+	// with strategies built WithoutFencing, idem-tokens with Tokens over
+	// lossy and cut links.
+	{Name: "idem-store", Strategy: Single, Nodes: 1, Clients: 3, Keys: 2, Ops: 5, Barrier: true, Idem: IdemStore, Pending: "issue 28",
+		Kinds: []string{FaultPause, FaultDelay, FaultLoss, FaultCut}, Faults: true, Horizon: 400 * time.Millisecond},
+	{Name: "idem-late", Strategy: Single, Nodes: 1, Clients: 5, Keys: 1, Ops: 12, Barrier: true, Idem: IdemLate, Pending: "issue 28",
+		Kinds: []string{FaultDelay}, Faults: true, Horizon: 400 * time.Millisecond},
+	{Name: "idem-quorum", Strategy: Quorum, Nodes: 3, Fencing: true, Clients: 3, Keys: 2, Ops: 5, Barrier: true, Idem: IdemQuorum, Pending: "issue 28",
+		Kinds: []string{FaultPause, FaultDelay, FaultLoss, FaultCut, FaultPartition}, Faults: true, Horizon: 400 * time.Millisecond},
+	{Name: "idem-mixed", Strategy: Quorum, Nodes: 3, Fencing: true, Clients: 4, Keys: 2, Ops: 5, Barrier: true, Idem: IdemMixed, Pending: "issue 28",
+		Kinds: []string{FaultPause, FaultDelay, FaultLoss, FaultCut, FaultPartition}, Faults: true, Horizon: 400 * time.Millisecond},
+	{Name: "idem-unfenced", Strategy: Quorum, Nodes: 3, Clients: 4, Keys: 2, Ops: 10, Barrier: true, Idem: IdemUnfenced, Pending: "issue 28",
+		Kinds: []string{FaultDelay}, Faults: true, Horizon: 400 * time.Millisecond},
+	{Name: "idem-tokens", Strategy: Single, Nodes: 1, Clients: 3, Ops: 6, Idem: IdemTokens, Pending: "issue 28",
+		Kinds: []string{FaultLoss, FaultCut, FaultPause}, Faults: true, Horizon: 150 * time.Millisecond},
 }
+
+// Rotation is the scenarios the rotation runs: Scenarios but the
+// Pending ones (listed last, so that the rotation's seeds run what they
+// ran before those were added).
+var Rotation = func() []Scenario {
+	var rot []Scenario
+	for _, sc := range Scenarios {
+		if sc.Pending == "" {
+			rot = append(rot, sc)
+		}
+	}
+	return rot
+}()
 
 // ScenarioByName returns the scenario called name, if any.
 func ScenarioByName(name string) (Scenario, bool) {

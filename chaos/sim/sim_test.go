@@ -55,7 +55,7 @@ func scenarioOf(s uint64) Scenario {
 		}
 		return sc
 	}
-	return Scenarios[s%uint64(len(Scenarios))]
+	return Rotation[s%uint64(len(Rotation))]
 }
 
 func replayCmd(r *Result) string {

@@ -69,6 +69,7 @@ type World struct {
 	state stateCheck
 	ops   *opsPlan
 	bnd   boundsState // the bound invariants' constructions (bounds.go)
+	idem  idemState   // the idempotency workloads' records (idemwork.go)
 }
 
 // badHit is one node on which a badkey fault replaced a lock's token.

@@ -1,0 +1,565 @@
+package sim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/redlease/redlease"
+	"github.com/redlease/redlease/idempotency"
+	"github.com/redlease/redlease/quorum"
+	"github.com/redlease/redlease/renew"
+	"github.com/redlease/redlease/single"
+)
+
+// Idempotency workloads (Scenario.Idem): the paths of idempotency.Barrier
+// that the barrier scenario never drives (issue 28).
+const (
+	// IdemStore: every client's Barrier on the store's own lock (node 0).
+	IdemStore = "store"
+	// IdemQuorum: every client's Barrier on a fenced quorum lock over
+	// nodes 0 to Nodes-1 (the store, node 0, among them), WithStrategy.
+	IdemQuorum = "quorum"
+	// IdemMixed: two lock schemes on one store and prefix: even clients
+	// on the store's own lock, odd ones on a fenced quorum whose nodes
+	// include the store (a rolling move from one to the other).
+	IdemMixed = "mixed"
+	// IdemUnfenced: every client but the last on a strategy built
+	// WithoutFencing, passed to WithStrategy (single on the store, or a
+	// quorum over every node, drawn per seed); the last on the same
+	// strategy with fences, so the locks are shared. A Barrier that
+	// refuses the unfenced strategy at construction (an error wrapping
+	// redlease.ErrInvalid) is the expected outcome: that client sits the
+	// run out (counted as ExIdemRefused).
+	IdemUnfenced = "unfenced"
+	// IdemLate: IdemStore with handlers that return late in their lease
+	// (their work 55-90 % of it, then up to a tenth more), under delay
+	// faults alone: completions
+	// sent just before the lock's deadline and delayed on the link while
+	// another client takes the request over.
+	IdemLate = "late"
+	// IdemTokens: idempotency.Tokens, issued and consumed over lossy
+	// links (tokenwork.go).
+	IdemTokens = "tokens"
+)
+
+// Invariants of the idempotency workloads.
+const (
+	// InvDiscarded: a handler returned its outcome while its lock was
+	// valid, and the caller was told ErrRunCancelled: an outcome that
+	// must be recorded was discarded, and a retry runs the handler again.
+	InvDiscarded = "outcome-discarded"
+	// InvRecordTaken: a run's handler returned while its lock was valid,
+	// the lock was still valid when the run ended, and yet its record
+	// had been taken over or deleted (ErrNotOwner, or the record gone).
+	InvRecordTaken = "record-taken"
+	// InvReplay: every caller told nil for a key (a run recorded, or a
+	// replay) got one outcome, of one payload: a replay is the first
+	// run's real result, a handler's, with the caller's fingerprint; and
+	// no handler starts for a payload other than the recorded one.
+	InvReplay = "replay-outcome"
+	// ExIdemRefused: unfenced strategies a Barrier refused at
+	// construction (IdemUnfenced; zero until the library refuses them).
+	ExIdemRefused = "idem/refused"
+	// ExIdemLate: runs whose handler returned and whose completion found
+	// the record taken over or gone (a completion that landed after its
+	// lock ran out, mostly): the late-completion path (a figure).
+	ExIdemLate = "idem/late"
+	// ExIdemMustRecord: runs whose outcome the Barrier must have recorded
+	// whatever their caller was told (idemMustRecord): a run of their
+	// key after them is not excused by their caller's error (a figure).
+	ExIdemMustRecord = "idem/must-record"
+	// ExIdemCancelled: runs whose handler returned its outcome and whose
+	// caller was told ErrRunCancelled (a figure).
+	ExIdemCancelled = "idem/cancelled"
+)
+
+func init() {
+	idem := func(sc *Scenario) bool { return sc.Idem != "" && sc.Idem != IdemTokens }
+	examinedIn[InvDiscarded] = idem
+	examinedIn[InvRecordTaken] = idem
+	examinedIn[InvReplay] = idem
+}
+
+// idemWorkload runs client ci of an Idem scenario.
+func (w *World) idemWorkload(ci int, r *rand.Rand) {
+	if w.sc.Idem == IdemTokens {
+		w.tokenClient(ci, r)
+		return
+	}
+	w.idemClient(ci, r)
+}
+
+// idemRunRec is one try of an idempotency client's request: Do or the
+// Consumer.
+type idemRunRec struct {
+	run      effectRun
+	key, fp  string
+	consumer bool
+	t0, end  time.Duration // the call's start and return
+	started  bool          // the handler ran
+	returned bool          // the handler returned an outcome (nil error)
+	result   string
+	retAt    time.Duration
+	validRet bool           // the lock was valid when the handler returned
+	lk       *redlease.Lock // the run's lock, if the client's keeper saw it
+	spy      *lockSpy       // the client's keeper, if any
+	lease    time.Duration
+	err      error
+	out      idempotency.Outcome
+	ack      bool
+}
+
+// idemState is what the idempotency workloads recorded.
+type idemState struct {
+	mu      sync.Mutex
+	runs    []*idemRunRec
+	results map[string]*idemRunRec    // a handler's returned result → its run
+	byRun   map[effectRun]*idemRunRec // runs whose handler returned
+	starts  []handlerStartRec
+	tokens  []tokenRec
+}
+
+type handlerStartRec struct {
+	key, fp string
+	run     effectRun
+	at      time.Duration
+}
+
+// lockSpy is a Keeper that remembers the locks it keeps (a client's
+// runs: one at a time, and those a Barrier runs on after their caller
+// left) and whether each was still valid when the Barrier stopped keeping
+// it (after the outcome was recorded, before the release), then keeps
+// them with inner.
+type lockSpy struct {
+	inner redlease.Keeper
+	now   func() time.Duration
+	mu    sync.Mutex
+	live  []*redlease.Lock
+	end   map[*redlease.Lock]spyEnd
+}
+
+// spyEnd is how a kept lock's run ended: whether the lock was still
+// valid, and when.
+type spyEnd struct {
+	valid bool
+	at    time.Duration
+}
+
+// Keep remembers lk and keeps it with the inner Keeper.
+func (s *lockSpy) Keep(lk *redlease.Lock) (stop func()) {
+	s.mu.Lock()
+	s.live = append(s.live, lk)
+	s.mu.Unlock()
+	in := s.inner.Keep(lk)
+	return func() {
+		e := spyEnd{valid: lk.Valid(), at: s.now()}
+		s.mu.Lock()
+		if s.end == nil {
+			s.end = map[*redlease.Lock]spyEnd{}
+		}
+		s.end[lk] = e
+		s.live = slices.DeleteFunc(s.live, func(l *redlease.Lock) bool { return l == lk })
+		s.mu.Unlock()
+		in()
+	}
+}
+
+// current is the kept lock with fence, if exactly one is.
+func (s *lockSpy) current(fence uint64) *redlease.Lock {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var found *redlease.Lock
+	for _, l := range s.live {
+		if l.Fence() == fence {
+			if found != nil {
+				return nil // two runs with one fence (two keys): unknown
+			}
+			found = l
+		}
+	}
+	return found
+}
+
+func (s *lockSpy) endOf(lk *redlease.Lock) (e spyEnd, known bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, known = s.end[lk]
+	return e, known
+}
+
+// nopKeeper keeps nothing: the lock runs out at its TTL.
+type nopKeeper struct{}
+
+// Keep does nothing.
+func (nopKeeper) Keep(*redlease.Lock) (stop func()) { return func() {} }
+
+// idemScheme builds client ci's lock strategy for its Barrier (nil: the
+// store's own lock), where its locks live (for the state check), and
+// whether it is built WithoutFencing.
+func (w *World) idemScheme(ci int, ct bool, store *redis.Client) (s redlease.Strategy, place lockPlace, unfenced bool) {
+	storePlace := lockPlace{nodes: []int{w.sc.storeNode()}, need: 1}
+	quorumOf := func(fenced bool) redlease.Strategy {
+		var cs []redis.UniversalClient
+		var ids []int
+		for i, n := range w.nodes[:w.sc.Nodes] {
+			cs = append(cs, w.redisClient(ci, n, ct))
+			ids = append(ids, i)
+		}
+		opt := quorum.WithFencing()
+		if !fenced {
+			opt = quorum.WithoutFencing()
+		}
+		q := must(quorum.New(cs, opt, quorum.WithFenceTTL(time.Minute)))
+		w.onClose(func() { w.closeStrategy(ci, "end of run", q, q.Close) })
+		place = lockPlace{nodes: ids, need: len(ids)/2 + 1}
+		return q
+	}
+	switch w.sc.Idem {
+	case IdemQuorum:
+		return quorumOf(true), place, false
+	case IdemMixed:
+		if ci%2 == 1 {
+			return quorumOf(true), place, false
+		}
+		return nil, storePlace, false
+	case IdemUnfenced:
+		unfenced = ci < w.sc.Clients-1
+		if w.seed%2 == 0 {
+			return quorumOf(!unfenced), place, unfenced
+		}
+		opts := []single.Option{single.WithFenceTTL(time.Minute)}
+		if unfenced {
+			opts = []single.Option{single.WithoutFencing()}
+		}
+		return must(single.New(store, opts...)), storePlace, unfenced
+	}
+	return nil, storePlace, false
+}
+
+// idemClient is one client of the IdemStore, IdemQuorum, IdemMixed and
+// IdemUnfenced scenarios: its own Barrier (a lease of 15–60 ms, so that
+// takeovers and late completions are common; half the clients kept by
+// a renew.Watchdog) and a Consumer on it, sending Ops requests on a few
+// shared keys, a third of them through Consumer.HandlePayload (message
+// ids "m…", redelivered up to three times when not acked), the rest
+// through Do ("p…", retried up to three times). A key's payload is one
+// of two (fingerprints "A" and, one time in four, "B"). The caller's ctx
+// lasts 10–120 ms, so it often ends while the handler runs. The handler
+// works 1 ms to 1.1 leases while its ctx is live (cut short, it returns
+// its ctx's error and does nothing), applies its effect to the fenced
+// effect store, then finishes 0–15 ms of work that no ctx stops (the
+// booking is made, the receipt is written) and returns its result.
+func (w *World) idemClient(ci int, r *rand.Rand) {
+	wd, err := renew.New()
+	if err != nil {
+		panic(fmt.Sprintf("sim: renew.New: %v", err))
+	}
+	w.onClose(func() { wd.Close() })
+	ct := r.IntN(2) == 0
+	store := w.redisClient(ci, w.nodes[w.sc.storeNode()], ct)
+	lease := ms(r, 15, 60).Truncate(time.Millisecond)
+	opts := []idempotency.Option{idempotency.WithLease(lease), idempotency.WithRetention(30 * time.Second)}
+	strat, place, unfenced := w.idemScheme(ci, ct, store)
+	if strat != nil {
+		opts = append(opts, idempotency.WithStrategy(strat))
+	}
+	// Half the clients renew their locks (the watchdog). The others keep
+	// nothing; on a strategy of their own (WithStrategy) they still get a
+	// Keeper that renews nothing, through which the workload sees the
+	// lock (a Barrier with its own strategy runs the same steps with a
+	// Keeper or without; on the store's own lock it does not).
+	var spy *lockSpy
+	renews := r.IntN(2) == 0
+	if renews || strat != nil {
+		var inner redlease.Keeper = nopKeeper{}
+		if renews {
+			inner = wd
+		}
+		spy = &lockSpy{now: w.hist.now, inner: trackKeeper{w: w, ci: ci, inner: inner, prefix: "idem:l:", place: place}}
+		opts = append(opts, idempotency.WithKeeper(spy))
+	}
+	b, err := idempotency.New(store, opts...)
+	if err != nil {
+		if unfenced && errors.Is(err, redlease.ErrInvalid) {
+			w.hist.ex.count(ExIdemRefused, 1)
+			w.hist.logf("c%d idempotency.New refused the unfenced strategy: %v", ci, short(err))
+			return
+		}
+		panic(fmt.Sprintf("sim: idempotency.New: %v", err))
+	}
+	w.hist.logf("c%d idem lease=%v renewed=%v strategy=%T unfenced=%v ctxTimeouts=%v", ci, lease, renews, strat, unfenced, ct)
+	cons := must(idempotency.NewConsumer(b))
+	leaseMs := int(lease / time.Millisecond)
+	for seq := range w.sc.Ops {
+		consumer := r.IntN(3) == 0
+		// A new set of keys every second op: a key is contended until its
+		// outcome is recorded, then only replayed.
+		k := r.IntN(w.sc.Keys) + seq/2*w.sc.Keys
+		key := fmt.Sprintf("p%d", k)
+		if consumer {
+			key = "m" + key[1:]
+		}
+		fp := "A"
+		if r.IntN(4) == 0 {
+			fp = "B"
+		}
+		for try := range 4 {
+			rec := &idemRunRec{run: effectRun{client: ci, seq: seq, try: try}, key: key, fp: fp, consumer: consumer}
+			pre := ms(r, 1, leaseMs+leaseMs/10)
+			post := ms(r, 0, 15)
+			if w.sc.Idem == IdemLate {
+				pre, post = ms(r, leaseMs*55/100, leaseMs*90/100), ms(r, 0, leaseMs/10)
+			}
+			h := func(hctx context.Context, fence uint64) ([]byte, error) {
+				w.idemStarted(rec)
+				span := w.hist.handlerStart(key, rec.run, fence)
+				stop := context.AfterFunc(hctx, func() { w.hist.handlerEnd(span) })
+				defer func() {
+					if stop() {
+						w.hist.handlerEnd(span)
+					}
+				}()
+				t := time.NewTimer(pre)
+				select {
+				case <-hctx.Done():
+					t.Stop()
+					return nil, hctx.Err()
+				case <-t.C:
+				}
+				if hctx.Err() != nil {
+					return nil, hctx.Err()
+				}
+				w.hist.effect(key, fence, rec.run)
+				sleep(post)
+				res := fmt.Sprintf("%s/%s/%s", rec.run, key, fp)
+				valid := false
+				var lk *redlease.Lock
+				if spy != nil {
+					lk = spy.current(fence)
+					valid = lk != nil && lk.Valid()
+				} else {
+					valid = w.hist.now() < rec.t0+lease*8/10-3*time.Millisecond
+				}
+				w.idemReturned(rec, res, valid, lk)
+				return []byte(res), nil
+			}
+			ctx, cancel := context.WithTimeout(w.jitterCtx(context.Background(), ci, jitBarrier, seq<<2|try), ms(r, 10, 120))
+			t0 := w.hist.now()
+			rec.t0, rec.lease, rec.spy = t0, lease, spy
+			var (
+				ack bool
+				out idempotency.Outcome
+				err error
+			)
+			if consumer {
+				ack, err = cons.HandlePayload(ctx, key, []byte(fp), h)
+			} else {
+				out, err = b.Do(ctx, idempotency.Request{Key: key, Fingerprint: fp}, h)
+			}
+			cancel()
+			// The handler may still run (a Barrier that runs it on after
+			// its caller's ctx ended): rec's handler fields are written
+			// under w.idem.mu, and read when the run is checked.
+			w.idemEnded(rec, ack, out, err)
+			if consumer {
+				w.hist.logf("%s handle %s fp=%s: ack=%v: %v", rec.run, key, fp, ack, short(err))
+			} else {
+				w.hist.logf("%s do %s fp=%s: replayed=%v fence=%d result=%q: %v", rec.run, key, fp, out.Replayed, out.Fence, out.Result, short(err))
+			}
+			if (consumer && ack) || (!consumer && err == nil) || idempotency.Permanent(err) {
+				break
+			}
+			sleep(ms(r, 0, 20))
+		}
+		sleep(ms(r, 0, 10))
+	}
+}
+
+func (w *World) idemStarted(rec *idemRunRec) {
+	at := w.hist.now()
+	w.idem.mu.Lock()
+	rec.started = true
+	w.idem.starts = append(w.idem.starts, handlerStartRec{key: rec.key, fp: rec.fp, run: rec.run, at: at})
+	w.idem.mu.Unlock()
+}
+
+func (w *World) idemReturned(rec *idemRunRec, res string, valid bool, lk *redlease.Lock) {
+	at := w.hist.now()
+	w.hist.mu.Lock()
+	if w.hist.mustRecord == nil {
+		w.hist.mustRecord = w.idemMustRecord
+	}
+	w.hist.mu.Unlock()
+	w.idem.mu.Lock()
+	if w.idem.byRun == nil {
+		w.idem.byRun = map[effectRun]*idemRunRec{}
+	}
+	w.idem.byRun[rec.run] = rec
+	rec.returned, rec.result, rec.retAt, rec.validRet, rec.lk = true, res, at, valid, lk
+	if w.idem.results == nil {
+		w.idem.results = map[string]*idemRunRec{}
+	}
+	w.idem.results[res] = rec
+	w.idem.mu.Unlock()
+	w.hist.logf("%s handler returned %q, lock valid=%v", rec.run, res, valid)
+}
+
+// idemMustRecord says whether the Barrier must have recorded run's
+// outcome, whatever its caller was told: its handler returned it while
+// the lock was valid, the run ended (as the client's keeper saw it, after
+// the completion's answer) within half a lease of that return with the
+// lock still valid, and no fault of the schedule touched the store
+// meanwhile (up to a lease after the return). A completion that the
+// store answered in time either stored the outcome or found the record
+// taken (record-taken); one that went unanswered (a spike, a fault) is
+// tried for up to a lease, and may go unrecorded without a defect.
+func (w *World) idemMustRecord(run effectRun) bool {
+	w.idem.mu.Lock()
+	defer w.idem.mu.Unlock()
+	return w.mustRecordLocked(w.idem.byRun[run])
+}
+
+func (w *World) mustRecordLocked(rec *idemRunRec) bool {
+	if rec == nil || !rec.returned || !rec.validRet || rec.spy == nil || rec.lk == nil {
+		return false
+	}
+	e, ok := rec.spy.endOf(rec.lk)
+	return ok && e.valid && e.at-rec.retAt < rec.lease/2 && !w.storeTroubled(rec.retAt, rec.retAt+rec.lease)
+}
+
+// storeTroubled reports whether a fault of the schedule touched the
+// store's node between from and to (virtual times): a completion then
+// may fail for as long as the lock is valid, and the outcome go
+// unrecorded without a defect (ErrNotRecorded, which a caller that left
+// never hears). An instant fault (cut) counts for a millisecond.
+func (w *World) storeTroubled(from, to time.Duration) bool {
+	store := w.sc.storeNode()
+	for _, f := range w.faults {
+		if f.Node != store && !slices.Contains(f.Nodes, store) {
+			continue
+		}
+		if f.At <= to && from <= f.At+max(f.For, time.Millisecond) {
+			return true
+		}
+	}
+	return false
+}
+
+func (w *World) idemEnded(rec *idemRunRec, ack bool, out idempotency.Outcome, err error) {
+	w.hist.runEnded(rec.run, err)
+	end := w.hist.now()
+	w.idem.mu.Lock()
+	rec.ack, rec.out, rec.err, rec.end = ack, out, err, end
+	w.idem.runs = append(w.idem.runs, rec)
+	w.idem.mu.Unlock()
+}
+
+// validAtEnd says whether rec's lock was still valid when its run ended:
+// as the client's keeper saw it when the Barrier stopped keeping it, or,
+// without one, judged from the time (the call's return, within 0.8 of
+// the lease from its start, less 3 ms: the lock was granted after the
+// call began, and its validity is the lease less the drift allowance and
+// the loss margin, a tenth).
+func (rec *idemRunRec) validAtEnd() bool {
+	if rec.spy != nil {
+		e, _ := rec.spy.endOf(rec.lk)
+		return rec.lk != nil && e.valid
+	}
+	return rec.end < rec.t0+rec.lease*8/10-3*time.Millisecond
+}
+
+// recordTaken reports whether err says the run's record was taken over
+// or deleted under it (ErrNotOwner, or a completion that found no
+// record).
+func recordTaken(err error) bool {
+	return errors.Is(err, idempotency.ErrNotOwner) || (errors.Is(err, idempotency.ErrNotRecorded) && strings.Contains(err.Error(), "record is gone"))
+}
+
+// checkIdem checks the idempotency workloads' invariants (InvDiscarded,
+// InvRecordTaken, InvReplay) and the tokens' (InvTokenOnce).
+func (w *World) checkIdem() []Violation {
+	w.idem.mu.Lock()
+	defer w.idem.mu.Unlock()
+	var vs []Violation
+	ex := &w.hist.ex
+	type told struct {
+		rec *idemRunRec
+		res string // Do: the result; Consumer: ""
+	}
+	nils := map[string][]told{} // key → the runs told nil, in order of return
+	for _, rec := range w.idem.runs {
+		if errors.Is(rec.err, idempotency.ErrRunCancelled) && rec.returned {
+			ex.count(ExIdemCancelled, 1)
+		}
+		if recordTaken(rec.err) && rec.returned {
+			ex.count(ExIdemLate, 1)
+		}
+		if w.mustRecordLocked(rec) {
+			ex.count(ExIdemMustRecord, 1)
+		}
+		if rec.returned && rec.validRet {
+			ex.count(InvDiscarded, 1)
+			if errors.Is(rec.err, idempotency.ErrRunCancelled) {
+				vs = append(vs, Violation{Inv: InvDiscarded, At: rec.end, Detail: fmt.Sprintf("%s %s fp=%s: the handler returned %q at %.3fms while its lock was valid, and the caller was told %v",
+					rec.run, rec.key, rec.fp, rec.result, msf(rec.retAt), short(rec.err))})
+			}
+			if rec.validAtEnd() {
+				ex.count(InvRecordTaken, 1)
+				if recordTaken(rec.err) {
+					vs = append(vs, Violation{Inv: InvRecordTaken, At: rec.end, Detail: fmt.Sprintf("%s %s fp=%s: the handler returned at %.3fms and the run ended at %.3fms with its lock valid throughout, yet its record was taken: %v",
+						rec.run, rec.key, rec.fp, msf(rec.retAt), msf(rec.end), short(rec.err))})
+				}
+			}
+		}
+		if rec.err == nil && (!rec.consumer || rec.ack) {
+			t := told{rec: rec}
+			if !rec.consumer {
+				t.res = string(rec.out.Result)
+				if rec.out.Replayed {
+					ex.count(InvReplay, 1)
+					src, ok := w.idem.results[t.res]
+					switch {
+					case !ok:
+						vs = append(vs, Violation{Inv: InvReplay, At: rec.end, Detail: fmt.Sprintf("%s %s fp=%s: replayed %q, which no handler returned", rec.run, rec.key, rec.fp, t.res)})
+					case src.key != rec.key || src.fp != rec.fp:
+						vs = append(vs, Violation{Inv: InvReplay, At: rec.end, Detail: fmt.Sprintf("%s %s fp=%s: replayed %q, the result of %s on %s fp=%s", rec.run, rec.key, rec.fp, t.res, src.run, src.key, src.fp)})
+					}
+				}
+			}
+			nils[rec.key] = append(nils[rec.key], t)
+		}
+	}
+	for _, k := range sortedKeys(nils) {
+		ts := nils[k]
+		first := ts[0]
+		for _, t := range ts[1:] {
+			ex.count(InvReplay, 1)
+			switch {
+			case t.rec.fp != first.rec.fp:
+				vs = append(vs, Violation{Inv: InvReplay, At: t.rec.end, Detail: fmt.Sprintf("key %s: %s (fp=%s) was told nil after %s (fp=%s) was: one key, two payloads' outcomes", k, t.rec.run, t.rec.fp, first.rec.run, first.rec.fp)})
+			case !t.rec.consumer && !first.rec.consumer && t.res != first.res:
+				vs = append(vs, Violation{Inv: InvReplay, At: t.rec.end, Detail: fmt.Sprintf("key %s: %s was told %q (replayed=%v) after %s was told %q: two outcomes recorded", k, t.rec.run, t.res, t.rec.out.Replayed, first.rec.run, first.res)})
+			}
+		}
+		// No handler of another payload starts once the key's outcome
+		// was recorded (its first caller told nil).
+		for _, s := range w.idem.starts {
+			if s.key == k && s.at > first.rec.end {
+				ex.count(InvReplay, 1)
+				if s.fp != first.rec.fp {
+					vs = append(vs, Violation{Inv: InvReplay, At: s.at, Detail: fmt.Sprintf("key %s: handler %s of fp=%s started after %s (fp=%s) was told its outcome was recorded", k, s.run, s.fp, first.rec.run, first.rec.fp)})
+				}
+			}
+		}
+	}
+	vs = append(vs, w.checkTokensLocked()...)
+	return vs
+}
