@@ -127,10 +127,10 @@
 //
 // # Scenarios
 //
-// Scenarios is the rotation: seed s runs Scenarios[s % len(Scenarios)]
-// unless -scenario names one. The general faults are one to five drawn by
-// makeSchedule (delay, loss, partition, cut, pause, restart, clock-jump,
-// clock-skew), restricted by a scenario's Kinds; clock-drift comes in
+// Rotation is the lock rotation: seed s runs Rotation[s % len(Rotation)]
+// unless -scenario names one (-rotation idem: IdemRotation, below). The
+// general faults are one to five drawn by makeSchedule (delay, loss,
+// partition, cut, pause, restart, clock-jump, clock-skew), restricted by a scenario's Kinds; clock-drift comes in
 // half the seeds of the scenarios that draw them all (quorum5-*,
 // quorum3-plain, quorum3-restart, single, fair-quorum5) and of the ops
 // scenarios. lockClient (workload.go) takes a key with Lock (a 1-2 ns
@@ -391,11 +391,13 @@
 // chaos is a module of its own; from the repository's root:
 //
 //	go -C chaos test ./sim                                # 200 seeds, 30 under -race
-//	go -C chaos test ./sim -run 'TestSim$' -seeds 10000   # what make test adds
+//	go -C chaos test ./sim -run 'TestSim$' -seeds 10000   # what make test adds,
+//	go -C chaos test ./sim -run 'TestSim$' -rotation idem -seeds 3000   # and this
 //	go -C chaos test ./sim -run 'TestSim$' -scenario failover -seed 5 -replays 10
 //
 // TestSim's flags (sim_test.go, ctxbound_test.go): -seeds N from -first
-// (default 1; 0 seeds: 200, or 30 under -race); -scenario NAME; -seed S
+// (default 1; 0 seeds: 200, or 30 under -race); -rotation idem (the
+// idempotency rotation instead of the lock one); -scenario NAME; -seed S
 // (one seed, printing its schedule, each outside fault's scope, its
 // history with every command each node applied, and its violations);
 // -replays N and -replaydump DIR (see above); -workers N (seeds at once,
@@ -406,8 +408,8 @@
 // before Valid on every grant, as Locker.Do does); -ctxbound; -findings
 // (the regression tests in findings_test.go of defects still open; the
 // others run always). TestSim sets the GC percent to 400 unless GOGC is
-// set. make test runs the package under -race and then 10,000 seeds
-// without; make sim runs SIM_SEEDS (100,000) with progress lines.
+// set. make test runs the package under -race, then 10,000 seeds of the
+// lock rotation and 3,000 of the idempotency rotation without; make sim runs SIM_SEEDS (100,000) with progress lines.
 //
 // To reproduce a failing seed, run the command it prints (-v shows the
 // log of a passing one):

@@ -19,7 +19,7 @@ func TestStateReadingsStand(t *testing.T) {
 		seeds = 2
 	}
 	total := 0
-	for _, sc := range Rotation {
+	for _, sc := range Scenarios {
 		stood, wrong := 0, 0
 		for s := uint64(1); s <= uint64(seeds); s++ {
 			synctest.Test(t, func(t *testing.T) {
