@@ -15,12 +15,28 @@ import (
 // picked. One long-lived goroutine keeps its grown stack and orders ties
 // by send order.
 type sched struct {
-	mu   sync.Mutex
-	q    eventQueue
-	seq  uint64
-	wake chan struct{} // cap 1: an event was pushed
-	stop chan struct{}
-	done chan struct{}
+	mu  sync.Mutex
+	q   eventQueue
+	seq uint64
+	// timer wakes the loop when the earliest event is due. While the
+	// loop sleeps (sleeping), armed is when timer fires (zero: not
+	// armed, the queue was empty), and at re-arms it for an earlier
+	// event itself: the loop is woken only when an event is due, not
+	// once more by every push (half of its wake-ups, each a goroutine
+	// switch and a select, on watchdog-mixed).
+	//
+	// An event due at once is not left to the timer: a bubble runs its
+	// timers only once every goroutine in it is durably blocked, and a
+	// goroutine waiting on a mutex is not (the Wake scenarios' HELLO,
+	// due at once, is read holding go-redis PubSub's mutex while the hub's
+	// other goroutine waits for it: see the package doc), so such an
+	// event wakes the loop by wake, as every push did before.
+	timer    *time.Timer
+	sleeping bool
+	armed    time.Time
+	wake     chan struct{} // cap 1: an event due at once was pushed
+	stop     chan struct{}
+	done     chan struct{}
 	// post runs after every event, on the loop (the state check: see
 	// World.flushState); nil: nothing.
 	post func()
@@ -57,6 +73,8 @@ func newSched(post ...func()) *sched {
 	if len(post) > 0 {
 		s.post = post[0]
 	}
+	s.timer = time.NewTimer(time.Hour)
+	s.timer.Stop()
 	go s.loop()
 	return s
 }
@@ -66,49 +84,63 @@ func (s *sched) at(t time.Time, f func()) {
 	s.mu.Lock()
 	s.seq++
 	heap.Push(&s.q, event{t, s.seq, f})
-	s.mu.Unlock()
-	select {
-	case s.wake <- struct{}{}:
-	default:
+	if s.sleeping {
+		switch {
+		case !t.After(time.Now()):
+			select {
+			case s.wake <- struct{}{}:
+			default:
+			}
+		case s.armed.IsZero() || t.Before(s.armed):
+			s.armLocked(t)
+		}
 	}
+	s.mu.Unlock()
+}
+
+// armLocked sets the loop's timer to fire at t. Call with s.mu held.
+func (s *sched) armLocked(t time.Time) {
+	s.armed = t
+	s.timer.Reset(time.Until(t))
 }
 
 // loop runs due events until close. Events still queued then are
 // dropped (the run is over).
 func (s *sched) loop() {
 	defer close(s.done)
-	t := time.NewTimer(time.Hour)
-	defer t.Stop()
+	defer s.timer.Stop()
 	for {
 		s.mu.Lock()
+		s.sleeping = false
 		now := time.Now()
 		var f func()
-		var next time.Time
-		if len(s.q) > 0 {
-			if !s.q[0].at.After(now) {
-				f = heap.Pop(&s.q).(event).f
-			} else {
-				next = s.q[0].at
-			}
+		if len(s.q) > 0 && !s.q[0].at.After(now) {
+			f = heap.Pop(&s.q).(event).f
 		}
-		s.mu.Unlock()
 		if f != nil {
+			s.mu.Unlock()
 			f()
 			if s.post != nil {
 				s.post()
 			}
 			continue
 		}
-		var tc <-chan time.Time
-		if !next.IsZero() {
-			t.Reset(next.Sub(now))
-			tc = t.C
+		// Sleep until the earliest event is due; at re-arms the timer
+		// for an earlier one pushed meanwhile. The timer is set under
+		// s.mu, so a push never finds it armed later than its event.
+		s.sleeping = true
+		if len(s.q) > 0 {
+			s.armLocked(s.q[0].at)
+		} else {
+			s.armed = time.Time{}
+			s.timer.Stop()
 		}
+		s.mu.Unlock()
 		select {
 		case <-s.stop:
 			return
 		case <-s.wake:
-		case <-tc:
+		case <-s.timer.C:
 		}
 	}
 }
