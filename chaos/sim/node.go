@@ -108,7 +108,7 @@ func (n *Node) start() {
 
 // minis keeps miniredis engines whose node process ended, emptied, for
 // the next node process in any run: making one (its server registers
-// some 250 commands, each a closure and a map entry, and Dial starts it
+// some 200 commands, each a closure and a map entry, and Dial starts it
 // on a pipe served by a goroutine) was 2.4 % of watchdog-mixed's CPU and
 // a tenth of its allocations, nine nodes per seed. An engine is put back
 // only when nothing refers to it any more: at a restart (the new process
@@ -217,10 +217,10 @@ func (n *Node) hook(p *server.Peer, cmd string, args ...string) bool {
 }
 
 // hello2Reply is miniredis's reply to HELLO 2, taken from a miniredis
-// once: its HELLO writes a constant map of fourteen entries value by
-// value, each through the peer's mutex (1.5 % of watchdog-mixed's CPU,
-// a few hundred handshakes per seed). TestHello2Reply checks it against
-// a fresh miniredis's.
+// once: its HELLO writes a constant map of seven entries value by value,
+// each through the peer's mutex (1.5 % of watchdog-mixed's CPU, some 50
+// handshakes per seed). TestHello2Reply checks it against a fresh
+// miniredis's.
 var hello2Reply = func() string {
 	m := miniredis.NewMiniRedis()
 	defer m.Close()
