@@ -1,7 +1,6 @@
 package sim
 
 import (
-	"container/heap"
 	"sync"
 	"time"
 )
@@ -48,22 +47,57 @@ type event struct {
 	f   func()
 }
 
+// eventQueue is a binary min-heap of events by (at, seq), typed (no
+// container/heap: its Push and Pop box every event in an interface, two
+// allocations per message). Keys are unique, so the order events leave
+// in is the keys' order whatever the heap's shape.
 type eventQueue []event
 
-func (q eventQueue) Len() int { return len(q) }
-func (q eventQueue) Less(i, j int) bool {
+func (q eventQueue) less(i, j int) bool {
 	if !q[i].at.Equal(q[j].at) {
 		return q[i].at.Before(q[j].at)
 	}
 	return q[i].seq < q[j].seq
 }
-func (q eventQueue) Swap(i, j int) { q[i], q[j] = q[j], q[i] }
-func (q *eventQueue) Push(x any)   { *q = append(*q, x.(event)) }
-func (q *eventQueue) Pop() any {
-	old := *q
-	e := old[len(old)-1]
-	old[len(old)-1] = event{}
-	*q = old[:len(old)-1]
+
+// push adds e.
+func (q *eventQueue) push(e event) {
+	*q = append(*q, e)
+	h := *q
+	for i := len(h) - 1; i > 0; {
+		p := (i - 1) / 2
+		if !h.less(i, p) {
+			break
+		}
+		h[i], h[p] = h[p], h[i]
+		i = p
+	}
+}
+
+// pop removes and returns the earliest event; q must not be empty.
+func (q *eventQueue) pop() event {
+	h := *q
+	e := h[0]
+	n := len(h) - 1
+	h[0] = h[n]
+	h[n] = event{}
+	h = h[:n]
+	for i := 0; ; {
+		l := 2*i + 1
+		if l >= n {
+			break
+		}
+		m := l
+		if r := l + 1; r < n && h.less(r, l) {
+			m = r
+		}
+		if !h.less(m, i) {
+			break
+		}
+		h[i], h[m] = h[m], h[i]
+		i = m
+	}
+	*q = h
 	return e
 }
 
@@ -83,7 +117,7 @@ func newSched(post ...func()) *sched {
 func (s *sched) at(t time.Time, f func()) {
 	s.mu.Lock()
 	s.seq++
-	heap.Push(&s.q, event{t, s.seq, f})
+	s.q.push(event{t, s.seq, f})
 	if s.sleeping {
 		switch {
 		case !t.After(time.Now()):
@@ -115,7 +149,7 @@ func (s *sched) loop() {
 		now := time.Now()
 		var f func()
 		if len(s.q) > 0 && !s.q[0].at.After(now) {
-			f = heap.Pop(&s.q).(event).f
+			f = s.q.pop().f
 		}
 		if f != nil {
 			s.mu.Unlock()
