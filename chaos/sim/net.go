@@ -70,6 +70,11 @@ type conn struct {
 	lastReqAt time.Time
 	lastRepAt time.Time
 
+	// deliverReqs and deliverReps are c.deliverRequests and
+	// c.deliverReplies, made once (a method value passed to World.after
+	// is an allocation per message).
+	deliverReqs, deliverReps func()
+
 	deliverMu sync.Mutex // serialises delivery of requests to the node (FIFO)
 	peer      *server.Peer
 	pbuf      bytes.Buffer
@@ -84,6 +89,7 @@ func newConn(w *World, n *Node, client int, key uint64, name string) *conn {
 	// connection.
 	c.pw = bufio.NewWriterSize(&c.pbuf, 256)
 	c.peer = server.NewPeer(c.pw)
+	c.deliverReqs, c.deliverReps = c.deliverRequests, c.deliverReplies
 	return c
 }
 
@@ -186,7 +192,7 @@ func (c *conn) sendRequestLocked(args []string) {
 	}
 	c.lastReqAt = at
 	c.reqs = append(c.reqs, message{at: at, sent: now, args: args})
-	c.w.after(at.Sub(now), c.deliverRequests)
+	c.w.after(at.Sub(now), c.deliverReqs)
 }
 
 // deliverRequests hands every request that is due to the node, in order.
@@ -252,7 +258,7 @@ func (c *conn) send(reply []byte, push bool) (delay time.Duration, lost, dropped
 	}
 	c.lastRepAt = at
 	c.reps = append(c.reps, message{at: at, reply: reply})
-	c.w.after(at.Sub(now), c.deliverReplies)
+	c.w.after(at.Sub(now), c.deliverReps)
 	return at.Sub(now), false, false
 }
 

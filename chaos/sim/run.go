@@ -203,6 +203,9 @@ func Run(sc Scenario, seed uint64, opts Options) *Result {
 	excuse(res.Violations, res.Scopes, w.votesByToken())
 	res.Verdict = grade(res.Violations)
 	res.Examined = w.examined(res)
+	for _, n := range w.nodes {
+		n.releaseMini()
+	}
 	return res
 }
 

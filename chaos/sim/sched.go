@@ -1,7 +1,6 @@
 package sim
 
 import (
-	"container/heap"
 	"sync"
 	"time"
 )
@@ -15,12 +14,28 @@ import (
 // picked. One long-lived goroutine keeps its grown stack and orders ties
 // by send order.
 type sched struct {
-	mu   sync.Mutex
-	q    eventQueue
-	seq  uint64
-	wake chan struct{} // cap 1: an event was pushed
-	stop chan struct{}
-	done chan struct{}
+	mu  sync.Mutex
+	q   eventQueue
+	seq uint64
+	// timer wakes the loop when the earliest event is due. While the
+	// loop sleeps (sleeping), armed is when timer fires (zero: not
+	// armed, the queue was empty), and at re-arms it for an earlier
+	// event itself: the loop is woken only when an event is due, not
+	// once more by every push (half of its wake-ups, each a goroutine
+	// switch and a select, on watchdog-mixed).
+	//
+	// An event due at once is not left to the timer: a bubble runs its
+	// timers only once every goroutine in it is durably blocked, and a
+	// goroutine waiting on a mutex is not (the Wake scenarios' HELLO,
+	// due at once, is read holding go-redis PubSub's mutex while the hub's
+	// other goroutine waits for it: see the package doc), so such an
+	// event wakes the loop by wake, as every push did before.
+	timer    *time.Timer
+	sleeping bool
+	armed    time.Time
+	wake     chan struct{} // cap 1: an event due at once was pushed
+	stop     chan struct{}
+	done     chan struct{}
 	// post runs after every event, on the loop (the state check: see
 	// World.flushState); nil: nothing.
 	post func()
@@ -32,22 +47,57 @@ type event struct {
 	f   func()
 }
 
+// eventQueue is a binary min-heap of events by (at, seq), typed (no
+// container/heap: its Push and Pop box every event in an interface, two
+// allocations per message). Keys are unique, so the order events leave
+// in is the keys' order whatever the heap's shape.
 type eventQueue []event
 
-func (q eventQueue) Len() int { return len(q) }
-func (q eventQueue) Less(i, j int) bool {
+func (q eventQueue) less(i, j int) bool {
 	if !q[i].at.Equal(q[j].at) {
 		return q[i].at.Before(q[j].at)
 	}
 	return q[i].seq < q[j].seq
 }
-func (q eventQueue) Swap(i, j int) { q[i], q[j] = q[j], q[i] }
-func (q *eventQueue) Push(x any)   { *q = append(*q, x.(event)) }
-func (q *eventQueue) Pop() any {
-	old := *q
-	e := old[len(old)-1]
-	old[len(old)-1] = event{}
-	*q = old[:len(old)-1]
+
+// push adds e.
+func (q *eventQueue) push(e event) {
+	*q = append(*q, e)
+	h := *q
+	for i := len(h) - 1; i > 0; {
+		p := (i - 1) / 2
+		if !h.less(i, p) {
+			break
+		}
+		h[i], h[p] = h[p], h[i]
+		i = p
+	}
+}
+
+// pop removes and returns the earliest event; q must not be empty.
+func (q *eventQueue) pop() event {
+	h := *q
+	e := h[0]
+	n := len(h) - 1
+	h[0] = h[n]
+	h[n] = event{}
+	h = h[:n]
+	for i := 0; ; {
+		l := 2*i + 1
+		if l >= n {
+			break
+		}
+		m := l
+		if r := l + 1; r < n && h.less(r, l) {
+			m = r
+		}
+		if !h.less(m, i) {
+			break
+		}
+		h[i], h[m] = h[m], h[i]
+		i = m
+	}
+	*q = h
 	return e
 }
 
@@ -57,6 +107,8 @@ func newSched(post ...func()) *sched {
 	if len(post) > 0 {
 		s.post = post[0]
 	}
+	s.timer = time.NewTimer(time.Hour)
+	s.timer.Stop()
 	go s.loop()
 	return s
 }
@@ -65,50 +117,64 @@ func newSched(post ...func()) *sched {
 func (s *sched) at(t time.Time, f func()) {
 	s.mu.Lock()
 	s.seq++
-	heap.Push(&s.q, event{t, s.seq, f})
-	s.mu.Unlock()
-	select {
-	case s.wake <- struct{}{}:
-	default:
+	s.q.push(event{t, s.seq, f})
+	if s.sleeping {
+		switch {
+		case !t.After(time.Now()):
+			select {
+			case s.wake <- struct{}{}:
+			default:
+			}
+		case s.armed.IsZero() || t.Before(s.armed):
+			s.armLocked(t)
+		}
 	}
+	s.mu.Unlock()
+}
+
+// armLocked sets the loop's timer to fire at t. Call with s.mu held.
+func (s *sched) armLocked(t time.Time) {
+	s.armed = t
+	s.timer.Reset(time.Until(t))
 }
 
 // loop runs due events until close. Events still queued then are
 // dropped (the run is over).
 func (s *sched) loop() {
 	defer close(s.done)
-	t := time.NewTimer(time.Hour)
-	defer t.Stop()
+	defer s.timer.Stop()
 	for {
 		s.mu.Lock()
+		s.sleeping = false
 		now := time.Now()
 		var f func()
-		var next time.Time
-		if len(s.q) > 0 {
-			if !s.q[0].at.After(now) {
-				f = heap.Pop(&s.q).(event).f
-			} else {
-				next = s.q[0].at
-			}
+		if len(s.q) > 0 && !s.q[0].at.After(now) {
+			f = s.q.pop().f
 		}
-		s.mu.Unlock()
 		if f != nil {
+			s.mu.Unlock()
 			f()
 			if s.post != nil {
 				s.post()
 			}
 			continue
 		}
-		var tc <-chan time.Time
-		if !next.IsZero() {
-			t.Reset(next.Sub(now))
-			tc = t.C
+		// Sleep until the earliest event is due; at re-arms the timer
+		// for an earlier one pushed meanwhile. The timer is set under
+		// s.mu, so a push never finds it armed later than its event.
+		s.sleeping = true
+		if len(s.q) > 0 {
+			s.armLocked(s.q[0].at)
+		} else {
+			s.armed = time.Time{}
+			s.timer.Stop()
 		}
+		s.mu.Unlock()
 		select {
 		case <-s.stop:
 			return
 		case <-s.wake:
-		case <-tc:
+		case <-s.timer.C:
 		}
 	}
 }

@@ -83,6 +83,7 @@ type stateCheck struct {
 
 	dmu   sync.Mutex
 	dirty []touched // keys commands touched since the last flush
+	spare []touched // the last flush's slice, emptied, for dirty's next
 	flag  atomic.Bool
 }
 
@@ -242,9 +243,14 @@ func (w *World) flushState() {
 	}
 	st.dmu.Lock()
 	keys := st.dirty
-	st.dirty = nil
+	st.dirty, st.spare = st.spare, nil
 	st.flag.Store(false)
 	st.dmu.Unlock()
+	defer func() {
+		st.dmu.Lock()
+		st.spare = keys[:0]
+		st.dmu.Unlock()
+	}()
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	if len(st.live) == 0 {
