@@ -16,6 +16,7 @@ import (
 
 	"github.com/redlease/redlease"
 	"github.com/redlease/redlease/internal/backoff"
+	"github.com/redlease/redlease/internal/locktoken"
 )
 
 // World is one run: the nodes, the links between them and the clients,
@@ -215,10 +216,14 @@ const (
 
 // jitterCtx returns ctx seeded for the library's jitter (internal/backoff:
 // Lock's retry backoff, a waiter's undo pauses, the failover Watcher's
-// resubscription pauses) of client ci's call seq at site, so that those
-// draws are the seed's and replay with it, whichever goroutine runs first.
+// resubscription pauses) and its lock tokens (internal/locktoken: the base
+// token of a Lock or TryLock call, which is also its waiter id in fair
+// mode, where two waiters whose tickets tie are ordered by id) of client
+// ci's call seq at site, so that those draws are the seed's and replay
+// with it, whichever goroutine runs first.
 func (w *World) jitterCtx(ctx context.Context, ci int, site uint64, seq int) context.Context {
-	return backoff.WithSeed(ctx, mix(mix(w.seed, uint64(ci+1)<<8|site), uint64(seq)))
+	seed := mix(mix(w.seed, uint64(ci+1)<<8|site), uint64(seq))
+	return locktoken.WithSeed(backoff.WithSeed(ctx, seed), seed)
 }
 
 // retryAtOnce is the workloads' Lock retry delay: the next attempt goes
