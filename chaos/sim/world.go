@@ -70,6 +70,11 @@ type World struct {
 	state stateCheck
 	ops   *opsPlan
 	bnd   boundsState // the bound invariants' constructions (bounds.go)
+
+	// reqSeen: requests sent per (client, node, content), for their
+	// identities (requestID).
+	reqMu   sync.Mutex
+	reqSeen map[uint64]uint64
 }
 
 // badHit is one node on which a badkey fault replaced a lock's token.
@@ -121,11 +126,16 @@ const (
 	maxOneWay  = baseDelay + baseJitter + maxSpike
 )
 
-// fate decides the delay of message i in one direction of c, or that it is
-// lost. It reads the seed's schedule at the current virtual time, and
-// draws from a hash of (seed, connection, direction, index), so the fate
-// of a message does not depend on which goroutine sent first.
-func (w *World) fate(c *conn, toNode bool, i uint64, now time.Time) (time.Duration, bool) {
+// fate decides the delay of message i in one direction of c (its index
+// on c), whose identity is id, or that it is lost. It reads the seed's
+// schedule at the current virtual time, and draws from a hash of (seed,
+// id, direction). A request's id is its content and how many times its
+// client sent that content to that node before (requestID), a reply's the
+// request the node last took from c and its count since (conn.send): not
+// the connection, so that two requests a go-redis client sends at one
+// instant draw their fates whichever pooled connection each takes, and a
+// message's fate does not depend on which goroutine sent first.
+func (w *World) fate(c *conn, toNode bool, i, id uint64, now time.Time) (time.Duration, bool) {
 	d := uint64(1)
 	if toNode {
 		d = 2
@@ -133,7 +143,7 @@ func (w *World) fate(c *conn, toNode bool, i uint64, now time.Time) (time.Durati
 	if bd, lost, ok := w.boundsFate(c, toNode, i, now); ok {
 		return bd, lost
 	}
-	h := mix(mix(w.seed, c.key), i<<2|d)
+	h := mix(mix(w.seed, id), d)
 	u := func(k uint64) float64 { return unit(mix(h, k)) }
 	delay := baseDelay + time.Duration(u(0)*float64(baseJitter))
 	if w.sc.Wake && i == 0 {
@@ -181,6 +191,46 @@ func (w *World) fate(c *conn, toNode bool, i uint64, now time.Time) (time.Durati
 		}
 	}
 	return delay, false
+}
+
+// requestID is the identity of a request of c's client to c's node: its
+// content (args, see contentHash) and how many requests with that content
+// the client sent to the node before. Two requests with different
+// contents keep their identities whatever order they are sent in.
+func (w *World) requestID(c *conn, args []string) uint64 {
+	k := mix(mix(uint64(c.client+2)<<32|uint64(c.node.id+1), 0x7e9), contentHash(args))
+	w.reqMu.Lock()
+	if w.reqSeen == nil {
+		w.reqSeen = map[uint64]uint64{}
+	}
+	n := w.reqSeen[k]
+	w.reqSeen[k] = n + 1
+	w.reqMu.Unlock()
+	return mix(k, n)
+}
+
+// contentHash is FNV-1a over a command's arguments, each prefixed by its
+// length; an argument longer than 256 bytes (a script's source) counts by
+// its length and its first and last 64 bytes.
+func contentHash(args []string) uint64 {
+	h := uint64(14695981039346656037)
+	add := func(s string) {
+		for i := 0; i < len(s); i++ {
+			h ^= uint64(s[i])
+			h *= 1099511628211
+		}
+	}
+	for _, a := range args {
+		h ^= uint64(len(a))
+		h *= 1099511628211
+		if len(a) > 256 {
+			add(a[:64])
+			add(a[len(a)-64:])
+			continue
+		}
+		add(a)
+	}
+	return h
 }
 
 // noteMessage counts a message sent at now on c and, in the Watchdog
