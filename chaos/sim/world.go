@@ -39,7 +39,7 @@ type World struct {
 	msgs     int // messages sent (both directions)
 	lost     int // messages lost
 	clients  []redis.UniversalClient
-	closers  []func()
+	closers  []closer
 	verbose  bool
 	schedLog []string
 	badHits  []badHit       // badkey faults that replaced a token
@@ -357,12 +357,22 @@ func (w *World) dialRetry(ci int, target uint64) time.Duration {
 	return 100*time.Millisecond + time.Duration(1+mix(mix(w.seed, 0xd1a1), uint64(ci+2)<<32|target)%maxSettle)
 }
 
-// onClose registers f to run when the run ends, before the go-redis
-// clients close (strategies' Close, watchdogs' Close).
-func (w *World) onClose(f func()) {
+// onClose registers f, of workload client ci, to run when the run ends,
+// before the go-redis clients close (strategies' Close, watchdogs'
+// Close). The closers run one after the other, by client, each client's
+// in the order it registered them: clients register in the Go
+// scheduler's order when they do at one instant, and a closer that waits
+// for its bound delays the ones after it.
+func (w *World) onClose(ci int, f func()) {
 	w.mu.Lock()
-	w.closers = append(w.closers, f)
+	w.closers = append(w.closers, closer{ci, f})
 	w.mu.Unlock()
+}
+
+// closer is one onClose registration.
+type closer struct {
+	ci int
+	f  func()
 }
 
 // action is one step of the fault driver.
