@@ -28,8 +28,12 @@
 //     since nothing moves, any is a key routed to the wrong master.
 //   - Links: every go-redis connection is a simulated one. Its writes are
 //     parsed into commands; each request and each reply gets a delay drawn
-//     from a hash of (seed, connection, direction, message index), so its
-//     fate does not depend on which goroutine happened to send first.
+//     from a hash of the seed, the direction and the message's identity:
+//     a request's is its client, node, content and how many times that
+//     client sent that content to that node before; a reply's the request
+//     the node last took from the connection and its count since. Its
+//     fate does not depend on which goroutine happened to send first, nor
+//     on which of a client's pooled connections it took.
 //     Both directions keep FIFO order per connection, as TCP does; there
 //     is no order across connections. Delays are 20–500 µs, with 2 %
 //     spikes of up to 40 ms (a reply arriving after the next attempt
