@@ -2,8 +2,6 @@ package redlease
 
 import (
 	"context"
-	cryptorand "crypto/rand"
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"reflect"
@@ -12,6 +10,7 @@ import (
 	"time"
 
 	jittered "github.com/redlease/redlease/internal/backoff"
+	"github.com/redlease/redlease/internal/locktoken"
 )
 
 // Locker hands out locks on one default Strategy (replaceable per call with
@@ -101,7 +100,7 @@ func (l *Locker) TryLock(ctx context.Context, key string, opts ...LockOption) (*
 	if err != nil {
 		return nil, err
 	}
-	token := newToken()
+	token := locktoken.New(ctx, l.prefix+key)
 	var place *Place
 	if c.fair {
 		if _, ok := c.strategy.(Queuer); ok {
@@ -173,7 +172,7 @@ func (l *Locker) retry(ctx context.Context, c lockConfig, key string) (lk *Lock,
 		stopWatch func(handOn bool) // ends the subscription, once there is one
 		queuedRun int               // refusals in a row with ErrQueued and no holder's TTL
 	)
-	base := newToken()
+	base := locktoken.New(ctx, l.prefix+key)
 	jitter := jittered.NewStream(ctx, 0)
 	var place *Place
 	waiter := "" // the id Waker.Watch knows this call by: its id in the line in fair mode
@@ -419,16 +418,6 @@ func backoff(s *jittered.Stream, n int, minDelay, maxDelay time.Duration) time.D
 func attemptToken(base string, n int) string {
 	var b [22 + 1 + 20]byte
 	return string(strconv.AppendInt(append(append(b[:0], base...), '.'), int64(n), 10))
-}
-
-// newToken returns 128 random bits from crypto/rand, base64url-encoded
-// (22 characters), in one allocation.
-func newToken() string {
-	var b [16]byte
-	_, _ = cryptorand.Read(b[:]) // never fails: crypto/rand.Read aborts the program instead
-	var out [22]byte
-	base64.RawURLEncoding.Encode(out[:], b[:])
-	return string(out[:])
 }
 
 // withCause adds cause to err on the same line, unless err already says it

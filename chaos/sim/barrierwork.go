@@ -24,7 +24,7 @@ func (w *World) barrierClient(ci int, r *rand.Rand) {
 	if err != nil {
 		panic(fmt.Sprintf("sim: renew.New: %v", err))
 	}
-	w.onClose(func() { wd.Close() })
+	w.onClose(ci, func() { wd.Close() })
 	store := w.redisClient(ci, w.nodes[w.sc.storeNode()], r.IntN(2) == 0)
 	opts := []idempotency.Option{idempotency.WithLease(w.drawTTL(r)), idempotency.WithRetention(30 * time.Second)}
 	if ci%2 == 0 {

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -14,7 +15,11 @@ import (
 // log (node-level lines included), with each lock token (22 characters of
 // base64url from crypto/rand: only its equality matters) replaced by T
 // and its number in order of first appearance, an attempt's suffix (.2)
-// kept; and the lines logged at one exact virtual instant sorted, since
+// kept; each connection's dial number dropped from its name (c1>node0#3
+// reads c1>node0#: which of its client's pooled connections a request
+// took follows the Go scheduler when two leave at one instant, and the
+// network draws a request's fate from its content, not its connection);
+// and the lines logged at one exact virtual instant sorted, since
 // goroutines that run at one instant log in the order the Go scheduler
 // runs them, which the model leaves open (see the package doc's
 // Determinism). Sorted, a set of lines compares equal whatever order they
@@ -23,6 +28,10 @@ import (
 // ordered is the same history with the lines in the order they were
 // logged.
 func canonicalHistory(lines []string, ats []time.Duration) (canon, ordered []string) {
+	lines = slices.Clone(lines)
+	for i, l := range lines {
+		lines[i] = maskDials(l)
+	}
 	masked := make([]string, len(lines))
 	for i, l := range lines {
 		masked[i] = maskTokens(l, nil)
@@ -48,6 +57,18 @@ func canonicalHistory(lines []string, ats []time.Duration) (canon, ordered []str
 		ordered = append(ordered, maskTokens(l, num))
 	}
 	return canon, ordered
+}
+
+// dialNum matches a connection's name (c1>node0#3) up to its dial
+// number.
+var dialNum = regexp.MustCompile(`(c-?[0-9]+>[^\s#]+#)[0-9]+`)
+
+// maskDials drops the dial numbers of the connection names in l.
+func maskDials(l string) string {
+	if !strings.Contains(l, ">") {
+		return l
+	}
+	return dialNum.ReplaceAllString(l, "$1")
 }
 
 // maskTokens replaces each run of exactly 22 base64url characters in l
@@ -114,6 +135,15 @@ func TestCanonicalHistory(t *testing.T) {
 	c[3] = strings.ReplaceAll(a[3], "kWioX4WjUUVSPPRdTrUSCw", "xxxxxxxxxxxxxxxxxxxxxx")
 	cc, _ := canonicalHistory(c, ats)
 	require.NotEqual(t, ca, cc)
+	// Dial numbers are dropped; the client and node are kept.
+	require.Equal(t, "c1>node0# applied x; c-1>sentinel26379# lost; c2#12 lock", maskDials("c1>node0#3 applied x; c-1>sentinel26379#0 lost; c2#12 lock"))
+	d := slices.Clone(a)
+	d[1] = strings.Replace(a[1], "c1>node0#0", "c1>node0#4", 1)
+	cd, _ := canonicalHistory(d, ats)
+	require.Equal(t, ca, cd)
+	d[1] = strings.Replace(a[1], "c1>node0#0", "c1>node1#0", 1)
+	cd, _ = canonicalHistory(d, ats)
+	require.NotEqual(t, ca, cd)
 	// A 21- or 23-character word is not a token; a 40-hex SHA neither.
 	require.Equal(t, "x ContextTimeoutEnable y", maskTokens("x ContextTimeoutEnable y", nil))
 	require.Equal(t, "191c9d69a84572dadfbd67a97dd9318667563fc3", maskTokens("191c9d69a84572dadfbd67a97dd9318667563fc3", nil))

@@ -21,9 +21,13 @@
 //
 // The network (net.go, world.go): every go-redis connection is simulated.
 // Its writes are parsed into commands; each request and reply gets a fate
-// (a delay, or lost) drawn from a hash of (seed, connection, direction,
-// message index), whichever goroutine sent first; a connection is named by
-// its client, node and dial number. Both directions keep FIFO order per
+// (a delay, or lost) drawn from a hash of the seed, the direction and the
+// message's identity: a request's is its client, node, content and how
+// many times that client sent that content to that node before; a reply's
+// the request the node last took from the connection and its count since
+// (a connection's settle follows its last request). Which goroutine sent
+// first, and which of a client's pooled connections a request took, do
+// not decide its fate. Both directions keep FIFO order per
 // connection, as TCP does; there is no order across connections. A
 // message takes 20-500 µs, one in 50 up to 40 ms more (a spike: a reply
 // can arrive after the next attempt started), and one in 500 is lost (not
@@ -366,20 +370,31 @@
 // something, they are spread over distinct instants in an order of the
 // seed: a blocked Read notices its deadline or a cut up to 4 µs late
 // (conn.settle, per connection), and the workloads retry a Lock 1-2 ns
-// after its last attempt was decided (retryAtOnce).
+// after its last attempt was decided (retryAtOnce). A Lock or TryLock
+// call's base token (a fair waiter's id, which orders equal tickets) is
+// drawn from the seed too: jitterCtx carries internal/locktoken.WithSeed
+// (per key, in call order); a context outside this module cannot carry it,
+// so production tokens stay crypto-random. The wake hub subscribes a
+// batch in channel-name order, and the end-of-run closers run by client,
+// then in registration order.
 //
-// Not determined by the seed: tokens (crypto/rand; fair mode orders
-// waiters with equal tickets by id, so two fair Lock calls on one key in
-// the same millisecond may head a line in either order); the undo pauses
-// of a waiter registered by Waker.Listen (no context; no scenario has two
-// waiters of one client on one key at once); and two requests of one
-// go-redis client leaving at one instant, which take its pooled
-// connections, and so each other's fates, in the scheduler's order.
+// Not determined by the seed: the undo pauses of a waiter registered by
+// Waker.Listen (no context; no scenario has two waiters of one client on
+// one key at once); identical handshakes of connections one client's
+// workers dialled at one instant (their occurrence order is the
+// scheduler's); in the dial-close construction, go-redis's PubSub mutex
+// passing between the reconnecting reader and the hub's UNSUBSCRIBE at the
+// handshake's instant; the failover Watcher's ask timing out exactly at
+// its next poll tick (the ask timeout equals the poll interval); and two
+// requests of one client leaving together when one takes the idle pooled
+// connection and the other dials. docs/simulator.md has the measured
+// share of exact replays.
 //
 // -replays N (with -seed) runs the seed N times in turn and compares
 // canonical histories: every line, node-level ones included, each lock
 // token replaced by T and its number in order of first appearance (an
-// attempt's suffix kept), the lines of one exact virtual instant compared
+// attempt's suffix kept), each connection's dial number dropped from its
+// name (c1>node0#3 reads c1>node0#), the lines of one exact virtual instant compared
 // as a set (goroutines woken together log in the scheduler's order; a
 // line that differs, one more or one fewer, still differs). It reports
 // the verdicts, the distinct canonical histories with each one's count,

@@ -33,7 +33,7 @@ func (w *World) doLockers(ci int, r *rand.Rand) []doLocker {
 	if err != nil {
 		panic(fmt.Sprintf("sim: renew.New: %v", err)) // a bug in the scenario table
 	}
-	w.onClose(func() { wd.Close() })
+	w.onClose(ci, func() { wd.Close() })
 	q := w.quorumLocker(ci, r, w.nodes[:w.sc.Nodes], redlease.WithKeeper(wd))
 	sn := w.nodes[w.sc.Nodes]
 	sct := r.IntN(2) == 0

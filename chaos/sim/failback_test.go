@@ -23,8 +23,8 @@ func failoverWorld(t *testing.T, seed uint64) (*World, func()) {
 	w := newWorld(sc, seed, Options{Log: testing.Verbose()})
 	return w, func() {
 		w.heal()
-		for _, f := range w.closers {
-			f()
+		for _, c := range w.closers {
+			c.f()
 		}
 		for _, c := range w.clients {
 			_ = c.Close()

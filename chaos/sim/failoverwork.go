@@ -211,7 +211,7 @@ func (w *World) failoverClient(ci int, r *rand.Rand) {
 	if err != nil {
 		panic(fmt.Sprintf("sim: renew.New: %v", err)) // a bug in the scenario table
 	}
-	w.onClose(func() { wd.Close() })
+	w.onClose(ci, func() { wd.Close() })
 	lk := must(redlease.New(s, redlease.WithKeeper(wd), redlease.WithPolling(), redlease.WithObserver(stateObserver{w, ci})))
 	var long sync.WaitGroup
 	long.Go(func() { w.longLane(ci, lk, poll) })
@@ -321,10 +321,10 @@ func (w *World) watchedStrategy(ci int, ct bool, prefer int, poll time.Duration)
 	wt, err := failover.Watch(ctx, s, masterName, poll, scs...)
 	cancel()
 	if err != nil {
-		w.onClose(closeSentinels)
+		w.onClose(ci, closeSentinels)
 		return nil, err
 	}
-	w.onClose(func() {
+	w.onClose(ci, func() {
 		// go-redis's PubSub.Close takes the mutex its Subscribe holds
 		// while it waits for the Sentinel's HELLO reply: a goroutine
 		// waiting on a mutex is not durably blocked, so the bubble's clock

@@ -51,8 +51,8 @@ func handWorld(t *testing.T, seed uint64, sc Scenario, log bool) (*World, func()
 	}
 	return w, func() {
 		w.heal()
-		for _, f := range w.closers {
-			f()
+		for _, c := range w.closers {
+			c.f()
 		}
 		for _, c := range w.clients {
 			_ = c.Close()
@@ -208,7 +208,7 @@ func TestFindingBarrierNotOwnerAfterEffect(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			w.onClose(func() { wd.Close() })
+			w.onClose(ci, func() { wd.Close() })
 			b, err := idempotency.New(w.redisClient(ci, store, false), idempotency.WithLease(50*time.Millisecond), idempotency.WithRetention(10*time.Second), idempotency.WithKeeper(wd))
 			if err != nil {
 				t.Fatal(err)

@@ -218,7 +218,7 @@ func (w *World) idemScheme(ci int, ct bool, store *redis.Client) (s redlease.Str
 			opt = quorum.WithoutFencing()
 		}
 		q := must(quorum.New(cs, opt, quorum.WithFenceTTL(time.Minute)))
-		w.onClose(func() { w.closeStrategy(ci, "end of run", q, q.Close) })
+		w.onClose(ci, func() { w.closeStrategy(ci, "end of run", q, q.Close) })
 		place = lockPlace{nodes: ids, need: len(ids)/2 + 1}
 		return q
 	}
@@ -262,7 +262,7 @@ func (w *World) idemClient(ci int, r *rand.Rand) {
 	if err != nil {
 		panic(fmt.Sprintf("sim: renew.New: %v", err))
 	}
-	w.onClose(func() { wd.Close() })
+	w.onClose(ci, func() { wd.Close() })
 	ct := r.IntN(2) == 0
 	store := w.redisClient(ci, w.nodes[w.sc.storeNode()], ct)
 	lease := ms(r, 15, 60).Truncate(time.Millisecond)

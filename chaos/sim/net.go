@@ -28,6 +28,7 @@ type message struct {
 	at    time.Time // delivery time (virtual)
 	sent  time.Time // when the client sent it (a request)
 	args  []string  // a request
+	id    uint64    // a request's identity (World.requestID)
 	reply []byte    // a reply
 }
 
@@ -41,17 +42,22 @@ type conn struct {
 	w      *World
 	node   *Node
 	client int    // index of the workload client (for partitions), -1: the simulator itself
-	key    uint64 // identity for the per-message randomness
+	key    uint64 // the connection's identity (client, node, dial number)
 	name   string
+
+	mu sync.Mutex
 	// settle is how late a blocked Read notices its deadline, and a
 	// fault's cut reaches the connection (cutSoon): a few nanoseconds
-	// drawn from key, so that reads that one instant ends (one ctx
-	// deadline, one node crash) return one after the other in an order of
-	// the seed, not in the Go scheduler's.
+	// drawn from the last request sent on it (from key before the
+	// first), so that reads that one instant ends (one ctx deadline, one
+	// node crash) return one after the other in an order of the seed,
+	// not in the Go scheduler's.
 	settle time.Duration
-
-	mu     sync.Mutex
-	closed bool
+	// replyTo is the identity of the last request delivered to the node
+	// (see World.requestID), and sinceReq the replies and pushes sent
+	// since: a reply's fate is drawn from both (see World.fate).
+	replyTo, sinceReq uint64
+	closed            bool
 	// closing: the client closed its end while requests were in flight;
 	// they still reach the node (TCP delivers data before the FIN, and
 	// Redis runs what it read before it sees the close), their replies
@@ -83,7 +89,7 @@ type conn struct {
 
 func newConn(w *World, n *Node, client int, key uint64, name string) *conn {
 	c := &conn{w: w, node: n, client: client, key: key, name: name, done: make(chan struct{}), notify: make(chan struct{}, 1),
-		settle: time.Duration(1 + mix(key, 0x5e771e)%maxSettle)}
+		settle: settleOf(key), replyTo: key}
 	// The node's replies pass through pw into pbuf: a small buffer (a
 	// reply larger than it is written through), not bufio's 4 KiB per
 	// connection.
@@ -95,6 +101,9 @@ func newConn(w *World, n *Node, client int, key uint64, name string) *conn {
 
 // maxSettle bounds conn.settle (4 µs).
 const maxSettle = 4096
+
+// settleOf is conn.settle drawn from id.
+func settleOf(id uint64) time.Duration { return time.Duration(1 + mix(id, 0x5e771e)%maxSettle) }
 
 // Read returns delivered reply bytes, waiting for them until the read
 // deadline (noticed settle late, see conn) or a cut.
@@ -111,7 +120,7 @@ func (c *conn) Read(b []byte) (int, error) {
 			c.mu.Unlock()
 			return 0, io.EOF
 		}
-		dl := c.deadline
+		dl, settle := c.deadline, c.settle
 		c.mu.Unlock()
 		var timeout <-chan time.Time
 		if !dl.IsZero() {
@@ -122,9 +131,9 @@ func (c *conn) Read(b []byte) (int, error) {
 			// One timer per connection, reset for each wait (a new one
 			// per Read cost a timer's allocations every reply).
 			if c.rtimer == nil {
-				c.rtimer = time.NewTimer(d + c.settle)
+				c.rtimer = time.NewTimer(d + settle)
 			} else {
-				c.rtimer.Reset(d + c.settle)
+				c.rtimer.Reset(d + settle)
 			}
 			timeout = c.rtimer.C
 		}
@@ -175,7 +184,9 @@ func (c *conn) sendRequestLocked(args []string) {
 	i := c.nreq
 	c.nreq++
 	now := time.Now()
-	delay, lost := c.w.fate(c, true, i, now)
+	id := c.w.requestID(c, args)
+	c.settle = settleOf(id)
+	delay, lost := c.w.fate(c, true, i, id, now)
 	c.w.noteMessage(c, now, delay, lost)
 	if c.w.sc.Watchdog {
 		c.w.noteRenewRequest(c, args, now, delay, lost)
@@ -191,7 +202,7 @@ func (c *conn) sendRequestLocked(args []string) {
 		at = c.lastReqAt.Add(time.Nanosecond)
 	}
 	c.lastReqAt = at
-	c.reqs = append(c.reqs, message{at: at, sent: now, args: args})
+	c.reqs = append(c.reqs, message{at: at, sent: now, args: args, id: id})
 	c.w.after(at.Sub(now), c.deliverReqs)
 }
 
@@ -212,6 +223,9 @@ func (c *conn) deliverRequests() {
 		return
 	}
 	for _, m := range due {
+		c.mu.Lock()
+		c.replyTo, c.sinceReq = m.id, 0
+		c.mu.Unlock()
 		c.node.receive(c, m.args, m.sent)
 	}
 	if closing && last {
@@ -242,10 +256,12 @@ func (c *conn) send(reply []byte, push bool) (delay time.Duration, lost, dropped
 	}
 	i := c.nrep
 	c.nrep++
+	id := mix(c.replyTo, c.sinceReq)
+	c.sinceReq++
 	now := time.Now()
-	delay, lost = c.w.fate(c, false, i, now)
+	delay, lost = c.w.fate(c, false, i, id, now)
 	if push && !lost {
-		extra, plost := c.w.pushFate(c, i, now)
+		extra, plost := c.w.pushFate(c, id, now)
 		delay, lost = delay+extra, plost
 	}
 	c.w.noteMessage(c, now, delay, lost)
@@ -303,7 +319,12 @@ func (c *conn) Close() error {
 }
 
 // cutSoon cuts the connection settle from now (a fault's cut: see conn).
-func (c *conn) cutSoon() { c.w.after(c.settle, c.cut) }
+func (c *conn) cutSoon() {
+	c.mu.Lock()
+	settle := c.settle
+	c.mu.Unlock()
+	c.w.after(settle, c.cut)
+}
 
 // cut closes the connection: whatever is in flight either way is lost.
 // At once: a closer that cuts connections before it takes a mutex their

@@ -234,7 +234,7 @@ func (e *opsEnv) newStrategy() {
 		e.strat, e.close = q, q.Close
 	}
 	s, strat := e.close, e.strat
-	w.onClose(func() { w.closeStrategy(e.ci, "end of run", strat, s) })
+	w.onClose(e.ci, func() { w.closeStrategy(e.ci, "end of run", strat, s) })
 	e.lockers()
 }
 
@@ -265,7 +265,7 @@ func (e *opsEnv) newWatchdog() {
 	}
 	wd := must(renew.New(opts...))
 	e.wd = wd
-	e.w.onClose(func() { _ = wd.Close() })
+	e.w.onClose(e.ci, func() { _ = wd.Close() })
 	if e.strat != nil {
 		e.lockers()
 	}
@@ -274,7 +274,7 @@ func (e *opsEnv) newWatchdog() {
 func (e *opsEnv) newEngine() {
 	eng := defaultKeeperEngine(e.clock)
 	e.eng = eng
-	e.w.onClose(eng.Close)
+	e.w.onClose(e.ci, eng.Close)
 	if e.strat != nil {
 		e.lockers()
 	}

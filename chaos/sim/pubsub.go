@@ -132,14 +132,14 @@ func (n *Node) pubsubHook(p *server.Peer, cmd string, args []string) bool {
 	return false
 }
 
-// pushFate is the pub/sub faults' share of the fate of message i pushed
-// to subscriber c: extra delay, or lost. Its draws use their own slots of
+// pushFate is the pub/sub faults' share of the fate of the message id
+// pushed to subscriber c (see conn.send): extra delay, or lost. Its draws use their own slots of
 // the message's hash, so the delays fate drew stay as they were.
-func (w *World) pushFate(c *conn, i uint64, now time.Time) (time.Duration, bool) {
+func (w *World) pushFate(c *conn, id uint64, now time.Time) (time.Duration, bool) {
 	if !w.sc.Faults {
 		return 0, false
 	}
-	h := mix(mix(w.seed, c.key), i<<2|1)
+	h := mix(mix(w.seed, id), 1)
 	u := func(k uint64) float64 { return unit(mix(h, k)) }
 	at := now.Sub(w.start)
 	var extra time.Duration

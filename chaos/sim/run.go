@@ -3,6 +3,7 @@ package sim
 import (
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -149,8 +150,9 @@ func Run(sc Scenario, seed uint64, opts Options) *Result {
 	driver.Wait()
 	w.heal()
 	<-finished
-	for _, f := range w.closers {
-		f()
+	slices.SortStableFunc(w.closers, func(a, b closer) int { return a.ci - b.ci })
+	for _, c := range w.closers {
+		c.f()
 	}
 	for _, c := range w.clients {
 		_ = c.Close()
@@ -260,7 +262,7 @@ func (w *World) locker(ci int, r *rand.Rand) *redlease.Locker {
 		s := must(single.New(w.redisClient(ci, w.nodes[0], ctxTimeouts), sopts...))
 		w.noteCTE(ci, ctxTimeouts)
 		if w.sc.Wake {
-			w.onClose(func() { w.closeStrategy(ci, "end of run", s, s.Close) })
+			w.onClose(ci, func() { w.closeStrategy(ci, "end of run", s, s.Close) })
 		}
 		return must(redlease.New(s, w.lockerOptions(ci)...))
 	default:
@@ -313,7 +315,7 @@ func (w *World) quorumLocker(ci int, r *rand.Rand, nodes []*Node, opt redlease.O
 		if err != nil {
 			panic(fmt.Sprintf("sim: quorum.New: %v", err)) // a bug in the scenario table
 		}
-		w.onClose(func() { w.closeStrategy(ci, "end of run", q, q.Close) })
+		w.onClose(ci, func() { w.closeStrategy(ci, "end of run", q, q.Close) })
 		lopts := w.lockerOptions(ci)
 		if opt != nil {
 			lopts = append(lopts, opt)

@@ -16,6 +16,7 @@ import (
 
 	"github.com/redlease/redlease"
 	"github.com/redlease/redlease/internal/backoff"
+	"github.com/redlease/redlease/internal/locktoken"
 )
 
 // World is one run: the nodes, the links between them and the clients,
@@ -38,7 +39,7 @@ type World struct {
 	msgs     int // messages sent (both directions)
 	lost     int // messages lost
 	clients  []redis.UniversalClient
-	closers  []func()
+	closers  []closer
 	verbose  bool
 	schedLog []string
 	badHits  []badHit       // badkey faults that replaced a token
@@ -70,6 +71,11 @@ type World struct {
 	ops   *opsPlan
 	bnd   boundsState // the bound invariants' constructions (bounds.go)
 	idem  idemState   // the idempotency workloads' records (idemwork.go)
+
+	// reqSeen: requests sent per (client, node, content), for their
+	// identities (requestID).
+	reqMu   sync.Mutex
+	reqSeen map[uint64]uint64
 }
 
 // badHit is one node on which a badkey fault replaced a lock's token.
@@ -121,11 +127,16 @@ const (
 	maxOneWay  = baseDelay + baseJitter + maxSpike
 )
 
-// fate decides the delay of message i in one direction of c, or that it is
-// lost. It reads the seed's schedule at the current virtual time, and
-// draws from a hash of (seed, connection, direction, index), so the fate
-// of a message does not depend on which goroutine sent first.
-func (w *World) fate(c *conn, toNode bool, i uint64, now time.Time) (time.Duration, bool) {
+// fate decides the delay of message i in one direction of c (its index
+// on c), whose identity is id, or that it is lost. It reads the seed's
+// schedule at the current virtual time, and draws from a hash of (seed,
+// id, direction). A request's id is its content and how many times its
+// client sent that content to that node before (requestID), a reply's the
+// request the node last took from c and its count since (conn.send): not
+// the connection, so that two requests a go-redis client sends at one
+// instant draw their fates whichever pooled connection each takes, and a
+// message's fate does not depend on which goroutine sent first.
+func (w *World) fate(c *conn, toNode bool, i, id uint64, now time.Time) (time.Duration, bool) {
 	d := uint64(1)
 	if toNode {
 		d = 2
@@ -133,7 +144,7 @@ func (w *World) fate(c *conn, toNode bool, i uint64, now time.Time) (time.Durati
 	if bd, lost, ok := w.boundsFate(c, toNode, i, now); ok {
 		return bd, lost
 	}
-	h := mix(mix(w.seed, c.key), i<<2|d)
+	h := mix(mix(w.seed, id), d)
 	u := func(k uint64) float64 { return unit(mix(h, k)) }
 	delay := baseDelay + time.Duration(u(0)*float64(baseJitter))
 	if w.sc.Wake && i == 0 {
@@ -183,6 +194,46 @@ func (w *World) fate(c *conn, toNode bool, i uint64, now time.Time) (time.Durati
 	return delay, false
 }
 
+// requestID is the identity of a request of c's client to c's node: its
+// content (args, see contentHash) and how many requests with that content
+// the client sent to the node before. Two requests with different
+// contents keep their identities whatever order they are sent in.
+func (w *World) requestID(c *conn, args []string) uint64 {
+	k := mix(mix(uint64(c.client+2)<<32|uint64(c.node.id+1), 0x7e9), contentHash(args))
+	w.reqMu.Lock()
+	if w.reqSeen == nil {
+		w.reqSeen = map[uint64]uint64{}
+	}
+	n := w.reqSeen[k]
+	w.reqSeen[k] = n + 1
+	w.reqMu.Unlock()
+	return mix(k, n)
+}
+
+// contentHash is FNV-1a over a command's arguments, each prefixed by its
+// length; an argument longer than 256 bytes (a script's source) counts by
+// its length and its first and last 64 bytes.
+func contentHash(args []string) uint64 {
+	h := uint64(14695981039346656037)
+	add := func(s string) {
+		for i := 0; i < len(s); i++ {
+			h ^= uint64(s[i])
+			h *= 1099511628211
+		}
+	}
+	for _, a := range args {
+		h ^= uint64(len(a))
+		h *= 1099511628211
+		if len(a) > 256 {
+			add(a[:64])
+			add(a[len(a)-64:])
+			continue
+		}
+		add(a)
+	}
+	return h
+}
+
 // noteMessage counts a message sent at now on c and, in the Watchdog
 // scenario, records its fate per (client, node) link for health.go.
 func (w *World) noteMessage(c *conn, now time.Time, delay time.Duration, lost bool) {
@@ -216,10 +267,14 @@ const (
 
 // jitterCtx returns ctx seeded for the library's jitter (internal/backoff:
 // Lock's retry backoff, a waiter's undo pauses, the failover Watcher's
-// resubscription pauses) of client ci's call seq at site, so that those
-// draws are the seed's and replay with it, whichever goroutine runs first.
+// resubscription pauses) and its lock tokens (internal/locktoken: the base
+// token of a Lock or TryLock call, which is also its waiter id in fair
+// mode, where two waiters whose tickets tie are ordered by id) of client
+// ci's call seq at site, so that those draws are the seed's and replay
+// with it, whichever goroutine runs first.
 func (w *World) jitterCtx(ctx context.Context, ci int, site uint64, seq int) context.Context {
-	return backoff.WithSeed(ctx, mix(mix(w.seed, uint64(ci+1)<<8|site), uint64(seq)))
+	seed := mix(mix(w.seed, uint64(ci+1)<<8|site), uint64(seq))
+	return locktoken.WithSeed(backoff.WithSeed(ctx, seed), seed)
 }
 
 // retryAtOnce is the workloads' Lock retry delay: the next attempt goes
@@ -303,12 +358,22 @@ func (w *World) dialRetry(ci int, target uint64) time.Duration {
 	return 100*time.Millisecond + time.Duration(1+mix(mix(w.seed, 0xd1a1), uint64(ci+2)<<32|target)%maxSettle)
 }
 
-// onClose registers f to run when the run ends, before the go-redis
-// clients close (strategies' Close, watchdogs' Close).
-func (w *World) onClose(f func()) {
+// onClose registers f, of workload client ci, to run when the run ends,
+// before the go-redis clients close (strategies' Close, watchdogs'
+// Close). The closers run one after the other, by client, each client's
+// in the order it registered them: clients register in the Go
+// scheduler's order when they do at one instant, and a closer that waits
+// for its bound delays the ones after it.
+func (w *World) onClose(ci int, f func()) {
 	w.mu.Lock()
-	w.closers = append(w.closers, f)
+	w.closers = append(w.closers, closer{ci, f})
 	w.mu.Unlock()
+}
+
+// closer is one onClose registration.
+type closer struct {
+	ci int
+	f  func()
 }
 
 // action is one step of the fault driver.

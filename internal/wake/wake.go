@@ -38,6 +38,7 @@ import (
 	"errors"
 	"net"
 	"reflect"
+	"slices"
 	"sync"
 	"time"
 
@@ -500,6 +501,11 @@ func (h *hub) write() {
 				subs = append(subs, ch)
 			}
 		}
+		// In name order, not the map's: the batch's command line, and
+		// the order of its confirmations, are then the same in every run
+		// of the same events (the simulator replays a seed).
+		slices.Sort(subs)
+		slices.Sort(unsubs)
 		if len(subs) > 0 {
 			h.pending = append(h.pending, subs)
 		}

@@ -1,0 +1,74 @@
+// Package locktoken makes the base tokens of Locker's Lock and TryLock
+// calls: 128 random bits from crypto/rand, base64url-encoded (22
+// characters), unless the call's context carries a seed (WithSeed).
+//
+// Only a simulation seeds them: chaos/sim replays a run from its seed, and
+// fair mode orders two waiters whose tickets tie by their ids, which are
+// these tokens. Nothing outside this module can import this package, so a
+// production context never carries a seed and every production token is
+// crypto-random.
+package locktoken
+
+import (
+	"context"
+	cryptorand "crypto/rand"
+	"encoding/base64"
+	"encoding/binary"
+	"sync"
+)
+
+// seedKey is the context key of WithSeed.
+type seedKey struct{}
+
+// source is a seeded context's token draws: per key, in call order.
+type source struct {
+	seed uint64
+	mu   sync.Mutex
+	n    map[string]uint64 // tokens drawn per key
+}
+
+// WithSeed returns a copy of ctx whose tokens (New) are drawn from seed:
+// the same seed and the same sequence of calls per key give the same
+// tokens, and no two calls under one such context get the same token.
+// Contexts derived from it share its draws.
+func WithSeed(ctx context.Context, seed uint64) context.Context {
+	return context.WithValue(ctx, seedKey{}, &source{seed: seed, n: map[string]uint64{}})
+}
+
+// New returns a new token for a call on key: crypto/rand's, or the next
+// of ctx's seeded draws for key if ctx carries WithSeed.
+func New(ctx context.Context, key string) string {
+	var b [16]byte
+	if s, ok := ctx.Value(seedKey{}).(*source); ok {
+		s.mu.Lock()
+		s.n[key]++
+		n := s.n[key]
+		s.mu.Unlock()
+		h := mix(s.seed, fnv(key))
+		binary.LittleEndian.PutUint64(b[:8], mix(h, n<<1))
+		binary.LittleEndian.PutUint64(b[8:], mix(h, n<<1|1))
+	} else {
+		_, _ = cryptorand.Read(b[:]) // never fails: crypto/rand.Read aborts the program instead
+	}
+	var out [22]byte
+	base64.RawURLEncoding.Encode(out[:], b[:])
+	return string(out[:])
+}
+
+// fnv is FNV-1a over s.
+func fnv(s string) uint64 {
+	h := uint64(14695981039346656037)
+	for i := 0; i < len(s); i++ {
+		h ^= uint64(s[i])
+		h *= 1099511628211
+	}
+	return h
+}
+
+// mix is splitmix64 over a and b.
+func mix(a, b uint64) uint64 {
+	z := a ^ (b + 0x9e3779b97f4a7c15)
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
+	z = (z ^ (z >> 27)) * 0x94d049bb133111eb
+	return z ^ (z >> 31)
+}
