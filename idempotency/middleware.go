@@ -32,8 +32,8 @@ const (
 // Middleware returns a net/http middleware that makes unsafe requests (POST,
 // PATCH by default) carrying an Idempotency-Key take effect once, per the
 // IETF draft "The Idempotency-Key HTTP Header Field", with b recording
-// them. It panics on a nil b or an invalid option: a programming error,
-// found at start-up.
+// them. A nil b or an invalid option is an error (see below), found at
+// start-up.
 //
 // For a covered method with a key (see ParseKey), the record is named by
 // the principal, the method, the route and the key (Key), in a namespace

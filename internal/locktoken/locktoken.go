@@ -4,9 +4,10 @@
 //
 // Only a simulation seeds them: chaos/sim replays a run from its seed, and
 // fair mode orders two waiters whose tickets tie by their ids, which are
-// these tokens. Nothing outside this module can import this package, so a
-// production context never carries a seed and every production token is
-// crypto-random.
+// these tokens. Go's internal rule lets only packages whose import path
+// starts with github.com/redlease/redlease import this package (the
+// simulator's among them), so an application's context never carries a
+// seed and every token of a production call is crypto-random.
 package locktoken
 
 import (
