@@ -150,8 +150,10 @@ type directAnswer struct {
 	notRecorded bool
 	last        string
 	odd         []string
+	others      []string // the first errors of no kind above
 
 	attempts, timeouts, inProgress, cancelled, superseded, other int
+	notObtained                                                  int
 }
 
 func directStorm(t *testing.T, via string) {
@@ -229,8 +231,16 @@ func directStorm(t *testing.T, via string) {
 				a.inProgress++
 			case errors.Is(err, context.DeadlineExceeded):
 				a.timeouts++
+			case errors.Is(err, redlease.ErrNotObtained):
+				// The lock was held (the request is in progress), but the
+				// caller's deadline passed before the answer came back: run
+				// answers the lock's own error, not ErrInProgress.
+				a.notObtained++
 			default: // the store paused, a takeover: not an outcome, try again
 				a.other++
+				if len(a.others) < 2 {
+					a.others = append(a.others, err.Error())
+				}
 			}
 			a.last = fmt.Sprint(err)
 			backoff := min(stormBackoffFirst<<min(a.attempts-1, 8), stormBackoffMax)
@@ -310,7 +320,7 @@ func directStorm(t *testing.T, via string) {
 		fresh, replayed, notRecorded, otherRun, explained                 int
 		examinedRefusals, explainedRefusals                               int
 		tot                                                               directAnswer
-		odd                                                               []string
+		odd, others                                                       []string
 	)
 	s.mu.Lock()
 	pauseSpans := slices.Clone(s.pauses)
@@ -372,7 +382,9 @@ func directStorm(t *testing.T, via string) {
 			tot.cancelled += a.cancelled
 			tot.superseded += a.superseded
 			tot.other += a.other
+			tot.notObtained += a.notObtained
 			odd = append(odd, a.odd...)
+			others = append(others, a.others...)
 			if !assert.True(t, a.final, "%s caller %d: no outcome after %d attempts: %s", p.id, c, a.attempts, a.last) {
 				continue
 			}
@@ -446,8 +458,8 @@ func directStorm(t *testing.T, via string) {
 	s.mu.Unlock()
 	ps := storeClient.PoolStats()
 	t.Logf("storm via %s: run %.2fs (pauses at %s), wall %.2fs", via, runTime.Seconds(), strings.Join(pauseLog, ", "), time.Since(s.start).Seconds())
-	t.Logf("storm via %s: callers %d, attempts %d, deadlines %d, in progress %d, run cancelled %d, superseded %d, other errors %d; outcomes fresh %d, replayed %d, not recorded %d (the Consumer's acks count as fresh: an ack does not say)",
-		via, n*stormClients, tot.attempts, tot.timeouts, tot.inProgress, tot.cancelled, tot.superseded, tot.other, fresh, replayed, notRecorded)
+	t.Logf("storm via %s: callers %d, attempts %d, deadlines %d, in progress %d, run cancelled %d, superseded %d, lock not obtained %d, other errors %d; outcomes fresh %d, replayed %d, not recorded %d (the Consumer's acks count as fresh: an ack does not say)",
+		via, n*stormClients, tot.attempts, tot.timeouts, tot.inProgress, tot.cancelled, tot.superseded, tot.notObtained, tot.other, fresh, replayed, notRecorded)
 	t.Logf("storm via %s: handler runs %d (ledger: %d, charges applied %d, second charges refused %d: duplicate %d, stale fence %d); runs told lock lost/closed %d; refused runs explained %d of %d",
 		via, s.runs.Load(), led.runs, led.applied, led.dups+led.stale, led.dups, led.stale, toldN, explainedRefusals, examinedRefusals)
 	t.Logf("storm via %s: examined payments %d, answers %d, records %d, last duplicates %d; answers from a later run than the charging one %d (explained %d)",
@@ -459,6 +471,12 @@ func directStorm(t *testing.T, via string) {
 			break
 		}
 		t.Logf("storm via %s: odd: %s", via, o)
+	}
+	for i, o := range others {
+		if i == 5 {
+			break
+		}
+		t.Logf("storm via %s: other error: %s", via, o)
 	}
 }
 
