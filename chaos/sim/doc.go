@@ -292,6 +292,12 @@
 //     keeps; a Barrier on its own strategy runs with a Keeper that renews
 //     nothing) or, on the store's lock without a Keeper, judged from the
 //     call's start (within 0.8 of the lease, less 3 ms).
+//   - handler-cut (idem-*): a handler's ctx never ends while it runs and
+//     its lock is valid (more than a millisecond of validity left, not
+//     known lost): a Barrier cancels a run when its lock is lost, never
+//     because its caller left. One handler in two works after its effect
+//     under its ctx, so a cut there leaves an effect with an error.
+//     Examined: handler runs (idem/cuts: those cut).
 //   - token-once (idem-tokens): at most one Consume of a token returns
 //     nil, and when every Consume of it got the store's answer (nil or
 //     ErrTokenUsed), exactly one did.

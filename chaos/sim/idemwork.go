@@ -65,6 +65,12 @@ const (
 	// run's real result, a handler's, with the caller's fingerprint; and
 	// no handler starts for a payload other than the recorded one.
 	InvReplay = "replay-outcome"
+	// InvCut: a handler's ctx ended while it ran and its lock was still
+	// valid (more than cutSlack of validity left, not known lost): the
+	// Barrier cancels a run only when its lock is lost (or Close's grace
+	// ends; the workloads never close a Barrier), never because its
+	// caller left. Examined: handler runs.
+	InvCut = "handler-cut"
 	// ExIdemRefused: unfenced strategies a Barrier refused at
 	// construction (IdemUnfenced; zero until the library refuses them).
 	ExIdemRefused = "idem/refused"
@@ -79,6 +85,9 @@ const (
 	// ExIdemCancelled: runs whose handler returned its outcome and whose
 	// caller was told ErrRunCancelled (a figure).
 	ExIdemCancelled = "idem/cancelled"
+	// ExIdemCuts: handlers whose ctx ended while they ran (a figure: the
+	// cuts handler-cut judged).
+	ExIdemCuts = "idem/cuts"
 )
 
 func init() {
@@ -86,7 +95,13 @@ func init() {
 	examinedIn[InvDiscarded] = idem
 	examinedIn[InvRecordTaken] = idem
 	examinedIn[InvReplay] = idem
+	examinedIn[InvCut] = idem
 }
+
+// cutSlack: validity left at a handler's cut that handler-cut excuses (the
+// loss notice and the cancellation reach the handler in separate
+// goroutines, at one virtual instant).
+const cutSlack = time.Millisecond
 
 // idemWorkload runs client ci of an Idem scenario.
 func (w *World) idemWorkload(ci int, r *rand.Rand) {
@@ -115,6 +130,12 @@ type idemRunRec struct {
 	err      error
 	out      idempotency.Outcome
 	ack      bool
+	// cut: the handler's ctx ended while it ran, at cutAt, with cutLeft
+	// of validity left (negative: none) on a lock still valid (cutValid).
+	cut      bool
+	cutAt    time.Duration
+	cutLeft  time.Duration
+	cutValid bool
 }
 
 // idemState is what the idempotency workloads recorded.
@@ -318,10 +339,17 @@ func (w *World) idemClient(ci int, r *rand.Rand) {
 			if w.sc.Idem == IdemLate {
 				pre, post = ms(r, leaseMs*55/100, leaseMs*90/100), ms(r, 0, leaseMs/10)
 			}
+			// One handler in two does its work after the effect under its
+			// ctx (a receipt written with it): cut there, it returns its
+			// ctx's error with the effect made.
+			postUnderCtx := r.IntN(2) == 0
 			h := func(hctx context.Context, fence uint64) ([]byte, error) {
 				w.idemStarted(rec)
 				span := w.hist.handlerStart(key, rec.run, fence)
-				stop := context.AfterFunc(hctx, func() { w.hist.handlerEnd(span) })
+				stop := context.AfterFunc(hctx, func() {
+					w.hist.handlerEnd(span)
+					w.idemCut(rec, spy, fence, lease)
+				})
 				defer func() {
 					if stop() {
 						w.hist.handlerEnd(span)
@@ -338,7 +366,17 @@ func (w *World) idemClient(ci int, r *rand.Rand) {
 					return nil, hctx.Err()
 				}
 				w.hist.effect(key, fence, rec.run)
-				sleep(post)
+				if postUnderCtx {
+					t := time.NewTimer(post)
+					select {
+					case <-hctx.Done():
+						t.Stop()
+						return nil, hctx.Err()
+					case <-t.C:
+					}
+				} else {
+					sleep(post)
+				}
 				res := fmt.Sprintf("%s/%s/%s", rec.run, key, fp)
 				valid := false
 				var lk *redlease.Lock
@@ -381,6 +419,27 @@ func (w *World) idemClient(ci int, r *rand.Rand) {
 		}
 		sleep(ms(r, 0, 10))
 	}
+}
+
+// idemCut records that rec's handler's ctx ended while it ran, and how
+// much validity its lock had left then: as the client's keeper sees the
+// lock (Valid, Deadline), or, without a keeper, judged from the call's
+// start as validAtEnd does (an estimate that errs towards none left).
+func (w *World) idemCut(rec *idemRunRec, spy *lockSpy, fence uint64, lease time.Duration) {
+	at := w.hist.now()
+	left, valid := time.Duration(-1), false
+	if spy != nil {
+		if lk := spy.current(fence); lk != nil {
+			left, valid = time.Until(lk.Deadline()), lk.Valid()
+		}
+	} else {
+		left = rec.t0 + lease*8/10 - 3*time.Millisecond - at
+		valid = left > 0
+	}
+	w.idem.mu.Lock()
+	rec.cut, rec.cutAt, rec.cutLeft, rec.cutValid = true, at, left, valid
+	w.idem.mu.Unlock()
+	w.hist.logf("%s handler cut, lock valid=%v with %v left", rec.run, valid, left)
 }
 
 func (w *World) idemStarted(rec *idemRunRec) {
@@ -504,6 +563,16 @@ func (w *World) checkIdem() []Violation {
 		}
 		if w.mustRecordLocked(rec) {
 			ex.count(ExIdemMustRecord, 1)
+		}
+		if rec.started {
+			ex.count(InvCut, 1)
+			if rec.cut {
+				ex.count(ExIdemCuts, 1)
+			}
+			if rec.cut && rec.cutValid && rec.cutLeft > cutSlack {
+				vs = append(vs, Violation{Inv: InvCut, At: rec.cutAt, Detail: fmt.Sprintf("%s %s fp=%s: the handler's ctx ended at %.3fms while its lock was valid with %v left (the caller was told %v)",
+					rec.run, rec.key, rec.fp, msf(rec.cutAt), rec.cutLeft, short(rec.err))})
+			}
 		}
 		if rec.returned && rec.validRet {
 			ex.count(InvDiscarded, 1)
