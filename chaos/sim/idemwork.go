@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
+	"net"
 	"slices"
 	"strings"
 	"sync"
@@ -79,6 +81,13 @@ const (
 	// ExIdemCancelled: runs whose handler returned its outcome and whose
 	// caller was told ErrRunCancelled (a figure).
 	ExIdemCancelled = "idem/cancelled"
+	// InvAnswerKind: every error a Barrier.Do or Consumer.HandlePayload
+	// call returns is of a class their docs name (answerKind): one of the
+	// package's errors, the caller's ctx error (its ctx had ended), the
+	// handler's own error, or a lock or store failure. A lock refused
+	// because another token holds it is ErrInProgress, never the lock's
+	// bare ErrNotObtained.
+	InvAnswerKind = "answer-kind"
 )
 
 func init() {
@@ -86,6 +95,7 @@ func init() {
 	examinedIn[InvDiscarded] = idem
 	examinedIn[InvRecordTaken] = idem
 	examinedIn[InvReplay] = idem
+	examinedIn[InvAnswerKind] = idem
 }
 
 // idemWorkload runs client ci of an Idem scenario.
@@ -113,6 +123,8 @@ type idemRunRec struct {
 	spy      *lockSpy       // the client's keeper, if any
 	lease    time.Duration
 	err      error
+	ctxErr   error // the caller's ctx's error when the call returned
+	herr     error // the error the handler returned, if it returned one
 	out      idempotency.Outcome
 	ack      bool
 }
@@ -331,11 +343,11 @@ func (w *World) idemClient(ci int, r *rand.Rand) {
 				select {
 				case <-hctx.Done():
 					t.Stop()
-					return nil, hctx.Err()
+					return nil, w.idemFailed(rec, hctx.Err())
 				case <-t.C:
 				}
 				if hctx.Err() != nil {
-					return nil, hctx.Err()
+					return nil, w.idemFailed(rec, hctx.Err())
 				}
 				w.hist.effect(key, fence, rec.run)
 				sleep(post)
@@ -364,11 +376,12 @@ func (w *World) idemClient(ci int, r *rand.Rand) {
 			} else {
 				out, err = b.Do(ctx, idempotency.Request{Key: key, Fingerprint: fp}, h)
 			}
+			ctxErr := ctx.Err()
 			cancel()
 			// The handler may still run (a Barrier that runs it on after
 			// its caller's ctx ended): rec's handler fields are written
 			// under w.idem.mu, and read when the run is checked.
-			w.idemEnded(rec, ack, out, err)
+			w.idemEnded(rec, ack, out, err, ctxErr)
 			if consumer {
 				w.hist.logf("%s handle %s fp=%s: ack=%v: %v", rec.run, key, fp, ack, short(err))
 			} else {
@@ -389,6 +402,14 @@ func (w *World) idemStarted(rec *idemRunRec) {
 	rec.started = true
 	w.idem.starts = append(w.idem.starts, handlerStartRec{key: rec.key, fp: rec.fp, run: rec.run, at: at})
 	w.idem.mu.Unlock()
+}
+
+// idemFailed records the error rec's handler returns, and returns it.
+func (w *World) idemFailed(rec *idemRunRec, err error) error {
+	w.idem.mu.Lock()
+	rec.herr = err
+	w.idem.mu.Unlock()
+	return err
 }
 
 func (w *World) idemReturned(rec *idemRunRec, res string, valid bool, lk *redlease.Lock) {
@@ -453,11 +474,11 @@ func (w *World) storeTroubled(from, to time.Duration) bool {
 	return false
 }
 
-func (w *World) idemEnded(rec *idemRunRec, ack bool, out idempotency.Outcome, err error) {
+func (w *World) idemEnded(rec *idemRunRec, ack bool, out idempotency.Outcome, err, ctxErr error) {
 	w.hist.runEnded(rec.run, err)
 	end := w.hist.now()
 	w.idem.mu.Lock()
-	rec.ack, rec.out, rec.err, rec.end = ack, out, err, end
+	rec.ack, rec.out, rec.err, rec.end, rec.ctxErr = ack, out, err, end, ctxErr
 	w.idem.runs = append(w.idem.runs, rec)
 	w.idem.mu.Unlock()
 }
@@ -483,7 +504,59 @@ func recordTaken(err error) bool {
 	return errors.Is(err, idempotency.ErrNotOwner) || (errors.Is(err, idempotency.ErrNotRecorded) && strings.Contains(err.Error(), "record is gone"))
 }
 
-// checkIdem checks the idempotency workloads' invariants (InvDiscarded,
+// answerKind reports whether rec's error is of a class the docs of Do
+// (and idempotency's doc.go) and Consumer.Handle name: the handler's own
+// error (here only its ctx's, wrapped or not); a stored or Final error;
+// ErrInProgress, ErrMismatch, ErrNotOwner, ErrResultNotStored,
+// ErrRunCancelled, ErrNotRecorded, ErrClosed; a Permanent one (an empty
+// key: ErrInvalid); an error that wraps the caller's ctx error, once that
+// ctx ended; or a lock or store failure: redlease.ErrUnavailable, a
+// *redlease.NodeError, or a store call's own failure (a connection's
+// error, a Redis error reply, a timeout) that is not the lock's refusal.
+// The lock's refusal (ErrNotObtained with no node failing) means the
+// request is held by another run: the docs answer that with ErrInProgress.
+func answerKind(rec *idemRunRec) bool {
+	err := rec.err
+	for _, s := range []error{idempotency.ErrInProgress, idempotency.ErrMismatch, idempotency.ErrNotOwner,
+		idempotency.ErrResultNotStored, idempotency.ErrRunCancelled, idempotency.ErrNotRecorded, idempotency.ErrClosed} {
+		if errors.Is(err, s) {
+			return true
+		}
+	}
+	var (
+		stored  *idempotency.StoredError
+		final   *idempotency.FinalError
+		nodeErr *redlease.NodeError
+	)
+	switch {
+	case errors.As(err, &stored), errors.As(err, &final), idempotency.Permanent(err):
+		return true
+	case rec.ctxErr != nil && errors.Is(err, rec.ctxErr):
+		return true
+	case rec.herr != nil && errors.Is(err, rec.herr):
+		return true
+	case errors.Is(err, redlease.ErrUnavailable), errors.As(err, &nodeErr):
+		return true
+	case errors.Is(err, redlease.ErrNotObtained):
+		return false
+	}
+	return storeFailure(err)
+}
+
+// storeFailure reports whether err is a store call's own failure: a
+// connection's error (net.Error, EOF, a closed client or pool, a cut
+// simulated connection: errClosed), a Redis error reply, or a call's
+// timeout.
+func storeFailure(err error) bool {
+	var (
+		ne net.Error
+		re redis.Error
+	)
+	return errors.As(err, &ne) || errors.As(err, &re) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, redis.ErrClosed) || errors.Is(err, errClosed) || errors.Is(err, redis.ErrPoolTimeout) || errors.Is(err, context.DeadlineExceeded)
+}
+
+// checkIdem checks the idempotency workloads' invariants (InvAnswerKind, InvDiscarded,
 // InvRecordTaken, InvReplay) and the tokens' (InvTokenOnce).
 func (w *World) checkIdem() []Violation {
 	w.idem.mu.Lock()
@@ -504,6 +577,13 @@ func (w *World) checkIdem() []Violation {
 		}
 		if w.mustRecordLocked(rec) {
 			ex.count(ExIdemMustRecord, 1)
+		}
+		if rec.err != nil {
+			ex.count(InvAnswerKind, 1)
+			if !answerKind(rec) {
+				vs = append(vs, Violation{Inv: InvAnswerKind, At: rec.end, Detail: fmt.Sprintf("%s %s fp=%s consumer=%v: the caller (ctx error %v) was told an error of no documented class: %v (%T)",
+					rec.run, rec.key, rec.fp, rec.consumer, rec.ctxErr, rec.err, rec.err)})
+			}
 		}
 		if rec.returned && rec.validRet {
 			ex.count(InvDiscarded, 1)
