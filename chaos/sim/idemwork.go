@@ -363,7 +363,7 @@ func (w *World) idemClient(ci int, r *rand.Rand) {
 				w.idemReturned(rec, res, valid, lk)
 				return []byte(res), nil
 			}
-			ctx, cancel := context.WithTimeout(w.jitterCtx(context.Background(), ci, jitBarrier, seq<<2|try), ms(r, 10, 120))
+			ctx, cancel := idemCallerCtx(w.jitterCtx(context.Background(), ci, jitBarrier, seq<<2|try), ms(r, 10, 120), (seq+try)%2 == 1)
 			t0 := w.hist.now()
 			rec.t0, rec.lease, rec.spy = t0, lease, spy
 			var (
@@ -393,6 +393,25 @@ func (w *World) idemClient(ci int, r *rand.Rand) {
 			sleep(ms(r, 0, 20))
 		}
 		sleep(ms(r, 0, 10))
+	}
+}
+
+// idemCallerCtx is a caller's ctx that ends after d: by its deadline, or,
+// with cancelled, by a cancel at d (a caller that gives up: a client gone,
+// a shutdown), a ctx with no deadline. A client that honours contexts
+// (ContextTimeoutEnabled) sets no socket deadline from such a ctx, and
+// its call waits for the store's answer past the ctx's end: a lock
+// attempt in flight then comes back with the store's real answer ("held
+// by another") after ctx ended, which a deadline never lets through.
+func idemCallerCtx(parent context.Context, d time.Duration, cancelled bool) (context.Context, context.CancelFunc) {
+	if !cancelled {
+		return context.WithTimeout(parent, d)
+	}
+	ctx, cancel := context.WithCancel(parent)
+	t := time.AfterFunc(d, cancel)
+	return ctx, func() {
+		t.Stop()
+		cancel()
 	}
 }
 
