@@ -420,7 +420,9 @@ type Request struct {
 // owned by the Barrier (Close waits for it, and at the end of its grace
 // cancels it), and a retry gets ErrInProgress until its outcome is
 // recorded, then the outcome. An outcome that is not recorded lets a later
-// retry run h again.
+// retry run h again. If ctx ends while the lock is being tried, the
+// store's answer decides: "held by another" is ErrInProgress, as it would
+// be with ctx live; any other refusal wraps ctx's error (h did not run).
 func (b *Barrier) Do(ctx context.Context, req Request, h Handler) (Outcome, error) {
 	return b.do(ctx, nsRequest, req, h, 0)
 }
@@ -524,9 +526,12 @@ func (b *Barrier) run(ctx context.Context, req Request, rec, lockKey string, h H
 		return cl.st.answer()
 	}
 	var nodeErr *redlease.NodeError
-	if errors.Is(err, redlease.ErrNotObtained) && ctx.Err() == nil && !errors.As(err, &nodeErr) {
+	refused := errors.Is(err, redlease.ErrNotObtained) && !errors.As(err, &nodeErr)
+	if refused && (ctx.Err() == nil || heldByAnother(err)) {
 		// Taken, not failed: someone is running this request now, or has
-		// just finished it. With a lock that is not on the store, the look
+		// just finished it. That holds whether or not ctx ended while the
+		// store answered: a refusal that says another token holds the
+		// lock is the store's answer, not ctx's doing. With a lock that is not on the store, the look
 		// at the record (exec's peek) and the lock are two steps, and the
 		// request may have completed between them (on quorum, its lock's
 		// release may still be landing on some nodes). A second look
@@ -538,6 +543,13 @@ func (b *Barrier) run(ctx context.Context, req Request, rec, lockKey string, h H
 			}
 		}
 		return Outcome{}, busy, &InProgressError{RetryAfter: time.Second}
+	}
+	if refused {
+		// ctx ended, and the refusal does not say that another token holds
+		// the lock (the grant came back with no validity left, and was
+		// undone; the attempt gave up at ctx): nothing runs, and the
+		// caller gets its ctx's error, with what the lock said.
+		return Outcome{}, failed, triedUntilCtxEnded(ctx, err)
 	}
 	if err != nil {
 		return Outcome{}, failed, err
@@ -642,6 +654,30 @@ func (f *flight) leave() (r held, ok bool) {
 func callerLeft(ctx context.Context) error {
 	err := fmt.Errorf("idempotency: the caller's context ended while the handler ran; it runs on under its lock, and its outcome is recorded for a retry to replay: %w", ctx.Err())
 	if c := context.Cause(ctx); c != nil && c != ctx.Err() {
+		err = redlease.Wrap(err, c)
+	}
+	return err
+}
+
+// heldByAnother reports whether a refused acquisition says that another
+// token holds the lock: one node's refusal with the holder's TTL
+// (*redlease.HeldError), or a quorum's refusals alone ruling the quorum
+// out (no node unavailable, no grant that came back too late).
+func heldByAnother(err error) bool {
+	var he *redlease.HeldError
+	if errors.As(err, &he) {
+		return true
+	}
+	var qe *redlease.QuorumError
+	return errors.As(err, &qe) && !qe.Unavailable && !qe.Expired
+}
+
+// triedUntilCtxEnded is the error of a lock attempt refused after ctx
+// ended, for a refusal that does not say the lock is held: it wraps ctx's
+// error (and cause) and the lock's.
+func triedUntilCtxEnded(ctx context.Context, lockErr error) error {
+	err := fmt.Errorf("idempotency: the caller's context ended while the lock was tried (%w); the lock said: %w", ctx.Err(), lockErr)
+	if c := context.Cause(ctx); c != nil && c != ctx.Err() && !errors.Is(lockErr, c) {
 		err = redlease.Wrap(err, c)
 	}
 	return err

@@ -200,7 +200,9 @@
 // renew by a Watchdog) and a Consumer on it, and sends requests on a new
 // pair of keys every second op, a third through Consumer.HandlePayload,
 // with one of two payloads (fingerprint "B" one time in four), a caller's
-// ctx of 10-120 ms and up to four tries; the handler works while its ctx
+// ctx of 10-120 ms (every other try ended by a cancel, not a deadline: a
+// client that honours contexts then still reads the store's answer to a
+// lock attempt sent before the cancel) and up to four tries; the handler works while its ctx
 // is live, applies its effect to the fenced effect store, then works
 // 0-15 ms more that no ctx stops, and returns.
 //
@@ -298,6 +300,16 @@
 //     because its caller left. One handler in two works after its effect
 //     under its ctx, so a cut there leaves an effect with an error.
 //     Examined: handler runs (idem/cuts: those cut).
+//   - answer-kind (idem-* but idem-tokens): every error Do or
+//     Consumer.HandlePayload returns is of a class their docs name: one
+//     of the package's errors (ErrInProgress, ErrMismatch, ErrNotOwner,
+//     ErrResultNotStored, ErrRunCancelled, ErrNotRecorded, ErrClosed, a
+//     stored, Final or Permanent error), the caller's ctx error once that
+//     ctx ended, the handler's own error, or a lock or store failure
+//     (redlease.ErrUnavailable, a *redlease.NodeError, a connection's or
+//     Redis's error, a timeout) — never the lock's bare ErrNotObtained,
+//     which the docs answer with ErrInProgress. Examined: calls answered
+//     with an error.
 //   - token-once (idem-tokens): at most one Consume of a token returns
 //     nil, and when every Consume of it got the store's answer (nil or
 //     ErrTokenUsed), exactly one did.

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
+	"net"
 	"slices"
 	"strings"
 	"sync"
@@ -88,6 +90,13 @@ const (
 	// ExIdemCuts: handlers whose ctx ended while they ran (a figure: the
 	// cuts handler-cut judged).
 	ExIdemCuts = "idem/cuts"
+	// InvAnswerKind: every error a Barrier.Do or Consumer.HandlePayload
+	// call returns is of a class their docs name (answerKind): one of the
+	// package's errors, the caller's ctx error (its ctx had ended), the
+	// handler's own error, or a lock or store failure. A lock refused
+	// because another token holds it is ErrInProgress, never the lock's
+	// bare ErrNotObtained.
+	InvAnswerKind = "answer-kind"
 )
 
 func init() {
@@ -96,6 +105,7 @@ func init() {
 	examinedIn[InvRecordTaken] = idem
 	examinedIn[InvReplay] = idem
 	examinedIn[InvCut] = idem
+	examinedIn[InvAnswerKind] = idem
 }
 
 // cutSlack: validity left at a handler's cut that handler-cut excuses (the
@@ -128,6 +138,8 @@ type idemRunRec struct {
 	spy      *lockSpy       // the client's keeper, if any
 	lease    time.Duration
 	err      error
+	ctxErr   error // the caller's ctx's error when the call returned
+	herr     error // the error the handler returned, if it returned one
 	out      idempotency.Outcome
 	ack      bool
 	// cut: the handler's ctx ended while it ran, at cutAt, with cutLeft
@@ -359,11 +371,11 @@ func (w *World) idemClient(ci int, r *rand.Rand) {
 				select {
 				case <-hctx.Done():
 					t.Stop()
-					return nil, hctx.Err()
+					return nil, w.idemFailed(rec, hctx.Err())
 				case <-t.C:
 				}
 				if hctx.Err() != nil {
-					return nil, hctx.Err()
+					return nil, w.idemFailed(rec, hctx.Err())
 				}
 				w.hist.effect(key, fence, rec.run)
 				if postUnderCtx {
@@ -371,7 +383,7 @@ func (w *World) idemClient(ci int, r *rand.Rand) {
 					select {
 					case <-hctx.Done():
 						t.Stop()
-						return nil, hctx.Err()
+						return nil, w.idemFailed(rec, hctx.Err())
 					case <-t.C:
 					}
 				} else {
@@ -389,7 +401,7 @@ func (w *World) idemClient(ci int, r *rand.Rand) {
 				w.idemReturned(rec, res, valid, lk)
 				return []byte(res), nil
 			}
-			ctx, cancel := context.WithTimeout(w.jitterCtx(context.Background(), ci, jitBarrier, seq<<2|try), ms(r, 10, 120))
+			ctx, cancel := idemCallerCtx(w.jitterCtx(context.Background(), ci, jitBarrier, seq<<2|try), ms(r, 10, 120), (seq+try)%2 == 1)
 			t0 := w.hist.now()
 			rec.t0, rec.lease, rec.spy = t0, lease, spy
 			var (
@@ -402,11 +414,12 @@ func (w *World) idemClient(ci int, r *rand.Rand) {
 			} else {
 				out, err = b.Do(ctx, idempotency.Request{Key: key, Fingerprint: fp}, h)
 			}
+			ctxErr := ctx.Err()
 			cancel()
 			// The handler may still run (a Barrier that runs it on after
 			// its caller's ctx ended): rec's handler fields are written
 			// under w.idem.mu, and read when the run is checked.
-			w.idemEnded(rec, ack, out, err)
+			w.idemEnded(rec, ack, out, err, ctxErr)
 			if consumer {
 				w.hist.logf("%s handle %s fp=%s: ack=%v: %v", rec.run, key, fp, ack, short(err))
 			} else {
@@ -442,12 +455,39 @@ func (w *World) idemCut(rec *idemRunRec, spy *lockSpy, fence uint64, lease time.
 	w.hist.logf("%s handler cut, lock valid=%v with %v left", rec.run, valid, left)
 }
 
+// idemCallerCtx is a caller's ctx that ends after d: by its deadline, or,
+// with cancelled, by a cancel at d (a caller that gives up: a client gone,
+// a shutdown), a ctx with no deadline. A client that honours contexts
+// (ContextTimeoutEnabled) sets no socket deadline from such a ctx, and
+// its call waits for the store's answer past the ctx's end: a lock
+// attempt in flight then comes back with the store's real answer ("held
+// by another") after ctx ended, which a deadline never lets through.
+func idemCallerCtx(parent context.Context, d time.Duration, cancelled bool) (context.Context, context.CancelFunc) {
+	if !cancelled {
+		return context.WithTimeout(parent, d)
+	}
+	ctx, cancel := context.WithCancel(parent)
+	t := time.AfterFunc(d, cancel)
+	return ctx, func() {
+		t.Stop()
+		cancel()
+	}
+}
+
 func (w *World) idemStarted(rec *idemRunRec) {
 	at := w.hist.now()
 	w.idem.mu.Lock()
 	rec.started = true
 	w.idem.starts = append(w.idem.starts, handlerStartRec{key: rec.key, fp: rec.fp, run: rec.run, at: at})
 	w.idem.mu.Unlock()
+}
+
+// idemFailed records the error rec's handler returns, and returns it.
+func (w *World) idemFailed(rec *idemRunRec, err error) error {
+	w.idem.mu.Lock()
+	rec.herr = err
+	w.idem.mu.Unlock()
+	return err
 }
 
 func (w *World) idemReturned(rec *idemRunRec, res string, valid bool, lk *redlease.Lock) {
@@ -512,11 +552,11 @@ func (w *World) storeTroubled(from, to time.Duration) bool {
 	return false
 }
 
-func (w *World) idemEnded(rec *idemRunRec, ack bool, out idempotency.Outcome, err error) {
+func (w *World) idemEnded(rec *idemRunRec, ack bool, out idempotency.Outcome, err, ctxErr error) {
 	w.hist.runEnded(rec.run, err)
 	end := w.hist.now()
 	w.idem.mu.Lock()
-	rec.ack, rec.out, rec.err, rec.end = ack, out, err, end
+	rec.ack, rec.out, rec.err, rec.end, rec.ctxErr = ack, out, err, end, ctxErr
 	w.idem.runs = append(w.idem.runs, rec)
 	w.idem.mu.Unlock()
 }
@@ -542,7 +582,59 @@ func recordTaken(err error) bool {
 	return errors.Is(err, idempotency.ErrNotOwner) || (errors.Is(err, idempotency.ErrNotRecorded) && strings.Contains(err.Error(), "record is gone"))
 }
 
-// checkIdem checks the idempotency workloads' invariants (InvDiscarded,
+// answerKind reports whether rec's error is of a class the docs of Do
+// (and idempotency's doc.go) and Consumer.Handle name: the handler's own
+// error (here only its ctx's, wrapped or not); a stored or Final error;
+// ErrInProgress, ErrMismatch, ErrNotOwner, ErrResultNotStored,
+// ErrRunCancelled, ErrNotRecorded, ErrClosed; a Permanent one (an empty
+// key: ErrInvalid); an error that wraps the caller's ctx error, once that
+// ctx ended; or a lock or store failure: redlease.ErrUnavailable, a
+// *redlease.NodeError, or a store call's own failure (a connection's
+// error, a Redis error reply, a timeout) that is not the lock's refusal.
+// The lock's refusal (ErrNotObtained with no node failing) means the
+// request is held by another run: the docs answer that with ErrInProgress.
+func answerKind(rec *idemRunRec) bool {
+	err := rec.err
+	for _, s := range []error{idempotency.ErrInProgress, idempotency.ErrMismatch, idempotency.ErrNotOwner,
+		idempotency.ErrResultNotStored, idempotency.ErrRunCancelled, idempotency.ErrNotRecorded, idempotency.ErrClosed} {
+		if errors.Is(err, s) {
+			return true
+		}
+	}
+	var (
+		stored  *idempotency.StoredError
+		final   *idempotency.FinalError
+		nodeErr *redlease.NodeError
+	)
+	switch {
+	case errors.As(err, &stored), errors.As(err, &final), idempotency.Permanent(err):
+		return true
+	case rec.ctxErr != nil && errors.Is(err, rec.ctxErr):
+		return true
+	case rec.herr != nil && errors.Is(err, rec.herr):
+		return true
+	case errors.Is(err, redlease.ErrUnavailable), errors.As(err, &nodeErr):
+		return true
+	case errors.Is(err, redlease.ErrNotObtained):
+		return false
+	}
+	return storeFailure(err)
+}
+
+// storeFailure reports whether err is a store call's own failure: a
+// connection's error (net.Error, EOF, a closed client or pool, a cut
+// simulated connection: errClosed), a Redis error reply, or a call's
+// timeout.
+func storeFailure(err error) bool {
+	var (
+		ne net.Error
+		re redis.Error
+	)
+	return errors.As(err, &ne) || errors.As(err, &re) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, redis.ErrClosed) || errors.Is(err, errClosed) || errors.Is(err, redis.ErrPoolTimeout) || errors.Is(err, context.DeadlineExceeded)
+}
+
+// checkIdem checks the idempotency workloads' invariants (InvAnswerKind, InvDiscarded,
 // InvRecordTaken, InvReplay) and the tokens' (InvTokenOnce).
 func (w *World) checkIdem() []Violation {
 	w.idem.mu.Lock()
@@ -572,6 +664,13 @@ func (w *World) checkIdem() []Violation {
 			if rec.cut && rec.cutValid && rec.cutLeft > cutSlack {
 				vs = append(vs, Violation{Inv: InvCut, At: rec.cutAt, Detail: fmt.Sprintf("%s %s fp=%s: the handler's ctx ended at %.3fms while its lock was valid with %v left (the caller was told %v)",
 					rec.run, rec.key, rec.fp, msf(rec.cutAt), rec.cutLeft, short(rec.err))})
+			}
+		}
+		if rec.err != nil {
+			ex.count(InvAnswerKind, 1)
+			if !answerKind(rec) {
+				vs = append(vs, Violation{Inv: InvAnswerKind, At: rec.end, Detail: fmt.Sprintf("%s %s fp=%s consumer=%v: the caller (ctx error %v) was told an error of no documented class: %v (%T)",
+					rec.run, rec.key, rec.fp, rec.consumer, rec.ctxErr, rec.err, rec.err)})
 			}
 		}
 		if rec.returned && rec.validRet {
