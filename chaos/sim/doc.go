@@ -195,7 +195,8 @@
 //     closed while a subscription handshake is held).
 //
 // The idempotency rotation (-rotation idem; Scenario.Group "idem") drives
-// the paths the barrier scenario does not (idemwork.go, tokenwork.go).
+// the paths the barrier scenario does not (idemwork.go, tokenwork.go,
+// idemhttp.go).
 // Each idemClient has its own Barrier (lease 15-60 ms; half the clients
 // renew by a Watchdog) and a Consumer on it, and sends requests on a new
 // pair of keys every second op, a third through Consumer.HandlePayload,
@@ -216,6 +217,16 @@
 //     WithoutFencing (single on the store or a quorum, by seed), the last
 //     on the same strategy fenced; New refusing the unfenced one with
 //     ErrInvalid is the expected outcome (counted as idem/refused).
+//   - idem-http: idempotency.Middleware (WithGlobalKeys, one route) on
+//     each client's Barrier on the store's lock (idemhttp.go; even
+//     clients WithStoreEverything, half renewed), called in process
+//     through httptest (the Barrier's Redis traffic on the simulated
+//     network), the other clients' idem-* paths not driven. The handler
+//     answers a status drawn per try: 201 (its effect made), a relayed
+//     409 with Retry-After, 429, 503, or 422. The caller's ctx of
+//     10-120 ms only decides whether the client saw the response; the
+//     Middleware's error log and its outcome-unknown 503 tell
+//     effect-twice which runs ended unknown.
 //   - idem-tokens: Tokens issued and consumed by one to three consumers
 //     with a ctx of 0.2, 5 or 15 s, over lossy, cut and paused links
 //     (go-redis resends a command whose reply was lost).
@@ -283,9 +294,13 @@
 //     (idem/must-record: returned with the lock valid, the run ended
 //     within half a lease with the lock still valid, no fault on the
 //     store). Examined: accepted effects.
-//   - outcome-discarded, record-taken, replay-outcome (idem-*): a handler
-//     that returned its outcome while its lock was valid is never
-//     answered ErrRunCancelled; a run whose lock stayed valid to its end
+//   - http-replay (idem-http): a response marked Idempotent-Replayed has
+//     the status and body some handler run of its key answered, and that
+//     status is one the Middleware records (201, 422; never 409, 429,
+//     503, whatever WithStoreEverything). Examined: replayed responses.
+//   - outcome-discarded, record-taken, replay-outcome (idem-* but
+//     idem-http): a handler that returned its outcome while its lock
+//     was valid is never answered ErrRunCancelled; a run whose lock stayed valid to its end
 //     never finds its record taken over or deleted; every caller told nil
 //     for a key got one outcome of one payload, a replay is a result some
 //     handler of that key and payload returned, and no handler of another
@@ -294,13 +309,13 @@
 //     keeps; a Barrier on its own strategy runs with a Keeper that renews
 //     nothing) or, on the store's lock without a Keeper, judged from the
 //     call's start (within 0.8 of the lease, less 3 ms).
-//   - handler-cut (idem-*): a handler's ctx never ends while it runs and
-//     its lock is valid (more than a millisecond of validity left, not
-//     known lost): a Barrier cancels a run when its lock is lost, never
+//   - handler-cut (idem-* but idem-http): a handler's ctx never ends
+//     while it runs and its lock is valid (more than a millisecond of
+//     validity left, not known lost): a Barrier cancels a run when its lock is lost, never
 //     because its caller left. One handler in two works after its effect
 //     under its ctx, so a cut there leaves an effect with an error.
 //     Examined: handler runs (idem/cuts: those cut).
-//   - answer-kind (idem-* but idem-tokens): every error Do or
+//   - answer-kind (idem-* but idem-tokens, idem-http): every error Do or
 //     Consumer.HandlePayload returns is of a class their docs name: one
 //     of the package's errors (ErrInProgress, ErrMismatch, ErrNotOwner,
 //     ErrResultNotStored, ErrRunCancelled, ErrNotRecorded, ErrClosed, a

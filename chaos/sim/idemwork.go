@@ -100,7 +100,7 @@ const (
 )
 
 func init() {
-	idem := func(sc *Scenario) bool { return sc.Idem != "" && sc.Idem != IdemTokens }
+	idem := func(sc *Scenario) bool { return sc.Idem != "" && sc.Idem != IdemTokens && sc.Idem != IdemHTTP }
 	examinedIn[InvDiscarded] = idem
 	examinedIn[InvRecordTaken] = idem
 	examinedIn[InvReplay] = idem
@@ -115,8 +115,12 @@ const cutSlack = time.Millisecond
 
 // idemWorkload runs client ci of an Idem scenario.
 func (w *World) idemWorkload(ci int, r *rand.Rand) {
-	if w.sc.Idem == IdemTokens {
+	switch w.sc.Idem {
+	case IdemTokens:
 		w.tokenClient(ci, r)
+		return
+	case IdemHTTP:
+		w.httpClient(ci, r)
 		return
 	}
 	w.idemClient(ci, r)
@@ -158,6 +162,9 @@ type idemState struct {
 	byRun   map[effectRun]*idemRunRec // runs whose handler returned
 	starts  []handlerStartRec
 	tokens  []tokenRec
+	// IdemHTTP (idemhttp.go): every try, and every handler's body.
+	http       []*httpRunRec
+	httpBodies map[string]httpAnswer
 }
 
 type handlerStartRec struct {
@@ -635,7 +642,8 @@ func storeFailure(err error) bool {
 }
 
 // checkIdem checks the idempotency workloads' invariants (InvAnswerKind, InvDiscarded,
-// InvRecordTaken, InvReplay) and the tokens' (InvTokenOnce).
+// InvRecordTaken, InvReplay), the tokens' (InvTokenOnce) and IdemHTTP's
+// (InvHTTPReplay).
 func (w *World) checkIdem() []Violation {
 	w.idem.mu.Lock()
 	defer w.idem.mu.Unlock()
@@ -729,5 +737,6 @@ func (w *World) checkIdem() []Violation {
 		}
 	}
 	vs = append(vs, w.checkTokensLocked()...)
+	vs = append(vs, w.checkHTTPLocked()...)
 	return vs
 }

@@ -187,8 +187,9 @@ var Scenarios = []Scenario{
 	// lossy, cut and blinking. idem-store on the store's own lock,
 	// idem-quorum on a fenced quorum over nodes 0-2 (the store among
 	// them), idem-mixed with both schemes on one prefix, idem-unfenced
-	// with strategies built WithoutFencing, idem-tokens with Tokens over
-	// lossy and cut links.
+	// with strategies built WithoutFencing, idem-http with the
+	// Middleware (idemhttp.go), idem-tokens with Tokens over lossy and
+	// cut links.
 	{Name: "idem-store", Strategy: Single, Nodes: 1, Clients: 3, Keys: 2, Ops: 5, Barrier: true, Idem: IdemStore, Group: "idem",
 		Kinds: []string{FaultPause, FaultDelay, FaultLoss, FaultCut}, Faults: true, Horizon: 400 * time.Millisecond},
 	{Name: "idem-late", Strategy: Single, Nodes: 1, Clients: 5, Keys: 1, Ops: 12, Barrier: true, Idem: IdemLate, Group: "idem",
@@ -199,6 +200,8 @@ var Scenarios = []Scenario{
 		Kinds: []string{FaultPause, FaultDelay, FaultLoss, FaultCut, FaultPartition}, Faults: true, Horizon: 400 * time.Millisecond},
 	{Name: "idem-unfenced", Strategy: Quorum, Nodes: 3, Clients: 4, Keys: 2, Ops: 10, Barrier: true, Idem: IdemUnfenced, Group: "idem",
 		Kinds: []string{FaultDelay}, Faults: true, Horizon: 400 * time.Millisecond},
+	{Name: "idem-http", Strategy: Single, Nodes: 1, Clients: 3, Keys: 2, Ops: 5, Barrier: true, Idem: IdemHTTP, Group: "idem",
+		Kinds: []string{FaultPause, FaultDelay, FaultLoss, FaultCut}, Faults: true, Horizon: 400 * time.Millisecond},
 	{Name: "idem-tokens", Strategy: Single, Nodes: 1, Clients: 3, Ops: 6, Idem: IdemTokens, Group: "idem",
 		Kinds: []string{FaultLoss, FaultCut, FaultPause}, Faults: true, Horizon: 150 * time.Millisecond},
 }
