@@ -2,7 +2,6 @@ package idempotency
 
 import (
 	"context"
-	"crypto/rand"
 	"encoding/base64"
 	"errors"
 	"fmt"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/redlease/redlease"
 	"github.com/redlease/redlease/internal/bounded"
+	"github.com/redlease/redlease/internal/locktoken"
 	"github.com/redlease/redlease/internal/nodes"
 )
 
@@ -58,8 +58,9 @@ func NewTokens(client redis.UniversalClient, prefix string) (*Tokens, error) {
 }
 
 // Issue returns a new token for scope (a user, a form) valid for ttl (0:
-// DefaultTokenTTL). It carries 128 random bits and its expiry, so that an
-// expired token can be told from one never issued.
+// DefaultTokenTTL). It carries 128 random bits (crypto/rand's, as a lock's
+// token: internal/locktoken) and its expiry, so that an expired token can
+// be told from one never issued.
 func (t *Tokens) Issue(ctx context.Context, scope string, ttl time.Duration) (string, error) {
 	if ttl == 0 {
 		ttl = DefaultTokenTTL
@@ -67,10 +68,8 @@ func (t *Tokens) Issue(ctx context.Context, scope string, ttl time.Duration) (st
 	if ttl < time.Millisecond {
 		return "", redlease.Invalid("idempotency: token ttl %v: must be at least 1ms", ttl)
 	}
-	var b [16]byte
-	_, _ = rand.Read(b[:])
 	expiry := time.Now().Add(ttl).UnixMilli()
-	tok := base64.RawURLEncoding.EncodeToString(b[:]) + "." + strconv.FormatInt(expiry, 36)
+	tok := locktoken.New(ctx, "tokens:"+scope) + "." + strconv.FormatInt(expiry, 36)
 	_, err := bounded.Call(ctx, t.bound, func(ctx context.Context) (string, error) {
 		return t.client.Set(ctx, t.key(scope, tok), "1", ttl).Result()
 	}, nil)
@@ -108,11 +107,9 @@ func (t *Tokens) Consume(ctx context.Context, scope, tok string) error {
 	remember := max(time.Until(expiry), time.Second)
 	// An abandoned call may still use the token up: its error says the
 	// call may still be applied.
-	var nonce [16]byte
-	_, _ = rand.Read(nonce[:])
+	nonce := locktoken.New(ctx, "consume:"+scope+":"+tok)
 	n, err := bounded.Call(ctx, t.bound, func(ctx context.Context) (int64, error) {
-		return consumeScript.Run(ctx, t.client, []string{t.key(scope, tok)}, remember.Milliseconds(),
-			base64.RawURLEncoding.EncodeToString(nonce[:])).Int64()
+		return consumeScript.Run(ctx, t.client, []string{t.key(scope, tok)}, remember.Milliseconds(), nonce).Int64()
 	}, nil)
 	switch {
 	case err != nil:

@@ -54,7 +54,7 @@ func (w *World) tokenClient(ci int, r *rand.Rand) {
 		toks[i] = must(idempotency.NewTokens(c, "tok:"))
 	}
 	for seq := range w.sc.Ops {
-		ictx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		ictx, cancel := context.WithTimeout(w.jitterCtx(context.Background(), ci, jitTokens, seq<<2), 10*time.Second)
 		tok, err := toks[0].Issue(ictx, "s", 0)
 		cancel()
 		if err != nil {
@@ -74,7 +74,7 @@ func (w *World) tokenClient(ci int, r *rand.Rand) {
 				// Apart by a microsecond: two calls leaving at one instant
 				// would dial in the Go scheduler's order.
 				sleep(time.Duration(i) * time.Microsecond)
-				ctx, cancel := context.WithTimeout(context.Background(), d)
+				ctx, cancel := context.WithTimeout(w.jitterCtx(context.Background(), ci, jitTokens, seq<<2|(i+1)), d)
 				rec.errs[i] = toks[i].Consume(ctx, "s", tok)
 				cancel()
 				w.hist.logf("c%d#%d consumer %d (ctx %v): %v", ci, seq, i, d, short(rec.errs[i]))

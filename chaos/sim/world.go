@@ -263,6 +263,7 @@ const (
 	jitWake
 	jitBarrier
 	jitWatch
+	jitTokens
 )
 
 // jitterCtx returns ctx seeded for the library's jitter (internal/backoff:
