@@ -52,7 +52,7 @@ const (
 const boundSlack = time.Millisecond
 
 func init() {
-	examinedIn[InvDoBound] = func(sc *Scenario) bool { return sc.Watchdog || sc.Strategy == Failover || sc.OpsWork }
+	examinedIn[InvDoBound] = func(sc *Scenario) bool { return sc.Watchdog || sc.Strategy == Failover && sc.Idem == "" || sc.OpsWork }
 	examinedIn[InvCloseBound] = func(sc *Scenario) bool {
 		return sc.Strategy == Quorum || sc.Strategy == Single && (sc.Wake || sc.OpsWork)
 	}

@@ -304,6 +304,13 @@ func excuse(vs []Violation, scopes []Scope, votes map[string][]vote) {
 			if v.Short > 0 && !s.touchesAny(v.Nodes) {
 				continue
 			}
+			if len(v.Holds) == 0 && slices.Contains(s.Unheld, v.Inv) {
+				v.Excused = append(v.Excused, s.Fault)
+				if !slices.Contains(v.Faults, s.Kind) {
+					v.Faults = append(v.Faults, s.Kind)
+				}
+				continue
+			}
 			for _, hd := range v.Holds {
 				if s.covers(hd, v.Inv, votes) {
 					v.Excused = append(v.Excused, s.Fault)

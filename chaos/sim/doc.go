@@ -217,6 +217,13 @@
 //     WithoutFencing (single on the store or a quorum, by seed), the last
 //     on the same strategy fenced; New refusing the unfenced one with
 //     ErrInvalid is the expected outcome (counted as idem/refused).
+//   - idem-failover: records on a plain store node after the Sentinels
+//     (it never fails over), locks through a fenced failover.Strategy
+//     with its Watcher over the failover scenario's primary and replica,
+//     under its faults (one failover, maybe a failback; replication and
+//     Sentinel faults; the data nodes' links slow, lossy or cut; the
+//     store blinks). A stale promotion (OUTSIDE) excuses handler-overlap,
+//     effect-twice, record-taken and replay-outcome after it (Scope.Unheld).
 //   - idem-http: idempotency.Middleware (WithGlobalKeys, one route) on
 //     each client's Barrier on the store's lock (idemhttp.go; even
 //     clients WithStoreEverything, half renewed), called in process

@@ -74,9 +74,9 @@ var examinedIn = map[string]func(sc *Scenario) bool{
 	// Of those, the ones with no pub/sub fault around them.
 	InvWakeSlow: func(sc *Scenario) bool { return sc.Wake },
 	// Holds the old primary granted (FailoverStats.examined).
-	InvFailoverKept: func(sc *Scenario) bool { return sc.Strategy == Failover },
+	InvFailoverKept: func(sc *Scenario) bool { return sc.Strategy == Failover && sc.Idem == "" },
 	// Of those, the ones checked against the watcher bound.
-	ExFailoverBound: func(sc *Scenario) bool { return sc.Strategy == Failover },
+	ExFailoverBound: func(sc *Scenario) bool { return sc.Strategy == Failover && sc.Idem == "" },
 	// Checks of a lock its holder believed valid (statecheck.go): every
 	// scenario's workload tracks its locks (the Barrier's through its
 	// keeper).

@@ -67,7 +67,8 @@ func failoverName(i int) string {
 	return net.JoinHostPort("127.0.0.1", strconv.Itoa(26379+i-fSentinel0))
 }
 
-// setupFailover makes the primary, its replica and the Sentinels.
+// setupFailover makes the primary, its replica and the Sentinels (and,
+// with Idem, the plain store node after them).
 func (w *World) setupFailover() {
 	for i := range w.sc.Nodes {
 		w.nodes = append(w.nodes, newNode(w, i, failoverName(i)))
@@ -75,6 +76,10 @@ func (w *World) setupFailover() {
 	for i := range w.sc.Sentinels {
 		id := w.sc.Nodes + i
 		w.nodes = append(w.nodes, newSentinel(w, id, failoverName(id), failoverName(fPrimary), failoverName(fReplica)))
+	}
+	if w.sc.plainStore() > 0 {
+		id := w.sc.storeNode()
+		w.nodes = append(w.nodes, newNode(w, id, net.JoinHostPort("127.0.0.1", "7379")))
 	}
 	w.nodes[fReplica].follow(w.nodes[fPrimary])
 	w.grants = map[string]grantRec{}

@@ -41,6 +41,12 @@ const (
 	// redlease.ErrInvalid) is the expected outcome: that client sits the
 	// run out (counted as ExIdemRefused).
 	IdemUnfenced = "unfenced"
+	// IdemFailover: every client's Barrier keeps its records on a plain
+	// store node (storeNode, not part of the failover pair) and takes its
+	// lock through a fenced failover.Strategy over the primary and its
+	// replica, with a Watcher over every Sentinel (watchedStrategy),
+	// WithStrategy.
+	IdemFailover = "failover"
 	// IdemLate: IdemStore with handlers that return late in their lease
 	// (their work 55-90 % of it, then up to a tenth more), under delay
 	// faults alone: completions
@@ -243,8 +249,9 @@ func (nopKeeper) Keep(*redlease.Lock) (stop func()) { return func() {} }
 
 // idemScheme builds client ci's lock strategy for its Barrier (nil: the
 // store's own lock), where its locks live (for the state check), and
-// whether it is built WithoutFencing.
-func (w *World) idemScheme(ci int, ct bool, store *redis.Client) (s redlease.Strategy, place lockPlace, unfenced bool) {
+// whether it is built WithoutFencing. IdemFailover's strategy comes from
+// watchedStrategy, whose error (its Watcher never started) is err.
+func (w *World) idemScheme(ci int, ct bool, store *redis.Client, r *rand.Rand) (s redlease.Strategy, place lockPlace, unfenced bool, err error) {
 	storePlace := lockPlace{nodes: []int{w.sc.storeNode()}, need: 1}
 	quorumOf := func(fenced bool) redlease.Strategy {
 		var cs []redis.UniversalClient
@@ -264,28 +271,37 @@ func (w *World) idemScheme(ci int, ct bool, store *redis.Client) (s redlease.Str
 	}
 	switch w.sc.Idem {
 	case IdemQuorum:
-		return quorumOf(true), place, false
+		return quorumOf(true), place, false, nil
 	case IdemMixed:
 		if ci%2 == 1 {
-			return quorumOf(true), place, false
+			return quorumOf(true), place, false, nil
 		}
-		return nil, storePlace, false
+		return nil, storePlace, false, nil
 	case IdemUnfenced:
 		unfenced = ci < w.sc.Clients-1
 		if w.seed%2 == 0 {
-			return quorumOf(!unfenced), place, unfenced
+			return quorumOf(!unfenced), place, unfenced, nil
 		}
 		opts := []single.Option{single.WithFenceTTL(time.Minute)}
 		if unfenced {
 			opts = []single.Option{single.WithoutFencing()}
 		}
-		return must(single.New(store, opts...)), storePlace, unfenced
+		return must(single.New(store, opts...)), storePlace, unfenced, nil
+	case IdemFailover:
+		w.noteCTE(ci, ct)
+		prefer := r.IntN(w.sc.Sentinels)
+		poll := []time.Duration{100 * time.Millisecond, 150 * time.Millisecond, 250 * time.Millisecond}[r.IntN(3)]
+		fs, err := w.watchedStrategy(ci, ct, prefer, poll) // fenced: failover fences by default
+		if err != nil {
+			return nil, lockPlace{}, false, err
+		}
+		return fs, lockPlace{failover: true}, false, nil
 	}
-	return nil, storePlace, false
+	return nil, storePlace, false, nil
 }
 
-// idemClient is one client of the IdemStore, IdemQuorum, IdemMixed and
-// IdemUnfenced scenarios: its own Barrier (a lease of 15–60 ms, so that
+// idemClient is one client of the IdemStore, IdemQuorum, IdemMixed,
+// IdemUnfenced, IdemLate and IdemFailover scenarios: its own Barrier (a lease of 15–60 ms, so that
 // takeovers and late completions are common; half the clients kept by
 // a renew.Watchdog) and a Consumer on it, sending Ops requests on a few
 // shared keys, a third of them through Consumer.HandlePayload (message
@@ -307,7 +323,12 @@ func (w *World) idemClient(ci int, r *rand.Rand) {
 	store := w.redisClient(ci, w.nodes[w.sc.storeNode()], ct)
 	lease := ms(r, 15, 60).Truncate(time.Millisecond)
 	opts := []idempotency.Option{idempotency.WithLease(lease), idempotency.WithRetention(30 * time.Second)}
-	strat, place, unfenced := w.idemScheme(ci, ct, store)
+	strat, place, unfenced, err := w.idemScheme(ci, ct, store, r)
+	if err != nil {
+		w.hist.failed()
+		w.hist.logf("c%d failover.Watch: %v", ci, short(err))
+		return
+	}
 	if strat != nil {
 		opts = append(opts, idempotency.WithStrategy(strat))
 	}

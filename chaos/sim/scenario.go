@@ -202,6 +202,14 @@ var Scenarios = []Scenario{
 		Kinds: []string{FaultDelay}, Faults: true, Horizon: 400 * time.Millisecond},
 	{Name: "idem-http", Strategy: Single, Nodes: 1, Clients: 3, Keys: 2, Ops: 5, Barrier: true, Idem: IdemHTTP, Group: "idem",
 		Kinds: []string{FaultPause, FaultDelay, FaultLoss, FaultCut}, Faults: true, Horizon: 400 * time.Millisecond},
+	// idem-failover: the Barriers' records on a plain store node beside
+	// the failover scenario's primary, replica and three Sentinels (it
+	// never fails over), their locks through a fenced failover.Strategy
+	// with its Watcher (WithStrategy), under the failover scenario's
+	// faults: one failover, replication and Sentinel faults, and the
+	// data nodes' links slow, lossy or cut.
+	{Name: "idem-failover", Strategy: Failover, Nodes: 2, Sentinels: 3, Clients: 3, Keys: 2, Ops: 5, Barrier: true, Idem: IdemFailover, Group: "idem",
+		Kinds: []string{FaultDelay, FaultLoss, FaultCut}, Faults: true, Horizon: 400 * time.Millisecond},
 	{Name: "idem-tokens", Strategy: Single, Nodes: 1, Clients: 3, Ops: 6, Idem: IdemTokens, Group: "idem",
 		Kinds: []string{FaultLoss, FaultCut, FaultPause}, Faults: true, Horizon: 150 * time.Millisecond},
 }
@@ -244,7 +252,7 @@ func (sc *Scenario) allNodes() int {
 		return sc.Nodes + 1 + ClusterMasters
 	}
 	if sc.Strategy == Failover {
-		return sc.Nodes + sc.Sentinels
+		return sc.Nodes + sc.Sentinels + sc.plainStore()
 	}
 	return sc.faultNodes()
 }
@@ -266,8 +274,24 @@ func (sc *Scenario) faultNodes() int {
 func (sc *Scenario) holdSteps() int { return cmp.Or(sc.HoldSteps, 4) }
 func (sc *Scenario) pastMax() int   { return cmp.Or(sc.PastMax, 4) }
 
-// storeNode is the node the idempotency store lives on.
-func (sc *Scenario) storeNode() int { return 0 }
+// storeNode is the node the idempotency store lives on: node 0, or in a
+// failover scenario with Idem the plain node after the Sentinels.
+func (sc *Scenario) storeNode() int {
+	if sc.plainStore() > 0 {
+		return sc.Nodes + sc.Sentinels
+	}
+	return 0
+}
+
+// plainStore is 1 when the run has a plain store node of its own beside
+// the failover pair and its Sentinels (a failover scenario with Idem),
+// else 0.
+func (sc *Scenario) plainStore() int {
+	if sc.Strategy == Failover && sc.Idem != "" {
+		return 1
+	}
+	return 0
+}
 
 // restartOutside says whether a restart in mode breaks the strategy's
 // assumptions: for mutual exclusion (outside), or for fence order only.

@@ -81,6 +81,11 @@ type Scope struct {
 	FenceOnly bool
 	// Clients: a client's clock drift (its belief outran every node).
 	Clients []int
+	// Unheld: invariants whose violations name no hold (the idempotency
+	// workloads' exclusion invariants, whose locks a Barrier takes) that
+	// the scope covers from At on: a stale promotion in idem-failover
+	// (its lock lost acknowledged writes; its store did not move).
+	Unheld []string
 }
 
 // touches reports whether the scope's fault acted on node n (a client's
@@ -420,6 +425,9 @@ func (w *World) scopes() []Scope {
 			}
 		case FaultFailover:
 			w.staleScope(&s, f)
+			if w.sc.plainStore() > 0 {
+				s.Unheld = []string{InvHandlerOverlap, InvTwice, InvRecordTaken, InvReplay}
+			}
 		case FaultDrift:
 			w.driftScope(&s, f)
 		default:
