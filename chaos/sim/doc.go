@@ -447,7 +447,7 @@
 //
 //	go -C chaos test ./sim                                # 200 seeds, 30 under -race
 //	go -C chaos test ./sim -run 'TestSim$' -seeds 10000   # what make test adds,
-//	go -C chaos test ./sim -run 'TestSim$' -rotation idem -seeds 3000   # and this
+//	go -C chaos test ./sim -run 'TestSim$' -rotation idem -seeds 4000   # and this
 //	go -C chaos test ./sim -run 'TestSim$' -scenario failover -seed 5 -replays 10
 //
 // TestSim's flags (sim_test.go, ctxbound_test.go): -seeds N from -first
@@ -464,7 +464,7 @@
 // (the regression tests in findings_test.go of defects still open; the
 // others run always). TestSim sets the GC percent to 400 unless GOGC is
 // set. make test runs the package under -race, then 10,000 seeds of the
-// lock rotation and 3,000 of the idempotency rotation without; make sim runs SIM_SEEDS (100,000) with progress lines.
+// lock rotation and 4,000 of the idempotency rotation (500 per scenario) without; make sim runs SIM_SEEDS (100,000) with progress lines.
 //
 // To reproduce a failing seed, run the command it prints (-v shows the
 // log of a passing one):
