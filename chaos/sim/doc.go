@@ -464,7 +464,8 @@
 // (the regression tests in findings_test.go of defects still open; the
 // others run always). TestSim sets the GC percent to 400 unless GOGC is
 // set. make test runs the package under -race, then 10,000 seeds of the
-// lock rotation and 4,000 of the idempotency rotation (500 per scenario) without; make sim runs SIM_SEEDS (100,000) with progress lines.
+// lock rotation and 4,000 of the idempotency rotation (500 per scenario)
+// without; make sim runs SIM_SEEDS (100,000) with progress lines.
 //
 // To reproduce a failing seed, run the command it prints (-v shows the
 // log of a passing one):
