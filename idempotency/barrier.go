@@ -232,8 +232,12 @@ func WithStoreEverything() Option {
 // the two locks do not exclude each other — the claim answers
 // ErrInProgress. So a request whose owner died under one scheme waits for
 // a Barrier of that scheme to take it over, or for its record to expire
-// (the retention). A prefix that would put keys under
-// redlease.ReservedPrefix, the namespace of redlease's own keys, is refused
+// (the retention). A scheme is told apart by its placement only: failover
+// strategies over redis.NewFailoverClient clients all name the placement
+// "primary FailoverClient" (go-redis exposes neither their Sentinel master
+// nor its address), so Barriers on two different Sentinel masters count as
+// one scheme and may take over each other's records: never let them share
+// a prefix. A prefix that would put keys under redlease.ReservedPrefix, the namespace of redlease's own keys, is refused
 // with redlease.ErrInvalid. Keep other keys on the store (Tokens, your own)
 // outside prefix.
 func WithPrefix(prefix string) Option {
