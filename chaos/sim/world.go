@@ -17,6 +17,7 @@ import (
 	"github.com/redlease/redlease"
 	"github.com/redlease/redlease/internal/backoff"
 	"github.com/redlease/redlease/internal/locktoken"
+	"github.com/redlease/redlease/internal/splitmix"
 )
 
 // World is one run: the nodes, the links between them and the clients,
@@ -103,15 +104,11 @@ type renewCall struct {
 	sent       time.Duration // sent by the client (the gap check's clock)
 }
 
-// mix is splitmix64 over a and b: the simulator's only hash, for
+// mix is splitmix64 over a and b (internal/splitmix, as the library's
+// seeded draws): the simulator's only hash, for
 // per-message randomness that does not depend on the order in which
 // goroutines happen to draw it.
-func mix(a, b uint64) uint64 {
-	z := a ^ (b + 0x9e3779b97f4a7c15)
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
-	z = (z ^ (z >> 27)) * 0x94d049bb133111eb
-	return z ^ (z >> 31)
-}
+func mix(a, b uint64) uint64 { return splitmix.Mix(a, b) }
 
 // unit maps h to [0, 1).
 func unit(h uint64) float64 { return float64(h>>11) / (1 << 53) }

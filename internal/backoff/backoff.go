@@ -7,6 +7,8 @@ import (
 	"context"
 	"math/rand/v2"
 	"time"
+
+	"github.com/redlease/redlease/internal/splitmix"
 )
 
 // Jittered returns the wait after attempt n (n >= 1): d = min(base ×
@@ -54,7 +56,7 @@ func NewStream(ctx context.Context, tag uint64) *Stream {
 	if !ok {
 		return &Stream{}
 	}
-	return &Stream{seed: mix(seed, tag), seeded: true}
+	return &Stream{seed: splitmix.Mix(seed, tag), seeded: true}
 }
 
 // N returns a duration drawn uniformly from [0, d) (0 if d <= 0).
@@ -66,13 +68,5 @@ func (s *Stream) N(d time.Duration) time.Duration {
 		return rand.N(d)
 	}
 	s.n++
-	return time.Duration(mix(s.seed, s.n) % uint64(d))
-}
-
-// mix is splitmix64 over a and b.
-func mix(a, b uint64) uint64 {
-	z := a ^ (b + 0x9e3779b97f4a7c15)
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
-	z = (z ^ (z >> 27)) * 0x94d049bb133111eb
-	return z ^ (z >> 31)
+	return time.Duration(splitmix.Mix(s.seed, s.n) % uint64(d))
 }

@@ -15,7 +15,10 @@ import (
 	cryptorand "crypto/rand"
 	"encoding/base64"
 	"encoding/binary"
+	"hash/fnv"
 	"sync"
+
+	"github.com/redlease/redlease/internal/splitmix"
 )
 
 // seedKey is the context key of WithSeed.
@@ -45,31 +48,15 @@ func New(ctx context.Context, key string) string {
 		s.n[key]++
 		n := s.n[key]
 		s.mu.Unlock()
-		h := mix(s.seed, fnv(key))
-		binary.LittleEndian.PutUint64(b[:8], mix(h, n<<1))
-		binary.LittleEndian.PutUint64(b[8:], mix(h, n<<1|1))
+		f := fnv.New64a()
+		_, _ = f.Write([]byte(key))
+		h := splitmix.Mix(s.seed, f.Sum64())
+		binary.LittleEndian.PutUint64(b[:8], splitmix.Mix(h, n<<1))
+		binary.LittleEndian.PutUint64(b[8:], splitmix.Mix(h, n<<1|1))
 	} else {
 		_, _ = cryptorand.Read(b[:]) // never fails: crypto/rand.Read aborts the program instead
 	}
 	var out [22]byte
 	base64.RawURLEncoding.Encode(out[:], b[:])
 	return string(out[:])
-}
-
-// fnv is FNV-1a over s.
-func fnv(s string) uint64 {
-	h := uint64(14695981039346656037)
-	for i := 0; i < len(s); i++ {
-		h ^= uint64(s[i])
-		h *= 1099511628211
-	}
-	return h
-}
-
-// mix is splitmix64 over a and b.
-func mix(a, b uint64) uint64 {
-	z := a ^ (b + 0x9e3779b97f4a7c15)
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
-	z = (z ^ (z >> 27)) * 0x94d049bb133111eb
-	return z ^ (z >> 31)
 }
