@@ -46,21 +46,8 @@ func (w *World) barrierClient(ci int, r *rand.Rand) {
 			work := ms(r, 5, 100)
 			ctx, cancel := context.WithTimeout(w.jitterCtx(context.Background(), ci, jitBarrier, seq<<2|try), ms(r, 20, 150))
 			out, err := b.Do(ctx, req, func(hctx context.Context, fence uint64) ([]byte, error) {
-				span := w.hist.handlerStart(key, run, fence)
-				stop := context.AfterFunc(hctx, func() { w.hist.handlerEnd(span) })
-				defer func() {
-					if stop() {
-						w.hist.handlerEnd(span)
-					}
-				}()
-				t := time.NewTimer(work)
-				select {
-				case <-hctx.Done():
-					t.Stop()
-					return nil, hctx.Err()
-				case <-t.C:
-				}
-				if hctx.Err() != nil {
+				defer w.hist.handlerSpan(hctx, key, run, fence, nil)()
+				if !sleepCtx(hctx, work) || hctx.Err() != nil {
 					return nil, hctx.Err()
 				}
 				w.hist.effect(key, fence, run)
@@ -186,6 +173,25 @@ func (h *history) handlerStart(key string, run effectRun, fence uint64) *handler
 	sp := &handlerSpan{key: key, run: run, fence: fence, from: h.nowLocked(), to: -1}
 	h.spans[key] = append(h.spans[key], sp)
 	return sp
+}
+
+// handlerSpan records a handler's span (handlerStart) and returns the
+// function its handler defers: the span ends when ctx ends or the handler
+// returns, whichever comes first. onCut, if not nil, runs when ctx ends
+// first (the handler cut while it ran).
+func (h *history) handlerSpan(ctx context.Context, key string, run effectRun, fence uint64, onCut func()) (returned func()) {
+	span := h.handlerStart(key, run, fence)
+	stop := context.AfterFunc(ctx, func() {
+		h.handlerEnd(span)
+		if onCut != nil {
+			onCut()
+		}
+	})
+	return func() {
+		if stop() {
+			h.handlerEnd(span)
+		}
+	}
 }
 
 // handlerEnd records the end of a handler's belief: its ctx ended or it

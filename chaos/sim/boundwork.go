@@ -189,12 +189,7 @@ func (w *World) silentRelease(e *opsEnv, r *rand.Rand) {
 	err := e.lw.Do(ctx, key, func(fctx context.Context, lk *redlease.Lock) error {
 		h = w.opsStart(e, seq, key, "do-silent", ttl, lk)
 		strat = lk.Strategy()
-		t := time.NewTimer(work)
-		select {
-		case <-fctx.Done():
-			t.Stop()
-		case <-t.C:
-		}
+		sleepCtx(fctx, work)
 		h.end = w.hist.now()
 		fnRet = h.end
 		w.silence(e.ci, quiet)

@@ -144,13 +144,7 @@ func (w *World) doHold(ci, seq int, key string, dl doLocker, lk *redlease.Lock, 
 		}
 	}()
 	for step, d := range pauses {
-		t := time.NewTimer(d)
-		select {
-		case <-fctx.Done():
-			t.Stop()
-		case <-t.C:
-		}
-		if fctx.Err() != nil {
+		if !sleepCtx(fctx, d) || fctx.Err() != nil {
 			break
 		}
 		if lk.Valid() {

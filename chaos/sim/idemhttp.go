@@ -134,20 +134,10 @@ func (w *World) httpClient(ci int, r *rand.Rand) {
 func (w *World) httpHandle(hw http.ResponseWriter, hr *http.Request, rec *httpRunRec, pre, post time.Duration) {
 	hctx := hr.Context()
 	fence, _ := idempotency.FenceFrom(hctx)
-	span := w.hist.handlerStart(rec.key, rec.run, fence)
-	stop := context.AfterFunc(hctx, func() { w.hist.handlerEnd(span) })
-	defer func() {
-		if stop() {
-			w.hist.handlerEnd(span)
-		}
-	}()
-	t := time.NewTimer(pre)
-	select {
-	case <-hctx.Done():
-		t.Stop()
+	defer w.hist.handlerSpan(hctx, rec.key, rec.run, fence, nil)()
+	if !sleepCtx(hctx, pre) {
 		hw.WriteHeader(http.StatusServiceUnavailable)
 		return
-	case <-t.C:
 	}
 	if rec.want == http.StatusCreated {
 		w.hist.effect(rec.key, fence, rec.run)

@@ -385,34 +385,14 @@ func (w *World) idemClient(ci int, r *rand.Rand) {
 			postUnderCtx := r.IntN(2) == 0
 			h := func(hctx context.Context, fence uint64) ([]byte, error) {
 				w.idemStarted(rec)
-				span := w.hist.handlerStart(key, rec.run, fence)
-				stop := context.AfterFunc(hctx, func() {
-					w.hist.handlerEnd(span)
-					w.idemCut(rec, spy, fence, lease)
-				})
-				defer func() {
-					if stop() {
-						w.hist.handlerEnd(span)
-					}
-				}()
-				t := time.NewTimer(pre)
-				select {
-				case <-hctx.Done():
-					t.Stop()
-					return nil, w.idemFailed(rec, hctx.Err())
-				case <-t.C:
-				}
-				if hctx.Err() != nil {
+				defer w.hist.handlerSpan(hctx, key, rec.run, fence, func() { w.idemCut(rec, spy, fence, lease) })()
+				if !sleepCtx(hctx, pre) || hctx.Err() != nil {
 					return nil, w.idemFailed(rec, hctx.Err())
 				}
 				w.hist.effect(key, fence, rec.run)
 				if postUnderCtx {
-					t := time.NewTimer(post)
-					select {
-					case <-hctx.Done():
-						t.Stop()
+					if !sleepCtx(hctx, post) {
 						return nil, w.idemFailed(rec, hctx.Err())
-					case <-t.C:
 					}
 				} else {
 					sleep(post)

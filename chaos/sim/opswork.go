@@ -614,12 +614,7 @@ func (w *World) opsSteps(e *opsEnv, h *opsHold, r *rand.Rand, fctx context.Conte
 				sleep(d)
 				break
 			}
-			t := time.NewTimer(d)
-			select {
-			case <-fctx.Done():
-				t.Stop()
-			case <-t.C:
-			}
+			sleepCtx(fctx, d)
 		case k < 5:
 			if h.lk.Valid() {
 				w.opsWrite(e, h, r)

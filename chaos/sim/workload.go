@@ -153,6 +153,19 @@ func sleep(d time.Duration) {
 	}
 }
 
+// sleepCtx waits d of virtual time, or until ctx ends if that comes
+// first; it reports whether the whole of d passed.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
 // short is err's message, or "ok".
 func short(err error) string {
 	if err == nil {
