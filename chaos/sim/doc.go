@@ -230,7 +230,11 @@
 //     through httptest (the Barrier's Redis traffic on the simulated
 //     network), the other clients' idem-* paths not driven. The handler
 //     answers a status drawn per try: 201 (its effect made), a relayed
-//     409 with Retry-After, 429, 503, or 422. The caller's ctx of
+//     409 with Retry-After, 429, 503, or 422. Two keys in three
+//     negotiate: their handler names Accept-Language or Accept in Vary
+//     and its body follows the request's value; each client prefers one
+//     value of each and sends another (or none) on one try in four, so
+//     duplicates of a key differ in it now and then. The caller's ctx of
 //     10-120 ms only decides whether the client saw the response; the
 //     Middleware's error log and its outcome-unknown 503 tell
 //     effect-twice which runs ended unknown.
@@ -304,7 +308,14 @@
 //   - http-replay (idem-http): a response marked Idempotent-Replayed has
 //     the status and body some handler run of its key answered, and that
 //     status is one the Middleware records (201, 422; never 409, 429,
-//     503, whatever WithStoreEverything). Examined: replayed responses.
+//     503, whatever WithStoreEverything). A replay of a negotiated
+//     response goes only to a request with the recorded request's value
+//     of the field its Vary names; a request whose value differs gets 409
+//     negotiation-mismatch (marked replayed), and that answer goes only
+//     to a request of a negotiating key whose value differs from that of
+//     some run of the key that answered a recorded status. Examined:
+//     replayed responses (http-replay/vary: those of negotiating keys;
+//     http-replay/vary-differ: of those, the ones whose value differed).
 //   - outcome-discarded, record-taken, replay-outcome (idem-* but
 //     idem-http): a handler that returned its outcome while its lock
 //     was valid is never answered ErrRunCancelled; a run whose lock stayed valid to its end
