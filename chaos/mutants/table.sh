@@ -105,11 +105,11 @@ for name in "${NAMES[@]}"; do
 		up1=$(uptime | sed 's/.*load average: //')
 		wall=$(printf %.1f "$(echo "$t1 - $t0" | bc)")
 		ran=$(sed -n 's/.*sim_test.go:[0-9]*: \([0-9]*\) seeds in .*/\1/p' "$log" | tail -1)
-		hit=$(grep -m1 -E 'seed [0-9]+ \([a-z0-9-]+\) FAILED after [0-9]+ seeds in' "$log")
+		hit=$(grep -a -m1 -E 'seed [0-9]+ \([a-z0-9-]+\) FAILED after [0-9]+ seeds in' "$log")
 		if [ -z "$hit" ]; then
 			# No seed failed; the run's end-of-run checks (examined counts,
 			# hazard ceilings) may still have failed the test.
-			other=$(grep -E 'examined nothing|has no ceiling|above its ceiling|panic:' "$log" | head -3 | sed 's/^ *//; s/|/\\|/g' | tr '\n' ' ')
+			other=$(grep -a -E 'examined nothing|has no ceiling|above its ceiling|panic:' "$log" | head -3 | sed 's/^ *//; s/|/\\|/g' | tr '\n' ' ')
 			haz=$(sed -n 's/.*sim_test.go:[0-9]*: [0-9]* seeds in [^,]*, \([0-9]*\) hazards.*/\1/p' "$log" | tail -1)
 			verdict="**not found** in ${ran:-?} seeds, ${haz:-?} hazard seeds, test $([ $rc = 0 ] && echo PASS || echo FAIL)${other:+: $other}"
 			ROWS+=("| $name | $first | $verdict | - | - | - | - | - | $wall | $up0 → $up1 |")
@@ -124,13 +124,13 @@ for name in "${NAMES[@]}"; do
 		# from one -seed run (it prints each violation).
 		rlog=$OUT/$name-seed$seed.log
 		(cd "$ROOT/chaos/sim" && "$BIN" -test.run 'TestSim$' -test.v -scenario "$scen" -seed "$seed") >"$rlog" 2>&1
-		invs=$(grep -E 'sim_test.go:[0-9]+: [a-z-]+(/[a-z]+)? at [0-9.]+ms: ' "$rlog" | grep -v '\[hazard:' |
+		invs=$(grep -a -E 'sim_test.go:[0-9]+: [a-z-]+(/[a-z]+)? at [0-9.]+ms: ' "$rlog" | grep -v '\[hazard:' |
 			sed -E 's/.*sim_test.go:[0-9]+: ([a-z/-]+) at .*/\1/' | sort | uniq -c | awk '{printf "%s%s×%s", sep, $2, $1; sep=", "}')
-		[ -n "$invs" ] || invs="(replay passed; $(grep -B30 -m1 -F "$hit" "$log" | grep -E ': [a-z-]+ at [0-9.]+ms: ' | grep -v '\[hazard:' | sed -E 's/.*sim_test.go:[0-9]+: ([a-z/-]+) at .*/\1/' | sort -u | tr '\n' ' ')in the run)"
+		[ -n "$invs" ] || invs="(replay passed; $(grep -a -B30 -m1 -F "$hit" "$log" | grep -a -E ': [a-z-]+ at [0-9.]+ms: ' | grep -v '\[hazard:' | sed -E 's/.*sim_test.go:[0-9]+: ([a-z/-]+) at .*/\1/' | sort -u | tr '\n' ' ')in the run)"
 		plog=$OUT/$name-seed$seed-replays.log
 		(cd "$ROOT/chaos/sim" && "$BIN" -test.run 'TestSim$' -test.v -scenario "$scen" -seed "$seed" -replays "$REPLAYS") >"$plog" 2>&1
 		nfail=$(sed -nE 's/.*verdicts map\[(.*)\];.*/\1/p' "$plog" | grep -oE 'FAIL:[0-9]+' | cut -d: -f2)
-		hist=$(sed -nE 's/.*; ([0-9]+) distinct client-level histories.*/\1/p' "$plog")
+		hist=$(sed -nE 's/.*; ([0-9]+) distinct (client-level )?histories.*/\1/p' "$plog")
 		cmd="go -C chaos test ./sim -run 'TestSim\$' -scenario $scen -seed $seed$ovtxt"
 		ROWS+=("| $name | $first | found: seed $seed ($scen) | $after | $intime | $invs | ${nfail:-0}/$REPLAYS (${hist:-?} hist.) | \`$cmd\` | $wall | $up0 → $up1 |")
 		echo "$name first=$first: seed $seed ($scen) after $after seeds, $invs, replays ${nfail:-0}/$REPLAYS, $wall s" >&2
