@@ -229,9 +229,10 @@
 //     even clients lock through failover on the Sentinels' master, odd
 //     ones through failover on the second primary, all on one store and
 //     prefix, every go-redis client reporting the address
-//     "FailoverClient" as redis.NewFailoverClient's does. Two lock
-//     schemes that exclude nothing between them: the Barrier must tell
-//     them apart (handler-overlap, effect-twice, record-taken).
+//     "FailoverClient" as redis.NewFailoverClient's does; each strategy
+//     names its master (failover.WithMaster). Two lock schemes that
+//     exclude nothing between them: the Barrier must tell them apart
+//     (handler-overlap, effect-twice, record-taken).
 //   - idem-http: idempotency.Middleware (WithGlobalKeys, one route) on
 //     each client's Barrier on the store's lock (idemhttp.go; even
 //     clients WithStoreEverything, half renewed), called in process

@@ -319,7 +319,11 @@ func (w *World) watchedStrategy(ci int, ct bool, prefer int, poll time.Duration)
 	w.mu.Lock()
 	w.clients = append(w.clients, fc)
 	w.mu.Unlock()
-	s := must(failover.New(fc, w.failoverOptions(ci)...))
+	opts := w.failoverOptions(ci)
+	if w.sc.Idem == IdemMasters {
+		opts = append(opts, failover.WithMaster(masterName))
+	}
+	s := must(failover.New(fc, opts...))
 	var scs []*redis.SentinelClient
 	for i, a := range w.sentinelAddrs() {
 		sb := w.retryBackoff(ci, 1<<16|uint64(i+1))

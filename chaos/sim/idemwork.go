@@ -54,8 +54,11 @@ const (
 	// (Scenario.secondMaster), all on one store and prefix. Every
 	// client's go-redis client reports the address "FailoverClient" (as
 	// redis.NewFailoverClient's does), so the two schemes' placements
-	// tell them apart only if the strategies name their master.
+	// tell them apart only because the strategies name their master
+	// (failover.WithMaster: masterName and master2Name).
 	IdemMasters = "masters"
+	// master2Name is the master name of IdemMasters' second primary.
+	master2Name = "othermaster"
 	// IdemLate: IdemStore with handlers that return late in their lease
 	// (their work 55-90 % of it, then up to a tenth more), under delay
 	// faults alone: completions
@@ -300,7 +303,7 @@ func (w *World) idemScheme(ci int, ct bool, store *redis.Client, r *rand.Rand) (
 		if ci%2 == 1 {
 			w.noteCTE(ci, ct)
 			fc := w.redisClientAs(ci, w.nodes[w.sc.primary2()], ct, failoverClientAddr)
-			return must(failover.New(fc)), lockPlace{failover: true}, false, nil
+			return must(failover.New(fc, failover.WithMaster(master2Name))), lockPlace{failover: true}, false, nil
 		}
 		fallthrough
 	case IdemFailover:

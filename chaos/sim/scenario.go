@@ -215,7 +215,8 @@ var Scenarios = []Scenario{
 	// through failover on the Sentinels' master, odd ones through
 	// failover on the second primary, all on one store and prefix. Every
 	// client's go-redis client reports the address "FailoverClient", as
-	// redis.NewFailoverClient's does.
+	// redis.NewFailoverClient's does; each strategy names its master
+	// (failover.WithMaster).
 	{Name: "idem-masters", Strategy: Failover, Nodes: 2, Sentinels: 3, Clients: 4, Keys: 2, Ops: 5, Barrier: true, Idem: IdemMasters, Group: "idem",
 		Kinds: []string{FaultDelay, FaultLoss, FaultCut}, Faults: true, Horizon: 400 * time.Millisecond},
 	{Name: "idem-tokens", Strategy: Single, Nodes: 1, Clients: 3, Ops: 6, Idem: IdemTokens, Group: "idem",
