@@ -238,11 +238,13 @@ type Fencer interface {
 // through the other; two with different placements may both hold one key
 // name at once. The strategies of this module implement it: single and
 // failover on one client name the same placement (they take the same key
-// on the same primary). A client whose type exposes no address (a
-// redis.NewFailoverClient's is "FailoverClient") names no more than that.
-// The idempotency package records the placement of the lock that claimed
-// a request, and never lets a claim through another placement take it
-// over.
+// on the same primary), unless the failover strategy names its Sentinel
+// master (failover.WithMaster: "failover mymaster"). A client whose type
+// exposes no address (a redis.NewFailoverClient's is "FailoverClient")
+// names no more than that. The idempotency package records the placement
+// of the lock that claimed a request, never lets a claim through another
+// placement take it over, and refuses a placement that names such a
+// client.
 type Placer interface {
 	Placement() string
 }

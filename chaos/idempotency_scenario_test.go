@@ -33,7 +33,7 @@ func TestScenario15IdempotencyUnderRetriesAndFailover(t *testing.T) {
 			ctx := t.Context()
 			g := StartSentinelGroup(t, "s15", time.Second)
 			client := g.Client(t)
-			strategy2, err := failover.New(client)
+			strategy2, err := failover.New(client, failover.WithMaster(g.Master))
 			require.NoError(t, err)
 			b, err := idempotency.New(client, idempotency.WithStrategy(strategy2),
 				idempotency.WithLease(2*time.Second), idempotency.WithRetention(time.Minute))

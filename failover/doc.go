@@ -38,6 +38,18 @@
 // redis.NewFailoverClient, which follows the primary on its own, and start
 // it before taking locks: those held when it starts are revoked.
 //
+// # Naming the master
+//
+// go-redis gives every redis.NewFailoverClient the address
+// "FailoverClient", so a strategy on one cannot say by its client which
+// master it locks on. WithMaster names it: the strategy's placement
+// (redlease.Placer) is then "failover " and the name, and Watch refuses
+// another master name. The idempotency package refuses a lock strategy
+// over such a client without it, since Barriers locking on two masters
+// would otherwise share records as one lock scheme while their locks
+// exclude nothing between them and their fences come from unrelated
+// counters.
+//
 // # Assumptions
 //
 // Mutual exclusion holds while the primary keeps its data, its clock runs at

@@ -2,8 +2,10 @@ package failover
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"time"
+	"unicode"
 
 	"github.com/redis/go-redis/v9"
 
@@ -71,6 +73,29 @@ func WithWaitTimeout(d time.Duration) Option {
 			return redlease.Invalid("wait timeout %v: must be at least 1ms", d)
 		}
 		c.WaitTimeout = d
+		return nil
+	})
+}
+
+// WithMaster names the Sentinel master whose primary the client follows
+// (redis.FailoverOptions.MasterName). The strategy's placement is then
+// "failover " and name (see Placement), which tells its locks apart from
+// those of a strategy on another master: a redis.NewFailoverClient reports
+// the address "FailoverClient" whatever its master, so without it every
+// such strategy names the same placement. The idempotency package refuses a
+// lock strategy over such a client unless it names its master. The name
+// is all that tells masters apart: two Sentinel deployments that both call
+// their master "mymaster" name one placement, so their Barriers must not
+// share a store and prefix (rename one master). Watch refuses a master
+// name other than name. An empty name, or one with a space or a control
+// character (Sentinel's messages separate fields by spaces), is refused
+// with redlease.ErrInvalid.
+func WithMaster(name string) Option {
+	return optionFunc(func(c *primary.Config) error {
+		if name == "" || strings.IndexFunc(name, func(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) }) >= 0 {
+			return redlease.Invalid("failover: master name %q: must be non-empty, without spaces or control characters", name)
+		}
+		c.Master = name
 		return nil
 	})
 }
@@ -191,10 +216,15 @@ func (s *Strategy) Listen(key, waiter string) (<-chan struct{}, func(bool), bool
 // the subscription connection closes on its own once no waiter is left.
 func (s *Strategy) Close() error { return s.p.Close() }
 
-// Placement names the primary the strategy locks on: "primary " and its
-// client's address, the same for single and failover on one client (see
-// redlease.Placer).
+// Placement names where the strategy locks (see redlease.Placer): built
+// WithMaster, "failover " and the master's name; otherwise "primary " and
+// its client's address, the same for single and failover on one client
+// ("primary FailoverClient" for every redis.NewFailoverClient).
 func (s *Strategy) Placement() string { return s.p.Placement() }
+
+// Master is the master name the strategy was built with (WithMaster), or
+// "".
+func (s *Strategy) Master() string { return s.p.Master() }
 
 // Fencing reports whether grants carry fences: true unless built
 // WithoutFencing (see redlease.Fencer).

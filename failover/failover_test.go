@@ -75,6 +75,9 @@ func TestRejectsBadInput(t *testing.T) {
 		"zero wait":       {c, []failover.Option{failover.WithWaitTimeout(0)}},
 		"cluster client":  {cc, nil},
 		"drift factor -1": {c, []failover.Option{failover.WithDriftFactor(-1)}},
+		"empty master":    {c, []failover.Option{failover.WithMaster("")}},
+		"master w/ space": {c, []failover.Option{failover.WithMaster("my master")}},
+		"master w/ ctrl":  {c, []failover.Option{failover.WithMaster("m\n")}},
 	} {
 		s, err := failover.New(tc.client, tc.opts...)
 		assert.ErrorIs(t, err, redlease.ErrInvalid, name)
@@ -84,6 +87,18 @@ func TestRejectsBadInput(t *testing.T) {
 	require.NoError(t, err)
 	_, err = failover.Watch(ctx, strategy, "", 0)
 	assert.ErrorIs(t, err, redlease.ErrInvalid)
+
+	// A strategy that names its master is watched under that name only
+	// (the Sentinel client is never dialled).
+	named, err := failover.New(c, failover.WithMaster("payments"))
+	require.NoError(t, err)
+	assert.Equal(t, "failover payments", named.Placement())
+	assert.Equal(t, "payments", named.Master())
+	sc := redis.NewSentinelClient(&redis.Options{Addr: "127.0.0.1:1"})
+	t.Cleanup(func() { _ = sc.Close() })
+	_, err = failover.Watch(ctx, named, "ledger", 0, sc)
+	assert.ErrorIs(t, err, redlease.ErrInvalid)
+	assert.ErrorContains(t, err, `WithMaster("payments")`)
 }
 
 // A replica that does not answer (paused) must make the acquisition fail

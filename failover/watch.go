@@ -89,7 +89,8 @@ type report struct {
 
 // Watch starts a Watcher for master on sentinels (at least one; use all of
 // them, so one Sentinel's trouble cannot hide a failover). It fails if no
-// Sentinel names master's primary in time. pollInterval 0 means
+// Sentinel names master's primary in time, and, with redlease.ErrInvalid,
+// if s was built WithMaster with another name. pollInterval 0 means
 // DefaultPollInterval. Close stops it. Start it before the strategy takes
 // locks: the locks the strategy holds when Watch first hears the Sentinels
 // are revoked then (the epoch Watch adopts counts any failover before it,
@@ -152,6 +153,9 @@ type report struct {
 func Watch(ctx context.Context, s *Strategy, master string, pollInterval time.Duration, sentinels ...*redis.SentinelClient) (*Watcher, error) {
 	if s == nil || master == "" || len(sentinels) == 0 {
 		return nil, redlease.Invalid("failover.Watch: need a strategy, a master name and at least one Sentinel")
+	}
+	if m := s.Master(); m != "" && m != master {
+		return nil, redlease.Invalid("failover.Watch: master %q, but the strategy was built WithMaster(%q): a Watcher must watch the master the strategy locks on", master, m)
 	}
 	if pollInterval < 0 {
 		return nil, redlease.Invalid("failover.Watch: poll interval %v: must not be negative", pollInterval)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -125,7 +126,13 @@ func (f optionFunc) apply(b *Barrier) error { return f(b) }
 // that does not say whether it fences (no Fencing method), is refused with
 // redlease.ErrInvalid. Records claimed through s name its placement
 // (redlease.Placer; its type, if it names none): see WithPrefix for
-// Barriers of different lock schemes on one prefix.
+// Barriers of different lock schemes on one prefix. New refuses, with
+// redlease.ErrInvalid, an s whose placement names a client that does not
+// say which server it reaches: a failover or single strategy over a
+// redis.NewFailoverClient ("primary FailoverClient", whatever its master),
+// or a quorum with such a node. Build a failover strategy over such a
+// client with failover.WithMaster (its placement is then "failover " and
+// the master's name), or leave WithStrategy out to lock on the store.
 func WithStrategy(s redlease.Strategy) Option {
 	return optionFunc(func(b *Barrier) error {
 		if s == nil {
@@ -232,13 +239,16 @@ func WithStoreEverything() Option {
 // the two locks do not exclude each other — the claim answers
 // ErrInProgress. So a request whose owner died under one scheme waits for
 // a Barrier of that scheme to take it over, or for its record to expire
-// (the retention). A scheme is told apart by its placement only: failover
-// strategies over redis.NewFailoverClient clients all name the placement
-// "primary FailoverClient" (go-redis exposes neither their Sentinel master
-// nor its address), so Barriers on two different Sentinel masters count as
-// one scheme and may take over each other's records: never let them share
-// a prefix. A prefix that would put keys under redlease.ReservedPrefix, the namespace of redlease's own keys, is refused
-// with redlease.ErrInvalid. Keep other keys on the store (Tokens, your own)
+// (the retention). A scheme is told apart by its placement only, so New
+// refuses a strategy whose placement does not say where its locks live
+// (see WithStrategy): failover strategies over redis.NewFailoverClient
+// clients name their Sentinel master (failover.WithMaster), and Barriers
+// on two masters must give them different names. A failover strategy named
+// by its master and single on the same client name two schemes (their
+// records wait for each other), as does the default lock on a
+// NewFailoverClient store beside a failover strategy on that client. A
+// prefix that would put keys under redlease.ReservedPrefix, the namespace
+// of redlease's own keys, is refused with redlease.ErrInvalid. Keep other keys on the store (Tokens, your own)
 // outside prefix.
 func WithPrefix(prefix string) Option {
 	return optionFunc(func(b *Barrier) error {
@@ -342,7 +352,11 @@ func New(store redis.UniversalClient, opts ...Option) (*Barrier, error) {
 			b.strategy = s
 		}
 	}
-	b.scheme = lockScheme(store, b.strategy, b.onStore != nil || !given)
+	scheme, err := lockScheme(store, b.strategy, b.onStore != nil || !given)
+	if err != nil {
+		return nil, err
+	}
+	b.scheme = scheme
 	lopts := []redlease.Option{redlease.WithTTL(b.lease), redlease.WithPrefix(b.prefix + nsLock)}
 	if b.keeper != nil {
 		lopts = append(lopts, redlease.WithKeeper(b.keeper))
@@ -363,20 +377,45 @@ const storeScheme = "store"
 // lockScheme names the lock scheme of a Barrier on store with strategy s
 // (onStore: the default strategy): storeScheme for the store's own lock,
 // and for a strategy that places keys where single would on the store's
-// client (redlease.Placer: the same placement); otherwise s's placement,
-// or, if it names none, its type.
-func lockScheme(store redis.UniversalClient, s redlease.Strategy, onStore bool) string {
+// client (redlease.Placer: the same placement, on a client whose address
+// names its server); otherwise s's placement, or, if it names none, its
+// type. A placement that names a client that does not say which server it
+// reaches (a redis.NewFailoverClient's "FailoverClient", or no address) is
+// refused with redlease.ErrInvalid: two such strategies on different
+// servers would count as one scheme.
+func lockScheme(store redis.UniversalClient, s redlease.Strategy, onStore bool) (string, error) {
 	if onStore {
-		return storeScheme
+		return storeScheme, nil
 	}
 	p, ok := s.(redlease.Placer)
 	if !ok {
-		return fmt.Sprintf("%T", s)
+		return fmt.Sprintf("%T", s), nil
 	}
-	if a := nodes.Addr(store); a != "" && p.Placement() == "primary "+a {
-		return storeScheme
+	pl := p.Placement()
+	if anonymousPlacement(pl) {
+		return "", redlease.Invalid("idempotency: lock strategy %T names its placement %q, which does not say where its locks live (a redis.NewFailoverClient reports the address %q whatever its master): Barriers locking on two masters would share records as one lock scheme; build a failover strategy with failover.WithMaster(the Sentinel master name), or leave WithStrategy out to lock on the store",
+			s, pl, nodes.FailoverAddr)
 	}
-	return p.Placement()
+	if a := nodes.Addr(store); !nodes.Anonymous(a) && pl == "primary "+a {
+		return storeScheme, nil
+	}
+	return pl, nil
+}
+
+// anonymousPlacement reports whether placement p ("primary addr", "quorum
+// a,b,c") names a node by an address that does not say which server it is
+// (nodes.Anonymous).
+func anonymousPlacement(p string) bool {
+	kind, addrs, _ := strings.Cut(p, " ")
+	if kind != "primary" && kind != "quorum" {
+		return false
+	}
+	for _, a := range strings.Split(addrs, ",") {
+		if nodes.Anonymous(a) {
+			return true
+		}
+	}
+	return false
 }
 
 // Outcome is what Do returns for a request.

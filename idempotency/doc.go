@@ -24,7 +24,11 @@
 // released. A claim takes over a record in progress only if it was claimed
 // through the same lock scheme (the lock strategy's placement,
 // redlease.Placer), whose lock the claimer now holds; a record of another
-// scheme answers ErrInProgress (see WithPrefix). Peek,
+// scheme answers ErrInProgress (see WithPrefix). A lock strategy whose
+// placement does not say where its locks live (one over a
+// redis.NewFailoverClient, whose address is "FailoverClient" whatever its
+// master, unless failover.WithMaster names the master) is refused with
+// redlease.ErrInvalid (see WithStrategy). Peek,
 // claim, renew, complete and release are each one Lua script, and renew,
 // complete and release check the owner, so no step races another and no
 // caller deletes a record it did not claim. A handler that outlived its

@@ -224,6 +224,15 @@
 //     Sentinel faults; the data nodes' links slow, lossy or cut; the
 //     store blinks). A stale promotion (OUTSIDE) excuses handler-overlap,
 //     effect-twice, record-taken and replay-outcome after it (Scope.Unheld).
+//   - idem-masters: idem-failover with four clients and a second primary
+//     with its own replica (no Sentinels, never failing over, no faults):
+//     even clients lock through failover on the Sentinels' master, odd
+//     ones through failover on the second primary, all on one store and
+//     prefix, every go-redis client reporting the address
+//     "FailoverClient" as redis.NewFailoverClient's does; each strategy
+//     names its master (failover.WithMaster). Two lock schemes that
+//     exclude nothing between them: the Barrier must tell them apart
+//     (handler-overlap, effect-twice, record-taken).
 //   - idem-http: idempotency.Middleware (WithGlobalKeys, one route) on
 //     each client's Barrier on the store's lock (idemhttp.go; even
 //     clients WithStoreEverything, half renewed), called in process
@@ -475,7 +484,7 @@
 // (the regression tests in findings_test.go of defects still open; the
 // others run always). TestSim sets the GC percent to 400 unless GOGC is
 // set. make test runs the package under -race, then 10,000 seeds of the
-// lock rotation and 4,000 of the idempotency rotation (500 per scenario)
+// lock rotation and 4,000 of the idempotency rotation (444-445 per scenario)
 // without; make sim runs SIM_SEEDS (100,000) with progress lines.
 //
 // To reproduce a failing seed, run the command it prints (-v shows the

@@ -59,6 +59,10 @@ const (
 	fSentinel0 = 2
 )
 
+// failoverClientAddr is the address a redis.NewFailoverClient reports
+// (its Options().Addr), whatever master it follows.
+const failoverClientAddr = "FailoverClient"
+
 // failoverName is node i's address in the failover scenario.
 func failoverName(i int) string {
 	if i < fSentinel0 {
@@ -80,6 +84,11 @@ func (w *World) setupFailover() {
 	if w.sc.plainStore() > 0 {
 		id := w.sc.storeNode()
 		w.nodes = append(w.nodes, newNode(w, id, net.JoinHostPort("127.0.0.1", "7379")))
+	}
+	if w.sc.secondMaster() > 0 {
+		p2 := w.sc.primary2()
+		w.nodes = append(w.nodes, newNode(w, p2, net.JoinHostPort("127.0.0.1", "6479")), newNode(w, p2+1, net.JoinHostPort("127.0.0.1", "6480")))
+		w.nodes[p2+1].follow(w.nodes[p2])
 	}
 	w.nodes[fReplica].follow(w.nodes[fPrimary])
 	w.grants = map[string]grantRec{}
@@ -287,8 +296,12 @@ const longStep = 25 * time.Millisecond
 // the run ends.
 func (w *World) watchedStrategy(ci int, ct bool, prefer int, poll time.Duration) (*failover.Strategy, error) {
 	backoff := w.retryBackoff(ci, 1<<16) // the primary, whichever node it is
+	addr := masterName
+	if w.sc.Idem == IdemMasters {
+		addr = failoverClientAddr
+	}
 	fc := redis.NewClient(&redis.Options{
-		Addr:                     masterName,
+		Addr:                     addr,
 		Dialer:                   w.primaryDialer(ci, prefer),
 		ContextTimeoutEnabled:    ct,
 		DisableIdentity:          true,
@@ -306,7 +319,11 @@ func (w *World) watchedStrategy(ci int, ct bool, prefer int, poll time.Duration)
 	w.mu.Lock()
 	w.clients = append(w.clients, fc)
 	w.mu.Unlock()
-	s := must(failover.New(fc, w.failoverOptions(ci)...))
+	opts := w.failoverOptions(ci)
+	if w.sc.Idem == IdemMasters {
+		opts = append(opts, failover.WithMaster(masterName))
+	}
+	s := must(failover.New(fc, opts...))
 	var scs []*redis.SentinelClient
 	for i, a := range w.sentinelAddrs() {
 		sb := w.retryBackoff(ci, 1<<16|uint64(i+1))

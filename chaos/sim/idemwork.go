@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/redlease/redlease"
+	"github.com/redlease/redlease/failover"
 	"github.com/redlease/redlease/idempotency"
 	"github.com/redlease/redlease/quorum"
 	"github.com/redlease/redlease/renew"
@@ -47,6 +48,17 @@ const (
 	// replica, with a Watcher over every Sentinel (watchedStrategy),
 	// WithStrategy.
 	IdemFailover = "failover"
+	// IdemMasters: IdemFailover with two Sentinel masters: even clients
+	// lock as IdemFailover's do, odd ones through a fenced
+	// failover.Strategy on a second primary with its own replica
+	// (Scenario.secondMaster), all on one store and prefix. Every
+	// client's go-redis client reports the address "FailoverClient" (as
+	// redis.NewFailoverClient's does), so the two schemes' placements
+	// tell them apart only because the strategies name their master
+	// (failover.WithMaster: masterName and master2Name).
+	IdemMasters = "masters"
+	// master2Name is the master name of IdemMasters' second primary.
+	master2Name = "othermaster"
 	// IdemLate: IdemStore with handlers that return late in their lease
 	// (their work 55-90 % of it, then up to a tenth more), under delay
 	// faults alone: completions
@@ -287,6 +299,13 @@ func (w *World) idemScheme(ci int, ct bool, store *redis.Client, r *rand.Rand) (
 			opts = []single.Option{single.WithoutFencing()}
 		}
 		return must(single.New(store, opts...)), storePlace, unfenced, nil
+	case IdemMasters:
+		if ci%2 == 1 {
+			w.noteCTE(ci, ct)
+			fc := w.redisClientAs(ci, w.nodes[w.sc.primary2()], ct, failoverClientAddr)
+			return must(failover.New(fc, failover.WithMaster(master2Name))), lockPlace{failover: true}, false, nil
+		}
+		fallthrough
 	case IdemFailover:
 		w.noteCTE(ci, ct)
 		prefer := r.IntN(w.sc.Sentinels)

@@ -210,6 +210,15 @@ var Scenarios = []Scenario{
 	// data nodes' links slow, lossy or cut.
 	{Name: "idem-failover", Strategy: Failover, Nodes: 2, Sentinels: 3, Clients: 3, Keys: 2, Ops: 5, Barrier: true, Idem: IdemFailover, Group: "idem",
 		Kinds: []string{FaultDelay, FaultLoss, FaultCut}, Faults: true, Horizon: 400 * time.Millisecond},
+	// idem-masters: idem-failover's world with a second primary and its
+	// replica (no Sentinels, never failing over): even clients lock
+	// through failover on the Sentinels' master, odd ones through
+	// failover on the second primary, all on one store and prefix. Every
+	// client's go-redis client reports the address "FailoverClient", as
+	// redis.NewFailoverClient's does; each strategy names its master
+	// (failover.WithMaster).
+	{Name: "idem-masters", Strategy: Failover, Nodes: 2, Sentinels: 3, Clients: 4, Keys: 2, Ops: 5, Barrier: true, Idem: IdemMasters, Group: "idem",
+		Kinds: []string{FaultDelay, FaultLoss, FaultCut}, Faults: true, Horizon: 400 * time.Millisecond},
 	{Name: "idem-tokens", Strategy: Single, Nodes: 1, Clients: 3, Ops: 6, Idem: IdemTokens, Group: "idem",
 		Kinds: []string{FaultLoss, FaultCut, FaultPause}, Faults: true, Horizon: 150 * time.Millisecond},
 }
@@ -252,7 +261,7 @@ func (sc *Scenario) allNodes() int {
 		return sc.Nodes + 1 + ClusterMasters
 	}
 	if sc.Strategy == Failover {
-		return sc.Nodes + sc.Sentinels + sc.plainStore()
+		return sc.Nodes + sc.Sentinels + sc.plainStore() + sc.secondMaster()
 	}
 	return sc.faultNodes()
 }
@@ -292,6 +301,20 @@ func (sc *Scenario) plainStore() int {
 	}
 	return 0
 }
+
+// secondMaster is 2 when the run has a second primary and its replica
+// after the plain store node (IdemMasters: the lock of odd clients), else
+// 0. It has no Sentinels and never fails over; no fault is drawn on it.
+func (sc *Scenario) secondMaster() int {
+	if sc.Strategy == Failover && sc.Idem == IdemMasters {
+		return 2
+	}
+	return 0
+}
+
+// primary2 is the second primary's node id (IdemMasters), its replica the
+// next one.
+func (sc *Scenario) primary2() int { return sc.Nodes + sc.Sentinels + sc.plainStore() }
 
 // restartOutside says whether a restart in mode breaks the strategy's
 // assumptions: for mutual exclusion (outside), or for fence order only.

@@ -290,9 +290,16 @@ func (w *World) after(d time.Duration, f func()) { w.net.at(time.Now().Add(d), f
 // redisClient returns a go-redis client of workload client ci to node n,
 // unmodified but for its Dialer, which opens a simulated connection.
 func (w *World) redisClient(ci int, n *Node, ctxTimeouts bool) *redis.Client {
+	return w.redisClientAs(ci, n, ctxTimeouts, n.name)
+}
+
+// redisClientAs is redisClient with Addr addr (only the name the client
+// reports: it dials n whatever addr says), as a redis.NewFailoverClient
+// reports "FailoverClient" whatever primary it reaches.
+func (w *World) redisClientAs(ci int, n *Node, ctxTimeouts bool, addr string) *redis.Client {
 	backoff := w.retryBackoff(ci, uint64(n.id))
 	c := redis.NewClient(&redis.Options{
-		Addr: n.name,
+		Addr: addr,
 		Dialer: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			return w.dialNode(ci, n)
 		},

@@ -286,8 +286,8 @@ func (nf *nodeFlags) failover(ctx context.Context, addrs []string) (*backend, er
 		}
 	}
 	c := redis.NewFailoverClient(o)
-	s, err := failover.New(c, failover.WithReplicas(nf.replicas))
-	if err != nil { // --replicas 0
+	s, err := failover.New(c, failover.WithReplicas(nf.replicas), failover.WithMaster(nf.master))
+	if err != nil { // --replicas 0, a --master with a space
 		_ = c.Close()
 		closeSentinels()
 		return nil, &exitError{exitUsage, err}

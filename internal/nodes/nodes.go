@@ -20,6 +20,15 @@ func IsNil(c redis.UniversalClient) bool {
 	return v.Kind() == reflect.Pointer && v.IsNil()
 }
 
+// FailoverAddr is the address go-redis gives every redis.NewFailoverClient
+// (its Options().Addr), whatever Sentinel master it follows.
+const FailoverAddr = "FailoverClient"
+
+// Anonymous reports whether addr, as Addr returns it, fails to say which
+// server a client reaches: empty (a type that exposes no address), or
+// FailoverAddr.
+func Anonymous(addr string) bool { return addr == "" || addr == FailoverAddr }
+
 // Addr returns a printable address for c, or "" if its type does not expose
 // one.
 func Addr(c redis.UniversalClient) string {

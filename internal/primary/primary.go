@@ -32,6 +32,10 @@ type Config struct {
 	Clock redlease.Clock
 	// FenceTTL > 0: a fence counter expires this long after its last grant.
 	FenceTTL time.Duration
+	// Master, if set, is the Sentinel master name the client follows
+	// (failover.WithMaster): Placement names it instead of the client's
+	// address.
+	Master string
 }
 
 // Primary runs the lock scripts on one client. It is safe for concurrent
@@ -289,8 +293,18 @@ func (p *Primary) Listen(key, waiter string) (<-chan struct{}, func(bool), bool)
 	return p.wake.Listen(script.Channel(key), waiter, 1)
 }
 
-// Placement is "primary " and the client's address (see redlease.Placer).
-func (p *Primary) Placement() string { return "primary " + p.addr }
+// Placement is "failover " and the Sentinel master name when the config
+// names one (Config.Master), else "primary " and the client's address
+// (see redlease.Placer).
+func (p *Primary) Placement() string {
+	if p.cfg.Master != "" {
+		return "failover " + p.cfg.Master
+	}
+	return "primary " + p.addr
+}
+
+// Master is the Sentinel master name of the config (Config.Master), or "".
+func (p *Primary) Master() string { return p.cfg.Master }
 
 // Fencing reports whether grants carry fences (see redlease.Fencer).
 func (p *Primary) Fencing() bool { return p.cfg.Fencing }
