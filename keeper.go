@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"reflect"
 	"sync"
+	"time"
 
 	"github.com/redlease/redlease/internal/watch"
 )
@@ -149,9 +150,10 @@ func extendGroup(ctx context.Context, locks []*Lock, recs []*pendingExtend, grp 
 	if !ok {
 		for _, i := range idx {
 			lk := locks[i]
+			sent := time.Now()
 			g, err := s.Extend(ctx, lk.fullKey, lk.token, recs[i].ttl)
 			errs[i] = lk.finishExtend(recs[i], g, err)
-			lk.observeRenewal(errs[i])
+			lk.observeRenewal(sent, errs[i])
 		}
 		return
 	}
@@ -159,6 +161,7 @@ func extendGroup(ctx context.Context, locks []*Lock, recs []*pendingExtend, grp 
 	for j, i := range idx {
 		items[j] = Extension{Key: locks[i].fullKey, Token: locks[i].token, TTL: recs[i].ttl}
 	}
+	sent := time.Now()
 	out := b.ExtendBatch(ctx, items)
 	for j, i := range idx {
 		var ext Extended
@@ -169,6 +172,6 @@ func extendGroup(ctx context.Context, locks []*Lock, recs []*pendingExtend, grp 
 			ext.Err = fmt.Errorf("%w: strategy returned %d results for %d extensions", ErrUnavailable, len(out), len(items))
 		}
 		errs[i] = locks[i].finishExtend(recs[i], ext.Grant, ext.Err)
-		locks[i].observeRenewal(errs[i])
+		locks[i].observeRenewal(sent, errs[i])
 	}
 }

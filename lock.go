@@ -712,12 +712,15 @@ func (lk *Lock) Strategy() Strategy {
 	return lk.strategy
 }
 
-// observeRenewal reports one renewal by ExtendAll to the lock's Observer
-// (as an "extend" that has already ended).
-func (lk *Lock) observeRenewal(err error) {
+// observeRenewal reports one renewal by ExtendAll to the lock's Observer,
+// as an "extend" that began at sent (when its round trip to the strategy
+// began) and has just ended.
+func (lk *Lock) observeRenewal(sent time.Time, err error) {
 	if lk.observer == nil {
 		return
 	}
-	_, done := lk.observer.Start(context.Background(), lk.op("extend"))
+	op := lk.op("extend")
+	op.Began = sent
+	_, done := lk.observer.Start(context.Background(), op)
 	done(err)
 }

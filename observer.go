@@ -31,6 +31,12 @@ type Op struct {
 	Name     string // "acquire" (one attempt), "wait" (Lock: every attempt), "extend", "release"
 	Strategy string // the strategy's name ("single", "quorum", "failover", or its Go type)
 	Key      string // as the caller gave it
+	// Began is when the operation began, if that was before the call to
+	// Observer.Start: a keeper's renewal (ExtendAll) is reported once its
+	// round trip has ended, with Began set to when it was sent (by
+	// time.Now, so that an Observer measures from it with time.Since).
+	// Zero: the operation begins when Start is called.
+	Began time.Time
 }
 
 // observe starts op on o, if there is one, with a sink for

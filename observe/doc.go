@@ -20,8 +20,11 @@
 //	redlease.acquire.duration  float histogram  s           redlease.strategy, redlease.outcome, error.type
 //	redlease.wait.duration     float histogram  s           redlease.strategy, redlease.outcome, error.type
 //	redlease.hold.duration     float histogram  s           redlease.strategy, redlease.ended, error.type
+//	redlease.renewal.duration  float histogram  s           redlease.strategy, redlease.outcome, error.type
 //	redlease.renewals          int counter      {renewal}   redlease.strategy, redlease.outcome, error.type
-//	redlease.locks.lost        int counter      {lock}      redlease.strategy, error.type
+//	redlease.lock.lost         int counter      {lock}      redlease.strategy, error.type
+//	redlease.lock.held         int up-down      {lock}      redlease.strategy
+//	redlease.lock.waiting      int up-down      {waiter}    redlease.strategy
 //	redlease.node.errors       int counter      {error}     redlease.strategy, redlease.operation, redlease.node.index,
 //	                                                        server.address, server.port, error.type
 //
@@ -32,9 +35,16 @@
 //   - redlease.wait.duration: Lock, from the call until the lock was
 //     obtained or Lock gave up (every attempt and the backoff between).
 //   - redlease.hold.duration: from the grant to the release, or to the loss.
+//   - redlease.renewal.duration: one extension's round trip, from sending
+//     it to the strategy until its answer (Lock.Extend; a keeper's renewal
+//     from when its batch was sent, see redlease.Op.Began).
 //   - redlease.renewals: extensions (Lock.Extend, the renew watchdog), by
 //     outcome.
-//   - redlease.locks.lost: locks lost while their holder still held them.
+//   - redlease.lock.lost: locks lost while their holder still held them.
+//   - redlease.lock.held: locks held now: +1 at each grant, -1 when the
+//     hold ends (released or lost). Zero when nothing is held.
+//   - redlease.lock.waiting: Lock calls waiting now (from the call until
+//     they obtain the lock or give up). Zero when nobody waits.
 //   - redlease.node.errors: failures of single nodes inside an operation,
 //     counted even when the operation as a whole succeeded (a quorum grant
 //     with one node down is still a node down).
@@ -45,8 +55,8 @@
 // …, 10000) suit milliseconds and would put every lock operation in one
 // bucket.
 //
-//	acquire, wait: 0.0005 0.001 0.0025 0.005 0.01 0.025 0.05 0.1 0.25 0.5 1 2.5 5 10 30 60
-//	hold:          0.001 0.005 0.01 0.05 0.1 0.25 0.5 1 2.5 5 10 30 60 300 900 3600
+//	acquire, wait, renewal: 0.0005 0.001 0.0025 0.005 0.01 0.025 0.05 0.1 0.25 0.5 1 2.5 5 10 30 60
+//	hold:                   0.001 0.005 0.01 0.05 0.1 0.25 0.5 1 2.5 5 10 30 60 300 900 3600
 //
 // An acquisition on a LAN takes a few hundred microseconds to a few
 // milliseconds; node timeouts, retries and Lock's waiting reach seconds to

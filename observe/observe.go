@@ -26,7 +26,7 @@ const ScopeName = "github.com/redlease/redlease/observe"
 // any of them does. The unversioned first cut, under the scope name
 // "github.com/redlease/redlease", had bare attribute names (strategy,
 // outcome, node), no units on counters and the SDK's default buckets.
-const Version = "0.2.0"
+const Version = "0.3.0"
 
 // Bucket boundaries, in seconds, advised for the histograms. The package
 // documentation lists them; keep the two in step.
@@ -47,9 +47,12 @@ type Observer struct {
 	acquire    metric.Float64Histogram
 	wait       metric.Float64Histogram
 	hold       metric.Float64Histogram
+	renewal    metric.Float64Histogram
 	renewals   metric.Int64Counter
 	lost       metric.Int64Counter
 	nodeErrors metric.Int64Counter
+	held       metric.Int64UpDownCounter
+	waiting    metric.Int64UpDownCounter
 }
 
 var _ redlease.Observer = (*Observer)(nil)
@@ -103,11 +106,19 @@ func New(opts ...Option) (*Observer, error) {
 		errs = append(errs, err)
 		return c
 	}
+	upDown := func(name, unit, desc string) metric.Int64UpDownCounter {
+		c, err := m.Int64UpDownCounter(name, metric.WithUnit(unit), metric.WithDescription(desc))
+		errs = append(errs, err)
+		return c
+	}
 	o.acquire = hist("redlease.acquire.duration", "Duration of one acquisition attempt.", latencyBuckets)
 	o.wait = hist("redlease.wait.duration", "Time Lock spent until the lock was obtained or it gave up.", latencyBuckets)
 	o.hold = hist("redlease.hold.duration", "Time from grant to release or loss.", holdBuckets)
+	o.renewal = hist("redlease.renewal.duration", "Round trip of one extension to the strategy's nodes.", latencyBuckets)
 	o.renewals = count("redlease.renewals", "{renewal}", "Lock extensions, by outcome.")
-	o.lost = count("redlease.locks.lost", "{lock}", "Locks lost while held.")
+	o.lost = count("redlease.lock.lost", "{lock}", "Locks lost while held.")
+	o.held = upDown("redlease.lock.held", "{lock}", "Locks held now: granted and not yet released or lost.")
+	o.waiting = upDown("redlease.lock.waiting", "{waiter}", "Lock calls waiting now for a lock.")
 	o.nodeErrors = count("redlease.node.errors", "{error}", "Failures of single nodes inside an operation.")
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
@@ -117,10 +128,19 @@ func New(opts ...Option) (*Observer, error) {
 
 // Start begins a span for op and returns the function that ends it and
 // records the operation's metrics.
+// An operation that began before the call (op.Began, a keeper's renewal
+// reported after its round trip) is measured, and its span starts, from
+// op.Began.
 func (o *Observer) Start(ctx context.Context, op redlease.Op) (context.Context, func(error)) {
-	start := time.Now()
-	ctx, span := o.tracer.Start(ctx, "redlease."+op.Name, trace.WithAttributes(
+	start := op.Began
+	if start.IsZero() {
+		start = time.Now()
+	}
+	ctx, span := o.tracer.Start(ctx, "redlease."+op.Name, trace.WithTimestamp(start), trace.WithAttributes(
 		keyStrategy.String(op.Strategy), keyOperation.String(op.Name), keyKey.String(op.Key)))
+	if op.Name == "wait" {
+		o.waiting.Add(ctx, 1, metric.WithAttributes(keyStrategy.String(op.Strategy)))
+	}
 	return ctx, func(err error) {
 		d := time.Since(start)
 		outcome := Outcome(err)
@@ -136,9 +156,14 @@ func (o *Observer) Start(ctx context.Context, op redlease.Op) (context.Context, 
 		switch op.Name {
 		case "acquire":
 			o.acquire.Record(ctx, d.Seconds(), metric.WithAttributes(attrs...))
+			if err == nil { // a grant: held until Held reports its end
+				o.held.Add(ctx, 1, metric.WithAttributes(keyStrategy.String(op.Strategy)))
+			}
 		case "wait":
 			o.wait.Record(ctx, d.Seconds(), metric.WithAttributes(attrs...))
+			o.waiting.Add(ctx, -1, metric.WithAttributes(keyStrategy.String(op.Strategy)))
 		case "extend":
+			o.renewal.Record(ctx, d.Seconds(), metric.WithAttributes(attrs...))
 			o.renewals.Add(ctx, 1, metric.WithAttributes(attrs...))
 		}
 		if bad {
@@ -171,10 +196,12 @@ func (o *Observer) NodeFailed(ctx context.Context, op redlease.Op, ne *redlease.
 	o.log.Debug("redlease node failed", "strategy", op.Strategy, "op", op.Name, "node", ne.Node, "addr", ne.Addr, "err", ne.Err)
 }
 
-// Held records how long a lock was held and, if it was lost, the loss.
+// Held records how long a lock was held and, if it was lost, the loss; the
+// lock no longer counts as held.
 func (o *Observer) Held(op redlease.Op, d time.Duration, lost error) {
 	ctx := context.Background()
 	strategy := keyStrategy.String(op.Strategy)
+	o.held.Add(ctx, -1, metric.WithAttributes(strategy))
 	if lost == nil {
 		o.hold.Record(ctx, d.Seconds(), metric.WithAttributes(strategy, keyEnded.String("released")))
 		return

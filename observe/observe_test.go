@@ -109,7 +109,7 @@ func TestMetricsWithOneNodeDown(t *testing.T) {
 	}
 	acquired := histogramCount(got["redlease.acquire.duration"], attribute.String("redlease.outcome", "ok"))
 	assert.EqualValues(t, grants+1, acquired, "grants")
-	assert.EqualValues(t, 1, sum(got["redlease.locks.lost"], nil), "lost locks")
+	assert.EqualValues(t, 1, sum(got["redlease.lock.lost"], nil), "lost locks")
 	assert.EqualValues(t, 1, sum(got["redlease.renewals"], ptr(attribute.String("redlease.outcome", "not_held"))), "failed renewal")
 	assert.GreaterOrEqual(t, sum(got["redlease.node.errors"], &dead), int64(grants), "the dead node's failures, at least one per acquisition")
 	assert.EqualValues(t, grants, histogramCount(got["redlease.hold.duration"], attribute.String("redlease.ended", "released")))

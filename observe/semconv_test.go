@@ -157,16 +157,22 @@ func TestInstrumentsUnitsAndAttributes(t *testing.T) {
 		"redlease.acquire.duration": "s",
 		"redlease.wait.duration":    "s",
 		"redlease.hold.duration":    "s",
+		"redlease.renewal.duration": "s",
 		"redlease.renewals":         "{renewal}",
-		"redlease.locks.lost":       "{lock}",
+		"redlease.lock.lost":        "{lock}",
+		"redlease.lock.held":        "{lock}",
+		"redlease.lock.waiting":     "{waiter}",
 		"redlease.node.errors":      "{error}",
 	}
 	allowed := map[string][]attribute.Key{
 		"redlease.acquire.duration": {"redlease.strategy", "redlease.outcome", "error.type"},
 		"redlease.wait.duration":    {"redlease.strategy", "redlease.outcome", "error.type"},
 		"redlease.hold.duration":    {"redlease.strategy", "redlease.ended", "error.type"},
+		"redlease.renewal.duration": {"redlease.strategy", "redlease.outcome", "error.type"},
 		"redlease.renewals":         {"redlease.strategy", "redlease.outcome", "error.type"},
-		"redlease.locks.lost":       {"redlease.strategy", "error.type"},
+		"redlease.lock.lost":        {"redlease.strategy", "error.type"},
+		"redlease.lock.held":        {"redlease.strategy"},
+		"redlease.lock.waiting":     {"redlease.strategy"},
 		"redlease.node.errors": {"redlease.strategy", "redlease.operation", "redlease.node.index",
 			"server.address", "server.port", "error.type"},
 	}
@@ -186,6 +192,7 @@ func TestInstrumentsUnitsAndAttributes(t *testing.T) {
 	}
 	assert.Equal(t, latencyBounds, bounds(got["redlease.wait.duration"].Data))
 	assert.Equal(t, holdBounds, bounds(got["redlease.hold.duration"].Data))
+	assert.Equal(t, latencyBounds, bounds(got["redlease.renewal.duration"].Data))
 
 	// Exact attribute sets of each data point.
 	strategy := attribute.String("redlease.strategy", "quorum")
@@ -202,7 +209,7 @@ func TestInstrumentsUnitsAndAttributes(t *testing.T) {
 	}, attributeSets(got["redlease.renewals"].Data))
 	assert.ElementsMatch(t, []attribute.Set{
 		attribute.NewSet(strategy, attribute.String("error.type", "redlease.ErrNotHeld")),
-	}, attributeSets(got["redlease.locks.lost"].Data), "a loss is classified by its cause")
+	}, attributeSets(got["redlease.lock.lost"].Data), "a loss is classified by its cause")
 	assert.ElementsMatch(t, []attribute.Set{
 		attribute.NewSet(strategy, attribute.String("redlease.ended", "released")),
 		attribute.NewSet(strategy, attribute.String("redlease.ended", "lost"), attribute.String("error.type", "redlease.ErrNotHeld")),

@@ -25,7 +25,7 @@ func TestInspectNamesTheHolder(t *testing.T) {
 	env := nodesEnv(servers)
 	done := filepath.Join(t.TempDir(), "done")
 	script := `echo started; i=0; while [ ! -e ` + done + ` ] && [ $i -lt 500 ]; do sleep 0.02; i=$((i+1)); done`
-	p := startCLI(t, env, "run", "--key", "settle", "--", "sh", "-c", script)
+	p := startCLI(t, env, "run", "--key", "settle", "--record-args", "--", "sh", "-c", script)
 	require.Equal(t, "started", p.line(t, 10*time.Second))
 
 	// A node's copy of the lock (and so its metadata) may land a moment

@@ -56,7 +56,15 @@
 // pid, start time, command and token, only while the lock key still holds
 // that token, with the lock key's remaining TTL; run refreshes it every
 // third of the TTL and deletes it before releasing. inspect shows it,
-// on every node where its token matches the lock's.
+// on every node where its token matches the lock's. The command is the
+// program only (CMD's first word): anyone allowed to read the lock keys
+// reads the record, and arguments may carry secrets. --record-args records
+// the whole command line.
+//
+// While run --wait waits, stderr says who holds the lock and how long run
+// has waited: on a terminal one line redrawn in place every second; on
+// anything else a plain line every 30 s, never a carriage return. Exit 75
+// names the holder (host, pid, program) when it left a record.
 //
 // # Exit codes
 //

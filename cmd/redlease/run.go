@@ -39,6 +39,9 @@ type runOpts struct {
 	wait   time.Duration
 	grace  time.Duration
 	margin time.Duration
+	// recordArgs: the holder record names the whole command line, not
+	// just the program.
+	recordArgs bool
 	// graceSet and marginSet: given on the command line (else: half the
 	// loss margin, and a tenth of the TTL).
 	graceSet, marginSet bool
@@ -99,6 +102,15 @@ kernel), run exits 76 without releasing and the lock lapses at its TTL.
 Pass REDLEASE_FENCE to the storage CMD writes to: it refuses such late
 writes.
 
+While it holds the lock, run records beside it who holds it (host, pid,
+start time and the program CMD names; inspect shows it). Anyone who can read
+the lock keys can read that record: the command's arguments go into it only
+with --record-args, since they may carry secrets.
+
+While --wait runs, run says on stderr who holds the lock and how long it has
+waited: on a terminal in one line redrawn every second, otherwise in a plain
+line every 30s. Exit 75 names the holder too.
+
 Exit codes:
 ` + exitTableText("  "),
 		Args: cobra.MinimumNArgs(1),
@@ -115,6 +127,7 @@ Exit codes:
 	cmd.Flags().DurationVar(&o.wait, "wait", 0, "how long to wait for the lock (0: one attempt)")
 	cmd.Flags().DurationVar(&o.grace, "grace", 0, "time between SIGTERM and SIGKILL (default half the loss margin; at most three quarters of it)")
 	cmd.Flags().DurationVar(&o.margin, "loss-margin", 0, "the lock counts as lost this long before its validity ends (default a tenth of the TTL; less than half of it)")
+	cmd.Flags().BoolVar(&o.recordArgs, "record-args", false, "record CMD's whole command line in the holder record, not just the program (readable to anyone who can read the lock keys: no secrets in the arguments)")
 	return cmd
 }
 
@@ -149,7 +162,10 @@ func runLocked(ctx context.Context, nf *nodeFlags, o runOpts, args []string) err
 		return &exitError{exitUsage, err}
 	}
 
-	lk, sig, err := acquire(ctx, locker, o, sigs)
+	fullKey := nf.prefix + o.key
+	lk, sig, err := acquire(ctx, locker, o, sigs, func(ctx context.Context) string {
+		return describeHolder(ctx, b.clients, fullKey)
+	})
 	if sig != 0 {
 		if lk != nil {
 			rctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
@@ -164,12 +180,13 @@ func runLocked(ctx context.Context, nf *nodeFlags, o runOpts, args []string) err
 	case errors.Is(err, redlease.ErrUnavailable):
 		return &exitError{exitUnavailable, fmt.Errorf("lock %q: too few nodes answered (%s): %w", o.key, b.name, err)}
 	case errors.Is(err, redlease.ErrNotObtained):
-		return &exitError{exitNotObtained, fmt.Errorf("lock %q held by another holder (%s): %w", o.key, b.name, err)}
+		who := describeHolder(ctx, b.clients, fullKey)
+		return &exitError{exitNotObtained, fmt.Errorf("lock %q held by %s (%s): %w", o.key, who, b.name, err)}
 	case err != nil:
 		return &exitError{exitUnavailable, err}
 	}
 	stopKeeping := w.Keep(lk)
-	meta := keepHolder(b.clients, nf.prefix+o.key, lk, args)
+	meta := keepHolder(b.clients, fullKey, lk, recordedCommand(args, o.recordArgs))
 	release := func() {
 		meta.stop(releaseTimeout)
 		stopKeeping()
@@ -209,8 +226,19 @@ func runLocked(ctx context.Context, nf *nodeFlags, o runOpts, args []string) err
 	return nil
 }
 
-// acquire takes the lock; a signal stops it and is returned.
-func acquire(ctx context.Context, locker *redlease.Locker, o runOpts, sigs <-chan os.Signal) (*redlease.Lock, syscall.Signal, error) {
+// recordedCommand is what the holder record says run runs: the program, or
+// with all the whole command line.
+func recordedCommand(args []string, all bool) []string {
+	if all {
+		return args
+	}
+	return args[:1]
+}
+
+// acquire takes the lock; a signal stops it and is returned. While --wait
+// runs it tells on stderr who holds the lock (who) and how long it waited.
+func acquire(ctx context.Context, locker *redlease.Locker, o runOpts, sigs <-chan os.Signal,
+	who func(context.Context) string) (*redlease.Lock, syscall.Signal, error) {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	var (
@@ -232,7 +260,9 @@ func acquire(ctx context.Context, locker *redlease.Locker, o runOpts, sigs <-cha
 	)
 	if o.wait > 0 {
 		wctx, wcancel := context.WithTimeout(ctx, o.wait)
+		stopNote := startWaitNote(os.Stderr, stderrIsTerminal(), o.key, o.wait, who)
 		lk, err = locker.Lock(wctx, o.key)
+		stopNote()
 		wcancel()
 	} else {
 		lk, err = locker.TryLock(ctx, o.key)

@@ -16,7 +16,13 @@
 //
 // With both verdicts good it ends with "exactly-once verified" (at most once
 // is safety, at least once is liveness). Otherwise it says which verdict
-// failed and why (SAFETY or LIVENESS) and exits 1.
+// failed and why (SAFETY or LIVENESS) and exits 1. Before the verdicts it
+// says why requests needed retries: the scenario's own (copies sent at
+// once, the slow downstream), and any others (attempts slower than a
+// client waits, with the server-side times and the machine's load).
+//
+// On a terminal the progress is one line redrawn in place; into a pipe or
+// a CI log it is a plain line every five seconds.
 //
 // The pieces:
 //
@@ -57,6 +63,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -75,18 +82,32 @@ import (
 	"github.com/redlease/redlease/renew"
 )
 
-// Timings of the scenario. A client waits clientTimeout for an answer, then
-// gives up and resends; a few handlers call a slow downstream that takes
-// longer than that, so their clients resend while the first run goes on.
+// Timings of the scenario. A client waits clientTimeout (-client-timeout)
+// for an answer, then gives up and resends; a few handlers call a slow
+// downstream that takes half as long again (slowDownstream), so their
+// clients resend while the first run goes on: those timeouts are by design.
 // The frozen holder's locks live stallLease and are not renewed.
+//
+// A client timeout is a second, as an HTTP client's would be, not a tenth:
+// in-process, the six servers (miniredis runs every lock script in a Lua
+// interpreter written in Go), the sixteen clients and SQLite share the
+// machine's CPUs, so a settlement takes tens of milliseconds when a real
+// redis-server answers in a fraction of one. With 100 ms, half the sends
+// timed out on 2 cores, and every timed-out attempt kept running on the
+// server beside its resend, which made the next ones slower still.
 const (
-	accounts       = 20
-	clientTimeout  = 100 * time.Millisecond
-	slowDownstream = 150 * time.Millisecond
-	serverTimeout  = 8 * time.Second
-	lease          = 2 * time.Second
-	stallLease     = 300 * time.Millisecond
+	accounts      = 20
+	serverTimeout = 8 * time.Second
+	lease         = 2 * time.Second
+	stallLease    = 300 * time.Millisecond
 )
+
+// clientTimeout is how long a client waits for an answer (-client-timeout).
+var clientTimeout = time.Second
+
+// slowDownstream is how long the slow downstream takes: longer than a
+// client waits, so that its clients time out and resend.
+func slowDownstream() time.Duration { return clientTimeout * 3 / 2 }
 
 // A client's retries. After a timeout, or an answer that means "not now"
 // (see retryable), a client resends the same request after a backoff that
@@ -106,6 +127,7 @@ func main() {
 	storeFlag := flag.String("store", "", "address of the Redis that keeps idempotency records (default: in-process)")
 	settlements := flag.Int("settlements", 400, "distinct settlements")
 	clients := flag.Int("clients", 16, "concurrent clients")
+	flag.DurationVar(&clientTimeout, "client-timeout", clientTimeout, "how long a client waits for an answer before it resends")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
@@ -116,8 +138,8 @@ func main() {
 }
 
 func run(ctx context.Context, nodeList, storeAddr string, n, clients int) error {
-	if n < 1 || clients < 1 {
-		return fmt.Errorf("-settlements and -clients must be positive")
+	if n < 1 || clients < 1 || clientTimeout <= 0 {
+		return fmt.Errorf("-settlements, -clients and -client-timeout must be positive")
 	}
 	env, err := connect(nodeList, storeAddr)
 	if err != nil {
@@ -210,7 +232,7 @@ func run(ctx context.Context, nodeList, storeAddr string, n, clients int) error 
 		gaveUp     errorList // requests whose client ran out of retries: liveness
 		unexpected errorList // errors that are neither "not now" nor a result
 	)
-	svc.stats, svc.console = &st, &console{}
+	svc.stats, svc.console = &st, &console{tty: stdoutIsTerminal()}
 	queue := make(chan settlement)
 	start := time.Now()
 	stopProgress := svc.console.progress(func() string { return st.line(ledger, n) })
@@ -236,7 +258,7 @@ func run(ctx context.Context, nodeList, storeAddr string, n, clients int) error 
 	stopProgress()
 	elapsed := time.Since(start)
 
-	fmt.Printf("\n\n%-40s %6d\n", "requests sent", st.sent.Load())
+	fmt.Printf("\n%-40s %6d\n", "requests sent", st.sent.Load())
 	fmt.Printf("%-40s %6d of %d\n", "settlements applied", ledger.applied.Load(), n)
 	fmt.Printf("%-40s %6d\n", "duplicates replayed", st.replayed.Load())
 	fmt.Printf("%-40s %6d\n", "in-progress conflicts", st.inProgress.Load())
@@ -247,6 +269,23 @@ func run(ctx context.Context, nodeList, storeAddr string, n, clients int) error 
 	fmt.Printf("%-40s %6d\n", "stale writes rejected by fence", ledger.stale.Load())
 	fmt.Printf("%-40s %6d\n", "duplicates stopped only by the ledger key", ledger.already.Load())
 	fmt.Printf("%-40s %6.1fs\n\n", "time", elapsed.Seconds())
+	p50, p99, most, over := st.latency()
+	fmt.Printf("server time per attempt (no slow downstream): median %v, p99 %v, max %v; %d over the client's %v\n",
+		p50.Round(time.Millisecond), p99.Round(time.Millisecond), most.Round(time.Millisecond), over, clientTimeout)
+	if st.retried.Load() > 0 {
+		// Say why requests needed retries: answers "in progress" and the
+		// slow downstream's timeouts are the scenario; other timeouts and
+		// lock attempts not obtained in time mean the server was slower
+		// than a client waits.
+		why := fmt.Sprintf("why the retries: %d \"in progress\" answers (copies of one settlement sent at once: by design), "+
+			"%d client timeouts of the slow downstream (%v: by design)", st.inProgress.Load(), st.slowTimeouts.Load(), slowDownstream())
+		if extra := st.timeouts.Load() - st.slowTimeouts.Load(); extra > 0 || st.lockMisses.Load() > 0 {
+			why += fmt.Sprintf("; %d other client timeouts and %d lock attempts not obtained in time: the server was slower than "+
+				"a client waits (%v): %s", extra, st.lockMisses.Load(), clientTimeout, machineLoad())
+		}
+		fmt.Println(why)
+	}
+	fmt.Println()
 
 	// The verdicts, kept apart. Safety is what this demo claims: nothing
 	// took effect twice, nothing acknowledged was lost, every balance is
@@ -443,7 +482,7 @@ func (svc *service) settle(ctx context.Context, s settlement) (idempotency.Outco
 	out, err := svc.barrier.Do(ctx, req, func(ctx context.Context, _ uint64) ([]byte, error) {
 		if s.Slow {
 			select { // a fraud check that takes its time
-			case <-time.After(slowDownstream):
+			case <-time.After(slowDownstream()):
 			case <-ctx.Done():
 				return nil, context.Cause(ctx)
 			}
@@ -518,7 +557,9 @@ func (svc *service) send(ctx context.Context, s settlement, pending *sync.WaitGr
 		pending.Go(func() {
 			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), serverTimeout)
 			defer cancel()
+			began := time.Now()
 			out, err := svc.settle(sctx, s)
+			svc.stats.took(time.Since(began), s.Slow)
 			if err != nil && !retryable(err) {
 				unexpected.add(fmt.Errorf("%s: %w", s.ID, err)) // even if nobody waits for this answer any more
 			}
@@ -538,7 +579,10 @@ func (svc *service) send(ctx context.Context, s settlement, pending *sync.WaitGr
 			last = a.err
 		case <-time.After(clientTimeout):
 			svc.stats.timeouts.Add(1)
-			last = errClientTimeout
+			if s.Slow {
+				svc.stats.slowTimeouts.Add(1)
+			}
+			last = fmt.Errorf("client timeout: no answer within %v", clientTimeout)
 		case <-ctx.Done():
 			return ctx.Err()
 		}
@@ -549,8 +593,6 @@ func (svc *service) send(ctx context.Context, s settlement, pending *sync.WaitGr
 		}
 	}
 }
-
-var errClientTimeout = fmt.Errorf("client timeout: no answer within %v", clientTimeout)
 
 // retryable reports whether an answer means "not now": the request was
 // not applied this time (or, if it was, the barrier will replay it), so the
@@ -768,6 +810,10 @@ func (l *ledger) verify(work []settlement, acked func(id string) bool) (missing 
 // of their attempts.
 type stats struct {
 	sent, fresh, replayed, inProgress, timeouts atomic.Int64
+	slowTimeouts                                atomic.Int64 // timeouts of a slow downstream's settlement: by design
+
+	latMu sync.Mutex
+	lat   []time.Duration // server-side time of every attempt whose handler has no slow downstream
 
 	// Liveness figures.
 	retried      atomic.Int64 // requests that needed more than one attempt
@@ -802,6 +848,35 @@ func (st *stats) server(s settlement, err error) {
 	case errors.Is(err, redlease.ErrNotObtained), errors.Is(err, redlease.ErrUnavailable):
 		st.lockMisses.Add(1)
 	}
+}
+
+// took records how long the server took for one attempt.
+func (st *stats) took(d time.Duration, slow bool) {
+	if slow {
+		return
+	}
+	st.latMu.Lock()
+	st.lat = append(st.lat, d)
+	st.latMu.Unlock()
+}
+
+// latency returns the median, 99th percentile and maximum server-side
+// time of attempts without a slow downstream, and how many of them took
+// longer than the client waits.
+func (st *stats) latency() (p50, p99, most time.Duration, over int) {
+	st.latMu.Lock()
+	defer st.latMu.Unlock()
+	if len(st.lat) == 0 {
+		return 0, 0, 0, 0
+	}
+	l := slices.Clone(st.lat)
+	slices.Sort(l)
+	for _, d := range l {
+		if d > clientTimeout {
+			over++
+		}
+	}
+	return l[len(l)/2], l[len(l)*99/100], l[len(l)-1], over
 }
 
 func (st *stats) wasAcked(id string) bool { _, ok := st.acked.Load(id); return ok }
@@ -845,16 +920,27 @@ func (l *errorList) summary() string {
 	return fmt.Sprintf("%d; first: %v", len(l.errs), l.errs[0])
 }
 
-// console keeps one live status line (redrawn with \r, ten times a
-// second) and prints events above it.
+// console shows progress and prints events. On a terminal it keeps one
+// live status line (redrawn with \r, ten times a second) and prints events
+// above it; anywhere else (a pipe, a CI log) it prints the status as a plain
+// line every plainEvery, and events as they come, never a \r.
 type console struct {
+	tty  bool // stdout is a terminal
 	mu   sync.Mutex
 	last int // length of the status line on screen
 }
 
+// plainEvery is how often the status line is printed when stdout is not a
+// terminal.
+const plainEvery = 5 * time.Second
+
 func (c *console) draw(line string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if !c.tty {
+		fmt.Println(line)
+		return
+	}
 	fmt.Printf("\r%-*s", c.last, line)
 	c.last = len(line)
 }
@@ -862,17 +948,26 @@ func (c *console) draw(line string) {
 func (c *console) event(format string, args ...any) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if !c.tty {
+		fmt.Printf(format+"\n", args...)
+		return
+	}
 	fmt.Printf("\r%-*s\r%s\n", c.last, "", fmt.Sprintf(format, args...))
 	c.last = 0
 }
 
-// progress redraws line() every 100 ms until the returned stop is called,
-// which draws it a last time.
+// progress draws line() every 100 ms on a terminal (every plainEvery
+// elsewhere) until the returned stop is called, which draws it a last time
+// and ends the status line.
 func (c *console) progress(line func() string) (stop func()) {
+	every := 100 * time.Millisecond
+	if !c.tty {
+		every = plainEvery
+	}
 	done, exited := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(exited)
-		t := time.NewTicker(100 * time.Millisecond)
+		t := time.NewTicker(every)
 		defer t.Stop()
 		for {
 			select {
@@ -880,11 +975,38 @@ func (c *console) progress(line func() string) (stop func()) {
 				c.draw(line())
 			case <-done:
 				c.draw(line())
+				if c.tty {
+					fmt.Println()
+				}
 				return
 			}
 		}
 	}()
 	return func() { close(done); <-exited }
+}
+
+// stdoutIsTerminal reports whether stdout is a terminal (a character
+// device: /dev/null counts too, where a \r does no harm).
+func stdoutIsTerminal() bool {
+	fi, err := os.Stdout.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+}
+
+// machineLoad describes how busy the machine was: the 1-minute load
+// average against the CPUs (Linux), else the CPU count.
+func machineLoad() string {
+	cpus := runtime.NumCPU()
+	b, err := os.ReadFile("/proc/loadavg")
+	f := strings.Fields(string(b))
+	if err != nil || len(f) == 0 {
+		return fmt.Sprintf("servers, clients and SQLite share %d CPUs in this process; try -client-timeout or fewer -clients", cpus)
+	}
+	load, _ := strconv.ParseFloat(f[0], 64)
+	if load > float64(cpus) {
+		return fmt.Sprintf("load average %.1f on %d CPUs: other processes compete with the in-process servers", load, cpus)
+	}
+	return fmt.Sprintf("load average %.1f on %d CPUs; servers, clients and SQLite share them in this process "+
+		"(try -client-timeout or fewer -clients)", load, cpus)
 }
 
 // env is where the locks and records live.
@@ -940,19 +1062,42 @@ func connect(nodeList, storeAddr string) (*env, error) {
 
 // inProcess starts a miniredis whose keys expire as the wall clock runs,
 // as on a real server. By default miniredis expires keys only when told to
-// (FastForward), which would keep every lease here alive forever, and
-// forwarding all servers by hand would expire every lease at once, not
-// just the frozen holder's. ClockTTL(true) lets the leases run out on
-// their own.
+// (FastForward), which would keep every lease here alive forever, and one
+// big jump on all servers would expire every lease at once, not just the
+// frozen holder's. So every expiryStep each server is forwarded by the
+// time that has passed: a key lives at most a step (and a late tick)
+// longer than its TTL, never shorter, which is the safe side for a lock.
+// (miniredis's ClockTTL does the same on every command, but each forward
+// sorts all the server's keys: with every lock script's commands doing it,
+// that was a quarter of the demo's CPU.)
 func (e *env) inProcess() (string, error) {
 	m, err := miniredis.Run()
 	if err != nil {
 		return "", err
 	}
-	m.ClockTTL(true)
-	e.closers = append(e.closers, m.Close)
+	stop, stopped := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(stopped)
+		t := time.NewTicker(expiryStep)
+		defer t.Stop()
+		last := time.Now()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+				now := time.Now()
+				m.FastForward(now.Sub(last))
+				last = now
+			}
+		}
+	}()
+	e.closers = append(e.closers, m.Close, func() { close(stop); <-stopped }) // closed in reverse
 	return m.Addr(), nil
 }
+
+// expiryStep is how often the in-process servers' keys age.
+const expiryStep = 5 * time.Millisecond
 
 func randomHex(n int) string {
 	b := make([]byte, n)
