@@ -59,6 +59,7 @@ test: redis
 	@set -e; for m in $(MODULES); do echo "$(GO) -C $$m test -race -count=1 ./..."; $(GO) -C $$m test -race -count=1 ./...; done
 	$(GO) -C chaos test -count=1 ./sim/ -run 'TestSim$$' -seeds 10000
 	$(GO) -C chaos test -count=1 ./sim/ -run 'TestSim$$' -rotation idem -seeds 4000
+	$(GO) -C chaos test -count=1 ./sim/ -run 'TestSim$$' -rotation fence -seeds 900
 
 demo:
 	$(GO) -C examples run ./settlement

@@ -194,6 +194,19 @@
 // instead of a double effect. single has fences on by default; quorum needs
 // quorum.WithFencing (one more round trip).
 //
+// A fence comes from a counter per lock name beside the lock key
+// ("redlease:fence:…"). Every counter expires, DefaultFenceTTL after its
+// last grant unless the strategy's WithFenceTTL says otherwise, so a
+// service that locks one key per payment does not grow Redis without
+// bound. Fences still rise across a counter's expiry: a counter created
+// anew starts from the server's clock in microseconds since the epoch (a
+// fence is then a number near 1.8e15, and adds one per grant), above every
+// fence the expired one handed out. A holder paused past its counter's
+// expiry therefore still has its write refused. This assumes that the
+// server's clock does not step back by the counter's TTL across its
+// expiry, and for quorum that the nodes' clocks differ by less than it;
+// the argument is in internal/script's FenceTTL.
+//
 // # Errors
 //
 // Every failure is checkable with errors.Is against the sentinels

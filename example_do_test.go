@@ -36,12 +36,12 @@ func ExampleLocker_Do_default() {
 	err = locker.Do(ctx, "report:2026-11", func(ctx context.Context, lk *redlease.Lock) error {
 		// Renewed every third of the TTL while this runs; ctx is
 		// cancelled if a renewal finds the lock lost.
-		fmt.Println("building the report with fence", lk.Fence())
+		fmt.Println("building the report with a fence:", lk.Fence() > 0)
 		return nil
 	})
 	fmt.Println("done:", err)
 	// Output:
-	// building the report with fence 1
+	// building the report with a fence: true
 	// done: <nil>
 }
 
@@ -69,11 +69,11 @@ func ExampleWithoutKeeper() {
 	err = locker.Do(ctx, "dedup:msg-42", func(ctx context.Context, lk *redlease.Lock) error {
 		// Nothing renews the lock: finish within 4.5 s (TTL less the
 		// loss margin), when ctx is cancelled.
-		fmt.Println("deduplicating with fence", lk.Fence())
+		fmt.Println("deduplicating with a fence:", lk.Fence() > 0)
 		return nil
 	}, redlease.WithoutKeeper())
 	fmt.Println("done:", err)
 	// Output:
-	// deduplicating with fence 1
+	// deduplicating with a fence: true
 	// done: <nil>
 }

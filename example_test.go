@@ -42,11 +42,11 @@ func ExampleLocker_Do() {
 
 	err = locker.Do(ctx, "settle:2026-11-29", func(ctx context.Context, lk *redlease.Lock) error {
 		// ctx is cancelled if the lock is lost; stop and do not commit then.
-		fmt.Println("settling with fence", lk.Fence())
+		fmt.Println("settling with a fence:", lk.Fence() > 0)
 		return nil // e.g. UPDATE … SET fence = ? WHERE fence < ?
 	})
 	fmt.Println("done:", err)
 	// Output:
-	// settling with fence 1
+	// settling with a fence: true
 	// done: <nil>
 }

@@ -14,6 +14,12 @@ const (
 	// the TTL: a lock that nobody managed to extend counts as lost at
 	// Until − ttl/10.
 	DefaultLossMarginDivisor = 10
+	// DefaultFenceTTL is how long a lock's fence counter lives after its
+	// last grant when the strategy is given no WithFenceTTL (or the
+	// acquisition's TTL, if longer): every counter expires, and one created
+	// anew starts from the server's clock, above every fence the expired
+	// one handed out (see the package documentation, Fencing tokens).
+	DefaultFenceTTL = 10 * time.Minute
 )
 
 // Option configures a Locker in New. Every LockOption is also an Option:

@@ -9,7 +9,12 @@
 // the key is released again and the caller gets an error that errors.Is
 // redlease.ErrNotObtained and ErrNotReplicated. A fence is INCRed in
 // the same script before the WAIT, so a failover that WAIT covered keeps the
-// fence counter, and the next holder's fence is higher.
+// fence counter, and the next holder's fence is higher. Fence counters
+// expire (WithFenceTTL; redlease.DefaultFenceTTL by default) and one
+// created anew starts from the server's clock in microseconds, so a
+// counter that expired, or that a promoted replica never had, still hands
+// out fences above the old ones, provided the clocks of the old primary and
+// the new one differ by less than the fence TTL.
 //
 // # What WAIT does not do
 //

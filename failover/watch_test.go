@@ -210,14 +210,18 @@ func (wd *watched) lock(t *testing.T, key string) *redlease.Lock {
 	return lk
 }
 
-// loseKey deletes key and its fence counter on A, as a failover to a
-// replica that never received them does (A, a replica in between, took
-// that replica's data).
-func (wd *watched) loseKey(t *testing.T, key string) {
+// loseKey deletes key on A and sets its fence counter back to below
+// fence, the lost holder's, as a failover to a replica that received
+// neither the key nor the increment of its grant does (A, a replica in
+// between, took that replica's data). (A counter lost outright would not
+// do: one created anew starts from the server's clock, above the lost
+// holder's fence.)
+func (wd *watched) loseKey(t *testing.T, key string, fence uint64) {
 	t.Helper()
 	fk, ok := script.FenceKey(key)
 	require.True(t, ok)
-	require.NoError(t, wd.a.Client().Del(t.Context(), key, fk).Err())
+	require.NoError(t, wd.a.Client().Del(t.Context(), key).Err())
+	require.NoError(t, wd.a.Client().Set(t.Context(), fk, fence-1, redis.KeepTTL).Err())
 }
 
 // revokedWithin fails the test unless lk's Lost closes within bound,
@@ -235,8 +239,8 @@ func revokedWithin(t *testing.T, lk *redlease.Lock, bound time.Duration, state f
 // Sentinel fails over from A to B and back to A between two looks of the
 // Watcher, which hears no +switch-master (lost with a connection, say).
 // Both looks name A; only the config epoch tells, risen from 1 to 3. B
-// never had holder 1's key nor its fence counter, and A, a replica of B in
-// between, lost them too: holder 2 is granted with a fence no higher than
+// never had holder 1's key nor its fence counter's last increment, and A,
+// a replica of B in between, lost them too: holder 2 is granted with a fence no higher than
 // holder 1's, while holder 1 still believes itself the holder. The first
 // look that sees the risen epoch must revoke holder 1.
 //
@@ -248,7 +252,7 @@ func TestWatchRevokesOnAFailoverAndFailbackBetweenTwoLooks(t *testing.T) {
 	key := contract.Key(t)
 	h1 := wd.lock(t, key)
 
-	wd.loseKey(t, key)
+	wd.loseKey(t, key, h1.Fence())
 	h2 := wd.lock(t, key)
 	require.LessOrEqual(t, h2.Fence(), h1.Fence(), "the fence counter was lost with the key: fences do not rise")
 	require.True(t, h1.Valid(), "no look has told of the failover yet")
@@ -270,8 +274,8 @@ func TestWatchRevokesOnAFailoverAndFailbackBetweenTwoLooks(t *testing.T) {
 // A +switch-master from A to B revokes holder 1 at once; the looks that
 // follow still see the configuration it replaced (epoch 1, A: the
 // Sentinels answering lag). Holder 2 takes a key on B. Then B fails over
-// to C and back between two looks, losing holder 2's key and fence
-// counter, and holder 3 takes it. The look that finally sees B under
+// to C and back between two looks, losing holder 2's key and its fence
+// counter's last increment, and holder 3 takes it. The look that finally sees B under
 // config epoch 4 confirms the message's failover and must not hide the
 // second one: it revokes holder 2 (and holder 3, the cost of a rule that
 // cannot tell the two apart).
@@ -289,7 +293,7 @@ func TestWatchRevokesOnAFailoverHiddenBehindASwitchMessage(t *testing.T) {
 
 	key := contract.Key(t)
 	h2 := wd.lock(t, key)
-	wd.loseKey(t, key)
+	wd.loseKey(t, key, h2.Fence())
 	h3 := wd.lock(t, key)
 	require.LessOrEqual(t, h3.Fence(), h2.Fence(), "the fence counter was lost with the key: fences do not rise")
 	require.True(t, h2.Valid(), "no look has told of the second failover yet")

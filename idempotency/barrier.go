@@ -113,11 +113,13 @@ func (f optionFunc) apply(b *Barrier) error { return f(b) }
 // one-Redis store: see the package doc).
 //
 // Every request key gets a lock of its own, and with fencing on each lock
-// name keeps a fence counter on the lock nodes: give s a fence TTL
-// (single.WithFenceTTL, quorum.WithFenceTTL, failover.WithFenceTTL) of at
-// least retention+lease, as the default strategy has, or one counter per
-// request ever made stays on the nodes forever. A shorter fence TTL would
-// let a request's fences start again at 1 while its record is still kept.
+// name keeps a fence counter on the lock nodes, which expires
+// redlease.DefaultFenceTTL after its last grant unless s was given another
+// fence TTL (single.WithFenceTTL, quorum.WithFenceTTL,
+// failover.WithFenceTTL; the default strategy's is retention+lease). A
+// counter created anew starts from the server's clock, above every fence
+// an expired one handed out, so a request's later fences stay above the
+// fence of its record however long that record is kept.
 //
 // s must fence (redlease.Fencer, true): the claim refuses to take over a
 // record in progress under a higher fence than its own, which is what keeps
@@ -150,10 +152,10 @@ func WithStrategy(s redlease.Strategy) Option {
 // (share the process's renew.Watchdog); the request's record is kept as
 // long. Without one a handler must finish within the lease, or its context
 // is cancelled. The default strategy's fence counters expire
-// retention+lease after a lock's grant, and renewals do not move that: a
-// handler kept longer than retention+lease that then dies leaves a record
-// whose fence the next grant (from 1 again) cannot take over, so its
-// request answers ErrInProgress until that record expires.
+// retention+lease after a lock's grant, and renewals do not move that; a
+// handler kept longer that then dies leaves a record that the next grant
+// takes over all the same, since a counter created anew starts from the
+// server's clock, above the record's fence.
 func WithKeeper(k redlease.Keeper) Option {
 	return optionFunc(func(b *Barrier) error {
 		if k == nil {

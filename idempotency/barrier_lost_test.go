@@ -65,6 +65,7 @@ func TestNoHandlerStartsAfterItsLockRanOut(t *testing.T) {
 	b := barrier(t, srv.Client(), idempotency.WithLease(lease), idempotency.WithRetention(61*time.Second))
 	ctx := t.Context()
 	req := idempotency.Request{Key: "settle:9"}
+	fenceFromZero(t, srv.Client(), requestLock("idem:", req.Key))
 
 	// Load the scripts first (a first EVALSHA answers NOSCRIPT).
 	_, err := a.Do(ctx, idempotency.Request{Key: "warm-up"}, func(context.Context, uint64) ([]byte, error) { return nil, nil })

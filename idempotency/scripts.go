@@ -138,7 +138,7 @@ var releaseScript = redis.NewScript(releaseSrc)
 // every call a script makes costs one to two microseconds on the machine
 // we measure on (README, Performance), whatever the command. So it reads
 // the record once instead of twice, takes a free lock key and starts a
-// new fence counter with one SET NX each, and has no branches for modes the
+// new fence counter with one SET NX each (the counter's after TIME), and has no branches for modes the
 // store lock never uses (fair mode's line: the Barrier's Locker is never
 // fair, so the line never exists) nor local functions to build on every
 // call. TestHandWrittenClaimDoesWhatTheComposedOneDoes runs it against the
@@ -192,7 +192,13 @@ if not fresh then
     if redis.call('PTTL', KEYS[2]) < tonumber(ARGV[2]) then
       redis.call('PEXPIRE', KEYS[2], ARGV[2])
     end
-    f = tonumber(redis.call('GET', KEYS[3]) or '0')
+    f = redis.call('GET', KEYS[3])
+    if f then
+      f = tonumber(f)
+    else
+      local t = redis.call('TIME')
+      f = tonumber(t[1]) * 1000000 + tonumber(t[2])
+    end
   else
     if held ~= false then
       -- An earlier attempt of the same acquisition ("<base>.<n>", the
@@ -211,12 +217,15 @@ if not fresh then
   end
 end
 if fresh then
-  -- The next fence: a counter that does not exist starts at 1 with its
-  -- TTL in one call (as INCR and PEXPIRE would leave it); one that does
-  -- is raised, and its TTL raised to at least ARGV[3], never shortened.
+  -- The next fence: a counter that does not exist starts from the
+  -- server's clock in microseconds with its TTL in one call (as
+  -- script.Acquire would leave it); one that does is raised, and its TTL
+  -- raised to at least ARGV[3], never shortened.
   local keep = tonumber(ARGV[3])
-  if keep > 0 and redis.call('SET', KEYS[3], '1', 'NX', 'PX', ARGV[3]) then
-    f = 1
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  if keep > 0 and redis.call('SET', KEYS[3], string.format('%d', now), 'NX', 'PX', ARGV[3]) then
+    f = now
   else
     f = redis.call('INCR', KEYS[3])
     if keep > 0 and redis.call('PTTL', KEYS[3]) < keep then

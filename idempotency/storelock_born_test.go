@@ -34,6 +34,9 @@ func TestBornLostGrantGivesItsClaimBack(t *testing.T) {
 	ctx := t.Context()
 	req := Request{Key: "pay:born-lost"}
 	rec, lock := b.recordKey(nsRequest, req.Key), b.prefix+nsLock+lockKey(nsRequest, req.Key)
+	// A counter at 0: the grants take fences 1, 2 (one created anew would
+	// start from the server's clock).
+	require.NoError(t, c.Set(ctx, "redlease:fence:{"+lock+"}", "0", time.Minute).Err())
 
 	_, err = b.Do(ctx, req, func(context.Context, uint64) ([]byte, error) {
 		t.Error("a handler ran under a lock born lost")

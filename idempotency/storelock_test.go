@@ -43,6 +43,15 @@ func requestLock(prefix, key string) string {
 // without braces).
 func fenceOf(lockKey string) string { return "redlease:fence:{" + lockKey + "}" }
 
+// fenceFromZero creates lockKey's fence counter at 0 (with a TTL), so that
+// its next grants take fences 1, 2, ... (a counter created anew by a grant
+// starts from the server's clock instead), for a test that matches a fence
+// on the wire.
+func fenceFromZero(t *testing.T, c *redis.Client, lockKey string) {
+	t.Helper()
+	require.NoError(t, c.Set(t.Context(), fenceOf(lockKey), "0", time.Minute).Err())
+}
+
 // during returns how many commands h saw sent while f ran: round trips,
 // for a Barrier, which sends no pipelines.
 func during(h *countingHook, f func()) int32 {
@@ -211,6 +220,7 @@ func TestClaimWhoseReplyIsLostIsUndoneByItsToken(t *testing.T) {
 	ctx := t.Context()
 	req := idempotency.Request{Key: "pay:lost-claim"}
 	lock := requestLock("idem:", req.Key)
+	fenceFromZero(t, admin, lock)
 
 	lose.n.Store(1)
 	_, err := b.Do(ctx, req, func(context.Context, uint64) ([]byte, error) {
@@ -252,6 +262,7 @@ func TestAbandonedClaimUndoesItselfWhenItsReplyComes(t *testing.T) {
 	admin := srv.Client()
 	req := idempotency.Request{Key: "pay:abandoned"}
 	lock := requestLock("idem:", req.Key)
+	fenceFromZero(t, admin, lock)
 
 	gate.HoldReplies("61000")
 	dctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
@@ -404,9 +415,12 @@ func TestCombinedAndSeparateStepsShareRequests(t *testing.T) {
 	for i, pair := range [][2]*idempotency.Barrier{{combined, separate}, {separate, combined}} {
 		holder, other := pair[0], pair[1]
 		req := idempotency.Request{Key: fmt.Sprintf("pay:mixed:%d", i), Fingerprint: "fp"}
-		// A first run of the other kind that fails (not stored) takes fence 1.
+		// A first run of the other kind that fails (not stored) takes the
+		// first fence (from the server's clock: a counter created anew).
 		_, err := other.Do(ctx, req, func(context.Context, uint64) ([]byte, error) { return nil, errors.New("transient") })
 		require.EqualError(t, err, "transient")
+		first, err := c.Get(ctx, fenceOf(requestLock("idem:", req.Key))).Uint64()
+		require.NoError(t, err)
 		out, err := holder.Do(ctx, req, func(hctx context.Context, fence uint64) ([]byte, error) {
 			_, derr := other.Do(ctx, req, func(context.Context, uint64) ([]byte, error) {
 				t.Errorf("pair %d: the other kind ran while the holder ran", i)
@@ -418,11 +432,11 @@ func TestCombinedAndSeparateStepsShareRequests(t *testing.T) {
 			return []byte(fmt.Sprint("paid ", fence)), nil
 		})
 		require.NoError(t, err)
-		assert.EqualValues(t, 2, out.Fence, "pair %d: fences rise across runs of either kind", i)
+		assert.Equal(t, first+1, out.Fence, "pair %d: fences rise across runs of either kind", i)
 		replay, err := other.Do(ctx, req, mustReplay)
 		require.NoError(t, err)
 		assert.True(t, replay.Replayed)
-		assert.Equal(t, "paid 2", string(replay.Result))
+		assert.Equal(t, fmt.Sprint("paid ", first+1), string(replay.Result))
 	}
 }
 
@@ -523,6 +537,7 @@ func TestCombinedClaimLeavesARecordOfAHigherFence(t *testing.T) {
 	ctx := t.Context()
 	req := idempotency.Request{Key: "pay:higher-fence", Fingerprint: "fp"}
 	rec, lock := "idem:r:"+req.Key, requestLock("idem:", req.Key)
+	fenceFromZero(t, c, lock)
 	require.NoError(t, c.HSet(ctx, rec, "state", "p", "owner", "other-owner", "fence", "99", "fp", "fp").Err())
 	require.NoError(t, c.Expire(ctx, rec, time.Hour).Err())
 

@@ -105,11 +105,14 @@
 //
 // # Fencing (on by default; WithoutFencing turns it off)
 //
-// Per node, a counter key without a TTL sits beside the lock key. Fencing
-// costs one more round trip to a quorum per acquisition:
+// Per node, a counter key sits beside the lock key, with a TTL refreshed
+// on every grant (WithFenceTTL; redlease.DefaultFenceTTL by default).
+// Fencing costs one more round trip to a quorum per acquisition:
 //
 //   - Phase 1 (inside the acquire script): a node that grants replies with
-//     its counter as it is.
+//     its counter as it is, or, where it has none, its clock (TIME) in
+//     microseconds since the epoch, where a counter created now would
+//     start.
 //   - The client picks f = max(counters of the granting nodes) + 1.
 //   - Phase 2: every node raises its counter to max(counter, f) and replies
 //     whether the lock key still holds our token. The grant needs a quorum
@@ -129,7 +132,13 @@
 // A single round of per-node INCRs would not do: if A's majority had seen
 // many earlier holders and B's had not, B's maximum could be lower than A's.
 //
-// The argument needs node k to keep its counter. A node that restarts
+// The argument needs node k to keep its counter, or to have lost it by
+// expiry only: a counter expires at least its TTL after A's phase 2
+// raised it, so B's phase 1 at k then reads k's clock at least that TTL
+// later, which is above f_A as long as the nodes' clocks differ by less
+// than the TTL (f_A is at most the clock reading of some node when its
+// counter was created, plus one per grant since, which cannot outpace
+// microseconds: see internal/script's FenceTTL). A node that restarts
 // without its data has lost its counters; the delayed-restart rule keeps
 // mutual exclusion but not fence order across such a node. Run quorum
 // nodes with appendonly yes and appendfsync always where fences matter.

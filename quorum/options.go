@@ -166,16 +166,16 @@ func WithDurableNodes() Option {
 	})
 }
 
-// WithFenceTTL keeps a lock's fence counter after its last grant: the counter expires
-// d after the lock was last acquired, instead of living forever (one small
-// key per lock name adds up for request ids that are never used again).
-// Use it only where nobody compares the lock's fences after d: once the
-// counter is gone, the next grant starts again at 1. d must be at least
-// the lock's TTL, and should cover the longest a lock is held (with its
-// extensions) plus however long its fences are compared afterwards; an
-// Acquire with a longer TTL is refused. Default: no TTL. Give every client
-// of the same keys the same setting. It applies
-// with WithFencing.
+// WithFenceTTL sets how long a lock's fence counter lives after its last
+// grant: d instead of the default, redlease.DefaultFenceTTL (or the
+// acquisition's TTL, if longer). Every counter expires; one created anew
+// starts from the server's clock in microseconds, so its first fence is
+// above every fence the expired one handed out (the argument and its
+// assumptions: the server's clock does not step back by d across the
+// expiry; the nodes' clocks differ by less than d). d must be at least
+// every TTL acquired with; an Acquire with a longer TTL is refused. Give
+// every client of the same keys the same setting. It applies with
+// WithFencing.
 func WithFenceTTL(d time.Duration) Option {
 	return optionFunc(func(s *Strategy) error {
 		if d < time.Millisecond {

@@ -37,19 +37,18 @@ type Strategy struct {
 	// Which entries are one server (same run_id), learnt at first contact
 	// (identify): dup[i] = j means node i is node j's server, and its
 	// answers count for nothing. identified: every node answered once.
-	idMu        sync.Mutex
-	ids         []int64
-	idTried     time.Time // the last identification round, for its rate limit
-	dup         atomic.Pointer[[]int]
-	identified  atomic.Bool
-	workers     int
-	maxTTL      time.Duration // delayed-restart rule; 0: off
-	maxTTLArg   any           // maxTTL in ms, boxed once for the script
-	durable     bool          // WithDurableNodes
-	durableArg  any           // script.Durable or NotDurable, boxed once
-	fenceTTL    time.Duration // WithFenceTTL; 0: counters without TTL
-	fenceTTLArg any           // fenceTTL in ms, boxed once
-	clock       redlease.Clock
+	idMu       sync.Mutex
+	ids        []int64
+	idTried    time.Time // the last identification round, for its rate limit
+	dup        atomic.Pointer[[]int]
+	identified atomic.Bool
+	workers    int
+	maxTTL     time.Duration // delayed-restart rule; 0: off
+	maxTTLArg  any           // maxTTL in ms, boxed once for the script
+	durable    bool          // WithDurableNodes
+	durableArg any           // script.Durable or NotDurable, boxed once
+	fenceTTL   time.Duration // WithFenceTTL; 0: script.FenceTTL's default
+	clock      redlease.Clock
 
 	fan  *fanout.Nodes // per-node workers; Close stops them
 	wake *wake.Set     // release notices for waiters; Close ends them
@@ -121,10 +120,7 @@ func New(nodeClients []redis.UniversalClient, opts ...Option) (*Strategy, error)
 			return nil, err
 		}
 	}
-	s.maxTTLArg, s.durableArg, s.fenceTTLArg = any(script.RuleOff), any(script.NotDurable), any(script.NoFenceTTL)
-	if s.fenceTTL > 0 {
-		s.fenceTTLArg = any(strconv.FormatInt(s.fenceTTL.Milliseconds(), 10))
-	}
+	s.maxTTLArg, s.durableArg = any(script.RuleOff), any(script.NotDurable)
 	if s.durable {
 		if s.maxTTL == 0 {
 			return nil, redlease.Invalid("quorum: WithDurableNodes qualifies the delayed-restart rule; give WithDelayedRestart too")
@@ -262,7 +258,8 @@ func (s *Strategy) acquire(ctx context.Context, key, token string, ttl time.Dura
 	if place != nil {
 		queue = any(script.QueueKey(key))
 	}
-	line := script.Acquire.Args(k, fenceKey, marker, queue, token, ttl.Milliseconds(), mode, s.maxTTLArg, s.durableArg, s.fenceTTLArg)
+	fenceTTL := script.FenceTTL(s.fenceTTL, ttl)
+	line := script.Acquire.Args(k, fenceKey, marker, queue, token, ttl.Milliseconds(), mode, s.maxTTLArg, s.durableArg, fenceTTL)
 	if place != nil {
 		line = script.AppendPlace(line, *place)
 	}
@@ -295,7 +292,7 @@ func (s *Strategy) acquire(ctx context.Context, key, token string, ttl time.Dura
 	var fence uint64
 	if s.fencing {
 		fence = uint64(t.highest) + 1
-		if ft := s.raiseFence(ctx, line[3], line[4], line[7], fence); ft.agreed < s.quorum {
+		if ft := s.raiseFence(ctx, line[3], line[4], line[7], fence, fenceTTL); ft.agreed < s.quorum {
 			return fail("acquire (fence phase)", ft, false)
 		}
 	}
@@ -321,11 +318,11 @@ func (s *Strategy) checkTTL(ttl time.Duration) error {
 	return nil
 }
 
-// checkFenceTTL refuses an acquisition whose lock could outlive its fence
-// counter.
+// checkFenceTTL refuses an acquisition with a TTL longer than the fence
+// counter TTL given (WithFenceTTL).
 func (s *Strategy) checkFenceTTL(ttl time.Duration) error {
 	if s.fencing && s.fenceTTL > 0 && ttl > s.fenceTTL {
-		return redlease.Invalid("ttl %v: longer than the fence counter TTL %v, which must outlive the lock", ttl, s.fenceTTL)
+		return redlease.Invalid("ttl %v: longer than the fence counter TTL %v (WithFenceTTL), which must be at least every TTL acquired with", ttl, s.fenceTTL)
 	}
 	return nil
 }
@@ -333,8 +330,8 @@ func (s *Strategy) checkFenceTTL(ttl time.Duration) error {
 // raiseFence is phase 2 of fencing: raise every node's counter to at least
 // fence and collect a quorum of nodes that still hold our token. Why this
 // makes fences rise across holders is in the package documentation.
-func (s *Strategy) raiseFence(ctx context.Context, key, fenceKey, token any, fence uint64) tally {
-	line := script.RaiseFence.Args(key, fenceKey, token, strconv.FormatUint(fence, 10), s.fenceTTLArg)
+func (s *Strategy) raiseFence(ctx context.Context, key, fenceKey, token any, fence uint64, fenceTTL any) tally {
+	line := script.RaiseFence.Args(key, fenceKey, token, strconv.FormatUint(fence, 10), fenceTTL)
 	round := s.fan.Start(ctx, fanout.Call{Script: script.RaiseFence, Line: line}, fanout.Call{})
 	t := s.collect(ctx, round, isOne)
 	round.Done()

@@ -7,7 +7,10 @@
 // Mutual exclusion holds while the primary keeps its data and stays the
 // primary, and its clock runs at the client's rate within the drift factor.
 // Fences (on by default) rise strictly for successive holders of a key
-// under the same conditions.
+// under the same conditions. The fence counter expires (WithFenceTTL;
+// redlease.DefaultFenceTTL by default) and one created anew starts from
+// the server's clock in microseconds, so fences rise across its expiry as
+// long as the server's clock does not step back by the fence TTL.
 //
 // # What it does not guarantee
 //

@@ -38,10 +38,12 @@ func Example() {
 	}
 	defer lk.Release(ctx)
 
-	fmt.Println("fence:", lk.Fence())
+	// A fence counter created anew starts from the server's clock (in
+	// microseconds since the epoch); each grant after that adds one.
+	fmt.Println("fenced:", lk.Fence() > 0)
 	fmt.Println("valid:", lk.Valid())
 	// Output:
-	// fence: 1
+	// fenced: true
 	// valid: true
 }
 
@@ -80,6 +82,6 @@ func Example_perOperationStrategy() {
 		panic(err)
 	}
 	defer money.Release(ctx)
-	fmt.Println(dedup.Fence(), money.Fence())
-	// Output: 0 1
+	fmt.Println(dedup.Fence(), money.Fence() > 0)
+	// Output: 0 true
 }

@@ -251,6 +251,19 @@
 //     with a ctx of 0.2, 5 or 15 s, over lossy, cut and paused links
 //     (go-redis resends a command whose reply was lost).
 //
+// The fence-expiry rotation (-rotation fence; Scenario.Group "fence"):
+// fence-expiry-single, fence-expiry-quorum and fence-expiry-failover are
+// ops-single, ops-quorum and ops-failover with fences always on and a
+// fence counter TTL (WithFenceTTL) of the seed's longest lock TTL plus
+// 0-60 ms, so that counters expire between grants within the run while
+// holders paused past Valid still write to the fenced register:
+// fence-order and stale-accepted compare fences across the expiries. A
+// counter created anew starts from the node's TIME in µs, which is the
+// node's clock (virtual time plus its jumps and drift). Their hazard
+// ceilings are the ops scenarios' (the same faults cut the same locks
+// short); do-bound/silent is not required on single and failover, whose
+// silent release asks a TTL above the fence TTL and is refused.
+//
 // # Invariants
 //
 // Each invariant counts what it examined in a run (Result.Examined, by
@@ -468,11 +481,13 @@
 //	go -C chaos test ./sim                                # 200 seeds, 30 under -race
 //	go -C chaos test ./sim -run 'TestSim$' -seeds 10000   # what make test adds,
 //	go -C chaos test ./sim -run 'TestSim$' -rotation idem -seeds 4000   # and this
+//	go -C chaos test ./sim -run 'TestSim$' -rotation fence -seeds 900
 //	go -C chaos test ./sim -run 'TestSim$' -scenario failover -seed 5 -replays 10
 //
 // TestSim's flags (sim_test.go, ctxbound_test.go): -seeds N from -first
 // (default 1; 0 seeds: 200, or 30 under -race); -rotation idem (the
-// idempotency rotation instead of the lock one); -scenario NAME; -seed S
+// idempotency rotation instead of the lock one) or fence (the fence-expiry
+// rotation); -scenario NAME; -seed S
 // (one seed, printing its schedule, each outside fault's scope, its
 // history with every command each node applied, and its violations);
 // -replays N and -replaydump DIR (see above); -workers N (seeds at once,
@@ -537,6 +552,7 @@
 //   - Process-wide objects cannot cross bubbles: every keeper is made in
 //     its run, so Locker.Do's default keeper is exercised through the same
 //     engine built per client (ops scenarios), not itself.
-//   - Fence counter TTLs (WithFenceTTL) are drawn at 30-60 s, longer than
-//     any run: fence-order compares fences across the whole run.
+//   - Fence counter TTLs: the ops scenarios draw WithFenceTTL at 30-60 s
+//     (or leave the default, 10 minutes), longer than any run; only the
+//     fence-expiry rotation lets counters expire within a run.
 package sim

@@ -92,7 +92,10 @@ func drawOps(seed uint64, sc *Scenario) *opsPlan {
 	default:
 		p.fencing = r.IntN(8) > 0
 	}
-	if p.fencing && r.IntN(4) == 0 {
+	if sc.FenceExpiry {
+		p.fencing = true
+	}
+	if p.fencing && !sc.FenceExpiry && r.IntN(4) == 0 {
 		// Outlives the run (a go-redis call without context timeouts can
 		// wait 12 s): fences are compared throughout it.
 		p.fenceTTL = ms(r, 30000, 60000)
@@ -116,6 +119,11 @@ func drawOps(seed uint64, sc *Scenario) *opsPlan {
 			}
 		}
 		p.clients = append(p.clients, c)
+	}
+	if sc.FenceExpiry {
+		// Counters that expire within the run: at least every TTL the
+		// clients acquire with (WithFenceTTL refuses a longer one).
+		p.fenceTTL = longest + ms(r, 0, 60).Truncate(time.Millisecond)
 	}
 	if sc.Strategy == Quorum && r.IntN(3) == 0 {
 		// Extensions longer than maxTTL are refused (ErrInvalid): with a

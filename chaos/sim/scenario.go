@@ -89,8 +89,15 @@ type Scenario struct {
 	// (IdemStore, IdemQuorum, IdemMixed, IdemUnfenced, IdemTokens)
 	// instead of the scenario's own.
 	Idem string
+	// FenceExpiry (with OpsWork): fences on, and every client's fence
+	// counters expire (WithFenceTTL) the longest lock TTL of the seed plus
+	// 0-60 ms after their last grant, so that counters expire between
+	// grants within the run while holders paused past Valid still write
+	// to the fenced register with their old fences.
+	FenceExpiry bool
 	// Group: the rotation the scenario belongs to: "" the lock rotation
-	// (Rotation), "idem" the idempotency rotation (IdemRotation).
+	// (Rotation), "idem" the idempotency rotation (IdemRotation), "fence"
+	// the fence-expiry rotation (FenceRotation).
 	Group string
 }
 
@@ -221,6 +228,14 @@ var Scenarios = []Scenario{
 		Kinds: []string{FaultDelay, FaultLoss, FaultCut}, Faults: true, Horizon: 400 * time.Millisecond},
 	{Name: "idem-tokens", Strategy: Single, Nodes: 1, Clients: 3, Ops: 6, Idem: IdemTokens, Group: "idem",
 		Kinds: []string{FaultLoss, FaultCut, FaultPause}, Faults: true, Horizon: 150 * time.Millisecond},
+	// The fence-expiry rotation (Group "fence"): the ops scenarios with
+	// FenceExpiry, fence counters that expire between grants within the
+	// run; fence-order and stale-accepted compare fences across those
+	// expiries.
+	{Name: "fence-expiry-single", Strategy: Single, Nodes: 1, Clients: 3, Keys: 2, Ops: 4, OpsWork: true, FenceExpiry: true, Group: "fence", Faults: true, Horizon: 700 * time.Millisecond},
+	{Name: "fence-expiry-quorum", Strategy: Quorum, Nodes: 3, Clients: 3, Keys: 2, Ops: 4, OpsWork: true, FenceExpiry: true, Group: "fence", Faults: true, Horizon: 550 * time.Millisecond},
+	{Name: "fence-expiry-failover", Strategy: Failover, Nodes: 2, Sentinels: 3, Clients: 3, Keys: 2, Ops: 4, OpsWork: true, FenceExpiry: true, Group: "fence",
+		Kinds: []string{FaultDelay, FaultLoss, FaultCut, FaultPause, FaultRestart}, RestartModes: []string{"empty", "durable"}, Faults: true, Horizon: 800 * time.Millisecond},
 }
 
 // Rotation is the lock rotation: the scenarios of Group "" (make test's
@@ -230,6 +245,10 @@ var Rotation = rotation("")
 // IdemRotation is the idempotency rotation: the scenarios of Group "idem"
 // (make test's second run, -rotation idem).
 var IdemRotation = rotation("idem")
+
+// FenceRotation is the fence-expiry rotation: the scenarios of Group
+// "fence" (-rotation fence).
+var FenceRotation = rotation("fence")
 
 func rotation(group string) []Scenario {
 	var rot []Scenario

@@ -255,6 +255,11 @@ func overCeiling(k string, drawn, excused int) string {
 		return ""
 	}
 	p, ok := hazardCeiling[k]
+	if rest, fence := strings.CutPrefix(k, "fence-expiry-"); fence && !ok {
+		// The fence-expiry scenarios are the ops scenarios with fence
+		// counters that expire: the faults cut locks short as there.
+		p, ok = hazardCeiling["ops-"+rest]
+	}
 	if !ok {
 		return fmt.Sprintf("hazards: %s excused %d hazards of %d faults and has no ceiling (hazardCeiling): measure one", k, excused, drawn)
 	}

@@ -223,13 +223,16 @@ func configValue(ctx context.Context, c redis.UniversalClient, name string) stri
 
 // probe takes and releases a lock under prefix on one node, as the single
 // strategy does: a user without the rights the scripts need fails here
-// (NOPERM) rather than on the first real lock.
+// (NOPERM) rather than on the first real lock. Its lock name is new on
+// every run (the process id), so its fence counter expires with the lock's
+// TTL (probeTTL) rather than the default fence TTL: a run leaves nothing
+// behind for longer than that.
 func probe(ctx context.Context, c redis.UniversalClient, prefix string) error {
-	s, err := single.New(c)
+	s, err := single.New(c, single.WithFenceTTL(probeTTL))
 	if err != nil {
 		return err
 	}
-	l, err := redlease.New(s, redlease.WithPrefix(prefix), redlease.WithTTL(5*time.Second))
+	l, err := redlease.New(s, redlease.WithPrefix(prefix), redlease.WithTTL(probeTTL))
 	if err != nil {
 		return err
 	}
@@ -242,3 +245,6 @@ func probe(ctx context.Context, c redis.UniversalClient, prefix string) error {
 	}
 	return nil // held (by another doctor?) or a node trouble reported above
 }
+
+// probeTTL is the probe lock's TTL and its fence counter's.
+const probeTTL = 5 * time.Second

@@ -30,7 +30,8 @@ type Config struct {
 	WaitTimeout time.Duration
 	// Clock judges validity (nil: the system clock).
 	Clock redlease.Clock
-	// FenceTTL > 0: a fence counter expires this long after its last grant.
+	// FenceTTL > 0: a fence counter expires this long after its last
+	// grant; 0: after script.FenceTTL's default.
 	FenceTTL time.Duration
 	// Master, if set, is the Sentinel master name the client follows
 	// (failover.WithMaster): Placement names it instead of the client's
@@ -154,13 +155,10 @@ func (p *Primary) acquire(ctx context.Context, key, token string, ttl time.Durat
 	if p.cfg.Fencing {
 		mode, fenceKey = any(script.IncrFence), any(script.MustFenceKey(key))
 	}
-	fenceTTL := any(script.NoFenceTTL)
-	if p.cfg.FenceTTL > 0 {
-		if ttl > p.cfg.FenceTTL {
-			return redlease.Grant{}, redlease.Invalid("ttl %v: longer than the fence counter TTL %v, which must outlive the lock", ttl, p.cfg.FenceTTL)
-		}
-		fenceTTL = p.cfg.FenceTTL.Milliseconds()
+	if p.cfg.FenceTTL > 0 && ttl > p.cfg.FenceTTL {
+		return redlease.Grant{}, redlease.Invalid("ttl %v: longer than the fence counter TTL %v (WithFenceTTL), which must be at least every TTL acquired with", ttl, p.cfg.FenceTTL)
 	}
+	fenceTTL := script.FenceTTL(p.cfg.FenceTTL, ttl)
 	start := p.cfg.Clock.Now()
 	queue := k // KEYS[4], the line: read only in fair mode
 	if place != nil {
@@ -421,7 +419,8 @@ func DriftFactor(factor float64) func(*Config) error {
 	}
 }
 
-// FenceTTL makes fence counters expire d after their last grant.
+// FenceTTL makes fence counters expire d after their last grant instead
+// of the default (script.FenceTTL).
 func FenceTTL(d time.Duration) func(*Config) error {
 	return func(c *Config) error {
 		if d < time.Millisecond {

@@ -8,8 +8,9 @@
 // Keys: a lock is stored at its key with the holder's token as the plain
 // string value (the layout redsync uses too, so a redsync mutex and a redlease
 // lock on the same name exclude each other). The fence counter of a lock lives
-// at FenceKey(key), in the same cluster slot, without a TTL: fences must never
-// go backwards, and a counter that expired would restart at 1. Fence
+// at FenceKey(key), in the same cluster slot, with a TTL refreshed on every
+// grant (FenceTTL); a counter created anew starts from the server's clock in
+// microseconds, so that fences never go backwards across its expiry. Fence
 // counters and boot markers are in the reserved namespace
 // (redlease.ReservedPrefix), which Check keeps lock keys out of.
 package script
@@ -87,9 +88,14 @@ func Remaining(v int64) (d time.Duration, ok bool) {
 // vote; the marker only takes the new run_id. It costs no extra round trip:
 // the check is part of the acquire.
 //
-// With IncrFence and ARGV[6] > 0, the fence counter expires ARGV[6] ms
-// after its last grant (it is never shortened), for locks whose fences
-// nobody compares after that; "0" leaves it without a TTL.
+// With IncrFence, a grant increments the fence counter; a counter created
+// anew (INCR answered 1: it did not exist) is set to the server's clock in
+// microseconds since the epoch (TIME) instead, and its value is the
+// fence. ARGV[6] > 0: the counter expires ARGV[6] ms after its last grant
+// (it is never shortened); "0" leaves it without a TTL. With ReadFence,
+// and on a refresh of our own key, the reply is the counter as it is, or
+// the server's clock in microseconds where there is none. Why fences
+// still rise across a counter's expiry is in FenceTTL.
 //
 // Fair mode (ARGV[7] given: the waiter's id, the token's base for a Lock
 // call): KEYS[4] is the key's line (QueueKey), a sorted set with two
@@ -197,6 +203,14 @@ if held == false then
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
   if ARGV[3] == '1' then
     local f = redis.call('INCR', KEYS[2])
+    if f == 1 then
+      -- A counter created anew (never used, or expired) starts from the
+      -- server's clock in microseconds: above every fence an expired
+      -- counter handed out (see FenceTTL).
+      local t = redis.call('TIME')
+      f = tonumber(t[1]) * 1000000 + tonumber(t[2])
+      redis.call('SET', KEYS[2], string.format('%d', f), 'KEEPTTL')
+    end
     local keep = tonumber(ARGV[6] or '0')
     if keep > 0 and redis.call('PTTL', KEYS[2]) < keep then
       redis.call('PEXPIRE', KEYS[2], keep)
@@ -218,7 +232,15 @@ end
 if ARGV[3] == '0' then
   return 0
 end
-return tonumber(redis.call('GET', KEYS[2]) or '0')
+-- The counter as it is (ReadFence, or our own key again); a counter that
+-- does not exist reads as the server's clock in microseconds, where a
+-- counter created now would start.
+local c = redis.call('GET', KEYS[2])
+if c then
+  return tonumber(c)
+end
+local t = redis.call('TIME')
+return tonumber(t[1]) * 1000000 + tonumber(t[2])
 `)
 
 // TooYoung is the Acquire script's reply from a node that lost its data
@@ -236,9 +258,60 @@ func Marker(ms int64, runID string) string {
 	return strconv.FormatInt(ms, 10) + ":" + runID
 }
 
-// NoFenceTTL is ARGV[6] of Acquire (ARGV[3] of RaiseFence) for fence
-// counters without a TTL.
+// FenceTTL returns ARGV[6] of Acquire (ARGV[3] of RaiseFence) for a grant
+// of ttl: the fence counter's TTL in ms, refreshed on every grant (never
+// shortened): d (WithFenceTTL), or with d = 0 the longer of
+// redlease.DefaultFenceTTL and ttl. Every fence counter has a TTL.
+//
+// Fences still rise across a counter's expiry, because a counter created
+// anew starts from the server's clock (TIME, microseconds since the
+// epoch), not from 1. Say a counter was created at server time c (its
+// first fence c, in µs), handed out n fences, the last at time g, and
+// expired at g + keep or later (keep: its TTL, refreshed at g). Its last
+// fence is c + n - 1. A counter cannot be incremented more than once per
+// microsecond (each increment is a script run on one single-threaded
+// server, and a grant needs the key free: at least a release or an
+// expiry between two grants), so n - 1 <= g - c and the last fence is at
+// most g. The next counter starts at a time g' >= g + keep, so its first
+// fence g' is above every fence the expired one handed out. Assumption: the
+// server's clock does not step back across the expiry by keep or more
+// (Redis's own key expiry assumes as much); the margin keep also absorbs
+// increments faster than one per microsecond. A holder paused past its
+// counter's expiry therefore holds a fence below the next holder's, and
+// storage that keeps the highest fence it saw refuses its write.
+//
+// Quorum fencing (phase 1 reads each node's counter, a missing one as the
+// node's TIME; phase 2 raises a majority to the highest reading + 1)
+// compares readings across nodes: a fence computed from one node's clock
+// is raised onto others. Any two majorities share a node, which the last
+// holder raised to its fence f at time r (refreshing its TTL to keep);
+// the next holder reads there either that counter (>= f) or, after its
+// expiry, the node's TIME >= r + keep, which is above f as long as the
+// nodes' clocks differ by less than keep (less the margin above). The
+// default keep of redlease.DefaultFenceTTL leaves minutes for both.
+//
+// The counter need not outlive the lock it fenced (extensions do not
+// refresh it): while a key is held nobody else is granted it, and
+// whenever the next grant comes, it is above the counter's last fence,
+// whether the counter lived on or expired. Values stay below 2^53 (exact
+// in Lua's numbers) until the year 2255.
+func FenceTTL(d, ttl time.Duration) any {
+	if d <= 0 {
+		if ttl <= redlease.DefaultFenceTTL {
+			return defaultFenceTTL
+		}
+		d = ttl
+	}
+	return strconv.FormatInt(d.Milliseconds(), 10)
+}
+
+// NoFenceTTL is ARGV[6] of Acquire (ARGV[3] of RaiseFence) that leaves a
+// fence counter without a TTL. No strategy sends it (every counter gets
+// FenceTTL's); it is for a command line without fencing (NoFence).
 const NoFenceTTL = "0"
+
+// defaultFenceTTL is redlease.DefaultFenceTTL in ms, boxed once.
+var defaultFenceTTL any = strconv.FormatInt(redlease.DefaultFenceTTL.Milliseconds(), 10)
 
 // Durable and NotDurable are ARGV[5] of Acquire.
 const (

@@ -1,0 +1,106 @@
+package redlease_test
+
+import (
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/redlease/redlease"
+	"github.com/redlease/redlease/internal/redistest"
+	"github.com/redlease/redlease/internal/script"
+	"github.com/redlease/redlease/quorum"
+	"github.com/redlease/redlease/single"
+)
+
+// fencedStore is the storage a fenced holder writes to: it accepts a
+// write whose fence is at least the highest it accepted (a holder writes
+// several times under one fence) and refuses any lower one.
+type fencedStore struct {
+	mu      sync.Mutex
+	highest uint64
+	writes  []string // who wrote, in order
+}
+
+func (s *fencedStore) write(who string, fence uint64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if fence < s.highest {
+		return false
+	}
+	s.highest = fence
+	s.writes = append(s.writes, who)
+	return true
+}
+
+// A holder paused past its lock's expiry and past its fence counter's
+// expiry, while a new holder takes the lock from a counter created anew,
+// still has its late write refused by a fence-checking store: the new
+// counter's first fence is above every fence the expired one handed out.
+// The order is forced: the paused holder writes only after the counter is
+// gone from every node (polled, bounded) and the new holder has written.
+func TestPausedHolderPastItsFenceCounterIsRefused(t *testing.T) {
+	ctx := t.Context()
+	srv := redistest.Start(t, redistest.Config{})
+	servers := redistest.StartN(t, 3, redistest.Config{})
+	const ttl, keep = time.Second, time.Second
+	s, err := single.New(srv.Client(), single.WithFenceTTL(keep))
+	require.NoError(t, err)
+	for _, c := range []struct {
+		name  string
+		s     redlease.Strategy
+		nodes []*redistest.Server
+	}{
+		{"single", s, []*redistest.Server{srv}},
+		{"quorum", quorumOver(t, directClients(t, servers), quorum.WithFencing(), quorum.WithFenceTTL(keep)), servers},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			l, err := redlease.New(c.s, redlease.WithTTL(ttl))
+			require.NoError(t, err)
+			const key = "payment:77"
+			// Earlier holders, so that the expired counter handed out
+			// more than one fence.
+			for range 3 {
+				lk, err := l.TryLock(ctx, key)
+				require.NoError(t, err)
+				require.NoError(t, lk.Release(ctx))
+			}
+			old, err := l.TryLock(ctx, key)
+			require.NoError(t, err)
+			require.NotZero(t, old.Fence())
+			// The holder pauses. Wait (bounded) until its lock and the
+			// fence counter are gone from every node.
+			fk := script.MustFenceKey(key)
+			deadline := time.Now().Add(10 * time.Second)
+			checked := 0
+			for {
+				gone := 0
+				for _, n := range c.nodes {
+					nk, err := n.Client().Exists(ctx, key, fk).Result()
+					require.NoError(t, err)
+					checked++
+					if nk == 0 {
+						gone++
+					}
+				}
+				if gone == len(c.nodes) {
+					break
+				}
+				require.True(t, time.Now().Before(deadline), "the lock and the fence counter still exist after 10s")
+				time.Sleep(5 * time.Millisecond)
+			}
+			require.Positive(t, checked)
+
+			store := &fencedStore{}
+			next, err := l.TryLock(ctx, key)
+			require.NoError(t, err, "the lock is free")
+			require.True(t, store.write("new", next.Fence()), "the new holder's write")
+			// The paused holder wakes and writes with its old fence.
+			require.False(t, store.write("paused", old.Fence()), "the paused holder's late write must be refused (fences %d then %d)", old.Fence(), next.Fence())
+			require.Greater(t, next.Fence(), old.Fence(), "a counter created anew starts above every fence the expired one handed out")
+			require.Equal(t, []string{"new"}, store.writes)
+			require.NoError(t, next.Release(ctx))
+		})
+	}
+}
