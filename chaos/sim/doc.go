@@ -341,9 +341,9 @@
 //     healthy Sentinel (never hung, neither down nor lossy near its
 //     switch) names the run's last move (the failback, else the
 //     failover). A hold granted under a configuration that move replaced
-//     stops claiming validity by max(S, its grant) + 2 poll + min(poll,
-//     1 s) + 100 ms on its client: the next poll, a poll waiting out a
-//     hung Sentinel's ask timeout, one poll missing a busy Sentinel,
+//     stops claiming validity by max(S, its grant) + 2 poll + min(3/4
+//     poll, 1 s) + 100 ms on its client: the next poll, a poll waiting out
+//     a hung Sentinel's ask timeout, one poll missing a busy Sentinel,
 //     spikes. Examined: such holds; failover-kept/bound: those still
 //     believed at S.
 //   - handoff-late (wake-*, fair-single, fair-quorum3): after a release
