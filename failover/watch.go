@@ -25,7 +25,7 @@ const DefaultPollInterval = 500 * time.Millisecond
 
 const (
 	// maxAskTimeout caps how long a poll waits for one Sentinel; below it,
-	// the poll interval is the cap.
+	// the cap is three quarters of the poll interval (askTimeout).
 	maxAskTimeout = time.Second
 	// startWait is the least time Watch gives the Sentinels to answer.
 	startWait = time.Second
@@ -114,9 +114,10 @@ type report struct {
 // One Sentinel's trouble does not blind the Watcher:
 //
 //   - Every poll asks all Sentinels at once, each in its own goroutine and
-//     under its own timeout (the poll interval, at most a second), and
-//     decides from those that answered in time. A Sentinel still busy with
-//     the previous poll's question is left out rather than asked twice.
+//     under its own timeout (three quarters of the poll interval, at most a
+//     second, so that a poll has ended before the next is due), and decides
+//     from those that answered in time. A Sentinel still busy with the
+//     previous poll's question is left out rather than asked twice.
 //   - Each Sentinel answers with the primary's address and the config epoch
 //     of the configuration that names it (SENTINEL MASTER and SENTINEL
 //     GET-MASTER-ADDR-BY-NAME). Sentinel raises the config epoch with every
@@ -135,7 +136,7 @@ type report struct {
 //     PING and made again if the PING goes unanswered.
 //
 // Watch itself asks every Sentinel at once, each for at most ctx's time and
-// max(a second, the poll interval); it returns when all have answered or
+// a second; it returns when all have answered or
 // failed, and takes the answer with the newest config epoch. If none
 // answered, the error errors.Is redlease.ErrUnavailable, and each
 // Sentinel's cause is a *redlease.NodeError whose Node is its index in
@@ -172,9 +173,9 @@ func Watch(ctx context.Context, s *Strategy, master string, pollInterval time.Du
 	}
 	wctx, cancel := context.WithCancel(context.Background())
 	w := &Watcher{s: s, master: master, sents: sents, interval: pollInterval,
-		askTimeout: min(pollInterval, maxAskTimeout), ctx: wctx, cancel: cancel,
+		askTimeout: askTimeout(pollInterval), ctx: wctx, cancel: cancel,
 		askNow: make(chan struct{}, 1)}
-	w.subTimeout = max(w.askTimeout, minSubscribeTimeout)
+	w.subTimeout = max(min(pollInterval, maxAskTimeout), minSubscribeTimeout)
 
 	sctx, scancel := context.WithTimeout(ctx, max(w.askTimeout, startWait))
 	reports, errs := w.ask(sctx)
@@ -205,6 +206,15 @@ func Watch(ctx context.Context, s *Strategy, master string, pollInterval time.Du
 	}
 	w.wg.Go(w.poll)
 	return w, nil
+}
+
+// askTimeout is how long a poll every interval waits for one Sentinel:
+// three quarters of the interval (all of it below 4 ns), at most
+// maxAskTimeout. A question that times out has ended, and its Sentinel is
+// free to be asked again, before the next poll is due, rather than at the
+// same instant.
+func askTimeout(interval time.Duration) time.Duration {
+	return min(interval-interval/4, maxAskTimeout)
 }
 
 // Primary returns the primary's address as the Watcher last saw it.

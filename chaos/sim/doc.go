@@ -374,9 +374,9 @@
 //     healthy Sentinel (never hung, neither down nor lossy near its
 //     switch) names the run's last move (the failback, else the
 //     failover). A hold granted under a configuration that move replaced
-//     stops claiming validity by max(S, its grant) + 2 poll + min(poll,
-//     1 s) + 100 ms on its client: the next poll, a poll waiting out a
-//     hung Sentinel's ask timeout, one poll missing a busy Sentinel,
+//     stops claiming validity by max(S, its grant) + 2 poll + min(3/4
+//     poll, 1 s) + 100 ms on its client: the next poll, a poll waiting out
+//     a hung Sentinel's ask timeout, one poll missing a busy Sentinel,
 //     spikes. Examined: such holds; failover-kept/bound: those still
 //     believed at S.
 //   - handoff-late (wake-*, fair-single, fair-quorum3): after a release
@@ -453,15 +453,13 @@
 //
 // Not determined by the seed: the undo pauses of a waiter registered by
 // Waker.Listen (no context; no scenario has two waiters of one client on
-// one key at once); identical handshakes of connections one client's
-// workers dialled at one instant (their occurrence order is the
-// scheduler's); in the dial-close construction, go-redis's PubSub mutex
-// passing between the reconnecting reader and the hub's UNSUBSCRIBE at the
-// handshake's instant; the failover Watcher's ask timing out exactly at
-// its next poll tick (the ask timeout equals the poll interval); and two
-// requests of one client leaving together when one takes the idle pooled
-// connection and the other dials. docs/simulator.md has the measured
-// share of exact replays.
+// one key at once); which of several requests of one client that wait on
+// its pool at once gets which new connection (go-redis dials in goroutines
+// of its own and hands each connection to the waiters in the order they
+// queued, the scheduler's: the dials and handshakes are the same in every
+// run, the requests sent on them are not); and two requests of one client
+// leaving together when one takes the idle pooled connection and the other
+// dials. docs/simulator.md has the measured share of exact replays.
 //
 // -replays N (with -seed) runs the seed N times in turn and compares
 // canonical histories: every line, node-level ones included, each lock

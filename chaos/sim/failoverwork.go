@@ -614,12 +614,12 @@ const watchSlack = 100 * time.Millisecond
 // watchBound is how long after a healthy Sentinel adopts the new
 // configuration a Watcher polling every poll has revoked its locks: the
 // next poll starts within poll; a poll waits for its slowest Sentinel (a
-// hung one) until its ask timeout, min(poll, 1 s), before it acts; and a
-// healthy Sentinel still busy with the previous poll's question (its
-// answer late by a spike) is left out of one poll: one more poll. Plus
-// watchSlack.
+// hung one) until its ask timeout, min(3/4 poll, 1 s) (failover/watch.go's
+// askTimeout), before it acts; and a healthy Sentinel still busy with the
+// previous poll's question (its answer late by a spike) is left out of one
+// poll: one more poll. Plus watchSlack.
 func watchBound(poll time.Duration) time.Duration {
-	return 2*poll + min(poll, time.Second) + watchSlack
+	return 2*poll + min(poll-poll/4, time.Second) + watchSlack
 }
 
 // lastMove is the run's last change of primary: the failback if there is

@@ -356,9 +356,9 @@ func (w *World) retryBackoff(ci int, target uint64) time.Duration {
 // on client ci's go-redis client to target: go-redis's default 100 ms
 // plus a few nanoseconds drawn from the seed, so that a dial retried
 // after a refused one never wakes at the instant a library timer of a
-// round 100 ms started with the refused dial ends (the failover
-// Watcher's ask timeout did, and which of the two dialled first followed
-// the Go scheduler).
+// round 100 ms started with the refused dial ends (a failover Watcher's
+// next poll tick, 100 ms after the poll whose ask was refused: which of
+// the two dialled first would follow the Go scheduler).
 func (w *World) dialRetry(ci int, target uint64) time.Duration {
 	return 100*time.Millisecond + time.Duration(1+mix(mix(w.seed, 0xd1a1), uint64(ci+2)<<32|target)%maxSettle)
 }

@@ -477,13 +477,22 @@ func (h *hub) write() {
 	defer close(h.done)
 	var lingerC <-chan time.Time // not nil while idle: when to stop
 	for {
+		// A flush (Close) goes before a kick that came with it (Close's
+		// waiters leaving): the hub stops without an UNSUBSCRIBE first,
+		// and the choice is not a select's random one (the simulator
+		// replays a seed).
 		expire := false
 		select {
-		case <-h.kick:
 		case <-h.flush:
 			expire = true
-		case <-lingerC:
-			expire = true
+		default:
+			select {
+			case <-h.kick:
+			case <-h.flush:
+				expire = true
+			case <-lingerC:
+				expire = true
+			}
 		}
 		var subs, unsubs []string
 		mu.Lock()
