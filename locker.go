@@ -93,8 +93,9 @@ func (l *Locker) config(key string, opts []LockOption) (lockConfig, error) {
 }
 
 // TryLock makes one attempt to take key. It returns ErrNotObtained (possibly
-// with per-node causes) if the key is held or too few nodes agreed, and never
-// waits for a holder to let go.
+// with per-node causes) if the key is held, ErrUnavailable if too few nodes
+// answered (an outage, not a holder), ErrDenied if the nodes refused the
+// client's credentials or rights, and never waits for a holder to let go.
 func (l *Locker) TryLock(ctx context.Context, key string, opts ...LockOption) (*Lock, error) {
 	c, err := l.config(key, opts)
 	if err != nil {
@@ -114,8 +115,11 @@ func (l *Locker) TryLock(ctx context.Context, key string, opts ...LockOption) (*
 
 // Lock takes key, retrying with jittered exponential backoff (WithRetryDelay)
 // until it is obtained, ctx is done, or WithMaxAttempts attempts are spent.
-// When ctx ends the wait, the error errors.Is both ErrNotObtained and ctx's
-// error.
+// It retries refusals (ErrNotObtained) and outages (ErrUnavailable), and
+// returns any other error at once (ErrDenied, ErrInvalid): retrying would
+// not change it. When ctx ends the wait, the error errors.Is ctx's error,
+// and ErrNotObtained if the nodes' last answer was "held" (or no attempt
+// was answered), ErrUnavailable if it was an outage.
 //
 // On a Strategy that is a Waker (single, quorum, failover), a refused
 // first attempt is followed by a subscription to the key's releases,
@@ -215,6 +219,12 @@ func (l *Locker) retry(ctx context.Context, c lockConfig, key string) (lk *Lock,
 			owed = true
 		default:
 		}
+		if attempt > 1 && ctx.Err() != nil {
+			// The wait ended before this attempt went out (in the
+			// subscription after the first): the last answer stands,
+			// held or unavailable.
+			return nil, withCause(err, context.Cause(ctx))
+		}
 		lk, err = l.attempt(ctx, c, key, attemptToken(base, attempt), place)
 		if err == nil || (ctx.Err() == nil && !errors.Is(err, ErrUnavailable)) {
 			// Answered: granted, refused, or a bad call. An attempt the
@@ -222,7 +232,9 @@ func (l *Locker) retry(ctx context.Context, c lockConfig, key string) (lk *Lock,
 			// nothing, even if a node refused it on the way.
 			owed = false
 		}
-		if err == nil || !errors.Is(err, ErrNotObtained) {
+		if err == nil || !(errors.Is(err, ErrNotObtained) || errors.Is(err, ErrUnavailable)) {
+			// Granted, or an answer no retry changes (ErrDenied,
+			// ErrInvalid).
 			return lk, err
 		}
 		if place != nil {
