@@ -3,9 +3,9 @@ package redlease
 import (
 	"context"
 	"errors"
-	"fmt"
 	"reflect"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -519,12 +519,30 @@ func (l *Locker) Do(ctx context.Context, key string, fn func(ctx context.Context
 		case lost == nil:
 		case err == nil:
 			err = lost
+		case errors.Is(err, lost):
+			// fn returned its ctx's cause: the loss itself.
 		default:
-			err = fmt.Errorf("%w; %w", err, lost)
+			err = alsoLost{err, lost}
 		}
 	}()
 	return fn(fnCtx, lk)
 }
+
+// alsoLost is fn's error and the loss of Do's lock before fn returned, on
+// one line, "<fn's error>; <the loss>", with the loss's "redlease: "
+// prefix dropped if fn's error already shows one; errors.Is and errors.As
+// see both.
+type alsoLost [2]error
+
+func (e alsoLost) Error() string {
+	first, lost := e[0].Error(), e[1].Error()
+	if strings.Contains(first, "redlease: ") {
+		lost = strings.TrimPrefix(lost, "redlease: ")
+	}
+	return first + "; " + lost
+}
+
+func (e alsoLost) Unwrap() []error { return e[:] }
 
 // releaseBound is how long Do waits for its release: the strategy's call
 // bound (CallBounder; DefaultCallBound if it states none, or none that is

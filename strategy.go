@@ -385,7 +385,7 @@ func (e *QuorumError) Error() string {
 	}
 	for _, c := range e.Causes {
 		b.WriteString("; ")
-		b.WriteString(c.Error())
+		b.WriteString(strings.TrimPrefix(c.Error(), "redlease: ")) // ErrQueued: the prefix once
 	}
 	return b.String()
 }

@@ -593,7 +593,7 @@ func (s *Strategy) failure(ctx context.Context, op string, sentinel error, t tal
 		Unavailable: down,
 	}
 	if ctx.Err() != nil {
-		return fmt.Errorf("%w: %w", qe, context.Cause(ctx))
+		return redlease.Wrap(qe, context.Cause(ctx))
 	}
 	return qe
 }
