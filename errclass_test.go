@@ -3,6 +3,7 @@ package redlease_test
 import (
 	"context"
 	"errors"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -40,13 +41,18 @@ func readmeSwitch(err error) string {
 type acquireCounter struct {
 	n     atomic.Int32
 	after func()
+	mu    sync.Mutex
+	errs  []error // each attempt's error, in order
 }
 
 func (o *acquireCounter) Start(ctx context.Context, op redlease.Op) (context.Context, func(error)) {
 	if op.Name != "acquire" {
 		return ctx, func(error) {}
 	}
-	return ctx, func(error) {
+	return ctx, func(err error) {
+		o.mu.Lock()
+		o.errs = append(o.errs, err)
+		o.mu.Unlock()
 		if o.n.Add(1) == 1 && o.after != nil {
 			o.after()
 		}
@@ -169,14 +175,17 @@ func TestDeniedIsAConfigError(t *testing.T) {
 }
 
 // A quorum fails with ErrDenied when the denials alone rule it out, and
-// keeps every node's cause; a denied minority does not stop a grant.
+// keeps every node's cause; a denied minority does not stop a grant. The
+// node timeout is far above a denial's round trip, so that silence never
+// decides a round here (at the default 100 ms a node slow to answer
+// WRONGPASS under -race was counted silent: ErrUnavailable, retried).
 func TestQuorumDeniedByAMajority(t *testing.T) {
 	noperm, wrongpass, _ := deniedClients(t)
 	ok := redistest.StartN(t, 2, redistest.Config{})
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
 
-	q, err := quorum.New([]redis.UniversalClient{noperm, wrongpass, ok[0].Client()})
+	q, err := quorum.New([]redis.UniversalClient{noperm, wrongpass, ok[0].Client()}, quorum.WithNodeTimeout(5*time.Second))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = q.Close() })
 	obs := &acquireCounter{}
@@ -186,14 +195,14 @@ func TestQuorumDeniedByAMajority(t *testing.T) {
 	assert.ErrorIs(t, err, redlease.ErrDenied)
 	assert.NotErrorIs(t, err, redlease.ErrUnavailable)
 	assert.NotErrorIs(t, err, redlease.ErrNotObtained)
-	assert.EqualValues(t, 1, obs.n.Load(), "Lock returned after one attempt")
+	assert.EqualValues(t, 1, obs.n.Load(), "Lock returned after one attempt: %v", obs.errs)
 	var qe *redlease.QuorumError
 	require.ErrorAs(t, err, &qe)
 	require.Len(t, qe.Causes, 2, "%v", err)
 	assert.True(t, redis.IsPermissionError(qe.Causes[0]), "%v", qe.Causes[0])
 	assert.True(t, redis.IsAuthError(qe.Causes[1]), "%v", qe.Causes[1])
 
-	q2, err := quorum.New([]redis.UniversalClient{noperm, ok[0].Client(), ok[1].Client()})
+	q2, err := quorum.New([]redis.UniversalClient{noperm, ok[0].Client(), ok[1].Client()}, quorum.WithNodeTimeout(5*time.Second))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = q2.Close() })
 	lk, err := newLocker(t, q2).TryLock(ctx, "denied")
