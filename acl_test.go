@@ -160,7 +160,8 @@ func TestUserWithoutRightsFailsClearly(t *testing.T) {
 	_, err := locker.TryLock(ctx, "lock:x")
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "NOPERM", "the cause names the missing permission")
-	assert.ErrorIs(t, err, redlease.ErrNotObtained)
+	assert.ErrorIs(t, err, redlease.ErrDenied)
+	assert.NotErrorIs(t, err, redlease.ErrNotObtained)
 
 	locker2 := singleLocker(t, wrongKeys)
 	_, err = locker2.TryLock(ctx, "other:x") // outside the allowed key patterns

@@ -210,10 +210,14 @@
 // # Errors
 //
 // Every failure is checkable with errors.Is against the sentinels
-// (ErrNotObtained, ErrNotHeld, ErrLost, ErrUnavailable, ErrInvalid), and the
-// failures of individual nodes are kept: errors.As(err, &nodeErr) with a
-// *NodeError, errors.As(err, &quorumErr) with a *QuorumError. A cancelled
-// or expired ctx stays visible: errors.Is(err, context.Canceled).
+// (ErrNotObtained, ErrNotHeld, ErrLost, ErrUnavailable, ErrDenied,
+// ErrInvalid), and the failures of individual nodes are kept:
+// errors.As(err, &nodeErr) with a *NodeError, errors.As(err, &quorumErr)
+// with a *QuorumError. A cancelled or expired ctx stays visible:
+// errors.Is(err, context.Canceled). An acquisition fails with exactly one
+// of ErrNotObtained (held), ErrUnavailable (an outage: nodes down, slow,
+// or a write too few replicas acknowledged) and ErrDenied (credentials or
+// ACL rights: a configuration error, which Lock and Do do not retry).
 //
 // # Constructors and Close
 //

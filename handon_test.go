@@ -2,6 +2,7 @@ package redlease_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -63,7 +64,7 @@ func (w *wakerFake) Watch(ctx context.Context, key, waiter string) (<-chan struc
 // Lock that waits an hour between attempts, and forces one order of
 // events; stop's handOn must say whether a notice went unanswered.
 func TestAWaiterLeavingWithAnUnansweredNoticeHandsItOn(t *testing.T) {
-	unavailable := redlease.Wrap(redlease.ErrNotObtained, redlease.ErrUnavailable)
+	unavailable := redlease.ErrUnavailable // as the strategies answer an attempt nodes failed
 	cases := []struct {
 		name string
 		// after the waiter is asleep in its backoff: what happens, and
@@ -127,7 +128,9 @@ func TestAWaiterLeavingWithAnUnansweredNoticeHandsItOn(t *testing.T) {
 					tc.run(w, cancel)
 					err = <-done
 					if err != nil {
-						require.ErrorIs(t, err, redlease.ErrNotObtained)
+						// Held, or the attempt failed on the way: both
+						// are retried, neither is a grant.
+						require.True(t, errors.Is(err, redlease.ErrNotObtained) || errors.Is(err, redlease.ErrUnavailable), "%v", err)
 					}
 					require.Equal(t, tc.want, <-w.stops, "stop's handOn")
 				})

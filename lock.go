@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -46,14 +47,18 @@ type Lock struct {
 	// later extension.
 	extends      []*pendingExtend
 	undecidedTTL time.Duration
-	cause        error         // non-nil once lost
-	sent         bool          // a Release was sent: whatever came back, the lock claims nothing any more
-	released     bool          // a Release confirmed the key gone (or not ours)
-	reported     bool          // the Observer was told how the hold ended
-	report       func()        // that telling, run by unlock outside lk.mu
-	lost         chan struct{} // made by the first Lost call; closed once lost or a release was sent
-	expiry       *time.Timer   // started by the first Lost call; marks the lock lost at until−margin
-	untrack      func()        // from a Revoker strategy; run once the lock is released or lost
+	cause        error // non-nil once lost
+	// failed is the error of the last extension that failed undecided
+	// (ErrUnavailable: which nodes failed, and how) since the last one
+	// that succeeded; a loss by expiry names it.
+	failed   error
+	sent     bool          // a Release was sent: whatever came back, the lock claims nothing any more
+	released bool          // a Release confirmed the key gone (or not ours)
+	reported bool          // the Observer was told how the hold ended
+	report   func()        // that telling, run by unlock outside lk.mu
+	lost     chan struct{} // made by the first Lost call; closed once lost or a release was sent
+	expiry   *time.Timer   // started by the first Lost call; marks the lock lost at until−margin
+	untrack  func()        // from a Revoker strategy; run once the lock is released or lost
 
 	observer Observer  // nil: none
 	granted  time.Time // for the hold time an Observer is told
@@ -376,9 +381,12 @@ func (lk *Lock) finishExtend(rec *pendingExtend, g Grant, err error) error {
 	}
 	switch {
 	case err == nil:
+		lk.failed = nil
 		err = lk.applySuccessLocked(rec, g)
 	case errors.Is(err, ErrNotHeld):
 		lk.markLostLocked(err)
+	case undecided(err):
+		lk.failed = err
 	}
 	lk.pruneExtendsLocked()
 	return err
@@ -575,7 +583,7 @@ func (lk *Lock) Release(ctx context.Context) error {
 	if err == nil || errors.Is(err, ErrNotHeld) {
 		lk.released = true
 	} else if lk.cause == nil {
-		lk.cause = fmt.Errorf("%w: %s: release sent but not confirmed: %w", ErrLost, lk.key, err)
+		lk.cause = &lostError{key: lk.key, what: "release sent but not confirmed", cause: err}
 	}
 	lk.reportLocked(lk.cause)
 	lk.unlock()
@@ -605,7 +613,11 @@ func (lk *Lock) deadlineLocked() time.Time { return lk.until.Add(-lk.margin) }
 // has run out.
 func (lk *Lock) checkExpiryLocked() {
 	if lk.heldLocked() && !lk.clock.Now().Before(lk.deadlineLocked()) {
-		lk.markLostLocked(errExpired)
+		if lk.failed != nil {
+			lk.markLostLocked(&lostError{what: errExpired.Error() + "; the last extension failed", cause: lk.failed, also: errExpired})
+		} else {
+			lk.markLostLocked(errExpired)
+		}
 	}
 }
 
@@ -651,7 +663,12 @@ func (lk *Lock) markLostLocked(cause error) {
 	if !lk.heldLocked() {
 		return
 	}
-	lk.cause = fmt.Errorf("%w: %s: %w", ErrLost, lk.key, cause)
+	if le, ok := cause.(*lostError); ok && le.key == "" {
+		le.key = lk.key
+		lk.cause = le
+	} else {
+		lk.cause = &lostError{key: lk.key, cause: cause}
+	}
 	lk.endLocked()
 	lk.reportLocked(lk.cause)
 }
@@ -680,6 +697,39 @@ func (lk *Lock) reportLocked(cause error) {
 		op, d := lk.op("hold"), time.Since(lk.granted)
 		lk.report = func() { o.Held(op, d, cause) }
 	}
+}
+
+// lostError is a Lock's loss: "redlease: lock lost: <key>: [what: ]<cause>"
+// on one line, with the cause's own "redlease: " prefix dropped (see Wrap).
+// It matches ErrLost, also (when set) and cause with errors.Is and
+// errors.As: a loss by expiry after failed extensions names the failed
+// nodes (*NodeError) of the last one.
+type lostError struct {
+	key   string
+	what  string // what happened, before the cause ("" for none)
+	cause error
+	also  error // another error it matches (errExpired), or nil
+}
+
+func (e *lostError) Error() string {
+	var b strings.Builder
+	b.WriteString(ErrLost.Error())
+	b.WriteString(": ")
+	b.WriteString(e.key)
+	if e.what != "" {
+		b.WriteString(": ")
+		b.WriteString(e.what)
+	}
+	b.WriteString(": ")
+	b.WriteString(strings.TrimPrefix(e.cause.Error(), "redlease: "))
+	return b.String()
+}
+
+func (e *lostError) Unwrap() []error {
+	if e.also != nil {
+		return []error{ErrLost, e.also, e.cause}
+	}
+	return []error{ErrLost, e.cause}
 }
 
 // ErrLost means a lock was lost while its holder still believed in it: its

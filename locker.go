@@ -3,9 +3,9 @@ package redlease
 import (
 	"context"
 	"errors"
-	"fmt"
 	"reflect"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -93,8 +93,9 @@ func (l *Locker) config(key string, opts []LockOption) (lockConfig, error) {
 }
 
 // TryLock makes one attempt to take key. It returns ErrNotObtained (possibly
-// with per-node causes) if the key is held or too few nodes agreed, and never
-// waits for a holder to let go.
+// with per-node causes) if the key is held, ErrUnavailable if too few nodes
+// answered (an outage, not a holder), ErrDenied if the nodes refused the
+// client's credentials or rights, and never waits for a holder to let go.
 func (l *Locker) TryLock(ctx context.Context, key string, opts ...LockOption) (*Lock, error) {
 	c, err := l.config(key, opts)
 	if err != nil {
@@ -114,8 +115,11 @@ func (l *Locker) TryLock(ctx context.Context, key string, opts ...LockOption) (*
 
 // Lock takes key, retrying with jittered exponential backoff (WithRetryDelay)
 // until it is obtained, ctx is done, or WithMaxAttempts attempts are spent.
-// When ctx ends the wait, the error errors.Is both ErrNotObtained and ctx's
-// error.
+// It retries refusals (ErrNotObtained) and outages (ErrUnavailable), and
+// returns any other error at once (ErrDenied, ErrInvalid): retrying would
+// not change it. When ctx ends the wait, the error errors.Is ctx's error,
+// and ErrNotObtained if the nodes' last answer was "held" (or no attempt
+// was answered), ErrUnavailable if it was an outage.
 //
 // On a Strategy that is a Waker (single, quorum, failover), a refused
 // first attempt is followed by a subscription to the key's releases,
@@ -215,6 +219,12 @@ func (l *Locker) retry(ctx context.Context, c lockConfig, key string) (lk *Lock,
 			owed = true
 		default:
 		}
+		if attempt > 1 && ctx.Err() != nil {
+			// The wait ended before this attempt went out (in the
+			// subscription after the first): the last answer stands,
+			// held or unavailable.
+			return nil, withCause(err, context.Cause(ctx))
+		}
 		lk, err = l.attempt(ctx, c, key, attemptToken(base, attempt), place)
 		if err == nil || (ctx.Err() == nil && !errors.Is(err, ErrUnavailable)) {
 			// Answered: granted, refused, or a bad call. An attempt the
@@ -222,7 +232,9 @@ func (l *Locker) retry(ctx context.Context, c lockConfig, key string) (lk *Lock,
 			// nothing, even if a node refused it on the way.
 			owed = false
 		}
-		if err == nil || !errors.Is(err, ErrNotObtained) {
+		if err == nil || !(errors.Is(err, ErrNotObtained) || errors.Is(err, ErrUnavailable)) {
+			// Granted, or an answer no retry changes (ErrDenied,
+			// ErrInvalid).
 			return lk, err
 		}
 		if place != nil {
@@ -507,12 +519,30 @@ func (l *Locker) Do(ctx context.Context, key string, fn func(ctx context.Context
 		case lost == nil:
 		case err == nil:
 			err = lost
+		case errors.Is(err, lost):
+			// fn returned its ctx's cause: the loss itself.
 		default:
-			err = fmt.Errorf("%w; %w", err, lost)
+			err = alsoLost{err, lost}
 		}
 	}()
 	return fn(fnCtx, lk)
 }
+
+// alsoLost is fn's error and the loss of Do's lock before fn returned, on
+// one line, "<fn's error>; <the loss>", with the loss's "redlease: "
+// prefix dropped if fn's error already shows one; errors.Is and errors.As
+// see both.
+type alsoLost [2]error
+
+func (e alsoLost) Error() string {
+	first, lost := e[0].Error(), e[1].Error()
+	if strings.Contains(first, "redlease: ") {
+		lost = strings.TrimPrefix(lost, "redlease: ")
+	}
+	return first + "; " + lost
+}
+
+func (e alsoLost) Unwrap() []error { return e[:] }
 
 // releaseBound is how long Do waits for its release: the strategy's call
 // bound (CallBounder; DefaultCallBound if it states none, or none that is

@@ -32,7 +32,10 @@ import (
 type Strategy interface {
 	// Acquire makes ONE attempt to place key for ttl under token.
 	// It returns a Grant whose Until lies in the future, or an error that
-	// errors.Is ErrNotObtained (taken, or too few nodes agreed in time),
+	// errors.Is ErrNotObtained (taken: refused by enough nodes, or granted
+	// with no validity left), ErrUnavailable (too few nodes answered, or
+	// a write they did not acknowledge: an outage, never "taken"),
+	// ErrDenied (the nodes refused the client's credentials or rights),
 	// ErrInvalid (bad input) or the ctx error.
 	Acquire(ctx context.Context, key, token string, ttl time.Duration) (Grant, error)
 	// Extend gives key, where it is still held under token, at least ttl
@@ -279,9 +282,11 @@ type Extended struct {
 }
 
 // ErrNotObtained means an attempt to take a lock did not succeed: the key is
-// held by someone else, or too few nodes granted it in time. It is safe to
-// try again later. Per-node causes, where there are any, are reachable with
-// errors.As (*NodeError) on the same error.
+// held by someone else (enough nodes refused it), or the grant came back
+// with no validity left. It is safe to try again later. Per-node causes,
+// where there are any, are reachable with errors.As (*NodeError) on the
+// same error. An attempt that failed because nodes were down, slow or did
+// not acknowledge the write is an outage: ErrUnavailable, not this.
 var ErrNotObtained = errors.New("redlease: lock not obtained")
 
 // ErrNotHeld means the caller no longer holds the lock it asked to extend or
@@ -290,14 +295,25 @@ var ErrNotObtained = errors.New("redlease: lock not obtained")
 // as done without it.
 var ErrNotHeld = errors.New("redlease: lock not held")
 
-// ErrUnavailable means too few nodes answered in time to decide an extend or
-// release either way. The lock may still be held; its last Until still
-// bounds it. Per-node causes are reachable with errors.As (*NodeError).
-//
-// An acquisition that failed because nodes were down or timed out, rather
-// than because the lock is held, returns an error that matches both
-// ErrNotObtained and ErrUnavailable.
+// ErrUnavailable means too few nodes answered in time to decide an
+// operation either way: nodes down, timed out, erroring, or (failover) a
+// write too few replicas acknowledged. On an extend or release the lock may
+// still be held; its last Until still bounds it. On an acquisition nobody
+// said "held": the lock was not obtained, and the error does not match
+// ErrNotObtained. Locker.Lock and Do retry it like a refusal, within their
+// bounds. Per-node causes are reachable with errors.As (*NodeError).
 var ErrUnavailable = errors.New("redlease: too few nodes answered")
+
+// ErrDenied means the nodes refused the client itself: its credentials
+// (NOAUTH, WRONGPASS: a missing or wrong user or password) or its rights
+// (NOPERM: the ACL user lacks a command, key or channel that redlease needs;
+// docs/redis-acl.conf lists them, and `redlease doctor` checks them). It is
+// a configuration error, neither ErrNotObtained nor ErrUnavailable:
+// retrying will not help, so Locker.Lock and Do return it at once. A quorum
+// operation fails with it when the denials alone rule its quorum out.
+// Per-node causes (the server's replies) are reachable with errors.As
+// (*NodeError), and with go-redis's IsPermissionError and IsAuthError.
+var ErrDenied = errors.New("redlease: denied by the server (authentication or ACL rights)")
 
 // ErrInvalid means an argument or option was rejected (an empty key, a
 // non-positive TTL, a nil client, a quorum that cannot be met, ...). The
@@ -330,8 +346,10 @@ func (e *NodeError) Error() string {
 func (e *NodeError) Unwrap() error { return e.Err }
 
 // QuorumError reports an operation across several nodes that did not reach
-// its quorum. It unwraps to its sentinel (ErrNotObtained for acquire,
-// ErrNotHeld for extend and release) and to every per-node cause, so both
+// its quorum. It unwraps to its sentinel (ErrNotObtained for an acquire
+// that refusals decided, ErrUnavailable for one that failures decided,
+// ErrNotHeld or ErrUnavailable for extend and release, ErrDenied for any
+// operation that denials decided) and to every per-node cause, so both
 // errors.Is(err, ErrNotObtained) and errors.As(err, &nodeErr) work.
 type QuorumError struct {
 	Action  string        // "acquire", "extend" or "release"
@@ -340,12 +358,12 @@ type QuorumError struct {
 	Nodes   int           // nodes asked
 	Elapsed time.Duration // time from the first request to the decision
 	Expired bool          // a quorum agreed, but too late: no validity was left
-	Err     error         // the sentinel
+	Err     error         // the sentinel (see above)
 	Causes  []error       // one *NodeError per failed node (ErrQueued in fair mode); nil if none failed
 	// Unavailable is set on an acquisition that failures (nodes down,
 	// timed out, erroring) decided rather than refusals: not enough nodes
-	// said "taken" to rule the quorum out. The error then also matches
-	// ErrUnavailable, while still matching ErrNotObtained.
+	// said "taken" to rule the quorum out. Err is then ErrUnavailable, and
+	// the error does not match ErrNotObtained.
 	Unavailable bool
 	// Remaining, on an acquisition, is the longest remaining TTL of the
 	// holder's key among the nodes that refused, as they measured it when
@@ -359,7 +377,7 @@ type QuorumError struct {
 func (e *QuorumError) Error() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%v", e.Err)
-	if e.Unavailable {
+	if e.Unavailable && e.Err != ErrUnavailable {
 		b.WriteString(" (nodes unavailable)")
 	}
 	fmt.Fprintf(&b, ": %s: %d of %d nodes agreed, %d needed, after %s",
@@ -369,13 +387,13 @@ func (e *QuorumError) Error() string {
 	}
 	for _, c := range e.Causes {
 		b.WriteString("; ")
-		b.WriteString(c.Error())
+		b.WriteString(strings.TrimPrefix(c.Error(), "redlease: ")) // ErrQueued: the prefix once
 	}
 	return b.String()
 }
 
-// Unwrap returns the sentinel (and ErrUnavailable when Unavailable is set)
-// followed by every per-node cause.
+// Unwrap returns the sentinel (and ErrUnavailable when Unavailable is set
+// and the sentinel is another) followed by every per-node cause.
 func (e *QuorumError) Unwrap() []error {
 	errs := []error{e.Err}
 	if e.Unavailable && e.Err != ErrUnavailable {

@@ -218,7 +218,7 @@ const maxRetries = 1000
 // reports how often as retried/op, instead of failing the run; a case
 // that keeps failing still fails after maxRetries tries.
 func notObtained(err error) bool {
-	return errors.Is(err, redlease.ErrNotObtained)
+	return errors.Is(err, redlease.ErrNotObtained) || errors.Is(err, redlease.ErrUnavailable)
 }
 
 // redsyncNotObtained is notObtained for redsync's LockContext with one try.

@@ -7,7 +7,8 @@
 // same connection (one round trip), by WAIT n timeout. A grant stands only if
 // at least n replicas acknowledged it (WithReplicas, default 1); otherwise
 // the key is released again and the caller gets an error that errors.Is
-// redlease.ErrNotObtained and ErrNotReplicated. A fence is INCRed in
+// redlease.ErrUnavailable and ErrNotReplicated (an outage, never "held":
+// not ErrNotObtained). A fence is INCRed in
 // the same script before the WAIT, so a failover that WAIT covered keeps the
 // fence counter, and the next holder's fence is higher. Fence counters
 // expire (WithFenceTTL; redlease.DefaultFenceTTL by default) and one

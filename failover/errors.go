@@ -8,9 +8,10 @@ import (
 
 // ErrNotReplicated means a write was not acknowledged by as many replicas as
 // the strategy requires (Redis WAIT) in time. An acquisition that fails
-// this way was undone (its error also matches redlease.ErrNotObtained); an
-// extension that fails this way is undecided (it also matches
-// redlease.ErrUnavailable, and the lock keeps its previous Until). WAIT is
+// this way was undone (its error also matches redlease.ErrUnavailable, and
+// not ErrNotObtained: nobody holds the key); an extension that fails this
+// way is undecided (it also matches redlease.ErrUnavailable, and the lock
+// keeps its previous Until). WAIT is
 // best effort, not consensus: see the package documentation.
 var ErrNotReplicated = primary.ErrNotReplicated
 

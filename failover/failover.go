@@ -128,7 +128,8 @@ func New(client redis.UniversalClient, opts ...Option) (*Strategy, error) {
 // Acquire takes key with SET NX PX (and the fence INCR) followed by WAIT in
 // the same pipeline, one round trip. If fewer replicas than required
 // acknowledged, the key is released again and the error errors.Is both
-// redlease.ErrNotObtained and ErrNotReplicated.
+// redlease.ErrUnavailable and ErrNotReplicated, and not ErrNotObtained: an
+// outage (a paused or lagging replica, a failover under way), not a holder.
 func (s *Strategy) Acquire(ctx context.Context, key, token string, ttl time.Duration) (redlease.Grant, error) {
 	return s.p.Acquire(ctx, key, token, ttl)
 }

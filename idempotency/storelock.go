@@ -196,12 +196,12 @@ func (s *storeLock) Acquire(ctx context.Context, key, token string, ttl time.Dur
 			// this the lock would block every retry until its TTL.
 			s.undoNow(ctx, ttl, c.rec, key, token)
 		}
-		return redlease.Grant{}, primary.Fail(ctx, s.addr, primary.ErrNotObtainedUnavailable, err)
+		return redlease.Grant{}, primary.Fail(ctx, s.addr, primary.ErrAcquireUnavailable, err)
 	}
 	st, v, err := parseClaim(reply)
 	if err != nil {
 		s.undoNow(ctx, ttl, c.rec, key, token)
-		return redlease.Grant{}, primary.Fail(ctx, s.addr, primary.ErrNotObtainedUnavailable, err)
+		return redlease.Grant{}, primary.Fail(ctx, s.addr, primary.ErrAcquireUnavailable, err)
 	}
 	switch st.state {
 	case "done", "mismatch":

@@ -132,7 +132,7 @@ func TestMetricsWithOneNodeDown(t *testing.T) {
 	servers[2].Kill()
 	servers[3].Kill()
 	_, err = locker.TryLock(ctx, "job2")
-	require.ErrorIs(t, err, redlease.ErrNotObtained)
+	require.ErrorIs(t, err, redlease.ErrUnavailable)
 	t.Logf("the failed acquisition: %v", err)
 	var events, acquireSpans int
 	for _, sp := range spans.Ended() {

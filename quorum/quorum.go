@@ -567,20 +567,44 @@ func (s *Strategy) heldOrUnknown(t tally) error {
 }
 
 // failure builds the error of a round that fell short of a quorum; if ctx
-// ended the round, ctx's error is reachable with errors.Is too.
+// ended the round, ctx's error is reachable with errors.Is too. Down is
+// not held: an acquisition that refusals alone did not rule out fails
+// with ErrUnavailable (QuorumError.Unavailable), not ErrNotObtained. A
+// round that failures decided (ErrUnavailable) and whose denials alone
+// (nodes.Denied: NOPERM, NOAUTH, WRONGPASS) rule the quorum out fails
+// with ErrDenied: a configuration error, not an outage.
 func (s *Strategy) failure(ctx context.Context, op string, sentinel error, t tally, start time.Time, expired bool) error {
+	causes := byNode(t.causes.WrappedErrors())
+	down := sentinel == redlease.ErrNotObtained && !expired && len(s.nodes)-t.refused >= s.quorum
+	switch {
+	case (down || sentinel == redlease.ErrUnavailable) && len(s.nodes)-denials(causes) < s.quorum:
+		sentinel, down = redlease.ErrDenied, false
+	case down:
+		sentinel = redlease.ErrUnavailable
+	}
 	qe := &redlease.QuorumError{
 		Action: op, Votes: t.agreed, Quorum: s.quorum, Nodes: len(s.nodes),
 		Elapsed: s.clock.Now().Sub(start), Expired: expired, Err: sentinel,
-		Causes:    byNode(t.causes.WrappedErrors()),
-		Remaining: t.remaining,
-		// Down is not held: refusals alone did not rule the quorum out.
-		Unavailable: sentinel == redlease.ErrNotObtained && !expired && len(s.nodes)-t.refused >= s.quorum,
+		Causes:      causes,
+		Remaining:   t.remaining,
+		Unavailable: down,
 	}
 	if ctx.Err() != nil {
-		return fmt.Errorf("%w: %w", qe, context.Cause(ctx))
+		return redlease.Wrap(qe, context.Cause(ctx))
 	}
 	return qe
+}
+
+// denials counts the nodes among causes that denied the client
+// (nodes.Denied).
+func denials(causes []error) int {
+	seen := map[int]bool{}
+	for _, c := range causes {
+		if ne, ok := c.(*redlease.NodeError); ok && nodes.Denied(ne.Err) {
+			seen[ne.Node] = true
+		}
+	}
+	return len(seen)
 }
 
 // errNoReply is the cause recorded for a node that did not answer within

@@ -214,7 +214,8 @@ func TestMajorityDownFailsFastAndCleansUp(t *testing.T) {
 	start := time.Now()
 	_, err := s.Acquire(t.Context(), key, "tok", 5*time.Second)
 	elapsed := time.Since(start)
-	require.ErrorIs(t, err, redlease.ErrNotObtained)
+	require.ErrorIs(t, err, redlease.ErrUnavailable, "down is not held")
+	require.NotErrorIs(t, err, redlease.ErrNotObtained)
 	var qe *redlease.QuorumError
 	require.ErrorAs(t, err, &qe)
 	var ne *redlease.NodeError
@@ -257,7 +258,7 @@ func TestMajorityPausedFailsWithinNodeTimeout(t *testing.T) {
 	start := time.Now()
 	_, err = s.Acquire(t.Context(), key, "tok", 5*time.Second)
 	elapsed := time.Since(start)
-	require.ErrorIs(t, err, redlease.ErrNotObtained)
+	require.ErrorIs(t, err, redlease.ErrUnavailable, "silent is not held")
 	assert.ErrorIs(t, err, context.DeadlineExceeded, "silent nodes are reported as timeouts: %v", err)
 	assert.Less(t, elapsed, 2*nodeTimeout+200*time.Millisecond, "a silent majority must not hold the call beyond the node timeout")
 	for _, i := range []int{3, 4} {

@@ -370,6 +370,12 @@
 //     ErrTokenUsed), exactly one did.
 //   - handler-overlap (barrier): two handlers of one key never run at once
 //     with live contexts. Examined: pairs of handler spans.
+//   - held-kind (failover, ops-failover; heldkind.go): an acquisition
+//     the Locker's observer saw answered "held" (ErrNotObtained and not
+//     ErrUnavailable) carries a refusal: *redlease.HeldError, a
+//     *redlease.QuorumError, ErrQueued, "no validity left", or the
+//     attempt's ctx ending; a failed node or an unacknowledged write is
+//     an outage (ErrUnavailable). Examined: acquisitions answered "held".
 //   - failover-kept (failover, ops-failover): let S be the first moment a
 //     healthy Sentinel (never hung, neither down nor lossy near its
 //     switch) names the run's last move (the failback, else the

@@ -499,12 +499,16 @@ type stateObserver struct {
 
 func noDone(error) {}
 
-// Start returns done for an "extend": check the client's locks on the key.
+// Start returns done for an "extend": check the client's locks on the
+// key; for an "acquire": check held-kind on its answer.
 func (o stateObserver) Start(ctx context.Context, op redlease.Op) (context.Context, func(error)) {
-	if op.Name != "extend" {
-		return ctx, noDone
+	switch op.Name {
+	case "extend":
+		return ctx, func(error) { o.w.checkClientKey(o.ci, op.Key) }
+	case "acquire":
+		return ctx, func(err error) { o.w.heldKind(ctx, o.ci, op.Key, err) }
 	}
-	return ctx, func(error) { o.w.checkClientKey(o.ci, op.Key) }
+	return ctx, noDone
 }
 
 // Held does nothing.

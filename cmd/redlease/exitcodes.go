@@ -1,8 +1,13 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"strings"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/redlease/redlease"
 )
 
 // Exit codes, aligned with flock(1), the shells and sysexits.h. Codes that
@@ -19,6 +24,8 @@ const (
 	exitIOErr       = 74  // EX_IOERR: output could not be written
 	exitNotObtained = 75  // EX_TEMPFAIL: the lock is held by another (within --wait)
 	exitLost        = 76  // the lock was lost while the command ran; its group was stopped
+	exitNoPerm      = 77  // EX_NOPERM: the nodes refused the user's ACL rights (NOPERM)
+	exitConfig      = 78  // EX_CONFIG: the nodes refused the credentials (NOAUTH, WRONGPASS)
 	exitCannotExec  = 126 // the command exists but cannot be executed (as in sh)
 	exitNotFound    = 127 // the command was not found (as in sh)
 	exitSignalBase  = 128 // 128+n: the command was killed by signal n, or run got signal n (INT 130, TERM 143, HUP 129) and passed it on
@@ -42,6 +49,8 @@ var exitTable = []exitRow{
 	{"74", "inspect, doctor: the output could not be written (EX_IOERR)"},
 	{"75", "the lock is held by another holder, within --wait (EX_TEMPFAIL)"},
 	{"76", "the lock was lost while the command ran; its process group was stopped"},
+	{"77", "denied: the user lacks ACL rights redlease needs, NOPERM (EX_NOPERM)"},
+	{"78", "denied: a missing or wrong user or password, NOAUTH or WRONGPASS (EX_CONFIG)"},
 	{"126", "the command was found but cannot be executed"},
 	{"127", "the command was not found"},
 	{"128+n", "the command was killed by signal n, or run got signal n (HUP 129, INT 130, TERM 143), passed it on and released the lock"},
@@ -55,3 +64,26 @@ func exitTableText(indent string) string {
 	}
 	return b.String()
 }
+
+// deniedHint is what doctor says of a user without the rights, for a run
+// the nodes denied.
+const deniedHint = "check --user and the password ($REDLEASE_PASSWORD), grant the user the rights in docs/redis-acl.conf (the lock prefix, redlease:*, EVAL/EVALSHA and the commands the scripts call), and run `redlease doctor` to check"
+
+// deniedExit is the exit of what errors.Is redlease.ErrDenied: 77
+// (EX_NOPERM) when a node refused a right (NOPERM), 78 (EX_CONFIG) when it
+// refused the credentials (NOAUTH, WRONGPASS); the message has the
+// server's reply and deniedHint.
+func deniedExit(what string, err error) *exitError {
+	code := exitConfig
+	if redis.IsPermissionError(err) {
+		code = exitNoPerm
+	}
+	return &exitError{code, redlease.Wrap(errors.New(what), hinted{err})}
+}
+
+// hinted is a denial followed by deniedHint.
+type hinted struct{ error }
+
+func (h hinted) Error() string { return h.error.Error() + "; " + deniedHint }
+
+func (h hinted) Unwrap() error { return h.error }

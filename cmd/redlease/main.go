@@ -77,6 +77,8 @@
 //	74     inspect, doctor: the output could not be written (EX_IOERR)
 //	75     the lock is held by another holder, within --wait (EX_TEMPFAIL)
 //	76     the lock was lost while the command ran; its process group was stopped
+//	77     denied: the user lacks ACL rights redlease needs, NOPERM (EX_NOPERM)
+//	78     denied: a missing or wrong user or password, NOAUTH or WRONGPASS (EX_CONFIG)
 //	126    the command was found but cannot be executed
 //	127    the command was not found
 //	128+n  the command was killed by signal n, or run got signal n (HUP 129, INT 130, TERM 143), passed it on and released the lock

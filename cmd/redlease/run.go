@@ -177,11 +177,13 @@ func runLocked(ctx context.Context, nf *nodeFlags, o runOpts, args []string) err
 	switch {
 	case errors.Is(err, redlease.ErrInvalid):
 		return &exitError{exitUsage, err}
+	case errors.Is(err, redlease.ErrDenied):
+		return deniedExit(fmt.Sprintf("lock %q (%s)", o.key, b.name), err)
 	case errors.Is(err, redlease.ErrUnavailable):
-		return &exitError{exitUnavailable, fmt.Errorf("lock %q: too few nodes answered (%s): %w", o.key, b.name, err)}
+		return &exitError{exitUnavailable, redlease.Wrap(fmt.Errorf("lock %q (%s)", o.key, b.name), err)}
 	case errors.Is(err, redlease.ErrNotObtained):
 		who := describeHolder(ctx, b.clients, fullKey)
-		return &exitError{exitNotObtained, fmt.Errorf("lock %q held by %s (%s): %w", o.key, who, b.name, err)}
+		return &exitError{exitNotObtained, redlease.Wrap(fmt.Errorf("lock %q held by %s (%s)", o.key, who, b.name), err)}
 	case err != nil:
 		return &exitError{exitUnavailable, err}
 	}

@@ -601,8 +601,8 @@ func (svc *service) send(ctx context.Context, s settlement, pending *sync.WaitGr
 func retryable(err error) bool {
 	switch {
 	case errors.Is(err, idempotency.ErrInProgress), // another copy runs right now
-		errors.Is(err, redlease.ErrNotObtained),  // too few lock nodes granted in time (node timeouts under load)
-		errors.Is(err, redlease.ErrUnavailable),  // too few lock nodes answered
+		errors.Is(err, redlease.ErrNotObtained),  // the lock is held (another copy)
+		errors.Is(err, redlease.ErrUnavailable),  // too few lock nodes answered in time (node timeouts under load)
 		errors.Is(err, redlease.ErrLost),         // a lock expired under the handler: renewals missed
 		errors.Is(err, idempotency.ErrNotOwner),  // ... and a retry took the request over
 		errors.Is(err, errStaleFence),            // refused by the ledger, not applied

@@ -115,7 +115,8 @@ func (p *Primary) call(ctx context.Context, f func(context.Context) (int64, erro
 
 // Acquire takes key in one round trip (plus WAIT in the same pipeline when
 // replicas are required). A grant that too few replicas acknowledged is
-// released at once and reported as not obtained and not replicated.
+// released at once and reported as an outage (ErrAcquireUnavailable: it
+// matches redlease.ErrUnavailable, not ErrNotObtained) and not replicated.
 func (p *Primary) Acquire(ctx context.Context, key, token string, ttl time.Duration) (redlease.Grant, error) {
 	return p.acquire(ctx, key, token, ttl, nil)
 }
@@ -183,7 +184,13 @@ func (p *Primary) acquire(ctx context.Context, key, token string, ttl time.Durat
 	switch {
 	case errors.Is(err, ErrNotReplicated) && !script.IsTaken(v):
 		_ = p.undo(context.WithoutCancel(ctx), key, token)
-		return redlease.Grant{}, redlease.Wrap(redlease.ErrNotObtained, err)
+		// Nobody refused: the write was not confirmed, an outage (or WAIT
+		// was denied: a configuration error).
+		sentinel := ErrAcquireUnavailable
+		if nodes.Denied(err) {
+			sentinel = redlease.ErrDenied
+		}
+		return redlease.Grant{}, redlease.Wrap(sentinel, err)
 	case err != nil:
 		var ab bounded.Abandoned
 		if !NotSent(err) && !errors.As(err, &ab) { // an abandoned call undoes itself when it returns
@@ -193,7 +200,7 @@ func (p *Primary) acquire(ctx context.Context, key, token string, ttl time.Durat
 			_ = p.undo(context.WithoutCancel(ctx), key, token)
 		}
 		// Down is not held: the node failed, nobody refused.
-		return redlease.Grant{}, p.fail(ctx, ErrNotObtainedUnavailable, err)
+		return redlease.Grant{}, p.fail(ctx, ErrAcquireUnavailable, err)
 	case v == script.Queued:
 		return redlease.Grant{}, redlease.Wrap(redlease.ErrNotObtained, redlease.ErrQueued)
 	case script.IsTaken(v):
@@ -211,13 +218,14 @@ func (p *Primary) acquire(ctx context.Context, key, token string, ttl time.Durat
 }
 
 // NotSent reports whether err proves the request never reached the server
-// (no connection could be made, or the server did not know the script), so
+// or was refused before it ran (no connection could be made, the server
+// did not know the script, or it denied the client: nodes.Denied), so
 // that it wrote nothing to undo. It is exported for acquisitions run
 // outside Primary on the same node (the idempotency Barrier's, which takes
 // a lock on the store together with its record).
 func NotSent(err error) bool {
 	var op *net.OpError
-	return (errors.As(err, &op) && op.Op == "dial") || errors.Is(err, redis.ErrPoolTimeout) || script.IsNoScript(err)
+	return (errors.As(err, &op) && op.Op == "dial") || errors.Is(err, redis.ErrPoolTimeout) || script.IsNoScript(err) || nodes.Denied(err)
 }
 
 // Extend raises key's TTL to ttl if it still holds token (script.Extend:
@@ -327,7 +335,13 @@ func (p *Primary) run(ctx context.Context, sc *script.Script, line []any) (int64
 		pipe := p.client.Pipeline()
 		cmd := pipe.Do(ctx, line...)
 		wait := pipe.Do(ctx, "WAIT", p.cfg.Replicas, p.cfg.WaitTimeout.Milliseconds())
-		_, _ = pipe.Exec(ctx) // errors are read per command
+		_, execErr := pipe.Exec(ctx) // errors are read per command
+		if cmd.Err() == nil && cmd.Val() == nil && execErr != nil {
+			// The pipeline failed before the command had a reply (a
+			// connection go-redis could not set up: a refused dial,
+			// WRONGPASS): the command itself carries no error.
+			return 0, execErr
+		}
 		v, err := cmd.Int64()
 		if script.IsNoScript(err) && attempt == 0 {
 			if err := sc.Load(ctx, p.client); err != nil {
@@ -368,20 +382,19 @@ func (p *Primary) DriftAllowance(ttl time.Duration) time.Duration {
 	return drift.Allowance(ttl, p.cfg.DriftFactor)
 }
 
-// ErrNotObtainedUnavailable is the sentinel of an acquisition that a node
-// failure decided (see Fail): it matches ErrNotObtained and ErrUnavailable,
-// on one line.
-var ErrNotObtainedUnavailable error = notObtainedUnavailable{}
+// ErrAcquireUnavailable is the sentinel of an acquisition that a node
+// failure or an unacknowledged write decided (see Fail): an outage, which
+// matches redlease.ErrUnavailable and not ErrNotObtained (nobody said
+// "held"), with a message that says what was not done.
+var ErrAcquireUnavailable error = acquireUnavailable{}
 
-type notObtainedUnavailable struct{}
+type acquireUnavailable struct{}
 
-func (notObtainedUnavailable) Error() string {
-	return "redlease: lock not obtained (nodes unavailable)"
+func (acquireUnavailable) Error() string {
+	return "redlease: lock not taken: too few nodes answered"
 }
 
-func (notObtainedUnavailable) Unwrap() []error {
-	return []error{redlease.ErrNotObtained, redlease.ErrUnavailable}
-}
+func (acquireUnavailable) Unwrap() error { return redlease.ErrUnavailable }
 
 // fail wraps a node failure under sentinel, and reports it to ctx's
 // observer.
@@ -391,12 +404,17 @@ func (p *Primary) fail(ctx context.Context, sentinel, err error) error {
 
 // Fail is fail naming addr as the node: one master of a Cluster client (in
 // ExtendBatch), or the node of a call run outside Primary (the idempotency
-// Barrier's on its store). sentinel is ErrNotObtainedUnavailable for an
-// acquisition, redlease.ErrUnavailable otherwise.
+// Barrier's on its store). sentinel is ErrAcquireUnavailable for an
+// acquisition, redlease.ErrUnavailable otherwise; a node that denied the
+// client (nodes.Denied) fails with redlease.ErrDenied instead, whatever
+// the operation.
 func Fail(ctx context.Context, addr string, sentinel, err error) error {
 	ne := &redlease.NodeError{Node: 0, Addr: addr, Err: err}
 	redlease.ReportNodeFailure(ctx, ne)
-	return fmt.Errorf("%w: %w", sentinel, ne)
+	if nodes.Denied(err) {
+		sentinel = redlease.ErrDenied
+	}
+	return redlease.Wrap(sentinel, ne)
 }
 
 // The settings single and failover share, checked in one place; each
