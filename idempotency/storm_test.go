@@ -109,6 +109,7 @@ func TestStormOfRetriesChargesEachPaymentOnce(t *testing.T) {
 	var departed atomic.Int32 // requests whose client had left when they were answered
 	ts := wireServe(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
+		r = r.WithContext(context.WithValue(r.Context(), stormSendKey{}, &stormSend{}))
 		mw.ServeHTTP(w, r)
 		served.add(time.Since(start))
 		if r.Context().Err() != nil {
@@ -304,9 +305,25 @@ type storm struct {
 }
 
 type stormLog struct {
-	at   time.Time
-	kind string
-	err  error
+	at    time.Time
+	kind  string
+	err   error
+	fence uint64 // the fence of the run the line is about; 0: no run began
+}
+
+// stormSend is one request as the server saw it: the fence its handler
+// ran under (0 if none ran), so that a line of the middleware's error log
+// names the run it is about.
+type stormSend struct{ fence atomic.Uint64 }
+
+type stormSendKey struct{}
+
+// stormSendFence is the fence of the run r's handler began (0 if none).
+func stormSendFence(r *http.Request) uint64 {
+	if sd, ok := r.Context().Value(stormSendKey{}).(*stormSend); ok {
+		return sd.fence.Load()
+	}
+	return 0
 }
 
 // stormPaymentBody is a payment request, and stormReceipt the handler's
@@ -345,9 +362,12 @@ func (s *storm) pay(w http.ResponseWriter, r *http.Request) {
 	// margin before its validity ends, and the store grants nobody else
 	// before it does).
 	ctx := r.Context()
+	if sd, ok := ctx.Value(stormSendKey{}).(*stormSend); ok {
+		sd.fence.Store(fence)
+	}
 	context.AfterFunc(ctx, func() {
 		if cause := context.Cause(ctx); errors.Is(cause, redlease.ErrLost) {
-			s.log(p.Payment, logTold, cause)
+			s.log(p.Payment, logTold, cause, fence)
 		}
 	})
 	run := &stormRun{fence: fence, began: time.Now()}
@@ -405,20 +425,20 @@ func (s *storm) errorLog(r *http.Request, err error) {
 		s.odd = append(s.odd, err.Error())
 	}
 	if kind != logStoreDown {
-		s.logs[id] = append(s.logs[id], stormLog{at: time.Now(), kind: kind, err: err})
+		s.logs[id] = append(s.logs[id], stormLog{at: time.Now(), kind: kind, err: err, fence: stormSendFence(r)})
 	}
 }
 
 // log records a line of kind for payment id (the handler's own record of
 // when it was told its lock was lost).
-func (s *storm) log(id, kind string, err error) {
+func (s *storm) log(id, kind string, err error, fence uint64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.kind == nil {
 		s.kind, s.logs = map[string]int{}, map[string][]stormLog{}
 	}
 	s.kind[kind]++
-	s.logs[id] = append(s.logs[id], stormLog{at: time.Now(), kind: kind, err: err})
+	s.logs[id] = append(s.logs[id], stormLog{at: time.Now(), kind: kind, err: err, fence: fence})
 }
 
 func (s *storm) logSummary() string {
@@ -485,7 +505,7 @@ func (r stormRefusal) String() string {
 	}
 	var logs []string
 	for _, l := range r.logs {
-		logs = append(logs, fmt.Sprintf("%.2fs %s", l.at.Sub(r.start).Seconds(), l.kind))
+		logs = append(logs, fmt.Sprintf("%.2fs %s (fence %d)", l.at.Sub(r.start).Seconds(), l.kind, l.fence))
 	}
 	return fmt.Sprintf("%s: run with fence %d began %.2fs (charged %.2fs): %s; %s; middleware log %v",
 		r.payment, r.run.fence, r.run.began.Sub(r.start).Seconds(), r.applied.Sub(r.start).Seconds(), what, r.cause, logs)
@@ -495,7 +515,11 @@ func (r stormRefusal) String() string {
 // began a retention or more after the charge may have found the record
 // gone (it is kept a retention from its completion, which came after the
 // charge); otherwise an earlier run of the payment must have been
-// cancelled or not recorded, and the middleware's log says so.
+// cancelled or not recorded, and the middleware's log says so. A log line
+// is about the run its request's handler began: it explains a run with a
+// higher fence whenever it was written (a run's lease may end, and its
+// successor begin, before the line that reports it is written). A line
+// whose request began no run explains only runs that began after it.
 func (s *storm) refusals() []stormRefusal {
 	s.mu.Lock()
 	logs := map[string][]stormLog{}
@@ -508,14 +532,20 @@ func (s *storm) refusals() []stormRefusal {
 		e := s.ledger.entry(id)
 		for _, run := range e.refused {
 			r := stormRefusal{payment: id, run: run, charge: e.charge, applied: e.appliedAt, start: s.start, logs: logs[id], cause: causeUnexplained}
+			earlier := func(l stormLog) bool { // about a run before this one
+				if l.fence != 0 {
+					return l.fence < run.fence
+				}
+				return l.at.Before(run.began)
+			}
 			switch {
 			case e.charge != "" && run.began.Sub(e.appliedAt) >= stormRetention:
 				r.cause = causeRetention
 			case slices.ContainsFunc(logs[id], func(l stormLog) bool {
-				return l.at.Before(run.began) && (l.kind == logLockLost || l.kind == logCancelled || l.kind == logTold)
+				return earlier(l) && (l.kind == logLockLost || l.kind == logCancelled || l.kind == logTold)
 			}):
 				r.cause = causeCancelled
-			case slices.ContainsFunc(logs[id], func(l stormLog) bool { return l.at.Before(run.began) && l.kind == logNotRecorded }):
+			case slices.ContainsFunc(logs[id], func(l stormLog) bool { return earlier(l) && l.kind == logNotRecorded }):
 				r.cause = causeNotRecorded
 			case run.stale:
 				// A run refused for its fence was overtaken by a newer one:
