@@ -43,8 +43,9 @@ func sentinelMaster(t *testing.T, master string) *redis.Client {
 // over and charge a second time. Each strategy names its master
 // (failover.WithMaster), which tells the two lock schemes apart. Forced
 // order: the second call is made from inside the first call's handler,
-// after two released runs on the second master raised its fence counter
-// above the first's.
+// after released runs on each master made the second's fence counter the
+// higher (a counter created anew starts from its server's clock: master
+// b's is created after master a's).
 func TestBarriersOnTwoSentinelMastersNeverRunARequestTwice(t *testing.T) {
 	store := store(t)
 	ctx := t.Context()
@@ -57,10 +58,18 @@ func TestBarriersOnTwoSentinelMastersNeverRunARequestTwice(t *testing.T) {
 	a, b := onMaster("master-a"), onMaster("master-b")
 	req := idempotency.Request{Key: "pay:two-masters"}
 
-	// Two runs on master b that fail (not Final) release the request and
-	// leave its lock's fence counter there at 2.
+	// Runs that fail (not Final) release the request: one on master a,
+	// then two on master b, whose counter is created later and so stands
+	// higher.
+	var highestB uint64
+	declined := func(_ context.Context, fence uint64) ([]byte, error) {
+		highestB = fence
+		return nil, errors.New("declined for now")
+	}
+	_, err := a.Do(ctx, req, func(context.Context, uint64) ([]byte, error) { return nil, errors.New("declined for now") })
+	require.Error(t, err)
 	for range 2 {
-		_, err := b.Do(ctx, req, func(context.Context, uint64) ([]byte, error) { return nil, errors.New("declined for now") })
+		_, err := b.Do(ctx, req, declined)
 		require.Error(t, err)
 	}
 
@@ -68,7 +77,7 @@ func TestBarriersOnTwoSentinelMastersNeverRunARequestTwice(t *testing.T) {
 	var secondErr error
 	out, err := a.Do(ctx, req, func(_ context.Context, fence uint64) ([]byte, error) {
 		charges.Add(1)
-		assert.EqualValues(t, 1, fence, "master a's first grant")
+		assert.Less(t, fence, highestB, "the forced order: master b's next fence is above master a's")
 		_, secondErr = b.Do(ctx, req, func(_ context.Context, fence uint64) ([]byte, error) {
 			charges.Add(1)
 			return []byte("charged on master b"), nil
