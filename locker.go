@@ -15,9 +15,10 @@ import (
 
 // Locker hands out locks on one default Strategy (replaceable per call with
 // WithStrategy). It holds no connections and starts no goroutines of its
-// own (Do uses the process-wide default watchdog unless given WithKeeper or
-// WithoutKeeper); it is safe for concurrent use and meant to be shared by a
-// whole process.
+// own but one: a fair-mode Lock with a ctx deadline that gives up leaves
+// the key's line in the background, for at most 250 ms (Do uses the
+// process-wide default watchdog unless given WithKeeper or WithoutKeeper);
+// it is safe for concurrent use and meant to be shared by a whole process.
 type Locker struct {
 	defaults lockConfig
 	prefix   string
@@ -36,10 +37,11 @@ func New(s Strategy, opts ...Option) (*Locker, error) {
 		return nil, Invalid("nil Strategy")
 	}
 	l := &Locker{clock: systemClock{}, defaults: lockConfig{
-		strategy: s,
-		ttl:      DefaultTTL,
-		minDelay: DefaultMinRetryDelay,
-		maxDelay: DefaultMaxRetryDelay,
+		strategy:    s,
+		ttl:         DefaultTTL,
+		minDelay:    DefaultMinRetryDelay,
+		maxDelay:    DefaultMaxRetryDelay,
+		outageLimit: DefaultOutageLimit,
 	}}
 	for _, o := range opts {
 		if o != nil {
@@ -134,7 +136,10 @@ func (l *Locker) TryLock(ctx context.Context, key string, opts ...LockOption) (*
 // retry, not the TTL.
 //
 // Without a ctx deadline and WithMaxAttempts, Lock waits as long as the key
-// stays taken, like sync.Mutex.
+// stays taken, like sync.Mutex. An outage is not a held key: when no node
+// decided its attempts (each failed with ErrUnavailable) for the outage
+// limit (WithOutageLimit; DefaultOutageLimit, 10 s), Lock gives up with an
+// error that errors.Is ErrNotObtained and ErrUnavailable.
 func (l *Locker) Lock(ctx context.Context, key string, opts ...LockOption) (*Lock, error) {
 	c, err := l.config(key, opts)
 	if err != nil {
@@ -171,6 +176,10 @@ func (l *Locker) retry(ctx context.Context, c lockConfig, key string) (lk *Lock,
 		owed      bool
 		stopWatch func(handOn bool) // ends the subscription, once there is one
 		queuedRun int               // refusals in a row with ErrQueued and no holder's TTL
+		// outage: when the current run of attempts that no node decided
+		// began (zero: none); see WithOutageLimit.
+		outage     time.Time
+		watchTried bool // Waker.Watch was called
 	)
 	base := locktoken.New(ctx, l.prefix+key)
 	jitter := jittered.NewStream(ctx, 0)
@@ -185,10 +194,19 @@ func (l *Locker) retry(ctx context.Context, c lockConfig, key string) (lk *Lock,
 			if lk == nil {
 				// Giving up: leave the line, by this call's id only, so
 				// that a dead entry does not hold the next waiter back
-				// for its lifetime. Best effort, bounded.
+				// for its lifetime. Best effort, bounded by leaveBound;
+				// in the background when the caller has a deadline, which
+				// it must not hold the caller past, or the nodes failed.
 				lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaveBound)
-				_ = q.LeaveLine(lctx, l.prefix+key, base)
-				cancel()
+				leave := func() {
+					_ = q.LeaveLine(lctx, l.prefix+key, base)
+					cancel()
+				}
+				if _, ok := ctx.Deadline(); ok || ctx.Err() != nil || errors.Is(err, ErrUnavailable) {
+					go leave()
+				} else {
+					leave()
+				}
 			}
 		}()
 	}
@@ -215,8 +233,29 @@ func (l *Locker) retry(ctx context.Context, c lockConfig, key string) (lk *Lock,
 			owed = true
 		default:
 		}
-		lk, err = l.attempt(ctx, c, key, attemptToken(base, attempt), place)
-		if err == nil || (ctx.Err() == nil && !errors.Is(err, ErrUnavailable)) {
+		actx, cancelAttempt := ctx, context.CancelFunc(nil)
+		if !outage.IsZero() {
+			// In an outage: no attempt runs past the outage limit.
+			actx, cancelAttempt = context.WithDeadline(ctx, outage.Add(c.outageLimit))
+		}
+		began := time.Now()
+		lk, err = l.attempt(actx, c, key, attemptToken(base, attempt), place)
+		// down: no node decided this attempt (they failed, or the outage
+		// limit cut it off), and the caller's ctx did not end it.
+		down := ctx.Err() == nil && err != nil && (errors.Is(err, ErrUnavailable) || actx.Err() != nil)
+		if cancelAttempt != nil {
+			cancelAttempt()
+		}
+		switch {
+		case !down:
+			outage = time.Time{}
+		case outage.IsZero():
+			outage = began
+		}
+		if down && time.Since(outage) >= c.outageLimit {
+			return nil, outageError(err, c.outageLimit)
+		}
+		if err == nil || (ctx.Err() == nil && !down) {
 			// Answered: granted, refused, or a bad call. An attempt the
 			// caller's deadline cut short (or never let out) answers
 			// nothing, even if a node refused it on the way.
@@ -248,7 +287,10 @@ func (l *Locker) retry(ctx context.Context, c lockConfig, key string) (lk *Lock,
 		if c.maxAttempts > 0 && attempt >= c.maxAttempts {
 			return nil, err
 		}
-		if notices == nil && attempt == 1 && !c.polling {
+		if notices == nil && !watchTried && !down && !c.polling {
+			// After the first refusal the nodes decided (a subscription
+			// to nodes that did not answer would wait for them too).
+			watchTried = true
 			if w, ok := c.strategy.(Waker); ok {
 				// Subscribe, confirmed, then check again at once: a
 				// release between the first check and the subscription
@@ -284,6 +326,11 @@ func (l *Locker) retry(ctx context.Context, c lockConfig, key string) (lk *Lock,
 			queuedRun = 0
 		}
 		wait := boundedBackoff(jitter, n, c.minDelay, c.maxDelay, err)
+		if !outage.IsZero() {
+			// The attempt after the wait is cut off at the outage limit
+			// anyway: one that would start past it is not made.
+			wait = max(min(wait, time.Until(outage.Add(c.outageLimit))), 0)
+		}
 		if timer == nil {
 			timer = time.NewTimer(wait)
 			defer timer.Stop()
@@ -298,6 +345,16 @@ func (l *Locker) retry(ctx context.Context, c lockConfig, key string) (lk *Lock,
 			owed = true
 		}
 	}
+}
+
+// outageError is the error of a Lock that gave up at its outage limit d,
+// err being its last attempt's: it errors.Is ErrNotObtained and
+// ErrUnavailable.
+func outageError(err error, d time.Duration) error {
+	if !errors.Is(err, ErrUnavailable) {
+		err = Wrap(err, ErrUnavailable)
+	}
+	return fmt.Errorf("%w (no node decided an attempt for the outage limit, %v)", err, d)
 }
 
 // attempt makes one attempt under token, which no other attempt uses; in

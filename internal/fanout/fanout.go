@@ -445,9 +445,10 @@ func (r *Round) Keep(key, token string) {
 }
 
 // WaitUndone waits until the undo of every node for which wait returns true
-// has finished, or until d passes. The other nodes, and nodes whose request
-// has not finished yet, are undone in the background.
-func (r *Round) WaitUndone(wait func(node int) bool, d time.Duration) {
+// has finished, or until d passes or ctx is done, whichever comes first.
+// The other nodes, and nodes whose request has not finished yet, are
+// undone in the background.
+func (r *Round) WaitUndone(ctx context.Context, wait func(node int) bool, d time.Duration) {
 	if r.undone == nil {
 		return
 	}
@@ -466,6 +467,8 @@ func (r *Round) WaitUndone(wait func(node int) bool, d time.Duration) {
 				k--
 			}
 		case <-t.C:
+			return
+		case <-ctx.Done():
 			return
 		}
 	}
