@@ -400,9 +400,15 @@ func (l *Locker) attempt(ctx context.Context, c lockConfig, key, token string, p
 		// work started under it could outlive it. It goes back (by this
 		// attempt's token; the key expires within the margin anyway) and
 		// counts as not obtained, so Lock tries again and Do never starts
-		// fn with it.
+		// fn with it. The release waits at most the margin, and never
+		// past the caller's deadline.
 		cause := lk.Err()
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.lossMargin())
+		if dl, ok := ctx.Deadline(); ok {
+			var cancelAt context.CancelFunc
+			rctx, cancelAt = context.WithDeadline(rctx, dl)
+			defer cancelAt()
+		}
 		_ = lk.Release(rctx)
 		cancel()
 		return nil, Wrap(ErrNotObtained, cause)

@@ -180,13 +180,13 @@ func (ns *Nodes) Close() {
 }
 
 // deadline returns a context that is done at least one timeout from now and
-// at most that plus deadlineSlack. Rounds that start within that slack share
+// at most that plus DeadlineSlack. Rounds that start within that slack share
 // one: a deadline context costs a timer and four allocations, and a round
 // takes about a millisecond or less, so sharing only within one millisecond
 // still paid them about once per acquire+release.
 func (ns *Nodes) deadline() context.Context {
 	earliest := time.Now().Add(ns.timeout)
-	slack := deadlineSlack(ns.timeout)
+	slack := DeadlineSlack(ns.timeout)
 	ns.mu.Lock()
 	defer ns.mu.Unlock()
 	if ns.bucketCtx == nil || ns.bucket.Before(earliest) || ns.bucket.After(earliest.Add(slack)) {
@@ -198,10 +198,10 @@ func (ns *Nodes) deadline() context.Context {
 	return ns.bucketCtx
 }
 
-// deadlineSlack is how much later than one timeout a shared round deadline
+// DeadlineSlack is how much later than one timeout a shared round deadline
 // may end: a 32nd of the timeout (about 3 ms for the 100 ms default), at
 // least 1 ms.
-func deadlineSlack(timeout time.Duration) time.Duration {
+func DeadlineSlack(timeout time.Duration) time.Duration {
 	return max(timeout/32, time.Millisecond)
 }
 
