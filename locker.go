@@ -119,10 +119,10 @@ func (l *Locker) TryLock(ctx context.Context, key string, opts ...LockOption) (*
 // When ctx ends the wait, the error errors.Is both ErrNotObtained and ctx's
 // error.
 //
-// On a Strategy that is a Waker (single, quorum, failover), a refused
-// first attempt is followed by a subscription to the key's releases,
-// confirmed by the nodes, and then at once by a second attempt: a release
-// after that check is heard, and ends the wait. Each wait after a refusal
+// On a Strategy that is a Waker (single, quorum, failover), the first
+// attempt the nodes refused is followed by a subscription to the key's
+// releases, confirmed by the nodes, and then at once by another attempt:
+// a release after that check is heard, and ends the wait. Each wait after a refusal
 // ends at the first of: a release notice, the backoff, the holder's
 // remaining TTL (+1 ms), ctx. The subscription ends when Lock returns.
 //
