@@ -3,6 +3,7 @@ package redlease
 import (
 	"context"
 	"errors"
+	"fmt"
 	"reflect"
 	"strconv"
 	"strings"
@@ -15,9 +16,10 @@ import (
 
 // Locker hands out locks on one default Strategy (replaceable per call with
 // WithStrategy). It holds no connections and starts no goroutines of its
-// own (Do uses the process-wide default watchdog unless given WithKeeper or
-// WithoutKeeper); it is safe for concurrent use and meant to be shared by a
-// whole process.
+// own but one: a fair-mode Lock with a ctx deadline that gives up leaves
+// the key's line in the background, for at most 250 ms (Do uses the
+// process-wide default watchdog unless given WithKeeper or WithoutKeeper);
+// it is safe for concurrent use and meant to be shared by a whole process.
 type Locker struct {
 	defaults lockConfig
 	prefix   string
@@ -36,10 +38,11 @@ func New(s Strategy, opts ...Option) (*Locker, error) {
 		return nil, Invalid("nil Strategy")
 	}
 	l := &Locker{clock: systemClock{}, defaults: lockConfig{
-		strategy: s,
-		ttl:      DefaultTTL,
-		minDelay: DefaultMinRetryDelay,
-		maxDelay: DefaultMaxRetryDelay,
+		strategy:    s,
+		ttl:         DefaultTTL,
+		minDelay:    DefaultMinRetryDelay,
+		maxDelay:    DefaultMaxRetryDelay,
+		outageLimit: DefaultOutageLimit,
 	}}
 	for _, o := range opts {
 		if o != nil {
@@ -121,10 +124,10 @@ func (l *Locker) TryLock(ctx context.Context, key string, opts ...LockOption) (*
 // and ErrNotObtained if the nodes' last answer was "held" (or no attempt
 // was answered), ErrUnavailable if it was an outage.
 //
-// On a Strategy that is a Waker (single, quorum, failover), a refused
-// first attempt is followed by a subscription to the key's releases,
-// confirmed by the nodes, and then at once by a second attempt: a release
-// after that check is heard, and ends the wait. Each wait after a refusal
+// On a Strategy that is a Waker (single, quorum, failover), the first
+// attempt the nodes refused is followed by a subscription to the key's
+// releases, confirmed by the nodes, and then at once by another attempt:
+// a release after that check is heard, and ends the wait. Each wait after a refusal
 // ends at the first of: a release notice, the backoff, the holder's
 // remaining TTL (+1 ms), ctx. The subscription ends when Lock returns.
 //
@@ -138,7 +141,10 @@ func (l *Locker) TryLock(ctx context.Context, key string, opts ...LockOption) (*
 // retry, not the TTL.
 //
 // Without a ctx deadline and WithMaxAttempts, Lock waits as long as the key
-// stays taken, like sync.Mutex.
+// stays taken, like sync.Mutex. An outage is not a held key: when no node
+// decided its attempts (each failed with ErrUnavailable) for the outage
+// limit (WithOutageLimit; DefaultOutageLimit, 10 s), Lock gives up with an
+// error that errors.Is ErrNotObtained and ErrUnavailable.
 func (l *Locker) Lock(ctx context.Context, key string, opts ...LockOption) (*Lock, error) {
 	c, err := l.config(key, opts)
 	if err != nil {
@@ -175,6 +181,11 @@ func (l *Locker) retry(ctx context.Context, c lockConfig, key string) (lk *Lock,
 		owed      bool
 		stopWatch func(handOn bool) // ends the subscription, once there is one
 		queuedRun int               // refusals in a row with ErrQueued and no holder's TTL
+		// outage: when the current run of attempts that no node decided
+		// began (zero: none); see WithOutageLimit.
+		outage     time.Time
+		lastDown   error // the last attempt's error that no node decided (ErrUnavailable)
+		watchTried bool  // Waker.Watch was called
 	)
 	base := locktoken.New(ctx, l.prefix+key)
 	jitter := jittered.NewStream(ctx, 0)
@@ -189,10 +200,19 @@ func (l *Locker) retry(ctx context.Context, c lockConfig, key string) (lk *Lock,
 			if lk == nil {
 				// Giving up: leave the line, by this call's id only, so
 				// that a dead entry does not hold the next waiter back
-				// for its lifetime. Best effort, bounded.
+				// for its lifetime. Best effort, bounded by leaveBound;
+				// in the background when the caller has a deadline, which
+				// it must not hold the caller past, or the nodes failed.
 				lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaveBound)
-				_ = q.LeaveLine(lctx, l.prefix+key, base)
-				cancel()
+				leave := func() {
+					_ = q.LeaveLine(lctx, l.prefix+key, base)
+					cancel()
+				}
+				if _, ok := ctx.Deadline(); ok || ctx.Err() != nil || errors.Is(err, ErrUnavailable) {
+					go leave()
+				} else {
+					leave()
+				}
 			}
 		}()
 	}
@@ -225,8 +245,32 @@ func (l *Locker) retry(ctx context.Context, c lockConfig, key string) (lk *Lock,
 			// held or unavailable.
 			return nil, withCause(err, context.Cause(ctx))
 		}
-		lk, err = l.attempt(ctx, c, key, attemptToken(base, attempt), place)
-		if err == nil || (ctx.Err() == nil && !errors.Is(err, ErrUnavailable)) {
+		actx, cancelAttempt := ctx, context.CancelFunc(nil)
+		if !outage.IsZero() {
+			// In an outage: no attempt runs past the outage limit.
+			actx, cancelAttempt = context.WithDeadline(ctx, outage.Add(c.outageLimit))
+		}
+		began := time.Now()
+		lk, err = l.attempt(actx, c, key, attemptToken(base, attempt), place)
+		// down: no node decided this attempt (they failed, or the outage
+		// limit cut it off), and the caller's ctx did not end it.
+		down := ctx.Err() == nil && err != nil && (errors.Is(err, ErrUnavailable) || actx.Err() != nil)
+		if cancelAttempt != nil {
+			cancelAttempt()
+		}
+		if down && errors.Is(err, ErrUnavailable) {
+			lastDown = err
+		}
+		switch {
+		case !down:
+			outage = time.Time{}
+		case outage.IsZero():
+			outage = began
+		}
+		if down && time.Since(outage) >= c.outageLimit {
+			return nil, outageError(err, lastDown, c.outageLimit)
+		}
+		if err == nil || (ctx.Err() == nil && !down) {
 			// Answered: granted, refused, or a bad call. An attempt the
 			// caller's deadline cut short (or never let out) answers
 			// nothing, even if a node refused it on the way.
@@ -260,7 +304,10 @@ func (l *Locker) retry(ctx context.Context, c lockConfig, key string) (lk *Lock,
 		if c.maxAttempts > 0 && attempt >= c.maxAttempts {
 			return nil, err
 		}
-		if notices == nil && attempt == 1 && !c.polling {
+		if notices == nil && !watchTried && !down && !c.polling {
+			// After the first refusal the nodes decided (a subscription
+			// to nodes that did not answer would wait for them too).
+			watchTried = true
 			if w, ok := c.strategy.(Waker); ok {
 				// Subscribe, confirmed, then check again at once: a
 				// release between the first check and the subscription
@@ -296,6 +343,11 @@ func (l *Locker) retry(ctx context.Context, c lockConfig, key string) (lk *Lock,
 			queuedRun = 0
 		}
 		wait := boundedBackoff(jitter, n, c.minDelay, c.maxDelay, err)
+		if !outage.IsZero() {
+			// The attempt after the wait is cut off at the outage limit
+			// anyway: one that would start past it is not made.
+			wait = max(min(wait, time.Until(outage.Add(c.outageLimit))), 0)
+		}
 		if timer == nil {
 			timer = time.NewTimer(wait)
 			defer timer.Stop()
@@ -310,6 +362,22 @@ func (l *Locker) retry(ctx context.Context, c lockConfig, key string) (lk *Lock,
 			owed = true
 		}
 	}
+}
+
+// outageError is the error of a Lock that gave up at its outage limit d,
+// err being its last attempt's and lastDown the last that no node
+// decided: it errors.Is ErrUnavailable, never ErrNotObtained (nobody
+// refused).
+func outageError(err, lastDown error, d time.Duration) error {
+	if !errors.Is(err, ErrUnavailable) {
+		// The outage limit cut this attempt short: it answered nothing
+		// (and is no refusal); the last attempt no node decided says why.
+		err = lastDown
+	}
+	if err == nil {
+		err = ErrUnavailable
+	}
+	return fmt.Errorf("%w (no node decided an attempt for the outage limit, %v)", err, d)
 }
 
 // attempt makes one attempt under token, which no other attempt uses; in
@@ -355,9 +423,15 @@ func (l *Locker) attempt(ctx context.Context, c lockConfig, key, token string, p
 		// work started under it could outlive it. It goes back (by this
 		// attempt's token; the key expires within the margin anyway) and
 		// counts as not obtained, so Lock tries again and Do never starts
-		// fn with it.
+		// fn with it. The release waits at most the margin, and never
+		// past the caller's deadline.
 		cause := lk.Err()
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.lossMargin())
+		if dl, ok := ctx.Deadline(); ok {
+			var cancelAt context.CancelFunc
+			rctx, cancelAt = context.WithDeadline(rctx, dl)
+			defer cancelAt()
+		}
 		_ = lk.Release(rctx)
 		cancel()
 		return nil, Wrap(ErrNotObtained, cause)

@@ -20,6 +20,10 @@ const (
 	// anew starts from the server's clock, above every fence the expired
 	// one handed out (see the package documentation, Fencing tokens).
 	DefaultFenceTTL = 10 * time.Minute
+	// DefaultOutageLimit is how long Locker.Lock and Do keep trying while
+	// every attempt fails for want of nodes (ErrUnavailable), when
+	// WithOutageLimit is not given.
+	DefaultOutageLimit = 10 * time.Second
 )
 
 // Option configures a Locker in New. Every LockOption is also an Option:
@@ -43,6 +47,7 @@ type lockConfig struct {
 	minDelay    time.Duration
 	maxDelay    time.Duration
 	maxAttempts int // 0: until ctx is done
+	outageLimit time.Duration
 	margin      time.Duration
 	marginSet   bool // false: DefaultLossMargin of the ttl
 	noKeeper    bool // WithoutKeeper: Do keeps nothing alive
@@ -174,6 +179,28 @@ func WithMaxAttempts(n int) LockOption {
 			return
 		}
 		c.maxAttempts = n
+	})
+}
+
+// WithOutageLimit makes Locker.Lock (and Do) give up when its attempts
+// have failed for want of nodes (errors.Is ErrUnavailable: nodes down,
+// paused, unreachable, or too few answering) for d in a row: it then
+// returns the last attempt's error, which errors.Is ErrNotObtained and
+// ErrUnavailable. The run starts at the start of its first such attempt
+// and ends at any attempt the nodes decided (granted or refused); the
+// attempts of a run are cut off at its start plus d, so Lock returns at
+// most d after the run began, or at the end of the run's first attempt if
+// that is later (an attempt takes at most the strategy's call bound, see
+// CallBounder). Default DefaultOutageLimit (10 s). A held key is not an
+// outage: a Lock whose attempts are refused waits as long as its ctx
+// allows. d must be positive.
+func WithOutageLimit(d time.Duration) LockOption {
+	return lockOption(func(c *lockConfig) {
+		if d <= 0 {
+			c.fail(Invalid("outage limit %v: must be positive", d))
+			return
+		}
+		c.outageLimit = d
 	})
 }
 

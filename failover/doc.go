@@ -28,6 +28,16 @@
 // A failover that promotes a replica that never acknowledged can still lose
 // a lock; the Watcher therefore revokes every lock on a failover.
 //
+// # Bounds
+//
+// Every call returns by its ctx deadline, with or without go-redis's
+// ContextTimeoutEnabled. A call whose ctx has no deadline waits at most
+// redlease.DefaultCallBound (1 s), plus the WAIT timeout (WithWaitTimeout), since WAIT
+// runs in the same round trip. The clean-up after a
+// failed acquisition (the release of what it may have written, by its
+// token) runs in the background, at most a DefaultCallBound; Close ends
+// it.
+//
 // # Lock-loss signalling on failover
 //
 // A Watcher (Watch) subscribes to Sentinel's +switch-master for the master

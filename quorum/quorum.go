@@ -275,9 +275,11 @@ func (s *Strategy) acquire(ctx context.Context, key, token string, ttl time.Dura
 	t := s.collect(ctx, round, grantedByAcquire)
 	fail := func(op string, report tally, expired bool) (redlease.Grant, error) {
 		round.Decide(true)
-		// Wait for the nodes known to hold our key; nodes that failed or
-		// have not answered are undone in the background.
-		round.WaitUndone(t.agreedBy, s.nodeTimeout)
+		// Wait for the nodes known to hold our key, at most a node
+		// timeout and never past ctx's end; nodes that failed or have not
+		// answered, and those the wait gave up on, are undone in the
+		// background.
+		round.WaitUndone(ctx, t.agreedBy, s.nodeTimeout)
 		round.Done()
 		return redlease.Grant{}, s.failure(ctx, op, redlease.ErrNotObtained, report, start, expired)
 	}

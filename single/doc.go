@@ -21,6 +21,15 @@
 // counter survived the failover too, which is not guaranteed either. Use
 // quorum for work where a double grant costs money.
 //
+// # Bounds
+//
+// Every call returns by its ctx deadline, with or without go-redis's
+// ContextTimeoutEnabled. A call whose ctx has no deadline waits at most
+// redlease.DefaultCallBound (1 s). The clean-up after a
+// failed acquisition (the release of what it may have written, by its
+// token) runs in the background, at most a DefaultCallBound; Close ends
+// it.
+//
 // # Redis Cluster
 //
 // A Cluster client works: the fence counter's key shares the lock key's hash

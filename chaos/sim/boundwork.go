@@ -166,6 +166,7 @@ func (w *World) opsConstructions(e *opsEnv) {
 	case dialClient:
 		w.dialClose(e, w.boundsRand(e.ci))
 	}
+	w.outage(e) // outagework.go
 }
 
 // silentRelease: one Do on a key of the client's own (kept by its

@@ -5,28 +5,14 @@ import (
 	"time"
 )
 
-// InvCtxBound: Extend, ExtendAll and Release, called with a ctx deadline,
-// return by that deadline plus boundSlack, whatever the nodes do; so do
-// TryLock and Lock with -ctxbound only (ctxBoundAll: issue 29). Checked
-// where the workloads make those calls with a deadline (lockClient,
-// wakeClient, the ops clients). No fault excuses it.
+// InvCtxBound: TryLock, Lock, Extend, ExtendAll and Release, called with
+// a ctx deadline, return by that deadline plus boundSlack, whatever the
+// nodes do. Checked where the workloads make those calls with a deadline
+// (lockClient, wakeClient, the ops clients). No fault excuses it.
 const InvCtxBound = "ctx-bound"
 
-// ctxBoundAll turns on the part of ctx-bound that issue 29 deals with:
-// TryLock and Lock, which the current library holds past their ctx
-// deadline after a failed attempt: the single and failover strategies
-// (internal/primary) undo it synchronously under a ctx without its
-// deadline (up to the client's read timeout and retries, 5 s, with or
-// without ContextTimeoutEnabled), the quorum strategy waits for its undo
-// up to a node timeout, and a Lock in fair mode that gives up leaves the
-// line within leaveBound (250 ms). Off (the default), acquisitions are
-// counted (ExCtxAcquire) and not checked. Set by -ctxbound
-// (ctxbound_test.go).
-var ctxBoundAll bool
-
-// ExCtxAcquire: acquisitions (TryLock, Lock) left out of ctx-bound
-// unless ctxBoundAll.
-const ExCtxAcquire = InvCtxBound + "/acquire-unchecked"
+// ExCtxAcquire: acquisitions (TryLock, Lock) among the calls checked.
+const ExCtxAcquire = InvCtxBound + "/acquire"
 
 func init() {
 	examinedIn[InvCtxBound] = func(sc *Scenario) bool {
@@ -35,12 +21,11 @@ func init() {
 }
 
 // checkCtx checks ctx-bound for one call of client ci made at start with
-// a ctx deadline d later, returned now. acquire: TryLock or Lock (see
-// ctxBoundAll).
+// a ctx deadline d later, returned now. acquire: TryLock or Lock, counted
+// apart too (ExCtxAcquire).
 func (w *World) checkCtx(ci int, what, key string, start, d time.Duration, acquire bool) {
-	if acquire && !ctxBoundAll {
+	if acquire {
 		w.hist.ex.count(ExCtxAcquire, 1)
-		return
 	}
 	now := w.hist.now()
 	w.hist.ex.count(InvCtxBound, 1)

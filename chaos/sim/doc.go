@@ -427,11 +427,18 @@
 //     during a held handshake) must be non-zero in ops-single and
 //     ops-quorum, so a dial-close that cannot arrange its stall fails.
 //   - ctx-bound (every scenario but barrier, watchdog-mixed and
-//     quorum3-pastmax): Lock.Extend, redlease.ExtendAll and Lock.Release
-//     called with a ctx deadline return by it. TryLock and Lock only with
-//     -ctxbound: the library holds them past their deadline after a failed
-//     attempt (issue 29), so by default they are counted
-//     (ctx-bound/acquire-unchecked), not checked. Examined: calls checked.
+//     quorum3-pastmax): TryLock, Lock, Lock.Extend, redlease.ExtendAll and
+//     Lock.Release called with a ctx deadline return by it, with and
+//     without ContextTimeoutEnabled (drawn per client). Examined: calls
+//     checked (ctx-bound/acquire: TryLock and Lock among them).
+//   - outage-bound (ops-*; outagework.go): a Lock or Do without a deadline
+//     whose client's data links are silent ends with ErrUnavailable within
+//     its outage limit (50-400 ms, drawn), or its first attempt's bound if
+//     longer (DefaultCallBound on single, plus the WAIT timeout on
+//     failover; quorum's node timeout plus fanout.DeadlineSlack). The
+//     outage construction (one client in half the ops seeds, after its
+//     operations) silences the links and makes the call. Examined: such
+//     calls.
 //
 // # Determinism and replay
 //
@@ -488,7 +495,7 @@
 //	go -C chaos test ./sim -run 'TestSim$' -rotation fence -seeds 900
 //	go -C chaos test ./sim -run 'TestSim$' -scenario failover -seed 5 -replays 10
 //
-// TestSim's flags (sim_test.go, ctxbound_test.go): -seeds N from -first
+// TestSim's flags (sim_test.go): -seeds N from -first
 // (default 1; 0 seeds: 200, or 30 under -race); -rotation idem (the
 // idempotency rotation instead of the lock one) or fence (the fence-expiry
 // rotation); -scenario NAME; -seed S
@@ -499,7 +506,7 @@
 // cost CPU per seed); -stopfail (stop at the first failure); -inv a,b
 // (only these invariants' violations count; examined counts are checked
 // as always); -progress (a line every 10 s); -lostfirst (call Lock.Lost
-// before Valid on every grant, as Locker.Do does); -ctxbound; -findings
+// before Valid on every grant, as Locker.Do does); -findings
 // (the regression tests in findings_test.go of defects still open; the
 // others run always). TestSim sets the GC percent to 400 unless GOGC is
 // set. make test runs the package under -race, then 10,000 seeds of the

@@ -180,13 +180,13 @@ func (ns *Nodes) Close() {
 }
 
 // deadline returns a context that is done at least one timeout from now and
-// at most that plus deadlineSlack. Rounds that start within that slack share
+// at most that plus DeadlineSlack. Rounds that start within that slack share
 // one: a deadline context costs a timer and four allocations, and a round
 // takes about a millisecond or less, so sharing only within one millisecond
 // still paid them about once per acquire+release.
 func (ns *Nodes) deadline() context.Context {
 	earliest := time.Now().Add(ns.timeout)
-	slack := deadlineSlack(ns.timeout)
+	slack := DeadlineSlack(ns.timeout)
 	ns.mu.Lock()
 	defer ns.mu.Unlock()
 	if ns.bucketCtx == nil || ns.bucket.Before(earliest) || ns.bucket.After(earliest.Add(slack)) {
@@ -198,10 +198,10 @@ func (ns *Nodes) deadline() context.Context {
 	return ns.bucketCtx
 }
 
-// deadlineSlack is how much later than one timeout a shared round deadline
+// DeadlineSlack is how much later than one timeout a shared round deadline
 // may end: a 32nd of the timeout (about 3 ms for the 100 ms default), at
 // least 1 ms.
-func deadlineSlack(timeout time.Duration) time.Duration {
+func DeadlineSlack(timeout time.Duration) time.Duration {
 	return max(timeout/32, time.Millisecond)
 }
 
@@ -445,9 +445,10 @@ func (r *Round) Keep(key, token string) {
 }
 
 // WaitUndone waits until the undo of every node for which wait returns true
-// has finished, or until d passes. The other nodes, and nodes whose request
-// has not finished yet, are undone in the background.
-func (r *Round) WaitUndone(wait func(node int) bool, d time.Duration) {
+// has finished, or until d passes or ctx is done, whichever comes first.
+// The other nodes, and nodes whose request has not finished yet, are
+// undone in the background.
+func (r *Round) WaitUndone(ctx context.Context, wait func(node int) bool, d time.Duration) {
 	if r.undone == nil {
 		return
 	}
@@ -466,6 +467,8 @@ func (r *Round) WaitUndone(wait func(node int) bool, d time.Duration) {
 				k--
 			}
 		case <-t.C:
+			return
+		case <-ctx.Done():
 			return
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -51,6 +52,14 @@ type Primary struct {
 	// retries), so calls are bounded by ctx here (see call).
 	bound bool
 	wake  *wake.Set // release notices for waiters (Watch); nil with a nil client
+
+	// The clean-ups of failed acquisitions, run in the background (see
+	// undoLater): life ends at Close, which waits for them.
+	life    context.Context
+	endLife context.CancelFunc
+	undoMu  sync.Mutex
+	closed  bool
+	undos   sync.WaitGroup
 }
 
 // ErrNotReplicated is failover.ErrNotReplicated, defined here because
@@ -67,6 +76,19 @@ const WatchBound = time.Second
 // cannot stop before the dial gives up, at the client's DialTimeout and
 // ReadTimeout, and is left to stop then.
 const CloseWait = 100 * time.Millisecond
+
+// UndoBound bounds the clean-up of a failed acquisition (undoLater), which
+// runs in the background: the caller of the acquisition does not wait for
+// it.
+const UndoBound = redlease.DefaultCallBound
+
+// CallBound bounds each call to the node whose ctx has no deadline:
+// redlease.DefaultCallBound, plus the WAIT timeout when replicas are
+// required (WAIT runs in the same round trip). A call with a deadline is
+// bounded by it alone.
+func (p *Primary) CallBound() time.Duration {
+	return redlease.DefaultCallBound + p.cfg.WaitTimeout
+}
 
 // Defaults is the configuration the strategies start from: fencing on, the
 // default drift factor, no replicas.
@@ -99,17 +121,24 @@ func New[O any](client redis.UniversalClient, cfg Config, opts []O, apply func(O
 	p.wake = wake.NewSet(client)
 	p.cluster, _ = client.(*redis.ClusterClient)
 	p.bound = !bounded.HonorsContext(client)
+	p.life, p.endLife = context.WithCancel(context.Background())
 	return p, nil
 }
 
 // call runs f, and returns when it does or, for a client that ignores
 // contexts, when ctx is done, whichever comes first: with go-redis's
 // defaults a paused node would otherwise hold the caller for the read
-// timeout and its retries, whatever ctx says. An abandoned call finishes
-// in the background (bounded by the client's own timeouts, or its Close)
-// and then late, if not nil, runs with its outcome: the undo of an
-// acquisition reported as failed, which compares the attempt's own token.
+// timeout and its retries, whatever ctx says. A ctx without a deadline
+// gets one CallBound away. An abandoned call finishes in the background
+// (bounded by the client's own timeouts, or its Close) and then late, if
+// not nil, runs with its outcome: the undo of an acquisition reported as
+// failed, which compares the attempt's own token.
 func (p *Primary) call(ctx context.Context, f func(context.Context) (int64, error), late func(int64, error)) (int64, error) {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, p.CallBound())
+		defer cancel()
+	}
 	return bounded.Call(ctx, p.bound, f, late)
 }
 
@@ -175,15 +204,17 @@ func (p *Primary) acquire(ctx context.Context, key, token string, ttl time.Durat
 			// Abandoned: reported as not obtained, so whatever it wrote
 			// goes, by this attempt's token only.
 			if (err == nil && !script.IsTaken(v)) || (err != nil && !NotSent(err)) {
-				_ = p.undo(context.Background(), key, token)
+				p.undoLater(nil, key, token)
 			}
 		})
 	// Every undo below compares this attempt's token (the Locker gives each
 	// attempt its own), so however late it lands it removes only what this
-	// attempt wrote, never a key a later attempt holds.
+	// attempt wrote, never a key a later attempt holds. It runs in the
+	// background, so that the caller's deadline holds; where the node
+	// answered, the caller waits for it while its ctx lasts.
 	switch {
 	case errors.Is(err, ErrNotReplicated) && !script.IsTaken(v):
-		_ = p.undo(context.WithoutCancel(ctx), key, token)
+		p.undoLater(ctx, key, token)
 		// Nobody refused: the write was not confirmed, an outage (or WAIT
 		// was denied: a configuration error).
 		sentinel := ErrAcquireUnavailable
@@ -196,8 +227,9 @@ func (p *Primary) acquire(ctx context.Context, key, token string, ttl time.Durat
 		if !NotSent(err) && !errors.As(err, &ab) { // an abandoned call undoes itself when it returns
 			// The script may have run and its reply been lost (a timeout,
 			// a cut connection), or failed after its SET: without this the
-			// key would block every other attempt until its TTL.
-			_ = p.undo(context.WithoutCancel(ctx), key, token)
+			// key would block every other attempt until its TTL. The
+			// node did not answer: nobody waits for it.
+			p.undoLater(nil, key, token)
 		}
 		// Down is not held: the node failed, nobody refused.
 		return redlease.Grant{}, p.fail(ctx, ErrAcquireUnavailable, err)
@@ -211,7 +243,7 @@ func (p *Primary) acquire(ctx context.Context, key, token string, ttl time.Durat
 	}
 	until := start.Add(ttl - p.DriftAllowance(ttl))
 	if !p.cfg.Clock.Now().Before(until) {
-		_ = p.undo(context.WithoutCancel(ctx), key, token)
+		p.undoLater(ctx, key, token)
 		return redlease.Grant{}, fmt.Errorf("%w: no validity left after %v", redlease.ErrNotObtained, p.cfg.Clock.Now().Sub(start))
 	}
 	return redlease.Grant{Until: until, Fence: uint64(v)}, nil
@@ -272,13 +304,34 @@ func (p *Primary) Release(ctx context.Context, key, token string) error {
 	return nil
 }
 
-// undo deletes what a failed attempt under token wrote (its key, by
-// token), and leaves the waiter's entry in the line: the waiter still
-// waits.
-func (p *Primary) undo(ctx context.Context, key, token string) error {
-	line := script.UndoArgs(key, token)
-	_, err := p.call(ctx, func(ctx context.Context) (int64, error) { return script.Release.Run(ctx, p.client, line) }, nil)
-	return err
+// undoLater deletes, in the background, what a failed attempt under
+// token wrote (its key, by token), and leaves the waiter's entry in the
+// line: the waiter still waits. The clean-up waits at most UndoBound and
+// ends at Close, which waits for it (at most CloseWait); after Close none
+// is started: the key expires at its TTL. With wait not nil, undoLater
+// returns when the clean-up ends or wait is done, whichever comes first.
+func (p *Primary) undoLater(wait context.Context, key, token string) {
+	p.undoMu.Lock()
+	if p.closed {
+		p.undoMu.Unlock()
+		return
+	}
+	done := make(chan struct{})
+	p.undos.Go(func() {
+		defer close(done)
+		ctx, cancel := context.WithTimeout(p.life, UndoBound)
+		defer cancel()
+		line := script.UndoArgs(key, token)
+		// Bounded by ctx whatever the client: Close ends it at once.
+		_, _ = bounded.Call(ctx, true, func(ctx context.Context) (int64, error) { return script.Release.Run(ctx, p.client, line) }, nil)
+	})
+	p.undoMu.Unlock()
+	if wait != nil {
+		select {
+		case <-done:
+		case <-wait.Done():
+		}
+	}
 }
 
 // Watch subscribes to releases of key on the primary (see
@@ -317,10 +370,20 @@ func (p *Primary) Fencing() bool { return p.cfg.Fencing }
 
 // Close ends the subscriptions of waiters on this primary (they fall back
 // to polling) and waits, at most CloseWait, for the shared subscription
-// connection to stop if nobody else in the process uses it. Calls other
-// than Watch still work.
+// connection to stop if nobody else in the process uses it. It ends the
+// clean-ups of failed acquisitions still running (see undoLater), whose
+// requests in flight, through a client that ignores contexts, finish at
+// the client's own timeouts. Calls other than Watch still work; a failed
+// acquisition after Close is not cleaned up (its key expires at its TTL).
 func (p *Primary) Close() error {
-	p.wake.Close(CloseWait)
+	p.undoMu.Lock()
+	p.closed = true
+	p.undoMu.Unlock()
+	p.endLife()
+	var wg sync.WaitGroup
+	wg.Go(func() { p.wake.Close(CloseWait) })
+	wg.Go(p.undos.Wait) // each ends at once: its ctx ended
+	wg.Wait()
 	return nil
 }
 
