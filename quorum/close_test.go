@@ -1,6 +1,7 @@
 package quorum_test
 
 import (
+	"context"
 	"fmt"
 	"testing"
 	"time"
@@ -9,6 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/redlease/redlease"
 	"github.com/redlease/redlease/internal/redistest"
 	"github.com/redlease/redlease/quorum"
 )
@@ -71,4 +73,29 @@ func TestCloseIsBoundedWithWaitersOnPausedNodes(t *testing.T) {
 			assert.Less(t, took, bound+closeMargin, "Close waited past two node timeouts (%v) for a hub held by a paused node", bound)
 		})
 	}
+}
+
+// Lock on a strategy already closed ends at once with ErrInvalid: no node
+// can be reached, and that is no outage to wait out. Before, every attempt
+// failed with ErrUnavailable ("fanout closed") and Lock retried them until
+// its outage limit or its ctx (the simulator's ops seed 3166 spun there on
+// virtual time). The ctx's deadline is only a guard: the assertion is that
+// it did not end the call.
+func TestLockAfterCloseIsRefusedAtOnce(t *testing.T) {
+	servers := redistest.StartN(t, 3, redistest.Config{})
+	var clients []redis.UniversalClient
+	for _, srv := range servers {
+		clients = append(clients, srv.Client())
+	}
+	q, err := quorum.New(clients)
+	require.NoError(t, err)
+	require.NoError(t, q.Close())
+	l, err := redlease.New(q, redlease.WithOutageLimit(time.Hour))
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	_, err = l.Lock(ctx, "closed")
+	require.ErrorIs(t, err, redlease.ErrInvalid)
+	assert.NotErrorIs(t, err, redlease.ErrUnavailable)
+	assert.NotErrorIs(t, err, context.DeadlineExceeded, "Lock retried until its ctx ended")
 }

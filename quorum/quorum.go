@@ -179,7 +179,9 @@ func (s *Strategy) Name() string { return "quorum" }
 // closed; a subscription connection being dialed to a hung node (the node
 // paused before a waiter came, say) ends when go-redis's dial gives up, at
 // the client's DialTimeout and ReadTimeout, whatever ContextTimeoutEnabled
-// says. Calls after Close fail. It does not close the node clients.
+// says. Calls after Close fail: an acquisition with ErrInvalid, at once
+// (Locker.Lock and Do do not retry it), others with ErrUnavailable. It
+// does not close the node clients.
 func (s *Strategy) Close() error {
 	var wg sync.WaitGroup
 	wg.Go(func() { s.wake.Close(2 * s.nodeTimeout) })
@@ -244,6 +246,10 @@ func (s *Strategy) acquire(ctx context.Context, key, token string, ttl time.Dura
 	}
 	if err := ctx.Err(); err != nil {
 		return redlease.Grant{}, redlease.Wrap(redlease.ErrNotObtained, context.Cause(ctx))
+	}
+	if s.fan.Closed() {
+		// Not an outage: no retry would reach a node.
+		return redlease.Grant{}, redlease.Invalid("quorum: acquisition after Close")
 	}
 	s.identify(ctx)
 	k := any(key) // boxed once, passed for every key the script does not touch

@@ -165,6 +165,11 @@ func (w *World) opsConstructions(e *opsEnv) {
 		w.silentRelease(e, w.boundsRand(e.ci))
 	case dialClient:
 		w.dialClose(e, w.boundsRand(e.ci))
+		if e.close != nil {
+			// dialClose closed the client's strategy: the outage
+			// construction needs one that works.
+			e.newStrategy()
+		}
 	}
 	w.outage(e) // outagework.go
 }

@@ -41,7 +41,11 @@ func (w *World) attemptBound(s redlease.Strategy) time.Duration {
 	b := callBound(s)
 	switch w.sc.Strategy {
 	case Quorum:
-		b += fanout.DeadlineSlack(b)
+		// An acquisition by a strategy that has not identified its nodes
+		// (a new one, or one whose nodes did not all answer) first asks
+		// them, for at most a quarter of the node timeout (the
+		// CallBound): quorum.identify.
+		b += b/4 + fanout.DeadlineSlack(b)
 	case Failover:
 		b += failover.DefaultWaitTimeout
 	}

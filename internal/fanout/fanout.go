@@ -148,6 +148,9 @@ func New(clients []redis.UniversalClient, workersPerNode int, timeout time.Durat
 	return ns
 }
 
+// Closed reports whether Close was called.
+func (ns *Nodes) Closed() bool { return ns.closed.Load() }
+
 // Close stops every worker after its current request and waits for them,
 // at most two node timeouts. Rounds started afterwards fail on every node
 // with ErrClosed.
