@@ -246,11 +246,14 @@ func boundsEnv(t *testing.T, st string, opts func(string) *redis.Options) *bound
 	return e
 }
 
-// take takes key before the fault, for Release and Extend.
+// take takes key before the fault, for Release and Extend. It uses Lock:
+// on failover, a grant the replica has not acknowledged within the WAIT
+// timeout (its first ACK can be late on a loaded machine) is an outage,
+// which Lock retries; a TryLock failed the cell once that way.
 func (e *boundsEnvT) take(t *testing.T, key string) *redlease.Lock {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	lk, err := e.l.TryLock(ctx, key)
+	lk, err := e.l.Lock(ctx, key)
 	require.NoError(t, err, "the lock taken before the fault")
 	return lk
 }
