@@ -144,7 +144,7 @@ func (l *Locker) TryLock(ctx context.Context, key string, opts ...LockOption) (*
 // stays taken, like sync.Mutex. An outage is not a held key: when no node
 // decided its attempts (each failed with ErrUnavailable) for the outage
 // limit (WithOutageLimit; DefaultOutageLimit, 10 s), Lock gives up with an
-// error that errors.Is ErrNotObtained and ErrUnavailable.
+// error that errors.Is ErrUnavailable, not ErrNotObtained: nobody refused.
 func (l *Locker) Lock(ctx context.Context, key string, opts ...LockOption) (*Lock, error) {
 	c, err := l.config(key, opts)
 	if err != nil {
