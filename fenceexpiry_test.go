@@ -8,10 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/redlease/redlease"
-	"github.com/redlease/redlease/internal/redistest"
 	"github.com/redlease/redlease/internal/script"
-	"github.com/redlease/redlease/quorum"
-	"github.com/redlease/redlease/single"
 )
 
 // fencedStore is the storage a fenced holder writes to: it accepts a
@@ -42,19 +39,8 @@ func (s *fencedStore) write(who string, fence uint64) bool {
 // gone from every node (polled, bounded) and the new holder has written.
 func TestPausedHolderPastItsFenceCounterIsRefused(t *testing.T) {
 	ctx := t.Context()
-	srv := redistest.Start(t, redistest.Config{})
-	servers := redistest.StartN(t, 3, redistest.Config{})
 	const ttl, keep = time.Second, time.Second
-	s, err := single.New(srv.Client(), single.WithFenceTTL(keep))
-	require.NoError(t, err)
-	for _, c := range []struct {
-		name  string
-		s     redlease.Strategy
-		nodes []*redistest.Server
-	}{
-		{"single", s, []*redistest.Server{srv}},
-		{"quorum", quorumOver(t, directClients(t, servers), quorum.WithFencing(), quorum.WithFenceTTL(keep)), servers},
-	} {
+	for _, c := range fenceTTLCases(t, keep) {
 		t.Run(c.name, func(t *testing.T) {
 			l, err := redlease.New(c.s, redlease.WithTTL(ttl))
 			require.NoError(t, err)

@@ -19,19 +19,8 @@ import (
 // counter's is refused, since the counter must outlive the lock.
 func TestFenceCountersExpireWithFenceTTL(t *testing.T) {
 	ctx := t.Context()
-	srv := redistest.Start(t, redistest.Config{})
-	servers := redistest.StartN(t, 3, redistest.Config{})
 	const keep = 5 * time.Second
-	s, err := single.New(srv.Client(), single.WithFenceTTL(keep))
-	require.NoError(t, err)
-	for _, c := range []struct {
-		name  string
-		s     redlease.Strategy
-		nodes []*redistest.Server
-	}{
-		{"single", s, []*redistest.Server{srv}},
-		{"quorum", quorumOver(t, directClients(t, servers), quorum.WithFencing(), quorum.WithFenceTTL(keep)), servers},
-	} {
+	for _, c := range fenceTTLCases(t, keep) {
 		t.Run(c.name, func(t *testing.T) {
 			l, err := redlease.New(c.s, redlease.WithTTL(time.Second))
 			require.NoError(t, err)
@@ -59,5 +48,26 @@ func TestFenceCountersExpireWithFenceTTL(t *testing.T) {
 			_, err = l.TryLock(ctx, "request:2", redlease.WithTTL(2*keep))
 			require.ErrorIs(t, err, redlease.ErrInvalid, "a lock that would outlive its fence counter")
 		})
+	}
+}
+
+// fenceTTLCase is a fenced strategy whose counters expire keep after their
+// last grant, with the servers its counters live on.
+type fenceTTLCase struct {
+	name  string
+	s     redlease.Strategy
+	nodes []*redistest.Server
+}
+
+// fenceTTLCases are single on one new server and quorum on three, each
+// built WithFenceTTL(keep).
+func fenceTTLCases(t *testing.T, keep time.Duration) []fenceTTLCase {
+	srv := redistest.Start(t, redistest.Config{})
+	servers := redistest.StartN(t, 3, redistest.Config{})
+	s, err := single.New(srv.Client(), single.WithFenceTTL(keep))
+	require.NoError(t, err)
+	return []fenceTTLCase{
+		{"single", s, []*redistest.Server{srv}},
+		{"quorum", quorumOver(t, directClients(t, servers), quorum.WithFencing(), quorum.WithFenceTTL(keep)), servers},
 	}
 }
