@@ -82,11 +82,7 @@ func TestCloseIsBoundedWithWaitersOnPausedNodes(t *testing.T) {
 // virtual time). The ctx's deadline is only a guard: the assertion is that
 // it did not end the call.
 func TestLockAfterCloseIsRefusedAtOnce(t *testing.T) {
-	servers := redistest.StartN(t, 3, redistest.Config{})
-	var clients []redis.UniversalClient
-	for _, srv := range servers {
-		clients = append(clients, srv.Client())
-	}
+	_, clients := nodes(t, 3)
 	q, err := quorum.New(clients)
 	require.NoError(t, err)
 	require.NoError(t, q.Close())

@@ -73,14 +73,8 @@ func TestDuplicateNodesAreRefused(t *testing.T) {
 // held matches ErrNotObtained only; both messages are one line, with one
 // "redlease:" prefix.
 func TestDownIsNotHeld(t *testing.T) {
-	servers := redistest.StartN(t, 3, redistest.Config{})
-	var clients []redis.UniversalClient
-	for _, srv := range servers {
-		clients = append(clients, srv.Client())
-	}
-	q, err := quorum.New(clients)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = q.Close() })
+	servers, clients := nodes(t, 3)
+	q := strategy(t, clients)
 	l, err := redlease.New(q)
 	require.NoError(t, err)
 	ctx := t.Context()
