@@ -232,7 +232,7 @@ func TestMixedStrategiesWithSickNodes(t *testing.T) {
 	grBefore := countGoroutines()
 	// How late this process runs its timers, from the faults to the
 	// verdict: what excuses a loss noticed after Until (see below).
-	probe := startSchedProbe()
+	probe := redistest.StartStallProbe(t)
 	defer probe.Stop()
 	faultTime := time.Now()
 	singleSrv.Pause()

@@ -1,0 +1,40 @@
+package redistest
+
+import (
+	"fmt"
+	"os/exec"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestStallProbeSeesAStarvedProcess stops the world (what a machine that
+// does not run the process looks like to it) and checks the probe counts
+// the stop in the stretch that covers it, and not in one before it.
+func TestStallProbeSeesAStarvedProcess(t *testing.T) {
+	p := StartStallProbe(t)
+	time.Sleep(20 * time.Millisecond)
+	quiet := time.Now()
+	start := time.Now()
+	stopTheWorldFor(t, 60*time.Millisecond)
+	end := time.Now()
+	time.Sleep(10 * time.Millisecond)
+	p.Stop()
+
+	wakes, worst := p.Summary()
+	require.Greater(t, wakes, 0, "the probe woke")
+	require.GreaterOrEqual(t, worst, 40*time.Millisecond, "the probe saw the stop")
+	require.GreaterOrEqual(t, p.Stalled(start, end), 40*time.Millisecond)
+	require.GreaterOrEqual(t, p.Allowance(time.Second, 2, start, end), time.Second+80*time.Millisecond)
+	require.Contains(t, p.Explain(time.Second, 2, start, end), "measured stalled")
+	require.Less(t, p.Stalled(time.Time{}, quiet.Add(-15*time.Millisecond)), 40*time.Millisecond, "a stretch before the stop does not count it")
+}
+
+// stopTheWorldFor has a child shell stop this process with SIGSTOP and
+// continue it d later, as a machine that does not run it would.
+func stopTheWorldFor(t *testing.T, d time.Duration) {
+	t.Helper()
+	cmd := exec.Command("sh", "-c", fmt.Sprintf("kill -STOP $PPID; sleep %.3f; kill -CONT $PPID", d.Seconds()))
+	require.NoError(t, cmd.Run())
+}
