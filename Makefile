@@ -1,5 +1,6 @@
 # redlease: the commands a fresh machine needs.
-#   make test   vet + every test with -race, against real redis-server processes
+#   make test   vet, then every module's tests with -race (real redis-server processes) and the
+#               simulator's budgets, side by side; each job's output and time when it ends
 #   make demo   the settlement demo: exactly-once settlements on 5 in-process quorum nodes + SQLite
 #   make bench  go test -bench, ours and the peers side by side, with -benchmem
 #   make chaos  every fault scenario against real processes; table + HTML/SVG report in $(CHAOS_REPORT)
@@ -54,12 +55,42 @@ redis:
 	fi
 	@redis-server --version
 
+# test runs its jobs side by side (make -j): vet, then the race tests of
+# each module, and the simulator's budgets without -race. Each job's output
+# is printed whole when it ends (--output-sync), with its wall time; a
+# failed job fails make test after the others have finished.
+TEST_JOBS = test-root test-chaos test-cmd test-small test-sim
+
 test: redis
-	@set -e; for m in $(MODULES); do echo "$(GO) -C $$m vet ./..."; $(GO) -C $$m vet ./...; done
-	@set -e; for m in $(MODULES); do echo "$(GO) -C $$m test -race -count=1 ./..."; $(GO) -C $$m test -race -count=1 ./...; done
-	$(GO) -C chaos test -count=1 ./sim/ -run 'TestSim$$' -seeds 10000
-	$(GO) -C chaos test -count=1 ./sim/ -run 'TestSim$$' -rotation idem -seeds 4000
-	$(GO) -C chaos test -count=1 ./sim/ -run 'TestSim$$' -rotation fence -seeds 900
+	@start=$$(date +%s); \
+	$(MAKE) --no-print-directory -j$(words $(TEST_JOBS)) --output-sync=target $(TEST_JOBS); rc=$$?; \
+	echo "make test: $$(( $$(date +%s) - start )) s wall, $$([ $$rc = 0 ] && echo ok || echo FAILED)"; exit $$rc
+
+# The jobs of make test (also runnable alone).
+.PHONY: test-vet test-root test-chaos test-cmd test-small test-sim $(TEST_JOBS)
+test-vet:
+	@set -e; for m in $(MODULES); do $(GO) -C $$m vet ./...; done; echo "go vet: every module ok"
+
+test-root: test-vet
+	@$(call timed,root module -race,$(GO) test -race -count=1 ./...)
+
+test-chaos: test-vet
+	@$(call timed,chaos module -race,$(GO) -C chaos test -race -count=1 ./...)
+
+test-cmd: test-vet
+	@$(call timed,cmd module -race,$(GO) -C cmd test -race -count=1 ./...)
+
+test-small: test-vet
+	@$(call timed,bench and examples modules -race,$(GO) -C bench test -race -count=1 ./... && $(GO) -C examples test -race -count=1 ./...)
+
+test-sim: test-vet
+	@$(call timed,simulator budgets,$(GO) -C chaos test -count=1 ./sim/ -run 'TestSim$$' -seeds 10000 && \
+	  $(GO) -C chaos test -count=1 ./sim/ -run 'TestSim$$' -rotation idem -seeds 4000 && \
+	  $(GO) -C chaos test -count=1 ./sim/ -run 'TestSim$$' -rotation fence -seeds 900)
+
+# timed,NAME,COMMAND: runs COMMAND, then says how long NAME took (wall and
+# CPU, children included) and how it ended.
+timed = echo "== $(1)"; TIMEFORMAT="== $(1): %R s wall, %U s user + %S s sys CPU"; time ( $(2) ); rc=$$?; echo "== $(1): $$([ $$rc = 0 ] && echo ok || echo FAILED)"; exit $$rc
 
 demo:
 	$(GO) -C examples run ./settlement

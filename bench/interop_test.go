@@ -16,6 +16,11 @@ import (
 	"github.com/redlease/redlease/quorum"
 )
 
+// interopNodeTimeout is TestRedsyncInterop's quorum node timeout: long
+// enough that every node's reply arrives (100 ms, the default, was missed
+// by three nodes at load 12), shorter than the test's timeout.
+const interopNodeTimeout = 30 * time.Second
+
 // A redsync mutex and a redlease lock on the same name and nodes exclude
 // each other, both ways, so a fleet can move from one to the other.
 func TestRedsyncInterop(t *testing.T) {
@@ -24,7 +29,11 @@ func TestRedsyncInterop(t *testing.T) {
 	for i, srv := range servers {
 		clients[i] = srv.Client()
 	}
-	s, err := quorum.New(universal(clients), quorum.WithFencing())
+	// The test is about exclusion, not time: a node that answers late must
+	// still answer (a reply missed for the node timeout is ErrUnavailable,
+	// which says nothing about who holds), so the node timeout is longer
+	// than any stall a loaded machine shows, and a reply is what decides.
+	s, err := quorum.New(universal(clients), quorum.WithFencing(), quorum.WithNodeTimeout(interopNodeTimeout))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = s.Close() })
 	rs := redsync.New(pools(clients)...)
