@@ -81,3 +81,20 @@ func TestWaitForDerivesItsWindow(t *testing.T) {
 	require.NotEmpty(t, rec.fatal)
 	require.GreaterOrEqual(t, time.Since(start), 30*time.Millisecond+3*40*time.Millisecond, "a stop of %v inside the wait widened its window: %s", stopped, rec.fatal)
 }
+
+// Within compares a duration with the window derived from the same
+// stretch, and says so.
+func TestWithinComparesWithTheDerivedWindow(t *testing.T) {
+	p := StartStallProbe(t)
+	start := time.Now()
+	time.Sleep(5 * time.Millisecond)
+	ok, why := p.Within(time.Since(start), time.Second, 3, start)
+	require.True(t, ok, why)
+	require.Contains(t, why, "measured stalled")
+	start = time.Now()
+	time.Sleep(20 * time.Millisecond)
+	took := time.Since(start)
+	ok, why = p.Within(took, time.Millisecond, 0, start)
+	require.False(t, ok, "%v is past a 1 ms bound with no allowance for stalls: %s", took, why)
+	require.Contains(t, why, "took ")
+}
