@@ -25,6 +25,7 @@ import (
 // export data and does not link; that a snippet declares func main, which
 // only the linker would miss, is checked on its syntax tree.
 func TestREADMESnippetsCompile(t *testing.T) {
+	t.Parallel()
 	text, err := os.ReadFile("README.md")
 	require.NoError(t, err)
 	var snippets []string
