@@ -44,6 +44,7 @@ func waitLine(t *testing.T, clients []*redis.Client, key string, n int) {
 // winner holds the key for a moment, so that the others' attempts (woken
 // by the release, or by backoff) race it.
 func TestFairLockServesInArrivalOrder(t *testing.T) {
+	t.Parallel()
 	for _, setup := range wakeSetups(t) {
 		ws := setup(t)
 		t.Run(ws.name, func(t *testing.T) {
@@ -90,6 +91,8 @@ func TestFairLockServesInArrivalOrder(t *testing.T) {
 // its entry's lifetime; a TryLock never joins, and is refused with
 // ErrQueued while a waiter is in line for a free key.
 func TestFairLockThatGivesUpLeavesTheLineAndTryLockNeverJoins(t *testing.T) {
+	t.Parallel()
+	probe := redistest.StartStallProbe(t)
 	for _, setup := range wakeSetups(t) {
 		ws := setup(t)
 		t.Run(ws.name, func(t *testing.T) {
@@ -116,10 +119,10 @@ func TestFairLockThatGivesUpLeavesTheLineAndTryLockNeverJoins(t *testing.T) {
 			cancel()
 			require.ErrorIs(t, err, redlease.ErrNotObtained)
 			for i, c := range ws.clients {
-				require.Eventually(t, func() bool {
+				probe.WaitFor(t, 3*time.Second, 3, 5*time.Millisecond, func() bool {
 					ids, err := c.ZRangeByScore(ctx, script.QueueKey(key), &redis.ZRangeBy{Min: "0", Max: "+inf"}).Result()
 					return err == nil && len(ids) == 0
-				}, 3*time.Second, 5*time.Millisecond, "node %d: the Lock that gave up is still in line", i)
+				}, "node %d: the Lock that gave up is still in line", i)
 			}
 
 			// A waiter in line (joined through the strategy: it never
@@ -143,6 +146,7 @@ func TestFairLockThatGivesUpLeavesTheLineAndTryLockNeverJoins(t *testing.T) {
 // attempts) holds the key back for at most its entry's lifetime: a Lock
 // behind it is refused until then, and granted soon after.
 func TestFairDeadHeadIsSkippedAfterItsLifetime(t *testing.T) {
+	t.Parallel()
 	for _, setup := range wakeSetups(t) {
 		ws := setup(t)
 		t.Run(ws.name, func(t *testing.T) {
@@ -181,6 +185,8 @@ func TestFairDeadHeadIsSkippedAfterItsLifetime(t *testing.T) {
 // (oldest) only on nodes 0 and 1, B on nodes 2 to 4, and ghosts that never
 // come back at the head of nodes 2 and 3.
 func TestFairQuorumNodesWithDifferentLinesConverge(t *testing.T) {
+	t.Parallel()
+	probe := redistest.StartStallProbe(t)
 	servers := redistest.StartN(t, 5, redistest.Config{})
 	var (
 		clients []*redis.Client
@@ -244,10 +250,10 @@ func TestFairQuorumNodesWithDifferentLinesConverge(t *testing.T) {
 	// Release returns at a quorum; the other nodes' requests land within
 	// the node timeout (1 s).
 	for n, c := range clients {
-		require.Eventually(t, func() bool {
+		probe.WaitFor(t, 3*time.Second, 3, 5*time.Millisecond, func() bool {
 			ids, err := c.ZRangeByScore(ctx, script.QueueKey(key), &redis.ZRangeBy{Min: "0", Max: "+inf"}).Result()
 			return err == nil && !slices.Contains(ids, "A")
-		}, 3*time.Second, 5*time.Millisecond, "node %d: A's release left its entry", n)
+		}, "node %d: A's release left its entry", n)
 	}
 
 	// B is now the live head wherever the ghost has expired; within the

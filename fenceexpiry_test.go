@@ -38,6 +38,7 @@ func (s *fencedStore) write(who string, fence uint64) bool {
 // The order is forced: the paused holder writes only after the counter is
 // gone from every node (polled, bounded) and the new holder has written.
 func TestPausedHolderPastItsFenceCounterIsRefused(t *testing.T) {
+	t.Parallel()
 	ctx := t.Context()
 	const ttl, keep = time.Second, time.Second
 	for _, c := range fenceTTLCases(t, keep) {

@@ -18,6 +18,7 @@ import (
 // one key per request name piling up forever; and a TTL longer than the
 // counter's is refused, since the counter must outlive the lock.
 func TestFenceCountersExpireWithFenceTTL(t *testing.T) {
+	t.Parallel()
 	ctx := t.Context()
 	const keep = 5 * time.Second
 	for _, c := range fenceTTLCases(t, keep) {

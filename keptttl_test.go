@@ -173,7 +173,11 @@ func noSecondHolderWhileValid(t *testing.T, fnCtx context.Context, lb *redlease.
 // outlives Until on a quorum of the nodes, then cuts the holder off (Do:
 // every gate black-holed) or stops keeping (Watchdog), and lets B poll
 // for the key: B may only get it once A's lock is no longer Valid.
+//
+// Each case has its own servers and waits out a 3 s TTL: they run in
+// parallel.
 func TestKeeperKeepsTheExtendedTTL(t *testing.T) {
+	t.Parallel()
 	const (
 		ttl      = time.Second
 		extended = 3 * time.Second
@@ -183,6 +187,7 @@ func TestKeeperKeepsTheExtendedTTL(t *testing.T) {
 		setup func(*testing.T) keptSetup
 	}{{"single", keptSingle}, {"quorum", keptQuorum}} {
 		t.Run(c.name+"/Do", func(t *testing.T) {
+			t.Parallel()
 			s := c.setup(t)
 			const key = "attack:kept-ttl-do"
 			obs := newRenewals()
@@ -213,6 +218,7 @@ func TestKeeperKeepsTheExtendedTTL(t *testing.T) {
 			assert.ErrorIs(t, err, redlease.ErrLost, "the lock was lost before fn returned")
 		})
 		t.Run(c.name+"/Watchdog", func(t *testing.T) {
+			t.Parallel()
 			s := c.setup(t)
 			const key = "attack:kept-ttl-watchdog"
 			obs := newRenewals()

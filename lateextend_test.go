@@ -34,6 +34,7 @@ import (
 // holder's lock is still Valid. A node never shortens a held key, so C
 // keeps the 20 s; the holder's Release lets the second client in.
 func TestLateShorterExtendDoesNotShortenTheKey(t *testing.T) {
+	t.Parallel()
 	ctx := t.Context()
 	servers := redistest.StartN(t, 3, redistest.Config{})
 	gates := make([]*redistest.Gate, len(servers))

@@ -61,6 +61,7 @@ func directClients(t *testing.T, servers []*redistest.Server) []redis.UniversalC
 // attempt 2 counts nodes whose key the undo then deletes, and a second
 // client is granted the lock while the first still holds it.
 func TestRetryUndoCannotDeleteALaterAttemptsKey(t *testing.T) {
+	t.Parallel()
 	ctx := t.Context()
 	servers := redistest.StartN(t, 5, redistest.Config{})
 	gates := make([]*redistest.Gate, 5)
@@ -140,6 +141,7 @@ func TestRetryUndoCannotDeleteALaterAttemptsKey(t *testing.T) {
 // undo lands. When attempts share a token it deletes the new grant's key,
 // and a second client takes the lock while the first still holds it.
 func TestUnreplicatedGrantUndoCannotDeleteALaterAttemptsKey(t *testing.T) {
+	t.Parallel()
 	ctx := t.Context()
 	primary := redistest.Start(t, redistest.Config{})
 	replica := redistest.StartReplica(t, primary, redistest.Config{})
@@ -252,6 +254,7 @@ func ageMarkers(t *testing.T, servers []*redistest.Server, maxTTL time.Duration)
 // empty and node 2 comes back; once both have sat out maxTTL they form a
 // majority without A's key.
 func TestExtendRespectsDelayedRestartLimit(t *testing.T) {
+	t.Parallel()
 	ctx := t.Context()
 	servers := redistest.StartN(t, 3, redistest.Config{})
 	const maxTTL = time.Second
@@ -298,6 +301,7 @@ func TestExtendRespectsDelayedRestartLimit(t *testing.T) {
 // in a gate), node 0 restarts from the snapshot. B must not get nodes 0 and
 // 2 while A holds the lock.
 func TestSnapshotRestoredNodeSitsOut(t *testing.T) {
+	t.Parallel()
 	ctx := t.Context()
 	servers := redistest.StartN(t, 3, redistest.Config{})
 	const maxTTL = 3 * time.Second
@@ -432,6 +436,7 @@ func TestGrantInFlightDuringFailoverIsRevoked(t *testing.T) {
 // Defect 7. A lock key may not be one of redlease's own keys: a lock on
 // another lock's fence counter, or on a node's boot marker, corrupts it.
 func TestLockKeysCannotEnterReservedNamespace(t *testing.T) {
+	t.Parallel()
 	ctx := t.Context()
 	srv := redistest.Start(t, redistest.Config{})
 	servers := redistest.StartN(t, 3, redistest.Config{})

@@ -74,11 +74,13 @@ func primaryStrategies(t *testing.T, c redis.UniversalClient) map[string]redleas
 // client's read timeout. Forced order: the server is stopped (SIGSTOP)
 // before the call and resumed after it returned.
 func TestAcquireReturnsByDeadlineOnPausedServer(t *testing.T) {
+	t.Parallel()
 	for _, cte := range []bool{true, false} {
-		srv := redistest.Start(t, redistest.Config{})
-		c := pausedClient(t, srv, cte)
-		for name, s := range primaryStrategies(t, c) {
+		for _, name := range []string{"single", "failover"} {
 			t.Run(fmt.Sprintf("%s/cte=%v", name, cte), func(t *testing.T) {
+				t.Parallel() // each case on its own server
+				srv := redistest.Start(t, redistest.Config{})
+				s := primaryStrategies(t, pausedClient(t, srv, cte))[name]
 				l, err := redlease.New(s, redlease.WithTTL(10*time.Second), redlease.WithPolling())
 				require.NoError(t, err)
 				warm, err := l.TryLock(t.Context(), "warm-"+name)
@@ -113,12 +115,17 @@ func TestAcquireReturnsByDeadlineOnPausedServer(t *testing.T) {
 // library's default call bound; Lock and Do end an outage with
 // ErrUnavailable after the Locker's outage limit. Forced order: the
 // server is stopped (SIGSTOP) after the lock was taken.
+//
+// The four cases wait out the library's bounds (no deadline of their own),
+// each on its own server: they run in parallel.
 func TestNoDeadlineCallsEndOnPausedServer(t *testing.T) {
+	t.Parallel()
 	for _, cte := range []bool{false, true} {
-		srv := redistest.Start(t, redistest.Config{})
-		c := pausedClient(t, srv, cte)
-		for name, s := range primaryStrategies(t, c) {
+		for _, name := range []string{"single", "failover"} {
 			t.Run(fmt.Sprintf("%s/cte=%v", name, cte), func(t *testing.T) {
+				t.Parallel()
+				srv := redistest.Start(t, redistest.Config{})
+				s := primaryStrategies(t, pausedClient(t, srv, cte))[name]
 				ctx := context.Background()
 				l, err := redlease.New(s, redlease.WithTTL(10*time.Second), redlease.WithPolling(),
 					redlease.WithOutageLimit(300*time.Millisecond))
@@ -156,6 +163,7 @@ func TestNoDeadlineCallsEndOnPausedServer(t *testing.T) {
 // end with ErrUnavailable after the outage limit (each round is bounded by
 // the node timeout already).
 func TestQuorumOutageEndsLock(t *testing.T) {
+	t.Parallel()
 	srvs := redistest.StartN(t, 3, redistest.Config{})
 	var cs []redis.UniversalClient
 	for _, s := range srvs {

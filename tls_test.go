@@ -28,6 +28,7 @@ import (
 // with every strategy unchanged. This runs real redis-server processes with
 // TLS (Debian's build has it) and a CA made for the test.
 func TestStrategiesOverTLS(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	caPEM, certFile, keyFile := testCertificates(t, dir)
 	pool := x509.NewCertPool()
@@ -53,7 +54,11 @@ func TestStrategiesOverTLS(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, lk.Release(ctx))
 
-	q, err := quorum.New(clients, quorum.WithFencing())
+	// A node timeout of 5 s: the first grant dials two fresh TLS
+	// connections, whose handshakes the default 100 ms does not cover on a
+	// loaded machine (it failed so once, beside three other tests), and
+	// nothing here is about the timeout.
+	q, err := quorum.New(clients, quorum.WithFencing(), quorum.WithNodeTimeout(5*time.Second))
 	require.NoError(t, err)
 	defer q.Close()
 	locker2, err := redlease.New(q)

@@ -21,6 +21,7 @@ import (
 // Forced order: the waiter's second acquisition is held in a gate until
 // its ctx has ended.
 func TestLockWaitEndingMidAttemptSaysHeld(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t, redistest.Config{})
 	gate := redistest.NewGate(t, srv.Addr)
 	c := redis.NewClient(&redis.Options{Addr: gate.Addr})

@@ -129,6 +129,7 @@ func TestUnacknowledgedGrantIsRefused(t *testing.T) {
 // of the new primary being known, and the next holder gets a higher fence
 // (the fence counter was replicated under WAIT).
 func TestFailoverRevokesHoldersAndFencesRise(t *testing.T) {
+	probe := redistest.StartStallProbe(t)
 	g := startGroup(t)
 	s, err := failover.New(g.client)
 	require.NoError(t, err)
@@ -151,14 +152,14 @@ func TestFailoverRevokesHoldersAndFencesRise(t *testing.T) {
 
 	require.NoError(t, sc.Failover(ctx, master).Err())
 	var moved time.Time
-	require.Eventually(t, func() bool {
+	probe.WaitFor(t, 15*time.Second, 3, 10*time.Millisecond, func() bool {
 		addr, err := sc.GetMasterAddrByName(ctx, master).Result()
 		if err == nil && addr[0]+":"+addr[1] != old {
 			moved = time.Now()
 			return true
 		}
 		return false
-	}, 15*time.Second, 10*time.Millisecond, "Sentinel never moved the primary")
+	}, "Sentinel never moved the primary")
 
 	select {
 	case <-lost:
@@ -169,8 +170,7 @@ func TestFailoverRevokesHoldersAndFencesRise(t *testing.T) {
 	assert.ErrorIs(t, a.Err(), failover.ErrFailover)
 	// The Watcher counts a revocation once RevokeAll returned, after it
 	// closed the holder's Lost: the count may lag the channel.
-	assert.Eventually(t, func() bool { return watcher.Revoked() == 1 }, 5*time.Second, time.Millisecond,
-		"the Watcher counts the one lock it revoked")
+	probe.WaitFor(t, 5*time.Second, 3, time.Millisecond, func() bool { return watcher.Revoked() == 1 }, "the Watcher counts the one lock it revoked")
 
 	// The old holder lets go on the new primary; the next holder needs the
 	// old primary, now a replica, to acknowledge: retry until it does.
@@ -180,10 +180,10 @@ func TestFailoverRevokesHoldersAndFencesRise(t *testing.T) {
 	newAddr := watcher.Primary()
 	host, port, _ := strings.Cut(newAddr, ":")
 	require.NoError(t, g.primary.Client().ReplicaOf(ctx, host, port).Err())
-	require.Eventually(t, func() bool {
+	probe.WaitFor(t, 10*time.Second, 3, 20*time.Millisecond, func() bool {
 		info, err := g.client.Info(ctx, "replication").Result()
 		return err == nil && strings.Contains(info, "connected_slaves:1")
-	}, 10*time.Second, 20*time.Millisecond, "old primary never replicated the new one")
+	}, "old primary never replicated the new one")
 	lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	b, err := locker.Lock(lctx, key)

@@ -247,6 +247,7 @@ func revokedWithin(t *testing.T, lk *redlease.Lock, bound time.Duration, state f
 // The order is forced by a scripted Sentinel: every look sees epoch 1 until
 // holder 2 holds the key, and epoch 3 from then on.
 func TestWatchRevokesOnAFailoverAndFailbackBetweenTwoLooks(t *testing.T) {
+	probe := redistest.StartStallProbe(t)
 	wd := startWatched(t)
 	w := wd.watch(t, 100*time.Millisecond)
 	key := contract.Key(t)
@@ -266,8 +267,7 @@ func TestWatchRevokesOnAFailoverAndFailbackBetweenTwoLooks(t *testing.T) {
 			h1.Fence(), h1.Valid(), wd.sent.looks(3), h2.Fence(), h2.Valid(), w.Revoked())
 	})
 	assert.Positive(t, wd.sent.looks(3), "revoked by a look that saw config epoch 3")
-	assert.Eventually(t, func() bool { return w.Revoked() == 2 }, time.Second, time.Millisecond,
-		"both holders revoked: revoked %d", w.Revoked())
+	probe.WaitFor(t, time.Second, 3, time.Millisecond, func() bool { return w.Revoked() == 2 }, "both holders revoked: revoked %d", w.Revoked())
 	assert.Equal(t, wd.a.Addr, w.Primary())
 }
 
@@ -282,10 +282,10 @@ func TestWatchRevokesOnAFailoverAndFailbackBetweenTwoLooks(t *testing.T) {
 //
 // The order is forced by a scripted Sentinel, as above.
 func TestWatchRevokesOnAFailoverHiddenBehindASwitchMessage(t *testing.T) {
+	probe := redistest.StartStallProbe(t)
 	wd := startWatched(t)
 	w := wd.watch(t, 100*time.Millisecond)
-	require.Eventually(t, func() bool { return wd.sent.subscribers() > 0 }, 10*time.Second, 5*time.Millisecond,
-		"the Watcher never subscribed to +switch-master")
+	probe.WaitFor(t, 10*time.Second, 3, 5*time.Millisecond, func() bool { return wd.sent.subscribers() > 0 }, "the Watcher never subscribed to +switch-master")
 	h1 := wd.lock(t, contract.Key(t))
 	require.Equal(t, 1, wd.sent.publish(wd.a.Addr, wd.other))
 	revokedWithin(t, h1, 10*time.Second, func() string { return "holder 1 after a +switch-master" })
@@ -305,22 +305,20 @@ func TestWatchRevokesOnAFailoverHiddenBehindASwitchMessage(t *testing.T) {
 			h2.Fence(), h2.Valid(), wd.sent.looks(4), h3.Fence(), h3.Valid(), w.Revoked())
 	})
 	assert.Positive(t, wd.sent.looks(4), "revoked by a look that saw config epoch 4")
-	assert.Eventually(t, func() bool { return w.Revoked() == 3 }, time.Second, time.Millisecond,
-		"all three holders revoked: revoked %d", w.Revoked())
+	probe.WaitFor(t, time.Second, 3, time.Millisecond, func() bool { return w.Revoked() == 3 }, "all three holders revoked: revoked %d", w.Revoked())
 }
 
 // A +switch-master has the Sentinels asked at once, so the look that
 // confirms it comes within a round trip, not at the next poll (an hour
 // away here).
 func TestWatchAsksAtOnceAfterASwitchMessage(t *testing.T) {
+	probe := redistest.StartStallProbe(t)
 	wd := startWatched(t)
 	w := wd.watch(t, time.Hour)
-	require.Eventually(t, func() bool { return wd.sent.subscribers() > 0 }, 10*time.Second, 5*time.Millisecond,
-		"the Watcher never subscribed to +switch-master")
+	probe.WaitFor(t, 10*time.Second, 3, 5*time.Millisecond, func() bool { return wd.sent.subscribers() > 0 }, "the Watcher never subscribed to +switch-master")
 	wd.sent.set(2, wd.other)
 	require.Equal(t, 1, wd.sent.publish(wd.a.Addr, wd.other))
-	require.Eventually(t, func() bool { return wd.sent.looks(2) > 0 }, 10*time.Second, time.Millisecond,
-		"no look at the Sentinel within 10 s of a +switch-master")
+	probe.WaitFor(t, 10*time.Second, 3, time.Millisecond, func() bool { return wd.sent.looks(2) > 0 }, "no look at the Sentinel within 10 s of a +switch-master")
 	assert.Equal(t, wd.other, w.Primary())
 }
 

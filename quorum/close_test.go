@@ -30,6 +30,7 @@ const closeMargin = 500 * time.Millisecond
 // connection. With and without ContextTimeoutEnabled (the dial runs under
 // the hub's own context, so the option does not bound it).
 func TestCloseIsBoundedWithWaitersOnPausedNodes(t *testing.T) {
+	probe := redistest.StartStallProbe(t)
 	for _, cte := range []bool{true, false} {
 		t.Run(fmt.Sprintf("ContextTimeoutEnabled=%v", cte), func(t *testing.T) {
 			servers := redistest.StartN(t, 3, redistest.Config{})
@@ -55,10 +56,10 @@ func TestCloseIsBoundedWithWaitersOnPausedNodes(t *testing.T) {
 			defer stopListen(false)
 			var queued int
 			var qerr error
-			require.Eventually(t, func() bool {
+			probe.WaitFor(t, 10*time.Second, 3, 5*time.Millisecond, func() bool {
 				queued, qerr = servers[0].Unaccepted()
 				return qerr != nil || queued > 0
-			}, 10*time.Second, 5*time.Millisecond, "no connection to the paused node 0")
+			}, "no connection to the paused node 0")
 			require.NoError(t, qerr)
 			for _, srv := range servers[1:] {
 				srv.Pause()
@@ -70,7 +71,9 @@ func TestCloseIsBoundedWithWaitersOnPausedNodes(t *testing.T) {
 			took := time.Since(start)
 			bound := 2 * quorum.DefaultNodeTimeout
 			t.Logf("Close took %v (bound %v; %d connection(s) waiting on paused node 0)", took.Round(time.Millisecond), bound, queued)
-			assert.Less(t, took, bound+closeMargin, "Close waited past two node timeouts (%v) for a hub held by a paused node", bound)
+			if ok, why := probe.Within(took, bound+closeMargin, 3, start); !ok {
+				assert.Failf(t, "outside the window derived from this run", "Close waited past two node timeouts (%v) for a hub held by a paused node: %s", bound, why)
+			}
 		})
 	}
 }

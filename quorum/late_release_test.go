@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/redlease/redlease/internal/contract"
+	"github.com/redlease/redlease/internal/redistest"
 	"github.com/redlease/redlease/internal/script"
 	"github.com/redlease/redlease/quorum"
 )
@@ -23,6 +24,7 @@ import (
 // release wasted, about one in every acquire+release.) Forced order: a
 // client hook holds node 4's acquire request until the release returned.
 func TestReleaseFollowsAnAcquireInFlight(t *testing.T) {
+	probe := redistest.StartStallProbe(t)
 	servers, clients := nodes(t, 5)
 	released := make(chan struct{})
 	var deletes atomic.Int32
@@ -44,10 +46,10 @@ func TestReleaseFollowsAnAcquireInFlight(t *testing.T) {
 	require.NoError(t, s.Release(ctx, key, "tok"), "four prompt nodes confirm")
 	assert.Zero(t, deletes.Load(), "node 4's release waits for its acquire request")
 	close(released) // node 4's acquire now reaches the server, after the release
-	require.Eventually(t, func() bool {
+	probe.WaitFor(t, 3*time.Second, 3, 5*time.Millisecond, func() bool {
 		v, err := direct.Get(context.Background(), key).Result()
 		return errors.Is(err, redis.Nil) && v == ""
-	}, 3*time.Second, 5*time.Millisecond, "node 4 keeps the released key until its TTL")
+	}, "node 4 keeps the released key until its TTL")
 	require.NoError(t, s.Close()) // every worker done: nothing more can be sent
 	closed = true
 	assert.Equal(t, int32(1), deletes.Load(), "node 4 got one delete, not a release and an undo")
@@ -57,6 +59,7 @@ func TestReleaseFollowsAnAcquireInFlight(t *testing.T) {
 // the release that follows it is still sent (under a fresh deadline), so
 // the late write does not stay until its TTL.
 func TestReleaseFollowsAnAcquireInFlightPastItsDeadline(t *testing.T) {
+	probe := redistest.StartStallProbe(t)
 	servers, clients := nodes(t, 5)
 	released := make(chan struct{})
 	clients[4].AddHook(holdBack{sha: script.Acquire.Hash(), until: released})
@@ -72,10 +75,10 @@ func TestReleaseFollowsAnAcquireInFlightPastItsDeadline(t *testing.T) {
 	// after it started; this only makes sure both have passed.
 	time.Sleep(3 * timeout)
 	close(released)
-	require.Eventually(t, func() bool {
+	probe.WaitFor(t, 3*time.Second, 3, 5*time.Millisecond, func() bool {
 		v, err := direct.Get(context.Background(), key).Result()
 		return errors.Is(err, redis.Nil) && v == ""
-	}, 3*time.Second, 5*time.Millisecond, "node 4 keeps the released key until its TTL")
+	}, "node 4 keeps the released key until its TTL")
 }
 
 // countScript is a go-redis hook that counts the commands running one

@@ -38,3 +38,63 @@ func stopTheWorldFor(t *testing.T, d time.Duration) {
 	cmd := exec.Command("sh", "-c", fmt.Sprintf("kill -STOP $PPID; sleep %.3f; kill -CONT $PPID", d.Seconds()))
 	require.NoError(t, cmd.Run())
 }
+
+// recTB is a TB that records Fatalf instead of ending the test.
+type recTB struct {
+	testing.TB
+	fatal string
+}
+
+func (r *recTB) Helper() {}
+func (r *recTB) Fatalf(format string, args ...any) {
+	r.fatal = fmt.Sprintf(format, args...)
+}
+
+// WaitFor returns once its condition holds, and fails, saying how its
+// window was derived, when the condition does not hold within it; a stop
+// of the process inside the wait widens the window.
+func TestWaitForDerivesItsWindow(t *testing.T) {
+	p := StartStallProbe(t)
+	polls := 0
+	rec := &recTB{TB: t}
+	p.WaitFor(rec, time.Second, 3, time.Millisecond, func() bool { polls++; return polls == 3 }, "third poll")
+	require.Empty(t, rec.fatal)
+	require.Equal(t, 3, polls, "polled until the condition held")
+
+	start := time.Now()
+	p.WaitFor(rec, 30*time.Millisecond, 3, time.Millisecond, func() bool { return false }, "never %s", "true")
+	require.GreaterOrEqual(t, time.Since(start), 30*time.Millisecond, "waited the bound")
+	require.Contains(t, rec.fatal, "never true: not within")
+	require.Contains(t, rec.fatal, "measured stalled", "the message says how the window was derived")
+
+	rec.fatal = ""
+	var stopped time.Duration
+	start = time.Now()
+	p.WaitFor(rec, 30*time.Millisecond, 3, time.Millisecond, func() bool {
+		if stopped == 0 {
+			t0 := time.Now()
+			stopTheWorldFor(t, 60*time.Millisecond)
+			stopped = time.Since(t0)
+		}
+		return false
+	}, "never")
+	require.NotEmpty(t, rec.fatal)
+	require.GreaterOrEqual(t, time.Since(start), 30*time.Millisecond+3*40*time.Millisecond, "a stop of %v inside the wait widened its window: %s", stopped, rec.fatal)
+}
+
+// Within compares a duration with the window derived from the same
+// stretch, and says so.
+func TestWithinComparesWithTheDerivedWindow(t *testing.T) {
+	p := StartStallProbe(t)
+	start := time.Now()
+	time.Sleep(5 * time.Millisecond)
+	ok, why := p.Within(time.Since(start), time.Second, 3, start)
+	require.True(t, ok, why)
+	require.Contains(t, why, "measured stalled")
+	start = time.Now()
+	time.Sleep(20 * time.Millisecond)
+	took := time.Since(start)
+	ok, why = p.Within(took, time.Millisecond, 0, start)
+	require.False(t, ok, "%v is past a 1 ms bound with no allowance for stalls: %s", took, why)
+	require.Contains(t, why, "took ")
+}

@@ -1,0 +1,77 @@
+package redistest
+
+import (
+	"fmt"
+	"time"
+)
+
+// waitMaxPolls bounds WaitFor's loop in count, whatever the probe measures.
+const waitMaxPolls = 100_000
+
+// waitCap is how long WaitFor waits at most, whatever the probe measures:
+// a machine that keeps the process from running a third of the time or
+// more widens a window with multiple 3 as fast as time passes, and the
+// wait must still end.
+func waitCap(bound time.Duration) time.Duration { return 10*bound + 10*time.Second }
+
+// WaitFor polls cond every tick, from now, until it holds, and fails tb
+// (Fatalf) once it has not held within the window the same run allows:
+// Allowance(bound, multiple, from, now), recomputed at every poll, so a
+// stretch the process was kept from running widens the window by multiple
+// times that stall and nothing else does. The failure message says what
+// was awaited (what, args) and how the window was derived (Explain). The
+// loop is bounded in count (waitMaxPolls) and in time (waitCap) as well.
+func (p *StallProbe) WaitFor(tb TB, bound time.Duration, multiple int, tick time.Duration, cond func() bool, what string, args ...any) {
+	tb.Helper()
+	from := time.Now()
+	for range waitMaxPolls {
+		if cond() {
+			return
+		}
+		now := time.Now()
+		if now.Sub(from) > min(p.Allowance(bound, multiple, from, now), waitCap(bound)) {
+			p.settle(now)
+			if now.Sub(from) <= min(p.Allowance(bound, multiple, from, now), waitCap(bound)) {
+				continue // a stall that ended just before now had not been counted yet
+			}
+			if cond() { // one last look: the check may have been starved too
+				return
+			}
+			tb.Fatalf("%s: not within %v: %s", fmt.Sprintf(what, args...), now.Sub(from).Round(time.Millisecond), p.Explain(bound, multiple, from, now))
+			return
+		}
+		time.Sleep(tick)
+	}
+	tb.Fatalf("%s: not after %d polls: %s", fmt.Sprintf(what, args...), waitMaxPolls, p.Explain(bound, multiple, from, time.Now()))
+}
+
+// Within reports whether a stretch that began at from and took took ended
+// inside the window Allowance(bound, multiple, from, from+took), with a
+// message that gives took and how the window was derived, for the failure.
+func (p *StallProbe) Within(took, bound time.Duration, multiple int, from time.Time) (bool, string) {
+	to := from.Add(took)
+	p.settle(to)
+	return took < p.Allowance(bound, multiple, from, to),
+		fmt.Sprintf("took %v; %s", took.Round(time.Millisecond), p.Explain(bound, multiple, from, to))
+}
+
+// settle waits until the probe has recorded a wake after t (at most about
+// a second, or until the probe stops): after a stall, this process may run
+// a caller before the probe, and the wake that ends the stall, which
+// counts it, must be in the record before a window is computed.
+func (p *StallProbe) settle(t time.Time) {
+	for range 1000 {
+		p.mu.Lock()
+		n := len(p.wakes)
+		recorded := n > 0 && p.wakes[n-1].at.After(t)
+		p.mu.Unlock()
+		if recorded {
+			return
+		}
+		select {
+		case <-p.done:
+			return
+		case <-time.After(time.Millisecond):
+		}
+	}
+}
