@@ -3,6 +3,8 @@ package chaos
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 	"testing"
 	"time"
 
@@ -92,8 +94,19 @@ func TestScenario10fPerClientPartitionFair(t *testing.T) {
 		})
 }
 
-// partitionTTL is the lock TTL of scenarios 10 and 10f.
-const partitionTTL = 500 * time.Millisecond
+// The lock TTL, node timeout and Lock-call bound (Workload.Attempt) of
+// scenarios 10 and 10f. Each is a real-time window, but none decides a
+// verdict: a round that misses the node timeout costs one round, and
+// liveness is judged in counts. They are wide enough that a loaded machine
+// (-race, busy cores) still completes rounds: with 150 ms for both the
+// node timeout and the Lock call, the majority side there got no grant
+// for a minute or more (a round needs an acquire and a fence reply from
+// each of the three nodes it reaches, through two in-process proxies).
+const (
+	partitionTTL         = time.Second
+	partitionNodeTimeout = 400 * time.Millisecond
+	partitionAttempt     = 500 * time.Millisecond
+)
 
 // The counts by which scenarios 10 and 10f judge liveness, and the guard
 // that bounds every wait for them.
@@ -102,8 +115,9 @@ const (
 	// parted phase, and partedTries how many Lock calls the minority side
 	// makes meanwhile (each refused: at most one side holds). The minority
 	// side's calls run to their Attempt bound, so partedTries also keeps
-	// the phase about as long as the second it had when it was timed.
-	partedGrants, partedTries = 10, 10
+	// the phase about as long as the second it had when it was timed (two
+	// calls a holder, side by side).
+	partedGrants, partedTries = 10, 4
 	// healedWithin: after the heal, each side is granted within the first
 	// healedWithin grants. Four holders contend, two a side; a side that
 	// the heal left unable to win would see the other take them all.
@@ -120,6 +134,7 @@ const (
 // partition is the world of scenarios 10 and 10f: five nodes, sides X and
 // Y of two holders each, each side with its own clients and Locker.
 type partition struct {
+	t       *testing.T
 	ns      *Nodes
 	w       *Workload
 	lockers map[string]*redlease.Locker
@@ -133,52 +148,56 @@ type partition struct {
 func partitionSides(t *testing.T, rec *Recorder, key string, fair bool) *partition {
 	t.Helper()
 	p := &partition{
+		t:       t,
 		ns:      StartNodes(t, 5, redistest.Config{}),
 		clients: map[string][]redis.UniversalClient{},
 		holders: map[string][]string{"x": {"x1", "x2"}, "y": {"y1", "y2"}},
 		probe:   redistest.StartStallProbe(t),
 	}
 	p.clients["x"], p.clients["y"] = p.ns.Clients("x"), p.ns.Clients("y")
-	_, lx := quorumLockerFair(t, p.clients["x"], partitionTTL, fair)
-	_, ly := quorumLockerFair(t, p.clients["y"], partitionTTL, fair)
-	p.w = &Workload{Rec: rec, Reg: storage(t, rec, key), Key: key, Hold: 10 * time.Millisecond, Attempt: 150 * time.Millisecond}
+	_, lx := quorumLockerFair(t, p.clients["x"], partitionTTL, fair, quorum.WithNodeTimeout(partitionNodeTimeout))
+	_, ly := quorumLockerFair(t, p.clients["y"], partitionTTL, fair, quorum.WithNodeTimeout(partitionNodeTimeout))
+	p.w = &Workload{Rec: rec, Reg: storage(t, rec, key), Key: key, Hold: 10 * time.Millisecond, Attempt: partitionAttempt}
 	p.lockers = map[string]*redlease.Locker{"x1": lx, "x2": lx, "y1": ly, "y2": ly}
 	return p
 }
 
 // guard returns a function that reports, each time it is asked, whether
 // a wait that began at from has gone on for longer than the liveness
-// window (livenessBound + livenessMultiple × stalled, at most
-// partitionCap), and the explanation of that window.
-func (p *partition) guard(from time.Time) (over func() bool, explain func() string) {
+// window (livenessBound + livenessMultiple × what probe measured this
+// process stalled since from, never more than partitionCap), and one that
+// explains that window for a failure message.
+func guard(probe *redistest.StallProbe, from time.Time) (over func() bool, explain func() string) {
 	over = func() bool {
 		now := time.Now()
-		return now.Sub(from) > min(partitionCap, p.probe.Allowance(livenessBound, livenessMultiple, from, now))
+		return now.Sub(from) > min(partitionCap, probe.Allowance(livenessBound, livenessMultiple, from, now))
 	}
 	explain = func() string {
 		now := time.Now()
 		return fmt.Sprintf("waited %v: %s (never more than %v)", now.Sub(from).Round(time.Millisecond),
-			p.probe.Explain(livenessBound, livenessMultiple, from, now), partitionCap)
+			probe.Explain(livenessBound, livenessMultiple, from, now), partitionCap)
 	}
 	return over, explain
 }
 
-// answered waits until every node each side should reach (reach: side →
-// nodes) answers a PING from that side's own clients: a heal or a swap
-// ends a cut at once, but a client that was refused may refuse on its
-// own for a while (go-redis's pool, after PoolSize failed dials in a row,
-// fails every dial at once until a background redial, once a second,
-// succeeds). It returns a violation if the guard ran out first.
-func (p *partition) answered(ctx context.Context, reach map[string][]int) (time.Duration, []string) {
+// answered waits until every node each group should reach (reach: group
+// → nodes) answers a PING from that group's own clients (clients: group →
+// one client per node), at most the liveness window (guard): a heal ends
+// a cut or a toxic at once, but a client that was refused may go on
+// refusing on its own for a while (go-redis's pool, after PoolSize failed
+// dials in a row, fails every dial at once until a background redial,
+// once a second, succeeds). It returns how long that took and a violation
+// for every node that never answered.
+func answered(ctx context.Context, probe *redistest.StallProbe, clients map[string][]redis.UniversalClient, reach map[string][]int) (time.Duration, []string) {
 	from := time.Now()
-	over, explain := p.guard(from)
+	over, explain := guard(probe, from)
 	var vs []string
-	for _, side := range []string{"x", "y"} {
-		for _, i := range reach[side] {
+	for _, group := range slices.Sorted(maps.Keys(reach)) {
+		for _, i := range reach[group] {
 			var err error
 			for {
 				pctx, cancel := context.WithTimeout(ctx, time.Second)
-				err = p.clients[side][i].Ping(pctx).Err()
+				err = clients[group][i].Ping(pctx).Err()
 				cancel()
 				if err == nil || ctx.Err() != nil || over() {
 					break
@@ -186,7 +205,7 @@ func (p *partition) answered(ctx context.Context, reach map[string][]int) (time.
 				sleep(ctx, 5*time.Millisecond)
 			}
 			if err != nil {
-				vs = append(vs, fmt.Sprintf("side %s: node %d never answered a PING: %v; %s", side, i, err, explain()))
+				vs = append(vs, fmt.Sprintf("%s: node %d never answered a PING: %v; %s", group, i, err, explain()))
 			}
 		}
 	}
@@ -206,10 +225,10 @@ func (p *partition) parted(ctx context.Context, phase string, swapped bool) (str
 	if swapped {
 		majority, minority, reach = "x", "y", map[string][]int{"x": {2, 3, 4}, "y": {0, 1}}
 	}
-	pinged, vs := p.answered(ctx, reach)
+	pinged, vs := answered(ctx, p.probe, p.clients, reach)
 	p.w.Phase(phase)
 	from := time.Now()
-	over, explain := p.guard(from)
+	over, explain := guard(p.probe, from)
 	enough := func() bool {
 		return p.w.Counts(phase, p.holders[majority]...).Grants >= partedGrants && p.w.Counts(phase, p.holders[minority]...).Attempts >= partedTries
 	}
@@ -224,8 +243,11 @@ func (p *partition) parted(ctx context.Context, phase string, swapped bool) (str
 			phase, minority, mnr.Grants, mnr.Attempts))
 	}
 	p.w.Phase("") // Lock calls under way now end after the phase: they count toward none
-	return fmt.Sprintf("%s: %s %d grants in %d Lock calls, %s %d in %d, in %v (PING answered after %v)", phase,
-		majority, maj.Grants, maj.Attempts, minority, mnr.Grants, mnr.Attempts, time.Since(from).Round(time.Millisecond), pinged.Round(time.Millisecond)), vs
+	note := fmt.Sprintf("%s: %s %d grants in %d Lock calls, %s %d in %d, in %v (PING answered after %v; stalled %v)", phase,
+		majority, maj.Grants, maj.Attempts, minority, mnr.Grants, mnr.Attempts, time.Since(from).Round(time.Millisecond), pinged.Round(time.Millisecond),
+		p.probe.Stalled(from, time.Now()).Round(time.Millisecond))
+	p.t.Log(note)
+	return note, vs
 }
 
 // healed judges the heal: once every node answers both sides, the
@@ -234,11 +256,11 @@ func (p *partition) parted(ctx context.Context, phase string, swapped bool) (str
 // in that stretch and the violations: a side without a grant.
 func (p *partition) healed(ctx context.Context) (string, []string) {
 	all := []int{0, 1, 2, 3, 4}
-	pinged, vs := p.answered(ctx, map[string][]int{"x": all, "y": all})
+	pinged, vs := answered(ctx, p.probe, p.clients, map[string][]int{"x": all, "y": all})
 	const phase = "healed"
 	p.w.Phase(phase)
 	from := time.Now()
-	over, explain := p.guard(from)
+	over, explain := guard(p.probe, from)
 	counts := func() (x, y Count) {
 		return p.w.Counts(phase, p.holders["x"]...), p.w.Counts(phase, p.holders["y"]...)
 	}
@@ -249,8 +271,9 @@ func (p *partition) healed(ctx context.Context) (string, []string) {
 	})
 	stop()
 	x, y := counts()
-	got := fmt.Sprintf("healed: x %d grants in %d Lock calls, y %d in %d, in %v (PING answered after %v)", x.Grants, x.Attempts, y.Grants, y.Attempts,
-		time.Since(from).Round(time.Millisecond), pinged.Round(time.Millisecond))
+	got := fmt.Sprintf("healed: x %d grants in %d Lock calls, y %d in %d, in %v (PING answered after %v; stalled %v)", x.Grants, x.Attempts, y.Grants, y.Attempts,
+		time.Since(from).Round(time.Millisecond), pinged.Round(time.Millisecond), p.probe.Stalled(from, time.Now()).Round(time.Millisecond))
+	p.t.Log(got)
 	switch {
 	case x.Grants > 0 && y.Grants > 0:
 	case x.Grants+y.Grants >= healedWithin:
@@ -289,13 +312,27 @@ func sides(swapped bool) (x, y []int) {
 // want of a majority; the failure path must release on every node,
 // including those whose reply was lost, so no key is left behind, and a
 // later attempt is not fooled by its own earlier write.
+//
+// Both are checked without a real-time window a slow machine could miss:
+// the keys are counted (directly, behind the proxies) until none is left,
+// within the liveness window (guard) but never past half the TTL, so an
+// undo is told apart from an expiry; and after the heal (once every node
+// answers a PING), no attempt may be refused by a node that still holds
+// the key (exact: QuorumError.Remaining), and one is granted within the
+// liveness window.
 func TestScenario11AmbiguousReplies(t *testing.T) {
 	run(t, scenario{name: "11 quorum: replies lost, writes applied", strategy: "quorum/5", faults: "downstream timeout on 2,3,4", fast: true},
 		func(t *testing.T, rec *Recorder) facts {
 			ctx := t.Context()
+			probe := redistest.StartStallProbe(t)
 			ns := StartNodes(t, 5, redistest.Config{})
 			const ttl = 5 * time.Second // far longer than the scenario: a stray key would still be there
-			_, la := quorumLocker(t, ns.Clients("a"), ttl)
+			ca := ns.Clients("a")
+			sa, _ := quorumLocker(t, ca, ttl)
+			attempts := newAttemptLog()
+			la, err := redlease.New(sa, redlease.WithTTL(ttl), redlease.WithRetryDelay(2*time.Millisecond, 20*time.Millisecond),
+				redlease.WithPrefix("chaos:"), redlease.WithObserver(attempts))
+			require.NoError(t, err)
 			end := fault(rec, "replies from 2,3,4 lost")
 			for _, i := range []int{2, 3, 4} {
 				ns.Group("a")[i].SilenceReplies("ambiguous")
@@ -309,18 +346,48 @@ func TestScenario11AmbiguousReplies(t *testing.T) {
 					rec.Failure("a", err)
 				}
 			}
-			// The applied writes were undone: the keys are gone on the nodes
-			// that never answered (checked directly, behind the proxies).
-			sleep(ctx, 300*time.Millisecond) // the undos are sent through the silenced links, and applied
+			// The applied writes are undone: the undos are sent through the
+			// silenced links and applied. Count the keys directly, behind
+			// the proxies, until none is left.
+			from := time.Now()
+			over, explain := guard(probe, from)
 			strays := ns.StrayKeys(ctx, "chaos:*")
+			for strays > 0 && !over() && time.Since(from) < ttl/2 {
+				sleep(ctx, 10*time.Millisecond)
+				strays = ns.StrayKeys(ctx, "chaos:*")
+			}
+			notes := []string{fmt.Sprintf("keys left after the failed attempts: %d, counted until %v after them", strays, time.Since(from).Round(time.Millisecond))}
+			if strays > 0 {
+				notes = append(notes, fmt.Sprintf("undos not applied within half the TTL (%v) or the liveness window: %s", ttl/2, explain()))
+			}
 			ns.Heal("a", 2, 3, 4)
 			end()
-			w := &Workload{Rec: rec, Reg: storage(t, rec, "s11"), Key: "s11", Hold: 10 * time.Millisecond}
-			after := w.RunAll(ctx, map[string]*redlease.Locker{"a": la}, 500*time.Millisecond)
-			if after["a"] == 0 {
-				violations = append(violations, "no grant after healing: an earlier ambiguous write still blocks the key")
+			pinged, vs := answered(ctx, probe, map[string][]redis.UniversalClient{"a": ca}, map[string][]int{"a": {0, 1, 2, 3, 4}})
+			violations = append(violations, vs...)
+			before := len(attempts.snapshot())
+			refused := func() error {
+				for _, a := range attempts.snapshot()[before:] {
+					if left, ok := remaining(a.err); ok && left > 0 {
+						return a.err
+					}
+				}
+				return nil
 			}
-			return facts{strays: strays, violations: violations}
+			w := &Workload{Rec: rec, Reg: storage(t, rec, "s11"), Key: "s11", Hold: 10 * time.Millisecond}
+			w.Phase("healed")
+			from = time.Now()
+			over, explain = guard(probe, from)
+			stop := w.Start(ctx, map[string]*redlease.Locker{"a": la})
+			w.WaitFor(ctx, func() bool { return w.Counts("healed", "a").Grants > 0 || refused() != nil || over() })
+			stop()
+			after := w.Counts("healed", "a")
+			notes = append(notes, fmt.Sprintf("after healing: %d grants in %d Lock calls (PING answered after %v)", after.Grants, after.Attempts, pinged.Round(time.Millisecond)))
+			if err := refused(); err != nil {
+				violations = append(violations, fmt.Sprintf("after healing a node still holds the key (an earlier ambiguous write): %v", err))
+			} else if after.Grants == 0 {
+				violations = append(violations, "no grant after healing: "+explain())
+			}
+			return facts{strays: strays, violations: violations, notes: notes}
 		})
 }
 
@@ -393,15 +460,13 @@ func TestScenario13ServerClockJumps(t *testing.T) {
 			run(t, scenario{name: name, strategy: "quorum/5 (fenced)", faults: fmt.Sprintf("PEXPIRE 1ms on nodes %v", nodes), fast: true, exp: exp},
 				func(t *testing.T, rec *Recorder) facts {
 					ctx := t.Context()
+					probe := redistest.StartStallProbe(t)
 					ns := StartNodes(t, 5, redistest.Config{})
 					const ttl = 3 * time.Second
 					_, la := quorumLocker(t, ns.Clients("a"), ttl)
 					_, lb := quorumLocker(t, ns.Clients("b"), ttl)
 					reg := storage(t, rec, "s13")
-					a, err := la.TryLock(ctx, "s13")
-					if err != nil {
-						t.Fatal(err)
-					}
+					a := lockWithin(ctx, t, probe, la, "s13")
 					from := rec.Now()
 					_, _ = reg.Write(ctx, "a", a.Fence(), 1)
 					deadline := time.Now().Add(time.Second)
@@ -462,6 +527,7 @@ func TestScenario14SlowClientClock(t *testing.T) {
 		exp: Expectation{AllowOverlap: true, Why: "client clock rate outside the drift factor: outside Redlock's assumptions"}},
 		func(t *testing.T, rec *Recorder) facts {
 			ctx := t.Context()
+			probe := redistest.StartStallProbe(t)
 			ns := StartNodes(t, 5, redistest.Config{})
 			const ttl = 600 * time.Millisecond
 			slow := rateClock{start: time.Now(), rate: 0.5}
@@ -470,10 +536,7 @@ func TestScenario14SlowClientClock(t *testing.T) {
 			require.NoError(t, err)
 			_, lb := quorumLocker(t, ns.Clients("b"), ttl)
 			reg := storage(t, rec, "s14")
-			a, err := la.TryLock(ctx, "s14")
-			if err != nil {
-				t.Fatal(err)
-			}
+			a := lockWithin(ctx, t, probe, la, "s14")
 			from := rec.Now()
 			w := &Workload{Rec: rec, Reg: reg, Key: "s14", Hold: 30 * time.Millisecond}
 			stop := make(chan struct{})
