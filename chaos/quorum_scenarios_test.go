@@ -66,7 +66,7 @@ func TestScenario01QuorumKillMinorityMidAcquisition(t *testing.T) {
 }
 
 // The grants scenario 1 counts before and after its kill.
-const s01Before, s01After = 5, 10
+const s01Before, s01After = 5, 5
 
 // 2. A holder's link to a majority goes silent (timeout toxic: connections
 // open, nothing answers) while it holds. Its renewals cannot reach a quorum,
