@@ -23,6 +23,99 @@ type Workload struct {
 	LockOpts []redlease.LockOption
 
 	value atomic.Int64
+
+	mu     sync.Mutex
+	phase  string
+	gen    int                         // bumped by every Phase call
+	counts map[string]map[string]Count // phase → holder → its Lock calls there
+	ended  chan struct{}               // cap 1: a Lock call ended (WaitFor)
+}
+
+// Count is what one holder's Lock calls came to within one phase
+// (Workload.Phase): Attempts ended, Grants among them. A Lock call counts
+// toward a phase only if it started and returned within it; one that
+// spanned a change of phase counts toward none.
+type Count struct{ Attempts, Grants int }
+
+// Phase names the phase that Lock calls starting from now on belong to
+// (see Count). The workload starts in phase "".
+func (w *Workload) Phase(name string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.phase = name
+	w.gen++
+}
+
+// Counts sums holders' Counts in phase.
+func (w *Workload) Counts(phase string, holders ...string) Count {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var c Count
+	for _, h := range holders {
+		c.Attempts += w.counts[phase][h].Attempts
+		c.Grants += w.counts[phase][h].Grants
+	}
+	return c
+}
+
+// begin returns the generation of the phase a Lock call starts in.
+func (w *Workload) begin() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.gen
+}
+
+// count records a Lock call that started in generation gen, if the phase
+// has not changed since, and tells WaitFor.
+func (w *Workload) count(holder string, gen int, granted bool) {
+	w.mu.Lock()
+	if gen == w.gen {
+		if w.counts == nil {
+			w.counts = map[string]map[string]Count{}
+		}
+		if w.counts[w.phase] == nil {
+			w.counts[w.phase] = map[string]Count{}
+		}
+		c := w.counts[w.phase][holder]
+		c.Attempts++
+		if granted {
+			c.Grants++
+		}
+		w.counts[w.phase][holder] = c
+	}
+	ended := w.endedLocked()
+	w.mu.Unlock()
+	select {
+	case ended <- struct{}{}:
+	default:
+	}
+}
+
+func (w *Workload) endedLocked() chan struct{} {
+	if w.ended == nil {
+		w.ended = make(chan struct{}, 1)
+	}
+	return w.ended
+}
+
+// WaitFor waits until cond holds, checking it whenever a Lock call ends
+// and every 10 ms, or until ctx ends, and returns cond's last answer. cond
+// bounds the wait (it should give up on a guard of its own).
+func (w *Workload) WaitFor(ctx context.Context, cond func() bool) bool {
+	w.mu.Lock()
+	ended := w.endedLocked()
+	w.mu.Unlock()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		select {
+		case <-ended:
+		case <-tick.C:
+		case <-ctx.Done():
+			return cond()
+		}
+	}
+	return true
 }
 
 // Run makes holder take turns on w.Key through locker until stop closes or
@@ -45,9 +138,11 @@ func (w *Workload) Run(ctx context.Context, holder string, locker *redlease.Lock
 			return grants
 		default:
 		}
+		gen := w.begin()
 		actx, cancel := context.WithTimeout(ctx, attempt)
 		lk, err := locker.Lock(actx, w.Key, w.LockOpts...)
 		cancel()
+		w.count(holder, gen, err == nil)
 		if err != nil {
 			w.Rec.Failure(holder, err)
 			sleep(ctx, pause)
@@ -95,7 +190,16 @@ func (w *Workload) hold(ctx context.Context, holder string, lk *redlease.Lock) {
 // RunAll runs one goroutine per holder (holder names as keys, lockers as
 // values) for d, and returns the grants per holder.
 func (w *Workload) RunAll(ctx context.Context, lockers map[string]*redlease.Locker, d time.Duration) map[string]int {
-	stop := make(chan struct{})
+	stop := w.Start(ctx, lockers)
+	sleep(ctx, d)
+	return stop()
+}
+
+// Start runs one goroutine per holder (holder names as keys, lockers as
+// values) until the returned stop is called (or ctx ends); stop waits for
+// them and returns the grants per holder.
+func (w *Workload) Start(ctx context.Context, lockers map[string]*redlease.Locker) (stop func() map[string]int) {
+	done := make(chan struct{})
 	var (
 		mu     sync.Mutex
 		grants = map[string]int{}
@@ -103,16 +207,17 @@ func (w *Workload) RunAll(ctx context.Context, lockers map[string]*redlease.Lock
 	)
 	for name, l := range lockers {
 		wg.Go(func() {
-			n := w.Run(ctx, name, l, stop)
+			n := w.Run(ctx, name, l, done)
 			mu.Lock()
 			grants[name] = n
 			mu.Unlock()
 		})
 	}
-	sleep(ctx, d)
-	close(stop)
-	wg.Wait()
-	return grants
+	return func() map[string]int {
+		close(done)
+		wg.Wait()
+		return grants
+	}
 }
 
 func sleep(ctx context.Context, d time.Duration) {

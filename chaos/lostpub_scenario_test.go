@@ -127,7 +127,12 @@ const lpSlack = 500 * time.Millisecond
 // Every mode, on single and quorum/5, with backoff < TTL and TTL < backoff:
 // the waiter's grant comes within min(backoff, holder's TTL) + lpSlack of
 // the release and within TTL + backoff of the holder's grant (the issue's
-// bound), and no two holds overlap (the checker). Each round has its own
+// bound), each plus livenessMultiple times what this process was measured
+// stalled in that stretch (redistest.StallProbe), and no two holds overlap
+// (the checker). A wait whose end a measured stall leaves ambiguous
+// (neither shorter than the timer's shortest nor that long without the
+// stall) is noted, not judged; at least one woken or cut-gap round must be
+// judged. Each round has its own
 // key and fenced register. Two rounds per mode with -chaos.full, one in
 // make test's subset (single only: about 5 s).
 //
@@ -158,6 +163,7 @@ type lpEnv struct {
 	holder  redlease.Strategy
 	waiter  redlease.Strategy
 	storage *redis.Client // the fenced registers, one per round's key
+	probe   *redistest.StallProbe
 }
 
 func lostNotice(t *testing.T, rec *Recorder, strat string) facts {
@@ -166,7 +172,7 @@ func lostNotice(t *testing.T, rec *Recorder, strat string) facts {
 	if strat != "single" {
 		n = 5
 	}
-	env := &lpEnv{ns: StartNodes(t, n, redistest.Config{})}
+	env := &lpEnv{ns: StartNodes(t, n, redistest.Config{}), probe: redistest.StartStallProbe(t)}
 	var wcs []redis.UniversalClient
 	for _, s := range env.ns.Servers {
 		g := redistest.NewGate(t, s.Addr)
@@ -201,30 +207,35 @@ func lostNotice(t *testing.T, rec *Recorder, strat string) facts {
 		rounds = 2
 	}
 	var f facts
+	wakes := 0 // woken and cut-gap rounds whose wait was told woken or fell back
 	for _, cfg := range lpConfigs {
 		for _, mode := range []string{lpWoken, lpDropped, lpCutHeld, lpCutGap} {
 			for round := range rounds {
 				key := fmt.Sprintf("s16:%s:%s:%d", mode, cfg.name, round)
-				note, violations := lostNoticeRound(ctx, t, rec, env, cfg, mode, key)
+				note, violations, decided := lostNoticeRound(ctx, t, rec, env, cfg, mode, key)
 				f.notes = append(f.notes, note)
 				f.violations = append(f.violations, violations...)
+				if (mode == lpWoken || mode == lpCutGap) && decided {
+					wakes++
+				}
 			}
 		}
+	}
+	if wakes == 0 {
+		f.violations = append(f.violations, "no woken or cut-gap round could tell whether its waiter was woken: the wake check examined nothing")
 	}
 	f.strays = waitStrays(ctx, env.ns, 2*time.Second)
 	return f
 }
 
-// lostNoticeRound runs one handoff and returns a note (the figures) and
-// the violations of the mode's claims.
-func lostNoticeRound(ctx context.Context, t *testing.T, rec *Recorder, env *lpEnv, cfg lpConfig, mode, key string) (string, []string) {
+// lostNoticeRound runs one handoff and returns a note (the figures), the
+// violations of the mode's claims, and whether it could tell how the
+// waiter's last wait ended.
+func lostNoticeRound(ctx context.Context, t *testing.T, rec *Recorder, env *lpEnv, cfg lpConfig, mode, key string) (string, []string, bool) {
 	t.Helper()
 	holder, err := redlease.New(env.holder, redlease.WithTTL(cfg.ttl), redlease.WithPrefix("chaos:"))
 	require.NoError(t, err)
-	hl, err := holder.TryLock(ctx, key)
-	if err != nil {
-		t.Fatalf("%s: holder: %v", key, err)
-	}
+	hl := lockWithin(ctx, t, env.probe, holder, key)
 	reg := rec.Register(env.storage, "register:"+key)
 	hFrom := rec.Now()
 	hGrant := time.Now()
@@ -326,25 +337,40 @@ func lostNoticeRound(ctx context.Context, t *testing.T, rec *Recorder, env *lpEn
 	if left, ok := remaining(last.err); ok {
 		shortest = min(shortest, left+time.Millisecond)
 	}
+	// Woken: the wait ended before its timer could have (exact: a slow
+	// machine only makes waits longer). Fell back: it lasted the timer's
+	// shortest even without what this process was measured stalled in it
+	// (a wake-up the machine did not let run at once would otherwise read
+	// as a fall-back). Otherwise the round cannot tell, and says so.
 	gap := final.start.Sub(last.end)
+	stalled := env.probe.Stalled(last.end, final.start)
 	woken := gap < shortest
+	fellBack := gap-stalled >= shortest
+	how := map[bool]string{true: "woken", false: "fell back"}[woken]
+	if !woken && !fellBack {
+		how = fmt.Sprintf("cannot tell (stalled %v in the wait)", stalled.Round(time.Millisecond))
+	}
+	// The handoff bounds allow, besides lpSlack, livenessMultiple times
+	// what this process was measured stalled in the stretch they bound.
 	handoff := o.at.Sub(releasedAt)
 	bound := min(cfg.backoff, cfg.ttl) + lpSlack
+	allowed := env.probe.Allowance(bound, livenessMultiple, releasedAt, o.at)
 	note := fmt.Sprintf("%s: handoff %v, attempts %d, last wait %v (timer ≥ %v): %s",
-		key, handoff.Round(100*time.Microsecond), len(log), gap.Round(100*time.Microsecond), shortest.Round(time.Millisecond),
-		map[bool]string{true: "woken", false: "fell back"}[woken])
+		key, handoff.Round(100*time.Microsecond), len(log), gap.Round(100*time.Microsecond), shortest.Round(time.Millisecond), how)
 
 	var vs []string
-	if handoff > bound {
-		vs = append(vs, fmt.Sprintf("%s: handoff %v > min(backoff, TTL) + %v = %v", key, handoff, lpSlack, bound))
+	if handoff > allowed {
+		vs = append(vs, fmt.Sprintf("%s: handoff %v > min(backoff, TTL) + %v: %s", key, handoff, lpSlack,
+			env.probe.Explain(bound, livenessMultiple, releasedAt, o.at)))
 	}
-	if d := o.at.Sub(hGrant); d > cfg.ttl+cfg.backoff {
-		vs = append(vs, fmt.Sprintf("%s: waiter granted %v after the holder's grant > TTL + backoff = %v", key, d, cfg.ttl+cfg.backoff))
+	if d := o.at.Sub(hGrant); d > env.probe.Allowance(cfg.ttl+cfg.backoff, livenessMultiple, hGrant, o.at) {
+		vs = append(vs, fmt.Sprintf("%s: waiter granted %v after the holder's grant > TTL + backoff: %s", key, d,
+			env.probe.Explain(cfg.ttl+cfg.backoff, livenessMultiple, hGrant, o.at)))
 	}
 	switch mode {
 	case lpWoken, lpCutGap:
-		if !woken {
-			vs = append(vs, fmt.Sprintf("%s: not woken: its last wait lasted %v, the timer's shortest is %v", key, gap, shortest))
+		if fellBack {
+			vs = append(vs, fmt.Sprintf("%s: not woken: its last wait lasted %v (%v of it stalled), the timer's shortest is %v", key, gap, stalled, shortest))
 		}
 	case lpDropped:
 		if woken {
@@ -354,7 +380,7 @@ func lostNoticeRound(ctx context.Context, t *testing.T, rec *Recorder, env *lpEn
 			vs = append(vs, key+": no message was dropped: the fault did not happen")
 		}
 	}
-	return note, vs
+	return note, vs, woken || fellBack
 }
 
 func dropped(gs []*redistest.Gate) int {

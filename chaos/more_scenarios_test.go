@@ -3,8 +3,12 @@ package chaos
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/redlease/redlease"
 	"github.com/redlease/redlease/internal/redistest"
@@ -16,25 +20,39 @@ import (
 // {2,3,4}; then they swap; then the network heals. At most one group can
 // hold at a time (only one side has a majority), and both make progress
 // once healed.
+//
+// Liveness is judged in counts, not seconds (see partition.parted and
+// partition.healed): while parted, the majority side is granted
+// partedGrants times while the minority side makes partedTries Lock calls
+// and is granted none (exact); once healed, each side is granted within
+// the first healedWithin grants. Each count starts once every node a side
+// should reach answers a PING from that side's own clients.
 func TestScenario10PerClientPartition(t *testing.T) {
 	run(t, scenario{name: "10 quorum: per-client partition, then swap, then heal", strategy: "quorum/5", faults: "X↔{0,1} Y↔{2,3,4}; swap; heal", fast: true},
 		func(t *testing.T, rec *Recorder) facts {
 			ctx := t.Context()
-			ns, w, lockers := partitionSides(t, rec, "s10", false)
+			p := partitionSides(t, rec, "s10", false)
+			var violations []string
 
 			end := fault(rec, "X↔{0,1} Y↔{2,3,4}")
-			split(ns, false)
-			w.RunAll(ctx, lockers, time.Second)
+			split(p.ns, false)
+			stop := p.w.Start(ctx, p.lockers)
+			parted, vs := p.parted(ctx, "parted", false)
+			violations = append(violations, vs...)
+			stop()
 			end()
-			rejoin(ns, false)
+			rejoin(p.ns, false)
 			end = fault(rec, "X↔{2,3,4} Y↔{0,1}")
-			split(ns, true)
-			w.RunAll(ctx, lockers, time.Second)
+			split(p.ns, true)
+			stop = p.w.Start(ctx, p.lockers)
+			swapped, vs := p.parted(ctx, "swapped", true)
+			violations = append(violations, vs...)
+			stop()
 			end()
-			rejoin(ns, true)
-			healed, violations := progressAfterHealing(ctx, w, lockers, time.Second)
-			return facts{strays: waitStrays(ctx, ns, partitionTTL), violations: violations,
-				notes: []string{fmt.Sprintf("grants after healing: %v", healed)}}
+			rejoin(p.ns, true)
+			healed, vs := p.healed(ctx)
+			violations = append(violations, vs...)
+			return facts{strays: waitStrays(ctx, p.ns, partitionTTL), violations: violations, notes: []string{parted, swapped, healed}}
 		})
 }
 
@@ -43,46 +61,228 @@ func TestScenario10PerClientPartition(t *testing.T) {
 // left on the nodes it no longer reaches (its give-up cannot remove them
 // there), so after the swap the two sides' dead entries head the lines of
 // all five nodes, and every live waiter is refused on at least three.
-// Entries not refreshed expire (redlease.LineLifetime: 1 s here), so both
-// sides make progress once healed: no node blocks every waiter for good.
-// And at most one side holds at a time throughout.
+// Entries not refreshed expire (redlease.LineLifetime: 1 s here), so the
+// new majority is granted before the heal and both sides make progress
+// once healed: no node blocks every waiter for good. And at most one side
+// holds at a time throughout. Liveness is judged in counts as in 10; the
+// workload runs on through the swap.
 func TestScenario10fPerClientPartitionFair(t *testing.T) {
 	run(t, scenario{name: "10f quorum (fair): per-client partition swapped mid-wait, then heal", strategy: "quorum/5, fair", faults: "X↔{0,1} Y↔{2,3,4}; swap mid-wait; heal", fast: true},
 		func(t *testing.T, rec *Recorder) facts {
 			ctx := t.Context()
-			ns, w, lockers := partitionSides(t, rec, "s10f", true)
+			p := partitionSides(t, rec, "s10f", true)
+			var violations []string
 
 			start := fault(rec, "X↔{0,1} Y↔{2,3,4}")
-			split(ns, false)
-			parted := make(chan map[string]int, 1)
-			go func() { parted <- w.RunAll(ctx, lockers, 2*time.Second) }()
-			sleep(ctx, time.Second)
+			split(p.ns, false)
+			stop := p.w.Start(ctx, p.lockers)
+			parted, vs := p.parted(ctx, "parted", false)
+			violations = append(violations, vs...)
+			p.w.Phase("swapping") // Lock calls under way now span the swap: they count toward no phase
 			start()
 			swap := fault(rec, "X↔{2,3,4} Y↔{0,1} (swapped mid-wait)")
-			split(ns, true)
-			rejoin(ns, false)
-			before := <-parted
+			split(p.ns, true)
+			rejoin(p.ns, false)
+			swapped, vs := p.parted(ctx, "swapped", true)
+			violations = append(violations, vs...)
+			stop()
 			swap()
-			rejoin(ns, true)
-			healed, violations := progressAfterHealing(ctx, w, lockers, 2*time.Second)
-			return facts{strays: waitStrays(ctx, ns, partitionTTL), violations: violations,
-				notes: []string{fmt.Sprintf("grants while parted: %v; after healing: %v", before, healed)}}
+			rejoin(p.ns, true)
+			healed, vs := p.healed(ctx)
+			violations = append(violations, vs...)
+			return facts{strays: waitStrays(ctx, p.ns, partitionTTL), violations: violations, notes: []string{parted, swapped, healed}}
 		})
 }
 
-// partitionTTL is the lock TTL of scenarios 10 and 10f.
-const partitionTTL = 500 * time.Millisecond
+// The lock TTL, node timeout and Lock-call bound (Workload.Attempt) of
+// scenarios 10 and 10f (the last two also of 01, which met the same
+// starvation). Each is a real-time window, but none decides a
+// verdict: a round that misses the node timeout costs one round, and
+// liveness is judged in counts. They are wide enough that a loaded machine
+// (-race, busy cores) still completes rounds: with 150 ms for both the
+// node timeout and the Lock call, the majority side there got no grant
+// for a minute or more (a round needs an acquire and a fence reply from
+// each of the three nodes it reaches, through two in-process proxies).
+const (
+	partitionTTL    = time.Second
+	wideNodeTimeout = 400 * time.Millisecond
+	wideAttempt     = 500 * time.Millisecond
+)
 
-// partitionSides starts scenarios 10 and 10f: five nodes, two sides X and
-// Y of two holders each, each side with its own clients and Locker (in
-// fair mode if fair), and a workload on key.
-func partitionSides(t *testing.T, rec *Recorder, key string, fair bool) (*Nodes, *Workload, map[string]*redlease.Locker) {
+// The counts by which scenarios 10 and 10f judge liveness, and the guard
+// that bounds every wait for them.
+const (
+	// partedGrants is how many grants the majority side must have in each
+	// parted phase, and partedTries how many Lock calls the minority side
+	// makes meanwhile (each refused: at most one side holds). The minority
+	// side's calls run to their Attempt bound, so partedTries also keeps
+	// the phase about as long as the second it had when it was timed (two
+	// calls a holder, side by side).
+	partedGrants, partedTries = 10, 4
+	// healedWithin: after the heal, each side is granted within the first
+	// healedWithin grants. Four holders contend, two a side; a side that
+	// the heal left unable to win would see the other take them all.
+	healedWithin = 20
+	// livenessBound and livenessMultiple make the guard on every wait for a
+	// count (and for the PING): it gives up after livenessBound plus
+	// livenessMultiple times what this process was measured stalled
+	// meanwhile (redistest.StallProbe), never after partitionCap. On an
+	// idle machine each wait takes well under a second.
+	livenessBound, livenessMultiple = 10 * time.Second, 3
+	partitionCap                    = 90 * time.Second
+)
+
+// partition is the world of scenarios 10 and 10f: five nodes, sides X and
+// Y of two holders each, each side with its own clients and Locker.
+type partition struct {
+	t       *testing.T
+	ns      *Nodes
+	w       *Workload
+	lockers map[string]*redlease.Locker
+	clients map[string][]redis.UniversalClient // side ("x", "y") → one client per node
+	holders map[string][]string                // side → its holders
+	probe   *redistest.StallProbe
+}
+
+// partitionSides starts scenarios 10 and 10f (in fair mode if fair), with
+// a workload on key.
+func partitionSides(t *testing.T, rec *Recorder, key string, fair bool) *partition {
 	t.Helper()
-	ns := StartNodes(t, 5, redistest.Config{})
-	_, lx := quorumLockerFair(t, ns.Clients("x"), partitionTTL, fair)
-	_, ly := quorumLockerFair(t, ns.Clients("y"), partitionTTL, fair)
-	w := &Workload{Rec: rec, Reg: storage(t, rec, key), Key: key, Hold: 10 * time.Millisecond, Attempt: 150 * time.Millisecond}
-	return ns, w, map[string]*redlease.Locker{"x1": lx, "x2": lx, "y1": ly, "y2": ly}
+	p := &partition{
+		t:       t,
+		ns:      StartNodes(t, 5, redistest.Config{}),
+		clients: map[string][]redis.UniversalClient{},
+		holders: map[string][]string{"x": {"x1", "x2"}, "y": {"y1", "y2"}},
+		probe:   redistest.StartStallProbe(t),
+	}
+	p.clients["x"], p.clients["y"] = p.ns.Clients("x"), p.ns.Clients("y")
+	_, lx := quorumLockerFair(t, p.clients["x"], partitionTTL, fair, quorum.WithNodeTimeout(wideNodeTimeout))
+	_, ly := quorumLockerFair(t, p.clients["y"], partitionTTL, fair, quorum.WithNodeTimeout(wideNodeTimeout))
+	p.w = &Workload{Rec: rec, Reg: storage(t, rec, key), Key: key, Hold: 10 * time.Millisecond, Attempt: wideAttempt}
+	p.lockers = map[string]*redlease.Locker{"x1": lx, "x2": lx, "y1": ly, "y2": ly}
+	return p
+}
+
+// guard returns a function that reports, each time it is asked, whether
+// a wait that began at from has gone on for longer than the liveness
+// window (livenessBound + livenessMultiple × what probe measured this
+// process stalled since from, never more than partitionCap), and one that
+// explains that window for a failure message.
+func guard(probe *redistest.StallProbe, from time.Time) (over func() bool, explain func() string) {
+	over = func() bool {
+		now := time.Now()
+		return now.Sub(from) > min(partitionCap, probe.Allowance(livenessBound, livenessMultiple, from, now))
+	}
+	explain = func() string {
+		now := time.Now()
+		return fmt.Sprintf("waited %v: %s (never more than %v)", now.Sub(from).Round(time.Millisecond),
+			probe.Explain(livenessBound, livenessMultiple, from, now), partitionCap)
+	}
+	return over, explain
+}
+
+// answered waits until every node each group should reach (reach: group
+// → nodes) answers a PING from that group's own clients (clients: group →
+// one client per node), at most the liveness window (guard): a heal ends
+// a cut or a toxic at once, but a client that was refused may go on
+// refusing on its own for a while (go-redis's pool, after PoolSize failed
+// dials in a row, fails every dial at once until a background redial,
+// once a second, succeeds). It returns how long that took and a violation
+// for every node that never answered.
+func answered(ctx context.Context, probe *redistest.StallProbe, clients map[string][]redis.UniversalClient, reach map[string][]int) (time.Duration, []string) {
+	from := time.Now()
+	over, explain := guard(probe, from)
+	var vs []string
+	for _, group := range slices.Sorted(maps.Keys(reach)) {
+		for _, i := range reach[group] {
+			var err error
+			for {
+				pctx, cancel := context.WithTimeout(ctx, time.Second)
+				err = clients[group][i].Ping(pctx).Err()
+				cancel()
+				if err == nil || ctx.Err() != nil || over() {
+					break
+				}
+				sleep(ctx, 5*time.Millisecond)
+			}
+			if err != nil {
+				vs = append(vs, fmt.Sprintf("%s: node %d never answered a PING: %v; %s", group, i, err, explain()))
+			}
+		}
+	}
+	return time.Since(from), vs
+}
+
+// parted judges one parted phase, named phase, with the workload running:
+// once the majority side's nodes (and the minority side's) answer, Lock
+// calls count toward phase until the majority side has partedGrants grants
+// and the minority side partedTries attempts (the guard bounds the wait).
+// The minority side must have no grant among its Lock calls that started
+// and returned within the phase: exact, whatever the machine. It returns a
+// note (the counts, how long the PING and the phase took) and the
+// violations.
+func (p *partition) parted(ctx context.Context, phase string, swapped bool) (string, []string) {
+	majority, minority, reach := "y", "x", map[string][]int{"x": {0, 1}, "y": {2, 3, 4}}
+	if swapped {
+		majority, minority, reach = "x", "y", map[string][]int{"x": {2, 3, 4}, "y": {0, 1}}
+	}
+	pinged, vs := answered(ctx, p.probe, p.clients, reach)
+	p.w.Phase(phase)
+	from := time.Now()
+	over, explain := guard(p.probe, from)
+	enough := func() bool {
+		return p.w.Counts(phase, p.holders[majority]...).Grants >= partedGrants && p.w.Counts(phase, p.holders[minority]...).Attempts >= partedTries
+	}
+	p.w.WaitFor(ctx, func() bool { return enough() || over() })
+	maj, mnr := p.w.Counts(phase, p.holders[majority]...), p.w.Counts(phase, p.holders[minority]...)
+	if !enough() {
+		vs = append(vs, fmt.Sprintf("%s: the majority side %s had %d of %d grants in %d Lock calls (the minority side %d of %d calls): %s",
+			phase, majority, maj.Grants, partedGrants, maj.Attempts, mnr.Attempts, partedTries, explain()))
+	}
+	if mnr.Grants > 0 {
+		vs = append(vs, fmt.Sprintf("%s: the minority side %s was granted %d times in %d Lock calls while it reached two nodes of five",
+			phase, minority, mnr.Grants, mnr.Attempts))
+	}
+	p.w.Phase("") // Lock calls under way now end after the phase: they count toward none
+	note := fmt.Sprintf("%s: %s %d grants in %d Lock calls, %s %d in %d, in %v (PING answered after %v; stalled %v)", phase,
+		majority, maj.Grants, maj.Attempts, minority, mnr.Grants, mnr.Attempts, time.Since(from).Round(time.Millisecond), pinged.Round(time.Millisecond),
+		p.probe.Stalled(from, time.Now()).Round(time.Millisecond))
+	p.t.Log(note)
+	return note, vs
+}
+
+// healed judges the heal: once every node answers both sides, the
+// workload runs until each side has a grant, or healedWithin grants have
+// gone to one side, or the guard runs out. It returns the grants per side
+// in that stretch and the violations: a side without a grant.
+func (p *partition) healed(ctx context.Context) (string, []string) {
+	all := []int{0, 1, 2, 3, 4}
+	pinged, vs := answered(ctx, p.probe, p.clients, map[string][]int{"x": all, "y": all})
+	const phase = "healed"
+	p.w.Phase(phase)
+	from := time.Now()
+	over, explain := guard(p.probe, from)
+	counts := func() (x, y Count) {
+		return p.w.Counts(phase, p.holders["x"]...), p.w.Counts(phase, p.holders["y"]...)
+	}
+	stop := p.w.Start(ctx, p.lockers)
+	p.w.WaitFor(ctx, func() bool {
+		x, y := counts()
+		return (x.Grants > 0 && y.Grants > 0) || x.Grants+y.Grants >= healedWithin || over()
+	})
+	stop()
+	x, y := counts()
+	got := fmt.Sprintf("healed: x %d grants in %d Lock calls, y %d in %d, in %v (PING answered after %v; stalled %v)", x.Grants, x.Attempts, y.Grants, y.Attempts,
+		time.Since(from).Round(time.Millisecond), pinged.Round(time.Millisecond), p.probe.Stalled(from, time.Now()).Round(time.Millisecond))
+	p.t.Log(got)
+	switch {
+	case x.Grants > 0 && y.Grants > 0:
+	case x.Grants+y.Grants >= healedWithin:
+		vs = append(vs, fmt.Sprintf("no liveness after healing: a side was not granted within the first %d grants: %s", healedWithin, got))
+	default:
+		vs = append(vs, fmt.Sprintf("no liveness after healing: %s; %s", got, explain()))
+	}
+	return got, vs
 }
 
 // split cuts side X and side Y off the nodes sides names; rejoin heals
@@ -108,28 +308,32 @@ func sides(swapped bool) (x, y []int) {
 	return []int{2, 3, 4}, []int{0, 1}
 }
 
-// progressAfterHealing runs the workload for d and reports its grants, and
-// a violation unless both sides had one.
-func progressAfterHealing(ctx context.Context, w *Workload, lockers map[string]*redlease.Locker, d time.Duration) (map[string]int, []string) {
-	healed := w.RunAll(ctx, lockers, d)
-	if healed["x1"]+healed["x2"] == 0 || healed["y1"]+healed["y2"] == 0 {
-		return healed, []string{fmt.Sprintf("no liveness after healing: grants %v", healed)}
-	}
-	return healed, nil
-}
-
 // 11. Ambiguous replies: three nodes apply every request but their replies
 // never arrive (a downstream-only timeout toxic). Acquisitions fail for
 // want of a majority; the failure path must release on every node,
 // including those whose reply was lost, so no key is left behind, and a
 // later attempt is not fooled by its own earlier write.
+//
+// Both are checked without a real-time window a slow machine could miss:
+// the keys are counted (directly, behind the proxies) until none is left,
+// within the liveness window (guard) but never past half the TTL, so an
+// undo is told apart from an expiry; and after the heal (once every node
+// answers a PING), no attempt may be refused by a node that still holds
+// the key (exact: QuorumError.Remaining), and one is granted within the
+// liveness window.
 func TestScenario11AmbiguousReplies(t *testing.T) {
 	run(t, scenario{name: "11 quorum: replies lost, writes applied", strategy: "quorum/5", faults: "downstream timeout on 2,3,4", fast: true},
 		func(t *testing.T, rec *Recorder) facts {
 			ctx := t.Context()
+			probe := redistest.StartStallProbe(t)
 			ns := StartNodes(t, 5, redistest.Config{})
 			const ttl = 5 * time.Second // far longer than the scenario: a stray key would still be there
-			_, la := quorumLocker(t, ns.Clients("a"), ttl)
+			ca := ns.Clients("a")
+			sa, _ := quorumLocker(t, ca, ttl)
+			attempts := newAttemptLog()
+			la, err := redlease.New(sa, redlease.WithTTL(ttl), redlease.WithRetryDelay(2*time.Millisecond, 20*time.Millisecond),
+				redlease.WithPrefix("chaos:"), redlease.WithObserver(attempts))
+			require.NoError(t, err)
 			end := fault(rec, "replies from 2,3,4 lost")
 			for _, i := range []int{2, 3, 4} {
 				ns.Group("a")[i].SilenceReplies("ambiguous")
@@ -143,18 +347,48 @@ func TestScenario11AmbiguousReplies(t *testing.T) {
 					rec.Failure("a", err)
 				}
 			}
-			// The applied writes were undone: the keys are gone on the nodes
-			// that never answered (checked directly, behind the proxies).
-			sleep(ctx, 300*time.Millisecond) // the undos are sent through the silenced links, and applied
+			// The applied writes are undone: the undos are sent through the
+			// silenced links and applied. Count the keys directly, behind
+			// the proxies, until none is left.
+			from := time.Now()
+			over, explain := guard(probe, from)
 			strays := ns.StrayKeys(ctx, "chaos:*")
+			for strays > 0 && !over() && time.Since(from) < ttl/2 {
+				sleep(ctx, 10*time.Millisecond)
+				strays = ns.StrayKeys(ctx, "chaos:*")
+			}
+			notes := []string{fmt.Sprintf("keys left after the failed attempts: %d, counted until %v after them", strays, time.Since(from).Round(time.Millisecond))}
+			if strays > 0 {
+				notes = append(notes, fmt.Sprintf("undos not applied within half the TTL (%v) or the liveness window: %s", ttl/2, explain()))
+			}
 			ns.Heal("a", 2, 3, 4)
 			end()
-			w := &Workload{Rec: rec, Reg: storage(t, rec, "s11"), Key: "s11", Hold: 10 * time.Millisecond}
-			after := w.RunAll(ctx, map[string]*redlease.Locker{"a": la}, 500*time.Millisecond)
-			if after["a"] == 0 {
-				violations = append(violations, "no grant after healing: an earlier ambiguous write still blocks the key")
+			pinged, vs := answered(ctx, probe, map[string][]redis.UniversalClient{"a": ca}, map[string][]int{"a": {0, 1, 2, 3, 4}})
+			violations = append(violations, vs...)
+			before := len(attempts.snapshot())
+			refused := func() error {
+				for _, a := range attempts.snapshot()[before:] {
+					if left, ok := remaining(a.err); ok && left > 0 {
+						return a.err
+					}
+				}
+				return nil
 			}
-			return facts{strays: strays, violations: violations}
+			w := &Workload{Rec: rec, Reg: storage(t, rec, "s11"), Key: "s11", Hold: 10 * time.Millisecond}
+			w.Phase("healed")
+			from = time.Now()
+			over, explain = guard(probe, from)
+			stop := w.Start(ctx, map[string]*redlease.Locker{"a": la})
+			w.WaitFor(ctx, func() bool { return w.Counts("healed", "a").Grants > 0 || refused() != nil || over() })
+			stop()
+			after := w.Counts("healed", "a")
+			notes = append(notes, fmt.Sprintf("after healing: %d grants in %d Lock calls (PING answered after %v)", after.Grants, after.Attempts, pinged.Round(time.Millisecond)))
+			if err := refused(); err != nil {
+				violations = append(violations, fmt.Sprintf("after healing a node still holds the key (an earlier ambiguous write): %v", err))
+			} else if after.Grants == 0 {
+				violations = append(violations, "no grant after healing: "+explain())
+			}
+			return facts{strays: strays, violations: violations, notes: notes}
 		})
 }
 
@@ -227,19 +461,20 @@ func TestScenario13ServerClockJumps(t *testing.T) {
 			run(t, scenario{name: name, strategy: "quorum/5 (fenced)", faults: fmt.Sprintf("PEXPIRE 1ms on nodes %v", nodes), fast: true, exp: exp},
 				func(t *testing.T, rec *Recorder) facts {
 					ctx := t.Context()
+					probe := redistest.StartStallProbe(t)
 					ns := StartNodes(t, 5, redistest.Config{})
 					const ttl = 3 * time.Second
 					_, la := quorumLocker(t, ns.Clients("a"), ttl)
 					_, lb := quorumLocker(t, ns.Clients("b"), ttl)
 					reg := storage(t, rec, "s13")
-					a, err := la.TryLock(ctx, "s13")
-					if err != nil {
-						t.Fatal(err)
-					}
+					a := lockWithin(ctx, t, probe, la, "s13")
 					from := rec.Now()
 					_, _ = reg.Write(ctx, "a", a.Fence(), 1)
-					deadline := time.Now().Add(time.Second)
-					for time.Now().Before(deadline) { // let the grant's last writes land
+					// Let the grant's last writes land (they need not have: a
+					// request a grant did not wait for still goes out), within
+					// the liveness window.
+					over, _ := guard(probe, time.Now())
+					for !over() {
 						n := 0
 						for i := range ns.Servers {
 							if v, _ := ns.Direct(i).Get(ctx, "chaos:s13").Result(); v == a.Token() {
@@ -296,6 +531,7 @@ func TestScenario14SlowClientClock(t *testing.T) {
 		exp: Expectation{AllowOverlap: true, Why: "client clock rate outside the drift factor: outside Redlock's assumptions"}},
 		func(t *testing.T, rec *Recorder) facts {
 			ctx := t.Context()
+			probe := redistest.StartStallProbe(t)
 			ns := StartNodes(t, 5, redistest.Config{})
 			const ttl = 600 * time.Millisecond
 			slow := rateClock{start: time.Now(), rate: 0.5}
@@ -304,10 +540,7 @@ func TestScenario14SlowClientClock(t *testing.T) {
 			require.NoError(t, err)
 			_, lb := quorumLocker(t, ns.Clients("b"), ttl)
 			reg := storage(t, rec, "s14")
-			a, err := la.TryLock(ctx, "s14")
-			if err != nil {
-				t.Fatal(err)
-			}
+			a := lockWithin(ctx, t, probe, la, "s14")
 			from := rec.Now()
 			w := &Workload{Rec: rec, Reg: reg, Key: "s14", Hold: 30 * time.Millisecond}
 			stop := make(chan struct{})

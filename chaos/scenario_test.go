@@ -161,6 +161,27 @@ func watchdog(t *testing.T) *renew.Watchdog {
 	return w
 }
 
+// lockWithin takes key through locker, one Lock call of a second after
+// another, until it is granted; it fails t if the liveness window (guard)
+// runs out first. A scenario that needs a holder before its fault takes
+// it so: one attempt (TryLock) has only the node timeout, which a loaded
+// machine can miss.
+func lockWithin(ctx context.Context, t *testing.T, probe *redistest.StallProbe, locker *redlease.Locker, key string) *redlease.Lock {
+	t.Helper()
+	over, explain := guard(probe, time.Now())
+	for {
+		actx, cancel := context.WithTimeout(ctx, time.Second)
+		lk, err := locker.Lock(actx, key)
+		cancel()
+		if err == nil {
+			return lk
+		}
+		if over() || ctx.Err() != nil {
+			t.Fatalf("%s: not granted: %v; %s", key, err, explain())
+		}
+	}
+}
+
 // fault records a fault span around f's effect: from now until end is
 // called.
 func fault(rec *Recorder, name string) (end func()) {
