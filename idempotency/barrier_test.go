@@ -74,6 +74,7 @@ func TestFingerprintSurvivesCompletion(t *testing.T) {
 // its release leaves the new owner's record alone (ErrNotOwner), and the
 // new owner's result stands.
 func TestStaleOwnersCompleteIsRejected(t *testing.T) {
+	t.Parallel()
 	c := store(t)
 	b := barrier(t, c, idempotency.WithLease(200*time.Millisecond), idempotency.WithRetention(time.Minute))
 	ctx := t.Context()
@@ -109,6 +110,7 @@ func TestStaleOwnersCompleteIsRejected(t *testing.T) {
 // its lock for as long as the test keeps it running (a run that outlives
 // its own lock is not recorded).
 func TestRecordNeverDeletedByANonOwner(t *testing.T) {
+	t.Parallel()
 	c := store(t)
 	b := barrier(t, c, idempotency.WithLease(200*time.Millisecond), idempotency.WithRetention(time.Minute))
 	long := barrier(t, c, idempotency.WithLease(5*time.Second), idempotency.WithRetention(time.Minute))
@@ -270,6 +272,7 @@ func (h claimRefusals) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 // 1,000 concurrent duplicates of 100 requests: each request runs once,
 // every caller gets its result (now or replayed) or an in-progress answer.
 func TestThousandDuplicatesRunEachOnce(t *testing.T) {
+	t.Parallel()
 	b := barrier(t, store(t))
 	ctx := t.Context()
 	var runs [100]atomic.Int32

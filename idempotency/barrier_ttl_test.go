@@ -39,6 +39,7 @@ func firstFew(keys []string) string {
 // of the request locks included — and after retention+lease no key of the
 // Barrier is left at all.
 func TestBarrierLeavesNoKeyWithoutATTL(t *testing.T) {
+	t.Parallel()
 	c := store(t)
 	const lease, retention, requests = 200 * time.Millisecond, time.Second, 500
 	b := barrier(t, c, idempotency.WithLease(lease), idempotency.WithRetention(retention))

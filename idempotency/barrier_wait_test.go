@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/redlease/redlease/idempotency"
+	"github.com/redlease/redlease/internal/redistest"
 )
 
 // DoWait waits only for the Barrier's own "in progress". A handler that
@@ -31,6 +32,7 @@ func TestDoWaitReturnsAHandlersOwnInProgress(t *testing.T) {
 			req := idempotency.Request{Key: "nested"}
 			var runs atomic.Int32
 			downstream := &idempotency.InProgressError{RetryAfter: time.Second} // the ledger's 409
+			probe := redistest.StartStallProbe(t)
 			start := time.Now()
 			_, err := b.DoWait(ctx, req, 2*time.Second, func(context.Context, uint64) ([]byte, error) {
 				runs.Add(1)
@@ -39,7 +41,7 @@ func TestDoWaitReturnsAHandlersOwnInProgress(t *testing.T) {
 			elapsed := time.Since(start)
 			assert.ErrorIs(t, err, idempotency.ErrInProgress, "the handler's error, returned to the caller")
 			assert.EqualValues(t, 1, runs.Load(), "the handler ran once in one DoWait")
-			assert.Less(t, elapsed, time.Second, "not waited on")
+			assertWithin(t, probe, time.Second, start, elapsed, "not waited on")
 
 			out, err := b.Do(ctx, req, result(&runs, "booked"))
 			require.NoError(t, err, "released as a transient failure: the retry runs")

@@ -143,6 +143,7 @@ func sameState(t *testing.T, c *redis.Client, ref, got equivKeys, name string) {
 // run on two copies of the same state; replies and the resulting keys
 // must be equal.
 func TestHandWrittenClaimDoesWhatTheComposedOneDoes(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t, redistest.Config{})
 	c := srv.Client()
 	ctx := t.Context()

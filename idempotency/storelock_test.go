@@ -444,6 +444,7 @@ func TestCombinedAndSeparateStepsShareRequests(t *testing.T) {
 // script may not touch together: a Barrier on a Cluster client keeps the
 // separate steps (one key each) and works as before.
 func TestBarrierOnAClusterKeepsSeparateSteps(t *testing.T) {
+	t.Parallel()
 	cc := redistest.ClusterClient(t, redistest.StartCluster(t, 3))
 	b := barrier(t, cc)
 	ctx := t.Context()

@@ -82,7 +82,9 @@ func lostAfter(t *testing.T, lk *redlease.Lock, taken time.Time) func() (time.Du
 // within one renewal timeout although a call to the paused node is still
 // inside go-redis.
 func TestPausedNodeDoesNotCostAnotherStrategysLockInTheSameBatch(t *testing.T) {
+	t.Parallel()
 	const ttl = 3 * time.Second
+	probe := redistest.StartStallProbe(t)
 	s, srv := pausedSingle(t)
 	q := threeNodes(t)
 	w, err := renew.New()
@@ -96,34 +98,42 @@ func TestPausedNodeDoesNotCostAnotherStrategysLockInTheSameBatch(t *testing.T) {
 	require.NoError(t, err)
 	locker2, err := redlease.New(q, redlease.WithTTL(ttl))
 	require.NoError(t, err)
-	b, err := locker2.TryLock(t.Context(), "iso:same:quorum")
+	b, err := locker2.Lock(t.Context(), "iso:same:quorum") // Lock: on a loaded machine a first attempt can miss the node timeout
 	require.NoError(t, err)
-	aLost, bLost := lostAfter(t, a, taken), lostAfter(t, b, taken)
+	bLost := lostAfter(t, b, taken)
 	w.Keep(a)
 	w.Keep(b)
 	srv.Pause()
 
-	time.Sleep(ttl + ttl/2)
-	if d, lost := bLost(); lost {
-		t.Errorf("quorum lock on healthy nodes lost %v after it was taken: %v", d.Round(10*time.Millisecond), b.Err())
-	}
-	d, lost := aLost()
+	aAt, lost := waitLost(t, probe, a, taken)
 	assert.True(t, lost, "the single lock on the paused node is reported lost")
 	assert.ErrorIs(t, a.Err(), redlease.ErrLost)
-	assert.Less(t, d, a.Until().Sub(taken), "lost before its Until")
+	if lost {
+		assertLostBeforeUntil(t, probe, a, aAt)
+	}
+	sleepUntil(taken.Add(ttl + ttl/2))
+	if d, lost := bLost(); lost {
+		if ok, why := healthyLoss(probe, b); !ok {
+			t.Errorf("quorum lock on healthy nodes lost %v after it was taken: %s", d.Round(10*time.Millisecond), why)
+		} else {
+			t.Logf("quorum lock lost %v after it was taken, excused: %s", d.Round(10*time.Millisecond), why)
+		}
+	}
 
 	start := time.Now()
 	w.Close()
 	stop := time.Since(start)
 	t.Logf("Close returned after %v with a call to the paused node in flight", stop.Round(time.Millisecond))
-	assert.Less(t, stop, renewalTimeout+500*time.Millisecond, "Close must return within one renewal timeout")
+	assertClosedInTime(t, probe, start, stop)
 }
 
 // Two locks on a paused single node, taken far enough apart to fall into
 // separate batches, and a quorum lock with a short TTL on healthy nodes: the
 // hung batches must not keep the quorum lock's renewals waiting.
 func TestHungBatchesDoNotStarveAnotherStrategy(t *testing.T) {
+	t.Parallel()
 	const ttl, short = 3 * time.Second, 1500 * time.Millisecond
+	probe := redistest.StartStallProbe(t)
 	s, srv := pausedSingle(t)
 	q := threeNodes(t)
 	w, err := renew.New()
@@ -144,17 +154,23 @@ func TestHungBatchesDoNotStarveAnotherStrategy(t *testing.T) {
 	taken := time.Now()
 	locker, err := redlease.New(q, redlease.WithTTL(short))
 	require.NoError(t, err)
-	b, err := locker.TryLock(t.Context(), "iso:sep:quorum")
+	b, err := locker.Lock(t.Context(), "iso:sep:quorum") // Lock: a first attempt can miss the node timeout
 	require.NoError(t, err)
 	bLost := lostAfter(t, b, taken)
 	w.Keep(b)
 
-	time.Sleep(2 * ttl)
-	if d, lost := bLost(); lost {
-		t.Errorf("quorum lock (TTL %v) on healthy nodes lost %v after it was taken: %v", short, d.Round(10*time.Millisecond), b.Err())
-	}
 	for _, a := range []*redlease.Lock{a1, a2} {
+		_, lost := waitLost(t, probe, a, taken)
+		assert.True(t, lost, "a lock on the paused node is reported lost")
 		assert.ErrorIs(t, a.Err(), redlease.ErrLost, "a lock on the paused node is lost")
+	}
+	sleepUntil(taken.Add(2 * ttl))
+	if d, lost := bLost(); lost {
+		if ok, why := healthyLoss(probe, b); !ok {
+			t.Errorf("quorum lock (TTL %v) on healthy nodes lost %v after it was taken: %s", short, d.Round(10*time.Millisecond), why)
+		} else {
+			t.Logf("quorum lock (TTL %v) lost %v after it was taken, excused: %s", short, d.Round(10*time.Millisecond), why)
+		}
 	}
 }
 
@@ -174,6 +190,7 @@ func TestHungBatchesDoNotStarveAnotherStrategy(t *testing.T) {
 // with 6 (2 waited for, 4 abandoned).
 func TestCallsToAHungNodeAreCapped(t *testing.T) {
 	const ttl, locks = 3 * time.Second, 12
+	probe := redistest.StartStallProbe(t)
 	s, srv := pausedSingle(t)
 	q := threeNodes(t)
 	w, err := renew.New()
@@ -182,7 +199,7 @@ func TestCallsToAHungNodeAreCapped(t *testing.T) {
 
 	locker, err := redlease.New(q, redlease.WithTTL(ttl/2))
 	require.NoError(t, err)
-	b, err := locker.TryLock(t.Context(), "cap:quorum")
+	b, err := locker.Lock(t.Context(), "cap:quorum") // Lock: a first attempt can miss the node timeout
 	require.NoError(t, err)
 	w.Keep(b)
 	ls, err := redlease.New(s, redlease.WithTTL(ttl))
@@ -210,7 +227,13 @@ func TestCallsToAHungNodeAreCapped(t *testing.T) {
 	const readTimeout = 3 * time.Second // go-redis's default
 	limit := renew.DefaultMaxCalls * (1 + int((readTimeout+renewalTimeout-1)/renewalTimeout))
 	assert.LessOrEqual(t, peak.inRedis, limit, "calls left inside go-redis on a hung node must not pile up")
-	assert.True(t, b.Valid(), "the quorum lock is kept throughout: %v", b.Err())
+	if !b.Valid() {
+		if ok, why := healthyLoss(probe, b); !ok {
+			t.Errorf("the quorum lock must be kept throughout: %s", why)
+		} else {
+			t.Logf("the quorum lock was lost, excused: %s", why)
+		}
+	}
 }
 
 // hungCount counts the goroutines of calls to the paused single node.
@@ -241,6 +264,7 @@ func hungCalls() hungCount {
 // returns within one renewal timeout.
 func TestCloseDoesNotWaitForAHungCall(t *testing.T) {
 	const ttl = 3 * time.Second
+	probe := redistest.StartStallProbe(t)
 	s, srv := pausedSingle(t)
 	w, err := renew.New()
 	require.NoError(t, err)
@@ -251,11 +275,23 @@ func TestCloseDoesNotWaitForAHungCall(t *testing.T) {
 	require.NoError(t, err)
 	w.Keep(lk)
 	srv.Pause()
-	time.Sleep(ttl/3 + 200*time.Millisecond) // the first renewal is in flight
+	// The first renewal falls due a third of the TTL after the grant: wait
+	// until it is in flight, its goroutine waiting in single's ExtendBatch
+	// (no other test runs beside this one), within the lock's Until and
+	// what this process was measured stalled meanwhile.
+	paused := time.Now()
+	bound := lk.Until().Sub(paused)
+	for hungCalls().waited == 0 {
+		if time.Since(paused) > probe.Allowance(bound, stallMultiple, paused, time.Now()) {
+			t.Fatalf("no renewal in flight on the paused node %v after the pause: %s", time.Since(paused),
+				probe.Explain(bound, stallMultiple, paused, time.Now()))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 
 	start := time.Now()
 	w.Close()
 	stop := time.Since(start)
 	t.Logf("Close returned after %v", stop.Round(time.Millisecond))
-	assert.Less(t, stop, renewalTimeout+500*time.Millisecond, "Close must return within one renewal timeout")
+	assertClosedInTime(t, probe, start, stop)
 }

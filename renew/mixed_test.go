@@ -31,7 +31,7 @@ import (
 //	go test -race -run Mixed ./renew/ -mixed.locks=10000 -mixed.hold=30s
 var (
 	mixedLocks = flag.Int("mixed.locks", 1500, "TestMixedStrategiesWithSickNodes: locks kept, a third per strategy")
-	mixedHold  = flag.Duration("mixed.hold", 10*time.Second, "TestMixedStrategiesWithSickNodes: how long they are kept once taken; the faults start a quarter of the way in")
+	mixedHold  = flag.Duration("mixed.hold", 7*time.Second, "TestMixedStrategiesWithSickNodes: how long they are kept once taken; the faults start a quarter of the way in")
 	mixedTTL   = flag.Duration("mixed.ttl", 3*time.Second, "TestMixedStrategiesWithSickNodes: the locks' TTL")
 	mixedEach  = flag.Bool("mixed.each", false, "TestMixedStrategiesWithSickNodes: log every sick lock's loss, not only the summary")
 )
@@ -46,12 +46,15 @@ var (
 // context says.
 //
 // Over the hold no healthy lock may be lost (every quorum lock: four of five
-// nodes answer; every Cluster lock on the two healthy masters), every lock on
+// nodes answer; every Cluster lock on the two healthy masters) unless this
+// process was measured stalled for half the time its renewal had
+// (healthyLoss), every lock on
 // a sick node must be reported lost (Lost closed) before its Until unless
 // this process was measured unable to run its timers for at least as long as
 // the overrun, no sick lock may be reported valid past its deadline (Until
 // less the loss margin), and Close, at the end, must return within one
-// renewal timeout although a renewal call to the paused node is in flight.
+// renewal timeout (plus twice this process's measured stall meanwhile)
+// although a renewal call to the paused node is in flight.
 func TestMixedStrategiesWithSickNodes(t *testing.T) {
 	n, hold, ttl := *mixedLocks, *mixedHold, *mixedTTL
 	faultAt := hold / 4
@@ -61,7 +64,6 @@ func TestMixedStrategiesWithSickNodes(t *testing.T) {
 	if n < 300 || ttl < time.Second || hold-faultAt < ttl+2*time.Second {
 		t.Fatalf("-mixed.locks=%d -mixed.hold=%v -mixed.ttl=%v: need at least 300 locks, a TTL of at least 1s, and three quarters of the hold at least TTL+2s", n, hold, ttl)
 	}
-	const stopAllowance = 500 * time.Millisecond // scheduling, under -race on a busy machine
 	ctx := t.Context()
 
 	// The nodes.
@@ -264,10 +266,16 @@ func TestMixedStrategiesWithSickNodes(t *testing.T) {
 	sleepUntil(holdEnd)
 
 	// The verdict on the healthy locks, at the end of the hold.
-	lostHealthy := 0
+	lostHealthy, excusedHealthy := 0, 0
 	for _, m := range healthy {
 		at, lost := m.group.lostAt(m.key)
 		if m.lk.Valid() && !lost {
+			continue
+		}
+		if ok, why := healthyLoss(probe, m.lk); ok {
+			if excusedHealthy++; excusedHealthy <= 3 {
+				t.Logf("healthy %s lock %s lost %v after the fault, excused: %s", m.group.name, m.key, at.Sub(faultTime).Round(time.Millisecond), why)
+			}
 			continue
 		}
 		lostHealthy++
@@ -276,10 +284,14 @@ func TestMixedStrategiesWithSickNodes(t *testing.T) {
 			if m.group == qg {
 				where = fmt.Sprintf(" (before the fault its key was on quorum nodes %v; node 0 is the black-holed one)", copies[m.key])
 			}
-			t.Errorf("healthy %s lock %s lost %v after the fault%s: %v", m.group.name, m.key, at.Sub(faultTime).Round(time.Millisecond), where, m.lk.Err())
+			_, why := healthyLoss(probe, m.lk)
+			t.Errorf("healthy %s lock %s lost %v after the fault%s: %s", m.group.name, m.key, at.Sub(faultTime).Round(time.Millisecond), where, why)
 		}
 	}
-	assert.Zero(t, lostHealthy, "healthy locks lost (of %d)", len(healthy))
+	assert.Zero(t, lostHealthy, "healthy locks lost (of %d) without a measured stall that excuses it (%d excused)", len(healthy), excusedHealthy)
+	if excusedHealthy > 0 {
+		t.Logf("%d healthy locks lost during a measured stall of this process (excused)", excusedHealthy)
+	}
 
 	// Close, with a call to the paused single node in flight.
 	inflight := [3]int64{singleCalls.inflight.Load(), clusterVictimCalls.inflight.Load(), quorumVictimCalls.inflight.Load()}
@@ -289,7 +301,7 @@ func TestMixedStrategiesWithSickNodes(t *testing.T) {
 	stopTook := time.Since(stopStart)
 	grAfterClose := countGoroutines()
 	assert.Positive(t, inflight[0], "a renewal call to the paused single node is in flight when Close is called (the long lock's)")
-	assert.Less(t, stopTook, renew.DefaultTimeout+stopAllowance, "Close must return within one renewal timeout")
+	assertClosedInTime(t, probe, stopStart, stopTook)
 
 	// The verdict on the sick locks: every one reported lost, before its
 	// Until.

@@ -38,7 +38,9 @@ func takeSingle(t *testing.T, c redis.UniversalClient, key string, ttl time.Dura
 // every min(interval/4, 250 ms), not in a loop: the node sees a handful of
 // calls, and the lock is reported lost before its Until.
 func TestFailedRenewalsWaitForTheirRetryTime(t *testing.T) {
+	t.Parallel()
 	const ttl = 3 * time.Second // interval 1 s, retry every 250 ms
+	probe := redistest.StartStallProbe(t)
 	srv := redistest.Start(t, redistest.Config{})
 	c := srv.Client()
 	w, err := renew.New()
@@ -52,20 +54,26 @@ func TestFailedRenewalsWaitForTheirRetryTime(t *testing.T) {
 	// Every script call on a key now fails with NOPERM, before it runs.
 	require.NoError(t, c.Do(context.Background(), "ACL", "SETUSER", "default", "resetkeys").Err())
 
-	select {
-	case <-lk.Lost():
-	case <-time.After(2 * ttl):
-		t.Fatal("the lock was never reported lost")
-	}
-	lostAt := time.Now()
-	assert.True(t, lostAt.Before(lk.Until()), "lost before Until")
+	lostAt, lost := waitLost(t, probe, lk, taken)
+	require.True(t, lost, "the lock is reported lost")
+	assertLostBeforeUntil(t, probe, lk, lostAt)
 	assert.ErrorIs(t, lk.Err(), redlease.ErrLost)
 	calls := evalshaAttempts(t, c) - before
 	// First renewal one interval after the grant, then retries every 250 ms
 	// until Until minus the margin (0.9 ttl): 1 + (0.9−1/3)·3 s / 250 ms ≈ 8.
+	// The upper bound is the retry delay's (a stall only delays calls). The
+	// lower one needs the process to run: of the 1.7 s from the first
+	// renewal to the deadline, a stall of stallMultiple times S leaves
+	// (1.7 s − 2S)/250 ms retries; at least 3 calls are asked for while
+	// that leaves room for them, at least the first one always.
+	first, deadline := taken.Add(ttl/3), lk.Deadline()
+	stalled := probe.Stalled(first, deadline)
+	room := deadline.Sub(first) - time.Duration(stallMultiple)*stalled
+	least := max(1, min(3, 1+int(room/(250*time.Millisecond))))
 	t.Logf("%d script calls between the grant and the loss %v later", calls, lostAt.Sub(taken).Round(time.Millisecond))
 	assert.LessOrEqual(t, calls, 10, "failed renewals must wait for their retry time")
-	assert.GreaterOrEqual(t, calls, 3, "failed renewals are retried while the lock is valid")
+	assert.GreaterOrEqual(t, calls, least, "failed renewals are retried while the lock is valid: at least %d calls asked of %v from the first renewal to the deadline, less %d × %v this process was measured stalled in it",
+		least, deadline.Sub(first).Round(time.Millisecond), stallMultiple, stalled.Round(time.Millisecond))
 }
 
 // A kept lock whose key was overwritten with a value of another type (a
@@ -73,7 +81,9 @@ func TestFailedRenewalsWaitForTheirRetryTime(t *testing.T) {
 // holds another token: the first renewal reports it lost, naming the
 // cause, and nothing is retried.
 func TestRenewalOfAKeyOfAnotherTypeIsAVerdict(t *testing.T) {
+	t.Parallel()
 	const ttl = 3 * time.Second // interval 1 s
+	probe := redistest.StartStallProbe(t)
 	srv := redistest.Start(t, redistest.Config{})
 	c := srv.Client()
 	w, err := renew.New()
@@ -81,17 +91,15 @@ func TestRenewalOfAKeyOfAnotherTypeIsAVerdict(t *testing.T) {
 	t.Cleanup(func() { w.Close() })
 
 	lk := takeSingle(t, c, "retry:wrongtype", ttl)
+	taken := time.Now()
 	before := evalshaCalls(t, c)
 	w.Keep(lk)
 	ctx := context.Background()
 	require.NoError(t, c.Del(ctx, "retry:wrongtype").Err())
 	require.NoError(t, c.HSet(ctx, "retry:wrongtype", "not", "a lock").Err())
 
-	select {
-	case <-lk.Lost():
-	case <-time.After(2 * ttl):
-		t.Fatal("the lock was never reported lost")
-	}
+	_, lost := waitLost(t, probe, lk, taken)
+	require.True(t, lost, "the lock is reported lost")
 	assert.ErrorIs(t, lk.Err(), redlease.ErrLost)
 	assert.ErrorIs(t, lk.Err(), redlease.ErrNotHeld)
 	assert.Contains(t, lk.Err().Error(), "WRONGTYPE")

@@ -37,6 +37,7 @@ func TestExitCodes(t *testing.T) {
 	down := "REDLEASE_NODES=127.0.0.1:" + strconv.Itoa(redistest.FreePort(t))
 	majorityDown := "REDLEASE_NODES=" + servers[0].Addr + ",127.0.0.1:" + strconv.Itoa(redistest.FreePort(t)) +
 		",127.0.0.1:" + strconv.Itoa(redistest.FreePort(t))
+	probe := redistest.StartStallProbe(t)
 	notExec := filepath.Join(t.TempDir(), "script.sh")
 	require.NoError(t, os.WriteFile(notExec, []byte("#!/bin/sh\necho ran\n"), 0o600))
 
@@ -79,7 +80,7 @@ func TestExitCodes(t *testing.T) {
 			start := time.Now()
 			out, code := cli(t, r.env, r.args...)
 			assert.Equal(t, r.want, code, "stdout %q", out)
-			assert.Less(t, time.Since(start), 5*time.Second)
+			assertWithin(t, probe, 5*time.Second, start, "exit %d", r.want)
 			if r.want >= 64 && r.want < 128 {
 				assert.NotContains(t, out, "ran")
 			}
@@ -235,6 +236,7 @@ func TestExecFailureCodes(t *testing.T) {
 // the build tag redlease_testseam_panic (testseam_panic.go); the binary
 // built without it has no such code.
 func TestInternalErrorExitCode(t *testing.T) {
+	t.Parallel()
 	env := nodesEnv(redistest.StartN(t, 1, redistest.Config{}))
 	seam := filepath.Join(t.TempDir(), "redlease-seam")
 	out, err := exec.Command("go", "build", "-tags", "redlease_testseam_panic", "-o", seam, ".").CombinedOutput()

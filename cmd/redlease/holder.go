@@ -95,14 +95,19 @@ func keepHolder(clients []redis.UniversalClient, fullKey string, lk *redlease.Lo
 	h.cancel = cancel
 	missing := h.write(ctx)
 	// A node's copy of the lock may land after the grant (a majority
-	// answered first): while a node lacks the metadata, the first seconds
-	// of the hold try again every holderRetry, then every third of the TTL.
-	quickUntil := time.Now().Add(holderQuick)
+	// answered first): while a node lacks the metadata, it is asked again
+	// after holderRetry, then after twice as long each time, up to a third
+	// of the TTL. A copy that lands a time L after the first write is
+	// found within L plus holderRetry of landing, however late it lands.
 	h.wg.Go(func() {
+		retry := holderRetry
 		for {
 			d := h.every
-			if missing > 0 && time.Now().Before(quickUntil) {
-				d = min(d, holderRetry)
+			if missing > 0 {
+				d = min(d, retry)
+				retry = min(2*retry, h.every)
+			} else {
+				retry = holderRetry
 			}
 			t := time.NewTimer(d)
 			select {
@@ -117,12 +122,9 @@ func keepHolder(clients []redis.UniversalClient, fullKey string, lk *redlease.Lo
 	return h
 }
 
-// How soon, and for how long after the grant, a node that lacked the
-// metadata is asked again.
-const (
-	holderRetry = 50 * time.Millisecond
-	holderQuick = 2 * time.Second
-)
+// holderRetry is how soon a node that lacked the metadata is asked again
+// (the first time; the wait doubles from there).
+const holderRetry = 50 * time.Millisecond
 
 // write refreshes the metadata on every node at once, each within a third
 // of the TTL (a second at most), and returns on how many nodes it is

@@ -23,6 +23,7 @@ import (
 // key is left without a TTL (fence counters expire; doctor's probe leaves
 // nothing permanent). Every key on every node is scanned and counted.
 func TestNothingLeftWithoutATTL(t *testing.T) {
+	t.Parallel()
 	const locks = 10_000
 	ctx := t.Context()
 	one := redistest.Start(t, redistest.Config{})
