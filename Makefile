@@ -5,6 +5,8 @@
 #   make bench  go test -bench, ours and the peers side by side, with -benchmem
 #   make chaos  every fault scenario against real processes; table + HTML/SVG report in $(CHAOS_REPORT)
 #   make sim    the seeded virtual-time simulation (chaos/sim) over SIM_SEEDS seeds, with a progress line
+#   make slow   everything too slow for make test, one step after the other: make chaos, the bounds
+#               table, the watchdog's and the retry storm's full sizes, the simulator's full budgets
 #
 # The library is the root module; chaos (with chaos/sim), bench (with
 # bench/plot), examples and cmd are modules of their own, each with a
@@ -39,7 +41,7 @@ BENCHSTAT_VERSION ?= v0.0.0-20260908200009-22c9c6c9d4da
 BENCHSTAT ?= $(or $(shell $(GO) env GOBIN),$(shell $(GO) env GOPATH)/bin)/benchstat
 CHAOS_REPORT ?= $(CURDIR)/.chaos-report
 
-.PHONY: test demo bench chaos redis sim
+.PHONY: test demo bench chaos redis sim slow
 
 # redis is on PATH, or installed here when we are root on Debian.
 redis:
@@ -141,3 +143,16 @@ chaos: redis
 SIM_SEEDS ?= 100000
 sim:
 	$(GO) -C chaos test -count=1 -timeout 0 -run 'TestSim$$' -v ./sim -seeds $(SIM_SEEDS) -progress
+
+# slow: everything make test leaves out for time, in one command. Each step
+# is also runnable alone (the command it prints).
+SLOW_IDEM_SEEDS ?= 40000
+SLOW_FENCE_SEEDS ?= 9000
+slow: redis
+	$(MAKE) --no-print-directory chaos
+	$(GO) -C chaos test -count=1 -timeout 20m -v . -run 'TestBoundsTable' -chaos.full
+	$(GO) test -race -count=1 -timeout 20m -run 'TenThousand|Starved' ./renew/ -renew.full
+	$(GO) test -race -count=1 -timeout 20m -run 'TestStormOfRetriesChargesEachPaymentOnce$$' ./idempotency/ -storm.payments 1000
+	$(MAKE) --no-print-directory sim
+	$(GO) -C chaos test -count=1 -timeout 0 -run 'TestSim$$' ./sim -rotation idem -seeds $(SLOW_IDEM_SEEDS)
+	$(GO) -C chaos test -count=1 -timeout 0 -run 'TestSim$$' ./sim -rotation fence -seeds $(SLOW_FENCE_SEEDS)
