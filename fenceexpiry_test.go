@@ -1,6 +1,7 @@
 package redlease_test
 
 import (
+	"context"
 	"sync"
 	"testing"
 	"time"
@@ -48,12 +49,15 @@ func TestPausedHolderPastItsFenceCounterIsRefused(t *testing.T) {
 			const key = "payment:77"
 			// Earlier holders, so that the expired counter handed out
 			// more than one fence.
+			// Acquisitions here are Lock calls (retried, 10 s at most): the
+			// quorum's default node timeout (100 ms) is missed by a loaded
+			// machine, and a missed round says nothing about fences.
 			for range 3 {
-				lk, err := l.TryLock(ctx, key)
+				lk, err := lockWithin(ctx, l, key)
 				require.NoError(t, err)
 				require.NoError(t, lk.Release(ctx))
 			}
-			old, err := l.TryLock(ctx, key)
+			old, err := lockWithin(ctx, l, key)
 			require.NoError(t, err)
 			require.NotZero(t, old.Fence())
 			// The holder pauses. Wait (bounded) until its lock and the
@@ -80,8 +84,8 @@ func TestPausedHolderPastItsFenceCounterIsRefused(t *testing.T) {
 			require.Positive(t, checked)
 
 			store := &fencedStore{}
-			next, err := l.TryLock(ctx, key)
-			require.NoError(t, err, "the lock is free")
+			next, err := lockWithin(ctx, l, key)
+			require.NoError(t, err, "the lock is free (a Lock call of 10 s at most)")
 			require.True(t, store.write("new", next.Fence()), "the new holder's write")
 			// The paused holder wakes and writes with its old fence.
 			require.False(t, store.write("paused", old.Fence()), "the paused holder's late write must be refused (fences %d then %d)", old.Fence(), next.Fence())
@@ -90,4 +94,11 @@ func TestPausedHolderPastItsFenceCounterIsRefused(t *testing.T) {
 			require.NoError(t, next.Release(ctx))
 		})
 	}
+}
+
+// lockWithin takes key with a Lock call of 10 s at most.
+func lockWithin(ctx context.Context, l *redlease.Locker, key string) (*redlease.Lock, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	return l.Lock(ctx, key)
 }
