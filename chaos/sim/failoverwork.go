@@ -316,6 +316,7 @@ func (w *World) watchedStrategy(ci int, ct bool, prefer int, poll time.Duration)
 		PoolSize:                 64,
 		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
 	})
+	fc.AddHook(w.orderHookFor(ci, 1<<16))
 	w.mu.Lock()
 	w.clients = append(w.clients, fc)
 	w.mu.Unlock()
@@ -327,12 +328,14 @@ func (w *World) watchedStrategy(ci int, ct bool, prefer int, poll time.Duration)
 	var scs []*redis.SentinelClient
 	for i, a := range w.sentinelAddrs() {
 		sb := w.retryBackoff(ci, 1<<16|uint64(i+1))
-		scs = append(scs, redis.NewSentinelClient(&redis.Options{
+		sc := redis.NewSentinelClient(&redis.Options{
 			Addr: a, Dialer: w.dialer(ci), ContextTimeoutEnabled: true, DisableIdentity: true, Protocol: 2,
 			MinRetryBackoff: sb, MaxRetryBackoff: sb, DialerRetryTimeout: w.dialRetry(ci, 1<<16|uint64(i+1)),
 			ReadBufferSize: 1024, WriteBufferSize: 1024, PoolSize: 64,
 			MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
-		}))
+		})
+		sc.AddHook(w.orderHookFor(ci, 1<<16|uint64(i+1)))
+		scs = append(scs, sc)
 	}
 	closeSentinels := func() {
 		for _, sc := range scs {
