@@ -459,8 +459,8 @@
 // after its last attempt was decided (retryAtOnce). Every go-redis client
 // has an orderHook (order.go): each command (but a connection's HELLO)
 // waits 1-4096 ns drawn from the seed, its client, its target and its
-// content before it asks the pool for a connection, and a command that
-// its ctx ended returns as much later again, so that commands started
+// content before it asks the pool for a connection, and a command whose
+// ctx ends while it runs returns as much later again, so that commands started
 // together (the fan-out workers one Lock deadline frees, an Extend and a
 // renewal) take idle connections, or queue for new ones (go-redis hands a
 // dial's connection to the first request in its queue), in an order of
@@ -477,11 +477,11 @@
 // Not determined by the seed: the undo pauses of a waiter registered by
 // Waker.Listen (no context; no scenario has two waiters of one client on
 // one key at once); two commands of one client and target with the same
-// content started at one instant (they wait the same time); and a lock's
-// expiry timer and a renewal whose ctx ends at that same instant (the
-// renewal's deadline is the lock's: Lost's cause then names the failed
-// extension or not, and Do's error is ErrUnavailable or not, as the Go
-// scheduler runs them). docs/simulator.md has the measured share of exact
+// content started at one instant (they wait the same time); and, seen
+// once in 360 seeds (ops-quorum 18), whether a Lock that gives up in fair
+// mode has its LeaveLine sent at once or only at the end of the run (its
+// background goroutine against the node's fan-out workers freed by the
+// same outage limit). docs/simulator.md has the measured share of exact
 // replays.
 //
 // -replays N (with -seed) runs the seed N times in turn and compares

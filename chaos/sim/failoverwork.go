@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math/rand/v2"
@@ -737,6 +738,11 @@ func (w *World) checkFailover() ([]Violation, FailoverStats) {
 	w.hist.mu.Lock()
 	holds := slices.Clone(w.hist.holds)
 	w.hist.mu.Unlock()
+	// Holds are recorded as they end, those ending at one instant in the
+	// Go scheduler's order: the check's lines go by end, client and seq.
+	slices.SortStableFunc(holds, func(a, b *Hold) int {
+		return cmp.Or(cmp.Compare(a.To, b.To), cmp.Compare(a.Client, b.Client), cmp.Compare(a.Seq, b.Seq))
+	})
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	first, named := w.firstHealthy(*m)

@@ -40,9 +40,10 @@ func (h orderHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 			return next(ctx, cmd)
 		}
 		k := argsHash(cmd.Args())
+		live := ctx.Err() == nil
 		h.wait(ctx, k)
 		err := next(ctx, cmd)
-		h.settle(ctx, err, k)
+		h.settle(ctx, live, err, k)
 		return err
 	}
 }
@@ -56,9 +57,10 @@ func (h orderHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 		for _, c := range cmds {
 			k = mix(k, argsHash(c.Args()))
 		}
+		live := ctx.Err() == nil
 		h.wait(ctx, k)
 		err := next(ctx, cmds)
-		h.settle(ctx, err, k)
+		h.settle(ctx, live, err, k)
 		return err
 	}
 }
@@ -74,15 +76,20 @@ func (h orderHook) wait(ctx context.Context, content uint64) {
 	}
 }
 
-// settle, when ctx ended the command, sleeps 1-4096 ns more drawn like
-// wait's, so that the callers one ctx deadline (or cancel) ends get their
-// answers one after the other in an order of the seed, after the goroutines
-// that ctx wakes without a command (the one that decides what to do next
-// may look at what those callers left, such as the failover Watcher's
+// settle, when ctx ended while the command ran (live: its ctx had not
+// ended when it started), sleeps 1-4096 ns more drawn like wait's, so
+// that the callers one ctx deadline (or cancel) ends get their answers
+// one after the other in an order of the seed, after the goroutines that
+// ctx wakes without a command (the one that decides what to do next may
+// look at what those callers left, such as the failover Watcher's
 // per-Sentinel busy flag). A blocked Read already notices a deadline
-// settle late (conn); a command waiting for a connection does not.
-func (h orderHook) settle(ctx context.Context, err error, content uint64) {
-	if err == nil || ctx.Err() == nil {
+// settle late (conn); a command waiting for a connection does not. A
+// command started with its ctx already ended returns at once, as it does
+// without the hook: a loop that tries again after its ctx ended (the
+// Barrier's record renewal, whose select may take a pending tick before
+// the ctx's end) takes no time doing so.
+func (h orderHook) settle(ctx context.Context, live bool, err error, content uint64) {
+	if !live || err == nil || ctx.Err() == nil {
 		return
 	}
 	time.Sleep(time.Duration(1 + mix(mix(h.key, content), 0x5e771e)%maxSettle))
