@@ -472,17 +472,15 @@
 // (per key, in call order); a context outside this module cannot carry it,
 // so production tokens stay crypto-random. The wake hub subscribes a
 // batch in channel-name order, and the end-of-run closers run by client,
-// then in registration order.
+// then in registration order, a nanosecond after the workload's last
+// instant (what that instant started in the background, a fair Lock
+// leaving its line after it gave up, runs first).
 //
 // Not determined by the seed: the undo pauses of a waiter registered by
 // Waker.Listen (no context; no scenario has two waiters of one client on
 // one key at once); two commands of one client and target with the same
-// content started at one instant (they wait the same time); and, seen
-// once in 360 seeds (ops-quorum 18), whether a Lock that gives up in fair
-// mode has its LeaveLine sent at once or only at the end of the run (its
-// background goroutine against the node's fan-out workers freed by the
-// same outage limit). docs/simulator.md has the measured share of exact
-// replays.
+// content started at one instant (they wait the same time).
+// docs/simulator.md has the measured share of exact replays.
 //
 // -replays N (with -seed) runs the seed N times in turn and compares
 // canonical histories: every line, node-level ones included, each lock
