@@ -458,8 +458,9 @@
 // (conn.settle, per connection), and the workloads retry a Lock 1-2 ns
 // after its last attempt was decided (retryAtOnce). Every go-redis client
 // has an orderHook (order.go): each command (but a connection's HELLO)
-// waits 1-4096 ns drawn from the seed, its client, its target and its
-// content before it asks the pool for a connection, and a command whose
+// that finds no idle pooled connection waits 1-4096 ns drawn from the
+// seed, its client, its target and its content before it asks the pool
+// for one, and a command whose
 // ctx ends while it runs returns as much later again, so that commands started
 // together (the fan-out workers one Lock deadline frees, an Extend and a
 // renewal) take idle connections, or queue for new ones (go-redis hands a
@@ -479,8 +480,15 @@
 // Not determined by the seed: the undo pauses of a waiter registered by
 // Waker.Listen (no context; no scenario has two waiters of one client on
 // one key at once); two commands of one client and target with the same
-// content started at one instant (they wait the same time).
-// docs/simulator.md has the measured share of exact replays.
+// content started at one instant (they wait the same time); two requests
+// of one client leaving together when one takes the idle pooled
+// connection and the other dials (orderHook leaves commands that find an
+// idle connection alone: ops-quorum 9, an Extend and a renewal); and, in
+// the library's fan-out, whether a job queued at the instant a node's
+// worker finishes its request runs on that worker after it or on another
+// idle one at once (fair-quorum5 8: a fair Lock's undo and its LeaveLine
+// to one node, one after the other or together, and then one of them
+// dials). docs/simulator.md has the measured share of exact replays.
 //
 // -replays N (with -seed) runs the seed N times in turn and compares
 // canonical histories: every line, node-level ones included, each lock
