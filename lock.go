@@ -49,8 +49,8 @@ type Lock struct {
 	undecidedTTL time.Duration
 	cause        error // non-nil once lost
 	// failed is the error of the last extension that failed undecided
-	// (ErrUnavailable: which nodes failed, and how) since the last one
-	// that succeeded; a loss by expiry names it.
+	// (ErrUnavailable: which nodes failed, and how) before the deadline,
+	// since the last one that succeeded; a loss by expiry names it.
 	failed   error
 	sent     bool          // a Release was sent: whatever came back, the lock claims nothing any more
 	released bool          // a Release confirmed the key gone (or not ours)
@@ -385,7 +385,11 @@ func (lk *Lock) finishExtend(rec *pendingExtend, g Grant, err error) error {
 		err = lk.applySuccessLocked(rec, g)
 	case errors.Is(err, ErrNotHeld):
 		lk.markLostLocked(err)
-	case undecided(err):
+	case undecided(err) && lk.clock.Now().Before(lk.deadlineLocked()):
+		// Only a failure while the lock is still valid: a renewal whose
+		// ctx is the lock's deadline fails at the instant the expiry
+		// timer fires, and which of the two runs first must not decide
+		// what the loss names.
 		lk.failed = err
 	}
 	lk.pruneExtendsLocked()

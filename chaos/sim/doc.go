@@ -456,23 +456,39 @@
 // something, they are spread over distinct instants in an order of the
 // seed: a blocked Read notices its deadline or a cut up to 4 µs late
 // (conn.settle, per connection), and the workloads retry a Lock 1-2 ns
-// after its last attempt was decided (retryAtOnce). A Lock or TryLock
+// after its last attempt was decided (retryAtOnce). Every go-redis client
+// has an orderHook (order.go): each command (but a connection's HELLO)
+// that finds no idle pooled connection waits 1-4096 ns drawn from the
+// seed, its client, its target and its content before it asks the pool
+// for one, and a command whose
+// ctx ends while it runs returns as much later again, so that commands started
+// together (the fan-out workers one Lock deadline frees, an Extend and a
+// renewal) take idle connections, or queue for new ones (go-redis hands a
+// dial's connection to the first request in its queue), in an order of
+// the seed, and the callers one deadline ends get their answers after
+// the goroutines it wakes directly (the failover Watcher's next poll
+// looks at which Sentinels are still being asked). A Lock or TryLock
 // call's base token (a fair waiter's id, which orders equal tickets) is
 // drawn from the seed too: jitterCtx carries internal/locktoken.WithSeed
 // (per key, in call order); a context outside this module cannot carry it,
 // so production tokens stay crypto-random. The wake hub subscribes a
 // batch in channel-name order, and the end-of-run closers run by client,
-// then in registration order.
+// then in registration order, a nanosecond after the workload's last
+// instant (what that instant started in the background, a fair Lock
+// leaving its line after it gave up, runs first).
 //
 // Not determined by the seed: the undo pauses of a waiter registered by
 // Waker.Listen (no context; no scenario has two waiters of one client on
-// one key at once); which of several requests of one client that wait on
-// its pool at once gets which new connection (go-redis dials in goroutines
-// of its own and hands each connection to the waiters in the order they
-// queued, the scheduler's: the dials and handshakes are the same in every
-// run, the requests sent on them are not); and two requests of one client
-// leaving together when one takes the idle pooled connection and the other
-// dials. docs/simulator.md has the measured share of exact replays.
+// one key at once); two commands of one client and target with the same
+// content started at one instant (they wait the same time); two requests
+// of one client leaving together when one takes the idle pooled
+// connection and the other dials (orderHook leaves commands that find an
+// idle connection alone: ops-quorum 9, an Extend and a renewal); and, in
+// the library's fan-out, whether a job queued at the instant a node's
+// worker finishes its request runs on that worker after it or on another
+// idle one at once (fair-quorum5 8: a fair Lock's undo and its LeaveLine
+// to one node, one after the other or together, and then one of them
+// dials). docs/simulator.md has the measured share of exact replays.
 //
 // -replays N (with -seed) runs the seed N times in turn and compares
 // canonical histories: every line, node-level ones included, each lock

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math/rand/v2"
@@ -316,6 +317,7 @@ func (w *World) watchedStrategy(ci int, ct bool, prefer int, poll time.Duration)
 		PoolSize:                 64,
 		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
 	})
+	fc.AddHook(w.orderHookFor(ci, 1<<16, func() int { return int(fc.PoolStats().IdleConns) }))
 	w.mu.Lock()
 	w.clients = append(w.clients, fc)
 	w.mu.Unlock()
@@ -327,12 +329,14 @@ func (w *World) watchedStrategy(ci int, ct bool, prefer int, poll time.Duration)
 	var scs []*redis.SentinelClient
 	for i, a := range w.sentinelAddrs() {
 		sb := w.retryBackoff(ci, 1<<16|uint64(i+1))
-		scs = append(scs, redis.NewSentinelClient(&redis.Options{
+		sc := redis.NewSentinelClient(&redis.Options{
 			Addr: a, Dialer: w.dialer(ci), ContextTimeoutEnabled: true, DisableIdentity: true, Protocol: 2,
 			MinRetryBackoff: sb, MaxRetryBackoff: sb, DialerRetryTimeout: w.dialRetry(ci, 1<<16|uint64(i+1)),
 			ReadBufferSize: 1024, WriteBufferSize: 1024, PoolSize: 64,
 			MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
-		}))
+		})
+		sc.AddHook(w.orderHookFor(ci, 1<<16|uint64(i+1), nil))
+		scs = append(scs, sc)
 	}
 	closeSentinels := func() {
 		for _, sc := range scs {
@@ -734,6 +738,11 @@ func (w *World) checkFailover() ([]Violation, FailoverStats) {
 	w.hist.mu.Lock()
 	holds := slices.Clone(w.hist.holds)
 	w.hist.mu.Unlock()
+	// Holds are recorded as they end, those ending at one instant in the
+	// Go scheduler's order: the check's lines go by end, client and seq.
+	slices.SortStableFunc(holds, func(a, b *Hold) int {
+		return cmp.Or(cmp.Compare(a.To, b.To), cmp.Compare(a.Client, b.Client), cmp.Compare(a.Seq, b.Seq))
+	})
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	first, named := w.firstHealthy(*m)

@@ -609,10 +609,13 @@ func (w *World) opsClose(e *opsEnv, seq int, key string, r *rand.Rand) {
 // opsSteps runs one to five steps of a hold: work, a write to the fenced
 // register (some after a pause past Valid), an Extend, a look at Lost,
 // Valid and Err, and (keepable) a keeper started or stopped. fctx, if
-// set, is Do's: the steps stop when it ends.
+// set, is Do's: the steps stop when it ends, or when Lost closed (Do
+// then cancels fctx from a goroutine of its own: after an Extend that
+// lost the lock, which closes Lost before it returns, whether fctx had
+// ended yet would follow the Go scheduler).
 func (w *World) opsSteps(e *opsEnv, h *opsHold, r *rand.Rand, fctx context.Context, keepable bool) {
 	for range 1 + r.IntN(5) {
-		if fctx != nil && fctx.Err() != nil {
+		if fctx != nil && (fctx.Err() != nil || closed(h.live.lost)) {
 			return
 		}
 		switch k := r.IntN(10); {
@@ -648,6 +651,16 @@ func (w *World) opsSteps(e *opsEnv, h *opsHold, r *rand.Rand, fctx context.Conte
 				w.opsKeepWith(e, h, r)
 			}
 		}
+	}
+}
+
+// closed reports whether ch is closed.
+func closed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
 	}
 }
 
