@@ -6,7 +6,7 @@
 #   make chaos  every fault scenario against real processes; table + HTML/SVG report in $(CHAOS_REPORT)
 #   make sim    the seeded virtual-time simulation (chaos/sim) over SIM_SEEDS seeds, with a progress line
 #   make slow   everything too slow for make test, one step after the other: make chaos, the bounds
-#               table, the watchdog's and the retry storm's full sizes, the simulator's full budgets
+#               table, full sizes (watchdog, retry storm, CLI's 10,000 locks), the simulator's full budgets
 #
 # The library is the root module; chaos (with chaos/sim), bench (with
 # bench/plot), examples and cmd are modules of their own, each with a
@@ -153,6 +153,7 @@ slow: redis
 	$(GO) -C chaos test -count=1 -timeout 20m -v . -run 'TestBoundsTable' -chaos.full
 	$(GO) test -race -count=1 -timeout 20m -run 'TenThousand|Starved' ./renew/ -renew.full
 	$(GO) test -race -count=1 -timeout 20m -run 'TestStormOfRetriesChargesEachPaymentOnce$$' ./idempotency/ -storm.payments 1000
+	$(GO) -C cmd test -race -count=1 -timeout 20m -run 'TestNothingLeftWithoutATTL$$' ./redlease/ -nottl.locks 10000
 	$(MAKE) --no-print-directory sim
 	$(GO) -C chaos test -count=1 -timeout 0 -run 'TestSim$$' ./sim -rotation idem -seeds $(SLOW_IDEM_SEEDS)
 	$(GO) -C chaos test -count=1 -timeout 0 -run 'TestSim$$' ./sim -rotation fence -seeds $(SLOW_FENCE_SEEDS)

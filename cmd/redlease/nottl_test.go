@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -18,13 +19,19 @@ import (
 	"github.com/redlease/redlease/single"
 )
 
-// Issue 29, must-show 2: after 10,000 locks on distinct keys on single
-// and on quorum with default options, and after doctor on every node, no
-// key is left without a TTL (fence counters expire; doctor's probe leaves
-// nothing permanent). Every key on every node is scanned and counted.
+// nottlLocks is how many locks TestNothingLeftWithoutATTL takes per
+// strategy: 1,000 in make test, 10,000 (the size issue 29 asked for) with
+// -nottl.locks=10000 in make slow.
+var nottlLocks = flag.Int("nottl.locks", 1000, "TestNothingLeftWithoutATTL: locks on distinct keys per strategy (make slow: 10000)")
+
+// After nottlLocks locks on distinct keys on single and on quorum with
+// default options, and after doctor on every node, no key is left without
+// a TTL (fence counters expire; doctor's probe leaves nothing permanent).
+// Every key on every node is scanned and counted.
 func TestNothingLeftWithoutATTL(t *testing.T) {
 	t.Parallel()
-	const locks = 10_000
+	locks := *nottlLocks
+	require.Positive(t, locks, "-nottl.locks")
 	ctx := t.Context()
 	one := redistest.Start(t, redistest.Config{})
 	three := redistest.StartN(t, 3, redistest.Config{})
