@@ -89,7 +89,11 @@ func TestStaleOwnersCompleteIsRejected(t *testing.T) {
 		})
 		stale <- err
 	}()
-	<-started
+	select { // bounded: a first request that ends before its handler runs must not hang the test
+	case <-started:
+	case err := <-stale:
+		t.Fatalf("the first request ended before its handler ran: %v", err)
+	}
 	time.Sleep(300 * time.Millisecond) // past the lease: the lock expired
 	out, err := b.Do(ctx, req, func(ctx context.Context, fence uint64) ([]byte, error) { return []byte("fresh"), nil })
 	require.NoError(t, err, "the request is taken over once its owner's lock expired")
@@ -126,7 +130,11 @@ func TestRecordNeverDeletedByANonOwner(t *testing.T) {
 		})
 		aDone <- err
 	}()
-	<-aStarted
+	select { // bounded: a first request that ends before its handler runs must not hang the test
+	case <-aStarted:
+	case err := <-aDone:
+		t.Fatalf("the first request ended before its handler ran: %v", err)
+	}
 	time.Sleep(300 * time.Millisecond) // A's lock has expired
 	bRunning := make(chan struct{})
 	bFinish := make(chan struct{})
