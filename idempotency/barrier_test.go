@@ -89,11 +89,7 @@ func TestStaleOwnersCompleteIsRejected(t *testing.T) {
 		})
 		stale <- err
 	}()
-	select { // bounded: a first request that ends before its handler runs must not hang the test
-	case <-started:
-	case err := <-stale:
-		t.Fatalf("the first request ended before its handler ran: %v", err)
-	}
+	awaitHandler(t, started, stale)
 	time.Sleep(300 * time.Millisecond) // past the lease: the lock expired
 	out, err := b.Do(ctx, req, func(ctx context.Context, fence uint64) ([]byte, error) { return []byte("fresh"), nil })
 	require.NoError(t, err, "the request is taken over once its owner's lock expired")
@@ -130,11 +126,7 @@ func TestRecordNeverDeletedByANonOwner(t *testing.T) {
 		})
 		aDone <- err
 	}()
-	select { // bounded: a first request that ends before its handler runs must not hang the test
-	case <-aStarted:
-	case err := <-aDone:
-		t.Fatalf("the first request ended before its handler ran: %v", err)
-	}
+	awaitHandler(t, aStarted, aDone)
 	time.Sleep(300 * time.Millisecond) // A's lock has expired
 	bRunning := make(chan struct{})
 	bFinish := make(chan struct{})
@@ -405,4 +397,16 @@ func TestOneTimeTokens(t *testing.T) {
 	require.NoError(t, err)
 	time.Sleep(100 * time.Millisecond)
 	assert.ErrorIs(t, tokens.Consume(ctx, "form:checkout", short), idempotency.ErrTokenExpired)
+}
+
+// awaitHandler waits until a request's handler has started, or fails the
+// test with the request's error if the request ended first: a wait for a
+// handler that never runs must not hang the test.
+func awaitHandler(t *testing.T, started <-chan struct{}, done <-chan error) {
+	t.Helper()
+	select {
+	case <-started:
+	case err := <-done:
+		t.Fatalf("the first request ended before its handler ran: %v", err)
+	}
 }
