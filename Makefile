@@ -57,41 +57,50 @@ redis:
 	fi
 	@redis-server --version
 
-# test runs its jobs side by side (make -j): vet, then the race tests of
-# each module, and the simulator's budgets without -race. Each job's output
+# test runs its jobs side by side (make -j): each module's vet, then its
+# race tests, and the simulator's budgets without -race. Each job's output
 # is printed whole when it ends (--output-sync), with its wall time; a
 # failed job fails make test after the others have finished.
 TEST_JOBS = test-root test-chaos test-cmd test-small test-sim
 
 test: redis
 	@start=$$(date +%s); \
-	$(MAKE) --no-print-directory -j$(words $(TEST_JOBS)) --output-sync=target $(TEST_JOBS); rc=$$?; \
+	$(MAKE) --no-print-directory -j$(words x $(TEST_JOBS)) --output-sync=target $(TEST_JOBS); rc=$$?; \
 	echo "make test: $$(( $$(date +%s) - start )) s wall, $$([ $$rc = 0 ] && echo ok || echo FAILED)"; exit $$rc
 
 # The jobs of make test (also runnable alone).
-.PHONY: test-vet test-root test-chaos test-cmd test-small test-sim $(TEST_JOBS)
-# test-vet vets every module with -race, one module after the other: vet
-# compiles every package the tests import (with their test files) to read
-# its types, and with -race it compiles them as the race tests do, so the
-# jobs that follow find them in the build cache instead of each compiling
-# the same dependencies at the same time (with an empty cache they did, and
-# make test took 14 min), and nothing is compiled twice, once for vet and
-# once for the race tests (that cost 2.5 CPU-minutes with an empty cache).
-# The simulator's job is not a race job: it starts beside vet, and vets its
-# own package without -race (the files behind //go:build !race).
-test-vet:
-	@set -e; for m in $(MODULES); do $(GO) -C $$m vet -race ./...; done; echo "go vet -race: every module ok"
+.PHONY: test-vet vet-root vet-chaos vet-cmd vet-small $(TEST_JOBS)
+# Each module is vetted with -race before its tests run: vet compiles every
+# package the tests import (with their test files) to read its types, and
+# with -race it compiles them as the race tests do, so nothing is compiled
+# twice, once for vet and once for the tests (that cost 2.5 CPU-minutes with
+# an empty cache). The vets run one after the other, in the order of the
+# modules' test times: each finds what the one before compiled in the build
+# cache, where vets side by side would each compile the same dependencies
+# at the same time (with an empty cache they did, and make test took 14
+# min). A module's tests start when its own vet has ended, beside the vets
+# that follow. The simulator's job is not a race job: it starts at once and
+# vets its own package without -race (the files behind //go:build !race).
+vet-root:
+	@$(GO) vet -race ./... && echo "go vet -race: root module ok"
+vet-chaos: vet-root
+	@$(GO) -C chaos vet -race ./... && echo "go vet -race: chaos module ok"
+vet-cmd: vet-chaos
+	@$(GO) -C cmd vet -race ./... && echo "go vet -race: cmd module ok"
+vet-small: vet-cmd
+	@$(GO) -C bench vet -race ./... && $(GO) -C examples vet -race ./... && echo "go vet -race: bench and examples modules ok"
+test-vet: vet-small
 
-test-root: test-vet
+test-root: vet-root
 	@$(call timed,root module -race,$(GO) test -race -count=1 ./...)
 
-test-chaos: test-vet
+test-chaos: vet-chaos
 	@$(call timed,chaos module -race,$(GO) -C chaos test -race -count=1 ./...)
 
-test-cmd: test-vet
+test-cmd: vet-cmd
 	@$(call timed,cmd module -race,$(GO) -C cmd test -race -count=1 ./...)
 
-test-small: test-vet
+test-small: vet-small
 	@$(call timed,bench and examples modules -race,$(GO) -C bench test -race -count=1 ./... && $(GO) -C examples test -race -count=1 ./...)
 
 test-sim:
