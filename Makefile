@@ -62,6 +62,11 @@ redis:
 # is printed whole when it ends (--output-sync), with its wall time; a
 # failed job fails make test after the others have finished.
 TEST_JOBS = test-root test-chaos test-cmd test-small test-sim
+# TEST_TIMEOUT is make test's hang guard per test binary (go test's own
+# default is 10 min): beside two other test runs, at load 20, the
+# simulator's 10,000 seeds took more than 10 min and were stopped as hung,
+# where they take 2-6 min beside yes > /dev/null x2.
+TEST_TIMEOUT ?= 30m
 
 test: redis
 	@start=$$(date +%s); \
@@ -92,21 +97,21 @@ vet-small: vet-cmd
 test-vet: vet-small
 
 test-root: vet-root
-	@$(call timed,root module -race,$(GO) test -race -count=1 ./...)
+	@$(call timed,root module -race,$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...)
 
 test-chaos: vet-chaos
-	@$(call timed,chaos module -race,$(GO) -C chaos test -race -count=1 ./...)
+	@$(call timed,chaos module -race,$(GO) -C chaos test -race -count=1 -timeout $(TEST_TIMEOUT) ./...)
 
 test-cmd: vet-cmd
-	@$(call timed,cmd module -race,$(GO) -C cmd test -race -count=1 ./...)
+	@$(call timed,cmd module -race,$(GO) -C cmd test -race -count=1 -timeout $(TEST_TIMEOUT) ./...)
 
 test-small: vet-small
-	@$(call timed,bench and examples modules -race,$(GO) -C bench test -race -count=1 ./... && $(GO) -C examples test -race -count=1 ./...)
+	@$(call timed,bench and examples modules -race,$(GO) -C bench test -race -count=1 -timeout $(TEST_TIMEOUT) ./... && $(GO) -C examples test -race -count=1 -timeout $(TEST_TIMEOUT) ./...)
 
 test-sim:
-	@$(call timed,simulator budgets,$(GO) -C chaos vet ./sim/ && $(GO) -C chaos test -count=1 ./sim/ -run 'TestSim$$' -seeds 10000 && \
-	  $(GO) -C chaos test -count=1 ./sim/ -run 'TestSim$$' -rotation idem -seeds 4000 && \
-	  $(GO) -C chaos test -count=1 ./sim/ -run 'TestSim$$' -rotation fence -seeds 900)
+	@$(call timed,simulator budgets,$(GO) -C chaos vet ./sim/ && $(GO) -C chaos test -count=1 -timeout $(TEST_TIMEOUT) ./sim/ -run 'TestSim$$' -seeds 10000 && \
+	  $(GO) -C chaos test -count=1 -timeout $(TEST_TIMEOUT) ./sim/ -run 'TestSim$$' -rotation idem -seeds 4000 && \
+	  $(GO) -C chaos test -count=1 -timeout $(TEST_TIMEOUT) ./sim/ -run 'TestSim$$' -rotation fence -seeds 900)
 
 # timed,NAME,COMMAND: runs COMMAND, then says how long NAME took (wall and
 # CPU, children included) and how it ended.
