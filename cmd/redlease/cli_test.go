@@ -57,10 +57,28 @@ func nodesEnv(servers []*redistest.Server) string {
 	return "REDLEASE_NODES=" + strings.Join(addrs, ",")
 }
 
+// cliNodeTimeout is the quorum node timeout every CLI run of these tests
+// starts with (the CLI's default is quorum.DefaultNodeTimeout, 100 ms): a
+// test that needs a grant must not fail because a loaded machine kept three
+// nodes from answering within 100 ms (at load 18, a CI-loop run beside
+// yes x2 and two other test runs, TestNotObtainedExitCode,
+// TestMajorityKilledStopsTheCommand and TestExitCodes' "71 no /proc" were
+// not granted: "0 of 3 nodes agreed ... no reply within the node timeout of
+// 100ms"). 2 s is 20 times the default; only a node that hangs, or a
+// process stopped for that long, misses it. A test about the node timeout
+// gives its own --node-timeout after this one, which wins.
+const cliNodeTimeout = 2 * time.Second
+
+// cliCommand is the binary run with args, after --node-timeout
+// cliNodeTimeout (a flag of every command).
+func cliCommand(args ...string) *exec.Cmd {
+	return exec.Command(bin, append([]string{"--node-timeout", cliNodeTimeout.String()}, args...)...)
+}
+
 // cli runs the binary and returns stdout and the exit code.
 func cli(t *testing.T, env string, args ...string) (string, int) {
 	t.Helper()
-	cmd := exec.Command(bin, args...)
+	cmd := cliCommand(args...)
 	cmd.Env = append(os.Environ(), env)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, os.Stderr
@@ -130,7 +148,7 @@ func TestNotObtainedExitCode(t *testing.T) {
 	for _, s := range servers {
 		clients = append(clients, s.Client())
 	}
-	q, err := quorum.New(clients)
+	q, err := quorum.New(clients, quorum.WithNodeTimeout(cliNodeTimeout))
 	require.NoError(t, err)
 	defer q.Close()
 	locker, err := redlease.New(q, redlease.WithPrefix("lock:"))
@@ -157,7 +175,7 @@ func TestNotObtainedExitCode(t *testing.T) {
 // renewed, the CLI sends the command SIGTERM and exits with the lost code.
 func TestMajorityKilledStopsTheCommand(t *testing.T) {
 	servers := redistest.StartN(t, 3, redistest.Config{})
-	cmd := exec.Command(bin, "run", "--key", "job", "--ttl", "2s", "--loss-margin", "800ms", "--grace", "500ms", "--",
+	cmd := cliCommand("run", "--key", "job", "--ttl", "2s", "--loss-margin", "800ms", "--grace", "500ms", "--",
 		"sh", "-c", `trap 'echo TERM; exit 143' TERM; echo started; sleep 30 & wait`)
 	cmd.Env = append(os.Environ(), nodesEnv(servers))
 	var stderr syncBuffer

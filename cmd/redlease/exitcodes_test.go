@@ -111,7 +111,7 @@ func TestExitCodes(t *testing.T) {
 			t.Skip("no unshare(1)")
 		}
 		cmd := exec.Command(unshare, "-m", "sh", "-c", `umount -l /proc && exec "$0" "$@"`,
-			bin, "run", "--key", "noproc", "--", "echo", "ran")
+			bin, "--node-timeout", cliNodeTimeout.String(), "run", "--key", "noproc", "--", "echo", "ran")
 		cmd.Env = append(os.Environ(), env)
 		var stdout, stderr strings.Builder
 		cmd.Stdout, cmd.Stderr = &stdout, &stderr
@@ -136,7 +136,7 @@ func TestExitCodes(t *testing.T) {
 				t.Skip("no /dev/full")
 			}
 			defer full.Close()
-			cmd := exec.Command(bin, args...)
+			cmd := cliCommand(args...)
 			cmd.Env = append(os.Environ(), env)
 			var stderr strings.Builder
 			cmd.Stdout, cmd.Stderr = full, &stderr
@@ -242,7 +242,7 @@ func TestInternalErrorExitCode(t *testing.T) {
 	out, err := exec.Command("go", "build", "-tags", "redlease_testseam_panic", "-o", seam, ".").CombinedOutput()
 	require.NoError(t, err, "%s", out)
 
-	cmd := exec.Command(seam, "run", "--key", "bug", "--ttl", "2s", "--", "sh", "-c", "exec sleep 30")
+	cmd := exec.Command(seam, "--node-timeout", cliNodeTimeout.String(), "run", "--key", "bug", "--ttl", "2s", "--", "sh", "-c", "exec sleep 30")
 	cmd.Env = append(os.Environ(), env)
 	var stderr strings.Builder
 	cmd.Stderr = &stderr

@@ -43,7 +43,7 @@ func TestNothingLeftWithoutATTL(t *testing.T) {
 	for _, srv := range three {
 		clients = append(clients, srv.Client())
 	}
-	q, err := quorum.New(clients)
+	q, err := quorum.New(clients, quorum.WithNodeTimeout(cliNodeTimeout))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = q.Close() })
 

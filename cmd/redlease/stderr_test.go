@@ -16,7 +16,7 @@ import (
 // cliStderr runs the binary and returns its stderr and exit code.
 func cliStderr(t *testing.T, env string, args ...string) (string, int) {
 	t.Helper()
-	cmd := exec.Command(bin, args...)
+	cmd := cliCommand(args...)
 	cmd.Env = append(os.Environ(), env)
 	var stderr strings.Builder
 	cmd.Stderr = &stderr

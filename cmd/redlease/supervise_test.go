@@ -36,7 +36,7 @@ func startCLI(t *testing.T, env string, args ...string) *proc {
 // startCLIStderr is startCLI with the process's stderr on stderr.
 func startCLIStderr(t *testing.T, env string, stderr *os.File, args ...string) *proc {
 	t.Helper()
-	cmd := exec.Command(bin, args...)
+	cmd := cliCommand(args...)
 	cmd.Env = append(os.Environ(), env)
 	cmd.Stderr = stderr
 	out, err := cmd.StdoutPipe()
