@@ -75,3 +75,47 @@ func (p *StallProbe) settle(t time.Time) {
 		}
 	}
 }
+
+// Await receives from ch and returns what it received (the zero value once
+// ch is closed), and fails tb (Fatalf) once nothing has arrived within the
+// window the same run allows: Allowance(bound, multiple, from, now) from
+// the call on, recomputed each time the window ends, so a stretch the
+// process was kept from running widens it by multiple times that stall and
+// nothing else does. The failure message says what was awaited (what,
+// args) and how the window was derived (Explain). The wait is bounded in
+// count (waitMaxPolls) and in time (waitCap) as well. Await is a function,
+// not a method of StallProbe, because a method cannot take a type
+// parameter: it awaits a channel of any element type.
+func Await[T any](tb TB, p *StallProbe, ch <-chan T, bound time.Duration, multiple int, what string, args ...any) T {
+	tb.Helper()
+	from := time.Now()
+	window := func(now time.Time) time.Duration {
+		return min(p.Allowance(bound, multiple, from, now), waitCap(bound))
+	}
+	timer := time.NewTimer(bound)
+	defer timer.Stop()
+	for range waitMaxPolls {
+		select {
+		case v := <-ch:
+			return v
+		case <-timer.C:
+		}
+		now := time.Now()
+		p.settle(now) // a stall that ended just before now is counted
+		if left := window(now) - now.Sub(from); left > 0 {
+			timer.Reset(left)
+			continue
+		}
+		select { // one last look: the sender may have been starved too
+		case v := <-ch:
+			return v
+		default:
+		}
+		tb.Fatalf("%s: not within %v: %s", fmt.Sprintf(what, args...), now.Sub(from).Round(time.Millisecond), p.Explain(bound, multiple, from, now))
+		var zero T
+		return zero
+	}
+	tb.Fatalf("%s: not after %d waits: %s", fmt.Sprintf(what, args...), waitMaxPolls, p.Explain(bound, multiple, from, time.Now()))
+	var zero T
+	return zero
+}
