@@ -119,3 +119,12 @@ func Await[T any](tb TB, p *StallProbe, ch <-chan T, bound time.Duration, multip
 	var zero T
 	return zero
 }
+
+// Lazy is a part of a failure message computed when the message is
+// written (its String), not when the wait begins: pass
+// Lazy(func() string { ... }) among the args of WaitFor or Await to
+// report the state at the failure.
+type Lazy func() string
+
+// String returns what f computes now.
+func (f Lazy) String() string { return f() }
