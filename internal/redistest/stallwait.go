@@ -128,3 +128,19 @@ type Lazy func() string
 
 // String returns what f computes now.
 func (f Lazy) String() string { return f() }
+
+// SoftTB is a TB whose Fatalf records the failure instead of ending the
+// goroutine: for WaitFor or Await inside a function the code under test
+// runs (a handler, a Do's function), which must return, or outside the
+// test's goroutine. Failed returns what was recorded; the caller reports
+// it (t.Error) or acts on it.
+type SoftTB struct {
+	TB
+	failed string
+}
+
+// Fatalf records the failure; the last one recorded is kept.
+func (s *SoftTB) Fatalf(format string, args ...any) { s.failed = fmt.Sprintf(format, args...) }
+
+// Failed returns the failure recorded, "" if none.
+func (s *SoftTB) Failed() string { return s.failed }
