@@ -134,3 +134,16 @@ func TestAwaitDerivesItsWindow(t *testing.T) {
 	require.NotEmpty(t, rec.fatal)
 	require.GreaterOrEqual(t, took, time.Second+3*40*time.Millisecond, "a stop inside the wait widened its window: %s", rec.fatal)
 }
+
+// A SoftTB keeps a failed wait's message instead of ending the goroutine,
+// and a Lazy part of the message is computed when the message is written.
+func TestSoftTBKeepsTheFailureAndLazyIsComputedLate(t *testing.T) {
+	p := StartStallProbe(t)
+	soft := &SoftTB{TB: t}
+	state := "before"
+	Await(soft, p, make(chan struct{}), time.Millisecond, 0, "never: %s", Lazy(func() string { return state }))
+	require.Contains(t, soft.Failed(), "never: before")
+	state = "at the start"
+	p.WaitFor(soft, time.Millisecond, 0, time.Millisecond, func() bool { state = "at the failure"; return false }, "never: %s", Lazy(func() string { return state }))
+	require.Contains(t, soft.Failed(), "never: at the failure", "the state when the wait failed, not when it began")
+}
