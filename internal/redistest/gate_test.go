@@ -208,3 +208,15 @@ func TestGateDelaysReplies(t *testing.T) {
 	g.Heal()
 	require.NoError(t, c.Ping(ctx).Err())
 }
+
+// WaitHeld fails once its window has passed with nothing held, and says
+// how the window was derived (d plus a multiple of the measured stall).
+func TestGateWaitHeldDerivesItsWindow(t *testing.T) {
+	srv := Start(t, Config{})
+	g := NewGate(t, srv.Addr)
+	start := time.Now()
+	err := g.WaitHeld(1, "", 30*time.Millisecond)
+	require.Error(t, err)
+	require.GreaterOrEqual(t, time.Since(start), 30*time.Millisecond, "waited its bound")
+	require.Contains(t, err.Error(), "measured stalled", "the error says how the window was derived")
+}

@@ -55,6 +55,15 @@ func (p *StallProbe) Within(took, bound time.Duration, multiple int, from time.T
 		fmt.Sprintf("took %v; %s", took.Round(time.Millisecond), p.Explain(bound, multiple, from, to))
 }
 
+// left is how much of the window a wait that began at from has left now:
+// min(Allowance(bound, multiple, from, now), waitCap(bound)) less the time
+// since from, once the probe has recorded a stall that just ended.
+func (p *StallProbe) left(from time.Time, bound time.Duration, multiple int) time.Duration {
+	now := time.Now()
+	p.settle(now)
+	return min(p.Allowance(bound, multiple, from, now), waitCap(bound)) - now.Sub(from)
+}
+
 // settle waits until the probe has recorded a wake after t (at most about
 // a second, or until the probe stops): after a stall, this process may run
 // a caller before the probe, and the wake that ends the stall, which
@@ -89,9 +98,6 @@ func (p *StallProbe) settle(t time.Time) {
 func Await[T any](tb TB, p *StallProbe, ch <-chan T, bound time.Duration, multiple int, what string, args ...any) T {
 	tb.Helper()
 	from := time.Now()
-	window := func(now time.Time) time.Duration {
-		return min(p.Allowance(bound, multiple, from, now), waitCap(bound))
-	}
 	timer := time.NewTimer(bound)
 	defer timer.Stop()
 	for range waitMaxPolls {
@@ -100,12 +106,11 @@ func Await[T any](tb TB, p *StallProbe, ch <-chan T, bound time.Duration, multip
 			return v
 		case <-timer.C:
 		}
-		now := time.Now()
-		p.settle(now) // a stall that ended just before now is counted
-		if left := window(now) - now.Sub(from); left > 0 {
+		if left := p.left(from, bound, multiple); left > 0 {
 			timer.Reset(left)
 			continue
 		}
+		now := time.Now()
 		select { // one last look: the sender may have been starved too
 		case v := <-ch:
 			return v
