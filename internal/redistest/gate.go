@@ -290,7 +290,7 @@ func (g *Gate) WaitHeld(n int, s string, d time.Duration) error {
 		}
 		if over {
 			return fmt.Errorf("gate %s: %d chunk(s) containing %q held after %v, want %d: %s", g.Addr, k, s,
-				time.Since(from).Round(time.Millisecond), n, g.probe.Explain(d, gateStallMultiple, from, time.Now()))
+				time.Since(from).Round(time.Millisecond), n, g.probe.explainWait(d, gateStallMultiple, from, time.Now()))
 		}
 		select {
 		case <-ch:
@@ -346,7 +346,7 @@ func (g *Gate) Step(s string, d time.Duration) error {
 		default:
 		}
 		return fmt.Errorf("gate %s: released chunk not answered within %v: %s", g.Addr,
-			time.Since(from).Round(time.Millisecond), g.probe.Explain(d, gateStallMultiple, from, time.Now()))
+			time.Since(from).Round(time.Millisecond), g.probe.explainWait(d, gateStallMultiple, from, time.Now()))
 	}
 	return fmt.Errorf("gate %s: released chunk not answered after %d waits", g.Addr, waitMaxPolls)
 }

@@ -37,12 +37,12 @@ func (p *StallProbe) WaitFor(tb TB, bound time.Duration, multiple int, tick time
 			if cond() { // one last look: the check may have been starved too
 				return
 			}
-			tb.Fatalf("%s: not within %v: %s", fmt.Sprintf(what, args...), now.Sub(from).Round(time.Millisecond), p.Explain(bound, multiple, from, now))
+			tb.Fatalf("%s: not within %v: %s", fmt.Sprintf(what, args...), now.Sub(from).Round(time.Millisecond), p.explainWait(bound, multiple, from, now))
 			return
 		}
 		time.Sleep(tick)
 	}
-	tb.Fatalf("%s: not after %d polls: %s", fmt.Sprintf(what, args...), waitMaxPolls, p.Explain(bound, multiple, from, time.Now()))
+	tb.Fatalf("%s: not after %d polls: %s", fmt.Sprintf(what, args...), waitMaxPolls, p.explainWait(bound, multiple, from, time.Now()))
 }
 
 // Within reports whether a stretch that began at from and took took ended
@@ -53,6 +53,16 @@ func (p *StallProbe) Within(took, bound time.Duration, multiple int, from time.T
 	p.settle(to)
 	return took < p.Allowance(bound, multiple, from, to),
 		fmt.Sprintf("took %v; %s", took.Round(time.Millisecond), p.Explain(bound, multiple, from, to))
+}
+
+// explainWait is Explain for a wait, which also says when the window was
+// cut to waitCap(bound).
+func (p *StallProbe) explainWait(bound time.Duration, multiple int, from, to time.Time) string {
+	e := p.Explain(bound, multiple, from, to)
+	if p.Allowance(bound, multiple, from, to) > waitCap(bound) {
+		e += fmt.Sprintf("; cut to the wait's cap %v (10 × bound + 10 s)", waitCap(bound))
+	}
+	return e
 }
 
 // left is how much of the window a wait that began at from has left now:
@@ -116,11 +126,11 @@ func Await[T any](tb TB, p *StallProbe, ch <-chan T, bound time.Duration, multip
 			return v
 		default:
 		}
-		tb.Fatalf("%s: not within %v: %s", fmt.Sprintf(what, args...), now.Sub(from).Round(time.Millisecond), p.Explain(bound, multiple, from, now))
+		tb.Fatalf("%s: not within %v: %s", fmt.Sprintf(what, args...), now.Sub(from).Round(time.Millisecond), p.explainWait(bound, multiple, from, now))
 		var zero T
 		return zero
 	}
-	tb.Fatalf("%s: not after %d waits: %s", fmt.Sprintf(what, args...), waitMaxPolls, p.Explain(bound, multiple, from, time.Now()))
+	tb.Fatalf("%s: not after %d waits: %s", fmt.Sprintf(what, args...), waitMaxPolls, p.explainWait(bound, multiple, from, time.Now()))
 	var zero T
 	return zero
 }
