@@ -2,6 +2,7 @@ package redlease_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -23,12 +24,11 @@ import (
 // succeeded: Lock.Extend's and every renewal of a keeper (ExtendAll
 // reports each to the lock's Observer).
 type renewals struct {
-	mu      sync.Mutex
-	n       int
-	changed chan struct{} // closed and replaced on every count
+	mu sync.Mutex
+	n  int
 }
 
-func newRenewals() *renewals { return &renewals{changed: make(chan struct{})} }
+func newRenewals() *renewals { return &renewals{} }
 
 func (r *renewals) Start(ctx context.Context, op redlease.Op) (context.Context, func(error)) {
 	return ctx, func(err error) {
@@ -37,8 +37,6 @@ func (r *renewals) Start(ctx context.Context, op redlease.Op) (context.Context, 
 		}
 		r.mu.Lock()
 		r.n++
-		close(r.changed)
-		r.changed = make(chan struct{})
 		r.mu.Unlock()
 	}
 }
@@ -52,24 +50,14 @@ func (r *renewals) count() int {
 	return r.n
 }
 
-// waitFor waits until at least n extensions succeeded, or fails after d.
+// waitFor waits until at least n extensions succeeded, or fails after d
+// plus 3 × what a probe measured this process stalled meanwhile.
 func (r *renewals) waitFor(t *testing.T, n int, d time.Duration) {
 	t.Helper()
-	deadline := time.NewTimer(d)
-	defer deadline.Stop()
-	for {
-		r.mu.Lock()
-		got, ch := r.n, r.changed
-		r.mu.Unlock()
-		if got >= n {
-			return
-		}
-		select {
-		case <-ch:
-		case <-deadline.C:
-			t.Fatalf("%d successful extensions after %v, want %d", got, d, n)
-		}
-	}
+	probe := redistest.StartStallProbe(t)
+	defer probe.Stop()
+	probe.WaitFor(t, d, 3, 5*time.Millisecond, func() bool { return r.count() >= n },
+		"successful extensions: %s, want %d", redistest.Lazy(func() string { return fmt.Sprint(r.count()) }), n)
 }
 
 // keptSetup is one strategy's arrangement for the kept-TTL attack: the
@@ -134,14 +122,18 @@ func checkKeyOutlivesUntil(t *testing.T, s keptSetup, lk *redlease.Lock, key str
 		left.Round(time.Millisecond), lk.TTL(), s.quorum, strings.Join(report, ", "))
 }
 
-// noSecondHolderWhileValid polls B until it is granted key (at most 10 s)
-// and fails if A's lock is still Valid then; fnCtx, if not nil, is the
-// context Do gave A's function, whose state the failure reports; clock is
-// A's Locker's clock.
+// noSecondHolderWhileValid polls B until it is granted key (for at most
+// 10 s plus 3 × what a probe measured this process stalled meanwhile) and
+// fails if A's lock is still Valid then; fnCtx, if not nil, is the context
+// Do gave A's function, whose state the failure reports; clock is A's
+// Locker's clock.
 func noSecondHolderWhileValid(t *testing.T, fnCtx context.Context, lb *redlease.Locker, a *redlease.Lock, key string, clock redlease.Clock) {
 	t.Helper()
 	ctx := t.Context()
-	deadline := time.Now().Add(10 * time.Second)
+	probe := redistest.StartStallProbe(t)
+	defer probe.Stop()
+	start := time.Now()
+	unavailable := 0
 	for attempts := 1; ; attempts++ {
 		b, err := lb.TryLock(ctx, key)
 		if err == nil {
@@ -155,10 +147,20 @@ func noSecondHolderWhileValid(t *testing.T, fnCtx context.Context, lb *redlease.
 					attempts, b.Fence(), left.Round(time.Millisecond), a.TTL(), fnCtxState)
 			}
 			require.NoError(t, b.Release(ctx))
+			t.Logf("B granted at attempt %d (%d without an answer)", attempts, unavailable)
 			return
 		}
-		require.ErrorIs(t, err, redlease.ErrNotObtained)
-		require.True(t, time.Now().Before(deadline), "B was never granted the key (the check examined nothing): %v", err)
+		// Refused, or no answer in time (a loaded machine's round trip past
+		// the client's 3 s read timeout): neither is a grant; B asks again.
+		if !errors.Is(err, redlease.ErrUnavailable) {
+			require.ErrorIs(t, err, redlease.ErrNotObtained)
+		} else {
+			unavailable++
+			t.Logf("attempt %d: B had no answer (asks again): %v", attempts, err)
+		}
+		if ok, why := probe.Within(time.Since(start), 10*time.Second, 3, start); !ok {
+			require.Failf(t, "outside the window derived from this run", "B was never granted the key (the check examined nothing): %v; %s", err, why)
+		}
 		time.Sleep(5 * time.Millisecond) // polling for the key's expiry, not racing it
 	}
 }
@@ -205,10 +207,12 @@ func TestKeeperKeepsTheExtendedTTL(t *testing.T) {
 					g.BlackHole()
 				}
 				noSecondHolderWhileValid(t, ctx, lb, lk, key, redlease.SystemClock())
-				select {
-				case <-ctx.Done():
-				case <-time.After(5 * time.Second):
-					t.Errorf("fn's ctx not cancelled 5 s after B was granted the key")
+				probe := redistest.StartStallProbe(t)
+				defer probe.Stop()
+				soft := &redistest.SoftTB{TB: t}
+				redistest.Await(soft, probe, ctx.Done(), 5*time.Second, 3, "fn's ctx not cancelled after B was granted the key")
+				if soft.Failed() != "" {
+					t.Error(soft.Failed())
 				}
 				return nil
 			})

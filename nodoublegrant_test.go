@@ -479,6 +479,7 @@ func TestLockKeysCannotEnterReservedNamespace(t *testing.T) {
 // gate until its caller gave up, then applied; the lock is lost by its
 // own deadline while the key lives on; B is refused until A releases.
 func TestUndecidedShorterExtendShortensValidity(t *testing.T) {
+	probe := redistest.StartStallProbe(t)
 	ctx := t.Context()
 	srv := redistest.Start(t, redistest.Config{})
 	loadScripts(t, srv.Client())
@@ -496,9 +497,14 @@ func TestUndecidedShorterExtendShortensValidity(t *testing.T) {
 	lost := a.Lost()
 
 	gate.HoldRequests(script.Extend.Hash())
-	ectx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
-	extErr := a.Extend(ectx, 300*time.Millisecond)
+	// The extension is sent and held at the gate, then its caller gives up
+	// (forced order; a 100 ms ctx could end before the request was sent).
+	ectx, cancel := context.WithCancel(ctx)
+	extDone := make(chan error, 1)
+	go func() { extDone <- a.Extend(ectx, 300*time.Millisecond) }()
+	require.NoError(t, gate.WaitHeld(1, script.Extend.Hash(), 5*time.Second), "the extension is held at the gate")
 	cancel()
+	extErr := redistest.Await(t, probe, extDone, 5*time.Second, 3, "Extend did not return at its ctx's end")
 	require.Error(t, extErr)
 	require.NotErrorIs(t, extErr, redlease.ErrNotHeld, "undecided, not refused")
 	require.False(t, a.Until().After(time.Now().Add(300*time.Millisecond)),
@@ -508,11 +514,7 @@ func TestUndecidedShorterExtendShortensValidity(t *testing.T) {
 	pttl, err := srv.Client().PTTL(ctx, key).Result()
 	require.NoError(t, err)
 	require.Greater(t, pttl, 10*time.Second, "the late shorter extension left the key's longer life")
-	select {
-	case <-lost:
-	case <-time.After(5 * time.Second):
-		t.Fatal("Lost not closed 5 s after the 300 ms extension was sent")
-	}
+	redistest.Await(t, probe, lost, 5*time.Second, 3, "Lost not closed after the 300 ms extension was sent")
 	require.False(t, a.Valid())
 	_, err = lb.TryLock(ctx, key)
 	require.ErrorIs(t, err, redlease.ErrNotObtained, "the key keeps its longer life: B waits for it, or for A's release")

@@ -21,10 +21,11 @@ import (
 // deadline, and without one within the library's own bounds, not the go-redis
 // client's. Each test's client has read and write timeouts of a minute
 // (clientTimeout), so a call that waits for the client's timeouts cannot
-// return before the test gives up at giveUp, a third of that: whether a
-// call returned before giveUp tells which timer ended it (the library's,
-// of at most a few seconds, or the client's), not how fast the machine
-// is. No assertion here measures a duration.
+// return before a minute: the test waits giveUp, a third of that, plus 3 ×
+// what this process was measured stalled, and a call that returned only
+// after clientTimeout fails it whatever that window was. Either tells
+// which timer ended the call (the library's, of at most a few seconds, or
+// the client's), not how fast the machine is.
 const (
 	clientTimeout = time.Minute
 	giveUp        = clientTimeout / 3
@@ -42,18 +43,21 @@ func pausedClient(t *testing.T, srv *redistest.Server, cte bool) *redis.Client {
 }
 
 // within runs f and returns its error, or fails the test if f has not
-// returned by giveUp (see clientTimeout).
+// returned by giveUp plus 3 × what a probe measured this process stalled
+// meanwhile (redistest.Await), or returned only after clientTimeout (an
+// exact check, whatever the window: see clientTimeout).
 func within(t *testing.T, what string, f func() error) error {
 	t.Helper()
+	probe := redistest.StartStallProbe(t)
+	defer probe.Stop()
 	got := make(chan error, 1)
+	start := time.Now()
 	go func() { got <- f() }()
-	select {
-	case err := <-got:
-		return err
-	case <-time.After(giveUp):
-		t.Fatalf("%s: no return in %v: held by the client's %v timeouts, not by its own bound", what, giveUp, clientTimeout)
-		return nil
+	err := redistest.Await(t, probe, got, giveUp, 3, "%s: no return: held by the client's %v timeouts, not by its own bound", what, clientTimeout)
+	if took := time.Since(start); took >= clientTimeout {
+		t.Fatalf("%s: returned after %v, at the client's %v timeouts, not by its own bound", what, took.Round(time.Millisecond), clientTimeout)
 	}
+	return err
 }
 
 // primaryStrategies builds single and failover on c (failover on a server

@@ -52,7 +52,10 @@ func wakeSetups(t *testing.T) []func(t *testing.T) wakeSetup {
 				ws.strategy = s
 			case "failover":
 				redistest.StartReplica(t, ws.servers[0], redistest.Config{})
-				s, err := failover.New(us[0])
+				// Every grant needs the replica's acknowledgement: a WAIT
+				// timeout only a hang misses (the default 100 ms is a window
+				// a loaded machine missed).
+				s, err := failover.New(us[0], failover.WithWaitTimeout(5*time.Second))
 				require.NoError(t, err)
 				ws.strategy = s
 			default:
@@ -123,16 +126,13 @@ func wakeLockIn(ctx context.Context, l *redlease.Locker, key string) <-chan wake
 	return out
 }
 
-// wakeWait receives the outcome of wakeLockIn, failing the test after d.
+// wakeWait receives the outcome of wakeLockIn, failing the test after d
+// plus 3 × what a probe measured this process stalled meanwhile.
 func wakeWait(t *testing.T, res <-chan wakeResult, d time.Duration) wakeResult {
 	t.Helper()
-	select {
-	case r := <-res:
-		return r
-	case <-time.After(d):
-		t.Fatalf("Lock did not return within %v", d)
-		return wakeResult{}
-	}
+	probe := redistest.StartStallProbe(t)
+	defer probe.Stop()
+	return redistest.Await(t, probe, res, d, 3, "Lock did not return")
 }
 
 // A waiter subscribes, confirmed, before its second check, so a release
@@ -343,7 +343,19 @@ func TestWaitersShareOneConnectionPerNode(t *testing.T) {
 					res[k] = append(res[k], wakeLockIn(ctx, waiter, key))
 				}
 			}
-			time.Sleep(time.Second) // all subscribed and waiting
+			// Every key's channel subscribed on every node (instead of a
+			// sleep hoping for it): 10 s plus 3 × the measured stall.
+			probe.WaitFor(t, 10*time.Second, 3, 10*time.Millisecond, func() bool {
+				for _, c := range ws.clients {
+					for k := range keys {
+						channel := script.Channel(fmt.Sprintf("wake:many:%s:%d", ws.name, k))
+						if n, err := c.PubSubNumSub(ctx, channel).Result(); err != nil || n[channel] == 0 {
+							return false
+						}
+					}
+				}
+				return true
+			}, "the waiters' channels never all subscribed")
 			for i, c := range ws.clients {
 				require.Equal(t, 1, pubsubConns(t, c), "node %d: one subscription connection for %d waiters on %d keys", i, keys*perKey, keys)
 			}
@@ -358,13 +370,9 @@ func TestWaitersShareOneConnectionPerNode(t *testing.T) {
 				for range perKey {
 					var got *redlease.Lock
 					for got == nil {
-						select {
-						case r := <-merge(res[k]):
-							require.NoError(t, r.err)
-							got = r.lk
-						case <-time.After(4 * time.Second):
-							t.Fatalf("key %d: no waiter got the lock within 4 s of the last release", k)
-						}
+						r := redistest.Await(t, probe, merge(res[k]), 4*time.Second, 3, "key %d: no waiter got the lock after the last release", k)
+						require.NoError(t, r.err)
+						got = r.lk
 					}
 					require.NoError(t, got.Release(ctx))
 				}

@@ -56,17 +56,19 @@ func heldLock(t *testing.T, s *failover.Strategy) *redlease.Lock {
 func failOver(t *testing.T, sc *redis.SentinelClient, old string) (string, time.Time) {
 	t.Helper()
 	ctx := t.Context()
+	probe := redistest.StartStallProbe(t)
+	defer probe.Stop()
 	require.NoError(t, sc.Failover(ctx, master).Err())
 	var addr string
 	var moved time.Time
-	require.Eventually(t, func() bool {
+	probe.WaitFor(t, 15*time.Second, 3, 10*time.Millisecond, func() bool {
 		a, err := sc.GetMasterAddrByName(ctx, master).Result()
 		if err != nil || len(a) != 2 || net.JoinHostPort(a[0], a[1]) == old {
 			return false
 		}
 		addr, moved = net.JoinHostPort(a[0], a[1]), time.Now()
 		return true
-	}, 15*time.Second, 10*time.Millisecond, "Sentinel never moved the primary")
+	}, "Sentinel never moved the primary")
 	return addr, moved
 }
 
@@ -79,15 +81,15 @@ func primaryOf(t *testing.T, sc *redis.SentinelClient) string {
 }
 
 // revokeWithin fails the test unless lk is revoked for the failover within
-// d of moved.
+// d of moved, plus 3 × what a probe measured this process stalled from the
+// call on (redistest.Await; the stretch from moved to the call, a return
+// from failOver, is not counted: the window is, if anything, narrower).
 func revokeWithin(t *testing.T, lk *redlease.Lock, moved time.Time, d time.Duration, what string) {
 	t.Helper()
-	select {
-	case <-lk.Lost():
-		t.Logf("holder told %v after Sentinel named the new primary (negative: before)", time.Since(moved).Round(time.Millisecond))
-	case <-time.After(time.Until(moved.Add(d))):
-		t.Fatalf("lock not revoked %v after Sentinel named the new primary, %s", d, what)
-	}
+	probe := redistest.StartStallProbe(t)
+	defer probe.Stop()
+	redistest.Await(t, probe, lk.Lost(), time.Until(moved.Add(d)), 3, "lock not revoked %v after Sentinel named the new primary, %s", d, what)
+	t.Logf("holder told %v after Sentinel named the new primary (negative: before)", time.Since(moved).Round(time.Millisecond))
 	assert.ErrorIs(t, lk.Err(), failover.ErrFailover)
 }
 

@@ -224,15 +224,14 @@ func (wd *watched) loseKey(t *testing.T, key string, fence uint64) {
 	require.NoError(t, wd.a.Client().Set(t.Context(), fk, fence-1, redis.KeepTTL).Err())
 }
 
-// revokedWithin fails the test unless lk's Lost closes within bound,
-// saying what state says then.
+// revokedWithin fails the test unless lk's Lost closes within bound plus
+// 3 × what a probe measured this process stalled meanwhile
+// (redistest.Await), saying what state says then.
 func revokedWithin(t *testing.T, lk *redlease.Lock, bound time.Duration, state func() string) {
 	t.Helper()
-	select {
-	case <-lk.Lost():
-	case <-time.After(bound):
-		t.Fatalf("not revoked within %v: %s", bound, state())
-	}
+	probe := redistest.StartStallProbe(t)
+	defer probe.Stop()
+	redistest.Await(t, probe, lk.Lost(), bound, 3, "not revoked: %s", redistest.Lazy(state))
 	assert.ErrorIs(t, lk.Err(), failover.ErrFailover)
 }
 

@@ -12,30 +12,33 @@ import (
 
 	"github.com/redlease/redlease"
 	"github.com/redlease/redlease/idempotency"
+	"github.com/redlease/redlease/internal/redistest"
 )
 
 // untilDone is a handler body that waits for its ctx to end, or fails the
-// run after 5 s if it never does.
-func untilDone(ctx context.Context) error {
-	select {
-	case <-ctx.Done():
-		return nil
-	case <-time.After(5 * time.Second):
-		return errors.New("the handler's ctx never ended")
+// run if it has not ended within 5 s plus 3 × what probe measured this
+// process stalled meanwhile.
+func untilDone(ctx context.Context, t *testing.T, probe *redistest.StallProbe) error {
+	soft := &redistest.SoftTB{TB: t}
+	redistest.Await(soft, probe, ctx.Done(), 5*time.Second, 3, "the handler's ctx never ended")
+	if soft.Failed() != "" {
+		return errors.New(soft.Failed())
 	}
+	return nil
 }
 
 // A handler whose lock is lost while it runs, and that returns a result
 // anyway (it did not look at its ctx in time): its outcome is unknown, so
 // nothing is recorded, the record is released, and the retry runs.
 func TestRunWithALostLockIsNotRecorded(t *testing.T) {
+	probe := redistest.StartStallProbe(t)
 	b := barrier(t, store(t), idempotency.WithLease(200*time.Millisecond), idempotency.WithRetention(time.Minute))
 	ctx := t.Context()
 	req := idempotency.Request{Key: "lost-lock"}
 	var runs atomic.Int32
 	out, err := b.Do(ctx, req, func(ctx context.Context, fence uint64) ([]byte, error) {
 		runs.Add(1)
-		if err := untilDone(ctx); err != nil { // no Keeper: the lock is lost at the end of the lease
+		if err := untilDone(ctx, t, probe); err != nil { // no Keeper: the lock is lost at the end of the lease
 			return nil, err
 		}
 		return []byte("partial"), nil
@@ -56,6 +59,7 @@ func TestRunWithALostLockIsNotRecorded(t *testing.T) {
 // the loss of its lock has no outcome: its "context canceled" must not be
 // replayed forever.
 func TestStoreEverythingDoesNotStoreARunAbortedByItsLostLock(t *testing.T) {
+	probe := redistest.StartStallProbe(t)
 	b := barrier(t, store(t), idempotency.WithStoreEverything(),
 		idempotency.WithLease(200*time.Millisecond), idempotency.WithRetention(time.Minute))
 	ctx := t.Context()
@@ -63,7 +67,7 @@ func TestStoreEverythingDoesNotStoreARunAbortedByItsLostLock(t *testing.T) {
 	var runs atomic.Int32
 	_, err := b.Do(ctx, req, func(ctx context.Context, fence uint64) ([]byte, error) {
 		runs.Add(1)
-		if err := untilDone(ctx); err != nil {
+		if err := untilDone(ctx, t, probe); err != nil {
 			return nil, err
 		}
 		return nil, ctx.Err() // what a handler that honours its ctx returns

@@ -27,6 +27,7 @@ var errCallerGone = errors.New("caller gone")
 // contexts (ContextTimeoutEnabled) and the ctx has no deadline, so the
 // call waits for the reply instead of being abandoned at the ctx's end.
 func TestDuplicateRefusedAfterItsCallerLeftIsInProgress(t *testing.T) {
+	probe := redistest.StartStallProbe(t)
 	srv := redistest.Start(t, redistest.Config{})
 	ctx := t.Context()
 	for _, via := range []string{"do", "consumer"} {
@@ -62,11 +63,7 @@ func TestDuplicateRefusedAfterItsCallerLeftIsInProgress(t *testing.T) {
 				assert.NoError(t, <-done, "the first run completes")
 				closeBarrier(t, first)
 			}()
-			select {
-			case <-started:
-			case <-time.After(10 * time.Second):
-				t.Fatal("the first run did not start")
-			}
+			redistest.Await(t, probe, started, 10*time.Second, 3, "the first run did not start")
 
 			dup := barrier(t, c)
 			cons, err := idempotency.NewConsumer(dup)
@@ -99,12 +96,7 @@ func TestDuplicateRefusedAfterItsCallerLeftIsInProgress(t *testing.T) {
 			cancel(errCallerGone)
 			gate.HoldReplies("")
 			require.NoError(t, gate.Step(":-", 10*time.Second))
-			var a answer
-			select {
-			case a = <-got:
-			case <-time.After(10 * time.Second):
-				t.Fatal("the duplicate's call did not return")
-			}
+			a := redistest.Await(t, probe, got, 10*time.Second, 3, "the duplicate's call did not return")
 			gate.Open()
 			assert.Empty(t, ran, "the duplicate's handler never ran")
 			require.Error(t, a.err)

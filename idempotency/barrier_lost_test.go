@@ -78,6 +78,7 @@ func TestHandlerIsToldOfALostLockWhileTheStoreHangs(t *testing.T) {
 // handler then: its lock is gone, and B runs. Forced order: the reply to
 // A's claim is held in a gate until B's handler runs.
 func TestNoHandlerStartsAfterItsLockRanOut(t *testing.T) {
+	probe := redistest.StartStallProbe(t)
 	srv := redistest.Start(t, redistest.Config{})
 	gate := redistest.NewGate(t, srv.Addr)
 	slow := redis.NewClient(&redis.Options{Addr: gate.Addr, ReadTimeout: 30 * time.Second})
@@ -111,11 +112,21 @@ func TestNoHandlerStartsAfterItsLockRanOut(t *testing.T) {
 	for range 100 {
 		bOut, err = b.Do(ctx, req, func(context.Context, uint64) ([]byte, error) {
 			gate.Open() // A learns it claimed the record, long after its lock ran out
-			select {
-			case err := <-aDone:
-				aDone <- err
-			case <-time.After(2 * time.Second):
-				t.Error("A's Do did not return within 2s of its claim's reply")
+			var aErr error
+			returned := false
+			soft := &redistest.SoftTB{TB: t}
+			probe.WaitFor(soft, 2*time.Second, 3, time.Millisecond, func() bool {
+				select {
+				case aErr = <-aDone:
+					returned = true
+				default:
+				}
+				return returned
+			}, "A's Do did not return after its claim's reply")
+			if returned {
+				aDone <- aErr
+			} else {
+				t.Error(soft.Failed())
 			}
 			return []byte("b"), nil
 		})

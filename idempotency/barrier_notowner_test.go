@@ -22,6 +22,7 @@ import (
 // not a bare ErrNotOwner ("nothing ran, redeliver"). Forced order: A's
 // result is held in a gate until B has taken over and finished.
 func TestResultRefusedAfterTakeoverIsNotRecordedNotFailed(t *testing.T) {
+	probe := redistest.StartStallProbe(t)
 	srv := redistest.Start(t, redistest.Config{})
 	gate := redistest.NewGate(t, srv.Addr)
 	slow := redis.NewClient(&redis.Options{Addr: gate.Addr, ReadTimeout: 30 * time.Second}) // waits for the held reply
@@ -59,12 +60,7 @@ func TestResultRefusedAfterTakeoverIsNotRecordedNotFailed(t *testing.T) {
 
 	require.NoError(t, gate.Step("charged by a", 5*time.Second)) // A's result lands: refused
 	gate.Open()
-	var d done
-	select {
-	case d = <-aDone:
-	case <-time.After(10 * time.Second):
-		t.Fatal("A's Do did not return")
-	}
+	d := redistest.Await(t, probe, aDone, 10*time.Second, 3, "A's Do did not return")
 	t.Logf("A: %v", d.err)
 	require.ErrorIs(t, d.err, idempotency.ErrNotRecorded, "the handler ran: its effect happened, unrecorded")
 	// And why: the store refused it (taken over), or — A's store calls end

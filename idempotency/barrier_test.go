@@ -76,22 +76,28 @@ func TestFingerprintSurvivesCompletion(t *testing.T) {
 func TestStaleOwnersCompleteIsRejected(t *testing.T) {
 	t.Parallel()
 	c := store(t)
-	b := barrier(t, c, idempotency.WithLease(200*time.Millisecond), idempotency.WithRetention(time.Minute))
+	b := barrier(t, c, idempotency.WithLease(staleLease), idempotency.WithRetention(time.Minute))
 	ctx := t.Context()
 	req := idempotency.Request{Key: "transfer:7"}
+	probe := redistest.StartStallProbe(t)
 	stale := make(chan error, 1)
 	started := make(chan struct{})
+	takenOver := make(chan struct{}) // closed once the request was taken over (or the test ends)
+	var once sync.Once
+	endPause := func() { once.Do(func() { close(takenOver) }) }
+	defer endPause()
 	go func() {
 		_, err := b.Do(context.WithoutCancel(ctx), req, func(ctx context.Context, fence uint64) ([]byte, error) {
 			close(started)
-			time.Sleep(600 * time.Millisecond) // a long pause: the lease runs out meanwhile
+			<-takenOver // a long pause: the lease runs out and the request is taken over meanwhile
 			return []byte("stale"), nil
 		})
 		stale <- err
 	}()
 	awaitHandler(t, started, stale)
-	time.Sleep(300 * time.Millisecond) // past the lease: the lock expired
+	waitLockGone(t, probe, c, req.Key) // past the lease: the lock expired
 	out, err := b.Do(ctx, req, func(ctx context.Context, fence uint64) ([]byte, error) { return []byte("fresh"), nil })
+	endPause()
 	require.NoError(t, err, "the request is taken over once its owner's lock expired")
 	assert.Equal(t, "fresh", string(out.Result))
 	staleErr := <-stale
@@ -112,34 +118,38 @@ func TestStaleOwnersCompleteIsRejected(t *testing.T) {
 func TestRecordNeverDeletedByANonOwner(t *testing.T) {
 	t.Parallel()
 	c := store(t)
-	b := barrier(t, c, idempotency.WithLease(200*time.Millisecond), idempotency.WithRetention(time.Minute))
+	b := barrier(t, c, idempotency.WithLease(staleLease), idempotency.WithRetention(time.Minute))
 	long := barrier(t, c, idempotency.WithLease(5*time.Second), idempotency.WithRetention(time.Minute))
 	ctx := t.Context()
 	req := idempotency.Request{Key: "k"}
+	probe := redistest.StartStallProbe(t)
 	aDone := make(chan error, 1)
 	aStarted := make(chan struct{})
+	bRunning := make(chan struct{}) // closed by B's handler (or at the test's end)
+	var once sync.Once
+	bRan := func() { once.Do(func() { close(bRunning) }) }
+	defer bRan()
 	go func() {
 		_, err := b.Do(context.WithoutCancel(ctx), req, func(context.Context, uint64) ([]byte, error) {
 			close(aStarted)
-			time.Sleep(500 * time.Millisecond)
+			<-bRunning // A runs on until its lock has expired and B runs
 			return nil, errors.New("transient failure, after losing the lock")
 		})
 		aDone <- err
 	}()
 	awaitHandler(t, aStarted, aDone)
-	time.Sleep(300 * time.Millisecond) // A's lock has expired
-	bRunning := make(chan struct{})
+	waitLockGone(t, probe, c, req.Key) // A's lock has expired
 	bFinish := make(chan struct{})
 	bDone := make(chan error, 1)
 	go func() {
 		_, err := long.Do(ctx, req, func(context.Context, uint64) ([]byte, error) {
-			close(bRunning)
+			bRan()
 			<-bFinish
 			return []byte("b"), nil
 		})
 		bDone <- err
 	}()
-	<-bRunning
+	awaitHandler(t, bRunning, bDone)
 	aErr := <-aDone // A fails and tries to release
 	require.ErrorIs(t, aErr, idempotency.ErrRunCancelled, "A's lock was lost while it ran")
 	assert.ErrorIs(t, aErr, idempotency.ErrNotOwner, "A's release found B's record")
@@ -170,6 +180,7 @@ func TestRecordNeverDeletedByANonOwner(t *testing.T) {
 // and in 2 of 100 with 1 s (640 ms), and a 5 ms timer in the test process
 // fired up to 600 ms late; 2 s leaves 1.28 s.
 func TestDuplicateDuringSlowRenewedHandler(t *testing.T) {
+	probe := redistest.StartStallProbe(t)
 	const lease = 2 * time.Second
 	w, err := renew.New()
 	require.NoError(t, err)
@@ -211,11 +222,7 @@ func TestDuplicateDuringSlowRenewedHandler(t *testing.T) {
 	var inProgress *idempotency.InProgressError
 	require.ErrorAs(t, err, &inProgress, "in flight past its lease; if not, no renewal landed for 0.64 of the lease (%v): a stalled process, or renewals that stopped", lease*64/100)
 	assert.GreaterOrEqual(t, inProgress.RetryAfter, time.Second)
-	select {
-	case <-held: // the duplicate's claim, refused
-	case <-time.After(10 * lease):
-		t.Fatal("the duplicate's in-progress answer came without a refused claim")
-	}
+	redistest.Await(t, probe, held, 10*lease, 3, "the duplicate's in-progress answer came without a refused claim") // the duplicate's claim, refused
 
 	type waited struct {
 		out idempotency.Outcome
@@ -397,6 +404,25 @@ func TestOneTimeTokens(t *testing.T) {
 	require.NoError(t, err)
 	time.Sleep(100 * time.Millisecond)
 	assert.ErrorIs(t, tokens.Consume(ctx, "form:checkout", short), idempotency.ErrTokenExpired)
+}
+
+// staleLease is the lease of a first owner whose lock must run out while
+// its handler runs (the tests wait for it to run out, they do not sleep).
+// Its first Do must claim the request inside it: under 200 ms a first Do
+// ran out of its lease before its handler started, once in 10 runs of
+// TestStaleOwnersCompleteIsRejected under -race at load 22.
+const staleLease = time.Second
+
+// waitLockGone waits until the lock of the request key has expired in the
+// store of c (a lease with no renewal runs out): for 5 s plus staleLease,
+// plus 3 × what probe measured this process stalled meanwhile.
+func waitLockGone(t *testing.T, probe *redistest.StallProbe, c redis.UniversalClient, key string) {
+	t.Helper()
+	lock := requestLock("idem:", key)
+	probe.WaitFor(t, 5*time.Second+staleLease, 3, 5*time.Millisecond, func() bool {
+		n, err := c.Exists(t.Context(), lock).Result()
+		return err == nil && n == 0
+	}, "the lock %s of request %q never expired", lock, key)
 }
 
 // awaitHandler waits until a request's handler has started, or fails the

@@ -29,8 +29,10 @@ func TestStreamRedeliveryWhileFirstConsumerRuns(t *testing.T) {
 
 	var effects atomic.Int32
 	release := make(chan struct{})
+	entered := make(chan struct{}, 2)
 	handler := func(ctx context.Context, fence uint64) ([]byte, error) {
 		effects.Add(1)
+		entered <- struct{}{}
 		<-release // the first consumer is slow
 		return []byte("settled"), nil
 	}
@@ -39,13 +41,16 @@ func TestStreamRedeliveryWhileFirstConsumerRuns(t *testing.T) {
 	require.NoError(t, err)
 	msg := got[0].Messages[0]
 	firstAck := make(chan bool, 1)
+	firstErr := make(chan error, 1)
 	go func() {
 		ack, err := consumer.Handle(ctx, msg.Values["order"].(string), handler)
 		assert.NoError(t, err)
+		firstErr <- err
 		firstAck <- ack
 	}()
+	awaitHandler(t, entered, firstErr) // c1 runs the handler
 
-	// c2 claims the message, idle for a moment, as a rebalance would.
+	// c2 claims the message, idle for a moment (past MinIdle), as a rebalance would.
 	time.Sleep(50 * time.Millisecond)
 	claimed, _, err := c.XAutoClaim(ctx, &redis.XAutoClaimArgs{Stream: "orders", Group: "settle", Consumer: "c2", MinIdle: 20 * time.Millisecond, Start: "0"}).Result()
 	require.NoError(t, err)

@@ -13,6 +13,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/redlease/redlease/idempotency"
+	"github.com/redlease/redlease/internal/redistest"
 )
 
 // Helpers for tests on the wire: a real listener, real clients with their
@@ -99,17 +100,12 @@ func (l *wireLatch) wait(ctx context.Context, d time.Duration) bool {
 	return false
 }
 
-// wireReceive waits up to d for a value from ch, failing the test without it.
+// wireReceive waits for a value from ch, failing the test without it
+// within d plus 3 × what a probe measured this process stalled meanwhile
+// (redistest.Await).
 func wireReceive[T any](t *testing.T, ch <-chan T, d time.Duration, what string) T {
 	t.Helper()
-	timer := time.NewTimer(d)
-	defer timer.Stop()
-	select {
-	case v := <-ch:
-		return v
-	case <-timer.C:
-		t.Fatalf("%s: nothing after %v", what, d)
-	}
-	var zero T
-	return zero
+	probe := redistest.StartStallProbe(t)
+	defer probe.Stop()
+	return redistest.Await(t, probe, ch, d, 3, "%s: nothing arrived", what)
 }

@@ -472,6 +472,7 @@ func TestBarrierOnAClusterKeepsSeparateSteps(t *testing.T) {
 // channel (wake.UndoNotice). Forced order: a subscriber confirmed before
 // the request.
 func TestCompletionLeavesTheLockAndAnUndoSaysUndo(t *testing.T) {
+	probe := redistest.StartStallProbe(t)
 	srv := redistest.Start(t, redistest.Config{})
 	const retention = 61 * time.Second
 	lose := &loseReplies{match: "61000"} // the claim's (and the completion's) ARGV
@@ -516,12 +517,8 @@ func TestCompletionLeavesTheLockAndAnUndoSaysUndo(t *testing.T) {
 		return nil, nil
 	})
 	require.ErrorIs(t, err, redlease.ErrUnavailable)
-	select {
-	case m := <-sub.Channel():
-		assert.Equal(t, wake.UndoNotice, m.Payload, "the undo of a failed attempt publishes the undo notice")
-	case <-time.After(5 * time.Second):
-		t.Fatal("the undo of the lost claim published nothing")
-	}
+	m := redistest.Await(t, probe, sub.Channel(), 5*time.Second, 3, "the undo of the lost claim published nothing")
+	assert.Equal(t, wake.UndoNotice, m.Payload, "the undo of a failed attempt publishes the undo notice")
 	assert.Zero(t, admin.Exists(ctx, requestLock("idem:", req.Key)).Val(), "the undo released the lock")
 }
 

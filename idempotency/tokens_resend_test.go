@@ -17,6 +17,7 @@ import (
 // the token, not ErrTokenUsed; a second consumer still hears ErrTokenUsed,
 // and the consumed token's key keeps a TTL.
 func TestConsumeWhoseReplyIsLostAndResentSucceeds(t *testing.T) {
+	probe := redistest.StartStallProbe(t)
 	srv := redistest.Start(t, redistest.Config{})
 	gate := redistest.NewGate(t, srv.Addr)
 	c := gate.Client()
@@ -35,12 +36,7 @@ func TestConsumeWhoseReplyIsLostAndResentSucceeds(t *testing.T) {
 	gate.HoldReplies("")
 	gate.Cut() // the held reply goes with its connection: go-redis resends
 	gate.Heal()
-	var first error
-	select {
-	case first = <-done:
-	case <-time.After(10 * time.Second):
-		t.Fatal("Consume did not return")
-	}
+	first := redistest.Await(t, probe, done, 10*time.Second, 3, "Consume did not return")
 	assert.NoError(t, first, "the only consumer, whose reply was lost, consumed the token")
 
 	assert.ErrorIs(t, tokens.Consume(ctx, "pay", tok), idempotency.ErrTokenUsed, "another consumer finds it used")

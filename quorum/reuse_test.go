@@ -31,6 +31,7 @@ import (
 // flight, step 3 would have given B its third vote: a grant of b while its
 // owner holds it on three nodes.
 func TestLateReplyNeverReachesALaterCall(t *testing.T) {
+	probe := redistest.StartStallProbe(t)
 	servers := redistest.StartN(t, 5, redistest.Config{})
 	gate := redistest.NewGate(t, servers[4].Addr)
 	node4 := redis.NewClient(&redis.Options{Addr: gate.Addr, ReadTimeout: 30 * time.Second})
@@ -74,13 +75,9 @@ func TestLateReplyNeverReachesALaterCall(t *testing.T) {
 	require.NoError(t, gate.Step("", 5*time.Second), "B's refusal from node 4 goes through")
 	gate.Open()
 
-	select {
-	case r := <-done:
-		require.Error(t, r.err, "B was granted b, which its owner holds on nodes 0, 1 and 4: a late reply to A counted for B")
-		assert.ErrorIs(t, r.err, redlease.ErrNotObtained)
-	case <-time.After(15 * time.Second):
-		t.Fatal("B never returned")
-	}
+	r := redistest.Await(t, probe, done, 15*time.Second, 3, "B never returned")
+	require.Error(t, r.err, "B was granted b, which its owner holds on nodes 0, 1 and 4: a late reply to A counted for B")
+	assert.ErrorIs(t, r.err, redlease.ErrNotObtained)
 	v, err := servers[4].Client().Get(ctx, keyB).Result()
 	require.NoError(t, err)
 	assert.Equal(t, "owner", v)

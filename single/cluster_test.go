@@ -14,6 +14,7 @@ import (
 	"github.com/redlease/redlease/idempotency"
 	"github.com/redlease/redlease/internal/contract"
 	"github.com/redlease/redlease/internal/redistest"
+	"github.com/redlease/redlease/internal/script"
 	"github.com/redlease/redlease/single"
 )
 
@@ -74,18 +75,26 @@ func TestOnThreeMasterCluster(t *testing.T) {
 // On a Cluster client, a release on any master wakes a waiter whose one
 // subscription connection went to whichever node: the release script's
 // PUBLISH is carried by the cluster bus (see the package documentation for
-// why not SPUBLISH). Keys on every master; backoff 10 s, so only the
-// notice can hand over within seconds.
+// why not SPUBLISH). Keys on every master. The holder's TTL and the
+// waiter's backoff are 2 min, so a waiter not woken by the notice waits at
+// least 1 min (its fallback wait is drawn from [1 min, 2 min]): the check
+// that it came back sooner is exact, whatever the window of the wait.
 func TestClusterReleaseWakesWaiters(t *testing.T) {
+	probe := redistest.StartStallProbe(t)
 	servers := redistest.StartCluster(t, 3)
+	nodes := make([]*redis.Client, len(servers))
+	for i, srv := range servers {
+		nodes[i] = srv.Client()
+	}
 	c := redistest.ClusterClient(t, servers)
 	s, err := single.New(c)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = s.Close() })
 	ctx := t.Context()
-	holder, err := redlease.New(s, redlease.WithTTL(30*time.Second))
+	const fallback = 2 * time.Minute
+	holder, err := redlease.New(s, redlease.WithTTL(fallback))
 	require.NoError(t, err)
-	waiter, err := redlease.New(s, redlease.WithTTL(30*time.Second), redlease.WithRetryDelay(10*time.Second, 10*time.Second))
+	waiter, err := redlease.New(s, redlease.WithTTL(30*time.Second), redlease.WithRetryDelay(fallback, fallback))
 	require.NoError(t, err)
 	for i := range 6 { // keys on different masters
 		key := fmt.Sprintf("cluster:wake:%d", i)
@@ -99,13 +108,19 @@ func TestClusterReleaseWakesWaiters(t *testing.T) {
 			}
 			got <- err
 		}()
-		time.Sleep(300 * time.Millisecond) // subscribed and waiting
+		channel := script.Channel(key)
+		probe.WaitFor(t, 10*time.Second, 3, 5*time.Millisecond, func() bool { // subscribed (and waiting, or about to try)
+			for _, n := range nodes {
+				if subs, err := n.PubSubNumSub(ctx, channel).Result(); err == nil && subs[channel] > 0 {
+					return true
+				}
+			}
+			return false
+		}, "%s: the waiter never subscribed to %s", key, channel)
+		released := time.Now()
 		require.NoError(t, lk.Release(ctx))
-		select {
-		case err := <-got:
-			require.NoError(t, err, key)
-		case <-time.After(3 * time.Second):
-			t.Fatalf("%s: the waiter was not woken by the release within 3 s (its backoff is 5–10 s)", key)
-		}
+		err = redistest.Await(t, probe, got, 3*time.Second, 3, "%s: the waiter was not woken by the release (its fallback wait is 1–2 min)", key)
+		require.NoError(t, err, key)
+		require.Less(t, time.Since(released), fallback/2, "%s: the waiter came back after the smallest fallback wait, not at the release's notice", key)
 	}
 }

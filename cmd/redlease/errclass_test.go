@@ -25,10 +25,10 @@ func TestUnacknowledgedGrantExits69(t *testing.T) {
 	}
 	env := "REDLEASE_NODES=" + strings.Join(addrs, ",")
 	c := primary.Client()
-	require.Eventually(t, func() bool { // the replica acknowledges writes before it is paused
+	waitFor(t, 10*time.Second, "the replica acknowledges writes before it is paused", func() bool {
 		n, err := c.Do(t.Context(), "WAIT", 1, 100).Int64()
 		return err == nil && n == 1
-	}, 10*time.Second, 20*time.Millisecond)
+	})
 
 	replica.Pause()
 	t.Cleanup(replica.Resume)

@@ -69,41 +69,44 @@ func startCLIStderr(t *testing.T, env string, stderr *os.File, args ...string) *
 	return p
 }
 
-// line waits (up to d) for the next stdout line.
+// line waits for the next stdout line: for d plus 3 × what a probe
+// measured this process stalled meanwhile (redistest.StallProbe.WaitFor).
 func (p *proc) line(t *testing.T, d time.Duration) string {
 	t.Helper()
-	select {
-	case l, ok := <-p.lines:
-		require.True(t, ok, "stdout closed")
-		return l
-	case <-time.After(d):
-		t.Fatalf("no line on stdout within %v", d)
-	}
-	return ""
+	probe := redistest.StartStallProbe(t)
+	defer probe.Stop()
+	var l string
+	var ok, got bool
+	probe.WaitFor(t, d, 3, time.Millisecond, func() bool {
+		select {
+		case l, ok = <-p.lines:
+			got = true
+		default:
+		}
+		return got
+	}, "no line on stdout")
+	require.True(t, ok, "stdout closed")
+	return l
 }
 
-// wait waits (up to d) for the process to exit and returns its exit code.
+// wait waits for the process to exit and returns its exit code: for d
+// plus 3 × what a probe measured this process stalled meanwhile
+// (redistest.Await).
 func (p *proc) wait(t *testing.T, d time.Duration) int {
 	t.Helper()
-	select {
-	case <-p.done:
-		return p.code
-	case <-time.After(d):
-		t.Fatalf("still running after %v", d)
-	}
-	return 0
+	probe := redistest.StartStallProbe(t)
+	defer probe.Stop()
+	redistest.Await(t, probe, p.done, d, 3, "still running")
+	return p.code
 }
 
-// waitFor polls cond every 10 ms, for up to d.
+// waitFor polls cond every 10 ms, for d plus 3 × what a probe measured
+// this process stalled meanwhile (redistest.StallProbe.WaitFor).
 func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %v", what, d)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	probe := redistest.StartStallProbe(t)
+	defer probe.Stop()
+	probe.WaitFor(t, d, 3, 10*time.Millisecond, cond, "%s", what)
 }
 
 // writerScript starts a background loop that appends "A <ns>" to file

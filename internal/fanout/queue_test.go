@@ -17,6 +17,7 @@ import (
 // workers are free. Forced order: the node's one worker is busy
 // with a request held in a gate while the queue fills.
 func TestQueueHoldsQueueLenThenRefuses(t *testing.T) {
+	probe := redistest.StartStallProbe(t)
 	srv := redistest.Start(t, redistest.Config{})
 	gate := redistest.NewGate(t, srv.Addr)
 	client := gate.Client()
@@ -42,11 +43,7 @@ func TestQueueHoldsQueueLenThenRefuses(t *testing.T) {
 
 	gate.Open()
 	for i, r := range append([]*Round{busy}, queued...) {
-		select {
-		case <-r.Arrived():
-		case <-time.After(20 * time.Second):
-			t.Fatalf("round %d never arrived", i)
-		}
+		redistest.Await(t, probe, r.Arrived(), 20*time.Second, 3, "round %d never arrived", i)
 		require.NoError(t, r.Result(0).Err, "round %d", i)
 	}
 	require.Equal(t, 0, gate.Held())

@@ -37,6 +37,7 @@ type Gate struct {
 	Addr string // where clients connect: 127.0.0.1:port
 
 	tb       TB
+	probe    *StallProbe // derives the windows of WaitHeld and Step
 	upstream string
 	ln       net.Listener
 	done     chan struct{} // closed by Close: ends every Delay wait
@@ -73,7 +74,7 @@ func NewGate(tb TB, upstream string) *Gate {
 	if err != nil {
 		tb.Fatalf("redistest: gate listen: %v", err)
 	}
-	g := &Gate{Addr: ln.Addr().String(), tb: tb, upstream: upstream, ln: ln, done: make(chan struct{}),
+	g := &Gate{Addr: ln.Addr().String(), tb: tb, probe: StartStallProbe(tb), upstream: upstream, ln: ln, done: make(chan struct{}),
 		changed: make(chan struct{}), conns: map[net.Conn]struct{}{}}
 	g.wg.Go(g.accept)
 	tb.Cleanup(g.Close)
@@ -261,12 +262,20 @@ func (g *Gate) HeldContaining(s string) int {
 	return n
 }
 
+// gateStallMultiple is the multiple of the measured stall that WaitHeld
+// and Step add to their bound d.
+const gateStallMultiple = 3
+
 // WaitHeld waits until at least n chunks that contain s ("" for any) are
-// held, or fails after d.
+// held, or fails once d plus gateStallMultiple × what the gate's probe
+// measured this process stalled meanwhile has passed (the error says how
+// the window was derived).
 func (g *Gate) WaitHeld(n int, s string, d time.Duration) error {
+	from := time.Now()
 	deadline := time.NewTimer(d)
 	defer deadline.Stop()
-	for {
+	over := false // the window has passed: one last look, then the error
+	for range waitMaxPolls {
 		g.mu.Lock()
 		k := 0
 		for _, h := range g.queue {
@@ -279,19 +288,29 @@ func (g *Gate) WaitHeld(n int, s string, d time.Duration) error {
 		if k >= n {
 			return nil
 		}
+		if over {
+			return fmt.Errorf("gate %s: %d chunk(s) containing %q held after %v, want %d: %s", g.Addr, k, s,
+				time.Since(from).Round(time.Millisecond), n, g.probe.explainWait(d, gateStallMultiple, from, time.Now()))
+		}
 		select {
 		case <-ch:
 		case <-deadline.C:
-			return fmt.Errorf("gate %s: %d chunk(s) containing %q held after %v, want %d", g.Addr, k, s, d, n)
+			if left := g.probe.left(from, d, gateStallMultiple); left > 0 {
+				deadline.Reset(left)
+			} else {
+				over = true
+			}
 		}
 	}
+	return fmt.Errorf("gate %s: chunk(s) containing %q not held after %d changes, want %d", g.Addr, s, waitMaxPolls, n)
 }
 
 // Step forwards the oldest held chunk that contains s ("" for the oldest
 // of all) and waits until it was forwarded and, for a request, until the
 // server's reply to it started to arrive (the reply itself may then be
 // held, if a reply match says so). It fails if no such chunk is held, or
-// after d.
+// once d plus gateStallMultiple × what the gate's probe measured this
+// process stalled meanwhile has passed.
 func (g *Gate) Step(s string, d time.Duration) error {
 	g.mu.Lock()
 	var h *held
@@ -308,14 +327,28 @@ func (g *Gate) Step(s string, d time.Duration) error {
 		return fmt.Errorf("gate %s: no held chunk contains %q", g.Addr, s)
 	}
 	close(h.release)
+	from := time.Now()
 	t := time.NewTimer(d)
 	defer t.Stop()
-	select {
-	case <-h.sent:
-		return nil
-	case <-t.C:
-		return fmt.Errorf("gate %s: released chunk not answered within %v", g.Addr, d)
+	for range waitMaxPolls {
+		select {
+		case <-h.sent:
+			return nil
+		case <-t.C:
+		}
+		if left := g.probe.left(from, d, gateStallMultiple); left > 0 {
+			t.Reset(left)
+			continue
+		}
+		select { // one last look: the forwarding may have been starved too
+		case <-h.sent:
+			return nil
+		default:
+		}
+		return fmt.Errorf("gate %s: released chunk not answered within %v: %s", g.Addr,
+			time.Since(from).Round(time.Millisecond), g.probe.explainWait(d, gateStallMultiple, from, time.Now()))
 	}
+	return fmt.Errorf("gate %s: released chunk not answered after %d waits", g.Addr, waitMaxPolls)
 }
 
 // Open stops holding and forwards everything held, oldest first.

@@ -68,6 +68,7 @@ func TestGateOrdersHeldRequests(t *testing.T) {
 // through the gate; the subscription connection stays open, and the next
 // message, once the drop is lifted, arrives.
 func TestGateDropsPublishedMessages(t *testing.T) {
+	probe := StartStallProbe(t)
 	srv := Start(t, Config{})
 	g := NewGate(t, srv.Addr)
 	ctx := t.Context()
@@ -81,7 +82,7 @@ func TestGateDropsPublishedMessages(t *testing.T) {
 
 	g.DropReplies("swallow-me")
 	require.Equal(t, int64(1), pub.Publish(ctx, "ch", "swallow-me").Val(), "the server sent it to its one subscriber")
-	require.Eventually(t, func() bool { return g.Dropped() == 1 }, 5*time.Second, time.Millisecond)
+	probe.WaitFor(t, 5*time.Second, 3, time.Millisecond, func() bool { return g.Dropped() == 1 }, "the gate never dropped the published message")
 	g.DropReplies("")
 	require.Equal(t, int64(1), pub.Publish(ctx, "ch", "keep-me").Val())
 	msg, err := ps.ReceiveTimeout(ctx, 5*time.Second)
@@ -206,4 +207,16 @@ func TestGateDelaysReplies(t *testing.T) {
 	}
 	g.Heal()
 	require.NoError(t, c.Ping(ctx).Err())
+}
+
+// WaitHeld fails once its window has passed with nothing held, and says
+// how the window was derived (d plus a multiple of the measured stall).
+func TestGateWaitHeldDerivesItsWindow(t *testing.T) {
+	srv := Start(t, Config{})
+	g := NewGate(t, srv.Addr)
+	start := time.Now()
+	err := g.WaitHeld(1, "", 30*time.Millisecond)
+	require.Error(t, err)
+	require.GreaterOrEqual(t, time.Since(start), 30*time.Millisecond, "waited its bound")
+	require.Contains(t, err.Error(), "measured stalled", "the error says how the window was derived")
 }

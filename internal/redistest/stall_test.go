@@ -98,3 +98,52 @@ func TestWithinComparesWithTheDerivedWindow(t *testing.T) {
 	require.False(t, ok, "%v is past a 1 ms bound with no allowance for stalls: %s", took, why)
 	require.Contains(t, why, "took ")
 }
+
+// Await returns what arrives on its channel, the zero value once the
+// channel is closed, and fails, saying how its window was derived, when
+// nothing arrives within it; a stop of the process inside the wait widens
+// the window by the multiple times the stop.
+func TestAwaitDerivesItsWindow(t *testing.T) {
+	p := StartStallProbe(t)
+	rec := &recTB{TB: t}
+	values := make(chan int, 1)
+	values <- 7
+	require.Equal(t, 7, Await(rec, p, values, time.Second, 3, "a value"))
+	closed := make(chan struct{})
+	close(closed)
+	Await(rec, p, closed, time.Second, 3, "a closed channel")
+	require.Empty(t, rec.fatal)
+
+	never := make(chan struct{})
+	start := time.Now()
+	Await(rec, p, never, 30*time.Millisecond, 3, "never %s", "closed")
+	require.GreaterOrEqual(t, time.Since(start), 30*time.Millisecond, "waited the bound")
+	require.Contains(t, rec.fatal, "never closed: not within")
+	require.Contains(t, rec.fatal, "measured stalled", "the message says how the window was derived")
+
+	rec.fatal = ""
+	stopped := make(chan error, 1)
+	start = time.Now()
+	go func() {
+		time.Sleep(5 * time.Millisecond)
+		stopped <- exec.Command("sh", "-c", "kill -STOP $PPID; sleep 0.060; kill -CONT $PPID").Run()
+	}()
+	Await(rec, p, never, time.Second, 3, "never") // the stop begins well inside the second
+	took := time.Since(start)
+	require.NoError(t, <-stopped)
+	require.NotEmpty(t, rec.fatal)
+	require.GreaterOrEqual(t, took, time.Second+3*40*time.Millisecond, "a stop inside the wait widened its window: %s", rec.fatal)
+}
+
+// A SoftTB keeps a failed wait's message instead of ending the goroutine,
+// and a Lazy part of the message is computed when the message is written.
+func TestSoftTBKeepsTheFailureAndLazyIsComputedLate(t *testing.T) {
+	p := StartStallProbe(t)
+	soft := &SoftTB{TB: t}
+	state := "before"
+	Await(soft, p, make(chan struct{}), time.Millisecond, 0, "never: %s", Lazy(func() string { return state }))
+	require.Contains(t, soft.Failed(), "never: before")
+	state = "at the start"
+	p.WaitFor(soft, time.Millisecond, 0, time.Millisecond, func() bool { state = "at the failure"; return false }, "never: %s", Lazy(func() string { return state }))
+	require.Contains(t, soft.Failed(), "never: at the failure", "the state when the wait failed, not when it began")
+}

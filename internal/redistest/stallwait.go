@@ -37,12 +37,12 @@ func (p *StallProbe) WaitFor(tb TB, bound time.Duration, multiple int, tick time
 			if cond() { // one last look: the check may have been starved too
 				return
 			}
-			tb.Fatalf("%s: not within %v: %s", fmt.Sprintf(what, args...), now.Sub(from).Round(time.Millisecond), p.Explain(bound, multiple, from, now))
+			tb.Fatalf("%s: not within %v: %s", fmt.Sprintf(what, args...), now.Sub(from).Round(time.Millisecond), p.explainWait(bound, multiple, from, now))
 			return
 		}
 		time.Sleep(tick)
 	}
-	tb.Fatalf("%s: not after %d polls: %s", fmt.Sprintf(what, args...), waitMaxPolls, p.Explain(bound, multiple, from, time.Now()))
+	tb.Fatalf("%s: not after %d polls: %s", fmt.Sprintf(what, args...), waitMaxPolls, p.explainWait(bound, multiple, from, time.Now()))
 }
 
 // Within reports whether a stretch that began at from and took took ended
@@ -53,6 +53,25 @@ func (p *StallProbe) Within(took, bound time.Duration, multiple int, from time.T
 	p.settle(to)
 	return took < p.Allowance(bound, multiple, from, to),
 		fmt.Sprintf("took %v; %s", took.Round(time.Millisecond), p.Explain(bound, multiple, from, to))
+}
+
+// explainWait is Explain for a wait, which also says when the window was
+// cut to waitCap(bound).
+func (p *StallProbe) explainWait(bound time.Duration, multiple int, from, to time.Time) string {
+	e := p.Explain(bound, multiple, from, to)
+	if p.Allowance(bound, multiple, from, to) > waitCap(bound) {
+		e += fmt.Sprintf("; cut to the wait's cap %v (10 × bound + 10 s)", waitCap(bound))
+	}
+	return e
+}
+
+// left is how much of the window a wait that began at from has left now:
+// min(Allowance(bound, multiple, from, now), waitCap(bound)) less the time
+// since from, once the probe has recorded a stall that just ended.
+func (p *StallProbe) left(from time.Time, bound time.Duration, multiple int) time.Duration {
+	now := time.Now()
+	p.settle(now)
+	return min(p.Allowance(bound, multiple, from, now), waitCap(bound)) - now.Sub(from)
 }
 
 // settle waits until the probe has recorded a wake after t (at most about
@@ -75,3 +94,68 @@ func (p *StallProbe) settle(t time.Time) {
 		}
 	}
 }
+
+// Await receives from ch and returns what it received (the zero value once
+// ch is closed), and fails tb (Fatalf) once nothing has arrived within the
+// window the same run allows: Allowance(bound, multiple, from, now) from
+// the call on, recomputed each time the window ends, so a stretch the
+// process was kept from running widens it by multiple times that stall and
+// nothing else does. The failure message says what was awaited (what,
+// args) and how the window was derived (Explain). The wait is bounded in
+// count (waitMaxPolls) and in time (waitCap) as well. Await is a function,
+// not a method of StallProbe, because a method cannot take a type
+// parameter: it awaits a channel of any element type.
+func Await[T any](tb TB, p *StallProbe, ch <-chan T, bound time.Duration, multiple int, what string, args ...any) T {
+	tb.Helper()
+	from := time.Now()
+	timer := time.NewTimer(bound)
+	defer timer.Stop()
+	for range waitMaxPolls {
+		select {
+		case v := <-ch:
+			return v
+		case <-timer.C:
+		}
+		if left := p.left(from, bound, multiple); left > 0 {
+			timer.Reset(left)
+			continue
+		}
+		now := time.Now()
+		select { // one last look: the sender may have been starved too
+		case v := <-ch:
+			return v
+		default:
+		}
+		tb.Fatalf("%s: not within %v: %s", fmt.Sprintf(what, args...), now.Sub(from).Round(time.Millisecond), p.explainWait(bound, multiple, from, now))
+		var zero T
+		return zero
+	}
+	tb.Fatalf("%s: not after %d waits: %s", fmt.Sprintf(what, args...), waitMaxPolls, p.explainWait(bound, multiple, from, time.Now()))
+	var zero T
+	return zero
+}
+
+// Lazy is a part of a failure message computed when the message is
+// written (its String), not when the wait begins: pass
+// Lazy(func() string { ... }) among the args of WaitFor or Await to
+// report the state at the failure.
+type Lazy func() string
+
+// String returns what f computes now.
+func (f Lazy) String() string { return f() }
+
+// SoftTB is a TB whose Fatalf records the failure instead of ending the
+// goroutine: for WaitFor or Await inside a function the code under test
+// runs (a handler, a Do's function), which must return, or outside the
+// test's goroutine. Failed returns what was recorded; the caller reports
+// it (t.Error) or acts on it.
+type SoftTB struct {
+	TB
+	failed string
+}
+
+// Fatalf records the failure; the last one recorded is kept.
+func (s *SoftTB) Fatalf(format string, args ...any) { s.failed = fmt.Sprintf(format, args...) }
+
+// Failed returns the failure recorded, "" if none.
+func (s *SoftTB) Failed() string { return s.failed }

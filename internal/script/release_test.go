@@ -16,6 +16,7 @@ import (
 // from the line's key (QueueKey): on a real redis-server, a subscriber to
 // Channel(key) hears the release.
 func TestReleasePublishesOnTheKeysChannel(t *testing.T) {
+	probe := redistest.StartStallProbe(t)
 	srv := redistest.Start(t, redistest.Config{})
 	c := srv.Client()
 	ctx := t.Context()
@@ -28,12 +29,8 @@ func TestReleasePublishesOnTheKeysChannel(t *testing.T) {
 		n, err := script.Release.Run(ctx, c, script.ReleaseArgs(key, "tok"))
 		require.NoError(t, err)
 		require.Equal(t, int64(1), n, "key %q released", key)
-		select {
-		case m := <-sub.Channel():
-			require.Equal(t, script.Channel(key), m.Channel, "key %q", key)
-		case <-time.After(5 * time.Second):
-			t.Fatalf("key %q: no message on %q", key, script.Channel(key))
-		}
+		m := redistest.Await(t, probe, sub.Channel(), 5*time.Second, 3, "key %q: no message on %q", key, script.Channel(key))
+		require.Equal(t, script.Channel(key), m.Channel, "key %q", key)
 		require.NoError(t, sub.Close())
 	}
 }
@@ -46,18 +43,13 @@ func TestUndoPublishesTheUndoNotice(t *testing.T) {
 	c := srv.Client()
 	ctx := t.Context()
 	const key = "order:8"
+	probe := redistest.StartStallProbe(t)
 	sub := c.Subscribe(ctx, script.Channel(key))
 	_, err := sub.Receive(ctx)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = sub.Close() })
 	next := func() string {
-		select {
-		case m := <-sub.Channel():
-			return m.Payload
-		case <-time.After(5 * time.Second):
-			t.Fatal("nothing published")
-		}
-		return ""
+		return redistest.Await(t, probe, sub.Channel(), 5*time.Second, 3, "nothing published").Payload
 	}
 
 	require.NoError(t, c.Set(ctx, key, "attempt.1", time.Minute).Err())

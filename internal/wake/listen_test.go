@@ -16,6 +16,7 @@ import (
 // subscribes would be missed. Once joined, the process's notices go to
 // the longest waiting, and a hand-on reaches the listener.
 func TestListenJoinsOnlyAConfirmedSubscription(t *testing.T) {
+	probe := redistest.StartStallProbe(t)
 	srv := redistest.Start(t, redistest.Config{})
 	g := redistest.NewGate(t, srv.Addr)
 	c := redis.NewClient(&redis.Options{Addr: g.Addr})
@@ -46,15 +47,7 @@ func TestListenJoinsOnlyAConfirmedSubscription(t *testing.T) {
 	require.False(t, ok, "SUBSCRIBE not confirmed yet")
 	g.HoldRequests("")
 	g.Open()
-	var w1 struct {
-		notices <-chan struct{}
-		stop    func(bool)
-	}
-	select {
-	case w1 = <-first:
-	case <-time.After(10 * time.Second):
-		t.Fatalf("Watch not confirmed: %s", hubState(c))
-	}
+	w1 := redistest.Await(t, probe, first, 10*time.Second, 3, "Watch not confirmed: %s", redistest.Lazy(func() string { return hubState(c) }))
 
 	n2, stop2, ok := s.Listen(ch, "", 1)
 	require.True(t, ok, "confirmed by the first waiter: %s", hubState(c))
@@ -64,17 +57,9 @@ func TestListenJoinsOnlyAConfirmedSubscription(t *testing.T) {
 	admin := srv.Client()
 	t.Cleanup(func() { _ = admin.Close() })
 	require.NoError(t, admin.Publish(t.Context(), ch, "").Err())
-	select {
-	case <-w1.notices:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the longest-waiting waiter was not woken")
-	}
+	redistest.Await(t, probe, w1.notices, 10*time.Second, 3, "the longest-waiting waiter was not woken")
 	require.Empty(t, n2, "one waiter woken per release")
 	w1.stop(true) // leaves without answering: hand on
-	select {
-	case <-n2:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the hand-on did not reach the listener")
-	}
+	redistest.Await(t, probe, n2, 10*time.Second, 3, "the hand-on did not reach the listener")
 	stop2(false)
 }

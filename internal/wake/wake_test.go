@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
 	"github.com/redlease/redlease/internal/redistest"
@@ -29,12 +30,13 @@ func hubState(c redis.UniversalClient) string {
 	return s
 }
 
-// waitRegistered waits until the hub of c has an entry for every channel.
-func waitRegistered(t *testing.T, c redis.UniversalClient, channels ...string) {
+// waitRegistered waits until the hub of c has an entry for every channel,
+// for 10 s plus 3 × what probe measured this process stalled meanwhile.
+func waitRegistered(t *testing.T, probe *redistest.StallProbe, c redis.UniversalClient, channels ...string) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	probe.WaitFor(t, 10*time.Second, 3, time.Millisecond, func() bool {
 		mu.Lock()
+		defer mu.Unlock()
 		n := 0
 		if h := hubs[registryKey(c)]; h != nil {
 			for _, ch := range channels {
@@ -43,15 +45,8 @@ func waitRegistered(t *testing.T, c redis.UniversalClient, channels ...string) {
 				}
 			}
 		}
-		mu.Unlock()
-		if n == len(channels) {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("channels %v not registered: %s", channels, hubState(c))
-		}
-		time.Sleep(time.Millisecond)
-	}
+		return n == len(channels)
+	}, "channels %v not registered: %s", channels, redistest.Lazy(func() string { return hubState(c) }))
 }
 
 // watchIn runs Watch in a goroutine; the channel receives its channel
@@ -92,23 +87,24 @@ func TestRefusedSubscribeOfSeveralChannelsFailsEachOfThem(t *testing.T) {
 	s := NewSet(c)
 	t.Cleanup(func() { s.Close(time.Second) })
 
+	probe := redistest.StartStallProbe(t)
 	g.HoldRequests("hello")
 	const bound = time.Minute // nothing here may wait for it
+	start := time.Now()
 	results := []<-chan string{watchIn(t, s, "redlease:wake:a", bound)}
 	if err := g.WaitHeld(1, "hello", 10*time.Second); err != nil {
 		t.Fatal(err)
 	}
 	results = append(results, watchIn(t, s, "redlease:wake:b", bound), watchIn(t, s, "redlease:wake:c", bound))
-	waitRegistered(t, c, "redlease:wake:a", "redlease:wake:b", "redlease:wake:c")
+	waitRegistered(t, probe, c, "redlease:wake:a", "redlease:wake:b", "redlease:wake:c")
 	g.HoldRequests("")
 	g.Open()
 
 	for _, r := range results {
-		select {
-		case <-r:
-		case <-time.After(10 * time.Second):
-			t.Fatalf("a Watch refused by the server still waits 10 s after the refusal (it would wait for its bound, %v): %s", bound, hubState(c))
-		}
+		channel := redistest.Await(t, probe, r, 10*time.Second, 3, "a Watch refused by the server still waits after the refusal (it would wait for its bound, %v): %s", bound, redistest.Lazy(func() string { return hubState(c) }))
+		// However long the window the run allowed, a Watch that returned
+		// at its bound was not told of the refusal.
+		require.Less(t, time.Since(start), bound, "Watch on %s returned at its bound, not at the refusal", channel)
 	}
 }
 
@@ -123,18 +119,19 @@ func TestCloseEndsAWatchWaitingForItsConfirmation(t *testing.T) {
 	t.Cleanup(func() { _ = c.Close() })
 	s := NewSet(c)
 
+	probe := redistest.StartStallProbe(t)
 	g.HoldRequests("subscribe")
 	const bound = time.Minute
+	start := time.Now()
 	res := watchIn(t, s, "redlease:wake:k", bound)
 	if err := g.WaitHeld(1, "subscribe", 10*time.Second); err != nil {
 		t.Fatal(err)
 	}
 	s.Close(time.Second)
-	select {
-	case <-res:
-	case <-time.After(10 * time.Second):
-		t.Fatalf("Watch still waiting 10 s after Close (it would wait for its bound, %v): %s", bound, hubState(c))
-	}
+	redistest.Await(t, probe, res, 10*time.Second, 3, "Watch still waiting after Close (it would wait for its bound, %v): %s", bound, redistest.Lazy(func() string { return hubState(c) }))
+	// However long the window the run allowed, a Watch that returned at its
+	// bound was not ended by Close.
+	require.Less(t, time.Since(start), bound, "Watch returned at its bound, not at Close")
 	g.HoldRequests("")
 	g.Open()
 	if _, _, err := s.Watch(context.Background(), "redlease:wake:k", "", 1, bound); err != ErrClosed {
