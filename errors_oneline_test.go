@@ -111,7 +111,7 @@ func TestCommonMessagesShowThePrefixOnce(t *testing.T) {
 	for _, s := range servers {
 		clients = append(clients, s.Client())
 	}
-	q, err := quorum.New(clients)
+	q, err := quorum.New(clients, quorum.WithNodeTimeout(grantNodeTimeout))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = q.Close() })
 	ql := newLocker(t, q, redlease.WithTTL(10*time.Second))

@@ -35,9 +35,18 @@ func slowClient(t *testing.T, addr string) *redis.Client {
 	return c
 }
 
+// grantNodeTimeout is the quorum node timeout of the tests' strategies
+// whose grants must succeed (quorumOver's, unless a test gives its own,
+// which comes later and wins): at load 20-27 the default, 100 ms, was
+// missed by live nodes, and TestExtendRespectsDelayedRestartLimit,
+// TestCommonMessagesShowThePrefixOnce and others were refused a grant
+// their checks need. 2 s is 20 times the default; only a node that hangs,
+// or a process stopped that long, misses it.
+const grantNodeTimeout = 2 * time.Second
+
 // quorumOver builds a quorum strategy over clients, closed by t.Cleanup.
 func quorumOver(t *testing.T, cs []redis.UniversalClient, opts ...quorum.Option) *quorum.Strategy {
-	q, err := quorum.New(cs, opts...)
+	q, err := quorum.New(cs, append([]quorum.Option{quorum.WithNodeTimeout(grantNodeTimeout)}, opts...)...)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = q.Close() })
 	return q
