@@ -493,14 +493,16 @@
 // content at the turnstile together (they go in the order they came);
 // goroutines that two library timers due at one instant wake (the
 // Barrier's claim, bounded by the lock's Until, abandoned by
-// internal/bounded at that instant, and the keeper's fourth renewal at
-// a quarter-TTL cadence from Until less the TTL: idem-quorum 3, a
-// release or a renewal first); and, in the library's fan-out, whether a
-// job queued at the instant a node's worker finishes its request runs
-// on that worker after it or on another idle one at once (fair-quorum5
-// 8: a fair Lock's undo and its LeaveLine to one node, one after the
-// other or together, and then one of them
-// dials). docs/simulator.md has the measured share of exact replays.
+// internal/bounded at that instant, and the keeper's fourth renewal at a
+// quarter-TTL cadence from Until less the TTL: idem-quorum 3, a release or
+// a renewal first; a quorum round the library starts at the instant its
+// ctx's deadline passes, whose workers may or may not see the ctx ended
+// before they send: ops-quorum 2); and, in the library's fan-out, whether
+// a job queued at the instant a node's worker finishes its request runs on
+// that worker after it or on another idle one at once (fair-quorum5 8: a
+// fair Lock's undo and its LeaveLine to one node, one after the other or
+// together, and then one of them dials). docs/simulator.md has the
+// measured share of exact replays.
 //
 // -replays N (with -seed) runs the seed N times in turn and compares
 // canonical histories: every line, node-level ones included, each lock
