@@ -477,7 +477,7 @@
 // drawn from the seed too: jitterCtx carries internal/locktoken.WithSeed
 // (per key, in call order); a context outside this module cannot carry it,
 // so production tokens stay crypto-random. An ops client that starts a
-// keeper (Keep, or Do's) settles (World.settle: the turnstile again)
+// keeper (Keep, or Do's) settles (World.settleInstant: the turnstile)
 // before its next step, so the keeper's first renewal reads the lock's
 // TTL before an Extend changes it; an idempotency caller's ctx ends 1-999
 // ns off the microsecond grid (offGrid), not on a renewal of the lock

@@ -71,7 +71,7 @@ func (h orderHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 }
 
 // settle, when ctx ended while the command ran (live: its ctx had not
-// ended when it started), sleeps 1-4096 ns more drawn like wait's, so
+// ended when it started), sleeps 1-4096 ns more, drawn from its key, so
 // that the callers one ctx deadline (or cancel) ends get their answers
 // one after the other in an order of the seed, after the goroutines that
 // ctx wakes without a command (the one that decides what to do next may
@@ -123,13 +123,13 @@ func argsHash(args []any) uint64 {
 	return h
 }
 
-// settle returns once every other goroutine of the run has gone as far
+// settleInstant returns once every other goroutine of the run has gone as far
 // as it can at this virtual instant, without taking virtual time: what
 // client ci's last step started (a keeper's first renewal, which reads
 // the lock's TTL) has then read what it reads and waits at the turnstile
 // or for the network, so the client's next step (an Extend, which
 // changes that TTL) follows it in every run of the seed.
-func (w *World) settle(ci int) { w.net.turn.pass(1<<63|uint64(ci), 0) }
+func (w *World) settleInstant(ci int) { w.net.turn.pass(1<<63|uint64(ci), 0) }
 
 // turnstile lets the commands the orderHooks of a run hold through at one
 // virtual instant, without taking virtual time: a goroutine of its own
