@@ -158,7 +158,7 @@ func (w *World) clusterClient(ci int, ctxTimeouts bool) *redis.ClusterClient {
 		PipelineWriteBufferSize:  1024,
 		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
 	})
-	c.AddHook(w.orderHookFor(ci, 1<<17, func() int { return int(c.PoolStats().IdleConns) }))
+	c.AddHook(w.orderHookFor(ci, 1<<17))
 	w.mu.Lock()
 	w.clients = append(w.clients, c)
 	w.mu.Unlock()

@@ -458,20 +458,30 @@
 // (conn.settle, per connection), and the workloads retry a Lock 1-2 ns
 // after its last attempt was decided (retryAtOnce). Every go-redis client
 // has an orderHook (order.go): each command (but a connection's HELLO)
-// that finds no idle pooled connection waits 1-4096 ns drawn from the
-// seed, its client, its target and its content before it asks the pool
-// for one, and a command whose
-// ctx ends while it runs returns as much later again, so that commands started
+// passes the run's turnstile before it asks the pool for a connection.
+// The turnstile's goroutine waits (synctest.Wait) until every other
+// goroutine of the bubble is durably blocked, so that everything the
+// instant started has arrived, then lets through, of each go-redis
+// client with a command waiting, the one with the lowest key drawn from
+// the seed, its client, its target and its content, and waits again
+// until none waits; this takes no virtual time. So commands started
 // together (the fan-out workers one Lock deadline frees, an Extend and a
-// renewal) take idle connections, or queue for new ones (go-redis hands a
-// dial's connection to the first request in its queue), in an order of
-// the seed, and the callers one deadline ends get their answers after
-// the goroutines it wakes directly (the failover Watcher's next poll
+// renewal, a release and a renewal) take idle connections, or queue for
+// new ones (go-redis hands a dial's connection to the first request in
+// its queue), one at a time in an order of the seed. A command whose ctx
+// ends while it runs returns 1-4096 ns later, drawn likewise, so that
+// the callers one deadline ends get their answers after the goroutines
+// it wakes directly (the failover Watcher's next poll
 // looks at which Sentinels are still being asked). A Lock or TryLock
 // call's base token (a fair waiter's id, which orders equal tickets) is
 // drawn from the seed too: jitterCtx carries internal/locktoken.WithSeed
 // (per key, in call order); a context outside this module cannot carry it,
-// so production tokens stay crypto-random. The wake hub subscribes a
+// so production tokens stay crypto-random. An ops client that starts a
+// keeper (Keep, or Do's) settles (World.settleInstant: the turnstile)
+// before its next step, so the keeper's first renewal reads the lock's
+// TTL before an Extend changes it; an idempotency caller's ctx ends 1-999
+// ns off the microsecond grid (offGrid), not on a renewal of the lock
+// its request took at the same instant. The wake hub subscribes a
 // batch in channel-name order, and the end-of-run closers run by client,
 // then in registration order, a nanosecond after the workload's last
 // instant (what that instant started in the background, a fair Lock
@@ -479,16 +489,20 @@
 //
 // Not determined by the seed: the undo pauses of a waiter registered by
 // Waker.Listen (no context; no scenario has two waiters of one client on
-// one key at once); two commands of one client and target with the same
-// content started at one instant (they wait the same time); two requests
-// of one client leaving together when one takes the idle pooled
-// connection and the other dials (orderHook leaves commands that find an
-// idle connection alone: ops-quorum 9, an Extend and a renewal); and, in
-// the library's fan-out, whether a job queued at the instant a node's
-// worker finishes its request runs on that worker after it or on another
-// idle one at once (fair-quorum5 8: a fair Lock's undo and its LeaveLine
-// to one node, one after the other or together, and then one of them
-// dials). docs/simulator.md has the measured share of exact replays.
+// one key at once); two commands of one go-redis client with the same
+// content at the turnstile together (they go in the order they came);
+// goroutines that two library timers due at one instant wake (the
+// Barrier's claim, bounded by the lock's Until, abandoned by
+// internal/bounded at that instant, and the keeper's fourth renewal at a
+// quarter-TTL cadence from Until less the TTL: idem-quorum 3, a release or
+// a renewal first; a quorum round the library starts at the instant its
+// ctx's deadline passes, whose workers may or may not see the ctx ended
+// before they send: ops-quorum 2); and, in the library's fan-out, whether
+// a job queued at the instant a node's worker finishes its request runs on
+// that worker after it or on another idle one at once (fair-quorum5 8: a
+// fair Lock's undo and its LeaveLine to one node, one after the other or
+// together, and then one of them dials). docs/simulator.md has the
+// measured share of exact replays.
 //
 // -replays N (with -seed) runs the seed N times in turn and compares
 // canonical histories: every line, node-level ones included, each lock

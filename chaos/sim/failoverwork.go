@@ -317,7 +317,7 @@ func (w *World) watchedStrategy(ci int, ct bool, prefer int, poll time.Duration)
 		PoolSize:                 64,
 		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
 	})
-	fc.AddHook(w.orderHookFor(ci, 1<<16, func() int { return int(fc.PoolStats().IdleConns) }))
+	fc.AddHook(w.orderHookFor(ci, 1<<16))
 	w.mu.Lock()
 	w.clients = append(w.clients, fc)
 	w.mu.Unlock()
@@ -335,7 +335,7 @@ func (w *World) watchedStrategy(ci int, ct bool, prefer int, poll time.Duration)
 			ReadBufferSize: 1024, WriteBufferSize: 1024, PoolSize: 64,
 			MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
 		})
-		sc.AddHook(w.orderHookFor(ci, 1<<16|uint64(i+1), nil))
+		sc.AddHook(w.orderHookFor(ci, 1<<16|uint64(i+1)))
 		scs = append(scs, sc)
 	}
 	closeSentinels := func() {

@@ -428,7 +428,7 @@ func (w *World) idemClient(ci int, r *rand.Rand) {
 				w.idemReturned(rec, res, valid, lk)
 				return []byte(res), nil
 			}
-			ctx, cancel := idemCallerCtx(w.jitterCtx(context.Background(), ci, jitBarrier, seq<<2|try), ms(r, 10, 120), (seq+try)%2 == 1)
+			ctx, cancel := idemCallerCtx(w.jitterCtx(context.Background(), ci, jitBarrier, seq<<2|try), offGrid(r, ms(r, 10, 120)), (seq+try)%2 == 1)
 			t0 := w.hist.now()
 			rec.t0, rec.lease, rec.spy = t0, lease, spy
 			var (

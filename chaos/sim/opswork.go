@@ -487,6 +487,7 @@ func (w *World) opsKeepWith(e *opsEnv, h *opsHold, r *rand.Rand) {
 		h.stop = e.eng.Keep(h.lk)
 		w.hist.logf("c%d#%d keep %s (engine)", e.ci, h.hd.Seq, h.hd.Key)
 	}
+	w.settleInstant(e.ci)
 }
 
 // opsDo: Locker.Do kept by the Locker's keeper; fn works in steps until
@@ -500,6 +501,7 @@ func (w *World) opsDo(e *opsEnv, seq int, key string, r *rand.Rand, locker *redl
 	err := locker.Do(ctx, key, func(fctx context.Context, lk *redlease.Lock) error {
 		h = w.opsStart(e, seq, key, via, ttl, lk)
 		strat = lk.Strategy()
+		w.settleInstant(e.ci) // the keeper Do started first
 		w.opsSteps(e, h, r, fctx, false)
 		h.end = w.hist.now()
 		return nil

@@ -39,6 +39,8 @@ type sched struct {
 	// post runs after every event, on the loop (the state check: see
 	// World.flushState); nil: nothing.
 	post func()
+	// turn orders the go-redis commands started at one instant (orderHook).
+	turn *turnstile
 }
 
 type event struct {
@@ -109,6 +111,7 @@ func newSched(post ...func()) *sched {
 	}
 	s.timer = time.NewTimer(time.Hour)
 	s.timer.Stop()
+	s.turn = newTurnstile()
 	go s.loop()
 	return s
 }
@@ -179,8 +182,9 @@ func (s *sched) loop() {
 	}
 }
 
-// close stops the loop and waits for it.
+// close stops the turnstile and the loop and waits for them.
 func (s *sched) close() {
+	s.turn.close()
 	close(s.stop)
 	<-s.done
 }

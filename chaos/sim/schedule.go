@@ -257,6 +257,21 @@ func ms(r *rand.Rand, lo, hi int) time.Duration {
 	return time.Duration(lo)*time.Millisecond + time.Duration(r.Int64N(int64(hi-lo)*1000+1))*time.Microsecond
 }
 
+// offGrid moves d by 1-999 ns either way, drawn from r. A caller's ctx
+// drawn by ms (a microsecond grid) and started with a lock would
+// otherwise end exactly at one of that lock's renewals whenever d is a
+// multiple of the renewal period (TTLs are whole milliseconds), and
+// which of the two goroutines the one instant wakes went first (a
+// renewal or the release the ctx's end starts) would follow the Go
+// scheduler, not the seed.
+func offGrid(r *rand.Rand, d time.Duration) time.Duration {
+	x := time.Duration(r.Int64N(1998)) - 999
+	if x >= 0 {
+		x++
+	}
+	return d + x
+}
+
 // pick draws k distinct node indexes of n, sorted.
 func pick(r *rand.Rand, n, k int) []int {
 	p := r.Perm(n)[:min(k, n)]

@@ -335,7 +335,7 @@ func (w *World) redisClientAs(ci int, n *Node, ctxTimeouts bool, addr string) *r
 		// are a Redis Enterprise feature the library does not use.
 		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
 	})
-	c.AddHook(w.orderHookFor(ci, uint64(n.id), func() int { return int(c.PoolStats().IdleConns) }))
+	c.AddHook(w.orderHookFor(ci, uint64(n.id)))
 	w.mu.Lock()
 	w.clients = append(w.clients, c)
 	w.mu.Unlock()
