@@ -155,8 +155,16 @@ func (s *Server) launch(bin string) error {
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
-		err := c.Ping(ctx).Err()
+		pid, err := serverPID(ctx, c)
 		cancel()
+		if err == nil && pid != cmd.Process.Pid {
+			// Another redis-server holds the port (another test's, which
+			// took it between freePort and this bind): ours exits, and
+			// the answer is not ours. Taking it for ours would have this
+			// test drive, kill or restart a server it does not own.
+			s.Kill()
+			return fmt.Errorf("redis-server on %s: process %d answered, not the one just started (%d): the port belongs to another server", s.Addr, pid, cmd.Process.Pid)
+		}
 		if err == nil {
 			return nil
 		}
@@ -171,6 +179,20 @@ func (s *Server) launch(bin string) error {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// serverPID is the process_id that c's server gives in INFO server.
+func serverPID(ctx context.Context, c *redis.Client) (int, error) {
+	info, err := c.Info(ctx, "server").Result()
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "process_id:"); ok {
+			return strconv.Atoi(v)
+		}
+	}
+	return 0, fmt.Errorf("redistest: no process_id in INFO server of %s", c.Options().Addr)
 }
 
 // makeCluster assigns every slot to this node and waits for cluster_state:ok.
