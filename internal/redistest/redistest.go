@@ -187,12 +187,17 @@ func serverPID(ctx context.Context, c *redis.Client) (int, error) {
 	if err != nil {
 		return 0, err
 	}
+	return infoPID(info)
+}
+
+// infoPID is the process_id in an INFO server reply.
+func infoPID(info string) (int, error) {
 	for _, line := range strings.Split(info, "\n") {
 		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "process_id:"); ok {
 			return strconv.Atoi(v)
 		}
 	}
-	return 0, fmt.Errorf("redistest: no process_id in INFO server of %s", c.Options().Addr)
+	return 0, fmt.Errorf("redistest: no process_id in INFO server")
 }
 
 // makeCluster assigns every slot to this node and waits for cluster_state:ok.

@@ -120,9 +120,17 @@ sentinel parallel-syncs %s 1
 		up := false
 		for range 250 {
 			ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
-			err := c.Ping(ctx).Err()
+			info := redis.NewStringCmd(ctx, "info", "server")
+			err := c.Process(ctx, info)
 			cancel()
 			if err == nil {
+				// The answer must be this process's: a sentinel that could
+				// not bind a port another server took has exited, and the
+				// other one answers (see Server.launch).
+				if pid, perr := infoPID(info.Val()); perr != nil || pid != cmd.Process.Pid {
+					s.Kill()
+					break
+				}
 				up = true
 				break
 			}
