@@ -2,7 +2,6 @@ package main
 
 import (
 	"regexp"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -56,7 +55,7 @@ func TestDoctorChecksACLRights(t *testing.T) {
 
 // Every unsafe line says what to change, an unreachable node too.
 func TestDoctorUnreachableSaysWhatToChange(t *testing.T) {
-	addr := "127.0.0.1:" + strconv.Itoa(redistest.FreePort(t))
+	addr := redistest.DownAddr(t)
 	out, code := cli(t, "REDLEASE_NODES="+addr, "doctor")
 	assert.Equal(t, exitUnsafe, code)
 	assert.Regexp(t, `UNSAFE\s+`+regexp.QuoteMeta(addr)+`: unreachable: .*connection refused.*; check that redis-server runs there and the address, or remove it from --nodes`, out)

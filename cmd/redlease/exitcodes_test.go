@@ -34,9 +34,9 @@ func TestExitTableDocumented(t *testing.T) {
 func TestExitCodes(t *testing.T) {
 	servers := redistest.StartN(t, 3, redistest.Config{})
 	env := nodesEnv(servers)
-	down := "REDLEASE_NODES=127.0.0.1:" + strconv.Itoa(redistest.FreePort(t))
-	majorityDown := "REDLEASE_NODES=" + servers[0].Addr + ",127.0.0.1:" + strconv.Itoa(redistest.FreePort(t)) +
-		",127.0.0.1:" + strconv.Itoa(redistest.FreePort(t))
+	down := "REDLEASE_NODES=" + redistest.DownAddr(t)
+	majorityDown := "REDLEASE_NODES=" + servers[0].Addr + "," + redistest.DownAddr(t) +
+		"," + redistest.DownAddr(t)
 	probe := redistest.StartStallProbe(t)
 	notExec := filepath.Join(t.TempDir(), "script.sh")
 	require.NoError(t, os.WriteFile(notExec, []byte("#!/bin/sh\necho ran\n"), 0o600))

@@ -3,7 +3,6 @@ package main
 import (
 	"os"
 	"os/exec"
-	"strconv"
 	"strings"
 	"testing"
 
@@ -34,7 +33,7 @@ func cliStderr(t *testing.T, env string, args ...string) (string, int) {
 // node that refuses connections.
 func TestStderrIsRedleaseOnly(t *testing.T) {
 	servers := redistest.StartN(t, 2, redistest.Config{})
-	env := "REDLEASE_NODES=" + servers[0].Addr + "," + servers[1].Addr + ",127.0.0.1:" + strconv.Itoa(redistest.FreePort(t))
+	env := "REDLEASE_NODES=" + servers[0].Addr + "," + servers[1].Addr + "," + redistest.DownAddr(t)
 	for _, args := range [][]string{
 		{"run", "--key", "x", "--", "true"},
 		{"inspect", "x"},

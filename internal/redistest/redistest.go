@@ -461,3 +461,29 @@ func (s *Server) Unaccepted() (int, error) {
 	}
 	return 0, fmt.Errorf("redistest: no listening socket on %s in /proc/net/tcp", s.Addr)
 }
+
+// DownAddr returns a loopback address where no server is, for as long as
+// the test runs: a connection to it is refused. A port that was merely
+// free a moment ago (FreePort) is no down node: another test's server,
+// started meanwhile by this process or another, may take it and answer.
+// DownAddr holds the port with a socket bound to it that never listens,
+// without SO_REUSEADDR, so no server can bind it, and closes that socket
+// on tb's cleanup.
+func DownAddr(tb TB) string {
+	tb.Helper()
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		tb.Fatalf("redistest: socket: %v", err)
+	}
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		_ = syscall.Close(fd)
+		tb.Fatalf("redistest: bind a down port: %v", err)
+	}
+	sa, err := syscall.Getsockname(fd)
+	if err != nil {
+		_ = syscall.Close(fd)
+		tb.Fatalf("redistest: getsockname: %v", err)
+	}
+	tb.Cleanup(func() { _ = syscall.Close(fd) })
+	return net.JoinHostPort("127.0.0.1", strconv.Itoa(sa.(*syscall.SockaddrInet4).Port))
+}

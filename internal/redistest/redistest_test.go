@@ -1,7 +1,11 @@
 package redistest
 
 import (
+	"net"
+	"strconv"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -20,4 +24,22 @@ func TestLaunchRefusesAPortAnotherServerAnswers(t *testing.T) {
 	require.Error(t, err, "launch on %s, a port another redis-server holds, reported success", owner.Addr)
 	require.Contains(t, err.Error(), owner.Addr)
 	require.True(t, owner.Alive(), "the other server is untouched")
+}
+
+// A down address refuses connections, and no server can take its port
+// while the test runs (a FreePort can be taken: exitcodes' "a majority
+// down" once reached another test's server on one).
+func TestDownAddrRefusesAndCannotBeTaken(t *testing.T) {
+	addr := DownAddr(t)
+	_, err := net.DialTimeout("tcp", addr, time.Second)
+	require.ErrorIs(t, err, syscall.ECONNREFUSED)
+	_, port, err := net.SplitHostPort(addr)
+	require.NoError(t, err)
+	p, err := strconv.Atoi(port)
+	require.NoError(t, err)
+	s := &Server{tb: t, dir: t.TempDir(), Port: p, Addr: addr}
+	t.Cleanup(s.Kill)
+	require.Error(t, s.launch(Binary(t)), "a redis-server bound the down port %s", addr)
+	_, err = net.DialTimeout("tcp", addr, time.Second)
+	require.ErrorIs(t, err, syscall.ECONNREFUSED, "still down after the launch")
 }
