@@ -30,8 +30,7 @@ func (p *StallProbe) WaitFor(tb TB, bound time.Duration, multiple int, tick time
 		}
 		now := time.Now()
 		if now.Sub(from) > min(p.Allowance(bound, multiple, from, now), waitCap(bound)) {
-			p.settle(now)
-			if now.Sub(from) <= min(p.Allowance(bound, multiple, from, now), waitCap(bound)) {
+			if p.left(from, bound, multiple) > 0 {
 				continue // a stall that ended just before now had not been counted yet
 			}
 			if cond() { // one last look: the check may have been starved too
