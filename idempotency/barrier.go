@@ -58,8 +58,9 @@ var (
 	// (see Do).
 	ErrRunCancelled = errors.New("idempotency: run cancelled; outcome unknown, not recorded")
 	// ErrNotRecorded: the handler ran and its effect may have happened, but
-	// its result could not be recorded (the store failed for as long as
-	// the request's lock was held). Do not treat it as a failure to retry:
+	// its result could not be recorded (the store failed for a lease after
+	// the handler returned, or for as long as the request's lock was
+	// valid, if that was shorter). Do not treat it as a failure to retry:
 	// the Outcome still carries the handler's result and fence, and the
 	// error wraps the handler's error (if any) and the store's. The record
 	// stays in progress under this owner until its lock runs out, after
@@ -617,7 +618,7 @@ func (b *Barrier) run(ctx context.Context, req Request, rec, lockKey string, h H
 			base = context.WithoutCancel(ctx)
 		}
 		defer b.leave()
-		r := b.hold(base, req, rec, lk, cl, h)
+		r := b.hold(base, req, rec, lk, cl, h, nil)
 		if r.panicked != nil {
 			panic(r.panicked)
 		}
@@ -626,7 +627,7 @@ func (b *Barrier) run(ctx context.Context, req Request, rec, lockKey string, h H
 	f := &flight{done: make(chan held, 1)}
 	go func() {
 		defer b.leave()
-		f.deliver(b.hold(context.WithoutCancel(ctx), req, rec, lk, cl, h))
+		f.deliver(b.hold(context.WithoutCancel(ctx), req, rec, lk, cl, h, f.gone))
 	}()
 	select {
 	case r := <-f.done:
@@ -678,6 +679,13 @@ func (f *flight) deliver(r held) {
 	if left && r.panicked != nil {
 		panic(r.panicked)
 	}
+}
+
+// gone reports whether the caller has left (leave).
+func (f *flight) gone() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.left
 }
 
 // leave marks the caller gone, unless the answer came meanwhile (ok).
@@ -791,7 +799,7 @@ func (b *Barrier) Close(ctx context.Context) error {
 // lock's acquisition did), runs h on a context derived from base, and
 // records or releases its outcome, then releases the lock or leaves it to
 // expire. base is the caller's ctx, or one detached from it (see run).
-func (b *Barrier) hold(base context.Context, req Request, rec string, lk *redlease.Lock, cl *claim, h Handler) held {
+func (b *Barrier) hold(base context.Context, req Request, rec string, lk *redlease.Lock, cl *claim, h Handler, left func() bool) held {
 	ctx := base
 	stopKeeping := func() {}
 	if b.keeper != nil {
@@ -911,7 +919,7 @@ func (b *Barrier) hold(base context.Context, req Request, rec string, lk *redlea
 		kind, payload = "big", nil
 	}
 	out := Outcome{Result: result, Fence: lk.Fence()}
-	err := b.record(ctx, rec, lk, kind, payload)
+	err := b.record(ctx, rec, lk, kind, payload, left)
 	// With leavesLock, the lock is left to its TTL whatever the answer:
 	// a completed record answers every duplicate by itself (see
 	// leavesLock), and a record taken over or gone is left as below.
@@ -1037,9 +1045,16 @@ const (
 )
 
 // record stores a run's outcome, trying again with backoff while the
-// store fails, for as long as the request's lock is valid and at most a
-// lease (and recordAttempts times). It goes on after ctx ends: an outcome
-// the handler produced is worth recording even if the caller has left.
+// store fails, for as long as the request's lock is valid. While a caller
+// waits for the answer, it tries for at most a lease (and recordAttempts
+// times), so that the caller hears ErrNotRecorded within a lease of the
+// handler's return. Once the caller has left (left reports true: its ctx
+// ended while the handler ran, and nobody can be told that the outcome
+// went unrecorded), it tries for as long as the lock is valid, for at
+// most the retention (the in-progress record's own TTL), until Close
+// gives up waiting: the caller was told that its outcome is recorded for
+// a retry to replay, and a retry must not run the handler again while the
+// lock that guards its outcome still holds. It goes on after ctx ends.
 // Each attempt may be a repeat of one that landed unseen, which
 // completeScript answers as stored. It returns nil once stored,
 // ErrNotOwner if the record was taken over, or the store's last error.
@@ -1048,27 +1063,43 @@ const (
 // or revokes the lock, so the attempts go on until its validity runs out
 // (less the loss margin, when Valid turns false), without a watch on
 // Lost (whose timer would cost every request an allocation).
-func (b *Barrier) record(ctx context.Context, rec string, lk *redlease.Lock, kind string, payload []byte) error {
+func (b *Barrier) record(ctx context.Context, rec string, lk *redlease.Lock, kind string, payload []byte, left func() bool) error {
 	ctx = context.WithoutCancel(ctx)
-	giveUp := time.Now().Add(b.lease)
+	start := time.Now()
+	giveUp := start.Add(b.lease)
 	if b.leavesLock() {
 		giveUp = minTime(giveUp, lk.Deadline())
 	}
+	// unheard: the caller has left, and the lock is one that a Keeper may
+	// keep (not leavesLock's), while Close has not given up waiting.
+	unheard := func() bool {
+		return left != nil && !b.leavesLock() && b.stopping.Err() == nil && left()
+	}
+	limit := func() time.Time {
+		if unheard() {
+			return start.Add(b.retention)
+		}
+		return giveUp
+	}
 	delay := recordFirstDelay
 	for attempt := 1; ; attempt++ {
-		end := minTime(giveUp, lk.Until())
+		end := minTime(limit(), lk.Until())
 		actx, cancel := context.WithDeadline(ctx, end)
 		err := b.complete(actx, rec, lk.Token(), kind, payload)
 		cancel()
 		if err == nil || errors.Is(err, ErrNotOwner) || errors.Is(err, errRecordGone) {
 			return err
 		}
-		if attempt >= recordAttempts || time.Now().Add(delay).After(giveUp) || (!b.leavesLock() && !lk.Valid()) {
+		capped := attempt >= recordAttempts && !unheard()
+		if capped || time.Now().Add(delay).After(limit()) || (!b.leavesLock() && !lk.Valid()) {
 			return fmt.Errorf("%w (gave up after %d attempts)", err, attempt)
 		}
-		var lost <-chan struct{}
+		var lost, closing <-chan struct{}
 		if !b.leavesLock() {
 			lost = lk.Lost()
+			if unheard() {
+				closing = b.stopping.Done()
+			}
 		}
 		t := time.NewTimer(delay)
 		select {
@@ -1076,6 +1107,9 @@ func (b *Barrier) record(ctx context.Context, rec string, lk *redlease.Lock, kin
 		case <-lost:
 			t.Stop()
 			return fmt.Errorf("%w (gave up after %d attempts, at the loss of the lock)", err, attempt)
+		case <-closing:
+			// Close gave up waiting: the next look at limit says a lease.
+			t.Stop()
 		}
 		delay = min(2*delay, recordMaxDelay)
 	}

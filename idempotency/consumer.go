@@ -30,11 +30,13 @@ func NewConsumer(b *Barrier) (*Consumer, error) {
 //   - ack true, err a Final or stored error: the outcome is definitive and
 //     recorded; ack it, it must not run again.
 //   - ack true, err ErrNotRecorded: h ran (its effect may have happened),
-//     but its outcome could not be recorded, the store failing for as long
-//     as the message's lock was held; ack it, since running it again could
-//     repeat the effect. If it comes back anyway (published again), it is
-//     in progress until that lock runs out and then runs again: h's fence
-//     is what guards its storage then.
+//     but its outcome could not be recorded, the store failing for a
+//     lease after h returned (or while the message's lock was valid, if
+//     shorter); ack it, since running it again could repeat the effect.
+//     If it comes back anyway (published again), it is in progress until
+//     that lock runs out and then runs again, under a higher fence: h's
+//     storage must key its effect by the message, not only refuse lower
+//     fences.
 //   - ack false, err ErrInProgress: another consumer is handling it right
 //     now; do not ack — if that consumer dies, redelivery (XAUTOCLAIM)
 //     brings it back, and its lock will have expired by then.
@@ -44,8 +46,10 @@ func NewConsumer(b *Barrier) (*Consumer, error) {
 //     redelivered forever.
 //   - ack false, err wrapping ctx's error: ctx ended while h ran; h runs
 //     on in the background under the message's lock (as for Do: ctx never
-//     cuts it short) and its outcome will be recorded; do not ack — the
-//     redelivery gets ErrInProgress while it runs, then its outcome.
+//     cuts it short) and its outcome will be recorded, tried for as long
+//     as that lock stays valid (the Barrier's Keeper renews it) however
+//     long the store fails; do not ack — the redelivery gets
+//     ErrInProgress while it runs and is recorded, then its outcome.
 //   - ack false, other err: nothing was recorded and the record was
 //     released — h failed transiently, its run was cut short
 //     (ErrRunCancelled: its lock was lost, or Close cancelled it), the

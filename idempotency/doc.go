@@ -112,7 +112,13 @@
 // recorded. A caller whose context ends first gets its context's error at
 // once, while the handler runs on in the background, owned by the
 // Barrier: Close waits for such runs and, at the end of its grace (its
-// ctx), cancels their contexts (cause ErrClosed). What a handler returns
+// ctx), cancels their contexts (cause ErrClosed). A store that fails
+// while an outcome is recorded is tried again: for at most a lease while
+// the caller waits (it then gets ErrNotRecorded), and, once the caller
+// has left, for as long as the lock stays valid (a Keeper renews it; at
+// most the retention, until Close gives up waiting), since nobody could
+// be told, and a retry must replay the outcome rather than run the
+// handler again. What a handler returns
 // after its lock was lost is discarded; so is an error other than a Final
 // one that it returns after Close cancelled it: those outcomes are
 // unknown, nothing is stored, not even WithStoreEverything, the record is

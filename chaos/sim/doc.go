@@ -326,7 +326,9 @@
 //     workload knows its outcome must have been recorded
 //     (idem/must-record: returned with the lock valid, the run ended
 //     within half a lease with the lock still valid, no fault on the
-//     store). Examined: accepted effects.
+//     store; or its caller had left and a Watchdog kept the lock valid to
+//     the run's end, idem/must-record-left, however long the store
+//     failed). Examined: accepted effects.
 //   - http-replay (idem-http): a response marked Idempotent-Replayed has
 //     the status and body some handler run of its key answered, and that
 //     status is one the Middleware records (201, 422; never 409, 429,

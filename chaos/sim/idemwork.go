@@ -102,6 +102,10 @@ const (
 	// whatever their caller was told (idemMustRecord): a run of their
 	// key after them is not excused by their caller's error (a figure).
 	ExIdemMustRecord = "idem/must-record"
+	// ExIdemMustRecordLeft: of those, runs whose caller left while the
+	// handler ran and whose lock a Watchdog kept to the run's end: the
+	// Barrier must record them however long the store failed (a figure).
+	ExIdemMustRecordLeft = "idem/must-record-left"
 	// ExIdemCancelled: runs whose handler returned its outcome and whose
 	// caller was told ErrRunCancelled (a figure).
 	ExIdemCancelled = "idem/cancelled"
@@ -158,6 +162,7 @@ type idemRunRec struct {
 	validRet bool           // the lock was valid when the handler returned
 	lk       *redlease.Lock // the run's lock, if the client's keeper saw it
 	spy      *lockSpy       // the client's keeper, if any
+	renewed  bool           // the keeper renews the lock (a renew.Watchdog)
 	lease    time.Duration
 	err      error
 	ctxErr   error // the caller's ctx's error when the call returned
@@ -430,7 +435,7 @@ func (w *World) idemClient(ci int, r *rand.Rand) {
 			}
 			ctx, cancel := idemCallerCtx(w.jitterCtx(context.Background(), ci, jitBarrier, seq<<2|try), offGrid(r, ms(r, 10, 120)), (seq+try)%2 == 1)
 			t0 := w.hist.now()
-			rec.t0, rec.lease, rec.spy = t0, lease, spy
+			rec.t0, rec.lease, rec.spy, rec.renewed = t0, lease, spy, renews
 			var (
 				ack bool
 				out idempotency.Outcome
@@ -546,7 +551,11 @@ func (w *World) idemReturned(rec *idemRunRec, res string, valid bool, lk *redlea
 // meanwhile (up to a lease after the return). A completion that the
 // store answered in time either stored the outcome or found the record
 // taken (record-taken); one that went unanswered (a spike, a fault) is
-// tried for up to a lease, and may go unrecorded without a defect.
+// tried for up to a lease, and may go unrecorded without a defect —
+// unless its caller had left and a Watchdog kept the lock to the run's
+// end (keptUnheardLocked): the Barrier then tries for as long as the
+// lock holds, so such a run must have been recorded whatever the store
+// did.
 func (w *World) idemMustRecord(run effectRun) bool {
 	w.idem.mu.Lock()
 	defer w.idem.mu.Unlock()
@@ -558,14 +567,39 @@ func (w *World) mustRecordLocked(rec *idemRunRec) bool {
 		return false
 	}
 	e, ok := rec.spy.endOf(rec.lk)
+	if w.keptUnheardLocked(rec) {
+		// Nobody can be told that this outcome went unrecorded (its
+		// caller left), and the Watchdog kept its lock: the Barrier keeps
+		// trying to record it for as long as the lock holds, however long
+		// the store fails. A run that stopped keeping a lock still valid
+		// gave up on an outcome it could still have recorded.
+		return true
+	}
 	return ok && e.valid && e.at-rec.retAt < rec.lease/2 && !w.storeTroubled(rec.retAt, rec.retAt+rec.lease)
+}
+
+// keptUnheardLocked says whether rec's caller left while its handler ran
+// and a Watchdog kept its lock valid to the run's end.
+func (w *World) keptUnheardLocked(rec *idemRunRec) bool {
+	if rec == nil || !rec.returned || !rec.validRet || rec.spy == nil || rec.lk == nil || !rec.renewed || !rec.callerLeft() {
+		return false
+	}
+	e, ok := rec.spy.endOf(rec.lk)
+	return ok && e.valid
+}
+
+// callerLeft says whether rec's caller returned before its handler did:
+// its ctx ended while the handler ran, and the Barrier ran it on.
+func (rec *idemRunRec) callerLeft() bool {
+	return rec.ctxErr != nil && rec.end != 0 && rec.end <= rec.retAt
 }
 
 // storeTroubled reports whether a fault of the schedule touched the
 // store's node between from and to (virtual times): a completion then
 // may fail for as long as the lock is valid, and the outcome go
-// unrecorded without a defect (ErrNotRecorded, which a caller that left
-// never hears). An instant fault (cut) counts for a millisecond.
+// unrecorded without a defect (ErrNotRecorded; a caller that left never
+// hears it, which is why the Barrier tries on while a Keeper keeps the
+// lock: keptUnheardLocked). An instant fault (cut) counts for a millisecond.
 func (w *World) storeTroubled(from, to time.Duration) bool {
 	store := w.sc.storeNode()
 	for _, f := range w.faults {
@@ -683,6 +717,9 @@ func (w *World) checkIdem() []Violation {
 		}
 		if w.mustRecordLocked(rec) {
 			ex.count(ExIdemMustRecord, 1)
+		}
+		if w.keptUnheardLocked(rec) {
+			ex.count(ExIdemMustRecordLeft, 1)
 		}
 		if rec.started {
 			ex.count(InvCut, 1)
