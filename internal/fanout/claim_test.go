@@ -86,7 +86,8 @@ func TestSecondJobGetsSpareWorker(t *testing.T) {
 	redistest.Await(t, probe, second.Arrived(), 5*time.Second, 3,
 		"the second job was not sent while the first was held: it waited behind it with a worker slot to spare")
 	require.NoError(t, second.Result(0).Err)
-	require.Empty(t, first.Arrived(), "the first request is still held")
+	require.Empty(t, first.Arrived(),
+		"the first request ended before the second was answered (the client's read timeout on the held request): the second waited behind it")
 	require.Equal(t, 1, gate.HeldContaining("claim:first"))
 	require.EqualValues(t, 2, ns.nodes[0].total.Load(), "a second worker was started")
 

@@ -6,6 +6,9 @@
 // stopped by Close. So:
 //
 //   - a round starts no goroutine per node;
+//   - a request for a node with a free worker, or below its limit of
+//     workers, is sent at once, never behind another request: whether it
+//     gets a worker is decided as it is queued (see node.idle);
 //   - a node that hangs cannot make requests pile up: at most Workers
 //     requests per node are in flight, and a request that waited in the
 //     node's queue past its round's deadline is answered with a timeout
