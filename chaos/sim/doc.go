@@ -487,7 +487,14 @@
 // batch in channel-name order, and the end-of-run closers run by client,
 // then in registration order, a nanosecond after the workload's last
 // instant (what that instant started in the background, a fair Lock
-// leaving its line after it gave up, runs first).
+// leaving its line after it gave up, runs first). The library's fan-out
+// decides, in the goroutine that queues a job for a node, whether it gets
+// a worker at once (a free one, else a new one below the node's limit),
+// and a worker is free again before the reply it got is published: jobs
+// queued together for one node with workers to spare are sent together,
+// not one behind the other as the scheduler lets workers come free
+// (fair-quorum5 8: a fair Lock's undo and its LeaveLine to one node;
+// internal/fanout, node.claim).
 //
 // Not determined by the seed: the undo pauses of a waiter registered by
 // Waker.Listen (no context; no scenario has two waiters of one client on
@@ -499,12 +506,8 @@
 // quarter-TTL cadence from Until less the TTL: idem-quorum 3, a release or
 // a renewal first; a quorum round the library starts at the instant its
 // ctx's deadline passes, whose workers may or may not see the ctx ended
-// before they send: ops-quorum 2); and, in the library's fan-out, whether
-// a job queued at the instant a node's worker finishes its request runs on
-// that worker after it or on another idle one at once (fair-quorum5 8: a
-// fair Lock's undo and its LeaveLine to one node, one after the other or
-// together, and then one of them dials). docs/simulator.md has the
-// measured share of exact replays.
+// before they send: ops-quorum 2). docs/simulator.md has the measured
+// share of exact replays.
 //
 // -replays N (with -seed) runs the seed N times in turn and compares
 // canonical histories: every line, node-level ones included, each lock

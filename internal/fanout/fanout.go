@@ -6,6 +6,9 @@
 // stopped by Close. So:
 //
 //   - a round starts no goroutine per node;
+//   - a request for a node with a free worker, or below its limit of
+//     workers, is sent at once, never behind another request: whether it
+//     gets a worker is decided as it is queued (see node.idle);
 //   - a node that hangs cannot make requests pile up: at most Workers
 //     requests per node are in flight, and a request that waited in the
 //     node's queue past its round's deadline is answered with a timeout
@@ -74,6 +77,9 @@ type Nodes struct {
 	stop    chan struct{}
 	closed  atomic.Bool
 	workers sync.WaitGroup
+	// beforeTake, if set (by tests, before the first round), runs in a
+	// worker that a job woke, before it takes the job from the queue.
+	beforeTake func()
 
 	// OnFailure, if set, is told of every request that failed on a node, in
 	// the worker, even after its round was decided (the caller may be gone
@@ -104,14 +110,22 @@ type node struct {
 	// buffer: a queue costs memory only while jobs wait in it (a channel
 	// of queueLen jobs cost 96 KiB per node, 480 KiB per quorum of five,
 	// allocated by New).
-	room    chan struct{}
-	ready   chan struct{}
-	qmu     sync.Mutex
-	q       []job
-	head    int // q[head:] are waiting
-	max     int32
-	total   atomic.Int32 // workers started
-	idle    atomic.Int32 // workers waiting for a job
+	room  chan struct{}
+	ready chan struct{}
+	qmu   sync.Mutex
+	q     []job
+	head  int // q[head:] are waiting
+	max   int32
+	total atomic.Int32 // workers started
+	// idle is the workers free for a new job less the jobs queued for
+	// them: a push claims one (decrements it), a worker that finishes a
+	// job gives one back (increments it) before it publishes the job's
+	// outcome, and popping a job changes nothing. Negative, it is how many
+	// queued jobs no worker is free for yet. So whether a push gets a
+	// worker at once is decided in the pushing goroutine, by the pushes and
+	// the published outcomes before it, never by how far a woken worker
+	// has got.
+	idle    atomic.Int32
 	spawnMu sync.Mutex
 }
 
@@ -369,16 +383,16 @@ func (r *Round) unref() {
 func (r *Round) send(i int) {
 	ns, nd := r.ns, r.ns.nodes[i]
 	if ns.closed.Load() {
-		r.deliver(i, Result{Err: ErrClosed}, false)
+		r.deliver(i, Result{Err: ErrClosed}, false, nil)
 		r.unref() // not sent: nothing to undo
 		return
 	}
-	nd.ensureWorker(ns)
 	select {
 	case nd.room <- struct{}{}:
+		nd.claim(ns)
 		nd.push(job{round: r, node: i})
 	default:
-		r.deliver(i, Result{Err: ErrOverloaded}, false)
+		r.deliver(i, Result{Err: ErrOverloaded}, false, nil)
 		r.unref()
 	}
 }
@@ -481,11 +495,14 @@ func (r *Round) WaitUndone(ctx context.Context, wait func(node int) bool, d time
 // worker) must undo node i now: the round was decided as failed before this
 // request finished. A request that was never sent (sent false) has nothing
 // to undo. It returns the round whose request to node i must follow this
-// one (StartAfter), if any: the worker sends it next.
+// one (StartAfter), if any: the worker sends it next. A worker calling it
+// passes its node (by, else nil): when it has nothing more to send for
+// node i, it is given back (node.free) before the reply is published, so a
+// job the reply leads its caller to push finds it free.
 //
 // The order matters. The reply is stored, then the node is marked done,
 // then the decision is read, and only then is the reply published.
-func (r *Round) deliver(i int, res Result, sent bool) (undoNow bool, next *Round) {
+func (r *Round) deliver(i int, res Result, sent bool, by *node) (undoNow bool, next *Round) {
 	if res.Err != nil && r.ns.OnFailure != nil && !errors.Is(res.Err, errDecided) && !errors.Is(res.Err, ErrClosed) {
 		r.ns.OnFailure(r.parent, i, res.Err)
 	}
@@ -503,6 +520,9 @@ func (r *Round) deliver(i int, res Result, sent bool) (undoNow bool, next *Round
 		if old&chainBit != 0 {
 			next = r.next // written before the bit was set
 		}
+	}
+	if by != nil && !undoNow && next == nil {
+		by.free()
 	}
 	r.arrived <- i // buffered for every node: never blocks
 	if r.pending.Add(-1) == 0 {
@@ -552,9 +572,9 @@ func (r *Round) enqueueUndo(i int) {
 		r.unref()
 		return
 	}
-	nd.ensureWorker(r.ns)
 	select {
 	case nd.room <- struct{}{}:
+		nd.claim(r.ns)
 		nd.push(job{round: r, node: i, undo: true})
 		return
 	default:
@@ -563,6 +583,7 @@ func (r *Round) enqueueUndo(i int) {
 	defer t.Stop()
 	select {
 	case nd.room <- struct{}{}:
+		nd.claim(r.ns)
 		nd.push(job{round: r, node: i, undo: true})
 	case <-t.C:
 		r.undoneSignal(i)
@@ -573,22 +594,31 @@ func (r *Round) enqueueUndo(i int) {
 	}
 }
 
-// ensureWorker starts a worker if none is idle and the node is below its
-// limit.
-func (nd *node) ensureWorker(ns *Nodes) {
-	if nd.idle.Load() > 0 || nd.total.Load() >= nd.max {
+// claim books a worker for a job about to be pushed: a free one if there
+// is one, else a new one if the node is below its limit (and ns is not
+// closed); else the job waits for the first worker to finish. Workers only
+// stop at Close, so a claimed job always has a worker that comes for it
+// until then.
+func (nd *node) claim(ns *Nodes) {
+	if nd.idle.Add(-1) >= 0 || nd.total.Load() >= nd.max {
 		return
 	}
 	nd.spawnMu.Lock()
 	defer nd.spawnMu.Unlock()
-	if nd.idle.Load() > 0 || nd.total.Load() >= nd.max || ns.closed.Load() {
+	// idle back at 0 or above: workers freed since, enough for every
+	// queued job, this one included.
+	if nd.idle.Load() >= 0 || nd.total.Load() >= nd.max || ns.closed.Load() {
 		return
 	}
 	nd.total.Add(1)
-	nd.idle.Add(1)
+	nd.idle.Add(1) // the new worker, booked by this claim
 	ns.workers.Add(1)
 	go nd.work(ns)
 }
+
+// free gives back the worker that called it: it has finished its job and
+// will take the next one.
+func (nd *node) free() { nd.idle.Add(1) }
 
 // push appends j to the queue, for which the caller took a room token.
 // Its ready token never blocks: ready holds at most one per job in q, and
@@ -630,12 +660,13 @@ func (nd *node) work(ns *Nodes) {
 		case <-ns.stop:
 			return
 		case <-nd.ready:
-			j := nd.pop()
-			nd.idle.Add(-1)
+			if ns.beforeTake != nil {
+				ns.beforeTake()
+			}
+			j := nd.pop() // claimed at its push: idle already counts it
 			for next := nd.run(j); next != nil; next = nd.run(j) {
 				j = job{round: next, node: j.node, after: true}
 			}
-			nd.idle.Add(1)
 		}
 	}
 }
@@ -647,14 +678,14 @@ func (nd *node) run(j job) (next *Round) {
 	if !j.undo {
 		if err := r.ctx.Err(); err != nil && !j.after {
 			// Waited in the queue past the round's deadline: not sent at all.
-			_, next = r.deliver(j.node, Result{Err: fmt.Errorf("not sent: %w", err)}, false)
+			_, next = r.deliver(j.node, Result{Err: fmt.Errorf("not sent: %w", err)}, false, nd)
 			r.unref()
 			return next
 		}
 		if r.decision.Load() == undo {
 			// Failed while this request waited: sending it would only
 			// write a key that then has to be undone.
-			_, next = r.deliver(j.node, Result{Err: errDecided}, false)
+			_, next = r.deliver(j.node, Result{Err: errDecided}, false, nd)
 			r.unref()
 			return next
 		}
@@ -681,7 +712,7 @@ func (nd *node) run(j job) (next *Round) {
 			res.Val, res.Err = r.call.Script.Run(ctx, nd.client, r.call.Line)
 		}
 
-		undoNow, next := r.deliver(j.node, res, true)
+		undoNow, next := r.deliver(j.node, res, true, nd)
 		if !undoNow {
 			r.unref()
 			return next
@@ -694,6 +725,7 @@ func (nd *node) run(j job) (next *Round) {
 	// cancellation must not stop a cleanup.
 	ctx := detached{Context: r.ns.deadline(), values: r.parent}
 	_, _ = r.undo.Script.Run(ctx, nd.client, r.undoLine())
+	nd.free() // before the signal: a push it causes finds this worker free
 	r.undoneSignal(j.node)
 	r.unref()
 	return nil
