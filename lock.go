@@ -58,7 +58,11 @@ type Lock struct {
 	report   func()        // that telling, run by unlock outside lk.mu
 	lost     chan struct{} // made by the first Lost call; closed once lost or a release was sent
 	expiry   *time.Timer   // started by the first Lost call; marks the lock lost at until−margin
-	untrack  func()        // from a Revoker strategy; run once the lock is released or lost
+	// ended, made by the first afterEnd call, is cancelled when Lost
+	// closes: context.AfterFunc waits on it without a goroutine.
+	ended    context.Context
+	endedNow context.CancelFunc
+	untrack  func() // from a Revoker strategy; run once the lock is released or lost
 
 	observer Observer  // nil: none
 	granted  time.Time // for the hold time an Observer is told
@@ -190,19 +194,43 @@ func (lk *Lock) Lost() <-chan struct{} {
 	}
 	lk.mu.Lock()
 	defer lk.unlock()
-	if lk.lost == nil {
-		// Look at the deadline before the channel exists: a lock found
-		// expired here is ended by checkExpiryLocked, which would close a
-		// channel made before it (and this code would close it again).
-		lk.checkExpiryLocked()
-		lk.lost = make(chan struct{})
-		if lk.heldLocked() {
-			lk.expiry = time.AfterFunc(lk.deadlineLocked().Sub(lk.clock.Now()), lk.expire)
-		} else {
-			close(lk.lost)
+	lk.watchLocked()
+	return lk.lost
+}
+
+// watchLocked makes Lost's channel and starts the expiry timer, once.
+func (lk *Lock) watchLocked() {
+	if lk.lost != nil {
+		return
+	}
+	// Look at the deadline before the channel exists: a lock found expired
+	// here is ended by checkExpiryLocked, which would close a channel made
+	// before it (and this code would close it again).
+	lk.checkExpiryLocked()
+	lk.lost = make(chan struct{})
+	if lk.heldLocked() {
+		lk.expiry = time.AfterFunc(lk.deadlineLocked().Sub(lk.clock.Now()), lk.expire)
+	} else {
+		close(lk.lost)
+	}
+}
+
+// afterEnd runs f in a goroutine of its own once Lost closes (the lock
+// lost, or a release sent), as context.AfterFunc does, and no goroutine
+// waits meanwhile: a timer and a context's callback list do. stop
+// prevents f from running, and reports false if f has started.
+func (lk *Lock) afterEnd(f func()) (stop func() bool) {
+	lk.mu.Lock()
+	lk.watchLocked()
+	if lk.ended == nil {
+		lk.ended, lk.endedNow = context.WithCancel(context.Background())
+		if !lk.heldLocked() {
+			lk.endedNow()
 		}
 	}
-	return lk.lost
+	ended := lk.ended
+	lk.unlock()
+	return context.AfterFunc(ended, f)
 }
 
 // Err returns nil while the lock has not been lost, and afterwards an error
@@ -685,6 +713,9 @@ func (lk *Lock) endLocked() {
 	}
 	if lk.lost != nil {
 		close(lk.lost)
+	}
+	if lk.endedNow != nil {
+		lk.endedNow()
 	}
 }
 

@@ -5,6 +5,9 @@ import (
 	"encoding/base64"
 	"errors"
 	"flag"
+	"fmt"
+	"runtime"
+	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -15,6 +18,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/redlease/redlease"
+	"github.com/redlease/redlease/internal/redistest"
 	"github.com/redlease/redlease/single"
 )
 
@@ -480,4 +484,80 @@ func TestRenewalDoesNotOutbidAShorterExtend(t *testing.T) {
 		require.NoError(t, redlease.ExtendAll(t.Context(), []*redlease.Lock{lk})[0])
 		assert.Equal(t, renewalStart.Add(2*time.Second), lk.Until(), "a later renewal extends it by the lock's TTL")
 	})
+}
+
+// Do watches its lock's loss without a goroutine of its own: 10,000 Do
+// calls at once (1,000 under the race detector, whose goroutines cost ten
+// times the time), each inside fn, hold at most 100 goroutines beyond
+// their callers' (the default watchdog's, go-redis's, the test's). Real
+// redis-server, the single strategy, the default keeper, a client without
+// ContextTimeoutEnabled: each call to Redis then runs in a goroutine that
+// ends with its reply (internal/bounded), so the count is taken once
+// those have ended, the callers all still inside fn.
+func TestDoHoldsNoGoroutineOfItsOwn(t *testing.T) {
+	const extra = 100
+	calls := 10_000
+	if raceEnabled {
+		calls = 1_000
+	}
+	probe := redistest.StartStallProbe(t)
+	l := newLocker(t, singleNode(t))
+	ctx := t.Context()
+	base := runtime.NumGoroutine()
+	var callers sync.WaitGroup
+	finish := make(chan struct{})
+	entered := make(chan error, calls) // nil: inside fn; else Do's error
+	errs := make(chan error, calls)
+	for i := range calls {
+		callers.Go(func() {
+			err := l.Do(ctx, fmt.Sprintf("do-goroutines-%d", i), func(context.Context, *redlease.Lock) error {
+				entered <- nil
+				<-finish
+				return nil
+			})
+			if err != nil {
+				entered <- err
+			}
+			errs <- err
+		})
+	}
+	defer func() {
+		if t.Failed() {
+			t.Logf("goroutines by creator: %v", goroutineCreators())
+		}
+		close(finish)
+		callers.Wait()
+		close(errs)
+		for err := range errs {
+			require.NoError(t, err)
+		}
+		waitNoWatchGoroutines(t)
+	}()
+	for i := range calls {
+		err := redistest.Await(t, probe, entered, time.Minute, 3, "%d of %d Do calls got their locks", i, calls)
+		require.NoError(t, err, "Do")
+	}
+	held := 0
+	probe.WaitFor(t, 5*time.Second, 3, 10*time.Millisecond, func() bool {
+		held = runtime.NumGoroutine() - base - calls
+		return held <= extra
+	}, "%d Do calls inside fn hold more than %d goroutines beyond the callers'", calls, extra)
+	t.Logf("%d Do calls inside fn: %d goroutines beyond the callers'", calls, held)
+}
+
+// goroutineCreators counts the process's goroutines by the function that
+// created them ("created by" in their stacks).
+func goroutineCreators() map[string]int {
+	buf := make([]byte, 64<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	by := map[string]int{}
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		creator := "main"
+		if _, after, ok := strings.Cut(g, "created by "); ok {
+			creator, _, _ = strings.Cut(after, "\n")
+			creator, _, _ = strings.Cut(creator, " in goroutine")
+		}
+		by[creator]++
+	}
+	return by
 }
