@@ -38,10 +38,11 @@ const (
 // payment goes through Barrier.Do (subtest Do) or Consumer.HandlePayload
 // (subtest Consumer; select one with -run 'TestStormOfRetriesThrough/Do'),
 // sent by three callers at once, each with a deadline of 50–150 ms,
-// shorter than many handler runs. A caller that gets no outcome (its
-// deadline, ErrInProgress, a store failure, a cancelled run; for the
-// Consumer, ack false) tries again — a retry, or a redelivery — until it
-// gets one, at most stormMaxAttempts times and for stormClientBudget. The
+// shorter than many handler runs, that grows after the tenth attempt
+// (stormTimeout). A caller that gets no outcome (its deadline,
+// ErrInProgress, a store failure, a cancelled run; for the Consumer, ack
+// false) tries again — a retry, or a redelivery — until it gets one, at
+// most stormMaxAttempts times and for its budget (stormBudgetLeft). The
 // store is paused (SIGSTOP) twice for 300 ms mid-storm. The handler calls
 // its provider, charges the ledger (one charge per payment, runs under an
 // older fence refused: the HTTP storm's ledger), then works on after the
@@ -81,6 +82,7 @@ type directStormState struct {
 	seed   uint64
 	start  time.Time
 	ledger *stormLedger
+	probe  *redistest.StallProbe // the callers' budgets are derived from what it measures
 
 	mu       sync.Mutex
 	charged  map[string]directCharge // the run that charged, by payment
@@ -149,6 +151,7 @@ type directAnswer struct {
 	replayed    bool
 	notRecorded bool
 	last        string
+	budget      string // set when the budget ran out: how its window was derived
 	odd         []string
 	others      []string // the first errors of no kind above
 
@@ -184,7 +187,7 @@ func directStorm(t *testing.T, via string) {
 	require.NoError(t, err)
 	ns := map[string]string{"Do": "idem:r:", "Consumer": "idem:m:"}[via]
 
-	s := &directStormState{seed: seed, ledger: &stormLedger{entries: map[string]*ledgerEntry{}},
+	s := &directStormState{seed: seed, ledger: &stormLedger{entries: map[string]*ledgerEntry{}}, probe: redistest.StartStallProbe(t),
 		charged: map[string]directCharge{}, told: map[string][]string{}, notRec: map[string]int{}}
 
 	// call is one delivery of payment p: ok when the caller has an outcome.
@@ -199,10 +202,14 @@ func directStorm(t *testing.T, via string) {
 	caller := func(ctx context.Context, p *stormPayment, c int) directAnswer {
 		rng := rand.New(rand.NewPCG(p.seed^0x9e3779b97f4a7c15, uint64(p.index*stormClients+c)))
 		var a directAnswer
-		giveUp := time.Now().Add(stormClientBudget)
-		for a.attempts < stormMaxAttempts && ctx.Err() == nil && time.Now().Before(giveUp) {
+		start := time.Now()
+		for a.attempts < stormMaxAttempts && ctx.Err() == nil {
+			if left, window := stormBudgetLeft(s.probe, start); !left {
+				a.budget = window
+				break
+			}
 			a.attempts++
-			actx, cancel := context.WithTimeout(ctx, stormTimeoutMin+time.Duration(rng.Int64N(int64(stormTimeoutSpan)+1)))
+			actx, cancel := context.WithTimeout(ctx, stormTimeout(rng, a.attempts))
 			out, ok, err := call(actx, p, s.handler(p.id))
 			cancel()
 			switch {
@@ -385,7 +392,7 @@ func directStorm(t *testing.T, via string) {
 			tot.notObtained += a.notObtained
 			odd = append(odd, a.odd...)
 			others = append(others, a.others...)
-			if !assert.True(t, a.final, "%s caller %d: no outcome after %d attempts: %s", p.id, c, a.attempts, a.last) {
+			if !assert.True(t, a.final, "%s caller %d: no outcome after %d attempts: %s (budget: %s)", p.id, c, a.attempts, a.last, a.budget) {
 				continue
 			}
 			switch {

@@ -45,16 +45,44 @@ const (
 	stormInFlight     = 50                     // payments in flight at once
 	stormRetention    = 3 * time.Second        // short, so the store empties within the test
 	stormLease        = time.Second            // renewed by a Watchdog while a handler runs
-	stormTimeoutMin   = 50 * time.Millisecond  // a client's per-request timeout: 50–150 ms
-	stormTimeoutSpan  = 100 * time.Millisecond //
+	stormTimeoutMin   = 50 * time.Millisecond  // a client's per-request timeout: 50–150 ms,
+	stormTimeoutSpan  = 100 * time.Millisecond // then 1.5 times longer per attempt
+	stormPatientAfter = 10                     // past the tenth (see stormTimeout),
+	stormTimeoutMax   = 5 * time.Second        // up to this
 	stormChargeMin    = 20 * time.Millisecond  // the handler's provider call: 20–200 ms
 	stormChargeSpan   = 180 * time.Millisecond //
 	stormPause        = 300 * time.Millisecond // each SIGSTOP of the store
 	stormBackoffFirst = 20 * time.Millisecond  // a client's backoff: doubling, jittered, capped
 	stormBackoffMax   = 320 * time.Millisecond //
 	stormMaxAttempts  = 150                    // per client
-	stormClientBudget = 30 * time.Second       // per client, from its first request
+	stormClientBudget = 30 * time.Second       // per client, from its first request, plus 3 × the stall measured meanwhile
 )
+
+// stormTimeout draws a client's timeout for its attempt-th request
+// (counted from 1): 50–150 ms, times 1.5 for every attempt past the
+// stormPatientAfter-th, at most stormTimeoutMax. Impatient at first, as
+// the storm needs; patient later, as a real client that backs off is. With
+// the first draw for every attempt, a machine too busy to answer any
+// request within 150 ms (a cold build of other packages beside the test,
+// -race) made every attempt of every client time out while the server
+// still ran the abandoned ones: no payment was charged for 22 s, and a
+// client ran out of its budget (make test with an empty build cache).
+func stormTimeout(rng *rand.Rand, attempt int) time.Duration {
+	d := stormTimeoutMin + time.Duration(rng.Int64N(int64(stormTimeoutSpan)+1))
+	for k := stormPatientAfter; k < attempt && d < stormTimeoutMax; k++ {
+		d = d * 3 / 2
+	}
+	return min(d, stormTimeoutMax)
+}
+
+// stormBudgetLeft reports whether a client that began at start may still
+// try: for stormClientBudget plus 3 × what probe measured this process
+// stalled since start (the window is derived from the run), and says how
+// the window was derived.
+func stormBudgetLeft(probe *redistest.StallProbe, start time.Time) (bool, string) {
+	now := time.Now()
+	return now.Sub(start) < probe.Allowance(stormClientBudget, 3, start, now), probe.Explain(stormClientBudget, 3, start, now)
+}
 
 // TestStormOfRetriesChargesEachPaymentOnce is the storm: payments
 // through the real Middleware on a real listener, each sent by three
@@ -98,7 +126,7 @@ func TestStormOfRetriesChargesEachPaymentOnce(t *testing.T) {
 		idempotency.WithKeeper(w))
 	require.NoError(t, err)
 
-	s := &storm{seed: seed, ledger: &stormLedger{entries: map[string]*ledgerEntry{}}}
+	s := &storm{seed: seed, ledger: &stormLedger{entries: map[string]*ledgerEntry{}}, probe: redistest.StartStallProbe(t)}
 	mw2, err := idempotency.Middleware(b, idempotency.WithGlobalKeys(),
 		idempotency.WithRoute(func(*http.Request) string { return "POST /payments" }),
 		idempotency.WithErrorLog(s.errorLog),
@@ -199,7 +227,7 @@ func TestStormOfRetriesChargesEachPaymentOnce(t *testing.T) {
 		}
 		for c, r := range p.results {
 			tot.add(r)
-			if assert.True(t, r.final, "%s client %d: no final answer after %d attempts: %s", p.id, c, r.attempts, r.last) &&
+			if assert.True(t, r.final, "%s client %d: no final answer after %d attempts: %s (budget: %s)", p.id, c, r.attempts, r.last, r.budget) &&
 				assert.Equal(t, http.StatusCreated, r.status, "%s client %d: final answer %s", p.id, c, r.last) {
 				assert.Equal(t, p.id, r.payment, "%s client %d: the response is another payment's: %s", p.id, c, r.last)
 				assert.Equal(t, e.charge, r.charge, "%s client %d: the response is not the payment's charge: %s", p.id, c, r.last)
@@ -297,6 +325,7 @@ type storm struct {
 	start    time.Time
 	ledger   *stormLedger
 	unfenced atomic.Int32
+	probe    *redistest.StallProbe // the clients' budgets are derived from what it measures
 
 	mu   sync.Mutex
 	logs map[string][]stormLog // the error log, by payment id
@@ -722,6 +751,7 @@ type stormResult struct {
 	payment, charge string // of a 201
 	replayed        bool
 	last            string   // the last answer, for messages
+	budget          string   // set when the budget ran out: how its window was derived
 	odd             []string // answers that are neither final nor expected on the way
 
 	attempts, timeouts, errors            int
@@ -758,20 +788,25 @@ func (t *stormTotals) add(r stormResult) {
 
 // client is one client of payment p: a real http.Client with a transport
 // of its own, sending the payment with its key until it gets a final
-// answer, each request with a timeout of 50–150 ms, with a jittered,
-// doubling, capped backoff (not Retry-After's whole seconds: an impatient
-// client, to make the storm), at most stormMaxAttempts times and for at
-// most stormClientBudget. It reports, it does not fail the test.
+// answer, each request with a timeout of 50–150 ms that grows after the
+// tenth attempt (stormTimeout), with a jittered, doubling, capped backoff
+// (not Retry-After's whole seconds: an impatient client, to make the
+// storm), at most stormMaxAttempts times and for at most its budget
+// (stormBudgetLeft). It reports, it does not fail the test.
 func (s *storm) client(ctx context.Context, url string, p *stormPayment, c int) stormResult {
 	rng := rand.New(rand.NewPCG(p.seed^0x9e3779b97f4a7c15, uint64(p.index*stormClients+c)))
 	tr := &http.Transport{}
 	defer tr.CloseIdleConnections()
 	hc := &http.Client{Transport: tr}
 	var r stormResult
-	giveUp := time.Now().Add(stormClientBudget)
-	for r.attempts < stormMaxAttempts && ctx.Err() == nil && time.Now().Before(giveUp) {
+	start := time.Now()
+	for r.attempts < stormMaxAttempts && ctx.Err() == nil {
+		if left, window := stormBudgetLeft(s.probe, start); !left {
+			r.budget = window
+			break
+		}
 		r.attempts++
-		actx, cancel := context.WithTimeout(ctx, stormTimeoutMin+time.Duration(rng.Int64N(int64(stormTimeoutSpan)+1)))
+		actx, cancel := context.WithTimeout(ctx, stormTimeout(rng, r.attempts))
 		reply := wirePost(actx, hc, url, p.key, p.body)
 		cancel()
 		switch {
