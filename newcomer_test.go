@@ -45,10 +45,13 @@ func TestNewcomerGetsTheSafeDefaults(t *testing.T) {
 	locker, err := redlease.New(q, redlease.WithTTL(time.Second))
 	require.NoError(t, err)
 
-	// Quorum grants carry rising fences.
+	// Quorum grants carry rising fences. Lock, not TryLock: with the
+	// default node timeout (100 ms), a machine under load (a second make
+	// test beside this one) let no node answer a single attempt in time,
+	// and Lock retries an outage as a newcomer's program would.
 	var last uint64
 	for i := range 3 {
-		lk, err := locker.TryLock(ctx, "newcomer:fence")
+		lk, err := locker.Lock(ctx, "newcomer:fence")
 		require.NoError(t, err)
 		require.Greater(t, lk.Fence(), last, "grant %d", i)
 		last = lk.Fence()

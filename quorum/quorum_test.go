@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -474,7 +476,31 @@ func TestDelayedRestartKeepsAmnesiacNodesOut(t *testing.T) {
 	_, err = s.Acquire(ctx, contract.Key(t), "tok", 2*maxTTL)
 	assert.ErrorIs(t, err, redlease.ErrInvalid, "a ttl above the max TTL is refused")
 
-	time.Sleep(maxTTL + 50*time.Millisecond)
+	// Every node has its marker (first seen at the server's time): under
+	// load a node's request may not have been sent once the round was
+	// decided, and its marker is then set by a later attempt. Wait one max
+	// TTL from the latest marker, not from the first attempt (with a sleep
+	// from the first attempt, a node marked later was still sitting out
+	// when the test restarted node 0, beside a second make test).
+	var latest int64
+	probe.WaitFor(t, 5*time.Second, 3, 10*time.Millisecond, func() bool {
+		latest = 0
+		for _, srv := range servers {
+			v, err := srv.Client().Get(ctx, script.BootMarker).Result()
+			if err != nil {
+				_, _ = s.Acquire(ctx, contract.Key(t), "tok0", maxTTL)
+				return false
+			}
+			ms, _, _ := strings.Cut(v, ":")
+			n, err := strconv.ParseInt(ms, 10, 64)
+			require.NoError(t, err, "boot marker %q", v)
+			latest = max(latest, n)
+		}
+		return true
+	}, "every node has its boot marker")
+	now, err := servers[0].Client().Time(ctx).Result()
+	require.NoError(t, err)
+	time.Sleep(time.UnixMilli(latest).Add(maxTTL + 50*time.Millisecond).Sub(now))
 	key := contract.Key(t)
 	_, err = s.Acquire(ctx, key, "tok", maxTTL)
 	require.NoError(t, err, "nodes vote once the max TTL has passed")
