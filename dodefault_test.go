@@ -55,22 +55,25 @@ func watchGoroutines() int {
 // watchStacks returns the number of the default watchdog's goroutines and
 // their stacks.
 func watchStacks() (int, []string) {
-	buf := make([]byte, 1<<20)
-	for {
-		n := runtime.Stack(buf, true)
-		if n < len(buf) {
-			buf = buf[:n]
-			break
-		}
-		buf = make([]byte, 2*len(buf))
-	}
 	var stacks []string
-	for _, g := range strings.Split(string(buf), "\n\n") {
+	for _, g := range goroutineStacks() {
 		if strings.Contains(g, "github.com/redlease/redlease/internal/watch.") {
 			stacks = append(stacks, g)
 		}
 	}
 	return len(stacks), stacks
+}
+
+// goroutineStacks returns the stack of every goroutine of the process.
+func goroutineStacks() []string {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			return strings.Split(string(buf[:n]), "\n\n")
+		}
+		buf = make([]byte, 2*len(buf))
+	}
 }
 
 // waitNoWatchGoroutines waits for the default watchdog to go idle: for 5 s

@@ -52,17 +52,17 @@ type Lock struct {
 	// (ErrUnavailable: which nodes failed, and how) before the deadline,
 	// since the last one that succeeded; a loss by expiry names it.
 	failed   error
-	sent     bool          // a Release was sent: whatever came back, the lock claims nothing any more
-	released bool          // a Release confirmed the key gone (or not ours)
-	reported bool          // the Observer was told how the hold ended
-	report   func()        // that telling, run by unlock outside lk.mu
-	lost     chan struct{} // made by the first Lost call; closed once lost or a release was sent
-	expiry   *time.Timer   // started by the first Lost call; marks the lock lost at until−margin
-	// ended, made by the first afterEnd call, is cancelled when Lost
-	// closes: context.AfterFunc waits on it without a goroutine.
+	sent     bool   // a Release was sent: whatever came back, the lock claims nothing any more
+	released bool   // a Release confirmed the key gone (or not ours)
+	reported bool   // the Observer was told how the hold ended
+	report   func() // that telling, run by unlock outside lk.mu
+	// ended, made by the first Lost or afterEnd call, is cancelled once
+	// the lock is lost or a release was sent: its Done is Lost's channel,
+	// and context.AfterFunc waits on it without a goroutine (afterEnd).
 	ended    context.Context
 	endedNow context.CancelFunc
-	untrack  func() // from a Revoker strategy; run once the lock is released or lost
+	expiry   *time.Timer // started with ended; marks the lock lost at until−margin
+	untrack  func()      // from a Revoker strategy; run once the lock is released or lost
 
 	observer Observer  // nil: none
 	granted  time.Time // for the hold time an Observer is told
@@ -70,9 +70,9 @@ type Lock struct {
 }
 
 func newLock(s Strategy, key, fullKey, token string, ttl, margin time.Duration, g Grant) *Lock {
-	// Lost's channel and the expiry timer are made on the first Lost call:
-	// most locks are taken and released without anyone selecting on Lost,
-	// and Valid and Err check the clock themselves.
+	// ended (Lost's channel) and the expiry timer are made on the first
+	// Lost call: most locks are taken and released without anyone
+	// selecting on Lost, and Valid and Err check the clock themselves.
 	return &Lock{
 		strategy: s,
 		key:      key,
@@ -195,23 +195,23 @@ func (lk *Lock) Lost() <-chan struct{} {
 	lk.mu.Lock()
 	defer lk.unlock()
 	lk.watchLocked()
-	return lk.lost
+	return lk.ended.Done()
 }
 
-// watchLocked makes Lost's channel and starts the expiry timer, once.
+// watchLocked makes ended and starts the expiry timer, once.
 func (lk *Lock) watchLocked() {
-	if lk.lost != nil {
+	if lk.ended != nil {
 		return
 	}
-	// Look at the deadline before the channel exists: a lock found expired
-	// here is ended by checkExpiryLocked, which would close a channel made
-	// before it (and this code would close it again).
+	// Look at the deadline before ended exists: a lock found expired here
+	// is ended by checkExpiryLocked, which would cancel an ended made
+	// before it.
 	lk.checkExpiryLocked()
-	lk.lost = make(chan struct{})
+	lk.ended, lk.endedNow = context.WithCancel(context.Background())
 	if lk.heldLocked() {
 		lk.expiry = time.AfterFunc(lk.deadlineLocked().Sub(lk.clock.Now()), lk.expire)
 	} else {
-		close(lk.lost)
+		lk.endedNow()
 	}
 }
 
@@ -222,12 +222,6 @@ func (lk *Lock) watchLocked() {
 func (lk *Lock) afterEnd(f func()) (stop func() bool) {
 	lk.mu.Lock()
 	lk.watchLocked()
-	if lk.ended == nil {
-		lk.ended, lk.endedNow = context.WithCancel(context.Background())
-		if !lk.heldLocked() {
-			lk.endedNow()
-		}
-	}
 	ended := lk.ended
 	lk.unlock()
 	return context.AfterFunc(ended, f)
@@ -710,9 +704,6 @@ func (lk *Lock) markLostLocked(cause error) {
 func (lk *Lock) endLocked() {
 	if lk.expiry != nil {
 		lk.expiry.Stop()
-	}
-	if lk.lost != nil {
-		close(lk.lost)
 	}
 	if lk.endedNow != nil {
 		lk.endedNow()

@@ -548,10 +548,8 @@ func TestDoHoldsNoGoroutineOfItsOwn(t *testing.T) {
 // goroutineCreators counts the process's goroutines by the function that
 // created them ("created by" in their stacks).
 func goroutineCreators() map[string]int {
-	buf := make([]byte, 64<<20)
-	buf = buf[:runtime.Stack(buf, true)]
 	by := map[string]int{}
-	for _, g := range strings.Split(string(buf), "\n\n") {
+	for _, g := range goroutineStacks() {
 		creator := "main"
 		if _, after, ok := strings.Cut(g, "created by "); ok {
 			creator, _, _ = strings.Cut(after, "\n")

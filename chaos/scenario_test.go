@@ -96,6 +96,7 @@ func run(t *testing.T, sc scenario, body func(t *testing.T, rec *Recorder) facts
 		t.Skip("slow scenario: runs in `make chaos` (go test -chaos.full)")
 	}
 	rec := NewRecorder(sc.name)
+	probe := redistest.StartStallProbe(t)
 	f := body(t, rec)
 	res := rec.Check(sc.strategy, sc.faults, sc.exp)
 	res.StrayKeys, res.LedgerLost = f.strays, f.ledgerLost
@@ -117,8 +118,27 @@ func run(t *testing.T, sc scenario, body func(t *testing.T, rec *Recorder) facts
 	}
 	t.Logf("%s: grants %d, overlaps %d, stale accepted %d / rejected %d, lost late %d, strays %d: %s %v",
 		sc.name, res.Grants, res.Overlaps, res.StaleAccepted, res.StaleRejected, res.LostLate, res.StrayKeys, res.Verdict, res.Notes)
+	if res.LostLate > 0 {
+		logLateLosses(t, rec, probe)
+	}
 	if res.Failed() {
 		t.Errorf("%s: %s", sc.name, res.Verdict)
+	}
+}
+
+// logLateLosses logs every hold whose Lost closed at or after its Until
+// (O5) with what probe measured this process stalled from a second before
+// Until to the loss: the notice comes from this process's own timer at
+// Until less the loss margin, so a stall longer than the margin there
+// delays it (see Lock.Lost), and the log tells that from a late timer.
+func logLateLosses(t *testing.T, rec *Recorder, probe *redistest.StallProbe) {
+	for _, h := range rec.snapshot().holds {
+		if h.LostAt < 0 || h.LostAt < h.Until {
+			continue
+		}
+		from, to := rec.start.Add(h.Until-time.Second), rec.start.Add(h.LostAt)
+		t.Logf("O5: holder %s fence %d: until %v, Lost closed at %v (%v after until); this process was measured stalled %v from a second before until to the loss, worst single stall %v",
+			h.Holder, h.Fence, h.Until, h.LostAt, h.LostAt-h.Until, probe.Stalled(from, to), probe.Worst(from, to))
 	}
 }
 

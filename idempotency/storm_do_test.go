@@ -42,7 +42,7 @@ const (
 // (stormTimeout). A caller that gets no outcome (its deadline,
 // ErrInProgress, a store failure, a cancelled run; for the Consumer, ack
 // false) tries again — a retry, or a redelivery — until it gets one, at
-// most stormMaxAttempts times and for its budget (stormBudgetLeft). The
+// most stormMaxAttempts times and for its budget (stormBudgetOver). The
 // store is paused (SIGSTOP) twice for 300 ms mid-storm. The handler calls
 // its provider, charges the ledger (one charge per payment, runs under an
 // older fence refused: the HTTP storm's ledger), then works on after the
@@ -204,8 +204,7 @@ func directStorm(t *testing.T, via string) {
 		var a directAnswer
 		start := time.Now()
 		for a.attempts < stormMaxAttempts && ctx.Err() == nil {
-			if left, window := stormBudgetLeft(s.probe, start); !left {
-				a.budget = window
+			if a.budget = stormBudgetOver(s.probe, start); a.budget != "" {
 				break
 			}
 			a.attempts++

@@ -75,13 +75,16 @@ func stormTimeout(rng *rand.Rand, attempt int) time.Duration {
 	return min(d, stormTimeoutMax)
 }
 
-// stormBudgetLeft reports whether a client that began at start may still
-// try: for stormClientBudget plus 3 × what probe measured this process
-// stalled since start (the window is derived from the run), and says how
-// the window was derived.
-func stormBudgetLeft(probe *redistest.StallProbe, start time.Time) (bool, string) {
+// stormBudgetOver says how a client's budget was derived once it has run
+// out, and "" while the client that began at start may still try: for
+// stormClientBudget plus 3 × what probe measured this process stalled
+// since start (the window is derived from the run).
+func stormBudgetOver(probe *redistest.StallProbe, start time.Time) string {
 	now := time.Now()
-	return now.Sub(start) < probe.Allowance(stormClientBudget, 3, start, now), probe.Explain(stormClientBudget, 3, start, now)
+	if now.Sub(start) < probe.Allowance(stormClientBudget, 3, start, now) {
+		return ""
+	}
+	return probe.Explain(stormClientBudget, 3, start, now)
 }
 
 // TestStormOfRetriesChargesEachPaymentOnce is the storm: payments
@@ -792,7 +795,7 @@ func (t *stormTotals) add(r stormResult) {
 // tenth attempt (stormTimeout), with a jittered, doubling, capped backoff
 // (not Retry-After's whole seconds: an impatient client, to make the
 // storm), at most stormMaxAttempts times and for at most its budget
-// (stormBudgetLeft). It reports, it does not fail the test.
+// (stormBudgetOver). It reports, it does not fail the test.
 func (s *storm) client(ctx context.Context, url string, p *stormPayment, c int) stormResult {
 	rng := rand.New(rand.NewPCG(p.seed^0x9e3779b97f4a7c15, uint64(p.index*stormClients+c)))
 	tr := &http.Transport{}
@@ -801,8 +804,7 @@ func (s *storm) client(ctx context.Context, url string, p *stormPayment, c int) 
 	var r stormResult
 	start := time.Now()
 	for r.attempts < stormMaxAttempts && ctx.Err() == nil {
-		if left, window := stormBudgetLeft(s.probe, start); !left {
-			r.budget = window
+		if r.budget = stormBudgetOver(s.probe, start); r.budget != "" {
 			break
 		}
 		r.attempts++

@@ -482,11 +482,15 @@ func TestDelayedRestartKeepsAmnesiacNodesOut(t *testing.T) {
 	// TTL from the latest marker, not from the first attempt (with a sleep
 	// from the first attempt, a node marked later was still sitting out
 	// when the test restarted node 0, beside a second make test).
+	direct := make([]*redis.Client, len(servers))
+	for i, srv := range servers {
+		direct[i] = srv.Client()
+	}
 	var latest int64
 	probe.WaitFor(t, 5*time.Second, 3, 10*time.Millisecond, func() bool {
 		latest = 0
-		for _, srv := range servers {
-			v, err := srv.Client().Get(ctx, script.BootMarker).Result()
+		for _, c := range direct {
+			v, err := c.Get(ctx, script.BootMarker).Result()
 			if err != nil {
 				_, _ = s.Acquire(ctx, contract.Key(t), "tok0", maxTTL)
 				return false
@@ -498,7 +502,7 @@ func TestDelayedRestartKeepsAmnesiacNodesOut(t *testing.T) {
 		}
 		return true
 	}, "every node has its boot marker")
-	now, err := servers[0].Client().Time(ctx).Result()
+	now, err := direct[0].Time(ctx).Result()
 	require.NoError(t, err)
 	time.Sleep(time.UnixMilli(latest).Add(maxTTL + 50*time.Millisecond).Sub(now))
 	key := contract.Key(t)
