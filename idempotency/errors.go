@@ -16,8 +16,8 @@ var (
 	ErrInProgress = errors.New("idempotency: request in progress")
 	// ErrMismatch: the key was first used with a different payload.
 	ErrMismatch = errors.New("idempotency: key reused with a different payload")
-	// ErrNotOwner: the caller no longer owns the in-progress record (its
-	// lock expired and someone took the request over); its result was not
+	// ErrNotOwner: the in-progress record belongs to another owner (the
+	// caller's lock expired and someone took the request over); its result was not
 	// stored. When the handler had already run, Do wraps it in
 	// ErrNotRecorded (the effect may have happened).
 	ErrNotOwner = errors.New("idempotency: record taken over by another owner")

@@ -34,7 +34,7 @@ func (b *Barrier) hold(base context.Context, req Request, rec string, lk *redlea
 	// The record, again, now that we hold the lock: a request may have
 	// completed while we took it. (With the lock on the store, the claim
 	// was made in the same step as the lock.) The claim counts only while
-	// the lock is valid, and is given no longer.
+	// the lock is valid, so the lock's Until is its deadline.
 	var st status
 	if cl != nil {
 		st = cl.st
@@ -196,7 +196,7 @@ func (b *Barrier) watch(hctx context.Context, cancel context.CancelCauseFunc, lk
 }
 
 // cancelAtExpiry is watch for a lock on the store that no Keeper renews,
-// on a timer instead of goroutines: nothing extends such a lock and its
+// done with one timer and no goroutine: nothing extends such a lock and its
 // strategy revokes nothing (storeLock is no Revoker), so while the handler
 // runs the lock can only be lost by its validity running out, when Valid
 // turns false (its Until less the loss margin) — which is when the timer

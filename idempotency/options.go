@@ -29,8 +29,8 @@ type optionFunc func(*Barrier) error
 func (f optionFunc) apply(b *Barrier) error { return f(b) }
 
 // WithStrategy keeps requests in flight exclusive with s (quorum, for a
-// settlement) instead of the default single strategy on the store. A
-// Barrier with its own strategy runs a request's steps one by one (five
+// settlement); without it the Barrier locks with the single strategy on
+// the store. A Barrier with its own strategy runs a request's steps one by one (five
 // round trips for a first request, against two for the default on a
 // one-Redis store: see the package doc).
 //

@@ -88,7 +88,7 @@ func (b *Barrier) record(ctx context.Context, rec string, lk *redlease.Lock, kin
 }
 
 // leavesLock reports whether a run whose outcome is recorded leaves its
-// lock to expire instead of releasing it: with the lock on the store and
+// lock to expire, unreleased: with the lock on the store and
 // no Keeper. There every claim reads the record before it looks at the
 // lock, in the same script (claimLockScript), so a completed record
 // answers every duplicate by itself, and nobody ever needs its lock again;

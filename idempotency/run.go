@@ -19,7 +19,7 @@ import (
 // does not cut the handler short, nor decide its record. If ctx ends
 // first, run returns at once with ctx's error while the run goes on in a
 // goroutine the Barrier owns (see Close). Without detach (the Middleware,
-// whose ctx is its own: its handler timeout), h runs on ctx as before.
+// whose ctx is its own: its handler timeout), h runs on ctx itself.
 func (b *Barrier) run(ctx context.Context, req Request, rec, lockKey string, h Handler, detach bool) (Outcome, verdict, error) {
 	var cl *claim
 	lctx := ctx
@@ -37,12 +37,13 @@ func (b *Barrier) run(ctx context.Context, req Request, rec, lockKey string, h H
 		// Taken, not failed: someone is running this request now, or has
 		// just finished it. That holds whether or not ctx ended while the
 		// store answered: a refusal that says another token holds the
-		// lock is the store's answer, not ctx's doing. With a lock that is not on the store, the look
-		// at the record (exec's peek) and the lock are two steps, and the
-		// request may have completed between them (on quorum, its lock's
-		// release may still be landing on some nodes). A second look
-		// answers a completed request with its result, and a payload that
-		// differs with ErrMismatch, instead of "in progress".
+		// lock is the store's answer, not ctx's doing. With a lock that is
+		// not on the store, the look at the record (exec's peek) and the
+		// lock are two steps, and the request may have completed between
+		// them (on quorum, its lock's release may still be landing on some
+		// nodes). A second look answers a completed request with its
+		// result, and a payload that differs with ErrMismatch; only an
+		// unsettled record gets "in progress".
 		if b.onStore == nil {
 			if st, perr := b.peek(ctx, rec, req.Fingerprint); perr == nil && st.settled() {
 				return st.answer()
