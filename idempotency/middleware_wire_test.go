@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -174,6 +175,48 @@ func wireCharger(charges *atomic.Int32) http.Handler {
 	})
 }
 
+// wireHeldCharge is a first payment whose response is held on its way to
+// the store (see wireChargeHeld).
+type wireHeldCharge struct {
+	charges   atomic.Int32
+	url       string // where payments go
+	client    *http.Client
+	firstDone chan wireReply // the first payment's answer
+	mu        sync.Mutex
+	errs      []error // the Middleware's error log
+}
+
+// logged returns what the Middleware logged so far.
+func (h *wireHeldCharge) logged() []error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return slices.Clone(h.errs)
+}
+
+// wireChargeHeld serves b's Middleware (global keys, an in-flight wait of
+// 10 s, an error log) over wireCharger, sends a first payment, and waits
+// until its handler ran and the recording of its response is held at g.
+func wireChargeHeld(t *testing.T, b *idempotency.Barrier, g *redistest.Gate) *wireHeldCharge {
+	t.Helper()
+	h := &wireHeldCharge{firstDone: make(chan wireReply, 1)}
+	mw, err := idempotency.Middleware(b, idempotency.WithGlobalKeys(),
+		idempotency.WithInFlightWait(10*time.Second),
+		idempotency.WithErrorLog(func(_ *http.Request, err error) {
+			h.mu.Lock()
+			defer h.mu.Unlock()
+			h.errs = append(h.errs, err)
+		}),
+	)
+	require.NoError(t, err)
+	h.url = wireServe(t, mw(wireCharger(&h.charges))).URL + "/pay"
+	h.client = wireClient(t, 20*time.Second)
+
+	g.HoldRequests(wireReceipt)
+	go func() { h.firstDone <- wirePost(t.Context(), h.client, h.url, httpKey, "100") }()
+	require.NoError(t, g.WaitHeld(1, wireReceipt, 10*time.Second), "the handler ran and its response is on its way to the store")
+	return h
+}
+
 // The store blinks (crashes and comes back with its data: wireCrash, then
 // Heal) after the handler ran and before its response is recorded. The
 // client gets its 201, and its retry replays that 201 instead of charging
@@ -181,49 +224,29 @@ func wireCharger(charges *atomic.Int32) http.Handler {
 func TestHTTPStoreBlinkBeforeRecordIsSurvived(t *testing.T) {
 	wireNoLeaks(t)
 	srv, g, b := wireGatedStore(t, idempotency.WithLease(5*time.Second))
-	var charges atomic.Int32
-	var mu sync.Mutex
-	var logged []error
-	mw, err := idempotency.Middleware(b, idempotency.WithGlobalKeys(),
-		idempotency.WithInFlightWait(10*time.Second),
-		idempotency.WithErrorLog(func(_ *http.Request, err error) {
-			mu.Lock()
-			defer mu.Unlock()
-			logged = append(logged, err)
-		}),
-	)
-	require.NoError(t, err)
-	ts := wireServe(t, mw(wireCharger(&charges)))
-	client := wireClient(t, 20*time.Second)
-
-	g.HoldRequests(wireReceipt)
-	firstDone := make(chan wireReply, 1)
-	go func() { firstDone <- wirePost(t.Context(), client, ts.URL+"/pay", httpKey, "100") }()
-	require.NoError(t, g.WaitHeld(1, wireReceipt, 10*time.Second), "the handler ran and its response is on its way to the store")
+	h := wireChargeHeld(t, b, g)
 	wireCrash(t, srv, g) // the held recording is lost with its connection
 	// The store is gone for a moment: until the first answer, or 500 ms.
 	var first wireReply
 	select {
-	case first = <-firstDone:
+	case first = <-h.firstDone:
 	case <-time.After(500 * time.Millisecond):
 	}
 	g.Heal()
 	if first.resp == nil && first.err == nil {
-		first = wireReceive(t, firstDone, 15*time.Second, "the first answer")
+		first = wireReceive(t, h.firstDone, 15*time.Second, "the first answer")
 	}
 
 	require.NoError(t, first.err)
 	assert.Equal(t, http.StatusCreated, first.resp.StatusCode, "body: %s", first.body)
 	assert.Contains(t, string(first.body), wireReceipt)
-	retry := wirePost(t.Context(), client, ts.URL+"/pay", httpKey, "100")
+	retry := wirePost(t.Context(), h.client, h.url, httpKey, "100")
 	require.NoError(t, retry.err)
 	assert.Equal(t, http.StatusCreated, retry.resp.StatusCode, "body: %s", retry.body)
 	assert.Equal(t, string(first.body), string(retry.body))
 	assert.Equal(t, "true", retry.resp.Header.Get(idempotency.HeaderIdempotentReplayed), "replayed, not run again")
-	assert.EqualValues(t, 1, charges.Load(), "charged once")
-	mu.Lock()
-	assert.Empty(t, logged, "nothing to report: the response was recorded")
-	mu.Unlock()
+	assert.EqualValues(t, 1, h.charges.Load(), "charged once")
+	assert.Empty(t, h.logged(), "nothing to report: the response was recorded")
 }
 
 // A client that times out while the handler runs is the case
@@ -599,43 +622,23 @@ func TestHTTPReplayKeepsRepresentationFields(t *testing.T) {
 func TestHTTPResponseNotRecordedIsSentAndReported(t *testing.T) {
 	wireNoLeaks(t)
 	srv, g, b := wireGatedStore(t, idempotency.WithLease(time.Second))
-	var charges atomic.Int32
-	var mu sync.Mutex
-	var logged []error
-	mw, err := idempotency.Middleware(b, idempotency.WithGlobalKeys(),
-		idempotency.WithInFlightWait(10*time.Second),
-		idempotency.WithErrorLog(func(_ *http.Request, err error) {
-			mu.Lock()
-			defer mu.Unlock()
-			logged = append(logged, err)
-		}),
-	)
-	require.NoError(t, err)
-	ts := wireServe(t, mw(wireCharger(&charges)))
-	client := wireClient(t, 20*time.Second)
-
-	g.HoldRequests(wireReceipt)
-	firstDone := make(chan wireReply, 1)
-	go func() { firstDone <- wirePost(t.Context(), client, ts.URL+"/pay", httpKey, "100") }()
-	require.NoError(t, g.WaitHeld(1, wireReceipt, 10*time.Second), "the handler ran and its response is on its way to the store")
+	h := wireChargeHeld(t, b, g)
 	wireCrash(t, srv, g) // until after the lock ran out: the Barrier stops trying then
-	first := wireReceive(t, firstDone, 15*time.Second, "the first answer")
+	first := wireReceive(t, h.firstDone, 15*time.Second, "the first answer")
 	require.NoError(t, first.err)
 	assert.Equal(t, http.StatusCreated, first.resp.StatusCode, "body: %s", first.body)
 	assert.Contains(t, string(first.body), wireReceipt)
 	assert.Empty(t, first.resp.Header.Get(idempotency.HeaderIdempotentReplayed))
-	mu.Lock()
-	if assert.Len(t, logged, 1) {
+	if logged := h.logged(); assert.Len(t, logged, 1) {
 		assert.ErrorIs(t, logged[0], idempotency.ErrNotRecorded)
 	}
-	mu.Unlock()
 
 	g.Heal() // the store is back with the in-progress record: nothing says the run completed
-	retry := wirePost(t.Context(), client, ts.URL+"/pay", httpKey, "100")
+	retry := wirePost(t.Context(), h.client, h.url, httpKey, "100")
 	require.NoError(t, retry.err)
 	assert.Equal(t, http.StatusCreated, retry.resp.StatusCode, "body: %s", retry.body)
 	assert.Empty(t, retry.resp.Header.Get(idempotency.HeaderIdempotentReplayed), "the handler ran again")
-	assert.EqualValues(t, 2, charges.Load())
+	assert.EqualValues(t, 2, h.charges.Load())
 }
 
 // A Barrier with WithStoreEverything does not change what the Middleware
