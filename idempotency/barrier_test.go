@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -15,9 +14,10 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/redlease/redlease"
+	"github.com/redlease/redlease/failover"
 	"github.com/redlease/redlease/idempotency"
 	"github.com/redlease/redlease/internal/redistest"
-	"github.com/redlease/redlease/renew"
+	"github.com/redlease/redlease/quorum"
 )
 
 func TestMain(m *testing.M) {
@@ -35,375 +35,6 @@ func barrier(t *testing.T, c redis.UniversalClient, opts ...idempotency.Option) 
 	b, err := idempotency.New(c, opts...)
 	require.NoError(t, err)
 	return b
-}
-
-func TestFirstRunsDuplicatesReplay(t *testing.T) {
-	b := barrier(t, store(t))
-	ctx := t.Context()
-	req := idempotency.Request{Key: "order:1", Fingerprint: idempotency.Fingerprint("u1", "pay", "100")}
-	var runs atomic.Int32
-	h := func(ctx context.Context, fence uint64) ([]byte, error) {
-		runs.Add(1)
-		return []byte(fmt.Sprintf("paid with fence %d", fence)), nil
-	}
-	first, err := b.Do(ctx, req, h)
-	require.NoError(t, err)
-	assert.False(t, first.Replayed)
-	assert.NotZero(t, first.Fence)
-	second, err := b.Do(ctx, req, h)
-	require.NoError(t, err)
-	assert.True(t, second.Replayed)
-	assert.Equal(t, first.Result, second.Result)
-	assert.EqualValues(t, 1, runs.Load())
-}
-
-// The fingerprint of the first request survives its completion: the same
-// key with another payload is refused afterwards, not replayed.
-func TestFingerprintSurvivesCompletion(t *testing.T) {
-	b := barrier(t, store(t))
-	ctx := t.Context()
-	ok := func(context.Context, uint64) ([]byte, error) { return []byte("ok"), nil }
-	_, err := b.Do(ctx, idempotency.Request{Key: "k", Fingerprint: idempotency.PayloadHash([]byte("amount=100"))}, ok)
-	require.NoError(t, err)
-	_, err = b.Do(ctx, idempotency.Request{Key: "k", Fingerprint: idempotency.PayloadHash([]byte("amount=999"))}, ok)
-	assert.ErrorIs(t, err, idempotency.ErrMismatch)
-}
-
-// A handler that outlives its lock finds the request taken over when it
-// returns: its result is discarded (its lock was lost: ErrRunCancelled),
-// its release leaves the new owner's record alone (ErrNotOwner), and the
-// new owner's result stands.
-func TestStaleOwnersCompleteIsRejected(t *testing.T) {
-	t.Parallel()
-	c := store(t)
-	b := barrier(t, c, idempotency.WithLease(staleLease), idempotency.WithRetention(time.Minute))
-	ctx := t.Context()
-	req := idempotency.Request{Key: "transfer:7"}
-	probe := redistest.StartStallProbe(t)
-	stale := make(chan error, 1)
-	started := make(chan struct{})
-	takenOver := make(chan struct{}) // closed once the request was taken over (or the test ends)
-	var once sync.Once
-	endPause := func() { once.Do(func() { close(takenOver) }) }
-	defer endPause()
-	go func() {
-		_, err := b.Do(context.WithoutCancel(ctx), req, func(ctx context.Context, fence uint64) ([]byte, error) {
-			close(started)
-			<-takenOver // a long pause: the lease runs out and the request is taken over meanwhile
-			return []byte("stale"), nil
-		})
-		stale <- err
-	}()
-	awaitHandler(t, started, stale)
-	waitLockGone(t, probe, c, req.Key) // past the lease: the lock expired
-	out, err := b.Do(ctx, req, func(ctx context.Context, fence uint64) ([]byte, error) { return []byte("fresh"), nil })
-	endPause()
-	require.NoError(t, err, "the request is taken over once its owner's lock expired")
-	assert.Equal(t, "fresh", string(out.Result))
-	staleErr := <-stale
-	assert.ErrorIs(t, staleErr, idempotency.ErrRunCancelled, "the stale owner's result is discarded")
-	assert.ErrorIs(t, staleErr, idempotency.ErrNotOwner, "the request was taken over")
-	replay, err := b.Do(ctx, req, func(context.Context, uint64) ([]byte, error) { return nil, errors.New("must not run") })
-	require.NoError(t, err)
-	assert.Equal(t, "fresh", string(replay.Result))
-}
-
-// A caller that does not own a record never deletes it: here the first
-// owner outlives its lock, the request is taken over, and the first owner
-// then fails transiently — its release must leave the new owner's record
-// alone, and the new owner's result stands. The new owner runs through a
-// second Barrier on the same prefix with a long lease, so that it holds
-// its lock for as long as the test keeps it running (a run that outlives
-// its own lock is not recorded).
-func TestRecordNeverDeletedByANonOwner(t *testing.T) {
-	t.Parallel()
-	c := store(t)
-	b := barrier(t, c, idempotency.WithLease(staleLease), idempotency.WithRetention(time.Minute))
-	long := barrier(t, c, idempotency.WithLease(5*time.Second), idempotency.WithRetention(time.Minute))
-	ctx := t.Context()
-	req := idempotency.Request{Key: "k"}
-	probe := redistest.StartStallProbe(t)
-	aDone := make(chan error, 1)
-	aStarted := make(chan struct{})
-	bRunning := make(chan struct{}) // closed by B's handler (or at the test's end)
-	var once sync.Once
-	bRan := func() { once.Do(func() { close(bRunning) }) }
-	defer bRan()
-	go func() {
-		_, err := b.Do(context.WithoutCancel(ctx), req, func(context.Context, uint64) ([]byte, error) {
-			close(aStarted)
-			<-bRunning // A runs on until its lock has expired and B runs
-			return nil, errors.New("transient failure, after losing the lock")
-		})
-		aDone <- err
-	}()
-	awaitHandler(t, aStarted, aDone)
-	waitLockGone(t, probe, c, req.Key) // A's lock has expired
-	bFinish := make(chan struct{})
-	bDone := make(chan error, 1)
-	go func() {
-		_, err := long.Do(ctx, req, func(context.Context, uint64) ([]byte, error) {
-			bRan()
-			<-bFinish
-			return []byte("b"), nil
-		})
-		bDone <- err
-	}()
-	awaitHandler(t, bRunning, bDone)
-	aErr := <-aDone // A fails and tries to release
-	require.ErrorIs(t, aErr, idempotency.ErrRunCancelled, "A's lock was lost while it ran")
-	assert.ErrorIs(t, aErr, idempotency.ErrNotOwner, "A's release found B's record")
-	n, err := c.Exists(ctx, "idem:r:k").Result()
-	require.NoError(t, err)
-	assert.EqualValues(t, 1, n, "B's in-progress record survives A's release")
-	close(bFinish)
-	require.NoError(t, <-bDone)
-	out, err := b.Do(ctx, req, func(context.Context, uint64) ([]byte, error) { return nil, errors.New("must not run") })
-	require.NoError(t, err)
-	assert.Equal(t, "b", string(out.Result))
-}
-
-// A duplicate that arrives while a slow handler runs (its lease renewed
-// by the watchdog well past the lease) gets ErrInProgress, not a second
-// run; DoWait waits for the result instead.
-//
-// The handler runs until the test lets it finish, and the test lets it
-// finish only once DoWait has been told "in progress" (seen by a hook on
-// the store's client): no sleep decides the order. What is left to time is
-// the property itself, renewal past the lease, and the lease is long
-// enough for a starved process: a renewal is taken a quarter of the lease
-// after the previous one started and must land before the lock counts as
-// lost (Until less the loss margin, about 0.89 of the lease after that
-// start), so the process may stall for about 0.64 of the lease. Under
-// load (-race, two busy loops beside it, other tests on the machine) the
-// lock was lost in 8 of 120 runs with a lease of 300 ms (190 ms of stall)
-// and in 2 of 100 with 1 s (640 ms), and a 5 ms timer in the test process
-// fired up to 600 ms late; 2 s leaves 1.28 s.
-func TestDuplicateDuringSlowRenewedHandler(t *testing.T) {
-	probe := redistest.StartStallProbe(t)
-	const lease = 2 * time.Second
-	w, err := renew.New()
-	require.NoError(t, err)
-	defer w.Close()
-	c := store(t)
-	held := make(chan struct{}, 16)
-	c.AddHook(claimRefusals{sha: idempotency.ClaimLockHash(), refused: held})
-	ctx := t.Context()
-	require.NoError(t, idempotency.LoadScripts(ctx, c), "EVALSHA finds the claim: the hook sees every one")
-	b := barrier(t, c, idempotency.WithLease(lease), idempotency.WithKeeper(w))
-	req := idempotency.Request{Key: "slow"}
-	var runs atomic.Int32
-	started := make(chan time.Time, 1)
-	finish := make(chan struct{})
-	h := func(ctx context.Context, fence uint64) ([]byte, error) {
-		if runs.Add(1) > 1 {
-			return []byte("ran again"), nil // at once: the test fails without waiting for this run
-		}
-		started <- time.Now()
-		select {
-		case <-finish:
-		case <-ctx.Done():
-			return nil, context.Cause(ctx)
-		}
-		return []byte("done"), nil
-	}
-	first := make(chan error, 1)
-	go func() { _, err := b.Do(ctx, req, h); first <- err }()
-	var begun time.Time
-	select {
-	case begun = <-started:
-	case err := <-first:
-		t.Fatalf("the first request ended before its handler ran: %v", err)
-	}
-	// Half a lease past the lease since the grant (which came before the
-	// handler started): only renewal keeps the request in flight.
-	time.Sleep(time.Until(begun.Add(lease * 3 / 2)))
-	_, err = b.Do(ctx, req, h)
-	var inProgress *idempotency.InProgressError
-	require.ErrorAs(t, err, &inProgress, "in flight past its lease; if not, no renewal landed for 0.64 of the lease (%v): a stalled process, or renewals that stopped", lease*64/100)
-	assert.GreaterOrEqual(t, inProgress.RetryAfter, time.Second)
-	redistest.Await(t, probe, held, 10*lease, 3, "the duplicate's in-progress answer came without a refused claim") // the duplicate's claim, refused
-
-	type waited struct {
-		out idempotency.Outcome
-		err error
-	}
-	second := make(chan waited, 1)
-	go func() {
-		out, err := b.DoWait(ctx, req, 10*lease, h)
-		second <- waited{out, err}
-	}()
-	select {
-	case <-held: // DoWait found the request in flight: it waits for it
-	case got := <-second:
-		t.Fatalf("DoWait returned before the handler finished: %+v, %v", got.out, got.err)
-	}
-	close(finish)
-	got := <-second
-	require.NoError(t, got.err)
-	assert.True(t, got.out.Replayed)
-	assert.Equal(t, "done", string(got.out.Result))
-	require.NoError(t, <-first)
-	assert.EqualValues(t, 1, runs.Load())
-}
-
-// claimRefusals is a go-redis hook that sends on refused each time a claim
-// (the script sha: ClaimLockHash) is answered with the lock held by
-// someone else (a negative integer), without waiting for a receiver.
-type claimRefusals struct {
-	sha     string
-	refused chan<- struct{}
-}
-
-func (h claimRefusals) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h claimRefusals) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
-}
-func (h claimRefusals) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		err := next(ctx, cmd)
-		if args := cmd.Args(); len(args) > 1 && args[1] == h.sha {
-			if c, ok := cmd.(*redis.Cmd); ok {
-				if v, ok := c.Val().(int64); ok && v < 0 {
-					select {
-					case h.refused <- struct{}{}:
-					default:
-					}
-				}
-			}
-		}
-		return err
-	}
-}
-
-// 1,000 concurrent duplicates of 100 requests: each request runs once,
-// every caller gets its result (now or replayed) or an in-progress answer.
-func TestThousandDuplicatesRunEachOnce(t *testing.T) {
-	t.Parallel()
-	b := barrier(t, store(t))
-	ctx := t.Context()
-	var runs [100]atomic.Int32
-	var replays, inProgress atomic.Int32
-	var wg sync.WaitGroup
-	for i := range 1000 {
-		wg.Go(func() {
-			r := i % 100
-			req := idempotency.Request{Key: fmt.Sprintf("req:%d", r), Fingerprint: idempotency.Fingerprint("payload", fmt.Sprint(r))}
-			out, err := b.DoWait(ctx, req, 5*time.Second, func(context.Context, uint64) ([]byte, error) {
-				runs[r].Add(1)
-				time.Sleep(5 * time.Millisecond)
-				return []byte(fmt.Sprint(r)), nil
-			})
-			switch {
-			case errors.Is(err, idempotency.ErrInProgress):
-				inProgress.Add(1)
-			case assert.NoError(t, err):
-				assert.Equal(t, fmt.Sprint(r), string(out.Result))
-				if out.Replayed {
-					replays.Add(1)
-				}
-			}
-		})
-	}
-	wg.Wait()
-	for r := range runs {
-		assert.EqualValues(t, 1, runs[r].Load(), "request %d", r)
-	}
-	t.Logf("1000 calls of 100 requests: 100 runs, %d replays, %d still in progress at the deadline", replays.Load(), inProgress.Load())
-}
-
-// Failures: a Final error is stored and replayed; a transient one releases
-// the request so a retry runs; a panic releases and re-panics.
-func TestResultPolicy(t *testing.T) {
-	b := barrier(t, store(t))
-	ctx := t.Context()
-	insufficient := errors.New("insufficient funds")
-	_, err := b.Do(ctx, idempotency.Request{Key: "final"}, func(context.Context, uint64) ([]byte, error) {
-		return nil, idempotency.Final(insufficient)
-	})
-	assert.ErrorIs(t, err, insufficient)
-	_, err = b.Do(ctx, idempotency.Request{Key: "final"}, func(context.Context, uint64) ([]byte, error) { return []byte("ran again"), nil })
-	var stored *idempotency.StoredError
-	require.ErrorAs(t, err, &stored, "a definitive failure is replayed")
-	assert.Equal(t, "insufficient funds", stored.Message)
-
-	_, err = b.Do(ctx, idempotency.Request{Key: "transient"}, func(context.Context, uint64) ([]byte, error) {
-		return nil, errors.New("db timeout")
-	})
-	require.Error(t, err)
-	out, err := b.Do(ctx, idempotency.Request{Key: "transient"}, func(context.Context, uint64) ([]byte, error) { return []byte("retried"), nil })
-	require.NoError(t, err, "a transient failure lets the retry run")
-	assert.Equal(t, "retried", string(out.Result))
-
-	assert.Panics(t, func() {
-		_, _ = b.Do(ctx, idempotency.Request{Key: "panic"}, func(context.Context, uint64) ([]byte, error) { panic("boom") })
-	})
-	out, err = b.Do(ctx, idempotency.Request{Key: "panic"}, func(context.Context, uint64) ([]byte, error) { return []byte("after panic"), nil })
-	require.NoError(t, err)
-	assert.Equal(t, "after panic", string(out.Result))
-
-	all := barrier(t, store(t), idempotency.WithStoreEverything())
-	_, _ = all.Do(ctx, idempotency.Request{Key: "t"}, func(context.Context, uint64) ([]byte, error) { return nil, errors.New("db timeout") })
-	_, err = all.Do(ctx, idempotency.Request{Key: "t"}, func(context.Context, uint64) ([]byte, error) { return []byte("no"), nil })
-	require.ErrorAs(t, err, &stored, "WithStoreEverything replays any outcome")
-}
-
-func TestResultsAreBounded(t *testing.T) {
-	b := barrier(t, store(t), idempotency.WithMaxResult(10))
-	ctx := t.Context()
-	out, err := b.Do(ctx, idempotency.Request{Key: "big"}, func(context.Context, uint64) ([]byte, error) {
-		return []byte("more than ten bytes"), nil
-	})
-	require.NoError(t, err, "the first caller gets its result")
-	assert.Equal(t, "more than ten bytes", string(out.Result))
-	_, err = b.Do(ctx, idempotency.Request{Key: "big"}, func(context.Context, uint64) ([]byte, error) { return nil, errors.New("must not run") })
-	assert.ErrorIs(t, err, idempotency.ErrResultNotStored, "a duplicate learns it completed, and nothing runs again")
-}
-
-func TestRejectsBadInput(t *testing.T) {
-	_, err := idempotency.New(nil)
-	assert.ErrorIs(t, err, redlease.ErrInvalid)
-	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
-	t.Cleanup(func() { _ = c.Close() })
-	_, err = idempotency.New(c, idempotency.WithLease(time.Hour), idempotency.WithRetention(time.Minute))
-	assert.ErrorIs(t, err, redlease.ErrInvalid)
-	b := barrier(t, c)
-	_, err = b.Do(t.Context(), idempotency.Request{}, func(context.Context, uint64) ([]byte, error) { return nil, nil })
-	assert.ErrorIs(t, err, redlease.ErrInvalid)
-	_, err = b.Do(t.Context(), idempotency.Request{Key: "k"}, nil)
-	assert.ErrorIs(t, err, redlease.ErrInvalid)
-}
-
-func TestOneTimeTokens(t *testing.T) {
-	tokens, err := idempotency.NewTokens(store(t), "")
-	require.NoError(t, err)
-	ctx := t.Context()
-	tok, err := tokens.Issue(ctx, "form:checkout", 0)
-	require.NoError(t, err)
-	var ok, used atomic.Int32
-	var wg sync.WaitGroup
-	for range 50 {
-		wg.Go(func() {
-			switch err := tokens.Consume(ctx, "form:checkout", tok); {
-			case err == nil:
-				ok.Add(1)
-			case errors.Is(err, idempotency.ErrTokenUsed):
-				used.Add(1)
-			default:
-				t.Error(err)
-			}
-		})
-	}
-	wg.Wait()
-	assert.EqualValues(t, 1, ok.Load(), "exactly one consumer succeeds")
-	assert.EqualValues(t, 49, used.Load())
-	assert.ErrorIs(t, tokens.Consume(ctx, "form:other", tok), idempotency.ErrTokenUnknown, "tokens are scoped")
-	assert.ErrorIs(t, tokens.Consume(ctx, "form:checkout", "made-up"), idempotency.ErrTokenUnknown)
-
-	short, err := tokens.Issue(ctx, "form:checkout", 50*time.Millisecond)
-	require.NoError(t, err)
-	time.Sleep(100 * time.Millisecond)
-	assert.ErrorIs(t, tokens.Consume(ctx, "form:checkout", short), idempotency.ErrTokenExpired)
 }
 
 // staleLease is the lease of a first owner whose lock must run out while
@@ -436,3 +67,405 @@ func awaitHandler(t *testing.T, started <-chan struct{}, done <-chan error) {
 		t.Fatalf("the first request ended before its handler ran: %v", err)
 	}
 }
+
+// closeBarrier closes b, waiting for its runs in flight (at most 10 s).
+func closeBarrier(t *testing.T, b *idempotency.Barrier) {
+	t.Helper()
+	closer, ok := any(b).(interface{ Close(context.Context) error })
+	require.True(t, ok, "a Barrier has Close(ctx)")
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	require.NoError(t, closer.Close(ctx), "every run in flight finished")
+}
+
+// Close waits for the runs in flight; when its ctx ends first it cancels
+// their handlers (cause ErrClosed). A handler that then returns an error
+// has an unknown outcome: released, and a retry runs it. One that returns
+// a success while its lock is valid is recorded. A Barrier closed refuses
+// new requests with ErrClosed.
+func TestCloseCancelsHandlersAtTheEndOfItsGrace(t *testing.T) {
+	c := store(t)
+	b := barrier(t, c)
+	var charges atomic.Int32
+	causes := make(chan error, 2)
+	started := make(chan struct{}, 2)
+	waitCtx := func(answer []byte, err error) idempotency.Handler {
+		return func(ctx context.Context, fence uint64) ([]byte, error) {
+			charges.Add(1)
+			started <- struct{}{}
+			<-ctx.Done()
+			causes <- context.Cause(ctx)
+			if err != nil {
+				return nil, err
+			}
+			return answer, nil
+		}
+	}
+	cctx, cancel := context.WithCancel(t.Context())
+	results := make(chan error, 2)
+	go func() {
+		_, err := b.Do(cctx, idempotency.Request{Key: "unknown"}, waitCtx(nil, errors.New("stopped half-way")))
+		results <- err
+	}()
+	go func() {
+		_, err := b.Do(cctx, idempotency.Request{Key: "done"}, waitCtx([]byte("done anyway"), nil))
+		results <- err
+	}()
+	<-started
+	<-started
+	cancel() // both callers leave; their runs go on
+	for range 2 {
+		assert.ErrorIs(t, <-results, context.Canceled)
+	}
+
+	grace, end := context.WithCancel(t.Context())
+	end() // no grace at all
+	err := b.Close(grace)
+	assert.ErrorIs(t, err, context.Canceled, "Close gave up waiting")
+	for range 2 {
+		assert.ErrorIs(t, <-causes, idempotency.ErrClosed, "the handler's ctx was cancelled by Close")
+	}
+	closeBarrier(t, b) // a second Close waits for them
+	_, err = b.Do(t.Context(), idempotency.Request{Key: "new"}, result(&charges, "x"))
+	assert.ErrorIs(t, err, idempotency.ErrClosed)
+
+	next := barrier(t, c)
+	out, err := next.Do(t.Context(), idempotency.Request{Key: "unknown"}, result(&charges, "ran again"))
+	require.NoError(t, err)
+	assert.False(t, out.Replayed, "an error returned after Close's cancel is not an outcome")
+	out, err = next.Do(t.Context(), idempotency.Request{Key: "done"}, result(&charges, "ran again"))
+	require.NoError(t, err)
+	assert.True(t, out.Replayed, "a success returned under a valid lock is recorded")
+	assert.Equal(t, "done anyway", string(out.Result))
+	assert.EqualValues(t, 3, charges.Load())
+}
+
+// sentinelMaster starts a primary with one replica and one Sentinel
+// monitoring it as master, and returns a redis.NewFailoverClient for it
+// (its address, as go-redis reports it, is "FailoverClient" whatever the
+// master) with its Sentinel's address.
+func sentinelMaster(t *testing.T, master string) *redis.Client {
+	t.Helper()
+	primary := redistest.Start(t, redistest.Config{})
+	redistest.StartReplica(t, primary, redistest.Config{})
+	sentinels := redistest.StartSentinels(t, primary, master, 1, 1, time.Minute)
+	c := redis.NewFailoverClient(&redis.FailoverOptions{
+		MasterName: master, SentinelAddrs: redistest.Addrs(sentinels), ContextTimeoutEnabled: true,
+	})
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// Two Barriers on one store and prefix whose locks live on two different
+// Sentinel masters, each through a failover strategy over a
+// redis.NewFailoverClient: their locks exclude nothing between them, and
+// their fences come from two unrelated counters. While one runs a request,
+// the other's claim (its lock granted on its own master, under a fence its
+// counter made higher) must answer ErrInProgress, never take the record
+// over and charge a second time. Each strategy names its master
+// (failover.WithMaster), which tells the two lock schemes apart. Forced
+// order: the second call is made from inside the first call's handler,
+// after released runs on each master made the second's fence counter the
+// higher (a counter created anew starts from its server's clock: master
+// b's is created after master a's).
+func TestBarriersOnTwoSentinelMastersNeverRunARequestTwice(t *testing.T) {
+	store := store(t)
+	ctx := t.Context()
+	onMaster := func(master string) *idempotency.Barrier {
+		fs, err := failover.New(sentinelMaster(t, master), failover.WithMaster(master))
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = fs.Close() })
+		return barrier(t, store, idempotency.WithStrategy(fs), idempotency.WithLease(5*time.Second))
+	}
+	a, b := onMaster("master-a"), onMaster("master-b")
+	req := idempotency.Request{Key: "pay:two-masters"}
+
+	// Runs that fail (not Final) release the request: one on master a,
+	// then two on master b, whose counter is created later and so stands
+	// higher.
+	var highestB uint64
+	declined := func(_ context.Context, fence uint64) ([]byte, error) {
+		highestB = fence
+		return nil, errors.New("declined for now")
+	}
+	_, err := a.Do(ctx, req, func(context.Context, uint64) ([]byte, error) { return nil, errors.New("declined for now") })
+	require.Error(t, err)
+	for range 2 {
+		_, err := b.Do(ctx, req, declined)
+		require.Error(t, err)
+	}
+
+	var charges atomic.Int32
+	var secondErr error
+	out, err := a.Do(ctx, req, func(_ context.Context, fence uint64) ([]byte, error) {
+		charges.Add(1)
+		assert.Less(t, fence, highestB, "the forced order: master b's next fence is above master a's")
+		_, secondErr = b.Do(ctx, req, func(_ context.Context, fence uint64) ([]byte, error) {
+			charges.Add(1)
+			return []byte("charged on master b"), nil
+		})
+		return []byte("charged on master a"), nil
+	})
+	assert.ErrorIs(t, secondErr, idempotency.ErrInProgress, "master b's claim answers in progress")
+	assert.EqualValues(t, 1, charges.Load(), "one charge")
+	require.NoError(t, err, "master a's run is recorded")
+	assert.Equal(t, "charged on master a", string(out.Result))
+
+	out, err = b.Do(ctx, req, func(context.Context, uint64) ([]byte, error) {
+		charges.Add(1)
+		return nil, nil
+	})
+	require.NoError(t, err)
+	assert.True(t, out.Replayed, "master b replays master a's run")
+	assert.Equal(t, "charged on master a", string(out.Result))
+	assert.EqualValues(t, 1, charges.Load(), "one charge")
+}
+
+// A lock strategy whose placement does not say where its locks live is
+// refused: failover or single over a redis.NewFailoverClient ("primary
+// FailoverClient" for every master), or a quorum with such a node. Named
+// by failover.WithMaster, the failover strategy is accepted; the default
+// lock on a NewFailoverClient store is the store's own. The clients are
+// never dialled.
+func TestStrategiesThatCannotNameTheirMasterAreRefused(t *testing.T) {
+	fc := func(master string) *redis.Client {
+		c := redis.NewFailoverClient(&redis.FailoverOptions{MasterName: master, SentinelAddrs: []string{"127.0.0.1:1"}})
+		t.Cleanup(func() { _ = c.Close() })
+		return c
+	}
+	st := fc("store")
+	bare, err := failover.New(fc("a"))
+	require.NoError(t, err)
+	assert.Equal(t, "primary FailoverClient", bare.Placement())
+	q, err := quorum.New([]redis.UniversalClient{store(t), fc("b"), store(t)}, quorum.WithFencing())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = q.Close() })
+	for _, s := range []redlease.Strategy{bare, singleOn(t, fc("c")), q, singleOn(t, st)} {
+		_, err := idempotency.New(st, idempotency.WithStrategy(s))
+		require.ErrorIs(t, err, redlease.ErrInvalid, "%T %s", s, s.(redlease.Placer).Placement())
+		assert.ErrorContains(t, err, "failover.WithMaster")
+	}
+
+	named, err := failover.New(fc("a"), failover.WithMaster("a"))
+	require.NoError(t, err)
+	assert.Equal(t, "failover a", named.Placement())
+	_, err = idempotency.New(st, idempotency.WithStrategy(named))
+	require.NoError(t, err)
+	_, err = idempotency.New(st)
+	require.NoError(t, err, "the default lock on the store")
+}
+
+// Two Barriers on one store and prefix, one on the store's own lock, one
+// on a quorum of other nodes (a rolling move from the default lock to
+// quorum): they share records but not locks. While one runs a request,
+// the other's claim (its own lock granted, on its own nodes) finds the
+// record in progress under the other lock scheme: it must answer
+// ErrInProgress, never take the record over and run the request a second
+// time. Forced order: the second call is made from inside the first
+// call's handler. Both directions.
+func TestBarriersOnTwoLockSchemesNeverRunARequestTwice(t *testing.T) {
+	c := store(t)
+	nodes := store(t) // the quorum's one node: not the store
+	q, err := quorum.New([]redis.UniversalClient{nodes})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = q.Close() })
+	onStore := barrier(t, c)
+	onQuorum := barrier(t, c, idempotency.WithStrategy(q))
+	ctx := t.Context()
+
+	for i, pair := range [][2]*idempotency.Barrier{{onStore, onQuorum}, {onQuorum, onStore}} {
+		first, second := pair[0], pair[1]
+		req := idempotency.Request{Key: fmt.Sprintf("pay:schemes:%d", i)}
+		var charges atomic.Int32
+		out, err := first.Do(ctx, req, func(context.Context, uint64) ([]byte, error) {
+			charges.Add(1)
+			_, derr := second.Do(ctx, req, func(context.Context, uint64) ([]byte, error) {
+				charges.Add(1)
+				return []byte("charged by the second"), nil
+			})
+			assert.ErrorIs(t, derr, idempotency.ErrInProgress, "pair %d: the other scheme's claim answers in progress", i)
+			return []byte("charged by the first"), nil
+		})
+		assert.NoError(t, err, "pair %d: the first run is recorded", i)
+		assert.Equal(t, "charged by the first", string(out.Result))
+		assert.EqualValues(t, 1, charges.Load(), "pair %d: one charge", i)
+
+		out, err = second.Do(ctx, req, func(context.Context, uint64) ([]byte, error) {
+			charges.Add(1)
+			return nil, nil
+		})
+		require.NoError(t, err)
+		assert.True(t, out.Replayed, "pair %d: the other scheme replays the first run", i)
+		assert.Equal(t, "charged by the first", string(out.Result))
+		assert.EqualValues(t, 1, charges.Load(), "pair %d: one charge", i)
+	}
+}
+
+// A record in progress that names no lock scheme (written before records
+// did, by an owner whose lock is gone) is taken over as before, through
+// either scheme; the claim then records its own scheme.
+func TestRecordWithoutASchemeIsTakenOverAsBefore(t *testing.T) {
+	c := store(t)
+	nodes := store(t)
+	q, err := quorum.New([]redis.UniversalClient{nodes})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = q.Close() })
+	ctx := t.Context()
+	for i, b := range []*idempotency.Barrier{barrier(t, c), barrier(t, c, idempotency.WithStrategy(q))} {
+		req := idempotency.Request{Key: fmt.Sprintf("pay:old-format:%d", i)}
+		rec := "idem:r:" + req.Key
+		require.NoError(t, c.HSet(ctx, rec, "state", "p", "owner", "crashed.1", "fence", "0", "fp", "").Err())
+		require.NoError(t, c.Expire(ctx, rec, time.Hour).Err())
+		var scheme string
+		out, err := b.Do(ctx, req, func(context.Context, uint64) ([]byte, error) {
+			scheme = c.HGet(ctx, rec, "ls").Val()
+			return []byte("ran"), nil
+		})
+		require.NoError(t, err, "Barrier %d takes the old record over", i)
+		assert.False(t, out.Replayed)
+		assert.NotEmpty(t, scheme, "Barrier %d records its scheme", i)
+	}
+}
+
+// The single strategy given explicitly on the store's own client is the
+// store's own lock (the same key on the same Redis): a record in progress
+// that the default lock claimed, whose owner's lock is gone, is taken over
+// through it, and the other way round.
+func TestSingleOnTheStoreIsTheStoresOwnLockScheme(t *testing.T) {
+	c := store(t)
+	ctx := t.Context()
+	byDefault := barrier(t, c)
+	explicit := barrier(t, c, idempotency.WithStrategy(singleOn(t, c)))
+	for i, pair := range [][2]*idempotency.Barrier{{byDefault, explicit}, {explicit, byDefault}} {
+		req := idempotency.Request{Key: fmt.Sprintf("pay:same-scheme:%d", i)}
+		rec := "idem:r:" + req.Key
+		var scheme string
+		_, err := pair[0].Do(ctx, req, func(context.Context, uint64) ([]byte, error) {
+			scheme = c.HGet(ctx, rec, "ls").Val()
+			// The owner dies: its lock goes, its record stays in progress.
+			require.NoError(t, c.Del(ctx, requestLock("idem:", req.Key)).Err())
+			require.NoError(t, c.HSet(ctx, rec, "owner", "crashed.1").Err())
+			return nil, errors.New("never recorded: the owner crashed")
+		})
+		require.Error(t, err)
+		assert.Equal(t, "store", scheme, "pair %d", i)
+		require.NoError(t, c.HSet(ctx, rec, "state", "p", "owner", "crashed.1", "fence", "1", "fp", "", "ls", scheme).Err())
+		out, err := pair[1].Do(ctx, req, func(context.Context, uint64) ([]byte, error) { return []byte("ran"), nil })
+		require.NoError(t, err, "pair %d: taken over through the same scheme", i)
+		assert.Equal(t, "ran", string(out.Result))
+	}
+}
+
+// Placements name where a strategy takes a key: single and failover on
+// one client the same, a quorum by its nodes whatever their order, and
+// different nodes differently.
+func TestPlacementsNameWhereKeysAreTaken(t *testing.T) {
+	a, b := store(t), store(t)
+	f, err := failover.New(a)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = f.Close() })
+	quorumOn := func(nodes ...redis.UniversalClient) string {
+		q, err := quorum.New(nodes)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = q.Close() })
+		return q.Placement()
+	}
+	assert.Equal(t, singleOn(t, a).Placement(), f.Placement(), "single and failover on one client")
+	assert.NotEqual(t, singleOn(t, a).Placement(), singleOn(t, b).Placement())
+	assert.Equal(t, quorumOn(a, b), quorumOn(b, a), "a quorum's placement does not depend on the order of its nodes")
+	assert.NotEqual(t, quorumOn(a, b), quorumOn(a))
+}
+
+// scanAll returns every key on c.
+func scanAll(t *testing.T, c *redis.Client) []string {
+	t.Helper()
+	var keys []string
+	var cursor uint64
+	for i := 0; ; i++ {
+		require.Less(t, i, 100000, "SCAN does not end")
+		page, next, err := c.Scan(t.Context(), cursor, "*", 1000).Result()
+		require.NoError(t, err)
+		keys = append(keys, page...)
+		if cursor = next; cursor == 0 {
+			return keys
+		}
+	}
+}
+
+// firstFew names a few of keys, for a failure message.
+func firstFew(keys []string) string {
+	return fmt.Sprintf("%d keys, e.g. %q", len(keys), keys[:min(3, len(keys))])
+}
+
+// A Barrier leaves nothing on its store that lives forever: after many
+// requests with a short retention every key has a TTL — the fence counters
+// of the request locks included — and after retention+lease no key of the
+// Barrier is left at all.
+func TestBarrierLeavesNoKeyWithoutATTL(t *testing.T) {
+	t.Parallel()
+	c := store(t)
+	const lease, retention, requests = 200 * time.Millisecond, time.Second, 500
+	b := barrier(t, c, idempotency.WithLease(lease), idempotency.WithRetention(retention))
+	ctx := t.Context()
+	// A request is sent again, as a client would, while the answer says
+	// to retry (in progress, not recorded): under a 200 ms lease a loaded
+	// machine gets those answers now and then, and they are not what this
+	// test checks. Bounded: 10 sends per request.
+	retried := 0
+	for i := range requests {
+		var err error
+		for try := range 10 {
+			if try > 0 {
+				retried++
+				time.Sleep(lease)
+			}
+			_, err = b.Do(ctx, idempotency.Request{Key: fmt.Sprintf("req:%d", i)}, func(context.Context, uint64) ([]byte, error) {
+				return []byte("ok"), nil
+			})
+			if !errors.Is(err, idempotency.ErrInProgress) && !errors.Is(err, idempotency.ErrNotRecorded) {
+				break
+			}
+		}
+		require.NoError(t, err, "request %d, after %d sends in all were retried", i, retried)
+	}
+	t.Logf("%d requests, %d sends retried on a retry answer", requests, retried)
+	last := time.Now()
+
+	keys := scanAll(t, c)
+	require.NotEmpty(t, keys)
+	var forever []string
+	for _, k := range keys {
+		pttl, err := c.PTTL(ctx, k).Result()
+		require.NoError(t, err)
+		if pttl == -1 { // -1: no TTL; -2: expired since the SCAN
+			forever = append(forever, k)
+		}
+	}
+	assert.Zero(t, len(forever), "keys without a TTL after %d requests: %s", requests, firstFew(forever))
+
+	time.Sleep(time.Until(last.Add(retention + lease + 200*time.Millisecond)))
+	var left []string
+	for _, k := range scanAll(t, c) {
+		n, err := c.Exists(ctx, k).Result() // EXISTS expires a key whose time has come
+		require.NoError(t, err)
+		if n == 1 {
+			left = append(left, k)
+		}
+	}
+	assert.Zero(t, len(left), "keys left retention+lease after the last request: %s", firstFew(left))
+}
+
+// assertWithin checks that what began at start and took took stayed
+// within bound, plus stallMultiple times what p measured this process
+// stalled meanwhile; the failure message says how the window was derived.
+func assertWithin(t *testing.T, p *redistest.StallProbe, bound time.Duration, start time.Time, took time.Duration, what string, args ...any) {
+	t.Helper()
+	end := start.Add(took)
+	assert.Less(t, took, p.Allowance(bound, stallMultiple, start, end), "%s: took %v; %s",
+		fmt.Sprintf(what, args...), took, p.Explain(bound, stallMultiple, start, end))
+}
+
+// stallMultiple is the multiple of this process's measured stall that a
+// timing assertion here allows on top of its bound
+// (redistest.StallProbe.Allowance).
+const stallMultiple = 2

@@ -3,6 +3,7 @@ package idempotency_test
 import (
 	"context"
 	"errors"
+	"net"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/redlease/redlease"
 	"github.com/redlease/redlease/idempotency"
 )
 
@@ -85,4 +87,118 @@ func TestHandlePayloadRefusesAChangedMessage(t *testing.T) {
 	ack, err = consumer.HandlePayload(ctx, "order-9", []byte(`{"amount":999}`), ok)
 	assert.ErrorIs(t, err, idempotency.ErrMismatch)
 	assert.False(t, ack)
+}
+
+// The same through a Consumer: the message is not acked while its handler
+// runs on; once the Barrier is closed (the run recorded), the redelivery
+// is acked without running again.
+func TestConsumerWhoseCallerLeftRecordsTheOutcome(t *testing.T) {
+	c := store(t)
+	b := barrier(t, c)
+	consumer, err := idempotency.NewConsumer(b)
+	require.NoError(t, err)
+	var charges atomic.Int32
+	cctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	release, returned := make(chan struct{}), make(chan struct{})
+
+	ack, err := consumer.Handle(cctx, "msg-1", bookThenCallerLeaves(&charges, cancel, release, returned))
+	assert.False(t, ack, "not acked: its outcome is not recorded yet")
+	assert.ErrorIs(t, err, context.Canceled)
+	assert.NotErrorIs(t, err, idempotency.ErrRunCancelled, "the run was not cut short")
+	select {
+	case <-returned:
+		t.Error("Handle waited for the handler past its caller's ctx")
+	default:
+	}
+	close(release)
+	closeBarrier(t, b)
+
+	redelivery, err := idempotency.NewConsumer(barrier(t, c))
+	require.NoError(t, err)
+	ack, err = redelivery.Handle(t.Context(), "msg-1", result(&charges, "charged again"))
+	require.NoError(t, err)
+	assert.True(t, ack, "the redelivery replays the recorded run")
+	assert.EqualValues(t, 1, charges.Load(), "one charge")
+}
+
+// A message re-published under its id with another payload can never
+// succeed: the Consumer says not to ack it, and Permanent tells the caller
+// to dead-letter it instead of letting it be redelivered forever. Errors a
+// retry can get past are not permanent.
+func TestPoisonMessageIsPermanent(t *testing.T) {
+	consumer, err := idempotency.NewConsumer(barrier(t, store(t)))
+	require.NoError(t, err)
+	ctx := t.Context()
+	ok := func(context.Context, uint64) ([]byte, error) { return []byte("done"), nil }
+	ack, err := consumer.HandlePayload(ctx, "order-9", []byte(`{"amount":100}`), ok)
+	require.NoError(t, err)
+	require.True(t, ack)
+
+	ack, err = consumer.HandlePayload(ctx, "order-9", []byte(`{"amount":999}`), ok)
+	assert.False(t, ack)
+	assert.ErrorIs(t, err, idempotency.ErrMismatch)
+	assert.True(t, idempotency.Permanent(err), "a payload mismatch never succeeds: dead-letter it")
+	for i := range 3 {
+		_, again := consumer.HandlePayload(ctx, "order-9", []byte(`{"amount":999}`), ok)
+		assert.True(t, idempotency.Permanent(again), "redelivery %d", i)
+	}
+
+	ack, err = consumer.Handle(ctx, "", ok)
+	assert.False(t, ack)
+	assert.ErrorIs(t, err, redlease.ErrInvalid)
+	assert.True(t, idempotency.Permanent(err), "a message without an id never succeeds")
+
+	_, err = consumer.Handle(ctx, "order-10", func(context.Context, uint64) ([]byte, error) {
+		return nil, errors.New("db timeout")
+	})
+	assert.False(t, idempotency.Permanent(err), "a transient failure: %v", err)
+	_, err = consumer.Handle(ctx, "order-11", nil)
+	assert.ErrorIs(t, err, redlease.ErrInvalid)
+	assert.False(t, idempotency.Permanent(err), "the program's mistake, not the message's: fixed, the message goes through")
+	assert.False(t, idempotency.Permanent(idempotency.ErrInProgress))
+	assert.False(t, idempotency.Permanent(nil))
+}
+
+// A message whose handler ran but whose outcome the store would not take
+// (for as long as the message's lock was held) is acked: its effect may
+// have happened, and a redelivery would repeat it. A Final outcome that
+// could not be stored is not "recorded" either: the error says so.
+func TestConsumerAcksAnOutcomeThatCouldNotBeRecorded(t *testing.T) {
+	insufficient := errors.New("insufficient funds")
+	for _, c := range []struct {
+		name string
+		mark string // only the complete requests carry it
+		h    func(runs *atomic.Int32, mark string) idempotency.Handler
+	}{
+		{"success", "settled-2b7e", func(runs *atomic.Int32, mark string) idempotency.Handler {
+			return result(runs, mark)
+		}},
+		{"Final error", "declined-9d04", func(runs *atomic.Int32, mark string) idempotency.Handler {
+			return func(context.Context, uint64) ([]byte, error) {
+				runs.Add(1)
+				return nil, idempotency.Final(errors.Join(insufficient, errors.New(mark)))
+			}
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			b, gate, _ := heldStore(t, idempotency.WithLease(500*time.Millisecond), idempotency.WithRetention(time.Minute))
+			consumer, err := idempotency.NewConsumer(b)
+			require.NoError(t, err)
+			ctx := t.Context()
+			var runs atomic.Int32
+			gate.HoldRequests(c.mark)
+			ack, err := consumer.Handle(ctx, "msg-1", c.h(&runs, c.mark))
+			t.Logf("ack %v: %v", ack, err)
+			assert.True(t, ack, "the effect may have happened: ack, do not run it again (err: %v)", err)
+			assert.ErrorIs(t, err, idempotency.ErrNotRecorded)
+			var netErr net.Error
+			assert.ErrorAs(t, err, &netErr, "the store error is kept")
+			if c.name == "Final error" {
+				assert.ErrorIs(t, err, insufficient, "the handler's outcome is kept")
+			}
+			assert.EqualValues(t, 1, runs.Load())
+			land(t, gate) // let the held requests finish before the next subtest
+		})
+	}
 }

@@ -2,8 +2,10 @@ package idempotency_test
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -14,6 +16,7 @@ import (
 
 	"github.com/redlease/redlease"
 	"github.com/redlease/redlease/idempotency"
+	"github.com/redlease/redlease/internal/redistest"
 )
 
 // A token is good for the scope it was issued for only: the scope cannot be
@@ -124,5 +127,107 @@ func TestTokenPrefixMayNotReachTheReservedNamespace(t *testing.T) {
 	for _, prefix := range []string{"", "tok:", "app:redlease:", "redleases:"} {
 		_, err := idempotency.NewTokens(c, prefix)
 		assert.NoError(t, err, "prefix %q", prefix)
+	}
+}
+
+func TestOneTimeTokens(t *testing.T) {
+	tokens, err := idempotency.NewTokens(store(t), "")
+	require.NoError(t, err)
+	ctx := t.Context()
+	tok, err := tokens.Issue(ctx, "form:checkout", 0)
+	require.NoError(t, err)
+	var ok, used atomic.Int32
+	var wg sync.WaitGroup
+	for range 50 {
+		wg.Go(func() {
+			switch err := tokens.Consume(ctx, "form:checkout", tok); {
+			case err == nil:
+				ok.Add(1)
+			case errors.Is(err, idempotency.ErrTokenUsed):
+				used.Add(1)
+			default:
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	assert.EqualValues(t, 1, ok.Load(), "exactly one consumer succeeds")
+	assert.EqualValues(t, 49, used.Load())
+	assert.ErrorIs(t, tokens.Consume(ctx, "form:other", tok), idempotency.ErrTokenUnknown, "tokens are scoped")
+	assert.ErrorIs(t, tokens.Consume(ctx, "form:checkout", "made-up"), idempotency.ErrTokenUnknown)
+
+	short, err := tokens.Issue(ctx, "form:checkout", 50*time.Millisecond)
+	require.NoError(t, err)
+	time.Sleep(100 * time.Millisecond)
+	assert.ErrorIs(t, tokens.Consume(ctx, "form:checkout", short), idempotency.ErrTokenExpired)
+}
+
+// The same for one-time tokens: Issue and Consume return at their ctx.
+func TestTokensAreBoundedByTheirContextWithADefaultClient(t *testing.T) {
+	t.Parallel()
+	probe := redistest.StartStallProbe(t)
+	tokens, err := idempotency.NewTokens(pausedStore(t), "")
+	require.NoError(t, err)
+	for name, call := range map[string]func(context.Context) error{
+		"issue": func(ctx context.Context) error {
+			_, err := tokens.Issue(ctx, "form", time.Minute)
+			return err
+		},
+		"consume": func(ctx context.Context) error {
+			// A well-formed token (16 zero bytes, an hour to live): only the
+			// store can say whether it was issued.
+			return tokens.Consume(ctx, "form", "AAAAAAAAAAAAAAAAAAAAAA."+strconv.FormatInt(time.Now().Add(time.Hour).UnixMilli(), 36))
+		},
+	} {
+		ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
+		start := time.Now()
+		err := call(ctx)
+		took := time.Since(start)
+		cancel()
+		assert.ErrorIs(t, err, context.DeadlineExceeded, name)
+		assertWithin(t, probe, time.Second, start, took, "%s with a 300ms ctx and the store paused: %v", name, err)
+	}
+}
+
+// The reply to a consume is lost after the store applied it (held in a
+// gate, then the connection cut), and go-redis resends the command on a
+// new connection. The token's only consumer must hear that it consumed
+// the token, not ErrTokenUsed; a second consumer still hears ErrTokenUsed,
+// and the consumed token's key keeps a TTL.
+func TestConsumeWhoseReplyIsLostAndResentSucceeds(t *testing.T) {
+	probe := redistest.StartStallProbe(t)
+	srv := redistest.Start(t, redistest.Config{})
+	gate := redistest.NewGate(t, srv.Addr)
+	c := gate.Client()
+	tokens, err := idempotency.NewTokens(c, "")
+	require.NoError(t, err)
+	ctx := t.Context()
+	require.NoError(t, idempotency.LoadScripts(ctx, c), "no NOSCRIPT round trip through the gate")
+	tok, err := tokens.Issue(ctx, "pay", time.Minute)
+	require.NoError(t, err)
+	key := "tok:pay:" + tok
+
+	gate.HoldReplies(key)
+	done := make(chan error, 1)
+	go func() { done <- tokens.Consume(ctx, "pay", tok) }()
+	require.NoError(t, gate.WaitHeld(1, "", 5*time.Second), "the consume's reply is held: the store applied it")
+	gate.HoldReplies("")
+	gate.Cut() // the held reply goes with its connection: go-redis resends
+	gate.Heal()
+	first := redistest.Await(t, probe, done, 10*time.Second, 3, "Consume did not return")
+	assert.NoError(t, first, "the only consumer, whose reply was lost, consumed the token")
+
+	assert.ErrorIs(t, tokens.Consume(ctx, "pay", tok), idempotency.ErrTokenUsed, "another consumer finds it used")
+	admin := srv.Client()
+	n, err := admin.Exists(ctx, key).Result()
+	require.NoError(t, err)
+	assert.EqualValues(t, 1, n, "the used token is remembered")
+	keys, err := admin.Keys(ctx, "*").Result()
+	require.NoError(t, err)
+	require.NotEmpty(t, keys)
+	for _, k := range keys {
+		ttl, err := admin.PTTL(ctx, k).Result()
+		require.NoError(t, err)
+		assert.Positive(t, ttl, "%s has a TTL", k)
 	}
 }

@@ -77,9 +77,8 @@ var sentinels = []struct {
 }{
 	{redlease.ErrInvalid, "redlease.ErrInvalid"},
 	{context.Canceled, "context.Canceled"},
-	// failover's errors keep the labels they had in the root package.
-	{failover.ErrFailover, "redlease.ErrFailover"},
-	{failover.ErrNotReplicated, "redlease.ErrNotReplicated"},
+	{failover.ErrFailover, "failover.ErrFailover"},
+	{failover.ErrNotReplicated, "failover.ErrNotReplicated"},
 	{redlease.ErrUnavailable, "redlease.ErrUnavailable"},
 	{redlease.ErrNotObtained, "redlease.ErrNotObtained"},
 	{redlease.ErrNotHeld, "redlease.ErrNotHeld"},

@@ -86,13 +86,13 @@
 // Failed operations get error.type on their metrics and their span, and an
 // error status on their span. Lost holds get error.type from their cause.
 //
-// error.type is one of, checked in this order (failover's two errors keep the
-// names they had when they lived in the root package):
+// error.type is one of, checked in this order; a sentinel's class is the
+// name it is declared under:
 //
 //	redlease.ErrInvalid        an argument or option was rejected
 //	context.Canceled           the caller's context was cancelled
-//	redlease.ErrFailover       the primary failed over (failover.ErrFailover)
-//	redlease.ErrNotReplicated  too few replicas acknowledged a write (failover.ErrNotReplicated)
+//	failover.ErrFailover       the primary failed over
+//	failover.ErrNotReplicated  too few replicas acknowledged a write
 //	redlease.ErrUnavailable    too few nodes answered to decide
 //	redlease.ErrNotObtained    the lock was not obtained
 //	redlease.ErrNotHeld        the lock was no longer held

@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"slices"
 
-	"github.com/hashicorp/go-multierror"
-
 	"github.com/redlease/redlease"
 	"github.com/redlease/redlease/internal/fanout"
 	"github.com/redlease/redlease/internal/script"
@@ -77,7 +75,7 @@ func (s *Strategy) ExtendBatch(ctx context.Context, items []redlease.Extension) 
 				if keyCauses != nil && keyCauses[j] != nil {
 					// This key's causes: the nodes that failed as a whole, then
 					// its own. The shared list is copied, never appended to.
-					t.causes = &multierror.Error{Errors: append(slices.Clip(causes.WrappedErrors()), keyCauses[j]...)}
+					t.causes = append(slices.Clip(causes), keyCauses[j]...)
 				}
 				until := start.Add(items[i].TTL - s.DriftAllowance(items[i].TTL))
 				switch {
@@ -99,7 +97,7 @@ func (s *Strategy) ExtendBatch(ctx context.Context, items []redlease.Extension) 
 // causes are the failures of whole nodes, shared by every item; keyCauses
 // are each item's own, from nodes that answered for that item with
 // something other than "extended" or "not ours" (nil when there are none).
-func (s *Strategy) collectBatch(ctx context.Context, round *fanout.Round, items int) (agreed, refused []int, answered int, causes *multierror.Error, keyCauses [][]error) {
+func (s *Strategy) collectBatch(ctx context.Context, round *fanout.Round, items int) (agreed, refused []int, answered int, causes []error, keyCauses [][]error) {
 	agreed, refused = make([]int, items), make([]int, items)
 	addCause := func(j int, err error) {
 		if keyCauses == nil {
@@ -129,7 +127,7 @@ func (s *Strategy) collectBatch(ctx context.Context, round *fanout.Round, items 
 			r.Err = errSameServer{of: dup[node]}
 		}
 		if r.Err != nil {
-			causes = multierror.Append(causes, s.nodeError(node, r.Err))
+			causes = append(causes, s.nodeError(node, r.Err))
 			return
 		}
 		for j, v := range r.Vals {

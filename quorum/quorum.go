@@ -13,7 +13,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/hashicorp/go-multierror"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/redlease/redlease"
@@ -291,7 +290,7 @@ func (s *Strategy) acquire(ctx context.Context, key, token string, ttl time.Dura
 	}
 	if t.agreed < s.quorum {
 		if t.queued > 0 {
-			t.causes = multierror.Append(t.causes, redlease.ErrQueued)
+			t.causes = append(t.causes, redlease.ErrQueued)
 		}
 		return fail("acquire", t, false)
 	}
@@ -411,7 +410,7 @@ type tally struct {
 	// remaining: the longest holder's TTL among refusals that carried one
 	// (acquire; see QuorumError.Remaining)
 	remaining time.Duration
-	causes    *multierror.Error
+	causes    []error
 	agreeing  uint64 // bit i: node i agreed (nodes 64 and up are not tracked)
 }
 
@@ -478,7 +477,7 @@ func (s *Strategy) collect(ctx context.Context, round *fanout.Round, agree func(
 		t.answered++
 		replied[node] = true
 		if r.Err != nil {
-			t.causes = multierror.Append(t.causes, s.nodeError(node, r.Err))
+			t.causes = append(t.causes, s.nodeError(node, r.Err))
 			return
 		}
 		server := node
@@ -500,7 +499,7 @@ func (s *Strategy) collect(ctx context.Context, round *fanout.Round, agree func(
 			}
 			switch votes[server] {
 			case 2: // this server said yes already, through its other address
-				t.causes = multierror.Append(t.causes, s.nodeError(node, errSameServer{of: server}))
+				t.causes = append(t.causes, s.nodeError(node, errSameServer{of: server}))
 				return
 			case 1:
 				t.refused--
@@ -509,13 +508,13 @@ func (s *Strategy) collect(ctx context.Context, round *fanout.Round, agree func(
 			t.agreed++
 		default:
 			if why != nil {
-				t.causes = multierror.Append(t.causes, s.nodeError(node, why))
+				t.causes = append(t.causes, s.nodeError(node, why))
 			}
 			if votes[server] == 0 {
 				votes[server] = 1
 				t.refused++
 			} else if dup[node] >= 0 {
-				t.causes = multierror.Append(t.causes, s.nodeError(node, errSameServer{of: server}))
+				t.causes = append(t.causes, s.nodeError(node, errSameServer{of: server}))
 			}
 		}
 	}
@@ -555,10 +554,10 @@ func await(ctx context.Context, round *fanout.Round, decided func() bool, record
 }
 
 // silent adds a timeout cause for every node that has not replied.
-func (s *Strategy) silent(causes *multierror.Error, replied []bool) *multierror.Error {
+func (s *Strategy) silent(causes []error, replied []bool) []error {
 	for i, ok := range replied {
 		if !ok {
-			causes = multierror.Append(causes, s.nodeError(i, errNoReply{s.nodeTimeout}))
+			causes = append(causes, s.nodeError(i, errNoReply{s.nodeTimeout}))
 		}
 	}
 	return causes
@@ -582,7 +581,7 @@ func (s *Strategy) heldOrUnknown(t tally) error {
 // (nodes.Denied: NOPERM, NOAUTH, WRONGPASS) rule the quorum out fails
 // with ErrDenied: a configuration error, not an outage.
 func (s *Strategy) failure(ctx context.Context, op string, sentinel error, t tally, start time.Time, expired bool) error {
-	causes := byNode(t.causes.WrappedErrors())
+	causes := byNode(t.causes)
 	down := sentinel == redlease.ErrNotObtained && !expired && len(s.nodes)-t.refused >= s.quorum
 	switch {
 	case (down || sentinel == redlease.ErrUnavailable) && len(s.nodes)-denials(causes) < s.quorum:

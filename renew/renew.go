@@ -26,11 +26,6 @@ const (
 	// verdict (a node down, a timeout, an error reply) is tried again: the
 	// delay is a quarter of the lock's renewal interval, at most this.
 	MaxRetryDelay = watch.MaxRetryDelay
-
-	// DefaultWorkers is the former name of DefaultMaxCalls.
-	//
-	// Deprecated: use DefaultMaxCalls.
-	DefaultWorkers = DefaultMaxCalls
 )
 
 // Option configures a Watchdog.
@@ -93,13 +88,6 @@ func WithMaxCalls(n int) Option {
 		return nil
 	})
 }
-
-// WithWorkers is the former name of WithMaxCalls. It used to bound the
-// batches in flight for all strategies together; the bound is now per
-// strategy.
-//
-// Deprecated: use WithMaxCalls.
-func WithWorkers(n int) Option { return WithMaxCalls(n) }
 
 // WithClock makes the Watchdog read the time from c, which must be the
 // clock of the Locker whose locks it keeps (redlease.WithClock): it

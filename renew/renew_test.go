@@ -172,7 +172,7 @@ func TestReleaseAndCloseEndRenewal(t *testing.T) {
 }
 
 func TestRejectsBadOptions(t *testing.T) {
-	for _, o := range []renew.Option{renew.WithFraction(0), renew.WithFraction(1), renew.WithWorkers(0)} {
+	for _, o := range []renew.Option{renew.WithFraction(0), renew.WithFraction(1), renew.WithMaxCalls(0)} {
 		_, err := renew.New(o)
 		assert.ErrorIs(t, err, redlease.ErrInvalid)
 	}

@@ -11,8 +11,6 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"github.com/stretchr/testify/assert"
-	"github.com/stretchr/testify/require"
 
 	"github.com/redlease/redlease"
 )
@@ -51,55 +49,55 @@ func Run(t *testing.T, setup func(t *testing.T) Setup) {
 		}
 		before := time.Now()
 		g, err := s.Strategy.Acquire(ctx, key, "tok-a", 5*time.Second)
-		require.NoError(t, err)
-		assert.True(t, g.Until.After(time.Now()), "Until %v must lie in the future", g.Until)
-		assert.False(t, g.Until.After(before.Add(5*time.Second)), "Until %v must not exceed start+ttl", g.Until)
-		assert.GreaterOrEqual(t, holders(t, s, key, "tok-a"), s.Quorum)
+		must(t, err, "Acquire")
+		check(t, g.Until.After(time.Now()), "Until %v must lie in the future", g.Until)
+		check(t, !g.Until.After(before.Add(5*time.Second)), "Until %v must not exceed start+ttl", g.Until)
+		atLeast(t, holders(t, s, key, "tok-a"), s.Quorum, "holders")
 
 		g2, err := s.Strategy.Extend(ctx, key, "tok-a", 10*time.Second)
-		require.NoError(t, err)
-		assert.True(t, g2.Until.After(g.Until), "extended Until %v must pass the first %v", g2.Until, g.Until)
-		assert.Zero(t, g2.Fence, "Extend keeps the acquisition's fence; its Grant carries none")
+		must(t, err, "Extend")
+		check(t, g2.Until.After(g.Until), "extended Until %v must pass the first %v", g2.Until, g.Until)
+		check(t, g2.Fence == 0, "Extend keeps the acquisition's fence; its Grant carries none, got %d", g2.Fence)
 		// A quorum decides the call. (Not every node need hold the key, let
 		// alone with the new TTL: a quorum strategy does not send a request
 		// still queued for a slow node once its round is decided, and an
 		// acquisition's write that lands after the extension passed that
 		// node keeps its first TTL.)
-		assert.GreaterOrEqual(t, extendedOn(t, s, key, "tok-a", 5*time.Second), s.Quorum, "extend must reset the TTL on a quorum")
+		atLeast(t, extendedOn(t, s, key, "tok-a", 5*time.Second), s.Quorum, "extend must reset the TTL on a quorum")
 
-		require.NoError(t, s.Strategy.Release(ctx, key, "tok-a"))
+		must(t, s.Strategy.Release(ctx, key, "tok-a"), "Release")
 		// A release may return at a quorum and finish on the rest in the
 		// background, within its node timeout.
-		assert.Eventually(t, func() bool { return holders(t, s, key, "tok-a") == 0 }, 2*time.Second, time.Millisecond,
+		check(t, eventually(func() bool { return holders(t, s, key, "tok-a") == 0 }, 2*time.Second),
 			"release must leave no key")
-		assert.ErrorIs(t, s.Strategy.Release(ctx, key, "tok-a"), redlease.ErrNotHeld)
+		isErr(t, s.Strategy.Release(ctx, key, "tok-a"), redlease.ErrNotHeld, "second Release")
 	})
 
 	t.Run("ExcludesOtherTokens", func(t *testing.T) {
 		s := setup(t)
 		ctx, key := t.Context(), Key(t)
 		_, err := s.Strategy.Acquire(ctx, key, "tok-a", 5*time.Second)
-		require.NoError(t, err)
+		must(t, err, "Acquire")
 		_, err = s.Strategy.Acquire(ctx, key, "tok-b", 5*time.Second)
-		assert.ErrorIs(t, err, redlease.ErrNotObtained)
-		assert.ErrorIs(t, s.Strategy.Release(ctx, key, "tok-b"), redlease.ErrNotHeld)
+		isErr(t, err, redlease.ErrNotObtained, "Acquire by another token")
+		isErr(t, s.Strategy.Release(ctx, key, "tok-b"), redlease.ErrNotHeld, "Release by another token")
 		_, err = s.Strategy.Extend(ctx, key, "tok-b", 5*time.Second)
-		assert.ErrorIs(t, err, redlease.ErrNotHeld)
-		assert.GreaterOrEqual(t, holders(t, s, key, "tok-a"), s.Quorum, "a stranger's release or extend must not touch the holder's key")
+		isErr(t, err, redlease.ErrNotHeld, "Extend by another token")
+		atLeast(t, holders(t, s, key, "tok-a"), s.Quorum, "a stranger's release or extend must not touch the holder's key")
 		// The failed attempt by tok-b must not have left tok-b anywhere.
-		assert.Zero(t, holders(t, s, key, "tok-b"))
+		none(t, holders(t, s, key, "tok-b"), "nodes holding tok-b")
 	})
 
 	t.Run("OwnTokenCountsAsGrant", func(t *testing.T) {
 		s := setup(t)
 		ctx, key := t.Context(), Key(t)
 		g1, err := s.Strategy.Acquire(ctx, key, "tok-a", 5*time.Second)
-		require.NoError(t, err)
+		must(t, err, "Acquire")
 		// A retried request whose first reply was lost finds its own token.
 		g2, err := s.Strategy.Acquire(ctx, key, "tok-a", 5*time.Second)
-		require.NoError(t, err, "an acquire that finds its own token must count as a grant")
+		must(t, err, "an acquire that finds its own token must count as a grant")
 		if s.Fencing {
-			assert.GreaterOrEqual(t, g2.Fence, g1.Fence)
+			check(t, g2.Fence >= g1.Fence, "second fence %d must not fall below the first %d", g2.Fence, g1.Fence)
 		}
 	})
 
@@ -107,26 +105,26 @@ func Run(t *testing.T, setup func(t *testing.T) Setup) {
 		s := setup(t)
 		ctx, key := t.Context(), Key(t)
 		_, err := s.Strategy.Acquire(ctx, key, "tok-a", 5*time.Second)
-		require.NoError(t, err)
+		must(t, err, "Acquire")
 		// The lock is lost: someone else's token on every node. Overwriting
 		// (not deleting) keeps a late write of the acquisition, still on its
 		// way to a slow node, from bringing the key back: SET NX finds it.
 		for _, n := range s.Nodes {
-			require.NoError(t, n.Set(ctx, key, "tok-other", 5*time.Second).Err())
+			must(t, n.Set(ctx, key, "tok-other", 5*time.Second).Err(), "SET on a node")
 		}
 		_, err = s.Strategy.Extend(ctx, key, "tok-a", 5*time.Second)
-		assert.ErrorIs(t, err, redlease.ErrNotHeld)
-		assert.Zero(t, holders(t, s, key, "tok-a"), "a failed extend must not take the key back")
+		isErr(t, err, redlease.ErrNotHeld, "Extend of a lost lock")
+		none(t, holders(t, s, key, "tok-a"), "a failed extend must not take the key back")
 	})
 
 	t.Run("ExpiresAtTTL", func(t *testing.T) {
 		s := setup(t)
 		ctx, key := t.Context(), Key(t)
 		g, err := s.Strategy.Acquire(ctx, key, "tok-a", 100*time.Millisecond)
-		require.NoError(t, err)
+		must(t, err, "Acquire")
 		time.Sleep(time.Until(g.Until) + 50*time.Millisecond)
 		_, err = s.Strategy.Acquire(ctx, key, "tok-b", time.Second)
-		assert.NoError(t, err, "the key must be free once the first holder's TTL passed")
+		check(t, err == nil, "the key must be free once the first holder's TTL passed: %v", err)
 	})
 
 	t.Run("FencesRise", func(t *testing.T) {
@@ -136,14 +134,14 @@ func Run(t *testing.T, setup func(t *testing.T) Setup) {
 		for i := range 5 {
 			tok := fmt.Sprintf("tok-%d", i)
 			g, err := s.Strategy.Acquire(ctx, key, tok, 5*time.Second)
-			require.NoError(t, err)
+			must(t, err, "Acquire by holder %d", i)
 			if s.Fencing {
-				assert.Greater(t, g.Fence, last, "holder %d", i)
+				check(t, g.Fence > last, "holder %d: fence %d must exceed the last %d", i, g.Fence, last)
 			} else {
-				assert.Zero(t, g.Fence)
+				check(t, g.Fence == 0, "holder %d: fence %d without fencing", i, g.Fence)
 			}
 			last = g.Fence
-			require.NoError(t, s.Strategy.Release(ctx, key, tok))
+			must(t, s.Strategy.Release(ctx, key, tok), "Release by holder %d", i)
 		}
 	})
 
@@ -164,11 +162,11 @@ func Run(t *testing.T, setup func(t *testing.T) Setup) {
 		}
 		for _, c := range cases {
 			_, err := s.Strategy.Acquire(ctx, c.key, c.token, c.ttl)
-			assert.ErrorIs(t, err, redlease.ErrInvalid, "Acquire: %s", c.name)
+			isErr(t, err, redlease.ErrInvalid, "Acquire: %s", c.name)
 			_, err = s.Strategy.Extend(ctx, c.key, c.token, c.ttl)
-			assert.ErrorIs(t, err, redlease.ErrInvalid, "Extend: %s", c.name)
+			isErr(t, err, redlease.ErrInvalid, "Extend: %s", c.name)
 		}
-		assert.ErrorIs(t, s.Strategy.Release(ctx, "", "tok"), redlease.ErrInvalid)
+		isErr(t, s.Strategy.Release(ctx, "", "tok"), redlease.ErrInvalid, "Release of an empty key")
 	})
 
 	t.Run("CanceledContext", func(t *testing.T) {
@@ -177,9 +175,11 @@ func Run(t *testing.T, setup func(t *testing.T) Setup) {
 		cancel()
 		key := Key(t)
 		_, err := s.Strategy.Acquire(ctx, key, "tok-a", 5*time.Second)
-		require.Error(t, err)
-		assert.True(t, errors.Is(err, context.Canceled), "ctx cancellation must stay visible: %v", err)
-		assert.Zero(t, holders(t, s, key, "tok-a"), "a cancelled acquire leaves no key")
+		if err == nil {
+			t.Fatal("Acquire with a cancelled ctx: got nil error")
+		}
+		check(t, errors.Is(err, context.Canceled), "ctx cancellation must stay visible: %v", err)
+		none(t, holders(t, s, key, "tok-a"), "a cancelled acquire leaves no key")
 	})
 
 	t.Run("ExtendBatch", func(t *testing.T) {
@@ -194,7 +194,7 @@ func Run(t *testing.T, setup func(t *testing.T) Setup) {
 			key := fmt.Sprintf("{batch}:%s:%d", Key(t), i)
 			if i != 1 { // item 1 is never acquired: its extension must fail
 				_, err := s.Strategy.Acquire(ctx, key, "tok", 5*time.Second)
-				require.NoError(t, err)
+				must(t, err, "Acquire %s", key)
 			}
 			items = append(items, redlease.Extension{Key: key, Token: "tok", TTL: 20 * time.Second})
 		}
@@ -202,20 +202,24 @@ func Run(t *testing.T, setup func(t *testing.T) Setup) {
 		// still queued for a slow node is then not sent at all, so not every
 		// node need ever hold the key. Wait for a quorum to.
 		for _, i := range []int{0, 2} {
-			require.Eventually(t, func() bool { return holders(t, s, items[i].Key, "tok") >= s.Quorum }, 2*time.Second, time.Millisecond)
+			if !eventually(func() bool { return holders(t, s, items[i].Key, "tok") >= s.Quorum }, 2*time.Second) {
+				t.Fatalf("%s: no quorum holds the key within 2s", items[i].Key)
+			}
 		}
 		items = append(items, redlease.Extension{Key: "", Token: "tok", TTL: time.Second})
 		out := b.ExtendBatch(ctx, items)
-		require.Len(t, out, 4)
-		assert.NoError(t, out[0].Err)
-		assert.ErrorIs(t, out[1].Err, redlease.ErrNotHeld)
-		assert.NoError(t, out[2].Err)
-		assert.ErrorIs(t, out[3].Err, redlease.ErrInvalid)
-		assert.True(t, out[0].Grant.Until.After(time.Now().Add(10*time.Second)), "Until follows the new ttl")
+		if len(out) != 4 {
+			t.Fatalf("ExtendBatch: got %d results, want 4", len(out))
+		}
+		check(t, out[0].Err == nil, "item 0: %v", out[0].Err)
+		isErr(t, out[1].Err, redlease.ErrNotHeld, "item 1")
+		check(t, out[2].Err == nil, "item 2: %v", out[2].Err)
+		isErr(t, out[3].Err, redlease.ErrInvalid, "item 3")
+		check(t, out[0].Grant.Until.After(time.Now().Add(10*time.Second)), "Until %v follows the new ttl", out[0].Grant.Until)
 		// A quorum decides the call; the other nodes that hold the key catch
 		// up in the background.
-		assert.GreaterOrEqual(t, extendedOn(t, s, items[2].Key, "tok", 10*time.Second), s.Quorum, "the batch resets the TTL on a quorum")
-		assert.Zero(t, holders(t, s, items[1].Key, "tok"), "a failed extension does not create the key")
+		atLeast(t, extendedOn(t, s, items[2].Key, "tok", 10*time.Second), s.Quorum, "the batch resets the TTL on a quorum")
+		none(t, holders(t, s, items[1].Key, "tok"), "a failed extension does not create the key")
 	})
 
 	t.Run("ExtendNeverShortensTheKey", func(t *testing.T) {
@@ -224,8 +228,10 @@ func Run(t *testing.T, setup func(t *testing.T) Setup) {
 		keys := []string{"{short}:" + Key(t), "{short}:" + Key(t)}
 		for _, key := range keys {
 			_, err := s.Strategy.Acquire(ctx, key, "tok-a", 20*time.Second)
-			require.NoError(t, err)
-			require.Eventually(t, func() bool { return holders(t, s, key, "tok-a") >= s.Quorum }, 2*time.Second, time.Millisecond)
+			must(t, err, "Acquire %s", key)
+			if !eventually(func() bool { return holders(t, s, key, "tok-a") >= s.Quorum }, 2*time.Second) {
+				t.Fatalf("%s: no quorum holds the key within 2s", key)
+			}
 		}
 		// An extension to a shorter TTL is granted for that TTL, and the
 		// key keeps the longer life it has: a late copy of an earlier,
@@ -233,19 +239,21 @@ func Run(t *testing.T, setup func(t *testing.T) Setup) {
 		// longer one's Until.
 		before := time.Now()
 		g, err := s.Strategy.Extend(ctx, keys[0], "tok-a", 5*time.Second)
-		require.NoError(t, err, "a shorter extension of a held key is a success")
-		assert.False(t, g.Until.After(before.Add(5*time.Second)), "Until %v must not exceed start+ttl", g.Until)
+		must(t, err, "a shorter extension of a held key is a success")
+		check(t, !g.Until.After(before.Add(5*time.Second)), "Until %v must not exceed start+ttl", g.Until)
 		checked := []string{keys[0]}
 		if b, ok := s.Strategy.(redlease.BatchExtender); ok {
 			out := b.ExtendBatch(ctx, []redlease.Extension{{Key: keys[1], Token: "tok-a", TTL: 5 * time.Second}})
-			require.Len(t, out, 1)
-			require.NoError(t, out[0].Err, "a shorter batch extension of a held key is a success")
+			if len(out) != 1 {
+				t.Fatalf("ExtendBatch: got %d results, want 1", len(out))
+			}
+			must(t, out[0].Err, "a shorter batch extension of a held key is a success")
 			checked = append(checked, keys[1])
 		}
 		for _, key := range checked {
-			assert.Equal(t, holders(t, s, key, "tok-a"), extendedOn(t, s, key, "tok-a", 15*time.Second),
-				"%s: every node that holds the key keeps its 20 s", key)
-			assert.GreaterOrEqual(t, extendedOn(t, s, key, "tok-a", 15*time.Second), s.Quorum, key)
+			held, kept := holders(t, s, key, "tok-a"), extendedOn(t, s, key, "tok-a", 15*time.Second)
+			check(t, held == kept, "%s: every node that holds the key keeps its 20 s: %d hold it, %d with more than 15 s", key, held, kept)
+			atLeast(t, extendedOn(t, s, key, "tok-a", 15*time.Second), s.Quorum, key)
 		}
 	})
 
@@ -255,11 +263,11 @@ func Run(t *testing.T, setup func(t *testing.T) Setup) {
 		// Keys with a hash tag keep it; keys without get one.
 		for _, key := range []string{"{order:7}:lock:" + Key(t), Key(t)} {
 			g, err := s.Strategy.Acquire(ctx, key, "tok", 5*time.Second)
-			require.NoError(t, err, key)
+			must(t, err, "Acquire %s", key)
 			if s.Fencing {
-				assert.NotZero(t, g.Fence)
+				check(t, g.Fence != 0, "%s: a fenced grant without a fence", key)
 			}
-			require.NoError(t, s.Strategy.Release(ctx, key, "tok"))
+			must(t, s.Strategy.Release(ctx, key, "tok"), "Release %s", key)
 		}
 	})
 }
@@ -287,7 +295,7 @@ func holders(t *testing.T, s Setup, key, token string) int {
 			continue
 		}
 		if err != nil {
-			t.Errorf("reading %s: %v", key, err) // Errorf, not Fatal: this runs inside Eventually's goroutine too
+			t.Errorf("reading %s: %v", key, err)
 			continue
 		}
 		if v == token {
@@ -295,4 +303,59 @@ func holders(t *testing.T, s Setup, key, token string) int {
 		}
 	}
 	return n
+}
+
+// must stops the test when err is not nil.
+func must(t *testing.T, err error, format string, args ...any) {
+	t.Helper()
+	if err != nil {
+		t.Fatalf("%s: %v", fmt.Sprintf(format, args...), err)
+	}
+}
+
+// check reports a failure, and lets the test go on, when ok is false.
+func check(t *testing.T, ok bool, format string, args ...any) {
+	t.Helper()
+	if !ok {
+		t.Errorf(format, args...)
+	}
+}
+
+// isErr reports a failure when err does not match target.
+func isErr(t *testing.T, err, target error, format string, args ...any) {
+	t.Helper()
+	if !errors.Is(err, target) {
+		t.Errorf("%s: got %v, want %v", fmt.Sprintf(format, args...), err, target)
+	}
+}
+
+// atLeast reports a failure when got < want.
+func atLeast(t *testing.T, got, want int, what string) {
+	t.Helper()
+	if got < want {
+		t.Errorf("%s: got %d, want at least %d", what, got, want)
+	}
+}
+
+// none reports a failure when got is not zero.
+func none(t *testing.T, got int, what string) {
+	t.Helper()
+	if got != 0 {
+		t.Errorf("%s: got %d, want 0", what, got)
+	}
+}
+
+// eventually polls cond every millisecond until it holds or within has
+// passed, and says whether it held.
+func eventually(cond func() bool, within time.Duration) bool {
+	deadline := time.Now().Add(within)
+	for {
+		if cond() {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(time.Millisecond)
+	}
 }

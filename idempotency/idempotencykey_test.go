@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/stretchr/testify/assert"
+
 	"github.com/redlease/redlease/idempotency"
 )
 
@@ -79,5 +81,33 @@ func checkAccepted(t *testing.T, header, key string) {
 	again, err := idempotency.ParseKey(sfQuote(key))
 	if err != nil || again != key {
 		t.Fatalf("round trip of %q: ParseKey(%q) = %q, %v", key, sfQuote(key), again, err)
+	}
+}
+
+func TestHeaderParseKey(t *testing.T) {
+	long := strings.Repeat("k", idempotency.DefaultMaxKeyLength)
+	for header, want := range map[string]string{
+		`"8e03978e-40d5-43e8-bc93-6894a57f9324"`: "8e03978e-40d5-43e8-bc93-6894a57f9324",
+		`8e03978e-40d5-43e8-bc93-6894a57f9324`:   "8e03978e-40d5-43e8-bc93-6894a57f9324",
+		`"a\"b\\c"`:                              `a"b\c`,
+		` "abc"	`:                                "abc",
+		`"with space"`:                           "with space",
+		`"a,b;c=d"`:                              "a,b;c=d",
+		`tok:en/1*`:                              "tok:en/1*",
+		`"` + long + `"`:                         long,
+		long:                                     long,
+	} {
+		got, err := idempotency.ParseKey(header)
+		if assert.NoError(t, err, header) {
+			assert.Equal(t, want, got, header)
+		}
+	}
+	for _, header := range []string{
+		``, `   `, `""`, `" "`, `"abc`, `"abc"x`, `"abc";p=1`, `"a", "b"`, `"a\x"`, `"a\`,
+		`"é"`, "\"a\tb\"", "\"\x7f\"", `abc def`, `a;b`, `a,b`, `a"b`, `a\b`, "é",
+		`"` + long + `k"`, long + "k", `"` + long + `\\"`,
+	} {
+		_, err := idempotency.ParseKey(header)
+		assert.ErrorIs(t, err, idempotency.ErrInvalidKey, "%q", header)
 	}
 }

@@ -2,6 +2,7 @@ package idempotency_test
 
 import (
 	"context"
+	"errors"
 	"net"
 	"sync/atomic"
 	"testing"
@@ -16,6 +17,18 @@ import (
 	"github.com/redlease/redlease/internal/redistest"
 	"github.com/redlease/redlease/renew"
 )
+
+func TestResultsAreBounded(t *testing.T) {
+	b := barrier(t, store(t), idempotency.WithMaxResult(10))
+	ctx := t.Context()
+	out, err := b.Do(ctx, idempotency.Request{Key: "big"}, func(context.Context, uint64) ([]byte, error) {
+		return []byte("more than ten bytes"), nil
+	})
+	require.NoError(t, err, "the first caller gets its result")
+	assert.Equal(t, "more than ten bytes", string(out.Result))
+	_, err = b.Do(ctx, idempotency.Request{Key: "big"}, func(context.Context, uint64) ([]byte, error) { return nil, errors.New("must not run") })
+	assert.ErrorIs(t, err, idempotency.ErrResultNotStored, "a duplicate learns it completed, and nothing runs again")
+}
 
 // failFast is a store client that gives up on a silent server after
 // 100 ms, without retrying: a store "blink" is an error to it, not a wait.
