@@ -58,6 +58,13 @@ func BenchmarkAcquireRelease(b *testing.B) {
 
 // benchTryLock runs TryLock and Release of one key on a Locker with opts.
 func benchTryLock(b *testing.B, name string, s redlease.Strategy, opts ...redlease.Option) {
+	benchTake(b, name, s, (*redlease.Locker).TryLock, opts...)
+}
+
+// benchTake runs take (TryLock or Lock) and Release of one key on a
+// Locker with opts.
+func benchTake(b *testing.B, name string, s redlease.Strategy,
+	take func(*redlease.Locker, context.Context, string, ...redlease.LockOption) (*redlease.Lock, error), opts ...redlease.Option) {
 	b.Run(name, func(b *testing.B) {
 		locker, err := redlease.New(s, append([]redlease.Option{redlease.WithTTL(10 * time.Second)}, opts...)...)
 		require.NoError(b, err)
@@ -66,7 +73,7 @@ func benchTryLock(b *testing.B, name string, s redlease.Strategy, opts ...redlea
 		b.ReportAllocs()
 		b.ResetTimer()
 		for range b.N {
-			lk, err := locker.TryLock(ctx, key)
+			lk, err := take(locker, ctx, key)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -89,23 +96,7 @@ func BenchmarkWakeAndFairUnused(b *testing.B) {
 	strategy, err := single.New(c)
 	require.NoError(b, err)
 	run := func(name string, opts ...redlease.Option) {
-		b.Run(name, func(b *testing.B) {
-			locker, err := redlease.New(strategy, append([]redlease.Option{redlease.WithTTL(10 * time.Second)}, opts...)...)
-			require.NoError(b, err)
-			ctx := context.Background()
-			key := b.Name()
-			b.ReportAllocs()
-			b.ResetTimer()
-			for range b.N {
-				lk, err := locker.Lock(ctx, key)
-				if err != nil {
-					b.Fatal(err)
-				}
-				if err := lk.Release(ctx); err != nil {
-					b.Fatal(err)
-				}
-			}
-		})
+		benchTake(b, name, strategy, (*redlease.Locker).Lock, opts...)
 	}
 	run("listening=0/wake=on")
 	run("listening=0/wake=off", redlease.WithPolling())
