@@ -2,12 +2,14 @@
 // the go-redis client ignores contexts on its sockets: without
 // ContextTimeoutEnabled (go-redis's default) a call to a paused server waits
 // for the client's read timeout (3 s by default) and its retries, whatever
-// the context says.
+// the context says. Deadlines gives a call whose context has no deadline
+// one, shared with the calls that start around the same time.
 package bounded
 
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -36,9 +38,12 @@ func (e Abandoned) Error() string {
 // Unwrap returns the context's cause.
 func (e Abandoned) Unwrap() error { return e.Cause }
 
-type result[T any] struct {
-	v   T
-	err error
+// Job is a call that Cells.Call makes: Do sends it; Late runs, once Do
+// has returned, with the outcome of a call that its ctx abandoned — an
+// undo that identifies exactly what the call wrote, or nothing.
+type Job[T any] interface {
+	Do(ctx context.Context) (T, error)
+	Late(v T, err error)
 }
 
 // Call runs f, and returns when it does or, if bound, when ctx is done,
@@ -51,34 +56,112 @@ func Call[T any](ctx context.Context, bound bool, f func(context.Context) (T, er
 	if !bound || ctx.Done() == nil {
 		return f(ctx)
 	}
-	var mu sync.Mutex
-	abandoned := false
-	done := make(chan result[T], 1)
-	go func() {
-		v, err := f(ctx)
-		mu.Lock()
-		ab := abandoned
-		if !ab {
-			done <- result[T]{v, err} // buffered: never blocks
-		}
-		mu.Unlock()
-		if ab && late != nil {
-			late(v, err)
-		}
-	}()
+	return run(ctx, newCell[T](nil), funcJob[T]{f, late})
+}
+
+// funcJob is the Job of Call.
+type funcJob[T any] struct {
+	f    func(context.Context) (T, error)
+	late func(T, error)
+}
+
+func (j funcJob[T]) Do(ctx context.Context) (T, error) { return j.f(ctx) }
+
+func (j funcJob[T]) Late(v T, err error) {
+	if j.late != nil {
+		j.late(v, err)
+	}
+}
+
+// Cells makes calls like Call, from Jobs, and hands each bounded call to
+// its goroutine in a cell reused from call to call: a bounded call costs
+// no allocation of its own once the cells are warm. The zero value is
+// ready; it is safe for concurrent use.
+type Cells[T any] struct{ pool sync.Pool }
+
+// Call runs j.Do, and returns when it does or, if bound, when ctx is
+// done, whichever comes first; an abandoned call finishes in the
+// background and then runs j.Late with its outcome (see Call). Unbound,
+// or with a ctx that never ends, j.Do runs on the caller's goroutine.
+func (cs *Cells[T]) Call(ctx context.Context, bound bool, j Job[T]) (T, error) {
+	if !bound || ctx.Done() == nil {
+		return j.Do(ctx)
+	}
+	c, _ := cs.pool.Get().(*cell[T])
+	if c == nil {
+		c = newCell[T](&cs.pool)
+	}
+	return run(ctx, c, j)
+}
+
+// The states of a cell's call.
+const (
+	running   = iota
+	delivered // the goroutine handed the outcome over (done)
+	abandoned // the caller left: the goroutine runs Late and frees the cell
+)
+
+// cell carries one bounded call between its caller and its goroutine.
+// Whoever ends a call's use of the cell (the caller after done, or the
+// goroutine of an abandoned call after Late) clears it and puts it back
+// in pool, if any; nobody touches it after that.
+type cell[T any] struct {
+	state atomic.Int32
+	done  chan struct{} // one send per delivered call
+	exec  func()        // the goroutine's function, made once per cell
+	pool  *sync.Pool
+
+	ctx context.Context
+	job Job[T]
+	v   T
+	err error
+}
+
+func newCell[T any](pool *sync.Pool) *cell[T] {
+	c := &cell[T]{done: make(chan struct{}, 1), pool: pool}
+	c.exec = c.do
+	return c
+}
+
+// run starts c's goroutine on j and waits for it or ctx, whichever ends
+// first.
+func run[T any](ctx context.Context, c *cell[T], j Job[T]) (T, error) {
+	c.ctx, c.job = ctx, j
+	c.state.Store(running)
+	go c.exec() // a func value made once: the go statement allocates nothing
 	select {
-	case r := <-done:
-		return r.v, r.err
+	case <-c.done:
 	case <-ctx.Done():
+		if c.state.CompareAndSwap(running, abandoned) {
+			var zero T
+			return zero, Abandoned{Cause: context.Cause(ctx)}
+		}
+		<-c.done // it returned meanwhile: not abandoned
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	select {
-	case r := <-done: // it returned meanwhile: not abandoned
-		return r.v, r.err
-	default:
+	v, err := c.v, c.err
+	c.free()
+	return v, err
+}
+
+// do is the goroutine of a call: it runs the job and hands the outcome to
+// the caller, or, if the caller left, to the job's Late.
+func (c *cell[T]) do() {
+	v, err := c.job.Do(c.ctx)
+	c.v, c.err = v, err
+	if c.state.CompareAndSwap(running, delivered) {
+		c.done <- struct{}{} // buffered: never blocks; the cell is the caller's now
+		return
 	}
-	abandoned = true
+	j := c.job
+	c.free()
+	j.Late(v, err)
+}
+
+// free clears c and puts it back in its pool.
+func (c *cell[T]) free() {
 	var zero T
-	return zero, Abandoned{Cause: context.Cause(ctx)}
+	c.ctx, c.job, c.v, c.err = nil, nil, zero, nil
+	if c.pool != nil {
+		c.pool.Put(c)
+	}
 }

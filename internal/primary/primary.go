@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -50,8 +51,13 @@ type Primary struct {
 	// bound: the client does not apply ctx deadlines to its socket I/O
 	// (go-redis without ContextTimeoutEnabled waits for its ReadTimeout and
 	// retries), so calls are bounded by ctx here (see call).
-	bound bool
-	wake  *wake.Set // release notices for waiters (Watch); nil with a nil client
+	bound     bool
+	deadlines *bounded.Deadlines   // of calls whose ctx has none: CallBound
+	cells     bounded.Cells[int64] // the hand-offs of bounded calls
+	// ttlArgs: the boxed TTL arguments of the last TTL acquired or
+	// extended with, reused while the next call has the same TTL.
+	ttlArgs atomic.Pointer[ttlArgs]
+	wake    *wake.Set // release notices for waiters (Watch); nil with a nil client
 
 	// The clean-ups of failed acquisitions, run in the background (see
 	// undoLater): life ends at Close, which waits for them.
@@ -121,25 +127,80 @@ func New[O any](client redis.UniversalClient, cfg Config, opts []O, apply func(O
 	p.wake = wake.NewSet(client)
 	p.cluster, _ = client.(*redis.ClusterClient)
 	p.bound = !bounded.HonorsContext(client)
+	p.deadlines = bounded.NewDeadlines(p.CallBound())
 	p.life, p.endLife = context.WithCancel(context.Background())
 	return p, nil
 }
 
-// call runs f, and returns when it does or, for a client that ignores
+// call runs c, and returns when it does or, for a client that ignores
 // contexts, when ctx is done, whichever comes first: with go-redis's
 // defaults a paused node would otherwise hold the caller for the read
 // timeout and its retries, whatever ctx says. A ctx without a deadline
-// gets one CallBound away. An abandoned call finishes in the background
-// (bounded by the client's own timeouts, or its Close) and then late, if
-// not nil, runs with its outcome: the undo of an acquisition reported as
-// failed, which compares the attempt's own token.
-func (p *Primary) call(ctx context.Context, f func(context.Context) (int64, error), late func(int64, error)) (int64, error) {
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, p.CallBound())
-		defer cancel()
+// gets one at most CallBound away (bounded.Deadlines: shared with the
+// calls that start about when it does). An abandoned call finishes in the
+// background (bounded by the client's own timeouts, or its Close) and then
+// undoes what it may have written if c says so (see scriptCall.Late).
+func (p *Primary) call(ctx context.Context, c *scriptCall) (int64, error) {
+	ctx, cancel := p.deadlines.Bound(ctx)
+	defer cancel()
+	return p.cells.Call(ctx, p.bound, c)
+}
+
+// scriptCall is one script call of Primary, in one allocation with its
+// command line: the bounded.Job that call runs.
+type scriptCall struct {
+	p  *Primary
+	sc *script.Script
+	// replicated: followed by WAIT when replicas are required (see run).
+	replicated bool
+	// undo: an acquisition, which once abandoned is undone (by key and
+	// this attempt's token) unless it surely wrote nothing.
+	undo       bool
+	key, token string
+	line       []any
+	buf        [13]any // line's first 13 arguments (all but fair mode's)
+}
+
+// newCall returns a call of sc; its line is to be appended to c.line.
+func (p *Primary) newCall(sc *script.Script) *scriptCall {
+	c := &scriptCall{p: p, sc: sc}
+	c.line = c.buf[:0]
+	return c
+}
+
+// Do sends the call (see bounded.Job).
+func (c *scriptCall) Do(ctx context.Context) (int64, error) {
+	if c.replicated {
+		return c.p.run(ctx, c.sc, c.line)
 	}
-	return bounded.Call(ctx, p.bound, f, late)
+	return c.sc.Run(ctx, c.p.client, c.line)
+}
+
+// Late undoes an abandoned acquisition, which is reported as not
+// obtained, by this attempt's token only, unless its outcome proves it
+// wrote nothing (see bounded.Job).
+func (c *scriptCall) Late(v int64, err error) {
+	if c.undo && ((err == nil && !script.IsTaken(v)) || (err != nil && !NotSent(err))) {
+		c.p.undoLater(nil, c.key, c.token)
+	}
+}
+
+// ttlArgs are the TTL arguments of Acquire and Extend, boxed.
+type ttlArgs struct {
+	ttl      time.Duration
+	millis   any // ttl in ms
+	fenceTTL any // script.FenceTTL's
+}
+
+// boxedTTL returns ttl's arguments: those of the last call if it had the
+// same TTL (most callers use one), else new ones, kept for the next call.
+func (p *Primary) boxedTTL(ttl time.Duration) *ttlArgs {
+	if a := p.ttlArgs.Load(); a != nil && a.ttl == ttl {
+		return a
+	}
+	a := &ttlArgs{ttl: ttl, millis: ttl.Milliseconds(), fenceTTL: script.FenceTTL(p.cfg.FenceTTL, ttl)}
+	p.ttlArgs.Store(a)
+	return a
 }
 
 // Acquire takes key in one round trip (plus WAIT in the same pipeline when
@@ -164,8 +225,9 @@ func (p *Primary) LeaveLine(ctx context.Context, key, id string) error {
 	if key == "" || id == "" {
 		return redlease.Invalid("empty key or waiter id")
 	}
-	line := script.LeaveArgs(key, id)
-	_, err := p.call(ctx, func(ctx context.Context) (int64, error) { return script.Leave.Run(ctx, p.client, line) }, nil)
+	c := p.newCall(script.Leave)
+	c.line = script.AppendLeaveArgs(c.line, key, id)
+	_, err := p.call(ctx, c)
 	if err != nil {
 		return p.fail(ctx, redlease.ErrUnavailable, err)
 	}
@@ -188,25 +250,20 @@ func (p *Primary) acquire(ctx context.Context, key, token string, ttl time.Durat
 	if p.cfg.FenceTTL > 0 && ttl > p.cfg.FenceTTL {
 		return redlease.Grant{}, redlease.Invalid("ttl %v: longer than the fence counter TTL %v (WithFenceTTL), which must be at least every TTL acquired with", ttl, p.cfg.FenceTTL)
 	}
-	fenceTTL := script.FenceTTL(p.cfg.FenceTTL, ttl)
+	ta := p.boxedTTL(ttl)
 	start := p.cfg.Clock.Now()
 	queue := k // KEYS[4], the line: read only in fair mode
 	if place != nil {
 		queue = any(script.QueueKey(key))
 	}
-	line := script.Acquire.Args(k, fenceKey, k, queue, token, ttl.Milliseconds(), mode,
-		any(script.RuleOff), any(script.NotDurable), fenceTTL)
+	c := p.newCall(script.Acquire)
+	c.replicated, c.undo, c.key, c.token = true, true, key, token
+	c.line = script.Acquire.AppendArgs(c.line, k, fenceKey, k, queue, token, ta.millis, mode,
+		any(script.RuleOff), any(script.NotDurable), ta.fenceTTL)
 	if place != nil {
-		line = script.AppendPlace(line, *place)
+		c.line = script.AppendPlace(c.line, *place)
 	}
-	v, err := p.call(ctx, func(ctx context.Context) (int64, error) { return p.run(ctx, script.Acquire, line) },
-		func(v int64, err error) {
-			// Abandoned: reported as not obtained, so whatever it wrote
-			// goes, by this attempt's token only.
-			if (err == nil && !script.IsTaken(v)) || (err != nil && !NotSent(err)) {
-				p.undoLater(nil, key, token)
-			}
-		})
+	v, err := p.call(ctx, c)
 	// Every undo below compares this attempt's token (the Locker gives each
 	// attempt its own), so however late it lands it removes only what this
 	// attempt wrote, never a key a later attempt holds. It runs in the
@@ -269,8 +326,10 @@ func (p *Primary) Extend(ctx context.Context, key, token string, ttl time.Durati
 		return redlease.Grant{}, err
 	}
 	start := p.cfg.Clock.Now()
-	line := script.Extend.Args(key, token, ttl.Milliseconds())
-	v, err := p.call(ctx, func(ctx context.Context) (int64, error) { return p.run(ctx, script.Extend, line) }, nil)
+	c := p.newCall(script.Extend)
+	c.replicated = true
+	c.line = script.Extend.AppendArgs(c.line, key, token, p.boxedTTL(ttl).millis)
+	v, err := p.call(ctx, c)
 	switch {
 	case err == nil && v != 1, errors.Is(err, ErrNotReplicated) && v != 1:
 		return redlease.Grant{}, redlease.ErrNotHeld
@@ -293,8 +352,9 @@ func (p *Primary) Release(ctx context.Context, key, token string) error {
 	if key == "" {
 		return redlease.Invalid("empty key")
 	}
-	line := script.ReleaseArgs(key, token)
-	v, err := p.call(ctx, func(ctx context.Context) (int64, error) { return script.Release.Run(ctx, p.client, line) }, nil)
+	c := p.newCall(script.Release)
+	c.line = script.AppendReleaseArgs(c.line, key, token)
+	v, err := p.call(ctx, c)
 	switch {
 	case err != nil:
 		return p.fail(ctx, redlease.ErrUnavailable, err)
@@ -346,7 +406,7 @@ func (p *Primary) Watch(ctx context.Context, key, waiter string) (<-chan struct{
 // Listen subscribes waiter to releases of key without I/O if the process
 // already hears them (see redlease.Waker).
 func (p *Primary) Listen(key, waiter string) (<-chan struct{}, func(bool), bool) {
-	if key == "" {
+	if key == "" || wake.Idle() { // nothing heard: no channel name to build
 		return nil, nil, false
 	}
 	return p.wake.Listen(script.Channel(key), waiter, 1)

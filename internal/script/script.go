@@ -439,6 +439,11 @@ func ReleaseArgs(key string, token any) []any {
 	return Release.Args(key, QueueKey(key), token, leave)
 }
 
+// AppendReleaseArgs is ReleaseArgs appended to line.
+func AppendReleaseArgs(line []any, key string, token any) []any {
+	return Release.AppendArgs(line, key, QueueKey(key), token, leave)
+}
+
 // UndoArgs returns the Release command line of the undo of a failed
 // attempt under token: it deletes the attempt's key, and leaves the
 // waiter's entry in the line (the waiter is still waiting).
@@ -466,6 +471,11 @@ return n
 // LeaveArgs returns the Leave command line of waiter id on key.
 func LeaveArgs(key, id string) []any {
 	return Leave.Args(key, QueueKey(key), id)
+}
+
+// AppendLeaveArgs is LeaveArgs appended to line.
+func AppendLeaveArgs(line []any, key, id string) []any {
+	return Leave.AppendArgs(line, key, QueueKey(key), id)
 }
 
 // QueueKey returns the key of a lock key's line (fair mode; see Acquire),
@@ -586,7 +596,12 @@ func (s *Script) Source() string { return s.src }
 // Args returns the EVALSHA command line for keysThenArgs, which must start
 // with the script's keys.
 func (s *Script) Args(keysThenArgs ...any) []any {
-	line := make([]any, 0, 3+len(keysThenArgs))
+	return s.AppendArgs(make([]any, 0, 3+len(keysThenArgs)), keysThenArgs...)
+}
+
+// AppendArgs is Args appended to line: into an array the caller allocated
+// with the rest of its call (see internal/primary).
+func (s *Script) AppendArgs(line []any, keysThenArgs ...any) []any {
 	line = append(line, "evalsha", s.sha, s.numKeys)
 	return append(line, keysThenArgs...)
 }

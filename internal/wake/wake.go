@@ -40,6 +40,7 @@ import (
 	"reflect"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -57,6 +58,8 @@ var (
 	mu   sync.Mutex
 	hubs = map[any]*hub{} // by client (or a Set-private key for clients that are not comparable)
 	seq  uint64           // the last Sub's seq
+	// hubCount is len(hubs), stored under mu and read without it (Idle).
+	hubCount atomic.Int64
 )
 
 // Bounds of the hub's goroutines.
@@ -210,6 +213,9 @@ func (s *Set) Watch(ctx context.Context, channel, waiter string, need int, bound
 // new waiter's first check already be the check after subscribing, which
 // saves the second check (an attempt on every node) that Watch needs.
 func (s *Set) Listen(channel, waiter string, need int) (notices <-chan struct{}, stop func(handOn bool), ok bool) {
+	if Idle() {
+		return nil, nil, false
+	}
 	mu.Lock()
 	defer mu.Unlock()
 	if s.closed {
@@ -445,6 +451,13 @@ func (s *Set) Close(wait time.Duration) {
 	}
 }
 
+// Idle reports whether the process has no subscription connection (no
+// hub) at all, without taking the process's lock: Listen would then
+// register nothing, so a caller may skip building its channel's name.
+// One that a Watch is starting meanwhile may be missed, as if Idle had
+// been asked a moment sooner.
+func Idle() bool { return hubCount.Load() == 0 }
+
 // hubFor returns the running hub of key, starting one if there is none or
 // the last one is stopping. Call with mu held.
 func hubFor(key any, c redis.UniversalClient) *hub {
@@ -463,6 +476,7 @@ func hubFor(key any, c redis.UniversalClient) *hub {
 		done:     make(chan struct{}),
 	}
 	hubs[key] = h
+	hubCount.Store(int64(len(hubs)))
 	go h.read()
 	go h.write()
 	return h
@@ -523,6 +537,7 @@ func (h *hub) write() {
 			h.stopping = true
 			if hubs[h.key] == h {
 				delete(hubs, h.key)
+				hubCount.Store(int64(len(hubs)))
 			}
 			close(h.stop)
 		}
