@@ -27,7 +27,7 @@ import (
 // stormInFlight, stormLease, the callers' deadlines, backoff and budgets,
 // stormPause are shared).
 const (
-	directRetention = 10 * time.Second       // outlives every payment's last answer by far
+	directRetention = 60 * time.Second       // past the callers' budgets on a quiet machine (a run after it is explained)
 	directPreMin    = 20 * time.Millisecond  // the handler's provider call before the charge: 20–120 ms
 	directPreSpan   = 100 * time.Millisecond //
 	directPostMin   = 10 * time.Millisecond  // its work after the charge: 10–80 ms
@@ -53,12 +53,15 @@ const (
 // It checks, counting what each check examined: every payment charged
 // exactly once; no run reached the ledger after the charge (a second
 // charge, which the ledger refuses as a payments table would) unless the
-// payment's lock was lost, Close cut a run short, or an outcome was not
-// recorded; every answer a caller got (a Do result; for the
-// Consumer, the record its ack stands on) names that charge and was
-// returned by the run that charged, unless that run's outcome was
-// explained away (its lock lost, its outcome not recorded, a store pause
-// during its recording); a last duplicate, once all callers were
+// charging run's lock was lost (its handler's ctx says so, or, once the
+// handler returned and its caller may have left, the keeper saw it lost
+// or out of validity before the Barrier stopped keeping it: lostKeeper),
+// Close cut a run short, or an outcome was not recorded; every answer a
+// caller got (a Do result; for the Consumer, the record its ack stands
+// on) names that charge and was returned by the run that charged, unless
+// that run's outcome was explained away (its lock lost, its outcome not
+// recorded, a store pause during its recording, or every later run began
+// a retention after it returned); a last duplicate, once all callers were
 // answered, replays that answer without running the handler; and Close
 // finds no run left behind.
 func TestStormOfRetriesThroughDoAndConsumer(t *testing.T) {
@@ -86,7 +89,8 @@ type directStormState struct {
 
 	mu       sync.Mutex
 	charged  map[string]directCharge // the run that charged, by payment
-	told     map[string][]string     // runs whose ctx ended with their lock lost or Close, by payment
+	told     map[string][]string     // runs whose ctx ended with their lock lost or Close, or whose lock was lost while kept, by payment
+	runOf    map[uint64]string       // the payment of each run, by its fence (lostKeeper's lookup)
 	notRec   map[string]int          // ErrNotRecorded answers, by payment
 	pauses   [][2]time.Time          // the store's pauses
 	runs     atomic.Int32
@@ -104,6 +108,56 @@ func (s *directStormState) tell(id string, fence uint64, cause error) {
 	s.told[id] = append(s.told[id], fmt.Sprintf("fence %d at %.2fs: %v", fence, time.Since(s.start).Seconds(), cause))
 }
 
+// lostKeeper keeps locks with keeper and tells s of each lock lost while
+// kept (Lost closed before the Barrier stopped keeping it): a lost lock
+// explains a later run, whether it was lost while the handler ran (its ctx
+// says so, see handler) or after it returned, while its outcome was being
+// recorded (nobody's ctx says so then: the caller may have left).
+type lostKeeper struct {
+	keeper redlease.Keeper
+	s      *directStormState
+	wg     sync.WaitGroup
+}
+
+func (k *lostKeeper) Keep(lk *redlease.Lock) (stop func()) {
+	stopKeeping := k.keeper.Keep(lk)
+	var stopped atomic.Bool
+	done := make(chan struct{})
+	var once sync.Once
+	lost := func(how string) {
+		once.Do(func() {
+			k.s.mu.Lock()
+			id, ok := k.s.runOf[lk.Fence()]
+			k.s.mu.Unlock()
+			if ok {
+				k.s.tell(id, lk.Fence(), fmt.Errorf("%s: %v", how, lk.Err()))
+			}
+		})
+	}
+	k.wg.Go(func() {
+		select {
+		case <-lk.Lost():
+			// The Barrier stops keeping a lock before it releases it: a
+			// release after stop closes Lost too, and is not a loss.
+			if !stopped.Load() {
+				lost("lost while kept")
+			}
+		case <-done:
+		}
+	})
+	return sync.OnceFunc(func() {
+		// A lock whose validity ended while it was kept (the Barrier may
+		// see Valid false, give up recording and stop keeping it before
+		// the lock's own expiry closes Lost) was lost while kept too.
+		if !lk.Valid() {
+			lost("lost while kept (validity over at stop)")
+		}
+		stopped.Store(true)
+		close(done)
+		stopKeeping()
+	})
+}
+
 // handler is payment id's handler: provider call, charge, more work,
 // receipt.
 func (s *directStormState) handler(id string) idempotency.Handler {
@@ -118,6 +172,9 @@ func (s *directStormState) handler(id string) idempotency.Handler {
 				s.tell(id, fence, c)
 			}
 		})
+		s.mu.Lock()
+		s.runOf[fence] = id
+		s.mu.Unlock()
 		run := &stormRun{fence: fence, began: time.Now()}
 		if !s.ledger.begin(id, run) {
 			return nil, errSuperseded
@@ -178,17 +235,18 @@ func directStorm(t *testing.T, via string) {
 	w, err := renew.New()
 	require.NoError(t, err)
 	t.Cleanup(func() { w.Close() })
+	s := &directStormState{seed: seed, ledger: &stormLedger{entries: map[string]*ledgerEntry{}}, probe: redistest.StartStallProbe(t),
+		charged: map[string]directCharge{}, told: map[string][]string{}, runOf: map[uint64]string{}, notRec: map[string]int{}}
+	keeper := &lostKeeper{keeper: w, s: s}
+	t.Cleanup(keeper.wg.Wait) // after the Barrier's Close (cleanups run last first): every Keep stopped
 	b, err := idempotency.New(storeClient,
 		idempotency.WithRetention(directRetention),
 		idempotency.WithLease(stormLease),
-		idempotency.WithKeeper(w))
+		idempotency.WithKeeper(keeper))
 	require.NoError(t, err)
 	consumer, err := idempotency.NewConsumer(b)
 	require.NoError(t, err)
 	ns := map[string]string{"Do": "idem:r:", "Consumer": "idem:m:"}[via]
-
-	s := &directStormState{seed: seed, ledger: &stormLedger{entries: map[string]*ledgerEntry{}}, probe: redistest.StartStallProbe(t),
-		charged: map[string]directCharge{}, told: map[string][]string{}, notRec: map[string]int{}}
 
 	// call is one delivery of payment p: ok when the caller has an outcome.
 	call := func(ctx context.Context, p *stormPayment, h idempotency.Handler) (out idempotency.Outcome, ok bool, err error) {
@@ -319,6 +377,7 @@ func directStorm(t *testing.T, via string) {
 	cctx, ccancel := context.WithTimeout(ctx, 2*stormLease)
 	assert.NoError(t, b.Close(cctx), "Close: runs left behind")
 	ccancel()
+	keeper.wg.Wait() // Close ended every run, and each stopped keeping its lock
 
 	// The checks, each counting what it examined.
 	var (
@@ -346,14 +405,18 @@ func directStorm(t *testing.T, via string) {
 		// not recorded, or the store was paused while it was recorded.
 		why := ""
 		switch {
-		case len(told) > 0:
-			why = "a run was told its lock was lost: " + strings.Join(told, "; ")
+		case ch.fence != 0 && slices.ContainsFunc(told, func(e string) bool { return strings.HasPrefix(e, fmt.Sprintf("fence %d ", ch.fence)) }):
+			why = "the charging run's lock was lost or closed: " + strings.Join(told, "; ")
 		case nr > 0:
 			why = fmt.Sprintf("%d answers ErrNotRecorded", nr)
 		case ch.fence != 0 && slices.ContainsFunc(pauseSpans, func(ps [2]time.Time) bool {
 			return ps[1].After(ch.returned) && ps[0].Before(ch.returned.Add(stormLease))
 		}):
 			why = "the store was paused within a lease of the charging run's return"
+		case ch.fence != 0 && len(e.refused) > 0 && !slices.ContainsFunc(e.refused, func(r stormRun) bool {
+			return r.began.Sub(ch.returned) < directRetention
+		}):
+			why = "every later run began a retention or more after the charging run returned: the record may have gone"
 		}
 		// A run that reached the ledger after the charge (refused there, as a
 		// payments table refuses a second charge) is a second charge the
@@ -453,9 +516,17 @@ func directStorm(t *testing.T, via string) {
 	}
 
 	s.mu.Lock()
-	toldN := 0
+	toldN, keptLost, overAtStop := 0, 0, 0
 	for _, l := range s.told {
 		toldN += len(l)
+		for _, e := range l {
+			if strings.Contains(e, "lost while kept") {
+				keptLost++
+			}
+			if strings.Contains(e, "validity over at stop") {
+				overAtStop++
+			}
+		}
 	}
 	pauseLog := make([]string, 0, len(s.pauses))
 	for _, ps := range s.pauses {
@@ -466,8 +537,8 @@ func directStorm(t *testing.T, via string) {
 	t.Logf("storm via %s: run %.2fs (pauses at %s), wall %.2fs", via, runTime.Seconds(), strings.Join(pauseLog, ", "), time.Since(s.start).Seconds())
 	t.Logf("storm via %s: callers %d, attempts %d, deadlines %d, in progress %d, run cancelled %d, superseded %d, lock not obtained %d, other errors %d; outcomes fresh %d, replayed %d, not recorded %d (the Consumer's acks count as fresh: an ack does not say)",
 		via, n*stormClients, tot.attempts, tot.timeouts, tot.inProgress, tot.cancelled, tot.superseded, tot.notObtained, tot.other, fresh, replayed, notRecorded)
-	t.Logf("storm via %s: handler runs %d (ledger: %d, charges applied %d, second charges refused %d: duplicate %d, stale fence %d); runs told lock lost/closed %d; refused runs explained %d of %d",
-		via, s.runs.Load(), led.runs, led.applied, led.dups+led.stale, led.dups, led.stale, toldN, explainedRefusals, examinedRefusals)
+	t.Logf("storm via %s: handler runs %d (ledger: %d, charges applied %d, second charges refused %d: duplicate %d, stale fence %d); runs told lock lost/closed %d (%d of them lost while kept, seen by the keeper, %d of those with validity over when the Barrier stopped keeping); refused runs explained %d of %d",
+		via, s.runs.Load(), led.runs, led.applied, led.dups+led.stale, led.dups, led.stale, toldN, keptLost, overAtStop, explainedRefusals, examinedRefusals)
 	t.Logf("storm via %s: examined payments %d, answers %d, records %d, last duplicates %d; answers from a later run than the charging one %d (explained %d)",
 		via, examinedPayments, examinedAnswers, examinedRecords, examinedLasts, otherRun, explained)
 	t.Logf("storm via %s: store commands %s; pool waits %d (%v), pool timeouts %d",
