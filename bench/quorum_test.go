@@ -67,6 +67,7 @@ func BenchmarkQuorum(b *testing.B) {
 
 	par := "/parallel=" + strconv.Itoa(parallelism()*runtime.GOMAXPROCS(0))
 	b.Run("lib=redlease/nodes=5"+par, func(b *testing.B) { redleasePar(b, ours) })
+	b.Run("lib=redlease-fencing/nodes=5"+par, func(b *testing.B) { redleasePar(b, oursFenced) })
 	b.Run("lib=redsync/nodes=5"+par, func(b *testing.B) { redsyncPar(b, peer) })
 
 	const slow = 4 // the node that is slowed down or cut
