@@ -257,7 +257,7 @@ func (s *Strategy) acquire(ctx context.Context, key, token string, ttl time.Dura
 	k := any(key) // boxed once, passed for every key the script does not touch
 	mode, fenceKey, marker := any(script.NoFence), k, k
 	if s.fencing {
-		mode, fenceKey = any(script.IncrFence), any(script.MustFenceKey(key))
+		mode, fenceKey = any(script.QuorumFence), any(script.MustFenceKey(key))
 	}
 	if s.maxTTL > 0 {
 		marker = any(script.BootMarker)

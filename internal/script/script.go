@@ -32,8 +32,9 @@ import (
 
 // Modes of the Acquire script (ARGV[3]).
 const (
-	NoFence   = "0" // plain SET NX PX; reply 0 on a grant
-	IncrFence = "1" // on a grant, INCR the fence counter; reply the new value
+	NoFence     = "0" // plain SET NX PX; reply 0 on a grant
+	IncrFence   = "1" // on a grant, INCR the fence counter; reply the new value
+	QuorumFence = "2" // IncrFence, and on our own key the counter's TTL refreshed (quorum fencing)
 )
 
 // Taken is the Acquire script's reply when another token holds the key
@@ -90,13 +91,16 @@ func Remaining(v int64) (d time.Duration, ok bool) {
 // With IncrFence, a grant increments the fence counter; a counter created
 // anew (INCR answered 1: it did not exist) is set to the server's clock in
 // microseconds since the epoch (TIME) instead, and its value is the
-// fence. A refresh of our own key replies the counter as it is (creating
-// it from TIME where there is none): the node then holds, while our key
-// is there, a counter at least the value replied, as after a grant.
-// ARGV[6] > 0: the counter expires no sooner than ARGV[6] ms after the
-// reply (its TTL is raised to that on every grant and refresh, never
-// shortened); "0" leaves its TTL as it is (none, for a counter created
-// here). Why fences still rise across a counter's expiry is in FenceTTL.
+// fence. A refresh of our own key replies the counter as it is, or the
+// server's clock in microseconds where there is none, and writes nothing.
+// QuorumFence is IncrFence but for that refresh: it creates the counter
+// from TIME where there is none and refreshes its TTL, so that the node
+// then holds, from a moment our key is there, a counter of at least the
+// value replied, as after a grant. ARGV[6] > 0: the counter expires no
+// sooner than ARGV[6] ms after a grant's reply (its TTL is raised to that,
+// never shortened); "0" leaves its TTL as it is (none, for a counter
+// created here). Why fences still rise across a counter's expiry is in
+// FenceTTL.
 //
 // Fair mode (ARGV[7] given: the waiter's id, the token's base for a Lock
 // call): KEYS[4] is the key's line (QueueKey), a sorted set with two
@@ -119,7 +123,7 @@ func Remaining(v int64) (d time.Duration, ok bool) {
 //
 //	KEYS[1] lock key, KEYS[2] fence counter key, KEYS[3] boot marker key,
 //	KEYS[4] the line (QueueKey; the lock key again when not fair)
-//	ARGV[1] token, ARGV[2] ttl in ms, ARGV[3] mode (NoFence, IncrFence),
+//	ARGV[1] token, ARGV[2] ttl in ms, ARGV[3] mode (NoFence, IncrFence, QuorumFence),
 //	ARGV[4] delayed-restart max TTL in ms ("0": rule off),
 //	ARGV[5] "1" if nodes are declared durable (read only with the rule on),
 //	ARGV[6] fence counter TTL in ms ("0": none),
@@ -220,9 +224,18 @@ end
 local f
 if held == false then
   f = redis.call('INCR', KEYS[2])
-else
+elseif ARGV[3] == '2' then
   -- Our own key again: the counter as it is, not a new fence.
   f = tonumber(redis.call('GET', KEYS[2]) or '1')
+else
+  -- Our own key again (IncrFence): the counter as it is, or the server's
+  -- clock in microseconds where there is none; nothing written.
+  local c = redis.call('GET', KEYS[2])
+  if c then
+    return tonumber(c)
+  end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 if f == 1 then
   -- A counter created anew (never used, or expired) starts from the
