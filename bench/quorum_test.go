@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"runtime"
+	"slices"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -47,7 +48,9 @@ func newQuorum(b *testing.B, cs []*redis.Client, opts ...quorum.Option) *quorum.
 //
 // Direct cases connect straight to the nodes. The slow=, down= cases put all
 // five nodes behind proxies (so both libraries pay the same extra hop), then
-// delay node 4's replies by 20 ms, or make it refuse connections.
+// delay node 4's replies by 20 ms, or make it refuse connections. The
+// latency=1ms cases delay every node's replies by 1 ms and report rtt/op:
+// the op's time in those milliseconds, about its round trips in a row.
 func BenchmarkQuorum(b *testing.B) {
 	addrs := nodes(b, 5)
 	direct := clients(b, addrs)
@@ -58,6 +61,7 @@ func BenchmarkQuorum(b *testing.B) {
 	ours := newQuorum(b, direct, quorum.WithoutFencing()) // like for like: redsync has no fences
 	oursFenced := newQuorum(b, direct)                    // the default
 	oursProxied := newQuorum(b, proxied, quorum.WithoutFencing())
+	oursFencedProxied := newQuorum(b, proxied)
 	peer := redsync.New(pools(direct)...)
 	peerProxied := redsync.New(pools(proxied)...)
 
@@ -67,6 +71,7 @@ func BenchmarkQuorum(b *testing.B) {
 
 	par := "/parallel=" + strconv.Itoa(parallelism()*runtime.GOMAXPROCS(0))
 	b.Run("lib=redlease/nodes=5"+par, func(b *testing.B) { redleasePar(b, ours) })
+	b.Run("lib=redlease-fencing/nodes=5"+par, func(b *testing.B) { redleasePar(b, oursFenced) })
 	b.Run("lib=redsync/nodes=5"+par, func(b *testing.B) { redsyncPar(b, peer) })
 
 	const slow = 4 // the node that is slowed down or cut
@@ -93,6 +98,50 @@ func BenchmarkQuorum(b *testing.B) {
 			redsyncSeq(b, peerProxied, redsync.WithFailFast(true))
 		})
 		f.unset()
+	}
+
+	// Every node's replies 1 ms late, as across zones: round trips dominate,
+	// and an op's time over one round trip's is about its round trips in a
+	// row (rtt/op). One round trip is the median PING through the same
+	// proxies, measured before each case: a 1 ms sleep overshoots on a
+	// busy machine, and the op pays the same overshoot.
+	for i := range px.Addrs {
+		px.Latency(b, i, 1)
+	}
+	rtts := func(b *testing.B, one time.Duration) {
+		b.ReportMetric(float64(b.Elapsed())/float64(b.N)/float64(one), "rtt/op")
+		b.ReportMetric(float64(one.Nanoseconds()), "rtt-ns")
+	}
+	roundTrip := func(b *testing.B) time.Duration {
+		per := make([]time.Duration, 0, 51)
+		for i := range cap(per) {
+			start := time.Now()
+			if err := proxied[i%len(proxied)].Ping(background).Err(); err != nil {
+				b.Fatal(err)
+			}
+			per = append(per, time.Since(start))
+		}
+		slices.Sort(per)
+		return per[len(per)/2]
+	}
+	for _, c := range []struct {
+		name string
+		run  func(b *testing.B)
+	}{
+		{"lib=redlease-fencing", func(b *testing.B) { redleaseSeq(b, oursFencedProxied) }},
+		{"lib=redlease", func(b *testing.B) { redleaseSeq(b, oursProxied) }},
+		{"lib=redsync", func(b *testing.B) { redsyncSeq(b, peerProxied) }},
+	} {
+		b.Run(c.name+"/nodes=5/latency=1ms", func(b *testing.B) {
+			defer settle(b, inflight)
+			one := roundTrip(b)
+			b.ResetTimer()
+			c.run(b)
+			rtts(b, one)
+		})
+	}
+	for i := range px.Addrs {
+		px.Heal(b, i)
 	}
 }
 

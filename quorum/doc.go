@@ -107,41 +107,59 @@
 //
 // Per node, a counter key sits beside the lock key, with a TTL refreshed
 // on every grant (WithFenceTTL; redlease.DefaultFenceTTL by default).
-// Fencing costs one more round trip to a quorum per acquisition:
 //
-//   - Phase 1 (inside the acquire script): a node that grants replies with
-//     its counter as it is, or, where it has none, its clock (TIME) in
-//     microseconds since the epoch, where a counter created now would
-//     start.
-//   - The client picks f = max(counters of the granting nodes) + 1.
-//   - Phase 2: every node raises its counter to max(counter, f) and replies
-//     whether the lock key still holds our token. The grant needs a quorum
-//     of such confirmations within the validity.
+//   - Round 1 (inside the acquire script): a node that grants increments
+//     its counter (one it has none of starts from its clock, TIME in
+//     microseconds since the epoch) and replies the new value. A node
+//     that finds our own token already there (a resent request) replies
+//     its counter as it is. Either way the reply is a value the node's
+//     counter had, at least, at a moment our key was there, and the
+//     counter's TTL was refreshed then.
+//   - The fence f is the highest reply among the quorum of grants.
+//   - Round 2, only if fewer than a quorum of nodes (counted by server)
+//     replied exactly f: every node raises its counter to max(counter, f)
+//     and replies whether the lock key still holds our token. The grant
+//     needs a quorum of nodes that either replied f in round 1 or
+//     confirmed in round 2, within the validity.
+//
+// Either way, a grant with fence f leaves a quorum of nodes, each of
+// which held a counter of at least f (its TTL refreshed) at a moment our
+// key was there. When every node granted the holders before us, the
+// counters move in step and round 1 alone does it: fencing then costs no
+// round trip. Counters part when nodes miss grants (a node down, a failed
+// attempt that a minority granted, counters created at different
+// moments), and round 2 brings them back together.
 //
 // Why f rises strictly for successive holders A then B, even when they
-// reached different majorities: take a node k in both A's phase-2 quorum
-// and B's phase-1 quorum (two majorities always share a node). At k, A's key
-// was present from A's phase 1 until at least A's phase 2, so B's SET NX at
-// k did not happen in between. It did not happen before either: B's key
-// would have had to vanish from k before A's SET there, ending B's validity
-// before A's grant, so B would precede A. So B's phase 1 at k read a counter
-// that A's phase 2 had already raised to at least f_A, and f_B ≥ f_A + 1.
+// reached different majorities: take a node k in both the quorum that A's
+// grant left holding f_A and B's quorum of round-1 grants (two majorities
+// always share a node). At k, A's key was there at the moment the counter
+// held at least f_A, so B's SET NX at k did not happen while A's key was
+// there. It did not happen before either: B's key would have had to
+// vanish from k before A's SET there, ending B's validity before A's
+// grant, so B would precede A. So B's grant at k incremented a counter
+// already at least f_A, and f_B ≥ f_A + 1.
 //
-// Counters only rise, so phase 2 also raises counters on nodes that did not
-// grant (harmless, and it helps nodes that missed earlier rounds catch up).
-// A single round of per-node INCRs would not do: if A's majority had seen
-// many earlier holders and B's had not, B's maximum could be lower than A's.
+// Counters only rise, so round 2 also raises counters on nodes that did
+// not grant (harmless, and it helps nodes that missed earlier rounds catch
+// up), and a node's increment for an attempt that failed is harmless too.
+// The increments alone would not do: if A's majority had seen many earlier
+// holders and B's had not, B's maximum could be lower than A's; round 2
+// is what carries A's fence to a majority when only a few of A's nodes
+// replied it.
 //
 // The argument needs node k to keep its counter, or to have lost it by
-// expiry only: a counter expires at least its TTL after A's phase 2
-// raised it, so B's phase 1 at k then reads k's clock at least that TTL
-// later, which is above f_A as long as the nodes' clocks differ by less
-// than the TTL (f_A is at most the clock reading of some node when its
-// counter was created, plus one per grant since, which cannot outpace
-// microseconds: see internal/script's FenceTTL). A node that restarts
-// without its data has lost its counters; the delayed-restart rule keeps
-// mutual exclusion but not fence order across such a node. Run quorum
-// nodes with appendonly yes and appendfsync always where fences matter.
+// expiry only: a counter expires at least its TTL after the moment that
+// made it count for A, so B's increment at k then starts from k's clock
+// at least that TTL later, which is above f_A as long as the nodes'
+// clocks differ by less than the TTL (f_A is at most the clock reading of
+// some node when its counter was created, plus one per grant since, which
+// cannot outpace microseconds: see internal/script's FenceTTL). A node
+// that restarts without its data has lost its counters; the
+// delayed-restart rule keeps mutual exclusion but not fence order across
+// such a node. Run quorum nodes with appendonly yes and appendfsync always
+// where fences matter. Fair mode (AcquireInLine) runs the same acquire
+// script and the same rounds: its line only adds refusals.
 //
 // Fences are Lua numbers in the scripts: exact up to 2^53.
 package quorum

@@ -75,7 +75,9 @@ func WithFencing() Option {
 }
 
 // WithoutFencing turns fencing tokens off: every grant's fence is 0, and an
-// acquisition saves the second round trip to a majority that fences cost.
+// acquisition saves what fences cost: an increment in each node's acquire
+// script, and a second round to the nodes where their counters parted
+// (see the package documentation).
 // Use it only where nothing downstream compares fences (a lock that merely
 // avoids duplicate work); a holder paused past its lease can then not be
 // refused by storage.

@@ -222,8 +222,10 @@ func (s *Strategy) Listen(key, waiter string) (<-chan struct{}, func(bool), bool
 //     soon as a quorum can no longer be reached, or at the node timeout.
 //     A node that finds its own token already there (a retried request whose
 //     reply was lost) counts as a grant.
-//  3. With fencing, run phase 2: fence = max(counters read by the grants) + 1,
-//     raised on the nodes, confirmed by a quorum that still holds our token.
+//  3. With fencing, the fence is the highest counter the grants replied
+//     (each granting node increments its counter); if fewer than a quorum
+//     replied it, a second round raises the nodes to it, confirmed by a
+//     quorum that replied it or still holds our token.
 //  4. Validity = ttl − elapsed − (ttl×driftFactor + 2 ms), i.e. the grant is
 //     good Until start + ttl − allowance; none left is a failure.
 //  5. On failure, release on every node, each only after its own acquire
@@ -254,7 +256,7 @@ func (s *Strategy) acquire(ctx context.Context, key, token string, ttl time.Dura
 	k := any(key) // boxed once, passed for every key the script does not touch
 	mode, fenceKey, marker := any(script.NoFence), k, k
 	if s.fencing {
-		mode, fenceKey = any(script.ReadFence), any(script.MustFenceKey(key))
+		mode, fenceKey = any(script.QuorumFence), any(script.MustFenceKey(key))
 	}
 	if s.maxTTL > 0 {
 		marker = any(script.BootMarker)
@@ -295,12 +297,15 @@ func (s *Strategy) acquire(ctx context.Context, key, token string, ttl time.Dura
 		return fail("acquire", t, false)
 	}
 
-	// 3. Fencing, phase 2.
+	// 3. Fencing: the fence is the highest counter the grants replied;
+	// where fewer than a quorum replied it, raise the nodes to it.
 	var fence uint64
 	if s.fencing {
-		fence = uint64(t.highest) + 1
-		if ft := s.raiseFence(ctx, line[3], line[4], line[7], fence, fenceTTL); ft.agreed < s.quorum {
-			return fail("acquire (fence phase)", ft, false)
+		fence = uint64(t.highest)
+		if at, n := s.atFence(round, t); n < s.quorum {
+			if ft := s.raiseFence(ctx, line[3], line[4], line[7], fence, fenceTTL, at); ft.agreed < s.quorum {
+				return fail("acquire (fence phase)", ft, false)
+			}
 		}
 	}
 
@@ -334,13 +339,42 @@ func (s *Strategy) checkFenceTTL(ttl time.Duration) error {
 	return nil
 }
 
-// raiseFence is phase 2 of fencing: raise every node's counter to at least
-// fence and collect a quorum of nodes that still hold our token. Why this
-// makes fences rise across holders is in the package documentation.
-func (s *Strategy) raiseFence(ctx context.Context, key, fenceKey, token any, fence uint64, fenceTTL any) tally {
+// atFence returns the servers (bit i: node i's server, see identify) whose
+// grant in the acquire round t counted replied the fence, t.highest, and
+// how many they are. Each holds, from a moment our key was there, a
+// counter of at least the fence with its TTL refreshed: what raiseFence
+// establishes elsewhere. With more than 64 nodes it returns none, so that
+// raiseFence asks every node.
+func (s *Strategy) atFence(round *fanout.Round, t tally) (servers uint64, n int) {
+	if len(s.nodes) > 64 {
+		return 0, 0
+	}
+	dup := *s.dup.Load()
+	for i := range s.nodes {
+		if t.agreeing&(1<<i) == 0 || round.Result(i).Val != t.highest {
+			continue
+		}
+		server := i
+		if dup[i] >= 0 {
+			server = dup[i]
+		}
+		if servers&(1<<server) == 0 {
+			servers |= 1 << server
+			n++
+		}
+	}
+	return servers, n
+}
+
+// raiseFence is the fence's second round, for an acquisition whose grants
+// did not reply the fence on a quorum: it raises every node's counter to
+// at least fence and counts the nodes that still hold our token, beside
+// the servers at (atFence) that hold the fence already. Why this makes
+// fences rise across holders is in the package documentation.
+func (s *Strategy) raiseFence(ctx context.Context, key, fenceKey, token any, fence uint64, fenceTTL any, at uint64) tally {
 	line := script.RaiseFence.Args(key, fenceKey, token, strconv.FormatUint(fence, 10), fenceTTL)
 	round := s.fan.Start(ctx, fanout.Call{Script: script.RaiseFence, Line: line}, fanout.Call{})
-	t := s.collect(ctx, round, isOne)
+	t := s.collectFrom(ctx, round, isOne, at)
 	round.Done()
 	return t
 }
@@ -447,6 +481,12 @@ var errTooYoung = errors.New("node lost its data less than the delayed-restart m
 // became impossible, the round's deadline passed (every silent node then
 // gets a timeout cause), or ctx was done.
 func (s *Strategy) collect(ctx context.Context, round *fanout.Round, agree func(int64) (bool, error)) tally {
+	return s.collectFrom(ctx, round, agree, 0)
+}
+
+// collectFrom is collect with the servers in agreed (bit i: server i)
+// counted as agreeing from the start; their replies change nothing.
+func (s *Strategy) collectFrom(ctx context.Context, round *fanout.Round, agree func(int64) (bool, error), agreed uint64) tally {
 	var (
 		t       tally
 		small   [16]bool // which nodes replied; on the stack for up to 16 nodes
@@ -472,17 +512,42 @@ func (s *Strategy) collect(ctx context.Context, round *fanout.Round, agree func(
 	} else {
 		votes = make([]int8, len(s.nodes))
 	}
+	// open: the nodes whose reply may still add a vote.
+	open := len(s.nodes)
+	serverOf := func(node int) int {
+		if dup[node] >= 0 {
+			return dup[node]
+		}
+		return node
+	}
+	if agreed != 0 {
+		for i := range s.nodes {
+			sv := serverOf(i)
+			if agreed&(1<<sv) == 0 {
+				continue
+			}
+			open--
+			if votes[sv] == 0 {
+				votes[sv] = 2
+				t.agreed++
+			}
+		}
+	}
 	record := func(node int) {
 		r := round.Result(node)
 		t.answered++
 		replied[node] = true
+		server := serverOf(node)
+		if agreed&(1<<server) != 0 { // counted already
+			if r.Err != nil {
+				t.causes = multierror.Append(t.causes, s.nodeError(node, r.Err))
+			}
+			return
+		}
+		open--
 		if r.Err != nil {
 			t.causes = append(t.causes, s.nodeError(node, r.Err))
 			return
-		}
-		server := node
-		if dup[node] >= 0 {
-			server = dup[node]
 		}
 		ok, why := agree(r.Val)
 		if r.Val == script.Queued {
@@ -519,7 +584,7 @@ func (s *Strategy) collect(ctx context.Context, round *fanout.Round, agree func(
 		}
 	}
 	decided := func() bool {
-		return t.agreed >= s.quorum || len(s.nodes)-t.answered+t.agreed < s.quorum
+		return t.agreed >= s.quorum || open+t.agreed < s.quorum
 	}
 	if await(ctx, round, decided, record) {
 		t.causes = s.silent(t.causes, replied)

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -318,16 +319,21 @@ func TestExtendAndReleaseVerdicts(t *testing.T) {
 }
 
 // Fences must rise for successive holders even when each reached a
-// different majority. Counters are first skewed (nodes 0, 1, 3 see five
-// holders while 2 and 4 are cut off), then A reaches {0,1,2} and B reaches
-// {2,3,4}. Taking the max of per-node INCRs would give B a fence no greater
-// than A's here; the two-phase design must not.
+// different majority. Every node's counter starts at one value; they are
+// then skewed (nodes 0, 1, 3 see five holders while 2 and 4 are cut off:
+// each of those grants replied one value on all three nodes, so none needs
+// the second round), then A reaches {0,1,2} and B reaches {2,3,4}. Taking
+// the max of per-node INCRs would give B a fence no greater than A's here
+// (above the start value, A's grants replied 6 on nodes 0 and 1 and 1 on
+// node 2; B's would reply 2, 6 and 1: node 3's 6 is A's fence again); the
+// second round, which A needs, must not.
 //
 // A request to a cut node fails at its one refused dial (no command retry,
 // one dial attempt), so nothing sent to a cut node can land after the heal
 // and the node timeout only bounds the reachable nodes' answers: it is
 // generous, and no step waits for it to run out.
 func TestFencesRiseAcrossDifferentMajorities(t *testing.T) {
+	var raised atomic.Int32 // RaiseFence calls sent
 	probe := redistest.StartStallProbe(t)
 	servers := redistest.StartN(t, 5, redistest.Config{})
 	gates := make([]*redistest.Gate, 5)
@@ -336,11 +342,16 @@ func TestFencesRiseAcrossDifferentMajorities(t *testing.T) {
 		gates[i] = redistest.NewGate(t, srv.Addr)
 		c := redis.NewClient(&redis.Options{Addr: gates[i].Addr, ContextTimeoutEnabled: true, MaxRetries: -1, DialerRetries: 1})
 		t.Cleanup(func() { _ = c.Close() })
+		c.AddHook(countScript{sha: script.RaiseFence.Hash(), n: &raised})
 		clients[i] = c
 	}
 	const nodeTimeout = 5 * time.Second
 	s := strategy(t, clients, quorum.WithFencing(), quorum.WithNodeTimeout(nodeTimeout))
 	ctx, key := t.Context(), contract.Key(t)
+	const start = 1_000_000
+	for _, srv := range servers {
+		require.NoError(t, srv.Client().Set(ctx, script.MustFenceKey(key), start, time.Hour).Err())
+	}
 
 	holdOn := func(tok string, reach ...int) uint64 {
 		t.Helper()
@@ -373,10 +384,12 @@ func TestFencesRiseAcrossDifferentMajorities(t *testing.T) {
 	var last uint64
 	for i := range 5 {
 		f := holdOn(fmt.Sprintf("skew-%d", i), 0, 1, 3)
-		require.Greater(t, f, last)
+		require.Equal(t, uint64(start+i+1), f, "the counters of 0, 1, 3 move in step")
 		last = f
 	}
+	require.Zero(t, raised.Load(), "no second round where every grant replied the fence")
 	fA := holdOn("A", 0, 1, 2)
+	assert.NotZero(t, raised.Load(), "A's grants replied %d on 0 and 1, less on 2: a second round", fA)
 	fB := holdOn("B", 2, 3, 4)
 	fC := holdOn("C", 0, 3, 4)
 	t.Logf("fences: skew ..%d, A %d on {0,1,2}, B %d on {2,3,4}, C %d on {0,3,4}", last, fA, fB, fC)

@@ -32,9 +32,9 @@ import (
 
 // Modes of the Acquire script (ARGV[3]).
 const (
-	NoFence   = "0" // plain SET NX PX; reply 0 on a grant
-	IncrFence = "1" // on a grant, INCR the fence counter; reply the new value
-	ReadFence = "2" // on a grant, reply the fence counter as it is (phase 1 of quorum fencing)
+	NoFence     = "0" // plain SET NX PX; reply 0 on a grant
+	IncrFence   = "1" // on a grant, INCR the fence counter; reply the new value
+	QuorumFence = "2" // IncrFence, and on our own key the counter's TTL refreshed (quorum fencing)
 )
 
 // Taken is the Acquire script's reply when another token holds the key
@@ -91,11 +91,16 @@ func Remaining(v int64) (d time.Duration, ok bool) {
 // With IncrFence, a grant increments the fence counter; a counter created
 // anew (INCR answered 1: it did not exist) is set to the server's clock in
 // microseconds since the epoch (TIME) instead, and its value is the
-// fence. ARGV[6] > 0: the counter expires ARGV[6] ms after its last grant
-// (it is never shortened); "0" leaves it without a TTL. With ReadFence,
-// and on a refresh of our own key, the reply is the counter as it is, or
-// the server's clock in microseconds where there is none. Why fences
-// still rise across a counter's expiry is in FenceTTL.
+// fence. A refresh of our own key replies the counter as it is, or the
+// server's clock in microseconds where there is none, and writes nothing.
+// QuorumFence is IncrFence but for that refresh: it creates the counter
+// from TIME where there is none and refreshes its TTL, so that the node
+// then holds, from a moment our key is there, a counter of at least the
+// value replied, as after a grant. ARGV[6] > 0: the counter expires no
+// sooner than ARGV[6] ms after a grant's reply (its TTL is raised to that,
+// never shortened); "0" leaves its TTL as it is (none, for a counter
+// created here). Why fences still rise across a counter's expiry is in
+// FenceTTL.
 //
 // Fair mode (ARGV[7] given: the waiter's id, the token's base for a Lock
 // call): KEYS[4] is the key's line (QueueKey), a sorted set with two
@@ -118,7 +123,7 @@ func Remaining(v int64) (d time.Duration, ok bool) {
 //
 //	KEYS[1] lock key, KEYS[2] fence counter key, KEYS[3] boot marker key,
 //	KEYS[4] the line (QueueKey; the lock key again when not fair)
-//	ARGV[1] token, ARGV[2] ttl in ms, ARGV[3] mode (NoFence, IncrFence, ReadFence),
+//	ARGV[1] token, ARGV[2] ttl in ms, ARGV[3] mode (NoFence, IncrFence, QuorumFence),
 //	ARGV[4] delayed-restart max TTL in ms ("0": rule off),
 //	ARGV[5] "1" if nodes are declared durable (read only with the rule on),
 //	ARGV[6] fence counter TTL in ms ("0": none),
@@ -201,22 +206,6 @@ if fair and (held ~= false or lined == 1) then
 end
 if held == false then
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-  if ARGV[3] == '1' then
-    local f = redis.call('INCR', KEYS[2])
-    if f == 1 then
-      -- A counter created anew (never used, or expired) starts from the
-      -- server's clock in microseconds: above every fence an expired
-      -- counter handed out (see FenceTTL).
-      local t = redis.call('TIME')
-      f = tonumber(t[1]) * 1000000 + tonumber(t[2])
-      redis.call('SET', KEYS[2], string.format('%d', f), 'KEEPTTL')
-    end
-    local keep = tonumber(ARGV[6] or '0')
-    if keep > 0 and redis.call('PTTL', KEYS[2]) < keep then
-      redis.call('PEXPIRE', KEYS[2], keep)
-    end
-    return f
-  end
 elseif held == ARGV[1] then
   -- Our own key (a resent request, a late copy): never shortened.
   if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[2]) then
@@ -232,15 +221,35 @@ end
 if ARGV[3] == '0' then
   return 0
 end
--- The counter as it is (ReadFence, or our own key again); a counter that
--- does not exist reads as the server's clock in microseconds, where a
--- counter created now would start.
-local c = redis.call('GET', KEYS[2])
-if c then
-  return tonumber(c)
+local f
+if held == false then
+  f = redis.call('INCR', KEYS[2])
+elseif ARGV[3] == '2' then
+  -- Our own key again: the counter as it is, not a new fence.
+  f = tonumber(redis.call('GET', KEYS[2]) or '1')
+else
+  -- Our own key again (IncrFence): the counter as it is, or the server's
+  -- clock in microseconds where there is none; nothing written.
+  local c = redis.call('GET', KEYS[2])
+  if c then
+    return tonumber(c)
+  end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
-local t = redis.call('TIME')
-return tonumber(t[1]) * 1000000 + tonumber(t[2])
+if f == 1 then
+  -- A counter created anew (never used, or expired) starts from the
+  -- server's clock in microseconds: above every fence an expired
+  -- counter handed out (see FenceTTL).
+  local t = redis.call('TIME')
+  f = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  redis.call('SET', KEYS[2], string.format('%d', f), 'KEEPTTL')
+end
+local keep = tonumber(ARGV[6] or '0')
+if keep > 0 and redis.call('PTTL', KEYS[2]) < keep then
+  redis.call('PEXPIRE', KEYS[2], keep)
+end
+return f
 `)
 
 // TooYoung is the Acquire script's reply from a node that lost its data
@@ -280,15 +289,17 @@ func Marker(ms int64, runID string) string {
 // counter's expiry therefore holds a fence below the next holder's, and
 // storage that keeps the highest fence it saw refuses its write.
 //
-// Quorum fencing (phase 1 reads each node's counter, a missing one as the
-// node's TIME; phase 2 raises a majority to the highest reading + 1)
-// compares readings across nodes: a fence computed from one node's clock
-// is raised onto others. Any two majorities share a node, which the last
-// holder raised to its fence f at time r (refreshing its TTL to keep);
-// the next holder reads there either that counter (>= f) or, after its
-// expiry, the node's TIME >= r + keep, which is above f as long as the
-// nodes' clocks differ by less than keep (less the margin above). The
-// default keep of redlease.DefaultFenceTTL leaves minutes for both.
+// Quorum fencing (each granting node increments its counter, the fence
+// is the highest of a majority's replies, and RaiseFence raises nodes to
+// it where fewer than a majority replied that value) compares counters
+// across nodes: a fence from one node's clock reaches others. Any two
+// majorities share a node, which held a counter of at least the last
+// holder's fence f at some time r (its TTL refreshed to keep then); the
+// next holder increments there either that counter (to more than f) or,
+// after its expiry, starts from the node's TIME >= r + keep, which is
+// above f as long as the nodes' clocks differ by less than keep (less the
+// margin above). The default keep of redlease.DefaultFenceTTL leaves
+// minutes for both.
 //
 // The counter need not outlive the lock it fenced (extensions do not
 // refresh it): while a key is held nobody else is granted it, and
@@ -322,8 +333,9 @@ const (
 // RuleOff is ARGV[4] of Acquire with the delayed-restart rule off.
 const RuleOff = "0"
 
-// RaiseFence is phase 2 of quorum fencing: it raises the node's fence counter
-// to at least the chosen fence (counters only ever rise, so raising one on a
+// RaiseFence is the second round of quorum fencing (for an acquisition
+// whose grants replied the fence on fewer than a quorum of nodes): it
+// raises the node's fence counter to at least the chosen fence (counters only ever rise, so raising one on a
 // node we do not hold is harmless), and reports whether the lock key still
 // holds our token here, which is what the grant counts.
 //
