@@ -540,7 +540,7 @@ func (s *Strategy) collectFrom(ctx context.Context, round *fanout.Round, agree f
 		server := serverOf(node)
 		if agreed&(1<<server) != 0 { // counted already
 			if r.Err != nil {
-				t.causes = multierror.Append(t.causes, s.nodeError(node, r.Err))
+				t.causes = append(t.causes, s.nodeError(node, r.Err))
 			}
 			return
 		}
