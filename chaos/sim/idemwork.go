@@ -338,7 +338,7 @@ func (w *World) idemScheme(ci int, ct bool, store *redis.Client, r *rand.Rand) (
 // effect store, then finishes 0–15 ms of work that no ctx stops (the
 // booking is made, the receipt is written) and returns its result.
 func (w *World) idemClient(ci int, r *rand.Rand) {
-	wd, err := renew.New()
+	wd, err := renew.New(renew.WithFraction(w.keeperFraction(ci)))
 	if err != nil {
 		panic(fmt.Sprintf("sim: renew.New: %v", err))
 	}
