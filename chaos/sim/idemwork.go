@@ -539,11 +539,14 @@ func (w *World) deadlineSkew(ci, seq int) time.Duration {
 // reports dl, and Done closes, with Err context.DeadlineExceeded, skew
 // later (or Canceled, by its cancel, first). Its values are its
 // parent's; its parent's end does not end it (the parents it is made
-// with never end).
+// with never end). Done is an inner cancel ctx's, and AfterFunc
+// registers on it, so that a ctx derived from a lateCtx waits for its
+// end without a goroutine of its own.
 type lateCtx struct {
 	parent context.Context
 	dl     time.Time
-	done   chan struct{}
+	inner  context.Context // ended by stop, as err is set
+	stop   context.CancelFunc
 	mu     sync.Mutex
 	err    error
 }
@@ -551,7 +554,8 @@ type lateCtx struct {
 // newLateCtx returns a lateCtx whose deadline is d from now and which ends
 // skew after it, and its cancel.
 func newLateCtx(parent context.Context, d, skew time.Duration) (context.Context, context.CancelFunc) {
-	c := &lateCtx{parent: parent, dl: time.Now().Add(d), done: make(chan struct{})}
+	c := &lateCtx{parent: parent, dl: time.Now().Add(d)}
+	c.inner, c.stop = context.WithCancel(context.Background())
 	t := time.AfterFunc(d+skew, func() { c.end(context.DeadlineExceeded) })
 	return c, func() {
 		t.Stop()
@@ -559,12 +563,14 @@ func newLateCtx(parent context.Context, d, skew time.Duration) (context.Context,
 	}
 }
 
+// end ends the ctx with err, unless it has ended: Err and Done change
+// together, under mu.
 func (c *lateCtx) end(err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.err == nil {
 		c.err = err
-		close(c.done)
+		c.stop()
 	}
 }
 
@@ -572,7 +578,7 @@ func (c *lateCtx) end(err error) {
 func (c *lateCtx) Deadline() (time.Time, bool) { return c.dl, true }
 
 // Done closes when the ctx ends.
-func (c *lateCtx) Done() <-chan struct{} { return c.done }
+func (c *lateCtx) Done() <-chan struct{} { return c.inner.Done() }
 
 // Err is nil until the ctx ends.
 func (c *lateCtx) Err() error {
@@ -580,6 +586,11 @@ func (c *lateCtx) Err() error {
 	defer c.mu.Unlock()
 	return c.err
 }
+
+// AfterFunc runs f in its own goroutine once the ctx ends (see
+// context.AfterFunc), which is how the context package lets a ctx
+// derived from this one follow its end.
+func (c *lateCtx) AfterFunc(f func()) (stop func() bool) { return context.AfterFunc(c.inner, f) }
 
 // Value is the parent's.
 func (c *lateCtx) Value(key any) any { return c.parent.Value(key) }
