@@ -501,10 +501,10 @@ func (w *World) idemCut(rec *idemRunRec, spy *lockSpy, fence uint64, lease time.
 // context whose timer fires late does (lateCtx); with skew < 0 it reports
 // d-skew and its caller cancels it at d. The library copies a caller's
 // deadline into contexts of its own (Locker.attempt releases a grant born
-// lost under one): a copy and the caller's ctx ending at one instant
-// ended in the Go scheduler's order (idem-masters 7: the Barrier read the
-// caller's ctx as the TryLock that the copy's end returned came back),
-// and end in the seed's.
+// lost under one): a copy and the caller's ctx that ended at one instant
+// would end in the Go scheduler's order (idem-masters 7: the Barrier reads
+// the caller's ctx as the TryLock that the copy's end returned comes
+// back); skew apart, they end in the seed's.
 func idemCallerCtx(parent context.Context, d time.Duration, cancelled bool, skew time.Duration) (context.Context, context.CancelFunc) {
 	if !cancelled && skew > 0 {
 		return newLateCtx(parent, d, skew)

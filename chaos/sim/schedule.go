@@ -280,7 +280,8 @@ func offGrid(r *rand.Rand, d time.Duration) time.Duration {
 // an interval, then every three quarters of an interval: its fourth
 // renewal falls on the lock's first Until, the instant the Barrier's
 // claim, bounded by that Until, is abandoned (idem-quorum 3 and 6), and
-// which of those two library timers went first was the Go scheduler's.
+// which of those two library timers went first would be the Go
+// scheduler's.
 // Moved, the fourth renewal comes 3·TTL·ε off that Until (18 ns to 0.9 µs
 // at leases of 15-60 ms), before it or after it as the seed says.
 func (w *World) keeperFraction(ci int) float64 {
