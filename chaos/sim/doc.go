@@ -483,7 +483,15 @@
 // before its next step, so the keeper's first renewal reads the lock's
 // TTL before an Extend changes it; an idempotency caller's ctx ends 1-999
 // ns off the microsecond grid (offGrid), not on a renewal of the lock
-// its request took at the same instant. The wake hub subscribes a
+// its request took at the same instant, and one with a deadline ends 1-999
+// ns before or after the deadline it reports (idemCallerCtx: a cancel
+// before it, or a late end), so that a copy of that deadline the library
+// makes (Locker.attempt's release of a grant born lost) ends before or
+// after the caller's ctx as the seed says; an idempotency client's
+// Watchdog renews at a fraction of a third moved 4e-7 to 5e-6 either way
+// (keeperFraction), so that a kept lock's fourth renewal falls 18 ns to
+// 0.9 µs before or after its first Until, where the Barrier abandons a
+// claim bounded by it, as the seed says. The wake hub subscribes a
 // batch in channel-name order, and the end-of-run closers run by client,
 // then in registration order, a nanosecond after the workload's last
 // instant (what that instant started in the background, a fair Lock
@@ -500,14 +508,15 @@
 // Waker.Listen (no context; no scenario has two waiters of one client on
 // one key at once); two commands of one go-redis client with the same
 // content at the turnstile together (they go in the order they came);
-// goroutines that two library timers due at one instant wake (the
-// Barrier's claim, bounded by the lock's Until, abandoned by
-// internal/bounded at that instant, and the keeper's fourth renewal at a
-// quarter-TTL cadence from Until less the TTL: idem-quorum 3, a release or
-// a renewal first; a quorum round the library starts at the instant its
-// ctx's deadline passes, whose workers may or may not see the ctx ended
-// before they send: ops-quorum 2). docs/simulator.md has the measured
-// share of exact replays.
+// goroutines one instant wakes inside the library: a quorum acquisition
+// whose first round identifies the nodes (quorum's identify) until the
+// caller's deadline starts its round at that instant, and whether a
+// woken fan-out worker sends a request before the caller marks the round
+// failed is the scheduler's (quorum3-pastmax 16, one run in 40;
+// ops-quorum 2, idem-unfenced 4); and fan-out workers all waiting on a
+// paused node take the jobs queued behind them as go-redis hands them the
+// connections it dialled meanwhile (idem-mixed 5). docs/simulator.md has
+// the measured share of exact replays.
 //
 // -replays N (with -seed) runs the seed N times in turn and compares
 // canonical histories: every line, node-level ones included, each lock
@@ -529,6 +538,7 @@
 //	go -C chaos test ./sim -run 'TestSim$' -rotation idem -seeds 4000   # and this
 //	go -C chaos test ./sim -run 'TestSim$' -rotation fence -seeds 900
 //	go -C chaos test ./sim -run 'TestSim$' -scenario failover -seed 5 -replays 10
+//	chaos/sim/det.sh   # -replays 10 of seeds 1-20 of every scenario: distinct histories per pair
 //
 // TestSim's flags (sim_test.go): -seeds N from -first
 // (default 1; 0 seeds: 200, or 30 under -race); -rotation idem (the
@@ -536,7 +546,8 @@
 // rotation); -scenario NAME; -seed S
 // (one seed, printing its schedule, each outside fault's scope, its
 // history with every command each node applied, and its violations);
-// -replays N and -replaydump DIR (see above); -workers N (seeds at once,
+// -replays N and -replaydump DIR (see above); -list (print the
+// rotation's scenario names, for det.sh); -workers N (seeds at once,
 // default GOMAXPROCS: a bubble keeps its CPU busy, more workers only
 // cost CPU per seed); -stopfail (stop at the first failure); -inv a,b
 // (only these invariants' violations count; examined counts are checked

@@ -182,7 +182,7 @@ func (w *World) httpClient(ci int, r *rand.Rand) {
 			h := mw(http.HandlerFunc(func(hw http.ResponseWriter, hr *http.Request) {
 				w.httpHandle(hw, hr, rec, pre, post)
 			}))
-			ctx, cancel := idemCallerCtx(w.jitterCtx(context.Background(), ci, jitBarrier, seq<<2|try), offGrid(r, ms(r, 10, 120)), (seq+try)%2 == 1)
+			ctx, cancel := idemCallerCtx(w.jitterCtx(context.Background(), ci, jitBarrier, seq<<2|try), offGrid(r, ms(r, 10, 120)), (seq+try)%2 == 1, w.deadlineSkew(ci, seq<<2|try))
 			req := httptest.NewRequestWithContext(context.WithValue(ctx, httpRunKey{}, rec), http.MethodPost, "/pay", strings.NewReader("amount=10"))
 			req.Header.Set(idempotency.HeaderIdempotencyKey, key)
 			for _, name := range httpVaryNames {

@@ -338,7 +338,7 @@ func (w *World) idemScheme(ci int, ct bool, store *redis.Client, r *rand.Rand) (
 // effect store, then finishes 0–15 ms of work that no ctx stops (the
 // booking is made, the receipt is written) and returns its result.
 func (w *World) idemClient(ci int, r *rand.Rand) {
-	wd, err := renew.New()
+	wd, err := renew.New(renew.WithFraction(w.keeperFraction(ci)))
 	if err != nil {
 		panic(fmt.Sprintf("sim: renew.New: %v", err))
 	}
@@ -433,7 +433,7 @@ func (w *World) idemClient(ci int, r *rand.Rand) {
 				w.idemReturned(rec, res, valid, lk)
 				return []byte(res), nil
 			}
-			ctx, cancel := idemCallerCtx(w.jitterCtx(context.Background(), ci, jitBarrier, seq<<2|try), offGrid(r, ms(r, 10, 120)), (seq+try)%2 == 1)
+			ctx, cancel := idemCallerCtx(w.jitterCtx(context.Background(), ci, jitBarrier, seq<<2|try), offGrid(r, ms(r, 10, 120)), (seq+try)%2 == 1, w.deadlineSkew(ci, seq<<2|try))
 			t0 := w.hist.now()
 			rec.t0, rec.lease, rec.spy, rec.renewed = t0, lease, spy, renews
 			var (
@@ -494,17 +494,106 @@ func (w *World) idemCut(rec *idemRunRec, spy *lockSpy, fence uint64, lease time.
 // its call waits for the store's answer past the ctx's end: a lock
 // attempt in flight then comes back with the store's real answer ("held
 // by another") after ctx ended, which a deadline never lets through.
-func idemCallerCtx(parent context.Context, d time.Duration, cancelled bool) (context.Context, context.CancelFunc) {
-	if !cancelled {
-		return context.WithTimeout(parent, d)
+//
+// A ctx with a deadline ends skew (1-999 ns either way, drawn from the
+// seed: deadlineSkew) off the deadline it reports: with skew > 0 it
+// reports d and ends at d+skew with context.DeadlineExceeded, as a
+// context whose timer fires late does (lateCtx); with skew < 0 it reports
+// d-skew and its caller cancels it at d. The library copies a caller's
+// deadline into contexts of its own (Locker.attempt releases a grant born
+// lost under one): a copy and the caller's ctx that ended at one instant
+// would end in the Go scheduler's order (idem-masters 7: the Barrier reads
+// the caller's ctx as the TryLock that the copy's end returned comes
+// back); skew apart, they end in the seed's.
+func idemCallerCtx(parent context.Context, d time.Duration, cancelled bool, skew time.Duration) (context.Context, context.CancelFunc) {
+	if !cancelled && skew > 0 {
+		return newLateCtx(parent, d, skew)
 	}
-	ctx, cancel := context.WithCancel(parent)
+	var ctx context.Context
+	var cancel context.CancelFunc
+	if cancelled {
+		ctx, cancel = context.WithCancel(parent)
+	} else {
+		ctx, cancel = context.WithTimeout(parent, d-skew)
+	}
 	t := time.AfterFunc(d, cancel)
 	return ctx, func() {
 		t.Stop()
 		cancel()
 	}
 }
+
+// deadlineSkew is how far (1-999 ns, either way) the deadline ctx of
+// client ci's try seq ends off the deadline it reports (idemCallerCtx),
+// drawn from the seed, not from the client's stream.
+func (w *World) deadlineSkew(ci, seq int) time.Duration {
+	h := mix(mix(w.seed, 0x5ce3), uint64(ci)<<32|uint64(seq))
+	x := time.Duration(1 + (h>>1)%999)
+	if h&1 == 0 {
+		return -x
+	}
+	return x
+}
+
+// lateCtx is a context whose deadline passes before it ends: Deadline
+// reports dl, and Done closes, with Err context.DeadlineExceeded, skew
+// later (or Canceled, by its cancel, first). Its values are its
+// parent's; its parent's end does not end it (the parents it is made
+// with never end). Done is an inner cancel ctx's, and AfterFunc
+// registers on it, so that a ctx derived from a lateCtx waits for its
+// end without a goroutine of its own.
+type lateCtx struct {
+	parent context.Context
+	dl     time.Time
+	inner  context.Context // ended by stop, as err is set
+	stop   context.CancelFunc
+	mu     sync.Mutex
+	err    error
+}
+
+// newLateCtx returns a lateCtx whose deadline is d from now and which ends
+// skew after it, and its cancel.
+func newLateCtx(parent context.Context, d, skew time.Duration) (context.Context, context.CancelFunc) {
+	c := &lateCtx{parent: parent, dl: time.Now().Add(d)}
+	c.inner, c.stop = context.WithCancel(context.Background())
+	t := time.AfterFunc(d+skew, func() { c.end(context.DeadlineExceeded) })
+	return c, func() {
+		t.Stop()
+		c.end(context.Canceled)
+	}
+}
+
+// end ends the ctx with err, unless it has ended: Err and Done change
+// together, under mu.
+func (c *lateCtx) end(err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.err == nil {
+		c.err = err
+		c.stop()
+	}
+}
+
+// Deadline reports the deadline, which passes before the ctx ends.
+func (c *lateCtx) Deadline() (time.Time, bool) { return c.dl, true }
+
+// Done closes when the ctx ends.
+func (c *lateCtx) Done() <-chan struct{} { return c.inner.Done() }
+
+// Err is nil until the ctx ends.
+func (c *lateCtx) Err() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.err
+}
+
+// AfterFunc runs f in its own goroutine once the ctx ends (see
+// context.AfterFunc), which is how the context package lets a ctx
+// derived from this one follow its end.
+func (c *lateCtx) AfterFunc(f func()) (stop func() bool) { return context.AfterFunc(c.inner, f) }
+
+// Value is the parent's.
+func (c *lateCtx) Value(key any) any { return c.parent.Value(key) }
 
 func (w *World) idemStarted(rec *idemRunRec) {
 	at := w.hist.now()

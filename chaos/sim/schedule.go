@@ -272,6 +272,27 @@ func offGrid(r *rand.Rand, d time.Duration) time.Duration {
 	return d + x
 }
 
+// keeperFraction is the renewal fraction (renew.WithFraction) of client
+// ci's renew.Watchdog in the idempotency workloads: a third, moved by
+// 4e-7 to 5e-6 either way, drawn from the seed (not from the client's
+// stream, whose draws it leaves as they were). With a third exactly, the
+// engine takes a lock first at Until less its TTL plus three quarters of
+// an interval, then every three quarters of an interval: its fourth
+// renewal falls on the lock's first Until, the instant the Barrier's
+// claim, bounded by that Until, is abandoned (idem-quorum 3 and 6), and
+// which of those two library timers went first would be the Go
+// scheduler's.
+// Moved, the fourth renewal comes 3·TTL·ε off that Until (18 ns to 0.9 µs
+// at leases of 15-60 ms), before it or after it as the seed says.
+func (w *World) keeperFraction(ci int) float64 {
+	h := mix(mix(w.seed, 0xf4ac), uint64(ci))
+	eps := 4e-7 + unit(h)*(5e-6-4e-7)
+	if h&1 == 0 {
+		eps = -eps
+	}
+	return 1.0/3 + eps
+}
+
 // pick draws k distinct node indexes of n, sorted.
 func pick(r *rand.Rand, n, k int) []int {
 	p := r.Perm(n)[:min(k, n)]

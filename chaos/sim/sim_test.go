@@ -34,6 +34,7 @@ var (
 	flagLostFirst  = flag.Bool("lostfirst", false, "call Lock.Lost first on every grant (exposes the double-close panic)")
 	flagWorkers    = flag.Int("workers", 0, "seeds run at once (0: GOMAXPROCS)")
 	flagReplayDump = flag.String("replaydump", "", "with -replays: write each distinct history to a file in this directory")
+	flagList       = flag.Bool("list", false, "print the names of the rotation's scenarios (-rotation), one a line as `scenario NAME`, and run nothing (det.sh)")
 )
 
 // TestMain silences go-redis's own log (its dial retries while a node
@@ -56,6 +57,12 @@ func scenarioOf(s uint64) Scenario {
 		}
 		return sc
 	}
+	rot := rotationOf()
+	return rot[s%uint64(len(rot))]
+}
+
+// rotationOf is the rotation -rotation names.
+func rotationOf() []Scenario {
 	rot := Rotation
 	switch *flagRotation {
 	case "":
@@ -66,7 +73,7 @@ func scenarioOf(s uint64) Scenario {
 	default:
 		panic("unknown rotation " + *flagRotation)
 	}
-	return rot[s%uint64(len(rot))]
+	return rot
 }
 
 func replayCmd(r *Result) string {
@@ -78,6 +85,12 @@ func TestSim(t *testing.T) {
 		// A run allocates a few MB and keeps little: GC at 4x the live
 		// heap instead of 2x cut a tenth of the CPU.
 		defer debug.SetGCPercent(debug.SetGCPercent(400))
+	}
+	if *flagList {
+		for _, sc := range rotationOf() {
+			fmt.Println("scenario", sc.Name)
+		}
+		return
 	}
 	if *flagSeed >= 0 && *flagReplays > 1 {
 		replays(t, uint64(*flagSeed), *flagReplays)
