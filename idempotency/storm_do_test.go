@@ -98,8 +98,8 @@ type directStormState struct {
 }
 
 type directCharge struct {
-	fence    uint64
-	returned time.Time // when the charging run returned
+	fence    uint64    // set when the run charged
+	returned time.Time // when the charging run returned (zero: it did not, told to stop after the charge)
 }
 
 func (s *directStormState) tell(id string, fence uint64, cause error) {
@@ -186,6 +186,11 @@ func (s *directStormState) handler(id string) idempotency.Handler {
 		charge, res := s.ledger.commit(id, run)
 		if res == chargeStale {
 			return nil, errSuperseded
+		}
+		if res == chargeApplied {
+			s.mu.Lock()
+			s.charged[id] = directCharge{fence: fence}
+			s.mu.Unlock()
 		}
 		// Work after the charge (a receipt, a notification); it stops if
 		// the run is told to.
@@ -409,14 +414,14 @@ func directStorm(t *testing.T, via string) {
 			why = "the charging run's lock was lost or closed: " + strings.Join(told, "; ")
 		case nr > 0:
 			why = fmt.Sprintf("%d answers ErrNotRecorded", nr)
-		case ch.fence != 0 && slices.ContainsFunc(pauseSpans, func(ps [2]time.Time) bool {
+		case !ch.returned.IsZero() && slices.ContainsFunc(pauseSpans, func(ps [2]time.Time) bool {
 			return ps[1].After(ch.returned) && ps[0].Before(ch.returned.Add(stormLease))
 		}):
 			why = "the store was paused within a lease of the charging run's return"
 		case ch.fence != 0 && len(e.refused) > 0 && !slices.ContainsFunc(e.refused, func(r stormRun) bool {
-			return r.began.Sub(ch.returned) < directRetention
+			return r.began.Sub(e.appliedAt) < directRetention
 		}):
-			why = "every later run began a retention or more after the charging run returned: the record may have gone"
+			why = "every later run began a retention or more after the charge: the record may have gone"
 		}
 		// A run that reached the ledger after the charge (refused there, as a
 		// payments table refuses a second charge) is a second charge the
