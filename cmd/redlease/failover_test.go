@@ -30,7 +30,11 @@ func TestFailoverCLI(t *testing.T) {
 	_, code := cli(t, env, append([]string{"inspect", "--strategy", "failover", "--master", "nope"}, "k")...)
 	assert.Equal(t, exitUsage, code, "unknown master")
 
-	p := startCLI(t, env, append(append([]string{"run", "--key", "fo"}, fo...), "--", "sh", "-c", "echo started; exec sleep 30")...)
+	// --wait: a grant whose copy the replica has not acknowledged within
+	// failover.DefaultWaitTimeout (100 ms) is refused and undone, and at
+	// load 26-33 (make test beside other work) the first one was
+	// ("0 of 1 replicas acknowledged within 100ms"); the CLI tries again.
+	p := startCLI(t, env, append(append([]string{"run", "--key", "fo", "--wait", "15s"}, fo...), "--", "sh", "-c", "echo started; exec sleep 30")...)
 	require.Equal(t, "started", p.line(t, 15*time.Second))
 
 	js, code := cli(t, env, append(append([]string{"inspect", "--json"}, fo...), "fo")...)
