@@ -109,7 +109,7 @@ test-small: vet-small
 	@$(call timed,bench and examples modules -race,$(GO) -C bench test -race -count=1 -timeout $(TEST_TIMEOUT) ./... && $(GO) -C examples test -race -count=1 -timeout $(TEST_TIMEOUT) ./...)
 
 test-sim:
-	@$(call timed,simulator budgets,$(GO) -C chaos vet ./sim/ && $(GO) -C chaos test -count=1 -timeout $(TEST_TIMEOUT) ./sim/ -run 'TestSim$$' -seeds 10000 && \
+	@$(call timed,simulator budgets,$(GO) -C chaos vet ./sim/ && $(GO) -C chaos test -count=1 -timeout $(TEST_TIMEOUT) ./sim/ -run 'TestSim$$|TestMatchPatterns$$' -seeds 10000 && \
 	  $(GO) -C chaos test -count=1 -timeout $(TEST_TIMEOUT) ./sim/ -run 'TestSim$$' -rotation idem -seeds 4000 && \
 	  $(GO) -C chaos test -count=1 -timeout $(TEST_TIMEOUT) ./sim/ -run 'TestSim$$' -rotation fence -seeds 900)
 
