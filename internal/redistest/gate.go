@@ -37,7 +37,8 @@ type Gate struct {
 	Addr string // where clients connect: 127.0.0.1:port
 
 	tb       TB
-	probe    *StallProbe // derives the windows of WaitHeld and Step
+	probeMu  sync.Mutex
+	probe    *StallProbe // derives the windows of WaitHeld and Step; started by their first call
 	upstream string
 	ln       net.Listener
 	done     chan struct{} // closed by Close: ends every Delay wait
@@ -74,11 +75,24 @@ func NewGate(tb TB, upstream string) *Gate {
 	if err != nil {
 		tb.Fatalf("redistest: gate listen: %v", err)
 	}
-	g := &Gate{Addr: ln.Addr().String(), tb: tb, probe: StartStallProbe(tb), upstream: upstream, ln: ln, done: make(chan struct{}),
+	g := &Gate{Addr: ln.Addr().String(), tb: tb, upstream: upstream, ln: ln, done: make(chan struct{}),
 		changed: make(chan struct{}), conns: map[net.Conn]struct{}{}}
 	g.wg.Go(g.accept)
 	tb.Cleanup(g.Close)
 	return g
+}
+
+// stallProbe returns the gate's StallProbe, started on first use: a wait
+// only needs what the probe measured since the wait began, and a gate that
+// never waits (the chaos proxies' fronts, ten in a scenario) costs no
+// probe waking every millisecond.
+func (g *Gate) stallProbe() *StallProbe {
+	g.probeMu.Lock()
+	defer g.probeMu.Unlock()
+	if g.probe == nil {
+		g.probe = StartStallProbe(g.tb)
+	}
+	return g.probe
 }
 
 // Client returns a client that connects through the gate, closed on
@@ -271,6 +285,7 @@ const gateStallMultiple = 3
 // measured this process stalled meanwhile has passed (the error says how
 // the window was derived).
 func (g *Gate) WaitHeld(n int, s string, d time.Duration) error {
+	probe := g.stallProbe() // before from: the window counts every stall since
 	from := time.Now()
 	deadline := time.NewTimer(d)
 	defer deadline.Stop()
@@ -290,12 +305,12 @@ func (g *Gate) WaitHeld(n int, s string, d time.Duration) error {
 		}
 		if over {
 			return fmt.Errorf("gate %s: %d chunk(s) containing %q held after %v, want %d: %s", g.Addr, k, s,
-				time.Since(from).Round(time.Millisecond), n, g.probe.explainWait(d, gateStallMultiple, from, time.Now()))
+				time.Since(from).Round(time.Millisecond), n, probe.explainWait(d, gateStallMultiple, from, time.Now()))
 		}
 		select {
 		case <-ch:
 		case <-deadline.C:
-			if left := g.probe.left(from, d, gateStallMultiple); left > 0 {
+			if left := probe.left(from, d, gateStallMultiple); left > 0 {
 				deadline.Reset(left)
 			} else {
 				over = true
@@ -326,6 +341,7 @@ func (g *Gate) Step(s string, d time.Duration) error {
 	if h == nil {
 		return fmt.Errorf("gate %s: no held chunk contains %q", g.Addr, s)
 	}
+	probe := g.stallProbe() // before from: the window counts every stall since
 	close(h.release)
 	from := time.Now()
 	t := time.NewTimer(d)
@@ -336,7 +352,7 @@ func (g *Gate) Step(s string, d time.Duration) error {
 			return nil
 		case <-t.C:
 		}
-		if left := g.probe.left(from, d, gateStallMultiple); left > 0 {
+		if left := probe.left(from, d, gateStallMultiple); left > 0 {
 			t.Reset(left)
 			continue
 		}
@@ -346,7 +362,7 @@ func (g *Gate) Step(s string, d time.Duration) error {
 		default:
 		}
 		return fmt.Errorf("gate %s: released chunk not answered within %v: %s", g.Addr,
-			time.Since(from).Round(time.Millisecond), g.probe.explainWait(d, gateStallMultiple, from, time.Now()))
+			time.Since(from).Round(time.Millisecond), probe.explainWait(d, gateStallMultiple, from, time.Now()))
 	}
 	return fmt.Errorf("gate %s: released chunk not answered after %d waits", g.Addr, waitMaxPolls)
 }
