@@ -19,7 +19,11 @@
 // undo compares the attempt's token, and no two attempts share one
 // (Locker.Lock draws a token per attempt): however late an undo lands, it
 // can only remove its own attempt's write, never a key that a later attempt
-// counted.
+// counted. An attempt whose ctx has ended, or reached its deadline, when its
+// round would start (a Strategy's first attempt first asks every node for
+// its run_id, for up to a quarter of the node timeout) sends nothing, and
+// fails as a round that no node answered before ctx ended does
+// (redlease.ErrUnavailable, with ctx's error).
 //
 // # Extend and Release
 //

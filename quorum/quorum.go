@@ -217,7 +217,10 @@ func (s *Strategy) Listen(key, waiter string) (<-chan struct{}, func(bool), bool
 // Acquire makes one attempt to take key on a quorum of the nodes:
 //
 //  1. Note the monotonic start time, then send the acquire script to every
-//     node at once, each bounded by the node timeout.
+//     node at once, each bounded by the node timeout. An acquisition whose
+//     ctx ended, or reached its deadline, before this step (the first
+//     acquisition of a Strategy identifies the nodes first: see New) sends
+//     nothing and fails as a round that no node answered in time does.
 //  2. Count replies as they arrive; stop as soon as a quorum granted, or as
 //     soon as a quorum can no longer be reached, or at the node timeout.
 //     A node that finds its own token already there (a retried request whose
@@ -253,6 +256,18 @@ func (s *Strategy) acquire(ctx context.Context, key, token string, ttl time.Dura
 		return redlease.Grant{}, redlease.Invalid("quorum: acquisition after Close")
 	}
 	s.identify(ctx)
+	if ended(ctx, s.nodeTimeout) {
+		// The caller's deadline came while identify waited for the nodes,
+		// or comes at this instant: a round started now would only be
+		// undone, and whether a worker sent its request before the round
+		// failed would be the scheduler's. Nothing is sent; the error is
+		// the one a round that no node answered before ctx ended gives.
+		err := s.failure(ctx, "acquire", redlease.ErrNotObtained, tally{}, s.clock.Now(), false)
+		if ctx.Err() == nil { // its deadline passed, and it did not end within bound
+			err = redlease.Wrap(err, context.DeadlineExceeded)
+		}
+		return redlease.Grant{}, err
+	}
 	k := any(key) // boxed once, passed for every key the script does not touch
 	mode, fenceKey, marker := any(script.NoFence), k, k
 	if s.fencing {
@@ -317,6 +332,28 @@ func (s *Strategy) acquire(ctx context.Context, key, token string, ttl time.Dura
 	round.Keep(key, token)
 	round.Done()
 	return redlease.Grant{Until: until, Fence: fence}, nil
+}
+
+// ended reports whether ctx has ended or its deadline has passed. At the
+// deadline's instant, before ctx's own timer has ended it, it waits for
+// that, at most bound (a context whose deadline passes without ending it
+// is not held longer than a round would hold it), so that ctx.Err is set
+// when it reports true, as it is after a round that ctx ended.
+func ended(ctx context.Context, bound time.Duration) bool {
+	if ctx.Err() != nil {
+		return true
+	}
+	dl, ok := ctx.Deadline()
+	if !ok || time.Now().Before(dl) {
+		return false
+	}
+	t := time.NewTimer(bound)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+	return true
 }
 
 // checkTTL applies the delayed-restart rule's bound to every TTL that

@@ -502,21 +502,29 @@
 // queued together for one node with workers to spare are sent together,
 // not one behind the other as the scheduler lets workers come free
 // (fair-quorum5 8: a fair Lock's undo and its LeaveLine to one node;
-// internal/fanout, node.claim).
+// internal/fanout, node.claim). A quorum acquisition whose ctx ended, or
+// reached its deadline, while its first round identified the nodes sends
+// nothing (quorum's acquire; it waits for a ctx at its deadline's instant
+// to end): its round, started at that instant, went out or not as a woken
+// fan-out worker and the caller's decision to undo were scheduled
+// (quorum3-pastmax 16, idem-unfenced 4 and 11, ops-quorum 2). A Barrier
+// handler that returns as its ctx ends is cut in every run (handlerSpan:
+// ctx's AfterFunc starts its goroutine after Done is closed, and the
+// handler's return could stop it first; idem-mixed 17).
 //
 // Not determined by the seed: the undo pauses of a waiter registered by
 // Waker.Listen (no context; no scenario has two waiters of one client on
 // one key at once); two commands of one go-redis client with the same
 // content at the turnstile together (they go in the order they came);
-// goroutines one instant wakes inside the library: a quorum acquisition
-// whose first round identifies the nodes (quorum's identify) until the
-// caller's deadline starts its round at that instant, and whether a
-// woken fan-out worker sends a request before the caller marks the round
-// failed is the scheduler's (quorum3-pastmax 16, one run in 40;
-// ops-quorum 2, idem-unfenced 4); and fan-out workers all waiting on a
-// paused node take the jobs queued behind them as go-redis hands them the
-// connections it dialled meanwhile (idem-mixed 5). docs/simulator.md has
-// the measured share of exact replays.
+// rarely (one run in 100 or fewer), orders not examined: a plain Lock
+// subscribed to wake notices sending one more attempt at once after a
+// refusal (fair-single 13), fence-expiry-failover 2; and, followed only
+// before quorum's one-round fenced acquire (idem-mixed 5, in every run
+// then; since, one history in 1,790 replays of it alone, two in one
+// det.sh run of 10), fan-out workers all waiting on a paused node taking
+// the jobs queued behind them as go-redis hands them the connections it
+// dialled meanwhile. docs/simulator.md has the measured share of exact
+// replays.
 //
 // -replays N (with -seed) runs the seed N times in turn and compares
 // canonical histories: every line, node-level ones included, each lock
