@@ -112,7 +112,11 @@ func (c *conn) Read(b []byte) (int, error) {
 		c.mu.Lock()
 		if len(c.rbuf) > 0 {
 			n := copy(b, c.rbuf)
-			c.rbuf = c.rbuf[n:]
+			if n == len(c.rbuf) {
+				c.rbuf = c.rbuf[:0] // read out: the next replies reuse it
+			} else {
+				c.rbuf = c.rbuf[n:]
+			}
 			c.mu.Unlock()
 			return n, nil
 		}
@@ -212,7 +216,8 @@ func (c *conn) deliverRequests() {
 	defer c.deliverMu.Unlock()
 	now := time.Now()
 	c.mu.Lock()
-	var due []message
+	var buf [2]message // usually one is due: no slice to allocate
+	due := buf[:0]
 	for len(c.reqs) > 0 && !c.reqs[0].at.After(now) {
 		due = append(due, c.reqs[0])
 		c.reqs = c.reqs[1:]
