@@ -136,7 +136,7 @@ var releaseScript = redis.NewScript(releaseSrc)
 // written out by hand rather than composed of those scripts (as it first
 // was), because a first request's cost is mostly the store's work, and
 // every call a script makes costs one to two microseconds on the machine
-// we measure on (README, Performance), whatever the command. So it reads
+// we measure on (docs/bench/PERFORMANCE.md), whatever the command. So it reads
 // the record once instead of twice, takes a free lock key and starts a
 // new fence counter with one SET NX each (the counter's after TIME), and has no branches for modes the
 // store lock never uses (fair mode's line: the Barrier's Locker is never
