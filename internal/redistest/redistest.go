@@ -62,6 +62,11 @@ type Server struct {
 	mu   sync.Mutex
 	cmd  *exec.Cmd
 	done chan struct{} // closed when the current process has exited
+	// killed: the current process was sent SIGKILL by Kill. An exit
+	// without it (a crash, a signal from elsewhere) is recorded in
+	// unexpected and logged at cleanup with the log's tail.
+	killed     bool
+	unexpected []string
 }
 
 // Binary returns the redis-server path, or fails the test with a clear
@@ -96,7 +101,14 @@ func Start(tb TB, cfg Config) *Server {
 	if lastErr != nil {
 		tb.Fatalf("redistest: start redis-server: %v", lastErr)
 	}
-	tb.Cleanup(s.Kill)
+	tb.Cleanup(func() {
+		s.Kill()
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		for _, u := range s.unexpected {
+			tb.Logf("redistest: %s", u)
+		}
+	})
 	if cfg.Cluster {
 		s.makeCluster()
 	}
@@ -145,9 +157,18 @@ func (s *Server) launch(bin string) error {
 		return err
 	}
 	done := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(done) }()
+	go func() {
+		err := cmd.Wait()
+		s.mu.Lock()
+		if s.cmd == cmd && !s.killed {
+			s.unexpected = append(s.unexpected, fmt.Sprintf("%s: redis-server (pid %d) exited on its own at %s: %v; its log ends: %s",
+				s.Addr, cmd.Process.Pid, time.Now().Format("15:04:05.000"), err, s.logTail()))
+		}
+		s.mu.Unlock()
+		close(done)
+	}()
 	s.mu.Lock()
-	s.cmd, s.done = cmd, done
+	s.cmd, s.done, s.killed = cmd, done, false
 	s.mu.Unlock()
 
 	c := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
@@ -241,6 +262,11 @@ func (s *Server) Kill() {
 	if cmd == nil {
 		return
 	}
+	s.mu.Lock()
+	if s.cmd == cmd {
+		s.killed = true
+	}
+	s.mu.Unlock()
 	_ = cmd.Process.Signal(syscall.SIGKILL)
 	<-done
 }

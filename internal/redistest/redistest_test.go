@@ -43,3 +43,27 @@ func TestDownAddrRefusesAndCannotBeTaken(t *testing.T) {
 	_, err = net.DialTimeout("tcp", addr, time.Second)
 	require.ErrorIs(t, err, syscall.ECONNREFUSED, "still down after the launch")
 }
+
+// A server that exits without Kill (a crash, a signal from elsewhere) is
+// recorded with its log's tail, for cleanup to log; Kill and Restart are
+// not. At load 25-33 a test's own server refused connections mid-test
+// (TestDoHoldsNoGoroutineOfItsOwn) and nothing said why.
+func TestServerThatExitsOnItsOwnIsRecorded(t *testing.T) {
+	s := Start(t, Config{})
+	s.Restart()
+	s.mu.Lock()
+	require.Empty(t, s.unexpected, "Restart's kill is ours")
+	cmd, done := s.cmd, s.done
+	s.mu.Unlock()
+	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+	select {
+	case <-done:
+	case <-time.After(time.Minute):
+		t.Fatal("redis-server did not exit on SIGTERM")
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	require.Len(t, s.unexpected, 1)
+	require.Contains(t, s.unexpected[0], "exited on its own")
+	require.Contains(t, s.unexpected[0], "signal", "the log's tail says how it ended")
+}
