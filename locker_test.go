@@ -18,6 +18,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/redlease/redlease"
+	"github.com/redlease/redlease/internal/fused"
 	"github.com/redlease/redlease/internal/redistest"
 	"github.com/redlease/redlease/single"
 )
@@ -258,6 +259,7 @@ func TestBadInputIsAnError(t *testing.T) {
 		{"negative attempts", l, "k", []redlease.LockOption{redlease.WithMaxAttempts(-1)}},
 		{"margin not below the call's ttl", l, "k", []redlease.LockOption{redlease.WithTTL(time.Second), redlease.WithLossMargin(time.Second)}},
 		{"nil locker", nil, "k", nil},
+		{"fused script on a strategy that runs none", l, "k", []redlease.LockOption{fused.Option(unrunScript{}).(redlease.LockOption)}},
 	}
 	for _, c := range cases {
 		_, err := c.locker.TryLock(ctx, c.key, c.opts...)
@@ -267,6 +269,9 @@ func TestBadInputIsAnError(t *testing.T) {
 	}
 	assert.Empty(t, f.acquires, "bad input must not reach the strategy")
 }
+
+// unrunScript is a fused script no strategy here runs (see internal/fused).
+type unrunScript struct{ fused.Script }
 
 func TestPerCallStrategyAndPrefix(t *testing.T) {
 	cheap, careful := newFake(), newFake()
