@@ -590,19 +590,11 @@ func (l *Locker) Do(ctx context.Context, key string, fn func(ctx context.Context
 	}
 
 	// fn's ctx ends with the lock's loss; no goroutine waits for it (see
-	// afterEnd): 10,000 Do calls in fn cost timers, not goroutines.
-	fnCtx, cancel := context.WithCancelCause(ctx)
-	told := make(chan struct{})
-	stopWatch := lk.afterEnd(func() {
-		defer close(told)
-		cancel(lk.Err())
-	})
+	// Lock.Context): 10,000 Do calls in fn cost timers, not goroutines.
+	fnCtx, stopCtx := lk.Context(ctx)
 	defer func() {
-		if !stopWatch() {
-			<-told // the loss (or fn's own release) is being told: let it finish
-		}
+		stopCtx() // a loss (or fn's own release) being told has finished
 		stopKeeping()
-		cancel(nil)
 		lost := lk.Err() // read before Release: a lock released in time is not lost
 		relCtx, relCancel := context.WithTimeout(context.WithoutCancel(ctx), releaseBound(lk))
 		_ = lk.Release(relCtx)
