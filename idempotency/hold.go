@@ -68,32 +68,8 @@ func (b *Barrier) hold(base context.Context, req Request, rec string, lk *redlea
 		return held{v: busy, err: &InProgressError{RetryAfter: time.Second}}
 	}
 
-	// The handler's ctx ends when the lock is lost, or when Close gives up
-	// waiting; meanwhile the record is kept alive as long as the lock (see
-	// renewWhileRunning). No goroutine waits for the loss: Lock.Context
-	// hears it, or, for a lock on the store that no Keeper renews, which can
-	// only run out, one timer does (cancelAtExpiry: 13 allocations fewer
-	// per first request than Lock.Context, BenchmarkIdempotency
-	// case=first).
-	timed := b.onStore != nil && b.keeper == nil
-	lctx, stopLock := base, func() {}
-	if !timed {
-		lctx, stopLock = lk.Context(base)
-	}
-	hctx, cancel := context.WithCancelCause(lctx)
-	unhook := context.AfterFunc(b.stopping, func() { cancel(context.Cause(b.stopping)) })
+	hctx, cancel, stopWatching, unhook := b.handlerContext(base, lk, rec)
 	defer unhook()
-	var stopWatching func()
-	if timed {
-		stopWatching = b.cancelAtExpiry(cancel, lk)
-	} else {
-		renewing := make(chan struct{})
-		go func() {
-			defer close(renewing)
-			b.renewWhileRunning(hctx, lk, rec)
-		}()
-		stopWatching = sync.OnceFunc(func() { stopLock(); cancel(nil); <-renewing })
-	}
 	defer stopWatching()
 
 	result, panicked, herr := b.call(hctx, h, lk.Fence())
@@ -165,6 +141,37 @@ func (b *Barrier) hold(base context.Context, req Request, rec string, lk *redlea
 		return held{out: out, v: recorded}
 	}
 	return held{out: out, v: recorded, err: herr}
+}
+
+// handlerContext returns the handler's ctx, derived from base: it ends
+// when the lock is lost, or when Close gives up waiting (cause ErrClosed),
+// or at cancel; meanwhile the record is kept alive as long as the lock (see
+// renewWhileRunning). No goroutine waits for the loss: Lock.Context hears
+// it, or, for a lock on the store that no Keeper renews, which can only
+// run out, one timer does (cancelAtExpiry: 13 allocations fewer per first
+// request than Lock.Context, BenchmarkIdempotency case=first). Its third
+// result ends the watch and cancels the ctx (nil cause), and may be called
+// again; its fourth detaches the ctx from Close.
+func (b *Barrier) handlerContext(base context.Context, lk *redlease.Lock, rec string) (context.Context, context.CancelCauseFunc, func(), func() bool) {
+	timed := b.onStore != nil && b.keeper == nil
+	lctx, stopLock := base, func() {}
+	if !timed {
+		lctx, stopLock = lk.Context(base)
+	}
+	hctx, cancel := context.WithCancelCause(lctx)
+	unhook := context.AfterFunc(b.stopping, func() { cancel(context.Cause(b.stopping)) })
+	var stopWatching func()
+	if timed {
+		stopWatching = b.cancelAtExpiry(cancel, lk)
+	} else {
+		renewing := make(chan struct{})
+		go func() {
+			defer close(renewing)
+			b.renewWhileRunning(hctx, lk, rec)
+		}()
+		stopWatching = sync.OnceFunc(func() { stopLock(); cancel(nil); <-renewing })
+	}
+	return hctx, cancel, stopWatching, unhook
 }
 
 // renewWhileRunning runs beside a handler until hctx ends (the handler
