@@ -227,6 +227,35 @@ func (lk *Lock) afterEnd(f func()) (stop func() bool) {
 	return context.AfterFunc(ended, f)
 }
 
+// Context returns a copy of parent that is cancelled once Lost closes,
+// with the lock's error (Err) as its cause: the lock is lost (its cause
+// errors.Is ErrLost), or a Release was sent (no cause of the lock's:
+// context.Canceled). No goroutine waits for it: the timer behind Lost
+// and a context callback do. stop cancels the copy (if the lock has not)
+// and detaches it from the lock; it returns once a cancellation by the
+// lock already under way has finished, so that after stop the copy's
+// cause no longer changes. Locker.Do runs fn on such a context, and the
+// idempotency Barrier its handlers. On a nil Lock the copy is cancelled
+// at once, with ErrNotHeld as its cause.
+func (lk *Lock) Context(parent context.Context) (ctx context.Context, stop func()) {
+	ctx, cancel := context.WithCancelCause(parent)
+	if lk == nil {
+		cancel(ErrNotHeld)
+		return ctx, func() {}
+	}
+	told := make(chan struct{})
+	stopWatch := lk.afterEnd(func() {
+		defer close(told)
+		cancel(lk.Err())
+	})
+	return ctx, func() {
+		if !stopWatch() {
+			<-told // the loss (or the release) is being told: let it finish
+		}
+		cancel(nil)
+	}
+}
+
 // Err returns nil while the lock has not been lost, and afterwards an error
 // that errors.Is ErrLost and wraps the cause. A Release that failed counts
 // as a loss (the key may or may not be gone); one that succeeded does not.

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	jittered "github.com/redlease/redlease/internal/backoff"
+	"github.com/redlease/redlease/internal/fused"
 	"github.com/redlease/redlease/internal/locktoken"
 )
 
@@ -400,9 +401,12 @@ func (l *Locker) attempt(ctx context.Context, c lockConfig, key, token string, p
 		g   Grant
 		err error
 	)
-	if place != nil {
+	switch {
+	case c.fused != nil:
+		g, err = acquireFused(actx, c.strategy, full, token, c.ttl, c.fused)
+	case place != nil:
 		g, err = c.strategy.(Queuer).AcquireInLine(actx, full, token, c.ttl, *place)
-	} else {
+	default:
 		g, err = c.strategy.Acquire(actx, full, token, c.ttl)
 	}
 	done(err)
@@ -423,8 +427,9 @@ func (l *Locker) attempt(ctx context.Context, c lockConfig, key, token string, p
 		// work started under it could outlive it. It goes back (by this
 		// attempt's token; the key expires within the margin anyway) and
 		// counts as not obtained, so Lock tries again and Do never starts
-		// fn with it. The release waits at most the margin, and never
-		// past the caller's deadline.
+		// fn with it; a fused script's other writes are undone after it.
+		// The release waits at most the margin, and never past the
+		// caller's deadline.
 		cause := lk.Err()
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.lossMargin())
 		if dl, ok := ctx.Deadline(); ok {
@@ -433,10 +438,22 @@ func (l *Locker) attempt(ctx context.Context, c lockConfig, key, token string, p
 			defer cancelAt()
 		}
 		_ = lk.Release(rctx)
+		if c.fused != nil {
+			c.fused.Undo(rctx, full, token) // what its script wrote beside the key
+		}
 		cancel()
 		return nil, Wrap(ErrNotObtained, cause)
 	}
 	return lk, nil
+}
+
+// acquireFused is Acquire running f on s (see internal/fused).
+func acquireFused(ctx context.Context, s Strategy, key, token string, ttl time.Duration, f fused.Script) (Grant, error) {
+	fa, ok := s.(fused.Acquirer[Grant])
+	if !ok {
+		return Grant{}, Invalid("strategy %T runs no fused acquisition", s)
+	}
+	return fa.AcquireFused(ctx, key, token, ttl, f)
 }
 
 // tracking connects a Revoker's revocation to a Lock that may not exist
@@ -573,19 +590,11 @@ func (l *Locker) Do(ctx context.Context, key string, fn func(ctx context.Context
 	}
 
 	// fn's ctx ends with the lock's loss; no goroutine waits for it (see
-	// afterEnd): 10,000 Do calls in fn cost timers, not goroutines.
-	fnCtx, cancel := context.WithCancelCause(ctx)
-	told := make(chan struct{})
-	stopWatch := lk.afterEnd(func() {
-		defer close(told)
-		cancel(lk.Err())
-	})
+	// Lock.Context): 10,000 Do calls in fn cost timers, not goroutines.
+	fnCtx, stopCtx := lk.Context(ctx)
 	defer func() {
-		if !stopWatch() {
-			<-told // the loss (or fn's own release) is being told: let it finish
-		}
+		stopCtx() // a loss (or fn's own release) being told has finished
 		stopKeeping()
-		cancel(nil)
 		lost := lk.Err() // read before Release: a lock released in time is not lost
 		relCtx, relCancel := context.WithTimeout(context.WithoutCancel(ctx), releaseBound(lk))
 		_ = lk.Release(relCtx)

@@ -18,6 +18,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/redlease/redlease"
+	"github.com/redlease/redlease/internal/fused"
 	"github.com/redlease/redlease/internal/redistest"
 	"github.com/redlease/redlease/single"
 )
@@ -258,6 +259,7 @@ func TestBadInputIsAnError(t *testing.T) {
 		{"negative attempts", l, "k", []redlease.LockOption{redlease.WithMaxAttempts(-1)}},
 		{"margin not below the call's ttl", l, "k", []redlease.LockOption{redlease.WithTTL(time.Second), redlease.WithLossMargin(time.Second)}},
 		{"nil locker", nil, "k", nil},
+		{"fused script on a strategy that runs none", l, "k", []redlease.LockOption{fused.Option(unrunScript{}).(redlease.LockOption)}},
 	}
 	for _, c := range cases {
 		_, err := c.locker.TryLock(ctx, c.key, c.opts...)
@@ -267,6 +269,9 @@ func TestBadInputIsAnError(t *testing.T) {
 	}
 	assert.Empty(t, f.acquires, "bad input must not reach the strategy")
 }
+
+// unrunScript is a fused script no strategy here runs (see internal/fused).
+type unrunScript struct{ fused.Script }
 
 func TestPerCallStrategyAndPrefix(t *testing.T) {
 	cheap, careful := newFake(), newFake()
@@ -558,4 +563,154 @@ func goroutineCreators() map[string]int {
 		by[creator]++
 	}
 	return by
+}
+
+// keeper records what Do asks of it.
+type keeper struct {
+	mu      sync.Mutex
+	kept    []*redlease.Lock
+	stopped int
+}
+
+func (k *keeper) Keep(lk *redlease.Lock) func() {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.kept = append(k.kept, lk)
+	return func() {
+		k.mu.Lock()
+		defer k.mu.Unlock()
+		k.stopped++
+	}
+}
+
+func TestDoHoldsWhileFnRunsAndReleasesAfter(t *testing.T) {
+	f := newFake()
+	k := &keeper{}
+	l, err := redlease.New(f, redlease.WithKeeper(k))
+	require.NoError(t, err)
+	var fence uint64
+	err = l.Do(t.Context(), "job", func(ctx context.Context, lk *redlease.Lock) error {
+		fence = lk.Fence()
+		assert.True(t, lk.Valid())
+		_, err := l.TryLock(ctx, "job")
+		assert.ErrorIs(t, err, redlease.ErrNotObtained, "the key is held while fn runs")
+		return nil
+	})
+	require.NoError(t, err)
+	assert.Equal(t, uint64(1), fence)
+	assert.Empty(t, f.held, "released after fn")
+	assert.Len(t, k.kept, 1)
+	assert.Equal(t, 1, k.stopped, "renewal stopped")
+}
+
+func TestDoReturnsFnErrorAndStillReleases(t *testing.T) {
+	f := newFake()
+	boom := errors.New("boom")
+	locker, err := redlease.New(f)
+	require.NoError(t, err)
+	err = locker.Do(t.Context(), "job", func(context.Context, *redlease.Lock) error { return boom })
+	assert.ErrorIs(t, err, boom)
+	assert.NotErrorIs(t, err, redlease.ErrLost)
+	assert.Empty(t, f.held)
+}
+
+func TestDoReportsLossEvenWhenFnSucceeds(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFake()
+		var cause error
+		locker, err := redlease.New(f, redlease.WithTTL(time.Second), redlease.WithoutKeeper())
+		require.NoError(t, err)
+		err = locker.Do(t.Context(), "job",
+			func(ctx context.Context, lk *redlease.Lock) error {
+				<-ctx.Done() // no keeper: the lock runs out, and fn hears of it
+				cause = context.Cause(ctx)
+				assert.True(t, time.Now().Before(lk.Until()), "fn is told before Until")
+				return nil
+			})
+		assert.ErrorIs(t, err, redlease.ErrLost)
+		assert.ErrorIs(t, cause, redlease.ErrLost)
+	})
+}
+
+func TestDoReleasesOnPanic(t *testing.T) {
+	f := newFake()
+	assert.Panics(t, func() {
+		locker, err := redlease.New(f)
+		require.NoError(t, err)
+		_ = locker.Do(t.Context(), "job", func(context.Context, *redlease.Lock) error { panic("boom") })
+	})
+	assert.Empty(t, f.held)
+}
+
+func TestDoDoesNotRunFnWithoutTheLock(t *testing.T) {
+	f := newFake()
+	l, err := redlease.New(f)
+	require.NoError(t, err)
+	lk, err := l.TryLock(t.Context(), "job")
+	require.NoError(t, err)
+	defer lk.Release(t.Context())
+	ran := false
+	err = l.Do(t.Context(), "job", func(context.Context, *redlease.Lock) error { ran = true; return nil },
+		redlease.WithMaxAttempts(2), redlease.WithRetryDelay(time.Millisecond, time.Millisecond))
+	assert.ErrorIs(t, err, redlease.ErrNotObtained)
+	assert.False(t, ran)
+	assert.ErrorIs(t, l.Do(t.Context(), "job", nil), redlease.ErrInvalid)
+}
+
+// revokerFake tracks grants the way the failover strategy does.
+type revokerFake struct {
+	*fake
+	mu      sync.Mutex
+	revokes map[string]func(error)
+}
+
+func (r *revokerFake) Track(key, token string, revoke func(error)) func() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.revokes[token] = revoke
+	return func() {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		delete(r.revokes, token)
+	}
+}
+
+func (r *revokerFake) revokeAll(cause error) {
+	r.mu.Lock()
+	var fns []func(error)
+	for _, f := range r.revokes {
+		fns = append(fns, f)
+	}
+	r.mu.Unlock()
+	for _, f := range fns {
+		f(cause)
+	}
+}
+
+func (r *revokerFake) tracked() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.revokes)
+}
+
+func TestRevokedGrantsAreLostAtOnce(t *testing.T) {
+	r := &revokerFake{fake: newFake(), revokes: map[string]func(error){}}
+	l, err := redlease.New(r)
+	require.NoError(t, err)
+	ctx := t.Context()
+	a, err := l.TryLock(ctx, "a")
+	require.NoError(t, err)
+	b, err := l.TryLock(ctx, "b")
+	require.NoError(t, err)
+	assert.Equal(t, 2, r.tracked())
+
+	require.NoError(t, b.Release(ctx))
+	assert.Equal(t, 1, r.tracked(), "release untracks")
+
+	failover := errors.New("primary failed over")
+	r.revokeAll(failover)
+	<-a.Lost()
+	assert.ErrorIs(t, a.Err(), failover)
+	assert.False(t, a.Valid())
+	assert.Zero(t, r.tracked(), "a lost lock is untracked")
 }

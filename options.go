@@ -1,6 +1,10 @@
 package redlease
 
-import "time"
+import (
+	"time"
+
+	"github.com/redlease/redlease/internal/fused"
+)
 
 // Defaults, in one place. Each option's documentation repeats its default.
 const (
@@ -49,10 +53,11 @@ type lockConfig struct {
 	maxAttempts int // 0: until ctx is done
 	outageLimit time.Duration
 	margin      time.Duration
-	marginSet   bool // false: DefaultLossMargin of the ttl
-	noKeeper    bool // WithoutKeeper: Do keeps nothing alive
-	polling     bool // WithPolling: Lock does not subscribe to releases
-	fair        bool // WithFairness(true): Lock joins the key's line on a Queuer
+	marginSet   bool         // false: DefaultLossMargin of the ttl
+	noKeeper    bool         // WithoutKeeper: Do keeps nothing alive
+	polling     bool         // WithPolling: Lock does not subscribe to releases
+	fair        bool         // WithFairness(true): Lock joins the key's line on a Queuer
+	fused       fused.Script // attempts run it on a fused.Acquirer (internal/fused)
 	err         error
 }
 
@@ -68,6 +73,12 @@ func (c *lockConfig) lossMargin() time.Duration {
 func (c *lockConfig) fail(err error) {
 	if c.err == nil {
 		c.err = err
+	}
+}
+
+func init() {
+	fused.Option = func(s fused.Script) any {
+		return lockOption(func(c *lockConfig) { c.fused = s })
 	}
 }
 

@@ -10,9 +10,9 @@ import (
 )
 
 // run takes the lock, claims the record and runs h. With the lock on the
-// store, the lock's acquisition also reads and claims the record (see
-// storeLock), and a request found done or refused comes back as
-// errSettled, with the record's state in the claim.
+// store, the lock's acquisition also reads and claims the record (the
+// claim is its script, see storeLock), and a request found done or
+// refused comes back as errSettled, with the record's state in the claim.
 //
 // With detach (Do, DoWait, the Consumer), everything after the lock's
 // acquisition (see hold) runs on a context detached from ctx: ctx's end
@@ -21,13 +21,17 @@ import (
 // goroutine the Barrier owns (see Close). Without detach (the Middleware,
 // whose ctx is its own: its handler timeout), h runs on ctx itself.
 func (b *Barrier) run(ctx context.Context, req Request, rec, lockKey string, h Handler, detach bool) (Outcome, verdict, error) {
-	var cl *claim
-	lctx := ctx
+	var (
+		cl  *claim
+		lk  *redlease.Lock
+		err error
+	)
 	if b.onStore != nil {
-		cl = &claim{rec: rec, fp: req.Fingerprint}
-		lctx = withClaim(ctx, cl)
+		cl = &claim{s: b.onStore, rec: rec, fp: req.Fingerprint}
+		lk, err = b.locker.TryLock(ctx, lockKey, claimOption(cl))
+	} else {
+		lk, err = b.locker.TryLock(ctx, lockKey)
 	}
-	lk, err := b.locker.TryLock(lctx, lockKey)
 	if errors.Is(err, errSettled) && cl.st.settled() {
 		return cl.st.answer()
 	}

@@ -69,7 +69,8 @@
 // attributes (they are unbounded), only span attributes.
 //
 //   - redlease.strategy: the strategy's name: "single", "quorum",
-//     "failover", or its Go type.
+//     "failover", "idempotency" (an idempotency Barrier's default lock on
+//     its store), or its Go type.
 //   - redlease.operation: "acquire", "wait", "extend" or "release".
 //   - redlease.outcome: see Outcome: ok, not_obtained, not_held,
 //     unavailable, canceled, invalid, error.

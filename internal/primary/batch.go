@@ -39,7 +39,7 @@ func (p *Primary) ExtendBatch(ctx context.Context, items []redlease.Extension) [
 	out := make([]redlease.Extended, len(items))
 	var valid []int
 	for i, it := range items {
-		if err := p.Check(it.Key, it.Token, it.TTL); err != nil {
+		if err := p.check(it.Key, it.Token, it.TTL); err != nil {
 			out[i].Err = err
 			continue
 		}
@@ -158,7 +158,7 @@ func (p *Primary) judge(ctx context.Context, addr string, items []redlease.Exten
 	for k, c := range calls {
 		r := replies[k]
 		if r.err != nil {
-			err := Fail(ctx, addr, redlease.ErrUnavailable, r.err) // one error, and one report, per failed call
+			err := failAt(ctx, addr, redlease.ErrUnavailable, r.err) // one error, and one report, per failed call
 			for _, i := range c.idx {
 				out[i].Err = err
 			}
@@ -184,7 +184,7 @@ func (p *Primary) judge(ctx context.Context, addr string, items []redlease.Exten
 				// A verdict, not a failure of the node: not reported as one.
 				out[i].Err = redlease.Wrap(redlease.ErrNotHeld, &redlease.NodeError{Addr: addr, Err: script.ErrWrongType})
 			default:
-				out[i].Err = Fail(ctx, addr, redlease.ErrUnavailable, script.KeyCause(v))
+				out[i].Err = failAt(ctx, addr, redlease.ErrUnavailable, script.KeyCause(v))
 			}
 		}
 	}
@@ -294,7 +294,7 @@ func (p *Primary) extendShards(ctx context.Context, items []redlease.Extension, 
 		if answered[k] {
 			continue
 		}
-		err := Fail(ctx, sh.addr, redlease.ErrUnavailable, cause)
+		err := failAt(ctx, sh.addr, redlease.ErrUnavailable, cause)
 		for _, call := range sh.calls {
 			for _, i := range call.idx {
 				out[i].Err = err

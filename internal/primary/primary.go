@@ -17,6 +17,7 @@ import (
 	"github.com/redlease/redlease"
 	"github.com/redlease/redlease/internal/bounded"
 	"github.com/redlease/redlease/internal/drift"
+	"github.com/redlease/redlease/internal/fused"
 	"github.com/redlease/redlease/internal/nodes"
 	"github.com/redlease/redlease/internal/script"
 	"github.com/redlease/redlease/internal/wake"
@@ -180,9 +181,44 @@ func (c *scriptCall) Do(ctx context.Context) (int64, error) {
 // obtained, by this attempt's token only, unless its outcome proves it
 // wrote nothing (see bounded.Job).
 func (c *scriptCall) Late(v int64, err error) {
-	if c.undo && ((err == nil && !script.IsTaken(v)) || (err != nil && !NotSent(err))) {
+	if c.undo && !wroteNothing(v, err) {
 		c.p.undoLater(nil, c.key, c.token)
 	}
+}
+
+// wroteNothing reports whether an acquisition's outcome proves it wrote
+// nothing: a refusal, a fused script's own answer (ErrNotObtained), or an
+// error that says it was never sent.
+func wroteNothing(v int64, err error) bool {
+	if err != nil {
+		return notSent(err) || errors.Is(err, redlease.ErrNotObtained)
+	}
+	return script.IsTaken(v)
+}
+
+// fusedCall is a fused acquisition's call (see AcquireFused), in one
+// allocation with its command line: the bounded.Job that acquire runs.
+type fusedCall struct {
+	f          fused.Script
+	key, token string
+	ttl        time.Duration // the lock's: it bounds the undo of an abandoned call
+	line       []any
+	buf        [12]any
+}
+
+// Do sends the call (see bounded.Job).
+func (c *fusedCall) Do(ctx context.Context) (int64, error) { return c.f.Run(ctx, c.line) }
+
+// Late undoes an abandoned call, by this attempt's token only, with f's
+// Undo bounded by the lock's TTL, unless its outcome proves it wrote
+// nothing (see bounded.Job).
+func (c *fusedCall) Late(v int64, err error) {
+	if wroteNothing(v, err) {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), c.ttl)
+	defer cancel()
+	c.f.Undo(ctx, c.key, c.token)
 }
 
 // ttlArgs are the TTL arguments of Acquire and Extend, boxed.
@@ -208,7 +244,24 @@ func (p *Primary) boxedTTL(ttl time.Duration) *ttlArgs {
 // released at once and reported as an outage (ErrAcquireUnavailable: it
 // matches redlease.ErrUnavailable, not ErrNotObtained) and not replicated.
 func (p *Primary) Acquire(ctx context.Context, key, token string, ttl time.Duration) (redlease.Grant, error) {
-	return p.acquire(ctx, key, token, ttl, nil)
+	return p.acquire(ctx, key, token, ttl, nil, nil)
+}
+
+// AcquireFused is Acquire running f in place of script.Acquire (see
+// internal/fused): the same checks, the same validity and refusals, the
+// same classification of failures, with these differences, which are f's
+// caller's (the idempotency Barrier's claim): no replicas are waited for;
+// the call is bounded by ctx alone, not by CallBound; f's own answer
+// (ErrNotObtained) comes back as it is; and what a failed attempt may
+// have written is undone by f.Undo, by this attempt's token, before
+// AcquireFused returns (bounded by a tenth of ttl, the Locker's default
+// loss margin, past ctx's end), or, for a call abandoned at ctx's end,
+// when its reply comes.
+func (p *Primary) AcquireFused(ctx context.Context, key, token string, ttl time.Duration, f fused.Script) (redlease.Grant, error) {
+	if f == nil {
+		return redlease.Grant{}, redlease.Invalid("nil fused script")
+	}
+	return p.acquire(ctx, key, token, ttl, nil, f)
 }
 
 // AcquireInLine is Acquire in fair mode (see redlease.Queuer).
@@ -216,7 +269,7 @@ func (p *Primary) AcquireInLine(ctx context.Context, key, token string, ttl time
 	if err := script.CheckPlace(place); err != nil {
 		return redlease.Grant{}, err
 	}
-	return p.acquire(ctx, key, token, ttl, &place)
+	return p.acquire(ctx, key, token, ttl, &place, nil)
 }
 
 // LeaveLine removes waiter id's entry from key's line (see
@@ -234,42 +287,42 @@ func (p *Primary) LeaveLine(ctx context.Context, key, id string) error {
 	return nil
 }
 
-// acquire is Acquire, in fair mode when place is not nil.
-func (p *Primary) acquire(ctx context.Context, key, token string, ttl time.Duration, place *redlease.Place) (redlease.Grant, error) {
-	if err := p.Check(key, token, ttl); err != nil {
+// acquire is Acquire, in fair mode when place is not nil, running f in
+// place of script.Acquire when f is not nil (AcquireFused).
+func (p *Primary) acquire(ctx context.Context, key, token string, ttl time.Duration, place *redlease.Place, f fused.Script) (redlease.Grant, error) {
+	if err := p.check(key, token, ttl); err != nil {
 		return redlease.Grant{}, err
 	}
 	if err := ctx.Err(); err != nil {
 		return redlease.Grant{}, redlease.Wrap(redlease.ErrNotObtained, context.Cause(ctx))
-	}
-	k := any(key) // boxed once, passed for every key the script does not touch
-	mode, fenceKey := any(script.NoFence), k
-	if p.cfg.Fencing {
-		mode, fenceKey = any(script.IncrFence), any(script.MustFenceKey(key))
 	}
 	if p.cfg.FenceTTL > 0 && ttl > p.cfg.FenceTTL {
 		return redlease.Grant{}, redlease.Invalid("ttl %v: longer than the fence counter TTL %v (WithFenceTTL), which must be at least every TTL acquired with", ttl, p.cfg.FenceTTL)
 	}
 	ta := p.boxedTTL(ttl)
 	start := p.cfg.Clock.Now()
-	queue := k // KEYS[4], the line: read only in fair mode
-	if place != nil {
-		queue = any(script.QueueKey(key))
+	var (
+		v   int64
+		err error
+	)
+	if f != nil {
+		c := &fusedCall{f: f, key: key, token: token, ttl: ttl}
+		c.line = f.AppendLine(c.buf[:0], key, script.MustFenceKey(key), token, ta.millis, ta.fenceTTL)
+		v, err = p.cells.Call(ctx, p.bound, c)
+	} else {
+		c := p.newCall(script.Acquire)
+		c.replicated, c.undo, c.key, c.token = true, true, key, token
+		c.line = p.appendAcquire(c.line, key, token, ta, place)
+		v, err = p.call(ctx, c)
 	}
-	c := p.newCall(script.Acquire)
-	c.replicated, c.undo, c.key, c.token = true, true, key, token
-	c.line = script.Acquire.AppendArgs(c.line, k, fenceKey, k, queue, token, ta.millis, mode,
-		any(script.RuleOff), any(script.NotDurable), ta.fenceTTL)
-	if place != nil {
-		c.line = script.AppendPlace(c.line, *place)
-	}
-	v, err := p.call(ctx, c)
 	// Every undo below compares this attempt's token (the Locker gives each
 	// attempt its own), so however late it lands it removes only what this
 	// attempt wrote, never a key a later attempt holds. It runs in the
 	// background, so that the caller's deadline holds; where the node
 	// answered, the caller waits for it while its ctx lasts.
 	switch {
+	case f != nil && errors.Is(err, redlease.ErrNotObtained):
+		return redlease.Grant{}, err // f's answer: it took nothing
 	case errors.Is(err, ErrNotReplicated) && !script.IsTaken(v):
 		p.undoLater(ctx, key, token)
 		// Nobody refused: the write was not confirmed, an outage (or WAIT
@@ -281,12 +334,12 @@ func (p *Primary) acquire(ctx context.Context, key, token string, ttl time.Durat
 		return redlease.Grant{}, redlease.Wrap(sentinel, err)
 	case err != nil:
 		var ab bounded.Abandoned
-		if !NotSent(err) && !errors.As(err, &ab) { // an abandoned call undoes itself when it returns
+		if !notSent(err) && !errors.As(err, &ab) { // an abandoned call undoes itself when it returns
 			// The script may have run and its reply been lost (a timeout,
 			// a cut connection), or failed after its SET: without this the
 			// key would block every other attempt until its TTL. The
 			// node did not answer: nobody waits for it.
-			p.undoLater(nil, key, token)
+			p.undoFailed(ctx, nil, f, key, token, ttl)
 		}
 		// Down is not held: the node failed, nobody refused.
 		return redlease.Grant{}, p.fail(ctx, ErrAcquireUnavailable, err)
@@ -300,19 +353,37 @@ func (p *Primary) acquire(ctx context.Context, key, token string, ttl time.Durat
 	}
 	until := start.Add(ttl - p.DriftAllowance(ttl))
 	if !p.cfg.Clock.Now().Before(until) {
-		p.undoLater(ctx, key, token)
+		p.undoFailed(ctx, ctx, f, key, token, ttl)
 		return redlease.Grant{}, fmt.Errorf("%w: no validity left after %v", redlease.ErrNotObtained, p.cfg.Clock.Now().Sub(start))
 	}
 	return redlease.Grant{Until: until, Fence: uint64(v)}, nil
 }
 
-// NotSent reports whether err proves the request never reached the server
+// appendAcquire appends script.Acquire's command line for key under token
+// (fair mode's place, if not nil) to line.
+func (p *Primary) appendAcquire(line []any, key, token string, ta *ttlArgs, place *redlease.Place) []any {
+	k := any(key) // boxed once, passed for every key the script does not touch
+	mode, fenceKey := any(script.NoFence), k
+	if p.cfg.Fencing {
+		mode, fenceKey = any(script.IncrFence), any(script.MustFenceKey(key))
+	}
+	queue := k // KEYS[4], the line: read only in fair mode
+	if place != nil {
+		queue = any(script.QueueKey(key))
+	}
+	line = script.Acquire.AppendArgs(line, k, fenceKey, k, queue, token, ta.millis, mode,
+		any(script.RuleOff), any(script.NotDurable), ta.fenceTTL)
+	if place != nil {
+		line = script.AppendPlace(line, *place)
+	}
+	return line
+}
+
+// notSent reports whether err proves the request never reached the server
 // or was refused before it ran (no connection could be made, the server
 // did not know the script, or it denied the client: nodes.Denied), so
-// that it wrote nothing to undo. It is exported for acquisitions run
-// outside Primary on the same node (the idempotency Barrier's, which takes
-// a lock on the store together with its record).
-func NotSent(err error) bool {
+// that it wrote nothing to undo.
+func notSent(err error) bool {
 	var op *net.OpError
 	return (errors.As(err, &op) && op.Op == "dial") || errors.Is(err, redis.ErrPoolTimeout) || script.IsNoScript(err) || nodes.Denied(err)
 }
@@ -322,7 +393,7 @@ func NotSent(err error) bool {
 // extension too few replicas acknowledged is undecided (ErrUnavailable and
 // ErrNotReplicated): the lock keeps its previous Until.
 func (p *Primary) Extend(ctx context.Context, key, token string, ttl time.Duration) (redlease.Grant, error) {
-	if err := p.Check(key, token, ttl); err != nil {
+	if err := p.check(key, token, ttl); err != nil {
 		return redlease.Grant{}, err
 	}
 	start := p.cfg.Clock.Now()
@@ -362,6 +433,21 @@ func (p *Primary) Release(ctx context.Context, key, token string) error {
 		return redlease.ErrNotHeld
 	}
 	return nil
+}
+
+// undoFailed undoes what a failed acquisition under token may have
+// written: in the background (undoLater, returning at wait's end if wait
+// is not nil), or, with a fused script f, by f.Undo before it returns,
+// bounded by a tenth of ttl (the Locker's default loss margin) past ctx's
+// end: best effort, and the key expires on its own.
+func (p *Primary) undoFailed(ctx, wait context.Context, f fused.Script, key, token string, ttl time.Duration) {
+	if f == nil {
+		p.undoLater(wait, key, token)
+		return
+	}
+	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ttl/redlease.DefaultLossMarginDivisor)
+	defer cancel()
+	f.Undo(uctx, key, token)
 }
 
 // undoLater deletes, in the background, what a failed attempt under
@@ -491,10 +577,9 @@ func (p *Primary) replicated(wait *redis.Cmd) error {
 	return nil
 }
 
-// Check rejects what Acquire and Extend would reject before sending
-// anything (script.Check with the configured drift factor): for calls run
-// outside Primary on the same node (the idempotency Barrier's claim).
-func (p *Primary) Check(key, token string, ttl time.Duration) error {
+// check rejects what Acquire and Extend would reject before sending
+// anything (script.Check with the configured drift factor).
+func (p *Primary) check(key, token string, ttl time.Duration) error {
 	return script.Check(key, token, ttl, p.cfg.DriftFactor)
 }
 
@@ -506,7 +591,7 @@ func (p *Primary) DriftAllowance(ttl time.Duration) time.Duration {
 }
 
 // ErrAcquireUnavailable is the sentinel of an acquisition that a node
-// failure or an unacknowledged write decided (see Fail): an outage, which
+// failure or an unacknowledged write decided (see failAt): an outage, which
 // matches redlease.ErrUnavailable and not ErrNotObtained (nobody said
 // "held"), with a message that says what was not done.
 var ErrAcquireUnavailable error = acquireUnavailable{}
@@ -522,16 +607,15 @@ func (acquireUnavailable) Unwrap() error { return redlease.ErrUnavailable }
 // fail wraps a node failure under sentinel, and reports it to ctx's
 // observer.
 func (p *Primary) fail(ctx context.Context, sentinel, err error) error {
-	return Fail(ctx, p.addr, sentinel, err)
+	return failAt(ctx, p.addr, sentinel, err)
 }
 
-// Fail is fail naming addr as the node: one master of a Cluster client (in
-// ExtendBatch), or the node of a call run outside Primary (the idempotency
-// Barrier's on its store). sentinel is ErrAcquireUnavailable for an
+// failAt is fail naming addr as the node: one master of a Cluster client
+// (in ExtendBatch). sentinel is ErrAcquireUnavailable for an
 // acquisition, redlease.ErrUnavailable otherwise; a node that denied the
 // client (nodes.Denied) fails with redlease.ErrDenied instead, whatever
 // the operation.
-func Fail(ctx context.Context, addr string, sentinel, err error) error {
+func failAt(ctx context.Context, addr string, sentinel, err error) error {
 	ne := &redlease.NodeError{Node: 0, Addr: addr, Err: err}
 	redlease.ReportNodeFailure(ctx, ne)
 	if nodes.Denied(err) {
