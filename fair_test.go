@@ -217,9 +217,13 @@ func TestFairQuorumNodesWithDifferentLinesConverge(t *testing.T) {
 	for _, n := range []int{2, 3, 4} {
 		seed(n, b, 5*time.Second)
 	}
+	// The ghosts must outlive B's first attempt below: with 700 ms, at
+	// load 15-30 (two make tests at once) they had expired by then, nodes
+	// 2 to 4 had B at their head, and B was granted.
+	const ghostLife = 4 * time.Second
 	ghost := redlease.Place{ID: "Ghost", Ticket: now.Add(-4 * time.Second)}
 	for _, n := range []int{2, 3} {
-		seed(n, ghost, 700*time.Millisecond)
+		seed(n, ghost, ghostLife)
 	}
 
 	// B goes first: nodes 2 and 3 have the ghost at their head, node 4
@@ -231,6 +235,7 @@ func TestFairQuorumNodesWithDifferentLinesConverge(t *testing.T) {
 	// in the background — so A is granted within a few attempts, not
 	// necessarily the first.)
 	_, err = q.AcquireInLine(ctx, key, "B.1", 10*time.Second, b)
+	require.Less(t, time.Since(now), ghostLife, "B's first attempt came after the ghosts expired: the seeding took that long")
 	require.ErrorIs(t, err, redlease.ErrQueued)
 	deadline := time.Now().Add(5 * time.Second)
 	var token string
@@ -258,14 +263,14 @@ func TestFairQuorumNodesWithDifferentLinesConverge(t *testing.T) {
 
 	// B is now the live head wherever the ghost has expired; within the
 	// ghost's lifetime plus a bounded number of attempts B is served.
-	deadline = time.Now().Add(10 * time.Second)
+	deadline = now.Add(ghostLife + 10*time.Second)
 	for attempt := 2; ; attempt++ {
 		_, err := q.AcquireInLine(ctx, key, fmt.Sprintf("B.%d", attempt), 10*time.Second, b)
 		if err == nil {
 			break
 		}
 		require.ErrorIs(t, err, redlease.ErrNotObtained)
-		require.True(t, time.Now().Before(deadline), "B not served 10 s after A's release: %v", err)
+		require.True(t, time.Now().Before(deadline), "B not served 10 s after the ghosts expired: %v", err)
 		time.Sleep(5 * time.Millisecond)
 	}
 }
