@@ -338,18 +338,23 @@ func TestDefaultWatchdogGoroutinesAreConstant(t *testing.T) {
 			renewed++
 			require.NoError(t, h.err, key)
 		case lostOutcome:
-			// Measured from when this lock's fn began, not from when the
-			// last of the n did: at load 25-33 the first locks were lost
-			// 151 ms after the last began, to a stall before that instant.
-			worst := probe.Worst(h.began, lostAt[i])
-			if 3*worst >= room {
+			// Judged from when this lock's fn began (not from when the
+			// last of the n did), against the window derived from this
+			// run: the renewal's room plus 3 × what the probe measured
+			// this process stalled since then. Two make tests at once
+			// (load 15-30) stalled it 1.9 s of 2 s in stalls of under
+			// 100 ms each, which a test of the single longest stall did
+			// not excuse. On a quiet machine the window is about the room,
+			// and a watchdog that does not renew is caught.
+			lostAfter := lostAt[i].Sub(h.began)
+			if allowed := probe.Allowance(room, 3, h.began, lostAt[i]); lostAfter <= allowed {
 				excused++
-				t.Logf("%s lost %v after its fn began while this process was measured stopped %v in one stretch (3 × that ≥ the renewal's room %v): the machine's doing, not counted: %v",
-					key, lostAt[i].Sub(h.began).Round(time.Millisecond), worst, room, lostCause[i])
+				t.Logf("%s lost %v after its fn began, within the window derived from this run (%s): the machine's doing, not counted: %v",
+					key, lostAfter.Round(time.Millisecond), probe.Explain(room, 3, h.began, lostAt[i]), lostCause[i])
 				continue
 			}
-			t.Errorf("%s lost %v after its fn began, with 3 × the longest measured stall %v < the renewal's room %v (%s): %v",
-				key, lostAt[i].Sub(h.began).Round(time.Millisecond), worst, room, probe.Explain(room, 3, h.began, lostAt[i]), lostCause[i])
+			t.Errorf("%s lost %v after its fn began, past the window derived from this run (%s): %v",
+				key, lostAfter.Round(time.Millisecond), probe.Explain(room, 3, h.began, lostAt[i]), lostCause[i])
 		default:
 			t.Errorf("%s not renewed: %s", key, probe.Explain(ttl, 3, from, end))
 		}
