@@ -258,15 +258,11 @@ func newClient(tb TB, addr string) *redis.Client {
 func (s *Server) Kill() {
 	s.mu.Lock()
 	cmd, done := s.cmd, s.done
+	s.killed = cmd != nil // the current process's exit is ours
 	s.mu.Unlock()
 	if cmd == nil {
 		return
 	}
-	s.mu.Lock()
-	if s.cmd == cmd {
-		s.killed = true
-	}
-	s.mu.Unlock()
 	_ = cmd.Process.Signal(syscall.SIGKILL)
 	<-done
 }
