@@ -524,8 +524,7 @@
 // Waker.Listen (no context; no scenario has two waiters of one client on
 // one key at once); two commands of one go-redis client with the same
 // content at the turnstile together (they go in the order they came);
-// rarely (one run in 100 or fewer), orders not examined:
-// fence-expiry-failover 2; and, followed only
+// rarely (one run in 100 or fewer), orders not examined: followed only
 // before quorum's one-round fenced acquire (idem-mixed 5, in every run
 // then; since, one history in 1,790 replays of it alone, two in one
 // det.sh run of 10), fan-out workers all waiting on a paused node taking
