@@ -1,11 +1,15 @@
 package renew_test
 
 import (
+	"context"
 	"flag"
 	"fmt"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 
 	"github.com/redlease/redlease"
@@ -51,22 +55,53 @@ func renewalStretch(lk *redlease.Lock) (from, to time.Time) {
 	return lk.Until().Add(-ttl + time.Duration(renew.DefaultFraction*float64(ttl))), lk.Deadline()
 }
 
-// healthyLoss judges a kept lock on healthy nodes that was lost. It is a
-// failure (ok false, why the figures) unless the probe measured this
-// process kept from running its timers, in the stretch its last renewal
-// had, for at least 1/stallMultiple of that stretch: a renewal needs the
-// process to run, and one that did not run for half the time it had is
-// beyond what the package promises (its doc: starved for longer than the
-// margin, a lock is lost). Excused losses are returned with ok true and
-// the same figures, for the log.
+// healthyLoss is healthyLossOn with no node measured: only this process's
+// stalls excuse a loss.
 func healthyLoss(p *redistest.StallProbe, lk *redlease.Lock) (ok bool, why string) {
+	return healthyLossOn(p, nil, lk, nil, 0)
+}
+
+// healthyLossOn judges a kept lock on healthy nodes that was lost. It is a
+// failure (ok false, why the figures) unless, in the stretch its last
+// renewal had, this process was measured kept from running its timers, or
+// the nodes its renewal needed were measured slow to answer a PING (nodes:
+// the probe's addresses of those nodes; need: how many of them a renewal
+// needs, 1 for a single master, the quorum for a quorum), for at least
+// 1/stallMultiple of that stretch: a renewal needs the process to run and
+// its nodes to answer, and one that did not get either for half the time
+// it had is beyond what the package promises (its doc: starved for longer
+// than the margin, a lock is lost). The nodes' slowness is the worst PING
+// of the need-th fastest of them (each judged by its own worst PING in the
+// stretch): a renewal that needs need nodes could not have done better.
+// Excused losses are returned with ok true and the same figures, for the
+// log.
+func healthyLossOn(p *redistest.StallProbe, np *nodeProbe, lk *redlease.Lock, nodes []string, need int) (ok bool, why string) {
 	from, to := renewalStretch(lk)
 	stretch := to.Sub(from)
 	stalled := p.Stalled(from, to)
-	why = fmt.Sprintf("its last renewal had %v (from %s to %s); this process was measured stalled %v of it (worst single stall %v); excused only at %d × stall ≥ the stretch: %v",
+	if np == nil {
+		why = fmt.Sprintf("its last renewal had %v (from %s to %s); this process was measured stalled %v of it (worst single stall %v); excused only at %d × stall ≥ the stretch: %v",
+			stretch.Round(time.Millisecond), from.Format("15:04:05.000"), to.Format("15:04:05.000"),
+			stalled.Round(time.Millisecond), p.Worst(from, to).Round(time.Millisecond), stallMultiple, lk.Err())
+		return time.Duration(stallMultiple)*stalled >= stretch, why
+	}
+	var worsts []time.Duration
+	var pings []string
+	for _, addr := range nodes {
+		w, n := np.Worst(addr, from, to)
+		worsts = append(worsts, w)
+		pings = append(pings, fmt.Sprintf("%s: %d PINGs, worst %v", addr, n, w.Round(time.Millisecond)))
+	}
+	slices.Sort(worsts)
+	var slow time.Duration
+	if need >= 1 && need <= len(worsts) {
+		slow = worsts[need-1] // the need-th fastest node's worst PING: a renewal could not do better
+	}
+	why = fmt.Sprintf("its last renewal had %v (from %s to %s); this process was measured stalled %v of it (worst single stall %v); its nodes' PINGs (%d of %d needed): %v, so %v slow; excused only at %d × stall or %d × slow ≥ the stretch: %v",
 		stretch.Round(time.Millisecond), from.Format("15:04:05.000"), to.Format("15:04:05.000"),
-		stalled.Round(time.Millisecond), p.Worst(from, to).Round(time.Millisecond), stallMultiple, lk.Err())
-	return time.Duration(stallMultiple)*stalled >= stretch, why
+		stalled.Round(time.Millisecond), p.Worst(from, to).Round(time.Millisecond), need, len(nodes), pings, slow.Round(time.Millisecond),
+		stallMultiple, stallMultiple, lk.Err())
+	return time.Duration(stallMultiple)*max(stalled, slow) >= stretch, why
 }
 
 // assertLostBeforeUntil checks that a lock reported lost at at was
@@ -111,4 +146,92 @@ func waitLost(t *testing.T, p *redistest.StallProbe, lk *redlease.Lock, from tim
 	}
 	t.Errorf("lock %s not reported lost after 1000 rounds of waiting", lk.Key())
 	return time.Time{}, false
+}
+
+// nodeProbe PINGs each node it watches every 20 ms, on a client of its own
+// (no ContextTimeoutEnabled needed: it only records when each answer came),
+// and keeps how long every PING took: what a renewal to that node got from
+// the node (and this process) at that moment, measured in the same run. A
+// node paused or black-holed by the test is not watched.
+type nodeProbe struct {
+	mu    sync.Mutex
+	pings map[string][]nodePing // by address
+	stop  chan struct{}
+	wg    sync.WaitGroup
+}
+
+// nodePing is one PING: when it was sent and how long its answer took
+// (took < 0: none came yet).
+type nodePing struct {
+	sent time.Time
+	took time.Duration
+}
+
+// startNodeProbe watches addrs until the test ends.
+func startNodeProbe(t *testing.T, addrs ...string) *nodeProbe {
+	p := &nodeProbe{pings: map[string][]nodePing{}, stop: make(chan struct{})}
+	for _, addr := range addrs {
+		c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
+		p.wg.Go(func() {
+			defer func() { _ = c.Close() }()
+			tick := time.NewTicker(20 * time.Millisecond)
+			defer tick.Stop()
+			for {
+				select {
+				case <-p.stop:
+					return
+				case <-tick.C:
+				}
+				sent := time.Now()
+				p.mu.Lock()
+				i := len(p.pings[addr])
+				p.pings[addr] = append(p.pings[addr], nodePing{sent: sent, took: -1})
+				p.mu.Unlock()
+				err := c.Ping(context.Background()).Err()
+				took := time.Since(sent)
+				p.mu.Lock()
+				p.pings[addr][i].took = took
+				p.mu.Unlock()
+				if err != nil {
+					return // the node went away: nothing more to measure
+				}
+			}
+		})
+	}
+	t.Cleanup(p.Stop)
+	return p
+}
+
+// Stop ends the PINGs and waits for them (a PING in flight returns by the
+// client's read timeout).
+func (p *nodeProbe) Stop() {
+	select {
+	case <-p.stop:
+	default:
+		close(p.stop)
+	}
+	p.wg.Wait()
+}
+
+// Worst is the longest any PING to addr that was waiting between from and
+// to took (one still unanswered counts until now), and how many PINGs were
+// sent to addr in that time.
+func (p *nodeProbe) Worst(addr string, from, to time.Time) (worst time.Duration, sent int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	now := time.Now()
+	for _, pg := range p.pings[addr] {
+		took := pg.took
+		if took < 0 {
+			took = now.Sub(pg.sent)
+		}
+		if pg.sent.After(to) || pg.sent.Add(took).Before(from) {
+			continue
+		}
+		if !pg.sent.Before(from) && !pg.sent.After(to) {
+			sent++
+		}
+		worst = max(worst, took)
+	}
+	return worst, sent
 }

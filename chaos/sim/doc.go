@@ -510,15 +510,21 @@
 // (quorum3-pastmax 16, idem-unfenced 4 and 11, ops-quorum 2). A Barrier
 // handler that returns as its ctx ends is cut in every run (handlerSpan:
 // ctx's AfterFunc starts its goroutine after Done is closed, and the
-// handler's return could stop it first; idem-mixed 17).
+// handler's return could stop it first; idem-mixed 17). A connection's
+// Read returns one reply at most, and a pushed message that a Read would
+// start at the instant it finished the reply before it is read conn.settle
+// later: a reader that catches up with what came while it was not reading
+// (the wake hub pausing after a broken connection, then reading the
+// resubscription's confirmation and a release's notice) hands each on
+// after everything the one before woke has run (fair-single 13: a waiter
+// the confirmation woke checked for a notice before or after the notice
+// came, and made one more attempt or not).
 //
 // Not determined by the seed: the undo pauses of a waiter registered by
 // Waker.Listen (no context; no scenario has two waiters of one client on
 // one key at once); two commands of one go-redis client with the same
 // content at the turnstile together (they go in the order they came);
-// rarely (one run in 100 or fewer), orders not examined: a plain Lock
-// subscribed to wake notices sending one more attempt at once after a
-// refusal (fair-single 13), fence-expiry-failover 2; and, followed only
+// rarely (one run in 100 or fewer), orders not examined: followed only
 // before quorum's one-round fenced acquire (idem-mixed 5, in every run
 // then; since, one history in 1,790 replays of it alone, two in one
 // det.sh run of 10), fan-out workers all waiting on a paused node taking

@@ -30,6 +30,14 @@ type message struct {
 	args  []string  // a request
 	id    uint64    // a request's identity (World.requestID)
 	reply []byte    // a reply
+	push  bool      // a reply that is a message pushed to a subscriber
+}
+
+// segment is one delivered reply's bytes still in conn.rbuf.
+type segment struct {
+	n    int  // its bytes not yet read
+	push bool // a pushed message (see conn.Read)
+	read bool // Read returned part of it already
 }
 
 // conn is the client's end of one simulated TCP connection to a node. Its
@@ -68,6 +76,8 @@ type conn struct {
 	reqs      []message     // requests in flight to the node
 	reps      []message     // replies in flight to the client
 	rbuf      []byte        // replies delivered, not yet read
+	segs      []segment     // rbuf's replies, in order (see Read)
+	lastRead  time.Time     // when Read last returned a reply's last byte
 	notify    chan struct{} // cap 1: rbuf grew
 	rtimer    *time.Timer   // Read's deadline timer (used by the one reader)
 	deadline  time.Time     // read deadline
@@ -106,16 +116,38 @@ const maxSettle = 4096
 func settleOf(id uint64) time.Duration { return time.Duration(1 + mix(id, 0x5e771e)%maxSettle) }
 
 // Read returns delivered reply bytes, waiting for them until the read
-// deadline (noticed settle late, see conn) or a cut.
+// deadline (noticed settle late, see conn) or a cut. One Read returns
+// bytes of one reply at most, and a pushed message that a Read would start
+// at the instant it returned the last byte of the reply before it is read
+// settle later: a reader that catches up with replies delivered while it
+// was not reading (the wake hub's pause after a broken connection) hands
+// each on after everything the one before it woke has run, in every run,
+// rather than as the Go scheduler lets the reader and those woken meet
+// (fair-single 13: a waiter woken by the resubscription made one more
+// attempt or not as the release's notice came before or after its
+// attempt's check for one).
 func (c *conn) Read(b []byte) (int, error) {
 	for {
 		c.mu.Lock()
 		if len(c.rbuf) > 0 {
-			n := copy(b, c.rbuf)
+			seg := &c.segs[0]
+			if seg.push && !seg.read && c.lastRead.Equal(time.Now()) {
+				settle := c.settle
+				c.mu.Unlock()
+				time.Sleep(settle)
+				continue
+			}
+			n := copy(b, c.rbuf[:seg.n])
 			if n == len(c.rbuf) {
 				c.rbuf = c.rbuf[:0] // read out: the next replies reuse it
 			} else {
 				c.rbuf = c.rbuf[n:]
+			}
+			if seg.n -= n; seg.n == 0 {
+				c.segs = append(c.segs[:0], c.segs[1:]...) // keeps its array
+				c.lastRead = time.Now()
+			} else {
+				seg.read = true
 			}
 			c.mu.Unlock()
 			return n, nil
@@ -278,7 +310,7 @@ func (c *conn) send(reply []byte, push bool) (delay time.Duration, lost, dropped
 		at = c.lastRepAt.Add(time.Nanosecond)
 	}
 	c.lastRepAt = at
-	c.reps = append(c.reps, message{at: at, reply: reply})
+	c.reps = append(c.reps, message{at: at, reply: reply, push: push})
 	c.w.after(at.Sub(now), c.deliverReps)
 	return at.Sub(now), false, false
 }
@@ -291,6 +323,7 @@ func (c *conn) deliverReplies() {
 	for len(c.reps) > 0 && !c.reps[0].at.After(now) {
 		if !c.closed {
 			c.rbuf = append(c.rbuf, c.reps[0].reply...)
+			c.segs = append(c.segs, segment{n: len(c.reps[0].reply), push: c.reps[0].push})
 			grew = true
 		}
 		c.reps = c.reps[1:]
@@ -312,7 +345,7 @@ func (c *conn) Close() error {
 		return nil
 	}
 	c.closed = true
-	c.reps, c.rbuf = nil, nil
+	c.reps, c.rbuf, c.segs = nil, nil, nil
 	close(c.done)
 	pending := len(c.reqs) > 0
 	c.closing = pending
@@ -342,7 +375,7 @@ func (c *conn) cut() {
 		return
 	}
 	c.closed, c.closing = true, false
-	c.reqs, c.reps, c.rbuf = nil, nil, nil
+	c.reqs, c.reps, c.rbuf, c.segs = nil, nil, nil, nil
 	close(c.done)
 	c.mu.Unlock()
 	c.node.forget(c)

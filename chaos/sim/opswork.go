@@ -578,6 +578,7 @@ func (w *World) opsClose(e *opsEnv, seq int, key string, r *rand.Rand) {
 	switch what {
 	case 0:
 		h.stop = e.wd.Keep(h.lk)
+		w.settleInstant(e.ci) // the keeper's first renewal reads the TTL before an Extend
 		w.opsSteps(e, h, r, nil, false)
 		_ = e.wd.Close()
 		w.hist.logf("c%d#%d watchdog closed (keeping %s)", e.ci, seq, key)
@@ -588,6 +589,7 @@ func (w *World) opsClose(e *opsEnv, seq int, key string, r *rand.Rand) {
 		e.newWatchdog()
 	case 1:
 		h.stop = e.eng.Keep(h.lk)
+		w.settleInstant(e.ci) // the keeper's first renewal reads the TTL before an Extend
 		w.opsSteps(e, h, r, nil, false)
 		e.eng.Close()
 		w.hist.logf("c%d#%d engine closed (keeping %s)", e.ci, seq, key)
