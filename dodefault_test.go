@@ -3,13 +3,11 @@ package redlease_test
 import (
 	"context"
 	"fmt"
-	"runtime"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -17,74 +15,7 @@ import (
 	"github.com/redlease/redlease"
 	"github.com/redlease/redlease/internal/redistest"
 	"github.com/redlease/redlease/renew"
-	"github.com/redlease/redlease/single"
 )
-
-// singleNode starts a real redis-server and returns a single strategy on it.
-func singleNode(t *testing.T) redlease.Strategy {
-	t.Helper()
-	strategy, err := single.New(redistest.Start(t, redistest.Config{}).Client())
-	require.NoError(t, err)
-	return strategy
-}
-
-// newLocker is redlease.New for a test: an error fails it.
-func newLocker(t *testing.T, s redlease.Strategy, opts ...redlease.Option) *redlease.Locker {
-	t.Helper()
-	l, err := redlease.New(s, opts...)
-	require.NoError(t, err)
-	return l
-}
-
-// singleLocker is a Locker on the single strategy over c; a constructor's
-// error fails t.
-func singleLocker(t *testing.T, c redis.UniversalClient, opts ...redlease.Option) *redlease.Locker {
-	t.Helper()
-	s, err := single.New(c)
-	require.NoError(t, err)
-	return newLocker(t, s, opts...)
-}
-
-// watchGoroutines counts the goroutines of the default watchdog (any
-// goroutine with a frame in the renewal engine).
-func watchGoroutines() int {
-	n, _ := watchStacks()
-	return n
-}
-
-// watchStacks returns the number of the default watchdog's goroutines and
-// their stacks.
-func watchStacks() (int, []string) {
-	var stacks []string
-	for _, g := range goroutineStacks() {
-		if strings.Contains(g, "github.com/redlease/redlease/internal/watch.") {
-			stacks = append(stacks, g)
-		}
-	}
-	return len(stacks), stacks
-}
-
-// goroutineStacks returns the stack of every goroutine of the process.
-func goroutineStacks() []string {
-	buf := make([]byte, 1<<20)
-	for {
-		n := runtime.Stack(buf, true)
-		if n < len(buf) {
-			return strings.Split(string(buf[:n]), "\n\n")
-		}
-		buf = make([]byte, 2*len(buf))
-	}
-}
-
-// waitNoWatchGoroutines waits for the default watchdog to go idle: for 5 s
-// plus 3 × what a probe measured this process stalled meanwhile.
-func waitNoWatchGoroutines(t *testing.T) {
-	t.Helper()
-	probe := redistest.StartStallProbe(t)
-	defer probe.Stop()
-	probe.WaitFor(t, 5*time.Second, 3, 5*time.Millisecond, func() bool { return watchGoroutines() == 0 },
-		"the default watchdog's goroutines end once no Do runs")
-}
 
 // holdLong runs one Do with fn longer than 3×ttl on l, and checks on the
 // way that the lock stays held: fn's ctx is not cancelled, another locker

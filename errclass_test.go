@@ -61,19 +61,6 @@ func (o *acquireCounter) Start(ctx context.Context, op redlease.Op) (context.Con
 func (*acquireCounter) Held(redlease.Op, time.Duration, error)                       {}
 func (*acquireCounter) NodeFailed(context.Context, redlease.Op, *redlease.NodeError) {}
 
-// replicated waits (bounded: 10 s plus 3 × what a probe measured this
-// process stalled meanwhile) until a write on c is acknowledged by one
-// replica, so that the pause below is what makes WAIT fall short.
-func replicated(t *testing.T, c *redis.Client) {
-	t.Helper()
-	probe := redistest.StartStallProbe(t)
-	defer probe.Stop()
-	probe.WaitFor(t, 10*time.Second, 3, 20*time.Millisecond, func() bool {
-		n, err := c.Do(t.Context(), "WAIT", 1, 100).Int64()
-		return err == nil && n == 1
-	}, "the replica never acknowledged")
-}
-
 // A grant that the paused replica did not acknowledge is an outage:
 // ErrUnavailable (and ErrNotReplicated), never ErrNotObtained, so a switch
 // that checks "held" first does not take it for a holder. Lock still

@@ -321,22 +321,6 @@ func (g *gatedExtends) sent() []time.Duration {
 	return append([]time.Duration(nil), g.seen...)
 }
 
-// plain is a Strategy with the three methods only: it states no drift
-// allowance (nor anything else).
-type plain struct{ s redlease.Strategy }
-
-func (p plain) Acquire(ctx context.Context, key, token string, ttl time.Duration) (redlease.Grant, error) {
-	return p.s.Acquire(ctx, key, token, ttl)
-}
-
-func (p plain) Extend(ctx context.Context, key, token string, ttl time.Duration) (redlease.Grant, error) {
-	return p.s.Extend(ctx, key, token, ttl)
-}
-
-func (p plain) Release(ctx context.Context, key, token string) error {
-	return p.s.Release(ctx, key, token)
-}
-
 // keyEnd returns when the fake's key ends (the zero time if it holds
 // none).
 func (f *fake) keyEnd(key string) time.Time {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/base64"
 	"errors"
-	"flag"
 	"fmt"
 	"runtime"
 	"strings"
@@ -15,108 +14,12 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 
 	"github.com/redlease/redlease"
 	"github.com/redlease/redlease/internal/fused"
 	"github.com/redlease/redlease/internal/redistest"
 	"github.com/redlease/redlease/single"
 )
-
-// TestMain runs this package's parallel tests four at a time unless the
-// run names -test.parallel (go test -parallel): they wait on real TTLs,
-// backoffs and paused servers rather than on the CPU, and the default
-// (GOMAXPROCS, 2 on a 2-core machine) kept the package's run about half
-// of its wall time longer. Tests that count goroutines or wake hubs do not
-// call t.Parallel: they run before any parallel test starts.
-func TestMain(m *testing.M) {
-	flag.Parse()
-	named := false
-	flag.Visit(func(f *flag.Flag) { named = named || f.Name == "test.parallel" })
-	if !named {
-		if err := flag.Set("test.parallel", "4"); err != nil {
-			panic(err)
-		}
-	}
-	goleak.VerifyTestMain(m)
-}
-
-// fake is an in-memory Strategy: one map, expiry on the caller's clock, and
-// a queue of errors to return from the next calls.
-type fake struct {
-	mu       sync.Mutex
-	held     map[string]holder
-	fence    uint64
-	acquires []string // tokens seen by Acquire, in order
-	keys     []string // keys seen by Acquire, in order
-	failNext []error  // returned (and popped) by the next Acquire/Extend calls
-	releases int
-}
-
-type holder struct {
-	token string
-	until time.Time
-}
-
-func newFake() *fake { return &fake{held: map[string]holder{}} }
-
-func (f *fake) pop() error {
-	if len(f.failNext) == 0 {
-		return nil
-	}
-	err := f.failNext[0]
-	f.failNext = f.failNext[1:]
-	return err
-}
-
-func (f *fake) Acquire(ctx context.Context, key, token string, ttl time.Duration) (redlease.Grant, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.acquires = append(f.acquires, token)
-	f.keys = append(f.keys, key)
-	if err := f.pop(); err != nil {
-		return redlease.Grant{}, err
-	}
-	h, ok := f.held[key]
-	if ok && h.token != token && time.Now().Before(h.until) {
-		return redlease.Grant{}, redlease.ErrNotObtained
-	}
-	f.fence++
-	until := time.Now().Add(ttl)
-	f.held[key] = holder{token, until}
-	return redlease.Grant{Until: until, Fence: f.fence}, nil
-}
-
-func (f *fake) Extend(ctx context.Context, key, token string, ttl time.Duration) (redlease.Grant, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if err := f.pop(); err != nil {
-		return redlease.Grant{}, err
-	}
-	h, ok := f.held[key]
-	if !ok || h.token != token || !time.Now().Before(h.until) {
-		return redlease.Grant{}, redlease.ErrNotHeld
-	}
-	until := time.Now().Add(ttl)
-	f.held[key] = holder{token, until}
-	return redlease.Grant{Until: until}, nil
-}
-
-// DriftAllowance is 0: the fake's grants end exactly at the call's start
-// plus the TTL, on the same clock.
-func (f *fake) DriftAllowance(time.Duration) time.Duration { return 0 }
-
-func (f *fake) Release(ctx context.Context, key, token string) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.releases++
-	h, ok := f.held[key]
-	if !ok || h.token != token {
-		return redlease.ErrNotHeld
-	}
-	delete(f.held, key)
-	return nil
-}
 
 func TestTryLockHoldsAndExcludes(t *testing.T) {
 	f := newFake()
