@@ -260,3 +260,21 @@ func (p plain) Extend(ctx context.Context, key, token string, ttl time.Duration)
 func (p plain) Release(ctx context.Context, key, token string) error {
 	return p.s.Release(ctx, key, token)
 }
+
+// keeper records what Do asks of it.
+type keeper struct {
+	mu      sync.Mutex
+	kept    []*redlease.Lock
+	stopped int
+}
+
+func (k *keeper) Keep(lk *redlease.Lock) func() {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.kept = append(k.kept, lk)
+	return func() {
+		k.mu.Lock()
+		defer k.mu.Unlock()
+		k.stopped++
+	}
+}
