@@ -302,11 +302,7 @@ func TestSnapshotRestoredNodeSitsOut(t *testing.T) {
 // sent, whatever came back. A retried Release stays allowed.
 func TestFailedReleaseEndsValidity(t *testing.T) {
 	ctx := t.Context()
-	srv := redistest.Start(t, redistest.Config{})
-	loadScripts(t, srv.Client())
-	gate := redistest.NewGate(t, srv.Addr)
-	c := redis.NewClient(&redis.Options{Addr: gate.Addr, ContextTimeoutEnabled: true})
-	t.Cleanup(func() { _ = c.Close() })
+	srv, gate, c := gatedServer(t)
 	strategy, err := single.New(c)
 	require.NoError(t, err)
 	la, err := redlease.New(strategy, redlease.WithTTL(20*time.Second))
@@ -439,11 +435,7 @@ func TestLockKeysCannotEnterReservedNamespace(t *testing.T) {
 func TestUndecidedShorterExtendShortensValidity(t *testing.T) {
 	probe := redistest.StartStallProbe(t)
 	ctx := t.Context()
-	srv := redistest.Start(t, redistest.Config{})
-	loadScripts(t, srv.Client())
-	gate := redistest.NewGate(t, srv.Addr)
-	c := redis.NewClient(&redis.Options{Addr: gate.Addr, ContextTimeoutEnabled: true})
-	t.Cleanup(func() { _ = c.Close() })
+	srv, gate, c := gatedServer(t)
 	// A 50 ms loss margin: the default (2 s, a tenth of the TTL) would have
 	// the 300 ms Extend refused before it is sent (ErrInvalid: the lock
 	// would be lost at once).
@@ -493,11 +485,7 @@ func TestUndecidedShorterExtendShortensValidity(t *testing.T) {
 // B is refused until A releases.
 func TestSuccessfulExtendAfterAnUndecidedShorterOne(t *testing.T) {
 	ctx := t.Context()
-	srv := redistest.Start(t, redistest.Config{})
-	loadScripts(t, srv.Client())
-	gate := redistest.NewGate(t, srv.Addr)
-	c := redis.NewClient(&redis.Options{Addr: gate.Addr, ContextTimeoutEnabled: true})
-	t.Cleanup(func() { _ = c.Close() })
+	srv, gate, c := gatedServer(t)
 	strategy, err := single.New(c)
 	require.NoError(t, err)
 	la, err := redlease.New(strategy, redlease.WithTTL(3*time.Second))
@@ -529,4 +517,16 @@ func TestSuccessfulExtendAfterAnUndecidedShorterOne(t *testing.T) {
 	b, err := lb.TryLock(ctx, key)
 	require.NoError(t, err, "released: B may take it")
 	require.NoError(t, b.Release(ctx))
+}
+
+// gatedServer starts a server with the scripts loaded, a gate in front of
+// it, and a client (ContextTimeoutEnabled) that reaches it through the gate.
+func gatedServer(t *testing.T) (*redistest.Server, *redistest.Gate, *redis.Client) {
+	t.Helper()
+	srv := redistest.Start(t, redistest.Config{})
+	loadScripts(t, srv.Client())
+	gate := redistest.NewGate(t, srv.Addr)
+	c := redis.NewClient(&redis.Options{Addr: gate.Addr, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = c.Close() })
+	return srv, gate, c
 }
