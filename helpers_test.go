@@ -115,6 +115,17 @@ func (f *fake) Release(ctx context.Context, key, token string) error {
 	return nil
 }
 
+// fakeLock makes a Locker on a new fake with opts and takes "k" with
+// TryLock; an error fails t.
+func fakeLock(t *testing.T, opts ...redlease.Option) (*fake, *redlease.Locker, *redlease.Lock) {
+	t.Helper()
+	f := newFake()
+	l := newLocker(t, f, opts...)
+	lk, err := l.TryLock(t.Context(), "k")
+	require.NoError(t, err)
+	return f, l, lk
+}
+
 // singleNode starts a real redis-server and returns a single strategy on it.
 func singleNode(t *testing.T) redlease.Strategy {
 	t.Helper()

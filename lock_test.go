@@ -471,11 +471,7 @@ func TestStrategyWithoutDriftAllowance(t *testing.T) {
 
 func TestLostClosesBeforeValidityRunsOut(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		f := newFake()
-		locker, err := redlease.New(f, redlease.WithTTL(time.Second))
-		require.NoError(t, err)
-		lk, err := locker.TryLock(t.Context(), "k")
-		require.NoError(t, err)
+		f, _, lk := fakeLock(t, redlease.WithTTL(time.Second))
 		until := lk.Until()
 		<-lk.Lost()
 		assert.Equal(t, until.Add(-100*time.Millisecond), time.Now(), "Lost closes a tenth of the TTL before Until by default")
@@ -495,11 +491,7 @@ func TestLostClosesBeforeValidityRunsOut(t *testing.T) {
 
 func TestExtendMovesUntilAndPostponesLoss(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		f := newFake()
-		locker, err := redlease.New(f, redlease.WithTTL(time.Second))
-		require.NoError(t, err)
-		lk, err := locker.TryLock(t.Context(), "k")
-		require.NoError(t, err)
+		_, _, lk := fakeLock(t, redlease.WithTTL(time.Second))
 		time.Sleep(800 * time.Millisecond)
 		require.NoError(t, lk.Extend(t.Context(), time.Second))
 		assert.Equal(t, time.Now().Add(time.Second), lk.Until())
@@ -552,11 +544,7 @@ func TestNilLockIsSafe(t *testing.T) {
 // found the lock expired, once more because it was no longer held.
 func TestLostFirstCalledAfterTheDeadline(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		f := newFake()
-		locker, err := redlease.New(f, redlease.WithTTL(time.Second))
-		require.NoError(t, err)
-		lk, err := locker.TryLock(t.Context(), "k")
-		require.NoError(t, err)
+		_, _, lk := fakeLock(t, redlease.WithTTL(time.Second))
 		time.Sleep(time.Until(lk.Until())) // past the deadline; Lost never called
 		var lost <-chan struct{}
 		require.NotPanics(t, func() { lost = lk.Lost() })

@@ -33,11 +33,7 @@ func (c fastClock) Now() time.Time { return c.start.Add(2 * time.Since(c.start))
 func TestLocksFollowTheInjectedClock(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		clock := fastClock{start: time.Now()}
-		f := newFake()
-		locker, err := redlease.New(f, redlease.WithTTL(time.Second), redlease.WithLossMargin(0), redlease.WithClock(clock))
-		require.NoError(t, err)
-		lk, err := locker.TryLock(t.Context(), "k")
-		require.NoError(t, err)
+		f, _, lk := fakeLock(t, redlease.WithTTL(time.Second), redlease.WithLossMargin(0), redlease.WithClock(clock))
 		// The fake strategy's Until is one real second away; the fast clock
 		// reaches it in half a second.
 		time.Sleep(499 * time.Millisecond)
@@ -45,7 +41,7 @@ func TestLocksFollowTheInjectedClock(t *testing.T) {
 		time.Sleep(2 * time.Millisecond)
 		assert.False(t, lk.Valid(), "past Until by the lock's clock")
 		assert.ErrorIs(t, lk.Err(), redlease.ErrLost)
-		_, err = redlease.New(f, redlease.WithClock(nil))
+		_, err := redlease.New(f, redlease.WithClock(nil))
 		assert.ErrorIs(t, err, redlease.ErrInvalid)
 	})
 }

@@ -46,13 +46,9 @@ func TestQuorumErrorUnwraps(t *testing.T) {
 // lock that ran out, a Lock whose ctx ended.
 func TestErrorsAreOneLineWithOnePrefix(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		f := newFake()
-		l, err := redlease.New(f, redlease.WithTTL(time.Second), redlease.WithoutKeeper())
-		require.NoError(t, err)
-		lk, err := l.TryLock(t.Context(), "k")
-		require.NoError(t, err)
+		_, l, lk := fakeLock(t, redlease.WithTTL(time.Second), redlease.WithoutKeeper())
 		time.Sleep(time.Until(lk.Until()))
-		err = lk.Extend(t.Context(), time.Second)
+		err := lk.Extend(t.Context(), time.Second)
 		require.ErrorIs(t, err, redlease.ErrNotHeld)
 		require.ErrorIs(t, err, redlease.ErrLost)
 		for _, e := range []error{err, lk.Err()} {
