@@ -220,7 +220,7 @@ func (l *Locker) retry(ctx context.Context, c lockConfig, key string) (lk *Lock,
 			// Answered: granted, refused, or a bad call. An attempt the
 			// caller's deadline cut short (or never let out) answers
 			// nothing, even if a node refused it on the way.
-			w.owed = false
+			w.answered()
 		}
 		if err == nil || !(errors.Is(err, ErrNotObtained) || errors.Is(err, ErrUnavailable)) {
 			// Granted, or an answer no retry changes (ErrDenied,
@@ -346,14 +346,19 @@ func (w *waiting) takeNotice() {
 	}
 }
 
+// answered records that an attempt the nodes decided answered the
+// notices this call took: it owes none.
+func (w *waiting) answered() { w.owed = false }
+
 // subscribed reports whether releases of the key wake this call.
 func (w *waiting) subscribed() bool { return w.notices != nil }
 
-// watch subscribes to key's releases after the first refusal the nodes
-// decided (a subscription to nodes that did not answer would wait for
-// them too), once per call, and reports whether it did: the caller then
-// checks again at once, since a release between the first check and the
-// subscription was not heard, and one after the second check will be.
+// watch subscribes to key's releases, confirmed, after the first refusal
+// the nodes decided (a subscription to nodes that did not answer would
+// wait for them too), once per call, and reports whether it did: the
+// caller then checks again at once, since a release between the first
+// check and the subscription was not heard, and one after the second
+// check will be.
 func (w *waiting) watch(ctx context.Context, c lockConfig, key, id string) bool {
 	if w.notices != nil || w.tried || c.polling {
 		return false
