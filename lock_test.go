@@ -321,22 +321,6 @@ func (g *gatedExtends) sent() []time.Duration {
 	return append([]time.Duration(nil), g.seen...)
 }
 
-// plain is a Strategy with the three methods only: it states no drift
-// allowance (nor anything else).
-type plain struct{ s redlease.Strategy }
-
-func (p plain) Acquire(ctx context.Context, key, token string, ttl time.Duration) (redlease.Grant, error) {
-	return p.s.Acquire(ctx, key, token, ttl)
-}
-
-func (p plain) Extend(ctx context.Context, key, token string, ttl time.Duration) (redlease.Grant, error) {
-	return p.s.Extend(ctx, key, token, ttl)
-}
-
-func (p plain) Release(ctx context.Context, key, token string) error {
-	return p.s.Release(ctx, key, token)
-}
-
 // keyEnd returns when the fake's key ends (the zero time if it holds
 // none).
 func (f *fake) keyEnd(key string) time.Time {
@@ -482,5 +466,143 @@ func TestStrategyWithoutDriftAllowance(t *testing.T) {
 		require.NoError(t, lk.Extend(t.Context(), 4*time.Second))
 		assert.Equal(t, until, lk.Until(), "an unanswered 3 s renewal may cut the key back at any time")
 		require.NoError(t, lk.Release(t.Context()))
+	})
+}
+
+func TestLostClosesBeforeValidityRunsOut(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f, _, lk := fakeLock(t, redlease.WithTTL(time.Second))
+		until := lk.Until()
+		<-lk.Lost()
+		assert.Equal(t, until.Add(-100*time.Millisecond), time.Now(), "Lost closes a tenth of the TTL before Until by default")
+		assert.False(t, lk.Valid())
+		assert.ErrorIs(t, lk.Err(), redlease.ErrLost)
+		assert.ErrorIs(t, lk.Extend(t.Context(), time.Second), redlease.ErrNotHeld, "a lost lock stays lost")
+
+		locker2, err := redlease.New(f, redlease.WithTTL(time.Second), redlease.WithLossMargin(0))
+		require.NoError(t, err)
+		lk, err = locker2.TryLock(t.Context(), "k2")
+		require.NoError(t, err)
+		until = lk.Until()
+		<-lk.Lost()
+		assert.Equal(t, until, time.Now(), "with no margin, Lost closes at Until")
+	})
+}
+
+func TestExtendMovesUntilAndPostponesLoss(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		_, _, lk := fakeLock(t, redlease.WithTTL(time.Second))
+		time.Sleep(800 * time.Millisecond)
+		require.NoError(t, lk.Extend(t.Context(), time.Second))
+		assert.Equal(t, time.Now().Add(time.Second), lk.Until())
+		time.Sleep(500 * time.Millisecond) // past the first Until
+		assert.True(t, lk.Valid())
+		select {
+		case <-lk.Lost():
+			t.Fatal("Lost closed at the old Until")
+		default:
+		}
+		require.NoError(t, lk.Release(t.Context()))
+	})
+}
+
+func TestExtendVerdicts(t *testing.T) {
+	f := newFake()
+	l, err := redlease.New(f)
+	require.NoError(t, err)
+	ctx := t.Context()
+
+	lk, err := l.TryLock(ctx, "k")
+	require.NoError(t, err)
+	f.failNext = []error{redlease.ErrUnavailable}
+	assert.ErrorIs(t, lk.Extend(ctx, time.Minute), redlease.ErrUnavailable)
+	assert.True(t, lk.Valid(), "an undecided extension must not mark the lock lost")
+
+	f.failNext = []error{redlease.ErrNotHeld}
+	assert.ErrorIs(t, lk.Extend(ctx, time.Minute), redlease.ErrNotHeld)
+	<-lk.Lost()
+	assert.ErrorIs(t, lk.Err(), redlease.ErrLost)
+	assert.ErrorIs(t, lk.Err(), redlease.ErrNotHeld, "the cause stays reachable")
+	assert.ErrorIs(t, lk.Extend(ctx, 0), redlease.ErrInvalid)
+}
+
+func TestNilLockIsSafe(t *testing.T) {
+	var lk *redlease.Lock
+	ctx := t.Context()
+	assert.ErrorIs(t, lk.Release(ctx), redlease.ErrNotHeld)
+	assert.ErrorIs(t, lk.Extend(ctx, time.Second), redlease.ErrNotHeld)
+	assert.False(t, lk.Valid())
+	assert.Empty(t, lk.Key())
+	assert.Empty(t, lk.Token())
+	assert.Zero(t, lk.Fence())
+	assert.True(t, lk.Until().IsZero())
+	<-lk.Lost()
+}
+
+// Found by the simulator: the first call to Lost made after the lock's
+// deadline had passed closed its channel twice (a panic) — once when it
+// found the lock expired, once more because it was no longer held.
+func TestLostFirstCalledAfterTheDeadline(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		_, _, lk := fakeLock(t, redlease.WithTTL(time.Second))
+		time.Sleep(time.Until(lk.Until())) // past the deadline; Lost never called
+		var lost <-chan struct{}
+		require.NotPanics(t, func() { lost = lk.Lost() })
+		select {
+		case <-lost:
+		default:
+			t.Fatal("Lost is not closed past the deadline")
+		}
+		assert.ErrorIs(t, lk.Err(), redlease.ErrLost)
+	})
+}
+
+// heldRenewals is the fake strategy, except that an Extend by the lock's
+// own TTL (a keeper's renewal) waits for release before it answers.
+type heldRenewals struct {
+	*fake
+	ttl     time.Duration
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (h *heldRenewals) Extend(ctx context.Context, key, token string, ttl time.Duration) (redlease.Grant, error) {
+	if ttl == h.ttl {
+		h.entered <- struct{}{}
+		<-h.release
+	}
+	return h.fake.Extend(ctx, key, token, ttl)
+}
+
+// A renewal (the lock's own TTL) and a Lock.Extend to a shorter TTL in
+// flight together: a node may apply the Extend last, so the renewal's
+// later answer must not move Until past the Extend's start plus its TTL.
+// Forced order: the renewal is sent and held, Extend(2 s) completes, then
+// the renewal answers with Until ten seconds on.
+func TestRenewalDoesNotOutbidAShorterExtend(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const ttl = 10 * time.Second
+		h := &heldRenewals{fake: newFake(), ttl: ttl, entered: make(chan struct{}), release: make(chan struct{})}
+		locker, err := redlease.New(h, redlease.WithTTL(ttl))
+		require.NoError(t, err)
+		lk, err := locker.TryLock(t.Context(), "k")
+		require.NoError(t, err)
+		done := make(chan []error)
+		go func() { done <- redlease.ExtendAll(t.Context(), []*redlease.Lock{lk}) }()
+		<-h.entered // the renewal is on its way
+		time.Sleep(time.Second)
+		extendStart := time.Now()
+		require.NoError(t, lk.Extend(t.Context(), 2*time.Second))
+		close(h.release) // the renewal answers now, with Until 10 s from when it started
+		require.NoError(t, (<-done)[0])
+		assert.False(t, lk.Until().After(extendStart.Add(2*time.Second)),
+			"Until %v after the Extend's start, whose 2 s TTL a node may have applied last", lk.Until().Sub(extendStart))
+		// A renewal that starts after the Extend answered may move it
+		// again, by the lock's TTL, which is now the Extend's.
+		require.Equal(t, 2*time.Second, lk.TTL())
+		time.Sleep(500 * time.Millisecond)
+		renewalStart := time.Now()
+		require.NoError(t, redlease.ExtendAll(t.Context(), []*redlease.Lock{lk})[0])
+		assert.Equal(t, renewalStart.Add(2*time.Second), lk.Until(), "a later renewal extends it by the lock's TTL")
 	})
 }

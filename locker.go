@@ -170,112 +170,57 @@ const fullDelay = 64
 // leaveBound bounds the LeaveLine of a Lock that gives up.
 const leaveBound = 250 * time.Millisecond
 
-// retry is Lock's loop.
+// retry is Lock's loop: attempt, and while the nodes refuse (or none
+// decides), wait and attempt again. What it carries from one attempt to
+// the next: the wait (a wake subscription, see waiting), the outage
+// accounting (see outage), the last refusal and the run of queued ones.
 func (l *Locker) retry(ctx context.Context, c lockConfig, key string) (lk *Lock, err error) {
-	var (
-		timer   *time.Timer
-		notices <-chan struct{} // nil: not subscribed, never ready
-		refused error           // the last attempt the nodes decided: "held"
-		// owed: this call took a notice that no attempt the nodes decided
-		// has answered yet. A notice wakes one waiter of the process; one
-		// that leaves owing it hands it on (see Waker).
-		owed      bool
-		stopWatch func(handOn bool) // ends the subscription, once there is one
-		queuedRun int               // refusals in a row with ErrQueued and no holder's TTL
-		// outage: when the current run of attempts that no node decided
-		// began (zero: none); see WithOutageLimit.
-		outage     time.Time
-		lastDown   error // the last attempt's error that no node decided (ErrUnavailable)
-		watchTried bool  // Waker.Watch was called
-	)
 	base := locktoken.New(ctx, l.prefix+key)
 	jitter := jittered.NewStream(ctx, 0)
-	var place *Place
-	waiter := "" // the id Waker.Watch knows this call by: its id in the line in fair mode
+	var (
+		w         waiting
+		out       = outage{limit: c.outageLimit}
+		refused   error // the last attempt the nodes decided: "held"
+		queuedRun int   // refusals in a row with ErrQueued and no holder's TTL
+		place     *Place
+	)
+	id := "" // the id Waker.Watch knows this call by: its id in the line in fair mode
 	if q, ok := c.strategy.(Queuer); ok && c.fair {
 		// Fair mode: every attempt joins (or refreshes) this call's entry
 		// in the key's line, at the ticket of its arrival.
 		place = &Place{ID: base, Ticket: time.Now(), Join: true, Lifetime: LineLifetime(c.maxDelay)}
-		waiter = base
+		id = base
 		defer func() {
 			if lk == nil {
-				// Giving up: leave the line, by this call's id only, so
-				// that a dead entry does not hold the next waiter back
-				// for its lifetime. Best effort, bounded by leaveBound;
-				// in the background when the caller has a deadline, which
-				// it must not hold the caller past, or the nodes failed.
-				lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaveBound)
-				leave := func() {
-					_ = q.LeaveLine(lctx, l.prefix+key, base)
-					cancel()
-				}
-				if _, ok := ctx.Deadline(); ok || ctx.Err() != nil || errors.Is(err, ErrUnavailable) {
-					go leave()
-				} else {
-					leave()
-				}
+				l.leaveLine(ctx, q, key, base, err)
 			}
 		}()
 	}
-	defer func() {
-		if stopWatch != nil {
-			// A notice still waiting in notices came after the last
-			// attempt, which did not answer it.
-			stopWatch(lk == nil && (owed || len(notices) > 0))
-		}
-	}()
-	if w, ok := c.strategy.(Waker); ok && !c.polling {
-		// A hot key whose releases the process already hears: join that
-		// subscription before the first check, which then is the check
-		// after subscribing (see Waker.Listen).
-		if ch, stop, ok := w.Listen(l.prefix+key, waiter); ok {
-			notices, stopWatch = ch, stop
-		}
-	}
+	defer func() { w.end(lk == nil) }()
+	w.listen(c, l.prefix+key, id)
 	for attempt := 1; ; attempt++ {
-		// A notice that came before this attempt is sent is answered by
-		// it: only one that comes after may end the next wait.
-		select {
-		case <-notices:
-			owed = true
-		default:
-		}
+		w.takeNotice()
 		if attempt > 1 && ctx.Err() != nil {
 			// The wait ended before this attempt went out (in the
 			// subscription after the first): the last answer stands,
 			// held or unavailable.
 			return nil, withCause(err, context.Cause(ctx))
 		}
-		actx, cancelAttempt := ctx, context.CancelFunc(nil)
-		if !outage.IsZero() {
-			// In an outage: no attempt runs past the outage limit.
-			actx, cancelAttempt = context.WithDeadline(ctx, outage.Add(c.outageLimit))
-		}
+		actx, cancelAttempt := out.bound(ctx)
 		began := time.Now()
 		lk, err = l.attempt(actx, c, key, attemptToken(base, attempt), place)
 		// down: no node decided this attempt (they failed, or the outage
 		// limit cut it off), and the caller's ctx did not end it.
 		down := ctx.Err() == nil && err != nil && (errors.Is(err, ErrUnavailable) || actx.Err() != nil)
-		if cancelAttempt != nil {
-			cancelAttempt()
-		}
-		if down && errors.Is(err, ErrUnavailable) {
-			lastDown = err
-		}
-		switch {
-		case !down:
-			outage = time.Time{}
-		case outage.IsZero():
-			outage = began
-		}
-		if down && time.Since(outage) >= c.outageLimit {
-			return nil, outageError(err, lastDown, c.outageLimit)
+		cancelAttempt()
+		if out.over(began, down, err) {
+			return nil, outageError(err, out.lastDown, c.outageLimit)
 		}
 		if err == nil || (ctx.Err() == nil && !down) {
 			// Answered: granted, refused, or a bad call. An attempt the
 			// caller's deadline cut short (or never let out) answers
 			// nothing, even if a node refused it on the way.
-			owed = false
+			w.answered()
 		}
 		if err == nil || !(errors.Is(err, ErrNotObtained) || errors.Is(err, ErrUnavailable)) {
 			// Granted, or an answer no retry changes (ErrDenied,
@@ -305,64 +250,203 @@ func (l *Locker) retry(ctx context.Context, c lockConfig, key string) (lk *Lock,
 		if c.maxAttempts > 0 && attempt >= c.maxAttempts {
 			return nil, err
 		}
-		if notices == nil && !watchTried && !down && !c.polling {
-			// After the first refusal the nodes decided (a subscription
-			// to nodes that did not answer would wait for them too).
-			watchTried = true
-			if w, ok := c.strategy.(Waker); ok {
-				// Subscribe, confirmed, then check again at once: a
-				// release between the first check and the subscription
-				// was not heard, one after the second check will be.
-				if ch, stop, werr := w.Watch(ctx, l.prefix+key, waiter); werr == nil {
-					notices, stopWatch = ch, stop
-					continue
-				}
-			}
+		if !down && w.watch(ctx, c, l.prefix+key, id) {
+			continue
 		}
-		n := attempt
-		if notices != nil && !errors.Is(err, ErrUnavailable) {
-			// Subscribed, and refused: a release wakes this call (or the
-			// process's longest-waiting waiter, who hands the notice on
-			// if it leaves), so the wait only covers a lost notice or a
-			// holder that never releases, whose remaining TTL cuts it.
-			// The ramp from the min delay would only add refused
-			// attempts on a hot key's nodes.
-			n = fullDelay
-		}
-		if _, held := holderRemaining(err); !held && errors.Is(err, ErrQueued) {
-			// Fair mode, refused with the key free: another waiter is
-			// the line's head, and no holder's TTL bounds the wait. The
-			// head takes the key within a round trip or two (then the
-			// next refusal carries its TTL), or it is gone and its entry
-			// ends with its lifetime. Waiting the max delay would sleep
-			// through the head's whole hold if its release's notice is
-			// lost, so the wait ramps from the min delay, over this
-			// run of such refusals.
-			queuedRun++
-			n = queuedRun
-		} else {
-			queuedRun = 0
-		}
-		wait := boundedBackoff(jitter, n, c.minDelay, c.maxDelay, err)
-		if !outage.IsZero() {
-			// The attempt after the wait is cut off at the outage limit
-			// anyway: one that would start past it is not made.
-			wait = max(min(wait, time.Until(outage.Add(c.outageLimit))), 0)
-		}
-		if timer == nil {
-			timer = time.NewTimer(wait)
-			defer timer.Stop()
-		} else {
-			timer.Reset(wait)
-		}
-		select {
-		case <-ctx.Done():
+		n := backoffStep(attempt, w.subscribed(), err, &queuedRun)
+		if !w.sleep(ctx, out.cap(boundedBackoff(jitter, n, c.minDelay, c.maxDelay, err))) {
 			return nil, withCause(err, context.Cause(ctx))
-		case <-timer.C:
-		case <-notices:
-			owed = true
 		}
 	}
+}
+
+// leaveLine is a fair-mode Lock giving up (with err): it leaves the key's
+// line, by this call's id only, so that a dead entry does not hold the
+// next waiter back for its lifetime. Best effort, bounded by leaveBound;
+// in the background when the caller has a deadline, which it must not
+// hold the caller past, or the nodes failed.
+func (l *Locker) leaveLine(ctx context.Context, q Queuer, key, id string, err error) {
+	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaveBound)
+	leave := func() {
+		_ = q.LeaveLine(lctx, l.prefix+key, id)
+		cancel()
+	}
+	if _, ok := ctx.Deadline(); ok || ctx.Err() != nil || errors.Is(err, ErrUnavailable) {
+		go leave()
+	} else {
+		leave()
+	}
+}
+
+// backoffStep is the attempt number (see backoff) the wait after attempt,
+// refused with err, is drawn at; subscribed: a wake subscription is on;
+// queuedRun counts the refusals in a row with ErrQueued and no holder's
+// TTL, this one included.
+func backoffStep(attempt int, subscribed bool, err error, queuedRun *int) int {
+	n := attempt
+	if subscribed && !errors.Is(err, ErrUnavailable) {
+		// Subscribed, and refused: a release wakes this call (or the
+		// process's longest-waiting waiter, who hands the notice on
+		// if it leaves), so the wait only covers a lost notice or a
+		// holder that never releases, whose remaining TTL cuts it.
+		// The ramp from the min delay would only add refused
+		// attempts on a hot key's nodes.
+		n = fullDelay
+	}
+	if _, held := holderRemaining(err); !held && errors.Is(err, ErrQueued) {
+		// Fair mode, refused with the key free: another waiter is
+		// the line's head, and no holder's TTL bounds the wait. The
+		// head takes the key within a round trip or two (then the
+		// next refusal carries its TTL), or it is gone and its entry
+		// ends with its lifetime. Waiting the max delay would sleep
+		// through the head's whole hold if its release's notice is
+		// lost, so the wait ramps from the min delay, over this
+		// run of such refusals.
+		*queuedRun++
+		n = *queuedRun
+	} else {
+		*queuedRun = 0
+	}
+	return n
+}
+
+// waiting is a Lock call's wait between attempts: its timer and its
+// subscription to the key's releases (see Waker).
+type waiting struct {
+	timer   *time.Timer
+	notices <-chan struct{} // nil: not subscribed, never ready
+	// owed: this call took a notice that no attempt the nodes decided
+	// has answered yet. A notice wakes one waiter of the process; one
+	// that leaves owing it hands it on (see Waker).
+	owed      bool
+	stopWatch func(handOn bool) // ends the subscription, once there is one
+	tried     bool              // Waker.Watch was called
+}
+
+// listen joins the subscription the process already has to key's
+// releases, if the strategy is a Waker and c does not poll: a hot key's
+// waiter then subscribes before its first check, which then is the check
+// after subscribing (see Waker.Listen).
+func (w *waiting) listen(c lockConfig, key, id string) {
+	if wk, ok := c.strategy.(Waker); ok && !c.polling {
+		if ch, stop, ok := wk.Listen(key, id); ok {
+			w.notices, w.stopWatch = ch, stop
+		}
+	}
+}
+
+// takeNotice takes a notice that came before the attempt about to be
+// sent: that attempt answers it, and only one that comes after may end
+// the next wait.
+func (w *waiting) takeNotice() {
+	select {
+	case <-w.notices:
+		w.owed = true
+	default:
+	}
+}
+
+// answered records that an attempt the nodes decided answered the
+// notices this call took: it owes none.
+func (w *waiting) answered() { w.owed = false }
+
+// subscribed reports whether releases of the key wake this call.
+func (w *waiting) subscribed() bool { return w.notices != nil }
+
+// watch subscribes to key's releases, confirmed, after the first refusal
+// the nodes decided (a subscription to nodes that did not answer would
+// wait for them too), once per call, and reports whether it did: the
+// caller then checks again at once, since a release between the first
+// check and the subscription was not heard, and one after the second
+// check will be.
+func (w *waiting) watch(ctx context.Context, c lockConfig, key, id string) bool {
+	if w.notices != nil || w.tried || c.polling {
+		return false
+	}
+	w.tried = true
+	wk, ok := c.strategy.(Waker)
+	if !ok {
+		return false
+	}
+	ch, stop, err := wk.Watch(ctx, key, id)
+	if err != nil {
+		return false
+	}
+	w.notices, w.stopWatch = ch, stop
+	return true
+}
+
+// sleep waits d, or until a notice comes (which this call then owes),
+// and reports false if ctx ended first.
+func (w *waiting) sleep(ctx context.Context, d time.Duration) bool {
+	if w.timer == nil {
+		w.timer = time.NewTimer(d)
+	} else {
+		w.timer.Reset(d)
+	}
+	select {
+	case <-ctx.Done():
+		return false
+	case <-w.timer.C:
+	case <-w.notices:
+		w.owed = true
+	}
+	return true
+}
+
+// end stops the timer and ends the subscription; a call that gave up
+// hands on a notice it owes. A notice still waiting in notices came after
+// the last attempt, which did not answer it.
+func (w *waiting) end(gaveUp bool) {
+	if w.timer != nil {
+		w.timer.Stop()
+	}
+	if w.stopWatch != nil {
+		w.stopWatch(gaveUp && (w.owed || len(w.notices) > 0))
+	}
+}
+
+// outage is a Lock call's accounting of its runs of attempts that no node
+// decided (see WithOutageLimit).
+type outage struct {
+	limit    time.Duration
+	began    time.Time // when the current run began (zero: none)
+	lastDown error     // the last attempt's error that no node decided (ErrUnavailable)
+}
+
+// bound is the ctx of the next attempt: in an outage, no attempt runs past
+// the outage limit.
+func (o *outage) bound(ctx context.Context) (context.Context, context.CancelFunc) {
+	if o.began.IsZero() {
+		return ctx, func() {}
+	}
+	return context.WithDeadline(ctx, o.began.Add(o.limit))
+}
+
+// over records an attempt that began at began, with err, down if no node
+// decided it, and reports whether the outage has lasted the limit: the
+// call gives up.
+func (o *outage) over(began time.Time, down bool, err error) bool {
+	if down && errors.Is(err, ErrUnavailable) {
+		o.lastDown = err
+	}
+	switch {
+	case !down:
+		o.began = time.Time{}
+	case o.began.IsZero():
+		o.began = began
+	}
+	return down && time.Since(o.began) >= o.limit
+}
+
+// cap cuts a wait in an outage at the limit: the attempt after it is cut
+// off at the outage limit anyway, and one that would start past it is
+// not made.
+func (o *outage) cap(wait time.Duration) time.Duration {
+	if o.began.IsZero() {
+		return wait
+	}
+	return max(min(wait, time.Until(o.began.Add(o.limit))), 0)
 }
 
 // outageError is the error of a Lock that gave up at its outage limit d,

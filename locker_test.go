@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/base64"
 	"errors"
-	"flag"
 	"fmt"
 	"runtime"
 	"strings"
@@ -13,6 +12,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -20,103 +20,10 @@ import (
 	"github.com/redlease/redlease"
 	"github.com/redlease/redlease/internal/fused"
 	"github.com/redlease/redlease/internal/redistest"
+	"github.com/redlease/redlease/internal/script"
+	"github.com/redlease/redlease/renew"
 	"github.com/redlease/redlease/single"
 )
-
-// TestMain runs this package's parallel tests four at a time unless the
-// run names -test.parallel (go test -parallel): they wait on real TTLs,
-// backoffs and paused servers rather than on the CPU, and the default
-// (GOMAXPROCS, 2 on a 2-core machine) kept the package's run about half
-// of its wall time longer. Tests that count goroutines or wake hubs do not
-// call t.Parallel: they run before any parallel test starts.
-func TestMain(m *testing.M) {
-	flag.Parse()
-	named := false
-	flag.Visit(func(f *flag.Flag) { named = named || f.Name == "test.parallel" })
-	if !named {
-		if err := flag.Set("test.parallel", "4"); err != nil {
-			panic(err)
-		}
-	}
-	goleak.VerifyTestMain(m)
-}
-
-// fake is an in-memory Strategy: one map, expiry on the caller's clock, and
-// a queue of errors to return from the next calls.
-type fake struct {
-	mu       sync.Mutex
-	held     map[string]holder
-	fence    uint64
-	acquires []string // tokens seen by Acquire, in order
-	keys     []string // keys seen by Acquire, in order
-	failNext []error  // returned (and popped) by the next Acquire/Extend calls
-	releases int
-}
-
-type holder struct {
-	token string
-	until time.Time
-}
-
-func newFake() *fake { return &fake{held: map[string]holder{}} }
-
-func (f *fake) pop() error {
-	if len(f.failNext) == 0 {
-		return nil
-	}
-	err := f.failNext[0]
-	f.failNext = f.failNext[1:]
-	return err
-}
-
-func (f *fake) Acquire(ctx context.Context, key, token string, ttl time.Duration) (redlease.Grant, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.acquires = append(f.acquires, token)
-	f.keys = append(f.keys, key)
-	if err := f.pop(); err != nil {
-		return redlease.Grant{}, err
-	}
-	h, ok := f.held[key]
-	if ok && h.token != token && time.Now().Before(h.until) {
-		return redlease.Grant{}, redlease.ErrNotObtained
-	}
-	f.fence++
-	until := time.Now().Add(ttl)
-	f.held[key] = holder{token, until}
-	return redlease.Grant{Until: until, Fence: f.fence}, nil
-}
-
-func (f *fake) Extend(ctx context.Context, key, token string, ttl time.Duration) (redlease.Grant, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if err := f.pop(); err != nil {
-		return redlease.Grant{}, err
-	}
-	h, ok := f.held[key]
-	if !ok || h.token != token || !time.Now().Before(h.until) {
-		return redlease.Grant{}, redlease.ErrNotHeld
-	}
-	until := time.Now().Add(ttl)
-	f.held[key] = holder{token, until}
-	return redlease.Grant{Until: until}, nil
-}
-
-// DriftAllowance is 0: the fake's grants end exactly at the call's start
-// plus the TTL, on the same clock.
-func (f *fake) DriftAllowance(time.Duration) time.Duration { return 0 }
-
-func (f *fake) Release(ctx context.Context, key, token string) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.releases++
-	h, ok := f.held[key]
-	if !ok || h.token != token {
-		return redlease.ErrNotHeld
-	}
-	delete(f.held, key)
-	return nil
-}
 
 func TestTryLockHoldsAndExcludes(t *testing.T) {
 	f := newFake()
@@ -273,42 +180,6 @@ func TestBadInputIsAnError(t *testing.T) {
 // unrunScript is a fused script no strategy here runs (see internal/fused).
 type unrunScript struct{ fused.Script }
 
-func TestPerCallStrategyAndPrefix(t *testing.T) {
-	cheap, careful := newFake(), newFake()
-	l, err := redlease.New(cheap, redlease.WithPrefix("app:"))
-	require.NoError(t, err)
-	_, err = l.TryLock(t.Context(), "a")
-	require.NoError(t, err)
-	_, err = l.TryLock(t.Context(), "b", redlease.WithStrategy(careful))
-	require.NoError(t, err)
-	assert.Equal(t, []string{"app:a"}, cheap.keys)
-	assert.Equal(t, []string{"app:b"}, careful.keys)
-}
-
-func TestLostClosesBeforeValidityRunsOut(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		f := newFake()
-		locker, err := redlease.New(f, redlease.WithTTL(time.Second))
-		require.NoError(t, err)
-		lk, err := locker.TryLock(t.Context(), "k")
-		require.NoError(t, err)
-		until := lk.Until()
-		<-lk.Lost()
-		assert.Equal(t, until.Add(-100*time.Millisecond), time.Now(), "Lost closes a tenth of the TTL before Until by default")
-		assert.False(t, lk.Valid())
-		assert.ErrorIs(t, lk.Err(), redlease.ErrLost)
-		assert.ErrorIs(t, lk.Extend(t.Context(), time.Second), redlease.ErrNotHeld, "a lost lock stays lost")
-
-		locker2, err := redlease.New(f, redlease.WithTTL(time.Second), redlease.WithLossMargin(0))
-		require.NoError(t, err)
-		lk, err = locker2.TryLock(t.Context(), "k2")
-		require.NoError(t, err)
-		until = lk.Until()
-		<-lk.Lost()
-		assert.Equal(t, until, time.Now(), "with no margin, Lost closes at Until")
-	})
-}
-
 func TestLossMarginMustBeShorterThanTTL(t *testing.T) {
 	l, err := redlease.New(newFake(), redlease.WithTTL(time.Second))
 	require.NoError(t, err)
@@ -318,177 +189,482 @@ func TestLossMarginMustBeShorterThanTTL(t *testing.T) {
 	assert.ErrorIs(t, err, redlease.ErrInvalid)
 }
 
-func TestExtendMovesUntilAndPostponesLoss(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		f := newFake()
-		locker, err := redlease.New(f, redlease.WithTTL(time.Second))
-		require.NoError(t, err)
-		lk, err := locker.TryLock(t.Context(), "k")
-		require.NoError(t, err)
-		time.Sleep(800 * time.Millisecond)
-		require.NoError(t, lk.Extend(t.Context(), time.Second))
-		assert.Equal(t, time.Now().Add(time.Second), lk.Until())
-		time.Sleep(500 * time.Millisecond) // past the first Until
-		assert.True(t, lk.Valid())
-		select {
-		case <-lk.Lost():
-			t.Fatal("Lost closed at the old Until")
-		default:
-		}
-		require.NoError(t, lk.Release(t.Context()))
-	})
-}
-
-func TestExtendVerdicts(t *testing.T) {
-	f := newFake()
-	l, err := redlease.New(f)
-	require.NoError(t, err)
+// Lock's attempts have tokens of their own (so that a failed attempt's late
+// undo cannot delete a key a later attempt counts), but they are attempts
+// of one acquisition: a key that an earlier attempt wrote, whose reply was
+// lost and whose undo has not landed, is taken over by the next attempt at
+// once instead of blocking the key until its TTL. Forced order: attempt 1's
+// write is applied and its reply held (the client gives up), its undo is
+// held, attempt 2 is applied, then the stale undo lands and must not touch
+// attempt 2's key.
+func TestLockTakesOverItsOwnEarlierAttemptsKey(t *testing.T) {
 	ctx := t.Context()
+	srv := redistest.Start(t, redistest.Config{})
+	loadScripts(t, srv.Client())
+	gate := redistest.NewGate(t, srv.Addr)
+	c := redis.NewClient(&redis.Options{Addr: gate.Addr, ReadTimeout: 200 * time.Millisecond, MaxRetries: -1})
+	t.Cleanup(func() { _ = c.Close() })
+	require.NoError(t, c.Ping(ctx).Err())
+	const key = "attempts:takeover"
+	l := singleLocker(t, c, redlease.WithTTL(20*time.Second), redlease.WithRetryDelay(time.Millisecond, time.Millisecond))
 
-	lk, err := l.TryLock(ctx, "k")
-	require.NoError(t, err)
-	f.failNext = []error{redlease.ErrUnavailable}
-	assert.ErrorIs(t, lk.Extend(ctx, time.Minute), redlease.ErrUnavailable)
-	assert.True(t, lk.Valid(), "an undecided extension must not mark the lock lost")
+	acquireSHA, releaseSHA := script.Acquire.Hash(), script.Release.Hash()
+	gate.HoldRequests(key)
+	gate.HoldReplies(acquireSHA)
+	probe := redistest.StartStallProbe(t)
+	got := lockAsync(ctx, l, key) // its Lock is bounded at 30 s
 
-	f.failNext = []error{redlease.ErrNotHeld}
-	assert.ErrorIs(t, lk.Extend(ctx, time.Minute), redlease.ErrNotHeld)
-	<-lk.Lost()
-	assert.ErrorIs(t, lk.Err(), redlease.ErrLost)
-	assert.ErrorIs(t, lk.Err(), redlease.ErrNotHeld, "the cause stays reachable")
-	assert.ErrorIs(t, lk.Extend(ctx, 0), redlease.ErrInvalid)
-}
-
-func TestNilLockIsSafe(t *testing.T) {
-	var lk *redlease.Lock
-	ctx := t.Context()
-	assert.ErrorIs(t, lk.Release(ctx), redlease.ErrNotHeld)
-	assert.ErrorIs(t, lk.Extend(ctx, time.Second), redlease.ErrNotHeld)
-	assert.False(t, lk.Valid())
-	assert.Empty(t, lk.Key())
-	assert.Empty(t, lk.Token())
-	assert.Zero(t, lk.Fence())
-	assert.True(t, lk.Until().IsZero())
-	<-lk.Lost()
-}
-
-func TestQuorumErrorUnwraps(t *testing.T) {
-	cause := errors.New("connection refused")
-	err := error(&redlease.QuorumError{
-		Action: "acquire", Votes: 2, Quorum: 3, Nodes: 5, Err: redlease.ErrNotObtained,
-		Causes: nil,
-	})
-	assert.ErrorIs(t, err, redlease.ErrNotObtained)
-	var ne *redlease.NodeError
-	assert.False(t, errors.As(err, &ne))
-
-	qe := &redlease.QuorumError{Action: "acquire", Votes: 2, Quorum: 3, Nodes: 5, Err: redlease.ErrNotObtained}
-	qe.Causes = append(qe.Causes, &redlease.NodeError{Node: 4, Addr: "127.0.0.1:1", Err: cause})
-	err = qe
-	require.ErrorAs(t, err, &ne)
-	assert.Equal(t, 4, ne.Node)
-	assert.ErrorIs(t, err, cause)
-	assert.Contains(t, err.Error(), "2 of 5 nodes agreed, 3 needed")
-	assert.Contains(t, err.Error(), "node 4 (127.0.0.1:1): connection refused")
-}
-
-// fastClock runs at twice real time.
-type fastClock struct{ start time.Time }
-
-func (c fastClock) Now() time.Time { return c.start.Add(2 * time.Since(c.start)) }
-
-// A lock judges its validity by its Locker's clock: with a clock running
-// at twice real speed it counts as lost after half the real time.
-func TestLocksFollowTheInjectedClock(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		clock := fastClock{start: time.Now()}
-		f := newFake()
-		locker, err := redlease.New(f, redlease.WithTTL(time.Second), redlease.WithLossMargin(0), redlease.WithClock(clock))
-		require.NoError(t, err)
-		lk, err := locker.TryLock(t.Context(), "k")
-		require.NoError(t, err)
-		// The fake strategy's Until is one real second away; the fast clock
-		// reaches it in half a second.
-		time.Sleep(499 * time.Millisecond)
-		assert.True(t, lk.Valid())
-		time.Sleep(2 * time.Millisecond)
-		assert.False(t, lk.Valid(), "past Until by the lock's clock")
-		assert.ErrorIs(t, lk.Err(), redlease.ErrLost)
-		_, err = redlease.New(f, redlease.WithClock(nil))
-		assert.ErrorIs(t, err, redlease.ErrInvalid)
-	})
-}
-
-// Found by the simulator: the first call to Lost made after the lock's
-// deadline had passed closed its channel twice (a panic) — once when it
-// found the lock expired, once more because it was no longer held.
-func TestLostFirstCalledAfterTheDeadline(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		f := newFake()
-		locker, err := redlease.New(f, redlease.WithTTL(time.Second))
-		require.NoError(t, err)
-		lk, err := locker.TryLock(t.Context(), "k")
-		require.NoError(t, err)
-		time.Sleep(time.Until(lk.Until())) // past the deadline; Lost never called
-		var lost <-chan struct{}
-		require.NotPanics(t, func() { lost = lk.Lost() })
-		select {
-		case <-lost:
-		default:
-			t.Fatal("Lost is not closed past the deadline")
+	// Attempt 1 is applied; its reply is held, so the client times out and
+	// sends its undo, which is held too.
+	require.NoError(t, gate.WaitHeld(1, acquireSHA, 5*time.Second))
+	require.NoError(t, gate.Step(acquireSHA, 5*time.Second))
+	require.NoError(t, gate.WaitHeld(1, releaseSHA, 5*time.Second))
+	first, err := srv.Client().Get(ctx, key).Result()
+	require.NoError(t, err, "attempt 1 wrote the key")
+	// Attempt 2 comes (the undo timed out in the client); its reply flows.
+	// A reply that still misses the client's 200 ms read timeout (at load
+	// 25-33 one did) costs one more attempt, which the gate holds too:
+	// step each until one is answered in time, at most maxAttempts.
+	gate.HoldReplies("")
+	const maxAttempts = 20
+	var r lockResult
+	for attempt := 2; ; attempt++ {
+		require.LessOrEqual(t, attempt, maxAttempts, "attempts whose replies missed the read timeout")
+		require.NoError(t, gate.WaitHeld(1, acquireSHA, 5*time.Second))
+		require.NoError(t, gate.Step(acquireSHA, 5*time.Second))
+		answered := false
+		probe.WaitFor(t, 5*time.Second, 3, time.Millisecond, func() bool {
+			select {
+			case r = <-got:
+				answered = true
+				return true
+			default:
+				return gate.HeldContaining(acquireSHA) > 0
+			}
+		}, "attempt %d neither returned nor was followed by another", attempt)
+		if answered {
+			t.Logf("attempt %d answered within the read timeout", attempt)
+			break
 		}
-		assert.ErrorIs(t, lk.Err(), redlease.ErrLost)
-	})
-}
-
-// heldRenewals is the fake strategy, except that an Extend by the lock's
-// own TTL (a keeper's renewal) waits for release before it answers.
-type heldRenewals struct {
-	*fake
-	ttl     time.Duration
-	entered chan struct{}
-	release chan struct{}
-}
-
-func (h *heldRenewals) Extend(ctx context.Context, key, token string, ttl time.Duration) (redlease.Grant, error) {
-	if ttl == h.ttl {
-		h.entered <- struct{}{}
-		<-h.release
 	}
-	return h.fake.Extend(ctx, key, token, ttl)
+	require.NoError(t, r.err, "the next attempt must take over its own earlier attempt's key, not wait for its TTL")
+	require.NotEqual(t, first, r.lk.Token(), "attempts have tokens of their own")
+
+	// The stale undo of attempt 1 lands: the last attempt's key stays.
+	require.NoError(t, gate.Step(releaseSHA, 5*time.Second))
+	gate.Open()
+	held, err := srv.Client().Get(ctx, key).Result()
+	require.NoError(t, err)
+	require.Equal(t, r.lk.Token(), held, "a stale undo removed the new attempt's key")
+	require.True(t, r.lk.Valid())
+	locker := singleLocker(t, srv.Client())
+	b, err := locker.TryLock(ctx, key)
+	if err == nil {
+		t.Fatalf("double grant: B got the lock (fence %d) while A holds it", b.Fence())
+	}
+	require.ErrorIs(t, err, redlease.ErrNotObtained)
+	require.NoError(t, r.lk.Release(ctx))
 }
 
-// A renewal (the lock's own TTL) and a Lock.Extend to a shorter TTL in
-// flight together: a node may apply the Extend last, so the renewal's
-// later answer must not move Until past the Extend's start plus its TTL.
-// Forced order: the renewal is sent and held, Extend(2 s) completes, then
-// the renewal answers with Until ten seconds on.
-func TestRenewalDoesNotOutbidAShorterExtend(t *testing.T) {
+// Lock's wait ends (its ctx) while an attempt is on its way: the nodes'
+// last answer was "held", and that is what Lock reports (with the ctx's
+// cause), not "unavailable" — the CLI maps the two to different exit
+// codes (75 and 69), and a key held by another is not a node down
+// (TestExitCodes/75_held_by_another failed so once in a clean-clone CI).
+// Forced order: the waiter's second acquisition is held in a gate until
+// its ctx has ended.
+func TestLockWaitEndingMidAttemptSaysHeld(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t, redistest.Config{})
+	gate := redistest.NewGate(t, srv.Addr)
+	c := redis.NewClient(&redis.Options{Addr: gate.Addr})
+	t.Cleanup(func() { _ = c.Close() })
+	ctx := t.Context()
+	locker := singleLocker(t, srv.Client(), redlease.WithTTL(30*time.Second))
+	holder, err := locker.TryLock(ctx, "busy")
+	require.NoError(t, err)
+	l := singleLocker(t, c, redlease.WithTTL(30*time.Second), redlease.WithPolling())
+	warm, err := l.TryLock(ctx, "warm-up") // scripts loaded, a connection open
+	require.NoError(t, err)
+	require.NoError(t, warm.Release(ctx))
+
+	gate.HoldRequests("busy")
+	wctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	got := make(chan error, 1)
+	go func() {
+		_, err := l.Lock(wctx, "busy", redlease.WithRetryDelay(10*time.Millisecond, 10*time.Millisecond))
+		got <- err
+	}()
+	require.NoError(t, gate.WaitHeld(1, "busy", 5*time.Second))
+	require.NoError(t, gate.Step("busy", 5*time.Second)) // the first attempt: refused
+	require.NoError(t, gate.WaitHeld(1, "busy", 5*time.Second))
+	err = <-got // the second attempt is still held when the wait ends
+	gate.Open()
+	t.Logf("Lock: %v", err)
+	assert.ErrorIs(t, err, redlease.ErrNotObtained)
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
+	assert.NotErrorIs(t, err, redlease.ErrUnavailable, "the last answer was 'held'; the wait ended, no node failed")
+	require.NoError(t, holder.Release(ctx))
+}
+
+// wakerFake is the fake Strategy with a Waker whose notices the test
+// sends by hand; stop's handOn argument is reported on stops.
+type wakerFake struct {
+	*fake
+	notices chan struct{}
+	waiters chan string // Watch's waiter argument
+	stops   chan bool
+	// during, if set, runs inside the next Acquire (then is cleared).
+	during func()
+	// listening: Listen finds the key's subscription live.
+	listening bool
+	watches   int // Watch calls
+}
+
+func (w *wakerFake) Acquire(ctx context.Context, key, token string, ttl time.Duration) (redlease.Grant, error) {
+	w.mu.Lock()
+	during := w.during
+	w.during = nil
+	w.mu.Unlock()
+	if during != nil {
+		during()
+	}
+	return w.fake.Acquire(ctx, key, token, ttl)
+}
+
+func newWakerFake() *wakerFake {
+	return &wakerFake{fake: newFake(), notices: make(chan struct{}, 1), waiters: make(chan string, 1), stops: make(chan bool, 1)}
+}
+
+// Listen reports the subscription live only if listening is set.
+func (w *wakerFake) Listen(key, waiter string) (<-chan struct{}, func(bool), bool) {
+	if !w.listening {
+		return nil, nil, false
+	}
+	w.waiters <- waiter
+	return w.notices, func(handOn bool) { w.stops <- handOn }, true
+}
+
+func (w *wakerFake) Watch(ctx context.Context, key, waiter string) (<-chan struct{}, func(bool), error) {
+	w.mu.Lock()
+	w.watches++
+	w.mu.Unlock()
+	w.waiters <- waiter
+	return w.notices, func(handOn bool) { w.stops <- handOn }, nil
+}
+
+// A release wakes one waiter of the process (Waker); a waiter that leaves
+// owing its notice must hand it on, or the key sits free until the other
+// waiters' backoff. Each case holds the key under another token, starts a
+// Lock that waits an hour between attempts, and forces one order of
+// events; stop's handOn must say whether a notice went unanswered.
+func TestAWaiterLeavingWithAnUnansweredNoticeHandsItOn(t *testing.T) {
+	unavailable := redlease.ErrUnavailable // as the strategies answer an attempt nodes failed
+	cases := []struct {
+		name string
+		// after the waiter is asleep in its backoff: what happens, and
+		// what stop must be told
+		run  func(w *wakerFake, cancel context.CancelFunc)
+		want bool
+	}{
+		{"woken, attempt refused, then gives up: answered", func(w *wakerFake, cancel context.CancelFunc) {
+			w.notices <- struct{}{}
+			synctest.Wait()
+			cancel()
+		}, false},
+		{"woken, attempt failed on the way, then gives up: unanswered", func(w *wakerFake, cancel context.CancelFunc) {
+			w.mu.Lock()
+			w.failNext = []error{unavailable}
+			w.mu.Unlock()
+			w.notices <- struct{}{}
+			synctest.Wait()
+			cancel()
+		}, true},
+		{"woken, gives up while its attempt is refused: unanswered (the refusal may come from a call cut short)", func(w *wakerFake, cancel context.CancelFunc) {
+			w.mu.Lock()
+			w.during = cancel
+			w.mu.Unlock()
+			w.notices <- struct{}{}
+		}, true},
+		{"gives up with the notice arriving: unanswered", func(w *wakerFake, cancel context.CancelFunc) {
+			cancel()
+			w.notices <- struct{}{}
+		}, true},
+		{"woken and granted: nothing to hand on", func(w *wakerFake, cancel context.CancelFunc) {
+			w.mu.Lock()
+			delete(w.held, "k")
+			w.mu.Unlock()
+			w.notices <- struct{}{}
+		}, false},
+		{"gives up asleep, no notice: nothing to hand on", func(w *wakerFake, cancel context.CancelFunc) {
+			cancel()
+		}, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			for range 3 {
+				synctest.Test(t, func(t *testing.T) {
+					w := newWakerFake()
+					w.held["k"] = holder{"someone-else", time.Now().Add(24 * time.Hour)}
+					l, err := redlease.New(w, redlease.WithRetryDelay(time.Hour, time.Hour), redlease.WithFairness(false))
+					require.NoError(t, err)
+					ctx, cancel := context.WithCancel(t.Context())
+					defer cancel()
+					done := make(chan error, 1)
+					go func() {
+						lk, err := l.Lock(ctx, "k")
+						if err == nil {
+							err = lk.Release(context.Background())
+						}
+						done <- err
+					}()
+					require.Equal(t, "", <-w.waiters, "a Lock without fairness watches as waiter \"\"")
+					synctest.Wait() // asleep in its backoff
+					tc.run(w, cancel)
+					err = <-done
+					if err != nil {
+						// Held, or the attempt failed on the way: both
+						// are retried, neither is a grant.
+						require.True(t, errors.Is(err, redlease.ErrNotObtained) || errors.Is(err, redlease.ErrUnavailable), "%v", err)
+					}
+					require.Equal(t, tc.want, <-w.stops, "stop's handOn")
+				})
+			}
+		})
+	}
+}
+
+// In fair mode the waiter watches under its id in the line, which is what
+// a release names.
+func TestAFairWaiterWatchesUnderItsIDInTheLine(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		const ttl = 10 * time.Second
-		h := &heldRenewals{fake: newFake(), ttl: ttl, entered: make(chan struct{}), release: make(chan struct{})}
-		locker, err := redlease.New(h, redlease.WithTTL(ttl))
+		w := &queuedWaker{wakerFake: newWakerFake()}
+		w.held["k"] = holder{"someone-else", time.Now().Add(24 * time.Hour)}
+		l, err := redlease.New(w, redlease.WithRetryDelay(time.Hour, time.Hour), redlease.WithFairness(true))
 		require.NoError(t, err)
-		lk, err := locker.TryLock(t.Context(), "k")
-		require.NoError(t, err)
-		done := make(chan []error)
-		go func() { done <- redlease.ExtendAll(t.Context(), []*redlease.Lock{lk}) }()
-		<-h.entered // the renewal is on its way
-		time.Sleep(time.Second)
-		extendStart := time.Now()
-		require.NoError(t, lk.Extend(t.Context(), 2*time.Second))
-		close(h.release) // the renewal answers now, with Until 10 s from when it started
-		require.NoError(t, (<-done)[0])
-		assert.False(t, lk.Until().After(extendStart.Add(2*time.Second)),
-			"Until %v after the Extend's start, whose 2 s TTL a node may have applied last", lk.Until().Sub(extendStart))
-		// A renewal that starts after the Extend answered may move it
-		// again, by the lock's TTL, which is now the Extend's.
-		require.Equal(t, 2*time.Second, lk.TTL())
-		time.Sleep(500 * time.Millisecond)
-		renewalStart := time.Now()
-		require.NoError(t, redlease.ExtendAll(t.Context(), []*redlease.Lock{lk})[0])
-		assert.Equal(t, renewalStart.Add(2*time.Second), lk.Until(), "a later renewal extends it by the lock's TTL")
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			_, _ = l.Lock(ctx, "k")
+		}()
+		waiter := <-w.waiters
+		synctest.Wait()
+		cancel()
+		<-done
+		<-w.stops
+		require.NotEmpty(t, waiter)
+		require.Equal(t, w.placeID, waiter, "Watch's waiter is the Place's id")
 	})
+}
+
+// queuedWaker is a wakerFake that is also a Queuer and records its
+// waiter's place id.
+type queuedWaker struct {
+	*wakerFake
+	placeID string
+}
+
+func (q *queuedWaker) AcquireInLine(ctx context.Context, key, token string, ttl time.Duration, p redlease.Place) (redlease.Grant, error) {
+	q.mu.Lock()
+	q.placeID = p.ID
+	q.mu.Unlock()
+	return q.Acquire(ctx, key, token, ttl)
+}
+
+func (q *queuedWaker) LeaveLine(ctx context.Context, key, id string) error { return nil }
+
+// On a key whose releases the process already hears (Waker.Listen), Lock
+// subscribes before its first check and waits after one refused attempt;
+// otherwise it checks, subscribes (Watch) and checks again.
+func TestLockJoinsALiveSubscriptionBeforeItsFirstCheck(t *testing.T) {
+	for _, live := range []bool{true, false} {
+		synctest.Test(t, func(t *testing.T) {
+			w := newWakerFake()
+			w.listening = live
+			w.held["k"] = holder{"someone-else", time.Now().Add(24 * time.Hour)}
+			l, err := redlease.New(w, redlease.WithRetryDelay(time.Hour, time.Hour))
+			require.NoError(t, err)
+			ctx, cancel := context.WithCancel(t.Context())
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				_, _ = l.Lock(ctx, "k")
+			}()
+			<-w.waiters
+			synctest.Wait() // asleep
+			w.mu.Lock()
+			attempts, watches := len(w.acquires), w.watches
+			w.mu.Unlock()
+			cancel()
+			<-done
+			<-w.stops
+			if live {
+				require.Equal(t, 1, attempts, "live subscription: one check, after subscribing")
+				require.Zero(t, watches)
+			} else {
+				require.Equal(t, 2, attempts, "check, subscribe, check again")
+				require.Equal(t, 1, watches)
+			}
+		})
+	}
+}
+
+// queuedFake is a Queuer and Waker whose AcquireInLine answers from a
+// script, one answer per attempt (the last one repeats), and records when
+// each attempt came. No notice is ever sent: every one is lost.
+type queuedFake struct {
+	*wakerFake
+	mu      sync.Mutex
+	answers []error // nil: granted
+	at      []time.Time
+}
+
+func (q *queuedFake) AcquireInLine(ctx context.Context, key, token string, ttl time.Duration, place redlease.Place) (redlease.Grant, error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.at = append(q.at, time.Now())
+	err := q.answers[0]
+	if len(q.answers) > 1 {
+		q.answers = q.answers[1:]
+	}
+	if err != nil {
+		return redlease.Grant{}, err
+	}
+	return redlease.Grant{Until: time.Now().Add(ttl), Fence: 1}, nil
+}
+
+func (q *queuedFake) LeaveLine(ctx context.Context, key, id string) error { return nil }
+
+// A fair waiter refused with ErrQueued (the key was free, another waiter
+// was the line's head) has no holder's TTL to bound its wait by. The head
+// takes the key within a round trip or two, or is gone: waiting the max
+// retry delay (as a refusal by a holder whose notice will come does)
+// would leave the waiter asleep past the head's whole hold when the
+// release's notice is lost. Found by the simulator's fair-single
+// (seed 1994: a Queued waiter, its notices lost, granted 536 ms after
+// the holder's release, past its 280 ms TTL). After ErrQueued the wait
+// ramps from the min delay instead; the next refusal, by the head now
+// holding the key, carries its TTL and bounds the wait by it.
+func TestAQueuedWaiterIsBoundByTheHeadsHoldNotByTheMaxDelay(t *testing.T) {
+	queued := redlease.Wrap(redlease.ErrNotObtained, redlease.ErrQueued)
+	synctest.Test(t, func(t *testing.T) {
+		q := &queuedFake{wakerFake: newWakerFake(), answers: []error{
+			queued, // the first check
+			queued, // the check after subscribing: the head has not taken the key yet
+			&redlease.HeldError{Remaining: 100 * time.Millisecond}, // the head holds it now
+			nil, // the head's release, its notice lost: the key is free
+		}}
+		l, err := redlease.New(q, redlease.WithFairness(true), redlease.WithRetryDelay(10*time.Millisecond, time.Second))
+		require.NoError(t, err)
+		start := time.Now()
+		lk, err := l.Lock(t.Context(), "k")
+		require.NoError(t, err)
+		require.NotNil(t, lk)
+		q.mu.Lock()
+		defer q.mu.Unlock()
+		require.Len(t, q.at, 4)
+		took := time.Since(start)
+		// The ramp's first wait (at most the min delay), then the head's
+		// TTL plus 1 ms: not the max delay's 0.5–1 s.
+		require.LessOrEqual(t, took, 10*time.Millisecond+101*time.Millisecond,
+			"granted %v after the call; attempts at %v", took, offsets(start, q.at))
+	})
+}
+
+// A head that never comes (it died in line; its entry lives until its
+// lifetime ends) costs the Queued waiter a ramp of attempts, not a poll
+// at the min delay: at most a few more than the ramp's doublings up to
+// the max delay, within one max delay's time.
+func TestAQueuedWaiterRampsUpItsAttempts(t *testing.T) {
+	queued := redlease.Wrap(redlease.ErrNotObtained, redlease.ErrQueued)
+	synctest.Test(t, func(t *testing.T) {
+		q := &queuedFake{wakerFake: newWakerFake(), answers: []error{queued}}
+		l, err := redlease.New(q, redlease.WithFairness(true), redlease.WithRetryDelay(10*time.Millisecond, 640*time.Millisecond))
+		require.NoError(t, err)
+		ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
+		defer cancel()
+		_, err = l.Lock(ctx, "k")
+		require.ErrorIs(t, err, redlease.ErrQueued)
+		q.mu.Lock()
+		defer q.mu.Unlock()
+		// Waits drawn from [d/2, d], d = 10, 20, …, 640 ms, then 640 ms:
+		// 3 s hold at most 2 checks, 7 ramp steps and 3 s / 320 ms more
+		// (a poll at the min delay would make about 300).
+		require.LessOrEqual(t, len(q.at), 2+7+10, "attempts at %v", offsets(time.Time{}, q.at))
+	})
+}
+
+// offsets returns ts as durations since start (since ts[0] if start is
+// zero).
+func offsets(start time.Time, ts []time.Time) []time.Duration {
+	if start.IsZero() && len(ts) > 0 {
+		start = ts[0]
+	}
+	out := make([]time.Duration, len(ts))
+	for i, t := range ts {
+		out[i] = t.Sub(start)
+	}
+	return out
+}
+
+// revokerFake tracks grants the way the failover strategy does.
+type revokerFake struct {
+	*fake
+	mu      sync.Mutex
+	revokes map[string]func(error)
+}
+
+func (r *revokerFake) Track(key, token string, revoke func(error)) func() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.revokes[token] = revoke
+	return func() {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		delete(r.revokes, token)
+	}
+}
+
+func (r *revokerFake) revokeAll(cause error) {
+	r.mu.Lock()
+	var fns []func(error)
+	for _, f := range r.revokes {
+		fns = append(fns, f)
+	}
+	r.mu.Unlock()
+	for _, f := range fns {
+		f(cause)
+	}
+}
+
+func (r *revokerFake) tracked() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.revokes)
+}
+
+func TestRevokedGrantsAreLostAtOnce(t *testing.T) {
+	r := &revokerFake{fake: newFake(), revokes: map[string]func(error){}}
+	l, err := redlease.New(r)
+	require.NoError(t, err)
+	ctx := t.Context()
+	a, err := l.TryLock(ctx, "a")
+	require.NoError(t, err)
+	b, err := l.TryLock(ctx, "b")
+	require.NoError(t, err)
+	assert.Equal(t, 2, r.tracked())
+
+	require.NoError(t, b.Release(ctx))
+	assert.Equal(t, 1, r.tracked(), "release untracks")
+
+	failover := errors.New("primary failed over")
+	r.revokeAll(failover)
+	<-a.Lost()
+	assert.ErrorIs(t, a.Err(), failover)
+	assert.False(t, a.Valid())
+	assert.Zero(t, r.tracked(), "a lost lock is untracked")
 }
 
 // Do watches its lock's loss without a goroutine of its own: 10,000 Do
@@ -565,24 +741,6 @@ func goroutineCreators() map[string]int {
 	return by
 }
 
-// keeper records what Do asks of it.
-type keeper struct {
-	mu      sync.Mutex
-	kept    []*redlease.Lock
-	stopped int
-}
-
-func (k *keeper) Keep(lk *redlease.Lock) func() {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	k.kept = append(k.kept, lk)
-	return func() {
-		k.mu.Lock()
-		defer k.mu.Unlock()
-		k.stopped++
-	}
-}
-
 func TestDoHoldsWhileFnRunsAndReleasesAfter(t *testing.T) {
 	f := newFake()
 	k := &keeper{}
@@ -657,60 +815,203 @@ func TestDoDoesNotRunFnWithoutTheLock(t *testing.T) {
 	assert.ErrorIs(t, l.Do(t.Context(), "job", nil), redlease.ErrInvalid)
 }
 
-// revokerFake tracks grants the way the failover strategy does.
-type revokerFake struct {
-	*fake
-	mu      sync.Mutex
-	revokes map[string]func(error)
-}
+// lateGrants grants like fake, but with less validity left than the loss
+// margin, as a grant whose reply came back late does.
+type lateGrants struct{ *fake }
 
-func (r *revokerFake) Track(key, token string, revoke func(error)) func() {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.revokes[token] = revoke
-	return func() {
-		r.mu.Lock()
-		defer r.mu.Unlock()
-		delete(r.revokes, token)
+func (s lateGrants) Acquire(ctx context.Context, key, token string, ttl time.Duration) (redlease.Grant, error) {
+	g, err := s.fake.Acquire(ctx, key, token, ttl)
+	if err == nil {
+		g.Until = time.Now().Add(ttl / 20)
 	}
+	return g, err
 }
 
-func (r *revokerFake) revokeAll(cause error) {
-	r.mu.Lock()
-	var fns []func(error)
-	for _, f := range r.revokes {
-		fns = append(fns, f)
-	}
-	r.mu.Unlock()
-	for _, f := range fns {
-		f(cause)
-	}
-}
-
-func (r *revokerFake) tracked() int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return len(r.revokes)
-}
-
-func TestRevokedGrantsAreLostAtOnce(t *testing.T) {
-	r := &revokerFake{fake: newFake(), revokes: map[string]func(error){}}
-	l, err := redlease.New(r)
+// Do never starts fn with a lock already past its deadline (Until less
+// the loss margin): such a lock is as good as lost, and fn would start
+// work its ctx cancels a moment later — or, if the goroutine that cancels
+// it is slow, after Until, when another holder may already be granted.
+func TestDoDoesNotStartFnWithALockPastItsDeadline(t *testing.T) {
+	l, err := redlease.New(lateGrants{newFake()}, redlease.WithTTL(time.Second), redlease.WithoutKeeper())
 	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond) // Lock tries again until then
+	defer cancel()
+	err = l.Do(ctx, "k", func(context.Context, *redlease.Lock) error {
+		t.Error("fn started with a lock past its deadline")
+		return nil
+	})
+	// (Lock tried until its ctx ended: its error may be that of an attempt
+	// or of the ctx alone.)
+	assert.ErrorIs(t, err, redlease.ErrNotObtained)
+
+	// TryLock gives such a grant back and says not obtained, because the
+	// lock was born lost.
+	lk, err := l.TryLock(t.Context(), "k2")
+	assert.Nil(t, lk)
+	assert.ErrorIs(t, err, redlease.ErrNotObtained)
+	assert.ErrorIs(t, err, redlease.ErrLost)
+}
+
+// Audit issue 27, defect 4: Do's release after fn was bounded by the
+// lock's TTL, so a primary that paused as fn returned held Do for the
+// whole TTL (30 s by default). Forced order: fn stops the server (SIGSTOP)
+// and returns; Do's release gets no answer. Do must return within the
+// strategy's call bound, far sooner than the 20 s TTL, whether the client
+// applies ctx deadlines to its sockets (ContextTimeoutEnabled) or not. The
+// client's read timeout is longer than the TTL, so that go-redis's own
+// timeouts and retries (about 10 s with its defaults) cannot end the
+// release first and hide the bound Do sets.
+func TestDoReleaseIsBoundedByTheCallBound(t *testing.T) {
+	t.Parallel()
+	probe := redistest.StartStallProbe(t)
+	const ttl = 20 * time.Second
+	for _, ctxTimeouts := range []bool{true, false} {
+		name := "ContextTimeoutEnabled"
+		if !ctxTimeouts {
+			name = "without ContextTimeoutEnabled"
+		}
+		t.Run(name, func(t *testing.T) {
+			srv := redistest.Start(t, redistest.Config{})
+			c := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: ctxTimeouts, ReadTimeout: 2 * ttl})
+			t.Cleanup(func() { _ = c.Close() })
+			t.Cleanup(srv.Resume) // before the client closes and the server is killed
+			l := singleLocker(t, c, redlease.WithTTL(ttl))
+			var paused time.Time
+			err := l.Do(t.Context(), "attack:do-release", func(ctx context.Context, lk *redlease.Lock) error {
+				srv.Pause()
+				paused = time.Now()
+				return nil
+			})
+			elapsed := time.Since(paused)
+			require.NoError(t, err, "a failed release after fn is not reported")
+			require.False(t, paused.IsZero(), "fn ran")
+			if ok, why := probe.Within(elapsed, ttl/2, 3, paused); !ok {
+				assert.Failf(t, "outside the window derived from this run", "Do returned %v after the server paused, with a %v TTL: %s", elapsed, ttl, why)
+			}
+			t.Logf("Do returned %v after the server paused", elapsed.Round(time.Millisecond))
+		})
+	}
+}
+
+// holdLong runs one Do with fn longer than 3×ttl on l, and checks on the
+// way that the lock stays held: fn's ctx is not cancelled, another locker
+// is refused, Until moves. It returns once Do has.
+func holdLong(t *testing.T, l, other *redlease.Locker, key string, ttl time.Duration, opts ...redlease.LockOption) {
+	t.Helper()
 	ctx := t.Context()
-	a, err := l.TryLock(ctx, "a")
-	require.NoError(t, err)
-	b, err := l.TryLock(ctx, "b")
-	require.NoError(t, err)
-	assert.Equal(t, 2, r.tracked())
+	var refused, checks int
+	var firstUntil, lastUntil time.Time
+	err := l.Do(ctx, key, func(ctx context.Context, lk *redlease.Lock) error {
+		firstUntil = lk.Until()
+		end := time.Now().Add(3*ttl + ttl/2)
+		for time.Now().Before(end) {
+			select {
+			case <-ctx.Done():
+				return context.Cause(ctx)
+			case <-time.After(ttl / 4):
+			}
+			checks++
+			if _, err := other.TryLock(ctx, key); assert.ErrorIs(t, err, redlease.ErrNotObtained, "the key is held while fn runs") {
+				refused++
+			}
+		}
+		lastUntil = lk.Until()
+		assert.NoError(t, ctx.Err(), "fn's ctx is not cancelled")
+		assert.True(t, lk.Valid())
+		return nil
+	}, opts...)
+	require.NoError(t, err, "Do keeps its lock past 3×TTL without any option")
+	assert.Equal(t, checks, refused)
+	assert.Greater(t, lastUntil.Sub(firstUntil), 2*ttl, "the lock was extended several times")
 
-	require.NoError(t, b.Release(ctx))
-	assert.Equal(t, 1, r.tracked(), "release untracks")
+	lk, err := other.TryLock(ctx, key)
+	require.NoError(t, err, "released after Do")
+	require.NoError(t, lk.Release(ctx))
+}
 
-	failover := errors.New("primary failed over")
-	r.revokeAll(failover)
-	<-a.Lost()
-	assert.ErrorIs(t, a.Err(), failover)
-	assert.False(t, a.Valid())
-	assert.Zero(t, r.tracked(), "a lost lock is untracked")
+// Do with no option renews its lock: a function three and a half TTLs long
+// keeps it from start to end, and the key is free after. The default
+// watchdog's goroutines exist while it runs and are gone once Do returned,
+// and a later Do starts them again.
+func TestDoKeepsLockByDefault(t *testing.T) {
+	s := singleNode(t)
+	const ttl = time.Second
+	l, err := redlease.New(s, redlease.WithTTL(ttl))
+	require.NoError(t, err)
+	other, err := redlease.New(s, redlease.WithTTL(ttl))
+	require.NoError(t, err)
+	waitNoWatchGoroutines(t) // a Do of an earlier test may still be ending
+	baseline := goleak.IgnoreCurrent()
+
+	for round := range 2 { // the second round restarts the idle watchdog
+		var during int
+		var wg sync.WaitGroup
+		stop := make(chan struct{})
+		wg.Go(func() {
+			for {
+				during = max(during, watchGoroutines())
+				select {
+				case <-stop:
+					return
+				case <-time.After(50 * time.Millisecond):
+				}
+			}
+		})
+		holdLong(t, l, other, t.Name(), ttl)
+		close(stop)
+		wg.Wait()
+		assert.Positive(t, during, "round %d: the default watchdog ran", round)
+		goleak.VerifyNone(t, baseline)
+		assert.Zero(t, watchGoroutines(), "round %d", round)
+	}
+}
+
+// WithoutKeeper keeps the former behaviour: nothing renews the lock, and
+// fn's ctx is cancelled at the loss margin, before Until, with ErrLost.
+func TestDoWithoutKeeperLosesAtLossMargin(t *testing.T) {
+	s := singleNode(t)
+	const ttl = time.Second
+	w, err := renew.New()
+	require.NoError(t, err)
+	t.Cleanup(func() { w.Close() })
+	for name, l := range map[string]struct {
+		locker *redlease.Locker
+		opts   []redlease.LockOption
+	}{
+		"locker":                       {newLocker(t, s, redlease.WithTTL(ttl), redlease.WithoutKeeper()), nil},
+		"call":                         {newLocker(t, s, redlease.WithTTL(ttl)), []redlease.LockOption{redlease.WithoutKeeper()}},
+		"call on a locker with keeper": {newLocker(t, s, redlease.WithTTL(ttl), redlease.WithKeeper(w)), []redlease.LockOption{redlease.WithoutKeeper()}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			var start, lostAt, until time.Time
+			var cause error
+			probe := redistest.StartStallProbe(t)
+			err := l.locker.Do(t.Context(), t.Name(), func(ctx context.Context, lk *redlease.Lock) error {
+				start, until = time.Now(), lk.Until()
+				soft := &redistest.SoftTB{TB: t}
+				redistest.Await(soft, probe, ctx.Done(), 3*ttl, 3, "fn's ctx was not cancelled")
+				if soft.Failed() != "" {
+					t.Error(soft.Failed())
+				}
+				lostAt, cause = time.Now(), context.Cause(ctx)
+				assert.Zero(t, w.Len(), "the locker's keeper is not used")
+				return nil
+			}, l.opts...)
+			require.ErrorIs(t, err, redlease.ErrLost)
+			assert.ErrorIs(t, cause, redlease.ErrLost)
+			margin := ttl / redlease.DefaultLossMarginDivisor
+			assert.False(t, lostAt.Before(until.Add(-margin)), "not cancelled before the loss margin")
+			// Due at the loss margin: before Until and within the first TTL,
+			// plus 3 × what this process was measured stalled (a starved
+			// process runs the timer late: Lost's doc).
+			due := until.Add(-margin)
+			if ok, why := probe.Within(lostAt.Sub(due), margin, 3, due); !ok {
+				assert.Fail(t, "outside the window derived from this run", "cancelled before Until: %s", why)
+			}
+			if ok, why := probe.Within(lostAt.Sub(start), ttl, 3, start); !ok {
+				assert.Fail(t, "outside the window derived from this run", "within the first TTL: %s", why)
+			}
+		})
+	}
 }

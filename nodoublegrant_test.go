@@ -35,32 +35,6 @@ func slowClient(t *testing.T, addr string) *redis.Client {
 	return c
 }
 
-// grantNodeTimeout is the quorum node timeout of the tests' strategies
-// whose grants must succeed (quorumOver's, unless a test gives its own,
-// which comes later and wins): at load 20-27 the default, 100 ms, was
-// missed by live nodes, and TestExtendRespectsDelayedRestartLimit,
-// TestCommonMessagesShowThePrefixOnce and others were refused a grant
-// their checks need. 2 s is 20 times the default; only a node that hangs,
-// or a process stopped that long, misses it.
-const grantNodeTimeout = 2 * time.Second
-
-// quorumOver builds a quorum strategy over clients, closed by t.Cleanup.
-func quorumOver(t *testing.T, cs []redis.UniversalClient, opts ...quorum.Option) *quorum.Strategy {
-	q, err := quorum.New(cs, append([]quorum.Option{quorum.WithNodeTimeout(grantNodeTimeout)}, opts...)...)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = q.Close() })
-	return q
-}
-
-// directClients returns a client per server, straight to it.
-func directClients(t *testing.T, servers []*redistest.Server) []redis.UniversalClient {
-	cs := make([]redis.UniversalClient, len(servers))
-	for i, s := range servers {
-		cs[i] = s.Client()
-	}
-	return cs
-}
-
 // Defect 1, quorum. Lock retries after a failed attempt; the failed
 // attempt's undo runs when its node answers, which can be after the next
 // attempt counted that node. Forced order on each of nodes 0–2 (3 and 4 are
@@ -198,31 +172,6 @@ func TestUnreplicatedGrantUndoCannotDeleteALaterAttemptsKey(t *testing.T) {
 	require.NoError(t, a.Release(ctx))
 }
 
-// loadScripts puts the lock scripts into a server's cache, so that no
-// NOSCRIPT round trip changes the order of requests a test gates.
-func loadScripts(t *testing.T, c redis.Scripter) {
-	for _, s := range []*script.Script{script.Acquire, script.Release, script.Extend, script.RaiseFence} {
-		require.NoError(t, s.Load(t.Context(), c))
-	}
-}
-
-type lockResult struct {
-	lk  *redlease.Lock
-	err error
-}
-
-// lockAsync runs l.Lock in the background (bounded by 30 s).
-func lockAsync(ctx context.Context, l *redlease.Locker, key string, opts ...redlease.LockOption) <-chan lockResult {
-	got := make(chan lockResult, 1)
-	go func() {
-		lctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		defer cancel()
-		lk, err := l.Lock(lctx, key, opts...)
-		got <- lockResult{lk, err}
-	}()
-	return got
-}
-
 // ageMarkers waits (at most 10 s) until every server votes under the
 // delayed-restart rule with maxTTL: each is asked on its own (a quorum of
 // one), since a round that reaches a majority says nothing about the
@@ -353,11 +302,7 @@ func TestSnapshotRestoredNodeSitsOut(t *testing.T) {
 // sent, whatever came back. A retried Release stays allowed.
 func TestFailedReleaseEndsValidity(t *testing.T) {
 	ctx := t.Context()
-	srv := redistest.Start(t, redistest.Config{})
-	loadScripts(t, srv.Client())
-	gate := redistest.NewGate(t, srv.Addr)
-	c := redis.NewClient(&redis.Options{Addr: gate.Addr, ContextTimeoutEnabled: true})
-	t.Cleanup(func() { _ = c.Close() })
+	srv, gate, c := gatedServer(t)
 	strategy, err := single.New(c)
 	require.NoError(t, err)
 	la, err := redlease.New(strategy, redlease.WithTTL(20*time.Second))
@@ -490,11 +435,7 @@ func TestLockKeysCannotEnterReservedNamespace(t *testing.T) {
 func TestUndecidedShorterExtendShortensValidity(t *testing.T) {
 	probe := redistest.StartStallProbe(t)
 	ctx := t.Context()
-	srv := redistest.Start(t, redistest.Config{})
-	loadScripts(t, srv.Client())
-	gate := redistest.NewGate(t, srv.Addr)
-	c := redis.NewClient(&redis.Options{Addr: gate.Addr, ContextTimeoutEnabled: true})
-	t.Cleanup(func() { _ = c.Close() })
+	srv, gate, c := gatedServer(t)
 	// A 50 ms loss margin: the default (2 s, a tenth of the TTL) would have
 	// the 300 ms Extend refused before it is sent (ErrInvalid: the lock
 	// would be lost at once).
@@ -544,11 +485,7 @@ func TestUndecidedShorterExtendShortensValidity(t *testing.T) {
 // B is refused until A releases.
 func TestSuccessfulExtendAfterAnUndecidedShorterOne(t *testing.T) {
 	ctx := t.Context()
-	srv := redistest.Start(t, redistest.Config{})
-	loadScripts(t, srv.Client())
-	gate := redistest.NewGate(t, srv.Addr)
-	c := redis.NewClient(&redis.Options{Addr: gate.Addr, ContextTimeoutEnabled: true})
-	t.Cleanup(func() { _ = c.Close() })
+	srv, gate, c := gatedServer(t)
 	strategy, err := single.New(c)
 	require.NoError(t, err)
 	la, err := redlease.New(strategy, redlease.WithTTL(3*time.Second))
@@ -580,4 +517,16 @@ func TestSuccessfulExtendAfterAnUndecidedShorterOne(t *testing.T) {
 	b, err := lb.TryLock(ctx, key)
 	require.NoError(t, err, "released: B may take it")
 	require.NoError(t, b.Release(ctx))
+}
+
+// gatedServer starts a server with the scripts loaded, a gate in front of
+// it, and a client (ContextTimeoutEnabled) that reaches it through the gate.
+func gatedServer(t *testing.T) (*redistest.Server, *redistest.Gate, *redis.Client) {
+	t.Helper()
+	srv := redistest.Start(t, redistest.Config{})
+	loadScripts(t, srv.Client())
+	gate := redistest.NewGate(t, srv.Addr)
+	c := redis.NewClient(&redis.Options{Addr: gate.Addr, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = c.Close() })
+	return srv, gate, c
 }

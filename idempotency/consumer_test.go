@@ -24,8 +24,7 @@ func TestStreamRedeliveryWhileFirstConsumerRuns(t *testing.T) {
 	c := store(t)
 	ctx := t.Context()
 	b := barrier(t, c)
-	consumer, err := idempotency.NewConsumer(b)
-	require.NoError(t, err)
+	consumer := newConsumer(t, b)
 	require.NoError(t, c.XGroupCreateMkStream(ctx, "orders", "settle", "0").Err())
 	require.NoError(t, c.XAdd(ctx, &redis.XAddArgs{Stream: "orders", Values: map[string]any{"order": "o-1", "amount": "100"}}).Err())
 
@@ -74,8 +73,7 @@ func TestStreamRedeliveryWhileFirstConsumerRuns(t *testing.T) {
 // A message re-published under the same id with another payload is
 // refused, not silently replayed.
 func TestHandlePayloadRefusesAChangedMessage(t *testing.T) {
-	consumer, err := idempotency.NewConsumer(barrier(t, store(t)))
-	require.NoError(t, err)
+	consumer := newConsumer(t, barrier(t, store(t)))
 	ctx := t.Context()
 	ok := func(context.Context, uint64) ([]byte, error) { return []byte("done"), nil }
 	ack, err := consumer.HandlePayload(ctx, "order-9", []byte(`{"amount":100}`), ok)
@@ -95,8 +93,7 @@ func TestHandlePayloadRefusesAChangedMessage(t *testing.T) {
 func TestConsumerWhoseCallerLeftRecordsTheOutcome(t *testing.T) {
 	c := store(t)
 	b := barrier(t, c)
-	consumer, err := idempotency.NewConsumer(b)
-	require.NoError(t, err)
+	consumer := newConsumer(t, b)
 	var charges atomic.Int32
 	cctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
@@ -114,8 +111,7 @@ func TestConsumerWhoseCallerLeftRecordsTheOutcome(t *testing.T) {
 	close(release)
 	closeBarrier(t, b)
 
-	redelivery, err := idempotency.NewConsumer(barrier(t, c))
-	require.NoError(t, err)
+	redelivery := newConsumer(t, barrier(t, c))
 	ack, err = redelivery.Handle(t.Context(), "msg-1", result(&charges, "charged again"))
 	require.NoError(t, err)
 	assert.True(t, ack, "the redelivery replays the recorded run")
@@ -127,8 +123,7 @@ func TestConsumerWhoseCallerLeftRecordsTheOutcome(t *testing.T) {
 // to dead-letter it instead of letting it be redelivered forever. Errors a
 // retry can get past are not permanent.
 func TestPoisonMessageIsPermanent(t *testing.T) {
-	consumer, err := idempotency.NewConsumer(barrier(t, store(t)))
-	require.NoError(t, err)
+	consumer := newConsumer(t, barrier(t, store(t)))
 	ctx := t.Context()
 	ok := func(context.Context, uint64) ([]byte, error) { return []byte("done"), nil }
 	ack, err := consumer.HandlePayload(ctx, "order-9", []byte(`{"amount":100}`), ok)
@@ -183,8 +178,7 @@ func TestConsumerAcksAnOutcomeThatCouldNotBeRecorded(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			b, gate, _ := heldStore(t, idempotency.WithLease(500*time.Millisecond), idempotency.WithRetention(time.Minute))
-			consumer, err := idempotency.NewConsumer(b)
-			require.NoError(t, err)
+			consumer := newConsumer(t, b)
 			ctx := t.Context()
 			var runs atomic.Int32
 			gate.HoldRequests(c.mark)
@@ -201,4 +195,12 @@ func TestConsumerAcksAnOutcomeThatCouldNotBeRecorded(t *testing.T) {
 			land(t, gate) // let the held requests finish before the next subtest
 		})
 	}
+}
+
+// newConsumer is idempotency.NewConsumer(b); an error fails t.
+func newConsumer(t *testing.T, b *idempotency.Barrier) *idempotency.Consumer {
+	t.Helper()
+	c, err := idempotency.NewConsumer(b)
+	require.NoError(t, err)
+	return c
 }

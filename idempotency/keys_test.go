@@ -90,8 +90,7 @@ func TestRequestKeyCannotCollideWithAnotherRequestsLock(t *testing.T) {
 // request could spell too).
 func TestConsumerMessagesAndRequestKeysNeverShareARecord(t *testing.T) {
 	b := barrier(t, store(t))
-	consumer, err := idempotency.NewConsumer(b)
-	require.NoError(t, err)
+	consumer := newConsumer(t, b)
 	ctx := t.Context()
 	var runs atomic.Int32
 
@@ -121,8 +120,7 @@ func TestConsumerMessagesAndRequestKeysNeverShareARecord(t *testing.T) {
 func TestMiddlewareAndRequestKeysNeverShareARecord(t *testing.T) {
 	_, b := httpStore(t)
 	o := &orders{}
-	mw, err := idempotency.Middleware(b, idempotency.WithGlobalKeys())
-	require.NoError(t, err)
+	mw := httpMiddleware(t, b, idempotency.WithGlobalKeys())
 	h := mw(o)
 	rec := serveHTTP(h, keyed(http.MethodPost, "/orders", httpKey, "x"))
 	require.Equal(t, http.StatusCreated, rec.Code)

@@ -28,9 +28,15 @@ const httpKey = `"8e03978e-40d5-43e8-bc93-6894a57f9324"`
 func httpStore(t *testing.T, opts ...idempotency.Option) (*redistest.Server, *idempotency.Barrier) {
 	t.Helper()
 	srv := redistest.Start(t, redistest.Config{})
-	b, err := idempotency.New(srv.Client(), opts...)
+	return srv, barrier(t, srv.Client(), opts...)
+}
+
+// httpMiddleware is idempotency.Middleware(b, opts...); an error fails t.
+func httpMiddleware(t *testing.T, b *idempotency.Barrier, opts ...idempotency.HTTPOption) func(http.Handler) http.Handler {
+	t.Helper()
+	mw, err := idempotency.Middleware(b, opts...)
 	require.NoError(t, err)
-	return srv, b
+	return mw
 }
 
 // orders is a handler that creates an order per call: it counts its calls,
@@ -99,8 +105,7 @@ func retryAfter(t *testing.T, h http.Header) int {
 func TestHTTPFirstRunsDuplicateReplays(t *testing.T) {
 	_, b := httpStore(t)
 	o := &orders{}
-	mw, err := idempotency.Middleware(b, idempotency.WithGlobalKeys())
-	require.NoError(t, err)
+	mw := httpMiddleware(t, b, idempotency.WithGlobalKeys())
 	h := mw(o)
 
 	first := serveHTTP(h, keyed("POST", "/orders", httpKey, `{"sku":"a"}`))
@@ -129,8 +134,7 @@ func TestHTTPFirstRunsDuplicateReplays(t *testing.T) {
 func TestHTTPUnquotedKeyIsTheSameKey(t *testing.T) {
 	_, b := httpStore(t)
 	o := &orders{}
-	mw, err := idempotency.Middleware(b, idempotency.WithGlobalKeys())
-	require.NoError(t, err)
+	mw := httpMiddleware(t, b, idempotency.WithGlobalKeys())
 	h := mw(o)
 	serveHTTP(h, keyed("POST", "/orders", httpKey, "x"))
 	dup := serveHTTP(h, keyed("POST", "/orders", strings.Trim(httpKey, `"`), "x"))
@@ -142,8 +146,7 @@ func TestHTTPConcurrentDuplicateGets409(t *testing.T) {
 	_, b := httpStore(t)
 	var calls atomic.Int32
 	entered, release := make(chan struct{}, 1), make(chan struct{})
-	mw, err := idempotency.Middleware(b, idempotency.WithGlobalKeys())
-	require.NoError(t, err)
+	mw := httpMiddleware(t, b, idempotency.WithGlobalKeys())
 	h := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		calls.Add(1)
 		entered <- struct{}{}
@@ -173,8 +176,7 @@ func TestHTTPInFlightWaitReplaysInsteadOf409(t *testing.T) {
 	_, b := httpStore(t)
 	var calls atomic.Int32
 	entered, release := make(chan struct{}, 1), make(chan struct{})
-	mw, err := idempotency.Middleware(b, idempotency.WithGlobalKeys(), idempotency.WithInFlightWait(5*time.Second))
-	require.NoError(t, err)
+	mw := httpMiddleware(t, b, idempotency.WithGlobalKeys(), idempotency.WithInFlightWait(5*time.Second))
 	h := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		calls.Add(1)
 		entered <- struct{}{}
@@ -198,8 +200,7 @@ func TestHTTPInFlightWaitReplaysInsteadOf409(t *testing.T) {
 func TestHTTPDifferentPayloadGets422(t *testing.T) {
 	_, b := httpStore(t)
 	o := &orders{}
-	mw, err := idempotency.Middleware(b, idempotency.WithGlobalKeys())
-	require.NoError(t, err)
+	mw := httpMiddleware(t, b, idempotency.WithGlobalKeys())
 	h := mw(o)
 	require.Equal(t, http.StatusCreated, serveHTTP(h, keyed("POST", "/orders", httpKey, `{"amount":100}`)).Code)
 
@@ -218,14 +219,12 @@ func TestHTTPMissingKey(t *testing.T) {
 	_, b := httpStore(t)
 	o := &orders{}
 
-	mw, err := idempotency.Middleware(b, idempotency.WithGlobalKeys(), idempotency.WithRequired(true))
-	require.NoError(t, err)
+	mw := httpMiddleware(t, b, idempotency.WithGlobalKeys(), idempotency.WithRequired(true))
 	required := mw(o)
 	requireRecProblem(t, serveHTTP(required, keyed("POST", "/orders", "", "x")), http.StatusBadRequest, "missing-key")
 	assert.EqualValues(t, 0, o.calls.Load())
 
-	mw2, err := idempotency.Middleware(b, idempotency.WithGlobalKeys())
-	require.NoError(t, err)
+	mw2 := httpMiddleware(t, b, idempotency.WithGlobalKeys())
 	optional := mw2(o)
 	for range 2 {
 		rec := serveHTTP(optional, keyed("POST", "/orders", "", "x"))
@@ -238,8 +237,7 @@ func TestHTTPMissingKey(t *testing.T) {
 func TestHTTPMalformedKeyGets400(t *testing.T) {
 	_, b := httpStore(t)
 	o := &orders{}
-	mw, err := idempotency.Middleware(b, idempotency.WithGlobalKeys())
-	require.NoError(t, err)
+	mw := httpMiddleware(t, b, idempotency.WithGlobalKeys())
 	h := mw(o)
 	for name, key := range map[string]string{
 		"empty quoted":   `""`,
@@ -263,8 +261,7 @@ func TestHTTPMalformedKeyGets400(t *testing.T) {
 		requireRecProblem(t, serveHTTP(h, r), http.StatusBadRequest, "invalid-key")
 	})
 	t.Run("longer limit", func(t *testing.T) {
-		mw2, err := idempotency.Middleware(b, idempotency.WithGlobalKeys(), idempotency.WithMaxKeyLength(300))
-		require.NoError(t, err)
+		mw2 := httpMiddleware(t, b, idempotency.WithGlobalKeys(), idempotency.WithMaxKeyLength(300))
 		long := mw2(o)
 		r := keyed("POST", "/orders", strings.Repeat("k", 300), "x")
 		assert.Equal(t, http.StatusCreated, serveHTTP(long, r).Code)
@@ -275,8 +272,7 @@ func TestHTTPMalformedKeyGets400(t *testing.T) {
 func TestHTTPOtherMethodsPassThrough(t *testing.T) {
 	_, b := httpStore(t)
 	o := &orders{}
-	mw, err := idempotency.Middleware(b, idempotency.WithGlobalKeys(), idempotency.WithRequired(true))
-	require.NoError(t, err)
+	mw := httpMiddleware(t, b, idempotency.WithGlobalKeys(), idempotency.WithRequired(true))
 	h := mw(o)
 	for _, m := range []string{"GET", "PUT", "DELETE"} {
 		for range 2 {
@@ -287,8 +283,7 @@ func TestHTTPOtherMethodsPassThrough(t *testing.T) {
 	}
 	assert.EqualValues(t, 6, o.calls.Load())
 
-	mw2, err := idempotency.Middleware(b, idempotency.WithGlobalKeys(), idempotency.WithMethods("PUT"))
-	require.NoError(t, err)
+	mw2 := httpMiddleware(t, b, idempotency.WithGlobalKeys(), idempotency.WithMethods("PUT"))
 	puts := mw2(o)
 	serveHTTP(puts, keyed("PUT", "/orders", httpKey, "x"))
 	assert.Equal(t, "true", serveHTTP(puts, keyed("PUT", "/orders", httpKey, "x")).Header().Get(idempotency.HeaderIdempotentReplayed))
@@ -299,8 +294,7 @@ func TestHTTPOtherMethodsPassThrough(t *testing.T) {
 func TestHTTPBodyTooLargeGets413(t *testing.T) {
 	_, b := httpStore(t)
 	o := &orders{}
-	mw, err := idempotency.Middleware(b, idempotency.WithGlobalKeys(), idempotency.WithMaxBody(8))
-	require.NoError(t, err)
+	mw := httpMiddleware(t, b, idempotency.WithGlobalKeys(), idempotency.WithMaxBody(8))
 	h := mw(o)
 	requireRecProblem(t, serveHTTP(h, keyed("POST", "/orders", httpKey, "123456789")), http.StatusRequestEntityTooLarge, "body-too-large")
 
@@ -315,8 +309,7 @@ func TestHTTPBodyTooLargeGets413(t *testing.T) {
 func TestHTTPServerErrorsAreNotRecorded(t *testing.T) {
 	_, b := httpStore(t)
 	var calls atomic.Int32
-	mw, err := idempotency.Middleware(b, idempotency.WithGlobalKeys())
-	require.NoError(t, err)
+	mw := httpMiddleware(t, b, idempotency.WithGlobalKeys())
 	h := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if calls.Add(1) == 1 {
 			http.Error(w, "database down", http.StatusServiceUnavailable)
@@ -334,8 +327,7 @@ func TestHTTPServerErrorsAreNotRecorded(t *testing.T) {
 func TestHTTPServerErrorsRecordedOnRequest(t *testing.T) {
 	_, b := httpStore(t)
 	var calls atomic.Int32
-	mw, err := idempotency.Middleware(b, idempotency.WithGlobalKeys(), idempotency.WithStoreServerErrors(true))
-	require.NoError(t, err)
+	mw := httpMiddleware(t, b, idempotency.WithGlobalKeys(), idempotency.WithStoreServerErrors(true))
 	h := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		calls.Add(1)
 		http.Error(w, "charged, then crashed", http.StatusInternalServerError)
@@ -351,8 +343,7 @@ func TestHTTPServerErrorsRecordedOnRequest(t *testing.T) {
 func TestHTTPClientErrorsAreRecorded(t *testing.T) {
 	_, b := httpStore(t)
 	var calls atomic.Int32
-	mw, err := idempotency.Middleware(b, idempotency.WithGlobalKeys())
-	require.NoError(t, err)
+	mw := httpMiddleware(t, b, idempotency.WithGlobalKeys())
 	h := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		calls.Add(1)
 		http.Error(w, "insufficient funds", http.StatusPaymentRequired)
@@ -369,8 +360,7 @@ func TestHTTPResultTooLargeIsNotReplayed(t *testing.T) {
 	_, b := httpStore(t, idempotency.WithMaxResult(64))
 	var calls atomic.Int32
 	big := strings.Repeat("x", 1000)
-	mw, err := idempotency.Middleware(b, idempotency.WithGlobalKeys())
-	require.NoError(t, err)
+	mw := httpMiddleware(t, b, idempotency.WithGlobalKeys())
 	h := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		calls.Add(1)
 		_, _ = io.WriteString(w, big)
@@ -387,8 +377,7 @@ func TestHTTPResultTooLargeIsNotReplayed(t *testing.T) {
 func TestHTTPPanicReleasesTheKey(t *testing.T) {
 	_, b := httpStore(t)
 	var calls atomic.Int32
-	mw, err := idempotency.Middleware(b, idempotency.WithGlobalKeys())
-	require.NoError(t, err)
+	mw := httpMiddleware(t, b, idempotency.WithGlobalKeys())
 	h := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if calls.Add(1) == 1 {
 			panic("boom")
@@ -404,8 +393,7 @@ func TestHTTPPrincipalScopesKeys(t *testing.T) {
 	_, b := httpStore(t)
 	o := &orders{}
 	user := func(r *http.Request) string { return r.Header.Get("X-User") }
-	mw, err := idempotency.Middleware(b, idempotency.WithPrincipal(user))
-	require.NoError(t, err)
+	mw := httpMiddleware(t, b, idempotency.WithPrincipal(user))
 	scoped := mw(o)
 	for _, u := range []string{"alice", "bob", "alice"} {
 		r := keyed("POST", "/orders", httpKey, "x")
@@ -418,8 +406,7 @@ func TestHTTPPrincipalScopesKeys(t *testing.T) {
 func TestHTTPRouteNamesTheOperation(t *testing.T) {
 	_, b := httpStore(t)
 	o := &orders{}
-	mw, err := idempotency.Middleware(b, idempotency.WithGlobalKeys(), idempotency.WithRoute(func(*http.Request) string { return "orders" }))
-	require.NoError(t, err)
+	mw := httpMiddleware(t, b, idempotency.WithGlobalKeys(), idempotency.WithRoute(func(*http.Request) string { return "orders" }))
 	h := mw(o)
 	serveHTTP(h, keyed("POST", "/orders/1", httpKey, "x"))
 	// Same operation and key, another path: the key was used for another request.
@@ -430,8 +417,7 @@ func TestHTTPRouteNamesTheOperation(t *testing.T) {
 func TestHTTPHandlerGetsFence(t *testing.T) {
 	_, b := httpStore(t)
 	var fences []uint64
-	mw, err := idempotency.Middleware(b, idempotency.WithGlobalKeys())
-	require.NoError(t, err)
+	mw := httpMiddleware(t, b, idempotency.WithGlobalKeys())
 	h := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		f, ok := idempotency.FenceFrom(r.Context())
 		require.True(t, ok)
@@ -453,8 +439,7 @@ func TestHTTPStoreDown(t *testing.T) {
 	// refuses connections.
 	srv := redistest.Start(t, redistest.Config{})
 	g := redistest.NewGate(t, srv.Addr)
-	b, err := idempotency.New(g.Client())
-	require.NoError(t, err)
+	b := barrier(t, g.Client())
 	var logged atomic.Int32
 	logErr := idempotency.WithErrorLog(func(*http.Request, error) { logged.Add(1) })
 	var calls atomic.Int32
@@ -469,16 +454,14 @@ func TestHTTPStoreDown(t *testing.T) {
 	g.Cut()
 
 	t.Run("fail closed", func(t *testing.T) {
-		mw, err := idempotency.Middleware(b, idempotency.WithGlobalKeys(), logErr)
-		require.NoError(t, err)
+		mw := httpMiddleware(t, b, idempotency.WithGlobalKeys(), logErr)
 		rec := serveHTTP(mw(handler), keyed("POST", "/orders", httpKey, "payload"))
 		requireRecProblem(t, rec, http.StatusServiceUnavailable, "store-unavailable")
 		assert.GreaterOrEqual(t, retryAfter(t, rec.Header()), 1)
 		assert.EqualValues(t, 0, calls.Load())
 	})
 	t.Run("fail open", func(t *testing.T) {
-		mw2, err := idempotency.Middleware(b, idempotency.WithGlobalKeys(), logErr, idempotency.WithFailOpen(true))
-		require.NoError(t, err)
+		mw2 := httpMiddleware(t, b, idempotency.WithGlobalKeys(), logErr, idempotency.WithFailOpen(true))
 		h := mw2(handler)
 		rec := serveHTTP(h, keyed("POST", "/orders", httpKey, "payload"))
 		assert.Equal(t, http.StatusOK, rec.Code)
@@ -534,8 +517,7 @@ func TestHTTPRealServer(t *testing.T) {
 		<-release
 		w.WriteHeader(http.StatusNoContent)
 	})
-	mw, err := idempotency.Middleware(b, idempotency.WithGlobalKeys(), idempotency.WithReplayHeaders("Content-Type", "Location", "X-Request-Id"))
-	require.NoError(t, err)
+	mw := httpMiddleware(t, b, idempotency.WithGlobalKeys(), idempotency.WithReplayHeaders("Content-Type", "Location", "X-Request-Id"))
 	ts := httptest.NewServer(mw(mux))
 	t.Cleanup(ts.Close)
 	tr := &http.Transport{}
@@ -608,8 +590,7 @@ func TestHTTPPrincipalIsRequired(t *testing.T) {
 	require.ErrorIs(t, err, redlease.ErrInvalid)
 	_, err = idempotency.Middleware(nil, idempotency.WithGlobalKeys())
 	require.ErrorIs(t, err, redlease.ErrInvalid)
-	mw, err := idempotency.Middleware(b, idempotency.WithPrincipal(user))
-	require.NoError(t, err)
+	mw := httpMiddleware(t, b, idempotency.WithPrincipal(user))
 	o := &orders{}
 	h := mw(o)
 	anonymous := serveHTTP(h, keyed("POST", "/orders", httpKey, "x"))
@@ -626,8 +607,7 @@ func TestHTTPPrincipalIsRequired(t *testing.T) {
 	assert.EqualValues(t, 2, o.calls.Load())
 
 	// Declared global: one record for everyone who sends the key.
-	g, err := idempotency.Middleware(b, idempotency.WithGlobalKeys())
-	require.NoError(t, err)
+	g := httpMiddleware(t, b, idempotency.WithGlobalKeys())
 	og := &orders{}
 	for range 2 {
 		assert.Equal(t, http.StatusCreated, serveHTTP(g(og), keyed("POST", "/global", httpKey, "x")).Code)

@@ -145,8 +145,7 @@ func wireGatedStore(t *testing.T, opts ...idempotency.Option) (*redistest.Server
 	g := redistest.NewGate(t, srv.Addr)
 	c := redis.NewClient(&redis.Options{Addr: g.Addr, ContextTimeoutEnabled: true, MaxRetries: -1, DialerRetries: 1})
 	t.Cleanup(func() { _ = c.Close() })
-	b, err := idempotency.New(c, opts...)
-	require.NoError(t, err)
+	b := barrier(t, c, opts...)
 	return srv, g, b
 }
 
@@ -279,8 +278,7 @@ func TestHTTPClientTimeoutDoesNotDecideTheRecord(t *testing.T) {
 				w.WriteHeader(http.StatusCreated)
 				_, _ = fmt.Fprintf(w, `{"charge":%d}`, n)
 			})
-			mw2, err := idempotency.Middleware(b, idempotency.WithGlobalKeys(), idempotency.WithInFlightWait(10*time.Second))
-			require.NoError(t, err)
+			mw2 := httpMiddleware(t, b, idempotency.WithGlobalKeys(), idempotency.WithInFlightWait(10*time.Second))
 			mw := mw2(pay)
 
 			// The first request's own context tells when the server saw its
@@ -448,10 +446,8 @@ func (a *wireRelay) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 func TestHTTPDownstreamInProgressIsNotRecorded(t *testing.T) {
 	wireNoLeaks(t)
 	srv := redistest.Start(t, redistest.Config{})
-	bAPI, err := idempotency.New(srv.Client())
-	require.NoError(t, err)
-	bProv, err := idempotency.New(srv.Client(), idempotency.WithPrefix("prov:"))
-	require.NoError(t, err)
+	bAPI := barrier(t, srv.Client())
+	bProv := barrier(t, srv.Client(), idempotency.WithPrefix("prov:"))
 
 	// The provider: its first charge waits for the latch.
 	var charges atomic.Int32
@@ -471,18 +467,15 @@ func TestHTTPDownstreamInProgressIsNotRecorded(t *testing.T) {
 		w.WriteHeader(http.StatusCreated)
 		_, _ = w.Write([]byte(`{"charge":"ch_` + strconv.Itoa(int(n)) + `"}`))
 	})
-	provMW, err := idempotency.Middleware(bProv, idempotency.WithGlobalKeys())
-	require.NoError(t, err)
+	provMW := httpMiddleware(t, bProv, idempotency.WithGlobalKeys())
 	prov := wireServe(t, provMW(charge))
 	// The same provider seen by the test, waiting for a charge in progress
 	// to complete (the same records: same Barrier prefix, route and key).
-	probeMW, err := idempotency.Middleware(bProv, idempotency.WithGlobalKeys(), idempotency.WithInFlightWait(10*time.Second))
-	require.NoError(t, err)
+	probeMW := httpMiddleware(t, bProv, idempotency.WithGlobalKeys(), idempotency.WithInFlightWait(10*time.Second))
 	probe := wireServe(t, probeMW(charge))
 
 	relay := &wireRelay{url: prov.URL + "/charges", client: wireClient(t, 20*time.Second), giveUp: make(chan struct{})}
-	apiMW, err := idempotency.Middleware(bAPI, idempotency.WithGlobalKeys())
-	require.NoError(t, err)
+	apiMW := httpMiddleware(t, bAPI, idempotency.WithGlobalKeys())
 	api := wireServe(t, apiMW(relay))
 	t.Cleanup(latch.open)
 	client := wireClient(t, 20*time.Second)
@@ -544,8 +537,7 @@ func TestHTTPConflictIsNeverRecorded(t *testing.T) {
 			wireNoLeaks(t)
 			_, b := httpStore(t, tc.barrier...)
 			a := &wireAnswers{statuses: []int{http.StatusConflict, http.StatusCreated}, retryAfter: tc.retryAfter}
-			mw, err := idempotency.Middleware(b, append([]idempotency.HTTPOption{idempotency.WithGlobalKeys()}, tc.opts...)...)
-			require.NoError(t, err)
+			mw := httpMiddleware(t, b, append([]idempotency.HTTPOption{idempotency.WithGlobalKeys()}, tc.opts...)...)
 			ts := wireServe(t, mw(a))
 
 			got := wireExchanges(t, ts.URL+"/pay", 3)
@@ -593,8 +585,7 @@ func TestHTTPReplayKeepsRepresentationFields(t *testing.T) {
 				w.WriteHeader(http.StatusCreated)
 				_, _ = w.Write(buf.Bytes())
 			})
-			mw, err := idempotency.Middleware(b, append([]idempotency.HTTPOption{idempotency.WithGlobalKeys()}, tc.opts...)...)
-			require.NoError(t, err)
+			mw := httpMiddleware(t, b, append([]idempotency.HTTPOption{idempotency.WithGlobalKeys()}, tc.opts...)...)
 			ts := wireServe(t, mw(gzipped))
 			client := wireClient(t, 10*time.Second) // asks for gzip, and decodes it
 
@@ -664,8 +655,7 @@ func TestHTTPStoreEverythingKeepsUnrecordedStatusesUnrecorded(t *testing.T) {
 			wireNoLeaks(t)
 			_, b := httpStore(t, idempotency.WithStoreEverything())
 			a := &wireAnswers{statuses: []int{tc.status, http.StatusCreated}, retryAfter: "2"}
-			mw, err := idempotency.Middleware(b, append([]idempotency.HTTPOption{idempotency.WithGlobalKeys()}, tc.opts...)...)
-			require.NoError(t, err)
+			mw := httpMiddleware(t, b, append([]idempotency.HTTPOption{idempotency.WithGlobalKeys()}, tc.opts...)...)
 			ts := wireServe(t, mw(a))
 
 			got := wireExchanges(t, ts.URL+"/pay", 3)
@@ -689,8 +679,7 @@ func TestHTTPStoreEverythingRecordsStoredServerErrorsAsResponses(t *testing.T) {
 	wireNoLeaks(t)
 	_, b := httpStore(t, idempotency.WithStoreEverything())
 	a := &wireAnswers{statuses: []int{http.StatusInternalServerError, http.StatusCreated}}
-	mw, err := idempotency.Middleware(b, idempotency.WithGlobalKeys(), idempotency.WithStoreServerErrors(true))
-	require.NoError(t, err)
+	mw := httpMiddleware(t, b, idempotency.WithGlobalKeys(), idempotency.WithStoreServerErrors(true))
 	ts := wireServe(t, mw(a))
 
 	got := wireExchanges(t, ts.URL+"/pay", 2)
@@ -784,8 +773,7 @@ func TestHTTPDefaultHandlerTimeoutEndsRunBeforeItsLock(t *testing.T) {
 	_, b := httpStore(t, idempotency.WithLease(lease))
 	var charges atomic.Int32
 	seen := make(chan wireRunSeen, 1)
-	mw, err := idempotency.Middleware(b, idempotency.WithGlobalKeys())
-	require.NoError(t, err)
+	mw := httpMiddleware(t, b, idempotency.WithGlobalKeys())
 	ts := wireServe(t, mw(wireStuckThenOK(&charges, seen)))
 
 	first := wirePost(t.Context(), wireClient(t, 15*time.Second), ts.URL+"/pay", httpKey, "100")
@@ -836,8 +824,7 @@ func TestHTTPTransientStatusesAreNotRecorded(t *testing.T) {
 			wireNoLeaks(t)
 			_, b := httpStore(t)
 			a := &wireAnswers{statuses: []int{status, http.StatusCreated}, retryAfter: "2"}
-			mw, err := idempotency.Middleware(b, idempotency.WithGlobalKeys())
-			require.NoError(t, err)
+			mw := httpMiddleware(t, b, idempotency.WithGlobalKeys())
 			ts := wireServe(t, mw(a))
 
 			got := wireExchanges(t, ts.URL+"/pay", 3)
@@ -870,8 +857,7 @@ func TestHTTPRetryAfterIsRecorded(t *testing.T) {
 			wireNoLeaks(t)
 			_, b := httpStore(t)
 			a := &wireAnswers{statuses: []int{tc.status}}
-			mw, err := idempotency.Middleware(b, append([]idempotency.HTTPOption{idempotency.WithGlobalKeys()}, tc.opts...)...)
-			require.NoError(t, err)
+			mw := httpMiddleware(t, b, append([]idempotency.HTTPOption{idempotency.WithGlobalKeys()}, tc.opts...)...)
 			ts := wireServe(t, mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				w.Header().Set("Retry-After", "5") // a 202 says when to look
 				a.ServeHTTP(w, r)
@@ -918,8 +904,7 @@ func TestHTTPTransientStatusesOption(t *testing.T) {
 			wireNoLeaks(t)
 			_, b := httpStore(t)
 			a := &wireAnswers{statuses: []int{tc.status, http.StatusCreated}, retryAfter: "3"}
-			mw, err := idempotency.Middleware(b, append([]idempotency.HTTPOption{idempotency.WithGlobalKeys()}, sets[tc.set]...)...)
-			require.NoError(t, err)
+			mw := httpMiddleware(t, b, append([]idempotency.HTTPOption{idempotency.WithGlobalKeys()}, sets[tc.set]...)...)
 			ts := wireServe(t, mw(a))
 
 			got := wireExchanges(t, ts.URL+"/pay", 2)
@@ -1048,8 +1033,7 @@ func TestHTTPReplayHonoursVary(t *testing.T) {
 			wireNoLeaks(t)
 			_, b := httpStore(t)
 			n := &wireNegotiator{vary: tc.vary}
-			mw, err := idempotency.Middleware(b, idempotency.WithGlobalKeys())
-			require.NoError(t, err)
+			mw := httpMiddleware(t, b, idempotency.WithGlobalKeys())
 			ts := wireServe(t, mw(n))
 			client := wireRawClient(t)
 

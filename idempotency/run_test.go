@@ -155,8 +155,7 @@ func TestDuplicateRefusedAfterItsCallerLeftIsInProgress(t *testing.T) {
 			// The first run holds the request (and its lock) until the
 			// test lets it finish.
 			first := barrier(t, srv.Client())
-			fcons, err := idempotency.NewConsumer(first)
-			require.NoError(t, err)
+			fcons := newConsumer(t, first)
 			started, release, done := make(chan struct{}), make(chan struct{}), make(chan error, 1)
 			hold := func(context.Context, uint64) ([]byte, error) {
 				close(started)
@@ -180,8 +179,7 @@ func TestDuplicateRefusedAfterItsCallerLeftIsInProgress(t *testing.T) {
 			redistest.Await(t, probe, started, 10*time.Second, 3, "the first run did not start")
 
 			dup := barrier(t, c)
-			cons, err := idempotency.NewConsumer(dup)
-			require.NoError(t, err)
+			cons := newConsumer(t, dup)
 			gate.HoldReplies(key)
 			dctx, cancel := context.WithCancelCause(ctx)
 			defer cancel(nil)

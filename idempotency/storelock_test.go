@@ -125,6 +125,20 @@ func warm(t *testing.T, c *redis.Client) {
 	require.NoError(t, err)
 }
 
+// gatedStore starts a store with a gate in front of it, and returns it,
+// the gate, a client through the gate (no retries) and one straight to
+// the store, the scripts loaded (warm).
+func gatedStore(t *testing.T) (srv *redistest.Server, gate *redistest.Gate, slow, fast *redis.Client) {
+	t.Helper()
+	srv = redistest.Start(t, redistest.Config{})
+	gate = redistest.NewGate(t, srv.Addr)
+	slow = redis.NewClient(&redis.Options{Addr: gate.Addr, ContextTimeoutEnabled: true, MaxRetries: -1})
+	t.Cleanup(func() { _ = slow.Close() })
+	fast = srv.Client()
+	warm(t, fast)
+	return srv, gate, slow, fast
+}
+
 // A first request costs two round trips (peek+lock+claim, complete),
 // a replay one, a duplicate while the first runs one; the handler still
 // gets a fence and a lock that a Keeper-less run loses at its lease. A
@@ -338,12 +352,7 @@ func TestCompletionWhoseReplyIsLostIsConfirmedByItsRetry(t *testing.T) {
 // may have happened); B's run goes on under a lock that is still there,
 // and its result is the one recorded.
 func TestLateCompletionNeverRemovesASuccessorsLock(t *testing.T) {
-	srv := redistest.Start(t, redistest.Config{})
-	gate := redistest.NewGate(t, srv.Addr)
-	slow := redis.NewClient(&redis.Options{Addr: gate.Addr, ContextTimeoutEnabled: true, MaxRetries: -1})
-	t.Cleanup(func() { _ = slow.Close() })
-	fast := srv.Client()
-	warm(t, fast)
+	srv, gate, slow, fast := gatedStore(t)
 	const lease = 300 * time.Millisecond
 	a := barrier(t, slow, idempotency.WithLease(lease), idempotency.WithRetention(time.Minute))
 	b := barrier(t, fast, idempotency.WithLease(lease), idempotency.WithRetention(time.Minute))
@@ -579,12 +588,7 @@ func singleOn(t *testing.T, c redis.UniversalClient, opts ...single.Option) *sin
 // never runs, and it never answers "in progress" for a request that is
 // done.
 func TestLockLeftByACompletionStandsInNoSeparateBarriersWay(t *testing.T) {
-	srv := redistest.Start(t, redistest.Config{})
-	gate := redistest.NewGate(t, srv.Addr)
-	slow := redis.NewClient(&redis.Options{Addr: gate.Addr, ContextTimeoutEnabled: true, MaxRetries: -1})
-	t.Cleanup(func() { _ = slow.Close() })
-	fast := srv.Client()
-	warm(t, fast)
+	srv, gate, slow, fast := gatedStore(t)
 	acquire := script.Acquire.Hash() // B's lock request (single's Acquire)
 	gate.HoldRequests(acquire)
 	a := barrier(t, fast)

@@ -20,7 +20,6 @@ import (
 	"github.com/redlease/redlease"
 	"github.com/redlease/redlease/idempotency"
 	"github.com/redlease/redlease/internal/redistest"
-	"github.com/redlease/redlease/renew"
 )
 
 // The direct storm's shape, beside the HTTP storm's (stormClients,
@@ -223,23 +222,10 @@ type directAnswer struct {
 
 func directStorm(t *testing.T, via string) {
 	wireNoLeaks(t)
-	n := *stormPayments
-	require.Positive(t, n, "-storm.payments")
-	seed := *stormSeed
-	if seed == 0 {
-		seed = uint64(time.Now().UnixNano())
-	}
+	n, seed := stormSize(t)
 	t.Logf("storm via %s: %d payments × %d callers, seed %d (replay the draws with -storm.seed=%d)", via, n, stormClients, seed, seed)
 
-	srv := redistest.Start(t, redistest.Config{})
-	t.Cleanup(srv.Resume) // never leave the store stopped, whatever fails
-	admin := srv.Client()
-	storeClient := srv.Client()
-	cmds := &stormLatencies{}
-	storeClient.AddHook(cmds)
-	w, err := renew.New()
-	require.NoError(t, err)
-	t.Cleanup(func() { w.Close() })
+	srv, admin, storeClient, cmds, w := stormStore(t)
 	s := &directStormState{seed: seed, ledger: &stormLedger{entries: map[string]*ledgerEntry{}}, probe: redistest.StartStallProbe(t),
 		charged: map[string]directCharge{}, told: map[string][]string{}, runOf: map[uint64]string{}, notRec: map[string]int{}}
 	keeper := &lostKeeper{keeper: w, s: s}
@@ -249,8 +235,7 @@ func directStorm(t *testing.T, via string) {
 		idempotency.WithLease(stormLease),
 		idempotency.WithKeeper(keeper))
 	require.NoError(t, err)
-	consumer, err := idempotency.NewConsumer(b)
-	require.NoError(t, err)
+	consumer := newConsumer(t, b)
 	ns := map[string]string{"Do": "idem:r:", "Consumer": "idem:m:"}[via]
 
 	// call is one delivery of payment p: ok when the caller has an outcome.
@@ -323,31 +308,17 @@ func directStorm(t *testing.T, via string) {
 
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute+time.Duration(n)*100*time.Millisecond)
 	defer cancel()
-	pauses, runDone := make(chan struct{}, 2), make(chan struct{})
-	var pauser sync.WaitGroup
 	payments := make([]*stormPayment, n)
 	answers := make([][stormClients]directAnswer, n)
 	records := make([]directRecord, n)
 	lasts := make([]directLast, n)
 	sem := make(chan struct{}, stormInFlight)
 	var callers sync.WaitGroup
-	var answered atomic.Int32
 	s.start = time.Now()
-	pauser.Go(func() {
-		for range 2 {
-			select {
-			case <-pauses:
-			case <-runDone:
-				return
-			}
-			at := time.Now()
-			srv.Pause()
-			time.Sleep(stormPause)
-			srv.Resume()
-			s.mu.Lock()
-			s.pauses = append(s.pauses, [2]time.Time{at, time.Now()})
-			s.mu.Unlock()
-		}
+	pauser := startStormPauser(srv, n, func(at, end time.Time) {
+		s.mu.Lock()
+		s.pauses = append(s.pauses, [2]time.Time{at, end})
+		s.mu.Unlock()
 	})
 	for i := range n {
 		select {
@@ -367,17 +338,14 @@ func directStorm(t *testing.T, via string) {
 					// duplicate, which must replay without running.
 					records[i] = directRecordOf(ctx, admin, ns+p.id)
 					lasts[i] = directLastCall(ctx, p, call)
-					if a := int(answered.Add(1)); a == max(n/5, 1) || a == max(n*3/5, 2) {
-						pauses <- struct{}{} // buffered: never blocks
-					}
+					pauser.answered()
 					<-sem
 				}
 			})
 		}
 	}
 	callers.Wait()
-	close(runDone)
-	pauser.Wait()
+	pauser.stop()
 	runTime := time.Since(s.start)
 	cctx, ccancel := context.WithTimeout(ctx, 2*stormLease)
 	assert.NoError(t, b.Close(cctx), "Close: runs left behind")

@@ -106,23 +106,10 @@ func stormBudgetOver(probe *redistest.StallProbe, start time.Time) string {
 // retention+lease have passed.
 func TestStormOfRetriesChargesEachPaymentOnce(t *testing.T) {
 	wireNoLeaks(t)
-	n := *stormPayments
-	require.Positive(t, n, "-storm.payments")
-	seed := *stormSeed
-	if seed == 0 {
-		seed = uint64(time.Now().UnixNano())
-	}
+	n, seed := stormSize(t)
 	t.Logf("storm: %d payments × %d clients, seed %d (replay the draws with -storm.seed=%d)", n, stormClients, seed, seed)
 
-	srv := redistest.Start(t, redistest.Config{})
-	t.Cleanup(srv.Resume) // never leave the store stopped, whatever fails
-	admin := srv.Client()
-	storeClient := srv.Client()
-	cmds := &stormLatencies{}
-	storeClient.AddHook(cmds)
-	w, err := renew.New()
-	require.NoError(t, err)
-	t.Cleanup(func() { w.Close() })
+	srv, admin, storeClient, cmds, w := stormStore(t)
 	b, err := idempotency.New(storeClient,
 		idempotency.WithRetention(stormRetention),
 		idempotency.WithLease(stormLease),
@@ -153,27 +140,13 @@ func TestStormOfRetriesChargesEachPaymentOnce(t *testing.T) {
 	// their clients (mid-storm at any size).
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute+time.Duration(n)*100*time.Millisecond)
 	defer cancel()
-	pauses, runDone := make(chan struct{}, 2), make(chan struct{})
 	var pauseLog []string
-	var pauser sync.WaitGroup
 	payments := make([]*stormPayment, n)
 	sem := make(chan struct{}, stormInFlight)
 	var clients sync.WaitGroup
-	var answered atomic.Int32
 	s.start = time.Now()
-	pauser.Go(func() {
-		for range 2 {
-			select {
-			case <-pauses:
-			case <-runDone: // a storm too small for two pauses
-				return
-			}
-			at := time.Now()
-			srv.Pause()
-			time.Sleep(stormPause)
-			srv.Resume()
-			pauseLog = append(pauseLog, fmt.Sprintf("%.2fs", at.Sub(s.start).Seconds()))
-		}
+	pauser := startStormPauser(srv, n, func(at, _ time.Time) {
+		pauseLog = append(pauseLog, fmt.Sprintf("%.2fs", at.Sub(s.start).Seconds()))
 	})
 	for i := range n {
 		select {
@@ -190,17 +163,14 @@ func TestStormOfRetriesChargesEachPaymentOnce(t *testing.T) {
 				p.results[c] = s.client(ctx, ts.URL+"/payments", p, c)
 				if pending.Add(-1) == 0 {
 					p.record, p.recordAt = stormRecordOf(ctx, admin, p), time.Now()
-					if a := int(answered.Add(1)); a == max(n/5, 1) || a == max(n*3/5, 2) {
-						pauses <- struct{}{} // buffered: never blocks
-					}
+					pauser.answered()
 					<-sem
 				}
 			})
 		}
 	}
 	clients.Wait()
-	close(runDone)
-	pauser.Wait()
+	pauser.stop()
 	runTime := time.Since(s.start)
 	// Handlers of requests whose clients timed out may still run; Close
 	// waits for them, so that the store is read after every run ended.
@@ -1019,4 +989,79 @@ func fnv64(s string) uint64 {
 		h *= 1099511628211
 	}
 	return h
+}
+
+// stormSize is the storm's size and seed, from -storm.payments and
+// -storm.seed (0: from the clock).
+func stormSize(t *testing.T) (n int, seed uint64) {
+	t.Helper()
+	n = *stormPayments
+	require.Positive(t, n, "-storm.payments")
+	seed = *stormSeed
+	if seed == 0 {
+		seed = uint64(time.Now().UnixNano())
+	}
+	return n, seed
+}
+
+// stormStore starts the storm's store, resumed at cleanup whatever fails,
+// with an admin client, the Barrier's client (its commands' latencies
+// recorded in cmds) and a Watchdog closed at cleanup.
+func stormStore(t *testing.T) (srv *redistest.Server, admin, storeClient *redis.Client, cmds *stormLatencies, w *renew.Watchdog) {
+	t.Helper()
+	srv = redistest.Start(t, redistest.Config{})
+	t.Cleanup(srv.Resume) // never leave the store stopped, whatever fails
+	admin = srv.Client()
+	storeClient = srv.Client()
+	cmds = &stormLatencies{}
+	storeClient.AddHook(cmds)
+	w, err := renew.New()
+	require.NoError(t, err)
+	t.Cleanup(func() { w.Close() })
+	return srv, admin, storeClient, cmds, w
+}
+
+// stormPauser stops the store (SIGSTOP) for stormPause twice: once a
+// fifth and once three fifths of the storm's payments have been answered
+// to all their callers (mid-storm at any size).
+type stormPauser struct {
+	n       int // the storm's payments
+	done    atomic.Int32
+	pauses  chan struct{} // buffered: a send never blocks
+	runDone chan struct{}
+	wg      sync.WaitGroup
+}
+
+// startStormPauser starts the pauser of srv for a storm of n payments;
+// paused is told each pause's start and end, from the pauser's goroutine.
+func startStormPauser(srv *redistest.Server, n int, paused func(at, end time.Time)) *stormPauser {
+	p := &stormPauser{n: n, pauses: make(chan struct{}, 2), runDone: make(chan struct{})}
+	p.wg.Go(func() {
+		for range 2 {
+			select {
+			case <-p.pauses:
+			case <-p.runDone: // a storm too small for two pauses
+				return
+			}
+			at := time.Now()
+			srv.Pause()
+			time.Sleep(stormPause)
+			srv.Resume()
+			paused(at, time.Now())
+		}
+	})
+	return p
+}
+
+// answered counts a payment answered to all its callers.
+func (p *stormPauser) answered() {
+	if a := int(p.done.Add(1)); a == max(p.n/5, 1) || a == max(p.n*3/5, 2) {
+		p.pauses <- struct{}{} // buffered: never blocks
+	}
+}
+
+// stop ends the pauser, the run being over, and waits for it.
+func (p *stormPauser) stop() {
+	close(p.runDone)
+	p.wg.Wait()
 }
