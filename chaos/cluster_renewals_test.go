@@ -19,14 +19,17 @@ import (
 )
 
 // countingBatch is single's strategy with its ExtendBatch calls (the
-// watchdog's ticks) and their items counted after each returns.
+// watchdog's ticks) counted: in flight, and with their items once each
+// returns.
 type countingBatch struct {
 	*single.Strategy
-	ticks, items atomic.Int64
+	inflight, ticks, items atomic.Int64
 }
 
 // ExtendBatch extends items through single and counts the call.
 func (c *countingBatch) ExtendBatch(ctx context.Context, items []redlease.Extension) []redlease.Extended {
+	c.inflight.Add(1)
+	defer c.inflight.Add(-1)
 	out := c.Strategy.ExtendBatch(ctx, items)
 	c.items.Add(int64(len(items)))
 	c.ticks.Add(1)
@@ -113,31 +116,39 @@ func TestClusterRenewalScriptCallsPerMaster(t *testing.T) {
 		}
 	}
 
-	// waitTick returns once a tick more than seen has returned.
-	waitTick := func(seen int64) int64 {
-		deadline := time.Now().Add(20 * ttl)
-		for cs.ticks.Load() <= seen {
-			require.True(t, time.Now().Before(deadline), "no watchdog tick in %v after tick %d", 20*ttl, seen)
+	// waitTicks returns once n ticks more than seen have returned.
+	waitTicks := func(seen, n int64) {
+		deadline := time.Now().Add(20 * ttl * time.Duration(n))
+		for cs.ticks.Load() < seen+n {
+			require.True(t, time.Now().Before(deadline), "fewer than %d watchdog ticks in %v after tick %d", n, 20*ttl*time.Duration(n), seen)
 			time.Sleep(time.Millisecond)
 		}
-		return cs.ticks.Load()
 	}
-	tick := int64(0)
-	for range 4 { // let the batches settle (renew's doc: one batch per 3/4 interval)
-		tick = waitTick(tick)
+	// snapshot reads every master's script calls between two ticks: with
+	// no tick in flight, and none begun or ended during the reads.
+	snapshot := func() (calls []int64, ticks, items int64) {
+		for {
+			for cs.inflight.Load() != 0 {
+				time.Sleep(100 * time.Microsecond)
+			}
+			ticks, items = cs.ticks.Load(), cs.items.Load()
+			calls = make([]int64, len(masters))
+			for i, m := range masters {
+				calls[i] = scriptCalls(ctx, t, m)
+			}
+			if cs.inflight.Load() == 0 && cs.ticks.Load() == ticks {
+				return calls, ticks, items
+			}
+		}
 	}
-	before := make([]int64, len(masters))
-	for i, m := range masters {
-		before[i] = scriptCalls(ctx, t, m)
-	}
-	ticks0, items0 := cs.ticks.Load(), cs.items.Load()
-	for range measured {
-		tick = waitTick(tick)
-	}
-	ticks, items := cs.ticks.Load()-ticks0, cs.items.Load()-items0
+	waitTicks(0, 4) // let the batches settle (renew's doc: one batch per 3/4 interval)
+	before, ticks0, items0 := snapshot()
+	waitTicks(ticks0, measured)
+	after, ticks1, items1 := snapshot()
+	ticks, items := ticks1-ticks0, items1-items0
 	var parts []string
 	for i, m := range masters {
-		calls := scriptCalls(ctx, t, m) - before[i]
+		calls := after[i] - before[i]
 		perTick := float64(calls) / float64(ticks)
 		perRound := float64(calls) / (float64(items) / locks)
 		parts = append(parts, fmt.Sprintf("%s (%d slots with a lock): %.1f calls/tick, %.1f per renewal of all %d locks",
