@@ -1,7 +1,6 @@
 package chaos
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"testing"
@@ -73,7 +72,7 @@ func TestScenario17SingleClusterFailoverBeforeReplication(t *testing.T) {
 
 			var violations []string
 			lag := cl.Lag(m, r)
-			onReplica, rerr := readOnlyGet(ctx, r, lockKey)
+			onReplica, rerr := r.ReadOnlyGet(ctx, lockKey)
 			if lag <= 0 || !errors.Is(rerr, redis.Nil) {
 				violations = append(violations, fmt.Sprintf("the replica was not behind when promoted (lag %d bytes, its copy of the lock key: %q, %v): the attack did not run", lag, onReplica, rerr))
 			}
@@ -121,17 +120,4 @@ func TestScenario17SingleClusterFailoverBeforeReplication(t *testing.T) {
 			return facts{violations: violations, notes: []string{
 				fmt.Sprintf("K's master %s, promoted replica %s", m.Addr, r.Addr), figures}}
 		})
-}
-
-// readOnlyGet reads key on s as a replica serves reads (READONLY on the
-// same connection): redis.Nil when s does not have it.
-func readOnlyGet(ctx context.Context, s *redistest.Server, key string) (string, error) {
-	c := redis.NewClient(&redis.Options{Addr: s.Addr})
-	defer c.Close()
-	conn := c.Conn()
-	defer conn.Close()
-	if err := conn.ReadOnly(ctx).Err(); err != nil {
-		return "", err
-	}
-	return conn.Get(ctx, key).Result()
 }

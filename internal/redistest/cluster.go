@@ -235,6 +235,20 @@ func (cl *Cluster) WaitRoute(cc *redis.ClusterClient, key string, s *Server) {
 	}, "the Cluster client to route %q to %s (it routes to %s)", key, s.Addr, Lazy(func() string { return last }))
 }
 
+// ReadOnlyGet reads key on s as a Cluster replica serves reads (READONLY,
+// then GET, on one connection): redis.Nil when s does not have it. On a
+// master it is a plain GET.
+func (s *Server) ReadOnlyGet(ctx context.Context, key string) (string, error) {
+	c := redis.NewClient(&redis.Options{Addr: s.Addr})
+	defer c.Close()
+	conn := c.Conn()
+	defer conn.Close()
+	if err := conn.ReadOnly(ctx).Err(); err != nil {
+		return "", err
+	}
+	return conn.Get(ctx, key).Result()
+}
+
 // waitFor polls cond every 5 ms until it holds, and fails tb after
 // clusterWait with what it waited for.
 func (cl *Cluster) waitFor(cond func() bool, what string, args ...any) {
