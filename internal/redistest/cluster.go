@@ -25,8 +25,9 @@ type Cluster struct {
 	// Replicas[i] are the replicas created for Masters[i].
 	Replicas [][]*Server
 
-	tb  TB
-	ids map[*Server]string // cluster node id of each server
+	tb   TB
+	ids  map[*Server]string // cluster node id of each server
+	wait time.Duration      // bound of each wait; clusterWait unless a test shortens it
 }
 
 // StartClusterWithReplicas starts a Cluster of masters masters with
@@ -36,7 +37,7 @@ type Cluster struct {
 // first sync done, and every node knows every replica as its master's.
 func StartClusterWithReplicas(tb TB, masters, replicasPer int) *Cluster {
 	tb.Helper()
-	cl := &Cluster{tb: tb, Masters: StartCluster(tb, masters), Replicas: make([][]*Server, masters), ids: map[*Server]string{}}
+	cl := &Cluster{tb: tb, Masters: StartCluster(tb, masters), Replicas: make([][]*Server, masters), ids: map[*Server]string{}, wait: clusterWait}
 	ctx := context.Background()
 	for _, m := range cl.Masters {
 		cl.ids[m] = nodeID(tb, m)
@@ -250,13 +251,14 @@ func (s *Server) ReadOnlyGet(ctx context.Context, key string) (string, error) {
 }
 
 // waitFor polls cond every 5 ms until it holds, and fails tb after
-// clusterWait with what it waited for.
+// cl.wait with what it waited for.
 func (cl *Cluster) waitFor(cond func() bool, what string, args ...any) {
 	cl.tb.Helper()
-	deadline := time.Now().Add(clusterWait)
+	deadline := time.Now().Add(cl.wait)
 	for !cond() {
 		if time.Now().After(deadline) {
-			cl.tb.Fatalf("redistest: waited %v for %s", clusterWait, fmt.Sprintf(what, args...))
+			cl.tb.Fatalf("redistest: waited %v for %s", cl.wait, fmt.Sprintf(what, args...))
+			return
 		}
 		time.Sleep(5 * time.Millisecond)
 	}

@@ -51,3 +51,14 @@ func TestClusterReplicaBehindThenTakeover(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "before", v, "the new master has the value from before the cut, not the one written after it")
 }
+
+// A Cluster wait that runs out fails the test saying what it waited for
+// and how long.
+func TestClusterWaitSaysWhatItWaitedFor(t *testing.T) {
+	rec := &recTB{TB: t}
+	cl := &Cluster{tb: rec, wait: 20 * time.Millisecond}
+	polls := 0
+	cl.waitFor(func() bool { polls++; return false }, "replica %s to link", "127.0.0.1:1")
+	require.Equal(t, "redistest: waited 20ms for replica 127.0.0.1:1 to link", rec.fatal)
+	require.Greater(t, polls, 1, "it polled until the bound")
+}
