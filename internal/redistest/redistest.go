@@ -366,47 +366,56 @@ func StartCluster(tb TB, n int) []*Server {
 	servers := make([]*Server, n)
 	args := []string{"--cluster", "create"}
 	for i := range servers {
-		s := &Server{tb: tb, cfg: Config{Cluster: true}, dir: tb.TempDir()}
-		var lastErr error
-		for range 5 {
-			port, perr := freePort()
-			if perr != nil {
-				tb.Fatalf("redistest: no free port: %v", perr)
-			}
-			s.Port = port
-			s.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-			if lastErr = s.launch(Binary(tb)); lastErr == nil {
-				break
-			}
-		}
-		if lastErr != nil {
-			tb.Fatalf("redistest: start cluster node: %v", lastErr)
-		}
-		tb.Cleanup(s.Kill)
-		servers[i] = s
-		args = append(args, s.Addr)
+		servers[i] = startClusterNode(tb)
+		args = append(args, servers[i].Addr)
 	}
 	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
 	if out, err := exec.Command(cli, args...).CombinedOutput(); err != nil {
 		tb.Fatalf("redistest: redis-cli --cluster create: %v: %s", err, out)
 	}
 	for _, s := range servers {
-		c := redis.NewClient(&redis.Options{Addr: s.Addr})
-		ok := false
-		for range 500 {
-			info, err := c.ClusterInfo(context.Background()).Result()
-			if err == nil && strings.Contains(info, "cluster_state:ok") {
-				ok = true
-				break
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-		_ = c.Close()
-		if !ok {
-			tb.Fatalf("redistest: cluster node %s never reached cluster_state:ok", s.Addr)
-		}
+		waitClusterOK(tb, s)
 	}
 	return servers
+}
+
+// startClusterNode starts one cluster-mode server that belongs to no
+// cluster yet, stopped by tb.Cleanup.
+func startClusterNode(tb TB) *Server {
+	tb.Helper()
+	s := &Server{tb: tb, cfg: Config{Cluster: true}, dir: tb.TempDir()}
+	var lastErr error
+	for range 5 {
+		port, perr := freePort()
+		if perr != nil {
+			tb.Fatalf("redistest: no free port: %v", perr)
+		}
+		s.Port = port
+		s.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+		if lastErr = s.launch(Binary(tb)); lastErr == nil {
+			break
+		}
+	}
+	if lastErr != nil {
+		tb.Fatalf("redistest: start cluster node: %v", lastErr)
+	}
+	tb.Cleanup(s.Kill)
+	return s
+}
+
+// waitClusterOK waits (5 s at most) until s reports cluster_state:ok.
+func waitClusterOK(tb TB, s *Server) {
+	tb.Helper()
+	c := redis.NewClient(&redis.Options{Addr: s.Addr})
+	defer c.Close()
+	for range 500 {
+		info, err := c.ClusterInfo(context.Background()).Result()
+		if err == nil && strings.Contains(info, "cluster_state:ok") {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	tb.Fatalf("redistest: cluster node %s never reached cluster_state:ok (waited 5s)", s.Addr)
 }
 
 // ClusterClient returns a Cluster client for servers, closed on cleanup.
