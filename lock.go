@@ -194,12 +194,12 @@ func (lk *Lock) Lost() <-chan struct{} {
 	}
 	lk.mu.Lock()
 	defer lk.unlock()
-	lk.watchLocked()
+	lk.armExpiryLocked()
 	return lk.ended.Done()
 }
 
-// watchLocked makes ended and starts the expiry timer, once.
-func (lk *Lock) watchLocked() {
+// armExpiryLocked makes ended and starts the expiry timer, once.
+func (lk *Lock) armExpiryLocked() {
 	if lk.ended != nil {
 		return
 	}
@@ -221,7 +221,7 @@ func (lk *Lock) watchLocked() {
 // prevents f from running, and reports false if f has started.
 func (lk *Lock) afterEnd(f func()) (stop func() bool) {
 	lk.mu.Lock()
-	lk.watchLocked()
+	lk.armExpiryLocked()
 	ended := lk.ended
 	lk.unlock()
 	return context.AfterFunc(ended, f)
@@ -244,12 +244,12 @@ func (lk *Lock) Context(parent context.Context) (ctx context.Context, stop func(
 		return ctx, func() {}
 	}
 	told := make(chan struct{})
-	stopWatch := lk.afterEnd(func() {
+	detach := lk.afterEnd(func() {
 		defer close(told)
 		cancel(lk.Err())
 	})
 	return ctx, func() {
-		if !stopWatch() {
+		if !detach() {
 			<-told // the loss (or the release) is being told: let it finish
 		}
 		cancel(nil)

@@ -266,6 +266,35 @@ type CallBounder interface {
 // CallBounder): 1 s, the renew package's DefaultTimeout for a renewal.
 const DefaultCallBound = time.Second
 
+// Namer is a Strategy that names itself for observers: the Op.Strategy
+// of its operations, which the observe package reports as the
+// redlease.strategy attribute of every metric and span. A Strategy
+// without it is named by its Go type ("*mypkg.Strategy"). The strategies
+// of this module implement it ("single", "quorum", "failover"; an
+// idempotency Barrier's lock on its store is "idempotency"). The name is
+// a metric attribute: keep it short and the same for every instance.
+type Namer interface {
+	Name() string
+}
+
+// Clock is where locks and strategies read the time. The default,
+// SystemClock, is time.Now, whose readings carry Go's monotonic clock: all
+// validity is measured on it, so wall-clock steps (NTP corrections, date
+// changes, leap smearing) never move a lock's Until. Another Clock is for
+// tests and fault scenarios that emulate a client clock running at the
+// wrong rate; give the same one to the Locker (WithClock) and to the
+// strategy (its WithClock option).
+type Clock interface {
+	Now() time.Time
+}
+
+// SystemClock returns the default Clock, time.Now.
+func SystemClock() Clock { return systemClock{} }
+
+type systemClock struct{}
+
+func (systemClock) Now() time.Time { return time.Now() }
+
 // Extension asks for one key to be extended: the request side of
 // BatchExtender.
 type Extension struct {

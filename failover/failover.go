@@ -41,6 +41,7 @@ var (
 	_ redlease.Placer          = (*Strategy)(nil)
 	_ redlease.Waker           = (*Strategy)(nil)
 	_ redlease.Revoker         = (*Strategy)(nil)
+	_ redlease.Namer           = (*Strategy)(nil)
 )
 
 // Option configures a Strategy in New.
@@ -231,7 +232,7 @@ func (s *Strategy) Master() string { return s.p.Master() }
 // WithoutFencing (see redlease.Fencer).
 func (s *Strategy) Fencing() bool { return s.p.Fencing() }
 
-// Name returns "failover", for observers.
+// Name returns "failover", for observers (see redlease.Namer).
 func (s *Strategy) Name() string { return "failover" }
 
 // WithFenceTTL sets how long a lock's fence counter lives after its last

@@ -60,6 +60,7 @@ var (
 	_ redlease.Fencer          = (*Strategy)(nil)
 	_ redlease.Placer          = (*Strategy)(nil)
 	_ redlease.CallBounder     = (*Strategy)(nil)
+	_ redlease.Namer           = (*Strategy)(nil)
 )
 
 // New returns a Strategy over nodes, which must be independent Redis
@@ -165,7 +166,7 @@ func (s *Strategy) Placement() string {
 // WithoutFencing (see redlease.Fencer).
 func (s *Strategy) Fencing() bool { return s.fencing }
 
-// Name returns "quorum", for observers.
+// Name returns "quorum", for observers (see redlease.Namer).
 func (s *Strategy) Name() string { return "quorum" }
 
 // Close ends the release subscriptions of the strategy's waiters (they

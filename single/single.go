@@ -25,6 +25,7 @@ var (
 	_ redlease.Fencer          = (*Strategy)(nil)
 	_ redlease.Placer          = (*Strategy)(nil)
 	_ redlease.Waker           = (*Strategy)(nil)
+	_ redlease.Namer           = (*Strategy)(nil)
 )
 
 // Option configures a Strategy in New.
@@ -126,7 +127,7 @@ func (s *Strategy) Placement() string { return s.p.Placement() }
 // WithoutFencing (see redlease.Fencer).
 func (s *Strategy) Fencing() bool { return s.p.Fencing() }
 
-// Name returns "single", for observers.
+// Name returns "single", for observers (see redlease.Namer).
 func (s *Strategy) Name() string { return "single" }
 
 // WithFenceTTL sets how long a lock's fence counter lives after its last
