@@ -107,10 +107,10 @@ type Waker interface {
 }
 
 // Queuer is a Strategy that can serve the waiters of a key in arrival
-// order: fair mode (WithFairness; how it works and how it fails is in the
-// package documentation). The strategies of this module implement it; a
-// Strategy without it is just not fair, and WithFairness changes nothing
-// on it.
+// order: fair mode (WithFairness; what it guarantees and how it fails is
+// in the package documentation, how the line works in docs/fair-mode.md).
+// The strategies of this module implement it; a Strategy without it is
+// just not fair, and WithFairness changes nothing on it.
 //
 // Fairness only ever adds refusals: AcquireInLine grants exactly when
 // Acquire would, except that a free key is refused (ErrQueued) to anyone

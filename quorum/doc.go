@@ -48,7 +48,7 @@
 // # Fair mode (redlease.WithFairness)
 //
 // Strategy implements redlease.Queuer. Each node keeps its own line for a
-// key (see the redlease package documentation): the acquire script joins
+// key (the line, step by step: docs/fair-mode.md): the acquire script joins
 // the waiter at its client-chosen ticket and grants a free key only to the
 // head. The quorum rule is unchanged: a grant still needs a majority of
 // grants, each node deciding on its own, and fairness only adds refusals.
