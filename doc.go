@@ -72,8 +72,9 @@
 //     best effort.
 //   - On a quorum, nodes that have seen different waiters (a lost request,
 //     a node restarted without its data) can have different heads for a
-//     while: someone may then be served out of turn, but no free key is
-//     kept from every waiter. A waiter that reaches too few nodes stops
+//     while: someone may then be served out of turn, but a line keeps a
+//     free key from every waiter at most as long as its head's entry lives
+//     without a refresh. A waiter that reaches too few nodes stops
 //     keeping its place until it reaches a majority again.
 //   - The ACL user needs the line's sorted-set commands
 //     (docs/redis-acl.conf lists them).
