@@ -16,27 +16,20 @@
 //
 // # How Lock waits
 //
-// A release wakes a waiter of its key. The release script deletes the
-// key and, in the same atomic step, publishes on the key's channel
+// A release wakes a waiter of its key: the release script deletes the key
+// and, in the same atomic step, publishes on the key's channel
 // (redlease:wake:…, in the reserved namespace). When Lock's first attempt
-// is refused, it subscribes to that channel on the strategy's nodes (one
-// subscription connection per node client for the whole process, shared
-// by every waiter; closed once no waiter is left), waits until the nodes
-// confirmed the subscription, and only then checks again: a release
-// after that check is heard, so none can fall between the check and the
-// wait. Each wait then ends at the first of: a release notice (from any
-// node, for quorum; the attempt it triggers still needs its majority),
-// the backoff of WithRetryDelay, the holder's remaining TTL as the
-// refusing node reported it (+1 ms), and ctx. A notice only decides when a
-// waiter tries; every grant still goes through the strategy's Acquire.
-//
-// A notice wakes one waiter per process, not all of them: every waiter
-// woken costs a script call on every node, and all but one would be
-// refused. Fair mode's release names the line's head, and the process
-// where it waits wakes it; otherwise each process wakes its
-// longest-waiting waiter of the key. A waiter that leaves without
-// answering its notice with an attempt the nodes decided (it gave up, or
-// its attempt failed on the way) hands the notice to the next one.
+// is refused, it subscribes to that channel on the strategy's nodes and
+// waits until they confirmed the subscription before it checks again, so
+// no release falls between the check and the wait. Each wait then ends at
+// the first of: a release notice (from any node, for quorum; the attempt
+// it triggers still needs its majority), the backoff of WithRetryDelay,
+// the holder's remaining TTL as the refusing node reported it (+1 ms), and
+// ctx. A notice only decides when a waiter tries; every grant still goes
+// through the strategy's Acquire. A notice wakes one waiter per process
+// (fair mode: the line's head; otherwise the longest-waiting one), and a
+// waiter that leaves without using it hands it to the next. One
+// subscription connection per node client serves the whole process.
 //
 // A notice can be lost: the subscription connection broke (the waiters on
 // it are woken when it breaks and again when it is back, in case a
@@ -51,95 +44,44 @@
 // # Fair mode (WithFairness): waiters served in arrival order
 //
 // With fairness on (it is off by default: see WithFairness for what it
-// costs), the waiters of one key are served in the order they called Lock, on every strategy of this module (single, failover and
-// quorum implement Queuer; a Strategy that does not is simply not fair).
+// costs), the waiters of one key are served in the order they called Lock,
+// on every strategy of this module (single, failover and quorum implement
+// Queuer; a Strategy that does not is simply not fair). Each node keeps a
+// line per key beside the lock key, in the reserved namespace, and its
+// acquire script grants a free key only to the line's head. How the line
+// works, step by step, is in docs/fair-mode.md.
 //
-// The line: per node, beside the lock key, in its cluster slot and in the
-// reserved namespace, one sorted set (redlease:queue:{key}, built like the
-// fence counter's key). Each waiter has two members: its id (the Lock
-// call's token base, "<base>" of "<base>.<n>") scored by its ticket, and a
-// deadline member scored by the entry's expiry in the node's own TIME
-// (negated, so the two kinds never mix in an ordered read). The ticket is
-// the client's wall clock in milliseconds when Lock was called; ties go
-// by id. It is chosen by the client, not by the node, so every node that
-// has seen two waiters orders them the same way: with node-chosen order a
-// quorum could split into nodes whose heads differ and block a majority
-// for every waiter.
+// Fairness only ever adds refusals, never grants: mutual exclusion, fences
+// and validity are exactly those of the strategy without fairness,
+// whatever state a line is in. What it needs, and what can cost a waiter
+// its turn or some time (never safety):
 //
-// The rule, inside the acquire script, atomically: a free key is granted
-// only to the line's head, or to anyone when the line is empty (after
-// entries past their deadline were purged). Fairness only ever adds
-// refusals, never grants: the grant path (SET NX, the same token's
-// refresh, the takeover of an earlier attempt of the same Lock call) is
-// the one of the plain script, and a key held by another token is refused
-// as before. So mutual exclusion, fences and validity are exactly those of
-// the strategy without fairness, whatever state a line is in.
+//   - Every client of the key must be fair. Clients without fairness
+//     (fairness off, an older redlease, redsync on the same key layout)
+//     take a free key whoever is waiting.
+//   - TryLock never joins the line, but respects it: with waiters in line
+//     it is refused (ErrQueued, with ErrNotObtained) even when the key is
+//     free.
+//   - A waiter's place is its client's wall clock when Lock was called: a
+//     client whose clock is behind is served ahead of waiters that came
+//     before it. Clock skew reorders the line; it does not block it.
+//   - A waiter that dies or is paused (GC, SIGSTOP) at the head of the line
+//     holds the key back for at most LineLifetime after its last attempt
+//     (max(1 s, 3 × the max of WithRetryDelay)); then its place expires. A
+//     Lock that gives up (ctx, WithMaxAttempts, an error) leaves the line,
+//     best effort.
+//   - On a quorum, nodes that have seen different waiters (a lost request,
+//     a node restarted without its data) can have different heads for a
+//     while: someone may then be served out of turn, but a line keeps a
+//     free key from every waiter at most as long as its head's entry lives
+//     without a refresh. A waiter that reaches too few nodes stops
+//     keeping its place until it reaches a majority again.
+//   - The ACL user needs the line's sorted-set commands
+//     (docs/redis-acl.conf lists them).
 //
-// Who is in line: every attempt of a Lock call joins (or refreshes) its
-// entry on every node it reaches, at its first ticket: an attempt that
-// reaches a node which has not seen the waiter (its earlier request was
-// lost, the node restarted and forgot its line) inserts it at its place.
-// A grant removes the winner's entry on the nodes that granted; a release
-// removes the entry of its token's base on every node it reaches (the
-// nodes that refused the winner still had it), then publishes the next
-// head on the key's wake channel. TryLock never joins (it would never come
-// back to take its turn): it only respects the line, so with waiters in
-// line it is refused even when the key is free. A Lock that gives up (ctx
-// end, WithMaxAttempts, an error) removes its own entry, by its own id,
-// on every node, best effort. Otherwise an entry lasts its lifetime
-// (max(1 s, 3 × the max of WithRetryDelay)) after its last refresh; every
-// attempt refreshes it, and the waits between attempts are bounded by
-// that max (and cut by the holder's TTL and by release notices), so a live
-// waiter keeps its place. The line key itself carries a PEXPIRE of the
-// lifetime, so an idle line vanishes.
-//
-// Failure modes, and what each costs (never safety):
-//
-//   - A waiter that dies or is paused (GC, SIGSTOP) while it is the head
-//     stalls the key for at most one entry lifetime after its last
-//     attempt: then its entry expires, and the next waiter is the head.
-//   - A waiter whose wall clock is behind gets an earlier ticket and is
-//     served ahead of waiters that came before it (ahead, a later one):
-//     clock skew reorders the line, it does not block it. Tickets are not
-//     clamped by the nodes, since a clamp by each node's own clock would
-//     order the line differently on different nodes.
-//   - Nodes of a quorum that have seen different waiters (a lost join, a
-//     node restarted without its data) can have different heads for a
-//     while. They converge: the live waiter with the smallest ticket is
-//     the head of every node its attempts reach, so it gets a majority as
-//     soon as the key is free on one; meanwhile someone may be served out
-//     of turn (a fairness miss, not a stall). No node blocks every waiter
-//     forever: an entry not refreshed expires.
-//   - A waiter that reaches only a minority of the nodes (partitioned)
-//     would otherwise keep its entries fresh there and, with one more node
-//     down, leave the others no majority: after an attempt that too few
-//     nodes answered (ErrUnavailable), the next attempt only respects the
-//     line and does not refresh the waiter's entry, so its entries expire
-//     within a lifetime while it cannot reach a majority.
-//   - A late undo of a failed attempt does not touch the line (it deletes
-//     the attempt's lock key by token, as before): only Release and the
-//     give-up of a Lock leave the line.
-//   - Clients without fairness (fairness off, an older redlease, redsync
-//     on the same key layout) ignore the line: they take a free key
-//     whoever is waiting. Fairness holds among fair clients only.
-//   - Release notices name the next head, and wake that waiter only
-//     (in whichever process it waits); a process whose waiters are all
-//     behind the head wakes none of them. A lost notice costs one
-//     backoff, as without fairness.
-//   - A waiter refused because another is the head of a free key's line
-//     (ErrQueued) learns no holder's TTL to cut its wait by. It waits a
-//     ramp from the min of WithRetryDelay instead of the max: the head
-//     takes the key within a round trip or two, and the next refusal then
-//     carries the new holder's TTL; were it to wait the max, a lost
-//     release notice would cost it the rest of that wait after the
-//     head's hold. A head that never comes (it died in line) costs the
-//     waiters one ramp of attempts, up to the max delay, until its entry
-//     expires.
-//
-// Cost: an uncontended Lock or TryLock on a free key with an empty line
-// runs one more command (EXISTS on the line) inside the same script; the
-// command line carries the line's key and the waiter's id, ticket and
-// lifetime. A contended attempt runs a few sorted-set commands.
+// Cost: an uncontended Lock or TryLock runs one more command (EXISTS on
+// the line) inside the same script; a contended attempt runs a few
+// sorted-set commands.
 //
 // # Do keeps its lock alive
 //
@@ -190,8 +132,8 @@
 // Lock.Fence is strictly greater than the fence of every earlier holder of
 // the same key (under the same assumptions). Storage that keeps the highest
 // fence it accepted and rejects anything not greater (UPDATE … WHERE
-// fence < ?) turns a holder that woke up too late into a rejected write
-// instead of a double effect. single has fences on by default; quorum needs
+// fence < ?) rejects the write of a holder that woke up too late: it has
+// no effect, let alone a double one. single has fences on by default; quorum needs
 // quorum.WithFencing (one more round trip).
 //
 // A fence comes from a counter per lock name beside the lock key

@@ -40,7 +40,7 @@ var defaultKeeper = sync.OnceValue(func() *watch.Engine[*Lock] {
 // ExtendAll extends every lock by its own TTL (Lock.TTL, the TTL of its
 // latest Lock.Extend) and records each outcome on its lock exactly as
 // Lock.Extend does, through the same bookkeeping: a new Until, or the lock
-// marked lost when it is no longer held; Until never moves back, nor past
+// marked lost when it is not held; Until never moves back, nor past
 // the start plus the shorter TTL of another extension a node may apply
 // after the renewal (see Lock.Extend); a renewal whose answer never came
 // caps later extensions as an Extend's does. Locks already released or

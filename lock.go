@@ -17,7 +17,7 @@ import (
 // Valid is false).
 //
 // A Lock moves one way: held → released, or held → lost. Once Lost is closed
-// it stays closed and the Lock can no longer be extended; take a new one.
+// it stays closed and the Lock cannot be extended; take a new one.
 // Sending a Release ends the hold at once, before any reply: a release that
 // fails in the client may still be applied on the nodes, and another
 // holder may then be granted the key.
@@ -172,9 +172,9 @@ func (lk *Lock) Valid() bool {
 // heldLocked: neither lost nor given up.
 func (lk *Lock) heldLocked() bool { return lk.cause == nil && !lk.sent }
 
-// Lost returns a channel that is closed once the lock is no longer this
+// Lost returns a channel that is closed once the lock stops being this
 // process's to use: it is known lost (Until minus the loss margin passed
-// without an extension, an extension found it no longer held, or the
+// without an extension, an extension found it not held, or the
 // strategy revoked it), or a Release was sent. Err tells which: nil after
 // a Release that was confirmed (or is still in flight), an error that
 // errors.Is ErrLost otherwise.
@@ -194,12 +194,12 @@ func (lk *Lock) Lost() <-chan struct{} {
 	}
 	lk.mu.Lock()
 	defer lk.unlock()
-	lk.watchLocked()
+	lk.armExpiryLocked()
 	return lk.ended.Done()
 }
 
-// watchLocked makes ended and starts the expiry timer, once.
-func (lk *Lock) watchLocked() {
+// armExpiryLocked makes ended and starts the expiry timer, once.
+func (lk *Lock) armExpiryLocked() {
 	if lk.ended != nil {
 		return
 	}
@@ -221,7 +221,7 @@ func (lk *Lock) watchLocked() {
 // prevents f from running, and reports false if f has started.
 func (lk *Lock) afterEnd(f func()) (stop func() bool) {
 	lk.mu.Lock()
-	lk.watchLocked()
+	lk.armExpiryLocked()
 	ended := lk.ended
 	lk.unlock()
 	return context.AfterFunc(ended, f)
@@ -234,7 +234,7 @@ func (lk *Lock) afterEnd(f func()) (stop func() bool) {
 // and a context callback do. stop cancels the copy (if the lock has not)
 // and detaches it from the lock; it returns once a cancellation by the
 // lock already under way has finished, so that after stop the copy's
-// cause no longer changes. Locker.Do runs fn on such a context, and the
+// cause stays as it is. Locker.Do runs fn on such a context, and the
 // idempotency Barrier its handlers. On a nil Lock the copy is cancelled
 // at once, with ErrNotHeld as its cause.
 func (lk *Lock) Context(parent context.Context) (ctx context.Context, stop func()) {
@@ -244,12 +244,12 @@ func (lk *Lock) Context(parent context.Context) (ctx context.Context, stop func(
 		return ctx, func() {}
 	}
 	told := make(chan struct{})
-	stopWatch := lk.afterEnd(func() {
+	detach := lk.afterEnd(func() {
 		defer close(told)
 		cancel(lk.Err())
 	})
 	return ctx, func() {
-		if !stopWatch() {
+		if !detach() {
 			<-told // the loss (or the release) is being told: let it finish
 		}
 		cancel(nil)
@@ -275,7 +275,7 @@ func (lk *Lock) Err() error {
 // shorten a held key: one with a longer life left keeps it); ttl becomes
 // the lock's TTL (the one keepers renew it with from now on; see TTL); and
 // Until moves to the extension's start plus ttl, less the strategy's drift
-// allowance. If the strategy says the lock is no longer held, the lock is
+// allowance. If the strategy says the lock is not held, the lock is
 // marked lost and the error errors.Is ErrNotHeld. Other failures
 // (ErrUnavailable, ctx) are undecided: the extension may still be
 // applied, so the lock stays valid until the earlier of its current Until
@@ -388,8 +388,8 @@ func (lk *Lock) beginRenewal() (*pendingExtend, error) {
 // key then lives at least ttl from its arrival; the lock counts on no
 // more, as if the node reset the key to ttl whatever an earlier extension
 // said (the nodes of this module's strategies keep a longer life; see
-// Extend). So the lock is valid no longer than the extension's start plus
-// ttl less the strategy's drift allowance (capLimit), if that comes before
+// Extend). So the lock is valid at most until the extension's start
+// plus ttl less the strategy's drift allowance (capLimit), if that comes before
 // its Until: an extension to the lock's TTL or a longer one changes
 // nothing, one to a shorter TTL shortens the hold. On a strategy
 // that states no allowance nothing shorter than the lock's TTL is sent
@@ -406,7 +406,7 @@ func (lk *Lock) sendLocked(ttl time.Duration, seq uint64) *pendingExtend {
 // finishExtend records the strategy's answer to the extension rec (g and
 // err, as Strategy.Extend returns them) and returns the error to report:
 // on success a new Until (see applySuccessLocked); the loss of the lock if
-// the strategy says it is no longer held; for other errors the lock stays
+// the strategy says it is not held; for other errors the lock stays
 // as it was (sendLocked shortened it when the extension was sent), and an
 // undecided extension caps every later one. An answer that is not a
 // refusal of the ttl (ErrInvalid) makes a Lock.Extend's ttl the lock's
@@ -789,7 +789,7 @@ func (e *lostError) Unwrap() []error {
 
 // ErrLost means a lock was lost while its holder still believed in it: its
 // validity ran out without a successful renewal, or a renewal showed it was
-// no longer held. Lock.Err returns it (wrapping the cause) once Lock.Lost is
+// not held. Lock.Err returns it (wrapping the cause) once Lock.Lost is
 // closed.
 var ErrLost = errors.New("redlease: lock lost")
 

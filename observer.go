@@ -29,7 +29,7 @@ type Observer interface {
 // Op describes one lock operation for an Observer.
 type Op struct {
 	Name     string // "acquire" (one attempt), "wait" (Lock: every attempt), "extend", "release"
-	Strategy string // the strategy's name ("single", "quorum", "failover", or its Go type)
+	Strategy string // the strategy's Name (see Namer), or its Go type
 	Key      string // as the caller gave it
 	// Began is when the operation began, if that was before the call to
 	// Observer.Start: a keeper's renewal (ExtendAll) is reported once its
@@ -50,10 +50,10 @@ func observe(ctx context.Context, o Observer, op Op) (context.Context, func(erro
 	return context.WithValue(ctx, nodeSinkKey{}, sink), done
 }
 
-// strategyName names a strategy for observers: its Name method where it
-// has one, else its Go type.
+// strategyName names a strategy for observers: its Name where it is a
+// Namer, else its Go type.
 func strategyName(s Strategy) string {
-	if n, ok := s.(interface{ Name() string }); ok {
+	if n, ok := s.(Namer); ok {
 		return n.Name()
 	}
 	return fmt.Sprintf("%T", s)

@@ -159,12 +159,10 @@ func WithPolling() LockOption {
 // of Lock join the key's line and are served in the order they called
 // Lock, and TryLock is refused while others wait in line, even if the key
 // is free. Fairness only adds refusals: mutual exclusion, fences and
-// validity are the same either way. Default off: measured on quorum/5
-// (BenchmarkContention, 32 waiters on 4 keys, hold 1 ms) it brings the
-// longest wait to 1.4× the mean (2.7–2.8× without) and Jain's index to
-// 0.9999 (0.996 without), for about a fifth fewer grants per second (a
-// fair waiter cannot barge in: the next head pays a wake-up and a round
-// trip), and an uncontended TryLock costs about 5 more allocations. A waiter's entry lasts
+// validity are the same either way. Default off: under contention it
+// evens out the waits but serves fewer grants per second, since a fair
+// waiter cannot barge in (the next head pays a wake-up and a round trip);
+// the figures are in docs/bench/PERFORMANCE.md. A waiter's entry lasts
 // LineLifetime of its retry delays after its last attempt, which bounds
 // how long a waiter that died at the head of the line holds the others
 // back. Give every client of a key the same setting: a client without
@@ -244,8 +242,8 @@ func WithLossMargin(d time.Duration) LockOption {
 }
 
 // WithKeeper gives the Locker a Keeper (a renew.Watchdog, say) that Do
-// uses to keep its locks alive while its function runs, instead of the
-// process-wide default watchdog (see Locker.Do). A nil Keeper, or
+// uses to keep its locks alive while its function runs. Without it Do uses
+// the process-wide default watchdog (see Locker.Do). A nil Keeper, or
 // WithKeeper and WithoutKeeper both given to New, is rejected with
 // ErrInvalid. WithoutKeeper given to one Do call still turns keeping off
 // for that call.
@@ -281,24 +279,6 @@ func (withoutKeeper) applyLocker(l *Locker) {
 	}
 	l.defaults.noKeeper = true
 }
-
-// Clock is where locks and strategies read the time. The default,
-// SystemClock, is time.Now, whose readings carry Go's monotonic clock: all
-// validity is measured on it, so wall-clock steps (NTP corrections, date
-// changes, leap smearing) never move a lock's Until. Another Clock is for
-// tests and fault scenarios that emulate a client clock running at the
-// wrong rate; give the same one to the Locker (WithClock) and to the
-// strategy (its WithClock option).
-type Clock interface {
-	Now() time.Time
-}
-
-// SystemClock returns the default Clock, time.Now.
-func SystemClock() Clock { return systemClock{} }
-
-type systemClock struct{}
-
-func (systemClock) Now() time.Time { return time.Now() }
 
 // WithClock makes the Locker's locks judge their validity by c. Default
 // SystemClock(). Valid and Err follow c exactly; Lost's timer is armed in

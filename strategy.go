@@ -45,8 +45,8 @@ type Strategy interface {
 	// may land after a later, longer one, and must not cut the key back
 	// below that one's Until. A Lock does not count on it (see
 	// Lock.Extend).
-	// It fails with an error that errors.Is ErrNotHeld when the strategy can
-	// no longer vouch that token holds key. The returned Grant's Fence is 0:
+	// It fails with an error that errors.Is ErrNotHeld when the strategy cannot
+	// vouch that token holds key. The returned Grant's Fence is 0:
 	// an extension keeps the fence of the acquisition.
 	Extend(ctx context.Context, key, token string, ttl time.Duration) (Grant, error)
 	// Release removes key where it is still held under token. It returns nil
@@ -61,7 +61,7 @@ type Strategy interface {
 // release script publishes on the key's channel (in redlease's reserved
 // namespace) in the same atomic step as its delete, and Watch subscribes
 // to that channel over one connection per node shared by the whole
-// process. A Strategy without it is polled with backoff, as before.
+// process. A Strategy without it is polled with backoff alone.
 //
 // A notice only changes when a waiter tries: every grant still goes
 // through Acquire. The undo of a failed attempt (a quorum attempt that got
@@ -92,7 +92,7 @@ type Waker interface {
 	// among those without fairness when the named head is elsewhere).
 	// stop(true) says the waiter took a notice that no attempt of its own
 	// answered (it gives up, or its attempt failed on the way): the
-	// notice goes to the next waiter instead of being lost.
+	// notice goes to the next waiter, so that it is not lost.
 	Watch(ctx context.Context, key, waiter string) (notices <-chan struct{}, stop func(handOn bool), err error)
 	// Listen is Watch without I/O and without waiting, for a key whose
 	// releases the process already hears: if enough nodes (as for Watch)
@@ -107,10 +107,10 @@ type Waker interface {
 }
 
 // Queuer is a Strategy that can serve the waiters of a key in arrival
-// order: fair mode (WithFairness; how it works and how it fails is in the
-// package documentation). The strategies of this module implement it; a
-// Strategy without it is just not fair, and WithFairness changes nothing
-// on it.
+// order: fair mode (WithFairness; what it guarantees and how it fails is
+// in the package documentation, how the line works in docs/fair-mode.md).
+// The strategies of this module implement it; a Strategy without it is
+// just not fair, and WithFairness changes nothing on it.
 //
 // Fairness only ever adds refusals: AcquireInLine grants exactly when
 // Acquire would, except that a free key is refused (ErrQueued) to anyone
@@ -195,7 +195,7 @@ type Revoker interface {
 }
 
 // BatchExtender is a Strategy that can extend many keys at once, in one
-// round trip per node instead of one per key. ExtendAll uses it where a
+// round trip per node whatever the number of keys. ExtendAll uses it where a
 // strategy has it. The result slice matches items one to one.
 type BatchExtender interface {
 	ExtendBatch(ctx context.Context, items []Extension) []Extended
@@ -210,9 +210,9 @@ type BatchExtender interface {
 //
 // A Lock uses it where no Grant tells it the validity: an extension still
 // in flight, or one whose answer never came, may be applied by the nodes
-// at any time and then keeps the key at least ttl after it arrives (a node
-// that resets the TTL, no longer), so the lock counts itself valid no
-// longer than the extension's start plus ttl less this allowance (see
+// at any time and then keeps the key at least ttl after it arrives (exactly
+// ttl, on a node that resets the TTL), so the lock counts itself valid at
+// most until the extension's start plus ttl less this allowance (see
 // Lock.Extend). A Strategy without it states no
 // allowance, and the Lock then takes no validity at all from an extension
 // it has no Grant for: such an extension to a TTL shorter than another
@@ -266,6 +266,35 @@ type CallBounder interface {
 // CallBounder): 1 s, the renew package's DefaultTimeout for a renewal.
 const DefaultCallBound = time.Second
 
+// Namer is a Strategy that names itself for observers: the Op.Strategy
+// of its operations, which the observe package reports as the
+// redlease.strategy attribute of every metric and span. A Strategy
+// without it is named by its Go type ("*mypkg.Strategy"). The strategies
+// of this module implement it ("single", "quorum", "failover"; an
+// idempotency Barrier's lock on its store is "idempotency"). The name is
+// a metric attribute: keep it short and the same for every instance.
+type Namer interface {
+	Name() string
+}
+
+// Clock is where locks and strategies read the time. The default,
+// SystemClock, is time.Now, whose readings carry Go's monotonic clock: all
+// validity is measured on it, so wall-clock steps (NTP corrections, date
+// changes, leap smearing) never move a lock's Until. Another Clock is for
+// tests and fault scenarios that emulate a client clock running at the
+// wrong rate; give the same one to the Locker (WithClock) and to the
+// strategy (its WithClock option).
+type Clock interface {
+	Now() time.Time
+}
+
+// SystemClock returns the default Clock, time.Now.
+func SystemClock() Clock { return systemClock{} }
+
+type systemClock struct{}
+
+func (systemClock) Now() time.Time { return time.Now() }
+
 // Extension asks for one key to be extended: the request side of
 // BatchExtender.
 type Extension struct {
@@ -289,8 +318,9 @@ type Extended struct {
 // not acknowledge the write is an outage: ErrUnavailable, not this.
 var ErrNotObtained = errors.New("redlease: lock not obtained")
 
-// ErrNotHeld means the caller no longer holds the lock it asked to extend or
-// release: the key expired, was taken over, or too few nodes confirmed it.
+// ErrNotHeld means the lock the caller asked to extend or release is not
+// held under its token: the key expired, was taken over, or too few nodes
+// confirmed it.
 // Work done under the lock since its last confirmed validity must be treated
 // as done without it.
 var ErrNotHeld = errors.New("redlease: lock not held")

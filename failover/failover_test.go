@@ -54,7 +54,10 @@ func startGroup(t *testing.T) *group {
 
 func TestContract(t *testing.T) {
 	g := startGroup(t)
-	s, err := failover.New(g.client)
+	// The contract's acquisitions must succeed: a WAIT timeout of 5 s, not
+	// the default 100 ms, which a loaded machine's replica misses (the
+	// ExtendBatch acquisition once, at load 20).
+	s, err := failover.New(g.client, failover.WithWaitTimeout(5*time.Second))
 	require.NoError(t, err)
 	contract.Run(t, func(t *testing.T) contract.Setup {
 		return contract.Setup{Strategy: s, Nodes: []redis.UniversalClient{g.client}, Quorum: 1, Fencing: true}

@@ -61,7 +61,7 @@ func (c *Consumer) Handle(ctx context.Context, id string, h Handler) (ack bool, 
 
 // HandlePayload is Handle that also fingerprints the message payload: a
 // message re-published under the same id with a different payload gets
-// ErrMismatch (ack false) instead of a silent replay. ErrMismatch is
+// ErrMismatch (ack false), not a replay of the first payload's result. ErrMismatch is
 // Permanent: dead-letter such a message, since no redelivery can succeed.
 func (c *Consumer) HandlePayload(ctx context.Context, id string, payload []byte, h Handler) (ack bool, err error) {
 	return c.handle(ctx, Request{Key: id, Fingerprint: PayloadHash(payload)}, h)

@@ -68,13 +68,13 @@ func (b *Barrier) hold(base context.Context, req Request, rec string, lk *redlea
 		return held{v: busy, err: &InProgressError{RetryAfter: time.Second}}
 	}
 
-	hctx, cancel, stopWatching, unhook := b.handlerContext(base, lk, rec)
+	hctx, cancel, detach, unhook := b.handlerContext(base, lk, rec)
 	defer unhook()
-	defer stopWatching()
+	defer detach()
 
 	result, panicked, herr := b.call(hctx, h, lk.Fence())
 	// Decided the moment h returned: a lock that ran out before the
-	// watcher said so counts as lost too.
+	// loss was heard counts as lost too.
 	if hctx.Err() == nil && !lk.Valid() {
 		cancel(lostCause(lk))
 	}
@@ -83,7 +83,7 @@ func (b *Barrier) hold(base context.Context, req Request, rec string, lk *redlea
 		cause = context.Cause(hctx)
 	}
 	lost := cause != nil && (errors.Is(cause, redlease.ErrLost) || !lk.Valid())
-	stopWatching()
+	detach()
 	if panicked != nil {
 		_, _ = b.release(ctx, rec, lk.Token())
 		return held{panicked: panicked}
@@ -150,8 +150,9 @@ func (b *Barrier) hold(base context.Context, req Request, rec string, lk *redlea
 // it, or, for a lock on the store that no Keeper renews, which can only
 // run out, one timer does (cancelAtExpiry: 13 allocations fewer per first
 // request than Lock.Context, BenchmarkIdempotency case=first). Its third
-// result ends the watch and cancels the ctx (nil cause), and may be called
-// again; its fourth detaches the ctx from Close.
+// result detaches the ctx from the lock (and stops the record's renewal)
+// and cancels it (nil cause), and may be called again; its fourth
+// detaches the ctx from Close.
 func (b *Barrier) handlerContext(base context.Context, lk *redlease.Lock, rec string) (context.Context, context.CancelCauseFunc, func(), func() bool) {
 	timed := b.onStore != nil && b.keeper == nil
 	lctx, stopLock := base, func() {}
@@ -160,18 +161,18 @@ func (b *Barrier) handlerContext(base context.Context, lk *redlease.Lock, rec st
 	}
 	hctx, cancel := context.WithCancelCause(lctx)
 	unhook := context.AfterFunc(b.stopping, func() { cancel(context.Cause(b.stopping)) })
-	var stopWatching func()
+	var detach func()
 	if timed {
-		stopWatching = b.cancelAtExpiry(cancel, lk)
+		detach = b.cancelAtExpiry(cancel, lk)
 	} else {
 		renewing := make(chan struct{})
 		go func() {
 			defer close(renewing)
 			b.renewWhileRunning(hctx, lk, rec)
 		}()
-		stopWatching = sync.OnceFunc(func() { stopLock(); cancel(nil); <-renewing })
+		detach = sync.OnceFunc(func() { stopLock(); cancel(nil); <-renewing })
 	}
-	return hctx, cancel, stopWatching, unhook
+	return hctx, cancel, detach, unhook
 }
 
 // renewWhileRunning runs beside a handler until hctx ends (the handler
@@ -207,8 +208,8 @@ func (b *Barrier) renewWhileRunning(hctx context.Context, lk *redlease.Lock, rec
 // turns false (its Until less the loss margin) — which is when the timer
 // cancels the handler's ctx, after asking the lock itself. Nor does the
 // record need renewing: it was claimed for the retention, which is longer
-// than the lease, and the handler's ctx ends within the lease. stop ends
-// the watch and cancels the ctx (nil cause).
+// than the lease, and the handler's ctx ends within the lease. stop
+// stops the timer and cancels the ctx (nil cause).
 func (b *Barrier) cancelAtExpiry(cancel context.CancelCauseFunc, lk *redlease.Lock) (stop func()) {
 	left := func() time.Duration { return time.Until(lk.Deadline()) }
 	var (

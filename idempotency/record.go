@@ -33,8 +33,8 @@ const (
 //
 // With the lock on the store and no Keeper (leavesLock), nothing renews
 // or revokes the lock, so the attempts go on until its validity runs out
-// (less the loss margin, when Valid turns false), without a watch on
-// Lost (whose timer would cost every request an allocation).
+// (less the loss margin, when Valid turns false), without listening
+// on Lost (whose timer would cost every request an allocation).
 func (b *Barrier) record(ctx context.Context, rec string, lk *redlease.Lock, kind string, payload []byte, left func() bool) error {
 	ctx = context.WithoutCancel(ctx)
 	start := time.Now()

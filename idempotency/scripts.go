@@ -126,25 +126,25 @@ var releaseScript = redis.NewScript(releaseSrc)
 
 // When the request's lock lives on the store (the default strategy: single
 // on the store's own client, see storeLock), the steps of a first request
-// are two scripts instead of five calls: claimLockScript (peek, the lock's
-// acquisition, claim), and completeScript, after which the lock is left to
-// expire (see Barrier.leavesLock). claimLockScript does, step for step,
-// what peekScript, the single strategy's Acquire with fencing and
-// claimScript do when run one after the other: the same record, the same
-// lock key holding the same token, the same fence counter and its TTL, the
-// same takeover of an earlier attempt's key, the same answers. It is
-// written out by hand rather than composed of those scripts (as it first
-// was), because a first request's cost is mostly the store's work, and
-// every call a script makes costs one to two microseconds on the machine
-// we measure on (docs/bench/PERFORMANCE.md), whatever the command. So it reads
-// the record once instead of twice, takes a free lock key and starts a
-// new fence counter with one SET NX each (the counter's after TIME), and has no branches for modes the
-// store lock never uses (fair mode's line: the Barrier's Locker is never
-// fair, so the line never exists) nor local functions to build on every
-// call. TestHandWrittenClaimDoesWhatTheComposedOneDoes runs it against the
-// composed original from every state that matters to it. Its reply is
-// flattened to one integer or one string, which the client reads without
-// building an array.
+// run in two scripts: claimLockScript (peek, the lock's acquisition,
+// claim), and completeScript, after which the lock is left to expire (see
+// Barrier.leavesLock). claimLockScript does, step for step, what
+// peekScript, the single strategy's Acquire with fencing and claimScript
+// do when run one after the other: the same record, the same lock key
+// holding the same token, the same fence counter and its TTL, the same
+// takeover of an earlier attempt's key, the same answers. It is written
+// out by hand, not composed of those scripts, because a first request's
+// cost is mostly the store's work, and every call a script makes costs
+// one to two microseconds on the machine we measure on
+// (docs/bench/PERFORMANCE.md), whatever the command. So it reads the
+// record once, takes a free lock key and starts a new fence counter with
+// one SET NX each (the counter's after TIME), and has no branches for
+// modes the store lock never uses (fair mode's line: the Barrier's Locker
+// is never fair, so the line never exists) nor local functions to build
+// on every call. TestHandWrittenClaimDoesWhatTheComposedOneDoes runs it
+// against the composed scripts from every state that matters to it. Its
+// reply is flattened to one integer or one string, which the client reads
+// without building an array.
 
 // fn makes a script's source a local function of a larger script.
 func fn(name, src string) string {

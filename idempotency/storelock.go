@@ -53,9 +53,11 @@ var (
 	_ redlease.Strategy              = (*storeLock)(nil)
 	_ redlease.BatchExtender         = (*storeLock)(nil)
 	_ redlease.DriftAllowancer       = (*storeLock)(nil)
+	_ redlease.Namer                 = (*storeLock)(nil)
 	_ fused.Acquirer[redlease.Grant] = (*storeLock)(nil)
 	_ fused.Script                   = (*claim)(nil)
 	_ redlease.DriftAllowancer       = onePrimary{}
+	_ redlease.Namer                 = onePrimary{}
 )
 
 // newStoreLock returns the lock strategy for a Barrier whose store is c.
@@ -74,7 +76,7 @@ func newStoreLock(c *redis.Client, bound bool, retention, lease time.Duration) (
 // ring client).
 type onePrimary struct{ *primary.Primary }
 
-// Name is single's.
+// Name is single's (see redlease.Namer).
 func (onePrimary) Name() string { return "single" }
 
 // newOnePrimary returns single's strategy on store with fence counters
@@ -120,7 +122,7 @@ func (s *storeLock) Release(ctx context.Context, key, token string) error {
 	return s.p.Release(ctx, key, token)
 }
 
-// Name returns "idempotency", for observers: the lock of a Barrier on its
+// Name returns "idempotency", for observers (see redlease.Namer): the lock of a Barrier on its
 // store, whose acquisitions claim records.
 func (s *storeLock) Name() string { return "idempotency" }
 

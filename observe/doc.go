@@ -96,7 +96,7 @@
 //	failover.ErrNotReplicated  too few replicas acknowledged a write
 //	redlease.ErrUnavailable    too few nodes answered to decide
 //	redlease.ErrNotObtained    the lock was not obtained
-//	redlease.ErrNotHeld        the lock was no longer held
+//	redlease.ErrNotHeld        the lock was not held (expired, taken over)
 //	timeout                    a deadline passed (context.DeadlineExceeded, a network timeout)
 //	redis.ErrClosed            the client was closed
 //	redis.ErrPoolExhausted     no connection could be had from the pool

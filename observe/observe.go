@@ -196,8 +196,8 @@ func (o *Observer) NodeFailed(ctx context.Context, op redlease.Op, ne *redlease.
 	o.log.Debug("redlease node failed", "strategy", op.Strategy, "op", op.Name, "node", ne.Node, "addr", ne.Addr, "err", ne.Err)
 }
 
-// Held records how long a lock was held and, if it was lost, the loss; the
-// lock no longer counts as held.
+// Held records how long a lock was held and, if it was lost, the loss, and
+// takes the lock out of the count of held locks.
 func (o *Observer) Held(op redlease.Op, d time.Duration, lost error) {
 	ctx := context.Background()
 	strategy := keyStrategy.String(op.Strategy)

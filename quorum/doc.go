@@ -29,8 +29,8 @@
 //
 // Both run a compare-token script on every node in parallel. Extend succeeds
 // with a quorum inside the new validity; Release returns once a quorum
-// deleted the key, or once a quorum can no longer have held it
-// (redlease.ErrNotHeld), or at the node timeout (redlease.ErrUnavailable if
+// deleted the key, or once too many nodes did not hold it for a quorum to
+// have held it (redlease.ErrNotHeld), or at the node timeout (redlease.ErrUnavailable if
 // undecided). Requests still in flight finish in the background, bounded by
 // the node timeout; Close waits for them.
 //
@@ -41,18 +41,14 @@
 // (a TryLock right after a Release, from this process or another) can be
 // refused by those nodes. Nothing is held in their place: each delete lands
 // within the node timeout, Locker.Lock's retry takes the key then, and the
-// refusal never grants anyone anything. On five proxied local nodes
-// (bench's BenchmarkQuorum, slow=0: TryLock, Release, TryLock at once, ...)
-// it happened 3 times in about 127,000 rounds; in the one we traced, the
-// refusing nodes' pending release and late acquire landed within the
-// next millisecond.
-// Release does not wait for every node, because a slow or dead minority
+// refusal never grants anyone anything (how often it happens on local
+// nodes is in docs/bench/PERFORMANCE.md). Release does not wait for every node, because a slow or dead minority
 // would then cost every release its timeout.
 //
 // # Fair mode (redlease.WithFairness)
 //
 // Strategy implements redlease.Queuer. Each node keeps its own line for a
-// key (see the redlease package documentation): the acquire script joins
+// key (the line, step by step: docs/fair-mode.md): the acquire script joins
 // the waiter at its client-chosen ticket and grants a free key only to the
 // head. The quorum rule is unchanged: a grant still needs a majority of
 // grants, each node deciding on its own, and fairness only adds refusals.

@@ -169,8 +169,8 @@ func WithDurableNodes() Option {
 }
 
 // WithFenceTTL sets how long a lock's fence counter lives after its last
-// grant: d instead of the default, redlease.DefaultFenceTTL (or the
-// acquisition's TTL, if longer). Every counter expires; one created anew
+// grant: d, or the acquisition's TTL if that is longer. Default
+// redlease.DefaultFenceTTL. Every counter expires; one created anew
 // starts from the server's clock in microseconds, so its first fence is
 // above every fence the expired one handed out (the argument and its
 // assumptions: the server's clock does not step back by d across the
@@ -188,9 +188,10 @@ func WithFenceTTL(d time.Duration) Option {
 	})
 }
 
-// WithClock judges validity by c instead of the system clock (see
-// redlease.Clock: for tests that emulate a clock running at the wrong
-// rate). Give the Locker the same clock.
+// WithClock makes the strategy judge validity by c. Default
+// redlease.SystemClock(); another Clock is for tests that emulate a clock
+// running at the wrong rate (see redlease.Clock). Give the Locker the same
+// clock.
 func WithClock(c redlease.Clock) Option {
 	return optionFunc(func(s *Strategy) error {
 		if c == nil {

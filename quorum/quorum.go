@@ -60,6 +60,7 @@ var (
 	_ redlease.Fencer          = (*Strategy)(nil)
 	_ redlease.Placer          = (*Strategy)(nil)
 	_ redlease.CallBounder     = (*Strategy)(nil)
+	_ redlease.Namer           = (*Strategy)(nil)
 )
 
 // New returns a Strategy over nodes, which must be independent Redis
@@ -165,7 +166,7 @@ func (s *Strategy) Placement() string {
 // WithoutFencing (see redlease.Fencer).
 func (s *Strategy) Fencing() bool { return s.fencing }
 
-// Name returns "quorum", for observers.
+// Name returns "quorum", for observers (see redlease.Namer).
 func (s *Strategy) Name() string { return "quorum" }
 
 // Close ends the release subscriptions of the strategy's waiters (they
@@ -222,7 +223,7 @@ func (s *Strategy) Listen(key, waiter string) (<-chan struct{}, func(bool), bool
 //     acquisition of a Strategy identifies the nodes first: see New) sends
 //     nothing and fails as a round that no node answered in time does.
 //  2. Count replies as they arrive; stop as soon as a quorum granted, or as
-//     soon as a quorum can no longer be reached, or at the node timeout.
+//     soon as a quorum is out of reach, or at the node timeout.
 //     A node that finds its own token already there (a retried request whose
 //     reply was lost) counts as a grant.
 //  3. With fencing, the fence is the highest counter the grants replied
@@ -443,8 +444,8 @@ func (s *Strategy) Extend(ctx context.Context, key, token string, ttl time.Durat
 }
 
 // Release deletes key on every node that still holds token, in parallel. It
-// returns once a quorum confirmed the delete, or once a quorum can no longer
-// have held the key, or at the node timeout; stragglers finish in the
+// returns once a quorum confirmed the delete, or once too many nodes did
+// not hold the key for a quorum to have held it, or at the node timeout; stragglers finish in the
 // background, unaffected by ctx's cancellation, within the node timeout.
 // Until they land, those nodes may refuse an acquisition of key (see the
 // package documentation).

@@ -28,7 +28,7 @@
 //
 // # What a kept lock guarantees
 //
-// A renewal that finds the lock no longer held (expired, taken over, or
+// A renewal that finds the lock not held (expired, taken over, or
 // missing on too many nodes) marks it lost at once: Lost closes and Valid
 // turns false. A renewal that cannot be decided (a node down, a timeout) is
 // retried soon while the lock is still valid. If no renewal succeeds in
@@ -65,14 +65,10 @@
 // reply from each node), and each of them waits for a processor. The
 // renewal must complete within (1 − fraction)·TTL less the loss margin of
 // its previous one, and each quorum round within the quorum's node timeout
-// (100 ms by default). Measured on a 2-core machine with GOMAXPROCS=1 and
-// four goroutines that never block, a timer or network wake-up waits
-// 15–35 ms (more under the race detector): with a 3 s TTL no lock was lost
-// in 8 s (single, and quorum with a 100 ms or a 1 s node timeout); with a
-// 1 s TTL, under -race with other test binaries running, every quorum lock
-// was lost; with a 300 ms TTL dozens were, before and after the rework that
-// made strategies independent (TestStarvedProcessKeepsHealthyLocks; set
-// STARVE_TTL and STARVE_NODE_TIMEOUT to measure). Give a process that may
+// (100 ms by default). A starved process's wake-ups wait tens of
+// milliseconds, and short TTLs are lost first (the figures are in
+// docs/bench/PERFORMANCE.md; TestStarvedProcessKeepsHealthyLocks measures
+// them, with STARVE_TTL and STARVE_NODE_TIMEOUT). Give a process that may
 // be starved a TTL of seconds and a quorum node timeout well above its
 // scheduling delays. A starved process loses liveness first, and it never
 // reports a lock held past its deadline (Valid and Err read the clock);

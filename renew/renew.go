@@ -154,9 +154,10 @@ func New(opts ...Option) (*Watchdog, error) {
 }
 
 // Keep extends lk by its TTL (Lock.TTL, read again at every renewal) every
-// fraction of it until stop is called, lk is released, or lk is lost (a renewal that finds it no longer held marks it
-// lost; one that cannot get an answer in time leaves it to expire, and its
-// Lost closes a loss margin before its Until). Keeping a lock that is
+// fraction of it until stop is called, lk is released, or lk is lost (a
+// renewal that finds it not held marks it lost; one that cannot get an
+// answer in time leaves it to expire, and its Lost closes a loss margin
+// before its Until). Keeping a lock that is
 // already kept, or keeping after Close, does nothing.
 func (w *Watchdog) Keep(lk *redlease.Lock) (stop func()) { return w.eng.Keep(lk) }
 
@@ -167,7 +168,7 @@ func (w *Watchdog) Len() int { return w.eng.Len() }
 
 // Close stops the Watchdog: no lock is extended any more, and the calls in
 // flight are cancelled. It waits for the scheduler and for those calls,
-// but for the calls no longer than the renewal timeout (WithTimeout): a
+// but for the calls at most the renewal timeout (WithTimeout): a
 // call whose client ignores its context (go-redis without
 // ContextTimeoutEnabled, on a hung node) is left to end on its own, at the
 // client's own timeout or when the client is closed, and at most
@@ -192,5 +193,5 @@ func now(c redlease.Clock) func() time.Time {
 // itself for a strategy that cannot be a map key.
 func laneKey(lk *redlease.Lock) any { return watch.LaneKey(lk.Strategy(), lk) }
 
-// notHeld: a renewal's verdict that the lock is no longer held.
+// notHeld: a renewal's verdict that the lock is not held.
 func notHeld(err error) bool { return errors.Is(err, redlease.ErrNotHeld) }

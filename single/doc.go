@@ -46,7 +46,7 @@
 // a sorted set at "redlease:queue:"+the same suffix as the fence counter
 // ("redlease:queue:{order:7}", "redlease:queue:tag:{order:7}:lock"), in
 // the lock key's slot. The acquire script grants a free key only to the
-// head of the line (see the redlease package documentation); it adds
+// head of the line (the line, step by step: docs/fair-mode.md); it adds
 // refusals, never grants. On one primary there is one line, so order is
 // exact among fair clients whose clocks agree; a head that dies stalls the
 // key for one entry lifetime at most. A failover that promotes a replica

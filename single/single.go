@@ -25,6 +25,7 @@ var (
 	_ redlease.Fencer          = (*Strategy)(nil)
 	_ redlease.Placer          = (*Strategy)(nil)
 	_ redlease.Waker           = (*Strategy)(nil)
+	_ redlease.Namer           = (*Strategy)(nil)
 )
 
 // Option configures a Strategy in New.
@@ -126,12 +127,12 @@ func (s *Strategy) Placement() string { return s.p.Placement() }
 // WithoutFencing (see redlease.Fencer).
 func (s *Strategy) Fencing() bool { return s.p.Fencing() }
 
-// Name returns "single", for observers.
+// Name returns "single", for observers (see redlease.Namer).
 func (s *Strategy) Name() string { return "single" }
 
 // WithFenceTTL sets how long a lock's fence counter lives after its last
-// grant: d instead of the default, redlease.DefaultFenceTTL (or the
-// acquisition's TTL, if longer). Every counter expires; one created anew
+// grant: d, or the acquisition's TTL if that is longer. Default
+// redlease.DefaultFenceTTL. Every counter expires; one created anew
 // starts from the server's clock in microseconds, so its first fence is
 // above every fence the expired one handed out (the argument and its
 // assumptions: the server's clock does not step back by d across the
@@ -140,9 +141,10 @@ func (s *Strategy) Name() string { return "single" }
 // setting.
 func WithFenceTTL(d time.Duration) Option { return optionFunc(primary.FenceTTL(d)) }
 
-// WithClock judges validity by c instead of the system clock (see
-// redlease.Clock: for tests that emulate a clock running at the wrong
-// rate). Give the Locker the same clock.
+// WithClock makes the strategy judge validity by c. Default
+// redlease.SystemClock(); another Clock is for tests that emulate a clock
+// running at the wrong rate (see redlease.Clock). Give the Locker the same
+// clock.
 func WithClock(c redlease.Clock) Option { return optionFunc(primary.UseClock(c)) }
 
 var _ redlease.Queuer = (*Strategy)(nil)

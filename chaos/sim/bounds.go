@@ -66,9 +66,9 @@ func callBound(s redlease.Strategy) time.Duration {
 	return redlease.DefaultCallBound
 }
 
-// stratName is s's name for observers ("quorum", "single", "failover").
+// stratName is s's name for observers (redlease.Namer), as the Locker reports it.
 func stratName(s redlease.Strategy) string {
-	if n, ok := s.(interface{ Name() string }); ok {
+	if n, ok := s.(redlease.Namer); ok {
 		return n.Name()
 	}
 	return fmt.Sprintf("%T", s)

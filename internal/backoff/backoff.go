@@ -29,8 +29,8 @@ func Jittered(s *Stream, n int, base, limit time.Duration) time.Duration {
 // seedKey is the context key of WithSeed.
 type seedKey struct{}
 
-// WithSeed returns a copy of ctx whose Streams (NewStream) draw from seed
-// instead of math/rand/v2's global source: the same seed, the same draws.
+// WithSeed returns a copy of ctx whose Streams (NewStream) draw from seed,
+// not from math/rand/v2's global source: the same seed, the same draws.
 // Only a simulation sets it (chaos/sim replays a run from its seed); a
 // production context never carries one, since nothing outside this module
 // can import this package.

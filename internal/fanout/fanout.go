@@ -88,7 +88,7 @@ type Nodes struct {
 
 	mu sync.Mutex
 	// Granted rounds that still have requests in flight, so that a release
-	// can follow a late write instead of racing it (see Keep and
+	// is sent after a late write, never racing it (see Keep and
 	// StartAfter).
 	inflight map[holder]*Round
 	// The deadline context that rounds starting now share (see deadline).
@@ -223,7 +223,7 @@ func DeadlineSlack(timeout time.Duration) time.Duration {
 }
 
 // detached carries the caller's values (trace spans, loggers) to the
-// requests, but the round's shared deadline instead of the caller's
+// requests, but the round's shared deadline, not the caller's
 // cancellation: a request is bounded by the node timeout whatever the
 // caller does, and the caller stops waiting on its own ctx.
 type detached struct {
@@ -238,7 +238,7 @@ func (d detached) Value(key any) any { return d.values.Value(key) }
 const freeRounds = 256
 
 // maxInline is the node count up to which a round keeps its per-node state
-// inside the Round itself (one allocation instead of several).
+// inside the Round itself: one allocation for the round and its nodes.
 const maxInline = 16
 
 // Round is one call sent to every node.
@@ -298,8 +298,8 @@ func (ns *Nodes) Start(ctx context.Context, c Call, undoCall Call) *Round {
 // under them): on every node where that acquisition's request is still in
 // flight, c is sent only once it has finished, by the same worker, even if
 // this round's deadline has passed by then (under a fresh one). A release
-// sent so deletes a late write of its own acquisition instead of racing
-// it, in one command per node. On the other nodes c is sent at once, as
+// sent so lands after a late write of its own acquisition and deletes it,
+// in one command per node. On the other nodes c is sent at once, as
 // Start does.
 func (ns *Nodes) StartAfter(ctx context.Context, c Call, key, token string) *Round {
 	r := ns.newRound(ctx, c, Call{})
@@ -627,7 +627,7 @@ func (nd *node) push(j job) {
 	nd.qmu.Lock()
 	if nd.head > 0 && len(nd.q) == cap(nd.q) {
 		// Full array, taken jobs at its front: move the waiting ones
-		// down instead of growing it.
+		// down, so that the array does not grow.
 		n := copy(nd.q, nd.q[nd.head:])
 		clear(nd.q[n:])
 		nd.q, nd.head = nd.q[:n], 0

@@ -37,7 +37,7 @@ type Config struct {
 	// grant; 0: after script.FenceTTL's default.
 	FenceTTL time.Duration
 	// Master, if set, is the Sentinel master name the client follows
-	// (failover.WithMaster): Placement names it instead of the client's
+	// (failover.WithMaster): Placement names it, not the client's
 	// address.
 	Master string
 }

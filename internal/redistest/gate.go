@@ -11,13 +11,13 @@ import (
 )
 
 // Gate is a TCP proxy in front of one server that lets a test decide the
-// order in which requests reach the server and replies reach the client,
-// instead of racing sleeps against each other.
+// order in which requests reach the server and replies reach the client:
+// the order is the test's, not the outcome of sleeps racing each other.
 //
 // While a request match is set (HoldRequests), every chunk a client sends
-// that contains the match is kept back instead of forwarded; while a reply
+// that contains the match is kept back, not forwarded; while a reply
 // match is set (HoldReplies), the reply to such a request is kept back
-// instead. Held chunks wait in one queue per gate, in arrival order, until
+// (the request goes through). Held chunks wait in one queue per gate, in arrival order, until
 // the test releases them: Step forwards one (the oldest, or the oldest
 // that contains a given string) and, for a request, waits until the server
 // has answered it, so that the server applies released requests in exactly

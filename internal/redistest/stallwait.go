@@ -143,8 +143,8 @@ type Lazy func() string
 // String returns what f computes now.
 func (f Lazy) String() string { return f() }
 
-// SoftTB is a TB whose Fatalf records the failure instead of ending the
-// goroutine: for WaitFor or Await inside a function the code under test
+// SoftTB is a TB whose Fatalf records the failure and returns, leaving the
+// goroutine running: for WaitFor or Await inside a function the code under test
 // runs (a handler, a Do's function), which must return, or outside the
 // test's goroutine. Failed returns what was recorded; the caller reports
 // it (t.Error) or acts on it.

@@ -118,7 +118,7 @@ func Remaining(v int64) (d time.Duration, ok bool) {
 // without fairness, never refused for it. The grant
 // paths themselves are untouched: the same token's refresh and the
 // takeover of an earlier attempt of the same base skip the line, a key
-// held by another token is refused as before. Fairness only ever adds
+// held by another token is refused, as without fairness. Fairness only ever adds
 // refusals.
 //
 //	KEYS[1] lock key, KEYS[2] fence counter key, KEYS[3] boot marker key,
@@ -574,7 +574,7 @@ const wakePrefix = redlease.ReservedPrefix + "wake:"
 //
 // It differs from calling redis.Script.Run in one way: the command line is
 // built once per round (Args) and the same slice is sent to every node, so a
-// round over five nodes boxes its arguments once instead of five times.
+// round boxes its arguments once, whatever the number of nodes.
 // go-redis only reads a command's arguments, so sharing the slice across
 // goroutines is safe.
 type Script struct {
@@ -591,18 +591,18 @@ func newScript(numKeys int, src string) *Script {
 
 // New returns a Script of numKeys keys (-1: given per call) made of src,
 // for a script of another package that runs with this package's command
-// lines (Args, boxed once per call) instead of go-redis's redis.Script,
-// which boxes its SHA1 and every key again on every call (the idempotency
-// Barrier's combined scripts).
+// lines (Args, boxed once per call): the idempotency Barrier's combined
+// scripts. go-redis's redis.Script would box its SHA1 and every key again
+// on every call.
 func New(numKeys int, src string) *Script { return newScript(numKeys, src) }
 
 // Hash returns the script's SHA1, as EVALSHA sends it.
 func (s *Script) Hash() string { return s.script.Hash() }
 
 // Source returns the script's Lua source, for a script of another package
-// that runs this one's logic inside its own atomic step (the idempotency
-// Barrier's claim takes the lock with Acquire's source, as a local
-// function) instead of keeping a copy of it.
+// that runs this one's logic inside its own atomic step as a local
+// function, so that it keeps no copy of it: the idempotency Barrier's
+// undo of a claim releases the lock with Release's source.
 func (s *Script) Source() string { return s.src }
 
 // Args returns the EVALSHA command line for keysThenArgs, which must start

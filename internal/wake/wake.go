@@ -360,7 +360,8 @@ func (sub *Sub) removeLocked(handOn bool) {
 //
 // One waiter per message, not all: every waiter woken takes a script call
 // on every node, and all but one are refused, so waking all of a hot
-// key's waiters spent the nodes' time on refusals (BenchmarkContention).
+// key's waiters would spend the nodes' time on refusals
+// (BenchmarkContention measures it).
 // Every hub of a Set picks the same waiter (the order is the process's),
 // so a release on five nodes wakes one waiter, not five. A waiter that
 // does not answer its notice hands it on (Watch's stop).

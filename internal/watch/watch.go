@@ -56,7 +56,7 @@ type Config[T Item] struct {
 	// Extend extends items and records each outcome on its item; its
 	// result matches items one to one (redlease.ExtendAll).
 	Extend func(ctx context.Context, items []T) []error
-	// NotHeld reports whether err is a verdict that the item is no longer
+	// NotHeld reports whether err is a verdict that the item is not
 	// held (errors.Is(err, redlease.ErrNotHeld)).
 	NotHeld func(err error) bool
 	// Lane returns what groups items into lanes: their strategy (LaneKey).
@@ -228,7 +228,7 @@ func (w *Engine[T]) startLocked() {
 }
 
 // Keep extends it every fraction of its TTL until stop is called, it is
-// no longer Valid, or a renewal finds it not held. Keeping an item that is
+// not Valid, or a renewal finds it not held. Keeping an item that is
 // already kept, or keeping after Close, does nothing.
 //
 // The renewal interval is computed again after every renewal, from the
