@@ -125,7 +125,7 @@ func (lk *Lock) TTL() time.Duration {
 		return 0
 	}
 	lk.mu.Lock()
-	defer lk.unlock()
+	defer lk.unlockMu()
 	return lk.ttlLocked()
 }
 
@@ -149,7 +149,7 @@ func (lk *Lock) Until() time.Time {
 		return time.Time{}
 	}
 	lk.mu.Lock()
-	defer lk.unlock()
+	defer lk.unlockMu()
 	return lk.until
 }
 
@@ -164,7 +164,7 @@ func (lk *Lock) Valid() bool {
 		return false
 	}
 	lk.mu.Lock()
-	defer lk.unlock()
+	defer lk.unlockMu()
 	lk.checkExpiryLocked()
 	return lk.heldLocked()
 }
@@ -193,7 +193,7 @@ func (lk *Lock) Lost() <-chan struct{} {
 		return c
 	}
 	lk.mu.Lock()
-	defer lk.unlock()
+	defer lk.unlockMu()
 	lk.armExpiryLocked()
 	return lk.ended.Done()
 }
@@ -223,7 +223,7 @@ func (lk *Lock) afterEnd(f func()) (stop func() bool) {
 	lk.mu.Lock()
 	lk.armExpiryLocked()
 	ended := lk.ended
-	lk.unlock()
+	lk.unlockMu()
 	return context.AfterFunc(ended, f)
 }
 
@@ -264,7 +264,7 @@ func (lk *Lock) Err() error {
 		return ErrNotHeld
 	}
 	lk.mu.Lock()
-	defer lk.unlock()
+	defer lk.unlockMu()
 	lk.checkExpiryLocked()
 	return lk.cause
 }
@@ -354,7 +354,7 @@ const maxPendingExtends = 16
 // Deadline came closer.
 func (lk *Lock) beginExtend(ttl time.Duration) (rec *pendingExtend, sooner bool, err error) {
 	lk.mu.Lock()
-	defer lk.unlock()
+	defer lk.unlockMu()
 	if err := lk.usableLocked(); err != nil {
 		return nil, false, err
 	}
@@ -376,7 +376,7 @@ func (lk *Lock) beginExtend(ttl time.Duration) (rec *pendingExtend, sooner bool,
 // or lost.
 func (lk *Lock) beginRenewal() (*pendingExtend, error) {
 	lk.mu.Lock()
-	defer lk.unlock()
+	defer lk.unlockMu()
 	if err := lk.usableLocked(); err != nil {
 		return nil, err
 	}
@@ -413,7 +413,7 @@ func (lk *Lock) sendLocked(ttl time.Duration, seq uint64) *pendingExtend {
 // TTL, unless a later Lock.Extend's already is.
 func (lk *Lock) finishExtend(rec *pendingExtend, g Grant, err error) error {
 	lk.mu.Lock()
-	defer lk.unlock()
+	defer lk.unlockMu()
 	refused := errors.Is(err, ErrInvalid) // nothing was sent
 	if rec.seq > lk.ttlSeq && !refused {
 		lk.ttl, lk.ttlSeq = rec.ttl, rec.seq
@@ -621,7 +621,7 @@ func (lk *Lock) Release(ctx context.Context) error {
 	}
 	lk.mu.Lock()
 	if lk.released {
-		lk.unlock()
+		lk.unlockMu()
 		return ErrNotHeld
 	}
 	wasHeld := lk.heldLocked()
@@ -629,7 +629,7 @@ func (lk *Lock) Release(ctx context.Context) error {
 	if wasHeld {
 		lk.endLocked()
 	}
-	lk.unlock()
+	lk.unlockMu()
 
 	ctx, done := observe(ctx, lk.observer, lk.op("release"))
 	err := lk.strategy.Release(ctx, lk.fullKey, lk.token)
@@ -641,7 +641,7 @@ func (lk *Lock) Release(ctx context.Context) error {
 		lk.cause = &lostError{key: lk.key, what: "release sent but not confirmed", cause: err}
 	}
 	lk.reportLocked(lk.cause)
-	lk.unlock()
+	lk.unlockMu()
 	return err
 }
 
@@ -679,7 +679,7 @@ func (lk *Lock) checkExpiryLocked() {
 // expire runs when the expiry timer fires.
 func (lk *Lock) expire() {
 	lk.mu.Lock()
-	defer lk.unlock()
+	defer lk.unlockMu()
 	lk.checkExpiryLocked() // does nothing if an extension moved until meanwhile
 	if lk.heldLocked() && lk.expiry != nil {
 		// Not yet, by the lock's clock (extended, or a clock that runs
@@ -691,14 +691,14 @@ func (lk *Lock) expire() {
 // markLost records cause (the first one wins) and closes Lost.
 func (lk *Lock) markLost(cause error) {
 	lk.mu.Lock()
-	defer lk.unlock()
+	defer lk.unlockMu()
 	lk.markLostLocked(cause)
 }
 
-// unlock releases lk.mu. Once the lock is released or lost it also runs the
+// unlockMu releases lk.mu. Once the lock is released or lost it also runs the
 // Revoker's untrack function, once, outside lk.mu: a Revoker takes its own
 // lock there, and calls markLost while holding none.
-func (lk *Lock) unlock() {
+func (lk *Lock) unlockMu() {
 	var untrack func()
 	if lk.untrack != nil && !lk.heldLocked() {
 		untrack, lk.untrack = lk.untrack, nil
@@ -803,7 +803,7 @@ func (lk *Lock) Deadline() time.Time {
 		return time.Time{}
 	}
 	lk.mu.Lock()
-	defer lk.unlock()
+	defer lk.unlockMu()
 	return lk.deadlineLocked()
 }
 

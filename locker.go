@@ -568,7 +568,7 @@ func (t *tracking) revoke(cause error) {
 func (t *tracking) attach(lk *Lock) {
 	lk.mu.Lock()
 	lk.untrack = t.untrack
-	lk.unlock()
+	lk.unlockMu()
 	t.mu.Lock()
 	t.lk = lk
 	cause := t.cause
@@ -632,7 +632,7 @@ func withCause(err, cause error) error {
 // lock's first TTL, less the loss margin.
 //
 // fn's ctx is cancelled, with the lock's error as its cause, as soon as the
-// lock is known lost (a renewal found it no longer held, or none succeeded
+// lock is known lost (a renewal found it not held, or none succeeded
 // before the loss margin); fn should stop and not commit then. Do waits
 // for that with a timer and a context callback, not a goroutine of its
 // own: a Do call in fn costs no goroutine beyond its caller's. Do returns
@@ -643,7 +643,7 @@ func withCause(err, cause error) error {
 // The release after fn waits at most the strategy's call bound
 // (CallBounder; DefaultCallBound, 1 s, for a strategy that states none),
 // or the lock's TTL if that is shorter: a node that stops answering as fn
-// returns holds Do no longer than any other call of the strategy. A failed
+// returns holds Do at most as long as any other call of the strategy. A failed
 // release (a node down, say) is not reported: fn's work was done under a
 // valid lock, and the key expires at its TTL. A panic in fn stops the
 // renewal, releases the lock and is then re-raised.
