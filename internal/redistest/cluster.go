@@ -146,7 +146,7 @@ func (cl *Cluster) ReplicaOf(master *Server) *Server {
 // yet, and every reconnection fails at AUTH, so from the moment it returns
 // no write on the master reaches the replica until ResumeReplication. It
 // returns once the replica reports its link down and the master does not
-// lists it, and fails tb if that takes longer than the helpers' wait.
+// list it, and fails tb if that takes longer than the helpers' wait.
 func (cl *Cluster) StopReplication(master, replica *Server) {
 	cl.tb.Helper()
 	ctx := context.Background()
