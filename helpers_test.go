@@ -163,7 +163,7 @@ func watchGoroutines() int {
 func watchStacks() (int, []string) {
 	var stacks []string
 	for _, g := range goroutineStacks() {
-		if strings.Contains(g, "github.com/redlease/redlease/internal/watch.") {
+		if strings.Contains(g, "github.com/redlease/redlease/internal/renewal.") {
 			stacks = append(stacks, g)
 		}
 	}

@@ -8,7 +8,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/redlease/redlease/internal/watch"
+	"github.com/redlease/redlease/internal/renewal"
 )
 
 // Keeper keeps locks alive by extending them before they expire. The renew
@@ -22,17 +22,17 @@ type Keeper interface {
 
 // The renewal engine waits for a lane's calls at least twice its strategy's
 // CallBound, through an interface of its own with the same method.
-var _ watch.CallBounder = CallBounder(nil)
+var _ renewal.CallBounder = CallBounder(nil)
 
 // defaultKeeper is the one process-wide default watchdog that Do uses
 // without WithKeeper: renew.Watchdog's engine with its default options,
 // made on first use, whose goroutines run only while it keeps a lock or a
 // renewal call is in flight.
-var defaultKeeper = sync.OnceValue(func() *watch.Engine[*Lock] {
-	return watch.New(watch.Config[*Lock]{
+var defaultKeeper = sync.OnceValue(func() *renewal.Engine[*Lock] {
+	return renewal.New(renewal.Config[*Lock]{
 		Extend:   ExtendAll,
 		NotHeld:  func(err error) bool { return errors.Is(err, ErrNotHeld) },
-		Lane:     func(lk *Lock) any { return watch.LaneKey(lk.strategy, lk) },
+		Lane:     func(lk *Lock) any { return renewal.LaneKey(lk.strategy, lk) },
 		IdleStop: true,
 	})
 })

@@ -9,7 +9,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/redlease/redlease/internal/watch"
+	"github.com/redlease/redlease/internal/renewal"
 )
 
 // Lock is one held lease. Its methods are safe for concurrent use, and safe
@@ -321,7 +321,7 @@ func (lk *Lock) Extend(ctx context.Context, ttl time.Duration) error {
 	if sooner {
 		// Keepers renew it by its TTL, before its Deadline: both may have
 		// come closer than their schedule says.
-		watch.Touch(lk)
+		renewal.Touch(lk)
 	}
 	ctx, done := observe(ctx, lk.observer, lk.op("extend"))
 	g, err := lk.strategy.Extend(ctx, lk.fullKey, lk.token, rec.ttl)

@@ -89,8 +89,7 @@ func TestWatchdogKeepsTenThousandLocks(t *testing.T) {
 	// documentation asks: with the default 1 s, rounds of 500 keys that
 	// take longer on a loaded machine (16 goroutines still taking locks,
 	// -race, two busy processes) were abandoned and retried until the
-	// locks ran out (2,574–5,998 of 10,000 kept, before and after the
-	// engine moved to internal/watch).
+	// locks ran out (2,574–5,998 of 10,000 kept).
 	w, err := renew.New(renew.WithTimeout(3 * time.Second))
 	require.NoError(t, err)
 	t.Cleanup(func() { w.Close() })

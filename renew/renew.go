@@ -5,7 +5,7 @@ import (
 	"time"
 
 	"github.com/redlease/redlease"
-	"github.com/redlease/redlease/internal/watch"
+	"github.com/redlease/redlease/internal/renewal"
 )
 
 // Defaults, in one place.
@@ -13,19 +13,19 @@ const (
 	// DefaultFraction: a lock is extended when this share of its TTL has
 	// passed since its last extension (ttl/3), leaving two more chances
 	// before it would expire.
-	DefaultFraction = watch.DefaultFraction
+	DefaultFraction = renewal.DefaultFraction
 	// DefaultTimeout is the renewal timeout: how long the Watchdog waits
 	// for one strategy's renewal call before it retries, and the longest
 	// Close waits for calls in flight.
-	DefaultTimeout = watch.DefaultTimeout
+	DefaultTimeout = renewal.DefaultTimeout
 	// DefaultMaxCalls is how many renewal calls may be in flight per
 	// strategy, counting calls the Watchdog stopped waiting for that have
 	// not returned yet.
-	DefaultMaxCalls = watch.DefaultMaxCalls
+	DefaultMaxCalls = renewal.DefaultMaxCalls
 	// MaxRetryDelay bounds the wait before a renewal that failed without a
 	// verdict (a node down, a timeout, an error reply) is tried again: the
 	// delay is a quarter of the lock's renewal interval, at most this.
-	MaxRetryDelay = watch.MaxRetryDelay
+	MaxRetryDelay = renewal.MaxRetryDelay
 )
 
 // Option configures a Watchdog.
@@ -121,7 +121,7 @@ type Watchdog struct {
 	maxCalls int
 	clock    redlease.Clock // nil: the system clock
 
-	eng *watch.Engine[*redlease.Lock]
+	eng *renewal.Engine[*redlease.Lock]
 }
 
 var _ redlease.Keeper = (*Watchdog)(nil)
@@ -141,7 +141,7 @@ func New(opts ...Option) (*Watchdog, error) {
 			return nil, err
 		}
 	}
-	w.eng = watch.New(watch.Config[*redlease.Lock]{
+	w.eng = renewal.New(renewal.Config[*redlease.Lock]{
 		Fraction: w.fraction,
 		Timeout:  w.timeout,
 		MaxCalls: w.maxCalls,
@@ -191,7 +191,7 @@ func now(c redlease.Clock) func() time.Time {
 
 // laneKey is what groups locks into lanes: their strategy, or the lock
 // itself for a strategy that cannot be a map key.
-func laneKey(lk *redlease.Lock) any { return watch.LaneKey(lk.Strategy(), lk) }
+func laneKey(lk *redlease.Lock) any { return renewal.LaneKey(lk.Strategy(), lk) }
 
 // notHeld: a renewal's verdict that the lock is not held.
 func notHeld(err error) bool { return errors.Is(err, redlease.ErrNotHeld) }

@@ -5,7 +5,7 @@ import (
 
 	"github.com/redlease/redlease"
 	"github.com/redlease/redlease/internal/drift"
-	"github.com/redlease/redlease/internal/watch"
+	"github.com/redlease/redlease/internal/renewal"
 )
 
 // renewMsg is one renewal request (extend, extendmany) of one lock to one
@@ -154,7 +154,7 @@ func needWindow(d time.Duration) time.Duration { return 2 * renewTrips * d * 10 
 func renewWindows(hd *Hold) (first, steady time.Duration) {
 	ttl := hd.TTL
 	margin := ttl / redlease.DefaultLossMarginDivisor
-	early := time.Duration(float64(ttl) * watch.DefaultFraction / 4)
+	early := time.Duration(float64(ttl) * renewal.DefaultFraction / 4)
 	steady = ttl - drift.Allowance(ttl, drift.DefaultFactor) - margin - early
 	first = min(hd.Until0-margin-hd.From, steady)
 	return first, steady

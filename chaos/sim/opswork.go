@@ -11,7 +11,7 @@ import (
 
 	"github.com/redlease/redlease"
 	"github.com/redlease/redlease/failover"
-	"github.com/redlease/redlease/internal/watch"
+	"github.com/redlease/redlease/internal/renewal"
 	"github.com/redlease/redlease/quorum"
 	"github.com/redlease/redlease/renew"
 	"github.com/redlease/redlease/single"
@@ -22,7 +22,7 @@ import (
 // and per client (opsPlan): TryLock and Lock; Locker.Do kept by a
 // renew.Watchdog and by an engine equivalent to Do's process-wide default
 // keeper (the default itself belongs to whichever bubble first used it,
-// so each client builds the same engine from internal/watch with the
+// so each client builds the same engine from internal/renewal with the
 // default keeper's Config, and hands it to its Locker with WithKeeper);
 // Keeper.Keep and its stop; Lock.Extend longer, shorter and equal to the
 // TTL last sent, with a ctx too short for the reply at times (undecided);
@@ -153,7 +153,7 @@ type opsEnv struct {
 	strat redlease.Strategy
 	close func() error // the strategy's Close (nil: failover, whose Watcher keeps it)
 	wd    *renew.Watchdog
-	eng   *watch.Engine[*redlease.Lock]
+	eng   *renewal.Engine[*redlease.Lock]
 	lw    *redlease.Locker // kept by wd
 	le    *redlease.Locker // kept by eng
 }
@@ -163,17 +163,17 @@ type opsEnv struct {
 // idle stop, the default fraction, timeout and call slots), in the run's
 // bubble; on a client whose clock drifts it reads that clock, as the
 // process's default would read a drifting system clock.
-func defaultKeeperEngine(clock redlease.Clock) *watch.Engine[*redlease.Lock] {
-	c := watch.Config[*redlease.Lock]{
+func defaultKeeperEngine(clock redlease.Clock) *renewal.Engine[*redlease.Lock] {
+	c := renewal.Config[*redlease.Lock]{
 		Extend:   redlease.ExtendAll,
 		NotHeld:  func(err error) bool { return errors.Is(err, redlease.ErrNotHeld) },
-		Lane:     func(lk *redlease.Lock) any { return watch.LaneKey(lk.Strategy(), lk) },
+		Lane:     func(lk *redlease.Lock) any { return renewal.LaneKey(lk.Strategy(), lk) },
 		IdleStop: true,
 	}
 	if clock != nil {
 		c.Now = clock.Now
 	}
-	return watch.New(c)
+	return renewal.New(c)
 }
 
 // newOpsEnv builds client ci's go-redis clients, strategy, keepers and

@@ -7,7 +7,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/redlease/redlease/internal/watch"
+	"github.com/redlease/redlease/internal/renewal"
 )
 
 // WatchStats are the watchdog-mixed figures of one run (see the package
@@ -266,7 +266,7 @@ func (w *World) checkWatch() ([]Violation, WatchStats) {
 		if !ok {
 			continue
 		}
-		delay := watch.RetryDelay(time.Duration(float64(ttl) * watch.DefaultFraction))
+		delay := renewal.RetryDelay(time.Duration(float64(ttl) * renewal.DefaultFraction))
 		for i := 1; i < len(ats); i++ {
 			if r := float64(ats[i]-ats[i-1]) / float64(delay); st.MinGapRatio == 0 || r < st.MinGapRatio {
 				st.MinGapRatio = r

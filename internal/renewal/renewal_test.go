@@ -1,4 +1,4 @@
-package watch_test
+package renewal_test
 
 import (
 	"context"
@@ -11,7 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"go.uber.org/goleak"
 
-	"github.com/redlease/redlease/internal/watch"
+	"github.com/redlease/redlease/internal/renewal"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -67,8 +67,8 @@ func (x *extender) count() int {
 	return x.calls
 }
 
-func newEngine(x *extender, idle bool) *watch.Engine[*item] {
-	return watch.New(watch.Config[*item]{
+func newEngine(x *extender, idle bool) *renewal.Engine[*item] {
+	return renewal.New(renewal.Config[*item]{
 		Extend:   x.extend,
 		NotHeld:  func(err error) bool { return errors.Is(err, errNotHeld) },
 		Lane:     func(*item) any { return "one" },
@@ -198,7 +198,7 @@ func TestLaneWaitsForItsStrategysCallBound(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		x := &slowExtender{took: 1500 * time.Millisecond}
 		key := &bounded{d: time.Second}
-		w := watch.New(watch.Config[*item]{
+		w := renewal.New(renewal.Config[*item]{
 			Timeout:  time.Second,
 			Extend:   x.extend,
 			NotHeld:  func(err error) bool { return errors.Is(err, errNotHeld) },

@@ -1,4 +1,4 @@
-package watch_test
+package renewal_test
 
 import (
 	"context"
@@ -10,7 +10,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 
-	"github.com/redlease/redlease/internal/watch"
+	"github.com/redlease/redlease/internal/renewal"
 )
 
 // sickExtender takes took per call (or until its ctx ends) and never
@@ -61,7 +61,7 @@ func (x *sickExtender) extend(ctx context.Context, items []*item) []error {
 func TestANearlyLostLockDoesNotShortenItsBatch(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		x := &sickExtender{took: 150 * time.Millisecond}
-		w := watch.New(watch.Config[*item]{
+		w := renewal.New(renewal.Config[*item]{
 			Timeout: time.Second,
 			Extend:  x.extend,
 			NotHeld: func(err error) bool { return errors.Is(err, errNotHeld) },

@@ -1,4 +1,4 @@
-package watch_test
+package renewal_test
 
 import (
 	"context"
@@ -10,7 +10,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 
-	"github.com/redlease/redlease/internal/watch"
+	"github.com/redlease/redlease/internal/renewal"
 )
 
 // varItem is an item whose TTL can change (as a Lock's does with Extend)
@@ -64,8 +64,8 @@ func extendVar(_ context.Context, items []*varItem) []error {
 	return make([]error, len(items))
 }
 
-func varEngine() *watch.Engine[*varItem] {
-	return watch.New(watch.Config[*varItem]{
+func varEngine() *renewal.Engine[*varItem] {
+	return renewal.New(renewal.Config[*varItem]{
 		Extend:   extendVar,
 		NotHeld:  func(err error) bool { return errors.Is(err, errNotHeld) },
 		Lane:     func(*varItem) any { return "one" },
@@ -102,7 +102,7 @@ func TestIntervalFollowsTheTTL(t *testing.T) {
 		stop := w.Keep(it)
 		time.Sleep(time.Second)
 		it.extend(1500 * time.Millisecond)
-		watch.Touch(it)
+		renewal.Touch(it)
 		assert.Equal(t, 100, keptValid(t, it, 10*time.Second, 100*time.Millisecond))
 		assert.GreaterOrEqual(t, it.renewals(), 10, "renewed every fraction of the new TTL")
 		stop()

@@ -1,4 +1,4 @@
-// Package watch is the renewal engine behind renew.Watchdog and the
+// Package renewal is the renewal engine behind renew.Watchdog and the
 // Locker's default keeper: one scheduling goroutine and, per strategy
 // ("lane"), at most a few renewal calls in flight, each on its own
 // goroutine and under its own deadline.
@@ -8,7 +8,7 @@
 // of redlease: the kept items are anything with a validity, a TTL, an Until
 // and a Deadline, and the renewal call, the lane of an item and what counts
 // as a "not held" verdict are passed in a Config.
-package watch
+package renewal
 
 import (
 	"container/heap"
