@@ -40,7 +40,7 @@
 //
 // # Lock-loss signalling on failover
 //
-// A Watcher (Watch) subscribes to Sentinel's +switch-master for the master
+// A Watcher (NewWatcher) subscribes to Sentinel's +switch-master for the master
 // name on every Sentinel it is given, and polls them as a backstop. On every
 // failover, every lock the strategy granted and that is still held is
 // marked lost (Lost closes, Locker.Do cancels its function) with a cause
@@ -59,7 +59,7 @@
 // go-redis gives every redis.NewFailoverClient the address
 // "FailoverClient", so a strategy on one cannot say by its client which
 // master it locks on. WithMaster names it: the strategy's placement
-// (redlease.Placer) is then "failover " and the name, and Watch refuses
+// (redlease.Placer) is then "failover " and the name, and NewWatcher refuses
 // another master name. The idempotency package refuses a lock strategy
 // over such a client without it, since Barriers locking on two masters
 // would otherwise share records as one lock scheme while their locks

@@ -16,7 +16,7 @@ import (
 // A grant needs a replica's acknowledgement. The in-process server here has
 // no replica, so WAIT answers 0 and the lock is refused rather than granted
 // on the primary alone. In production, pass a client from
-// redis.NewFailoverClient and run a Watcher (see Watch) on the Sentinels.
+// redis.NewFailoverClient and run a Watcher (see NewWatcher) on the Sentinels.
 func Example() {
 	ctx := context.Background()
 	m, err := miniredis.Run()

@@ -87,7 +87,7 @@ func WithWaitTimeout(d time.Duration) Option {
 // lock strategy over such a client unless it names its master. The name
 // is all that tells masters apart: two Sentinel deployments that both call
 // their master "mymaster" name one placement, so their Barriers must not
-// share a store and prefix (rename one master). Watch refuses a master
+// share a store and prefix (rename one master). NewWatcher refuses a master
 // name other than name. An empty name, or one with a space or a control
 // character (Sentinel's messages separate fields by spaces), is refused
 // with redlease.ErrInvalid.

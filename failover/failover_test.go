@@ -90,7 +90,7 @@ func TestRejectsBadInput(t *testing.T) {
 	}
 	strategy, err := failover.New(c)
 	require.NoError(t, err)
-	_, err = failover.Watch(ctx, strategy, "", 0)
+	_, err = failover.NewWatcher(ctx, strategy, "", 0)
 	assert.ErrorIs(t, err, redlease.ErrInvalid)
 
 	// A strategy that names its master is watched under that name only
@@ -101,7 +101,7 @@ func TestRejectsBadInput(t *testing.T) {
 	assert.Equal(t, "payments", named.Master())
 	sc := redis.NewSentinelClient(&redis.Options{Addr: "127.0.0.1:1"})
 	t.Cleanup(func() { _ = sc.Close() })
-	_, err = failover.Watch(ctx, named, "ledger", 0, sc)
+	_, err = failover.NewWatcher(ctx, named, "ledger", 0, sc)
 	assert.ErrorIs(t, err, redlease.ErrInvalid)
 	assert.ErrorContains(t, err, `WithMaster("payments")`)
 }
@@ -143,7 +143,7 @@ func TestFailoverRevokesHoldersAndFencesRise(t *testing.T) {
 	t.Cleanup(func() { w.Close() })
 	sc := g.sentinels[0].Client(t)
 	scs := []*redis.SentinelClient{sc, g.sentinels[1].Client(t), g.sentinels[2].Client(t)}
-	watcher, err := failover.Watch(t.Context(), s, master, 100*time.Millisecond, scs...)
+	watcher, err := failover.NewWatcher(t.Context(), s, master, 100*time.Millisecond, scs...)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = watcher.Close() })
 	old := watcher.Primary()

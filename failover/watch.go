@@ -27,7 +27,7 @@ const (
 	// maxAskTimeout caps how long a poll waits for one Sentinel; below it,
 	// the cap is three quarters of the poll interval (askTimeout).
 	maxAskTimeout = time.Second
-	// startWait is the least time Watch gives the Sentinels to answer.
+	// startWait is the least time NewWatcher gives the Sentinels to answer.
 	startWait = time.Second
 	// minSubscribeTimeout is the least time a subscription attempt, or a
 	// PING on a subscription, is given.
@@ -75,7 +75,7 @@ type Watcher struct {
 type sentinel struct {
 	i      int
 	client *redis.SentinelClient
-	jitter *backoff.Stream // listen's pauses (from Watch's ctx)
+	jitter *backoff.Stream // listen's pauses (from NewWatcher's ctx)
 	busy   atomic.Bool     // a question to it is still out
 	ps     *redis.PubSub   // the subscription being made or read; guarded by Watcher.mu
 }
@@ -87,13 +87,13 @@ type report struct {
 	addr  string
 }
 
-// Watch starts a Watcher for master on sentinels (at least one; use all of
+// NewWatcher starts a Watcher for master on sentinels (at least one; use all of
 // them, so one Sentinel's trouble cannot hide a failover). It fails if no
 // Sentinel names master's primary in time, and, with redlease.ErrInvalid,
 // if s was built WithMaster with another name. pollInterval 0 means
 // DefaultPollInterval. Close stops it. Start it before the strategy takes
-// locks: the locks the strategy holds when Watch first hears the Sentinels
-// are revoked then (the epoch Watch adopts counts any failover before it,
+// locks: the locks the strategy holds when NewWatcher first hears the Sentinels
+// are revoked then (the epoch NewWatcher adopts counts any failover before it,
 // so nothing later would tell of one those locks lived through).
 //
 // On a failover every lock the strategy granted and that is still held is
@@ -135,7 +135,7 @@ type report struct {
 //     the Watcher runs; a subscription silent for a second is checked with
 //     PING and made again if the PING goes unanswered.
 //
-// Watch itself asks every Sentinel at once, each for at most ctx's time and
+// NewWatcher itself asks every Sentinel at once, each for at most ctx's time and
 // a second; it returns when all have answered or
 // failed, and takes the answer with the newest config epoch. If none
 // answered, the error errors.Is redlease.ErrUnavailable, and each
@@ -149,17 +149,17 @@ type report struct {
 // not apply a context's deadline to socket reads, so a Sentinel that accepts
 // connections and never answers would hold a call for the client's
 // ReadTimeout (5 s by default) instead. Even then the other Sentinels are
-// asked and heard meanwhile; only Close (and Watch, if it fails) waits for
+// asked and heard meanwhile; only Close (and NewWatcher, if it fails) waits for
 // such a call to end.
-func Watch(ctx context.Context, s *Strategy, master string, pollInterval time.Duration, sentinels ...*redis.SentinelClient) (*Watcher, error) {
+func NewWatcher(ctx context.Context, s *Strategy, master string, pollInterval time.Duration, sentinels ...*redis.SentinelClient) (*Watcher, error) {
 	if s == nil || master == "" || len(sentinels) == 0 {
-		return nil, redlease.Invalid("failover.Watch: need a strategy, a master name and at least one Sentinel")
+		return nil, redlease.Invalid("failover.NewWatcher: need a strategy, a master name and at least one Sentinel")
 	}
 	if m := s.Master(); m != "" && m != master {
-		return nil, redlease.Invalid("failover.Watch: master %q, but the strategy was built WithMaster(%q): a Watcher must watch the master the strategy locks on", master, m)
+		return nil, redlease.Invalid("failover.NewWatcher: master %q, but the strategy was built WithMaster(%q): a Watcher must watch the master the strategy locks on", master, m)
 	}
 	if pollInterval < 0 {
-		return nil, redlease.Invalid("failover.Watch: poll interval %v: must not be negative", pollInterval)
+		return nil, redlease.Invalid("failover.NewWatcher: poll interval %v: must not be negative", pollInterval)
 	}
 	if pollInterval == 0 {
 		pollInterval = DefaultPollInterval
@@ -167,7 +167,7 @@ func Watch(ctx context.Context, s *Strategy, master string, pollInterval time.Du
 	sents := make([]*sentinel, len(sentinels))
 	for i, sc := range sentinels {
 		if sc == nil {
-			return nil, redlease.Invalid("failover.Watch: Sentinel %d is nil", i)
+			return nil, redlease.Invalid("failover.NewWatcher: Sentinel %d is nil", i)
 		}
 		sents[i] = &sentinel{i: i, client: sc, jitter: backoff.NewStream(ctx, uint64(i))}
 	}
@@ -183,7 +183,7 @@ func Watch(ctx context.Context, s *Strategy, master string, pollInterval time.Du
 	if len(reports) == 0 {
 		cancel()
 		w.wg.Wait()
-		format, args := "%w: failover.Watch: no Sentinel named the primary of %q", []any{redlease.ErrUnavailable, master}
+		format, args := "%w: failover.NewWatcher: no Sentinel named the primary of %q", []any{redlease.ErrUnavailable, master}
 		for _, err := range errs {
 			format += "; %w"
 			args = append(args, err)
@@ -239,7 +239,7 @@ func (w *Watcher) Revoked() int {
 
 // Close stops the Watcher's goroutines and subscriptions and waits for them
 // to end. It does not close the Sentinel clients. With clients built as
-// Watch asks, it returns within about a second even while a Sentinel hangs:
+// NewWatcher asks, it returns within about a second even while a Sentinel hangs:
 // a call in flight to a hung Sentinel ends at its deadline. Calling Close
 // again does nothing.
 func (w *Watcher) Close() error {

@@ -24,7 +24,7 @@ const watcherName = "redlease-watcher"
 
 // proxiedSentinels puts a gate in front of each of g's Sentinels and
 // returns the gates and, for each, a Sentinel client that connects
-// through it, built as Watch requires (ContextTimeoutEnabled).
+// through it, built as NewWatcher requires (ContextTimeoutEnabled).
 func proxiedSentinels(t *testing.T, g *group) ([]*redistest.Gate, []*redis.SentinelClient) {
 	t.Helper()
 	proxies := make([]*redistest.Gate, len(g.sentinels))
@@ -106,7 +106,7 @@ func closePromptly(t *testing.T, w *failover.Watcher, d time.Duration, what stri
 	}
 }
 
-// Issue item 4: Sentinels 1 and 2 are unreachable when Watch starts, so it
+// Issue item 4: Sentinels 1 and 2 are unreachable when NewWatcher starts, so it
 // subscribes on Sentinel 0 only; then 1 and 2 come back and Sentinel 0
 // hangs (accepts connections, never answers). A failover must still revoke
 // the holder, from what 1 and 2 say. The control is the same with Sentinel
@@ -130,7 +130,7 @@ func TestWatchSeesFailoverWhileOneSentinelHangs(t *testing.T) {
 
 			proxies[1].Cut()
 			proxies[2].Cut()
-			w, err := failover.Watch(t.Context(), s, master, 100*time.Millisecond, clients...)
+			w, err := failover.NewWatcher(t.Context(), s, master, 100*time.Millisecond, clients...)
 			require.NoError(t, err)
 			t.Cleanup(func() { _ = w.Close() })
 			require.Equal(t, old, w.Primary())
@@ -152,7 +152,7 @@ func TestWatchSeesFailoverWhileOneSentinelHangs(t *testing.T) {
 	}
 }
 
-// A Sentinel that hangs when Watch starts must not hold Watch up, nor keep
+// A Sentinel that hangs when NewWatcher starts must not hold NewWatcher up, nor keep
 // it from hearing the others.
 func TestWatchStartsWhileOneSentinelHangs(t *testing.T) {
 	probe := redistest.StartStallProbe(t)
@@ -167,18 +167,18 @@ func TestWatchStartsWhileOneSentinelHangs(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
 	start := time.Now()
-	w, err := failover.Watch(ctx, s, master, 100*time.Millisecond, clients...)
-	require.NoError(t, err, "Watch with Sentinel 0 hung, after %v", time.Since(start).Round(time.Millisecond))
+	w, err := failover.NewWatcher(ctx, s, master, 100*time.Millisecond, clients...)
+	require.NoError(t, err, "NewWatcher with Sentinel 0 hung, after %v", time.Since(start).Round(time.Millisecond))
 	t.Cleanup(func() { _ = w.Close() })
-	t.Logf("Watch returned after %v", time.Since(start).Round(time.Millisecond))
+	t.Logf("NewWatcher returned after %v", time.Since(start).Round(time.Millisecond))
 	if ok, why := probe.Within(time.Since(start), 3*time.Second, 3, start); !ok {
-		assert.Failf(t, "outside the window derived from this run", "Watch waited for the hung Sentinel: %s", why)
+		assert.Failf(t, "outside the window derived from this run", "NewWatcher waited for the hung Sentinel: %s", why)
 	}
 	require.Equal(t, old, w.Primary())
 	lk := heldLock(t, s)
 
 	_, moved := failOver(t, direct, old)
-	revokeWithin(t, lk, moved, 5*time.Second, "with Sentinel 0 hung since Watch started")
+	revokeWithin(t, lk, moved, 5*time.Second, "with Sentinel 0 hung since NewWatcher started")
 	closePromptly(t, w, 2*time.Second, "with Sentinel 0 hung")
 }
 
@@ -198,7 +198,7 @@ func subscribed(t *testing.T, sc *redis.SentinelClient) bool {
 	return false
 }
 
-// Subscriptions that failed when Watch started, or dropped later, are made
+// Subscriptions that failed when NewWatcher started, or dropped later, are made
 // again. The poll interval is an hour, so only +switch-master messages can
 // tell the Watcher of the failover here.
 func TestWatchResubscribes(t *testing.T) {
@@ -215,7 +215,7 @@ func TestWatchResubscribes(t *testing.T) {
 
 	proxies[1].Cut()
 	proxies[2].Cut()
-	w, err := failover.Watch(t.Context(), s, master, time.Hour, clients...)
+	w, err := failover.NewWatcher(t.Context(), s, master, time.Hour, clients...)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = w.Close() })
 	lk := heldLock(t, s)

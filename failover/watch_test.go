@@ -194,7 +194,7 @@ func startWatched(t *testing.T) *watched {
 // watch starts a Watcher on the scripted Sentinel, closed on cleanup.
 func (wd *watched) watch(t *testing.T, poll time.Duration) *failover.Watcher {
 	t.Helper()
-	w, err := failover.Watch(t.Context(), wd.s, master, poll, wd.sc)
+	w, err := failover.NewWatcher(t.Context(), wd.s, master, poll, wd.sc)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = w.Close() })
 	require.Equal(t, wd.a.Addr, w.Primary())
@@ -321,15 +321,15 @@ func TestWatchAsksAtOnceAfterASwitchMessage(t *testing.T) {
 	assert.Equal(t, wd.other, w.Primary())
 }
 
-// Locks the strategy holds when Watch first asks the Sentinels are
-// revoked: the epoch Watch adopts counts any failover they lived through.
+// Locks the strategy holds when NewWatcher first asks the Sentinels are
+// revoked: the epoch NewWatcher adopts counts any failover they lived through.
 // Locks taken after stay.
 func TestWatchRevokesLocksHeldBeforeItStarts(t *testing.T) {
 	wd := startWatched(t)
 	before := wd.lock(t, contract.Key(t))
 	w := wd.watch(t, time.Hour)
 	revokedWithin(t, before, 10*time.Second, func() string {
-		return fmt.Sprintf("a lock held before Watch (valid %v); revoked %d", before.Valid(), w.Revoked())
+		return fmt.Sprintf("a lock held before NewWatcher (valid %v); revoked %d", before.Valid(), w.Revoked())
 	})
 	assert.Equal(t, 1, w.Revoked())
 	after := wd.lock(t, contract.Key(t))

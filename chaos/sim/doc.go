@@ -56,7 +56,7 @@
 // its config epoch), sentinels and replicas, and publish +switch-master to
 // their subscribers over their own links. Each client dials the primary a
 // Sentinel names (primaryDialer) and watches the Sentinels with
-// failover.Watch.
+// failover.NewWatcher.
 //
 // The Cluster (cluster.go, watchdog-mixed): three masters, the 16,384
 // slots split as redis-cli --cluster create splits them. A go-redis

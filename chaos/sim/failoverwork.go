@@ -211,7 +211,7 @@ func (w *World) failoverClient(ci int, r *rand.Rand) {
 	s, err := w.watchedStrategy(ci, ct, prefer, poll)
 	if err != nil {
 		w.hist.failed()
-		w.hist.logf("c%d failover.Watch: %v", ci, short(err))
+		w.hist.logf("c%d failover.NewWatcher: %v", ci, short(err))
 		return
 	}
 	if w.ops != nil {
@@ -344,7 +344,7 @@ func (w *World) watchedStrategy(ci int, ct bool, prefer int, poll time.Duration)
 		}
 	}
 	ctx, cancel := context.WithTimeout(w.jitterCtx(context.Background(), ci, jitWatch, 0), 3*time.Second)
-	wt, err := failover.Watch(ctx, s, masterName, poll, scs...)
+	wt, err := failover.NewWatcher(ctx, s, masterName, poll, scs...)
 	cancel()
 	if err != nil {
 		w.onClose(ci, closeSentinels)

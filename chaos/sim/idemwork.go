@@ -350,7 +350,7 @@ func (w *World) idemClient(ci int, r *rand.Rand) {
 	strat, place, unfenced, err := w.idemScheme(ci, ct, store, r)
 	if err != nil {
 		w.hist.failed()
-		w.hist.logf("c%d failover.Watch: %v", ci, short(err))
+		w.hist.logf("c%d failover.NewWatcher: %v", ci, short(err))
 		return
 	}
 	if strat != nil {

@@ -140,7 +140,7 @@ var Scenarios = []Scenario{
 	// failover: the failover strategy on a primary with one replica (WAIT
 	// 1 after every grant) behind three emulated Sentinels, clients on a
 	// go-redis client that dials the primary a Sentinel names
-	// (primaryDialer), each with a failover.Watch over every Sentinel;
+	// (primaryDialer), each with a failover.NewWatcher over every Sentinel;
 	// half run Lock/TryLock/Extend/Release, half Locker.Do kept
 	// by a renew.Watchdog, on the same keys. One failover per run (the
 	// primary killed or not, the promoted replica maybe stale), in one

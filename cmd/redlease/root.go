@@ -292,7 +292,7 @@ func (nf *nodeFlags) failover(ctx context.Context, addrs []string) (*backend, er
 		closeSentinels()
 		return nil, &exitError{exitUsage, err}
 	}
-	w, err := failover.Watch(ctx, s, nf.master, 0, sentinels...)
+	w, err := failover.NewWatcher(ctx, s, nf.master, 0, sentinels...)
 	if err != nil {
 		_ = c.Close()
 		closeSentinels()
