@@ -15,7 +15,13 @@
 // which jumps whenever all of them are blocked, so a run of a few virtual
 // seconds costs milliseconds of CPU and never sleeps. A goroutine that
 // outlives the run fails the bubble (goroutine-leak); a workload still
-// running after 120 virtual seconds is stuck. One goroutine per run
+// running after 120 virtual seconds is stuck. A run whose clock stops
+// (a goroutine waits on a sync.Mutex, which synctest does not count as
+// durably blocked, while its holder waits on the clock) would never reach
+// that bound: TestSim reports a seed in flight for more than 1,000 times
+// the real time per seed measured so far (at least a minute) as hung,
+// with its replay command and every goroutine's stack, and exits (its
+// goroutines cannot be stopped; hang_test.go). One goroutine per run
 // (sched.go) delivers every message at its virtual time, in (time, send
 // order) order, and runs the nodes' commands.
 //

@@ -136,6 +136,17 @@ func TestSim(t *testing.T) {
 	if workers <= 0 {
 		workers = runtime.GOMAXPROCS(0)
 	}
+	flying := newInFlight()
+	stopWatch := make(chan struct{})
+	var watcher sync.WaitGroup
+	watcher.Go(func() {
+		flying.watch(stopWatch,
+			func() time.Duration { return hangLimit(done.Load(), time.Since(began), workers) },
+			func(s uint64) string { return scenarioOf(s).Name },
+			os.Stdout, func() { os.Exit(1) })
+	})
+	defer watcher.Wait()
+	defer close(stopWatch)
 	for range workers {
 		pool.Go(func() {
 			for !stopped.Load() {
@@ -145,9 +156,11 @@ func TestSim(t *testing.T) {
 				}
 				s := *flagFirst + i
 				var res *Result
+				flying.start(s, time.Now())
 				synctest.Test(t, func(t *testing.T) {
 					res = Run(scenarioOf(s), s, Options{LostFirst: *flagLostFirst})
 				})
+				flying.end(s)
 				onlyInvariants(res)
 				switch res.Verdict {
 				case Fail:
