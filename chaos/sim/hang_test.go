@@ -68,8 +68,9 @@ func (f *inFlight) hung(now time.Time, limit time.Duration, scenario func(uint64
 	if !ok || now.Sub(began) <= limit {
 		return "", false
 	}
-	return fmt.Sprintf("seed %d (%s) hung: in flight for %v of real time (limit %v), its virtual clock stopped; replay: go -C chaos test ./sim -run 'TestSim$' -scenario %s -seed %d",
-		seed, scenario(seed), now.Sub(began).Round(time.Second), limit.Round(time.Second), scenario(seed), seed), true
+	name := scenario(seed)
+	return fmt.Sprintf("seed %d (%s) hung: in flight for %v of real time (limit %v), its virtual clock stopped; replay: %s",
+		seed, name, now.Sub(began).Round(time.Second), limit.Round(time.Second), replayOf(name, seed)), true
 }
 
 // watch checks f every second until stop is closed. A hung seed is

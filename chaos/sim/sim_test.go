@@ -76,8 +76,11 @@ func rotationOf() []Scenario {
 	return rot
 }
 
-func replayCmd(r *Result) string {
-	return fmt.Sprintf("go -C chaos test ./sim -run 'TestSim$' -scenario %s -seed %d", r.Scenario, r.Seed)
+func replayCmd(r *Result) string { return replayOf(r.Scenario, r.Seed) }
+
+// replayOf is the command that replays seed of scenario.
+func replayOf(scenario string, seed uint64) string {
+	return fmt.Sprintf("go -C chaos test ./sim -run 'TestSim$' -scenario %s -seed %d", scenario, seed)
 }
 
 func TestSim(t *testing.T) {
