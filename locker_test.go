@@ -896,12 +896,19 @@ func TestDoReleaseIsBoundedByTheCallBound(t *testing.T) {
 // holdLong runs one Do with fn longer than 3×ttl on l, and checks on the
 // way that the lock stays held: fn's ctx is not cancelled, another locker
 // is refused, Until moves. It returns once Do has.
-func holdLong(t *testing.T, l, other *redlease.Locker, key string, ttl time.Duration, opts ...redlease.LockOption) {
+//
+// Keeping the lock is liveness: each renewal needs this process to run
+// and the node to answer within the stretch it has. A loss is judged by
+// keptLockLoss with what the probes measured in that stretch: a failure
+// unless excused, and an excused loss ends the checks that need the lock.
+func holdLong(t *testing.T, l, other *redlease.Locker, key string, ttl time.Duration, probe *redistest.StallProbe, node *redistest.NodeProbe, opts ...redlease.LockOption) {
 	t.Helper()
 	ctx := t.Context()
 	var refused, checks int
 	var firstUntil, lastUntil time.Time
+	var held *redlease.Lock
 	err := l.Do(ctx, key, func(ctx context.Context, lk *redlease.Lock) error {
+		held = lk
 		firstUntil = lk.Until()
 		end := time.Now().Add(3*ttl + ttl/2)
 		for time.Now().Before(end) {
@@ -920,13 +927,47 @@ func holdLong(t *testing.T, l, other *redlease.Locker, key string, ttl time.Dura
 		assert.True(t, lk.Valid())
 		return nil
 	}, opts...)
-	require.NoError(t, err, "Do keeps its lock past 3×TTL without any option")
-	assert.Equal(t, checks, refused)
-	assert.Greater(t, lastUntil.Sub(firstUntil), 2*ttl, "the lock was extended several times")
+	if errors.Is(err, redlease.ErrLost) && held != nil {
+		why, excused := keptLockLoss(probe, node, held)
+		if !excused {
+			t.Errorf("Do keeps its lock past 3×TTL without any option, unless its renewal could not run: %s", why)
+			return
+		}
+		t.Logf("lock lost while this process or its node was measured too slow for its renewal (excused): %s", why)
+	} else {
+		require.NoError(t, err, "Do keeps its lock past 3×TTL without any option")
+		assert.Equal(t, checks, refused)
+		assert.Greater(t, lastUntil.Sub(firstUntil), 2*ttl, "the lock was extended several times")
+	}
 
 	lk, err := other.TryLock(ctx, key)
 	require.NoError(t, err, "released after Do")
 	require.NoError(t, lk.Release(ctx))
+}
+
+// keptLockMultiple is the multiple of the measured slowness (this
+// process's stall plus the node's worst PING) that excuses a kept lock's
+// loss: slow for half the stretch its last renewal had.
+const keptLockMultiple = 2
+
+// keptLockLoss judges a kept lock that was lost. Its last renewal had the
+// stretch from when it fell due (a third of its TTL after the grant or
+// extension that set its Until, the default watchdog's fraction) to its
+// deadline (Until less the loss margin). The loss is excused (ok) only if
+// keptLockMultiple × (what the stall probe measured this process stalled
+// + the worst round trip of a PING to the node) in that stretch reaches
+// the stretch: a renewal needs both the process and the node. why gives
+// the figures.
+func keptLockLoss(probe *redistest.StallProbe, node *redistest.NodeProbe, lk *redlease.Lock) (why string, ok bool) {
+	ttl := lk.TTL()
+	from, to := lk.Until().Add(-ttl+ttl/3), lk.Deadline()
+	stretch := to.Sub(from)
+	stalled := probe.Stalled(from, to)
+	worst, pings := node.Worst(from, to)
+	slow := time.Duration(keptLockMultiple) * (stalled + worst)
+	return fmt.Sprintf("its last renewal had %v (%s to %s); this process was measured stalled %v of it (worst single stall %v), the worst of %d PINGs to its node took %v; excused only at %d × (stall + PING) = %v ≥ the stretch: %v",
+		stretch.Round(time.Millisecond), from.Format("15:04:05.000"), to.Format("15:04:05.000"), stalled.Round(time.Millisecond),
+		probe.Worst(from, to).Round(time.Millisecond), pings, worst.Round(time.Millisecond), keptLockMultiple, slow.Round(time.Millisecond), lk.Err()), slow >= stretch
 }
 
 // Do with no option renews its lock: a function three and a half TTLs long
@@ -934,7 +975,11 @@ func holdLong(t *testing.T, l, other *redlease.Locker, key string, ttl time.Dura
 // watchdog's goroutines exist while it runs and are gone once Do returned,
 // and a later Do starts them again.
 func TestDoKeepsLockByDefault(t *testing.T) {
-	s := singleNode(t)
+	probe := redistest.StartStallProbe(t)
+	c := redistest.Start(t, redistest.Config{}).Client()
+	s, err := single.New(c)
+	require.NoError(t, err)
+	node := redistest.StartNodeProbe(t, c) // the strategy's own client
 	const ttl = time.Second
 	l, err := redlease.New(s, redlease.WithTTL(ttl))
 	require.NoError(t, err)
@@ -957,12 +1002,15 @@ func TestDoKeepsLockByDefault(t *testing.T) {
 				}
 			}
 		})
-		holdLong(t, l, other, t.Name(), ttl)
+		holdLong(t, l, other, t.Name(), ttl, probe, node)
 		close(stop)
 		wg.Wait()
 		assert.Positive(t, during, "round %d: the default watchdog ran", round)
+		// The watchdog's goroutines end on their own once no Do runs:
+		// awaited in a window derived from this run, then nothing else
+		// may be left.
+		waitNoWatchGoroutines(t)
 		goleak.VerifyNone(t, baseline)
-		assert.Zero(t, watchGoroutines(), "round %d", round)
 	}
 }
 
