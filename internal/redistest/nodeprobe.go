@@ -2,7 +2,9 @@ package redistest
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net"
 	"sync"
 	"time"
 
@@ -16,7 +18,8 @@ import (
 // redis-server the machine does not run answers late, which StallProbe,
 // measuring only this process, does not see; a node probe does. Watch
 // only nodes the test keeps alive: a PING to a paused node is held for its
-// client's read timeout, and one that fails ends that node's watch.
+// client's read timeout, and one that fails other than by a timeout (the
+// node is gone) ends that node's watch.
 type NodeProbe struct {
 	mu    sync.Mutex
 	pings [][]nodePing // per client, in order of sending
@@ -61,9 +64,12 @@ func StartNodeProbe(tb TB, clients ...redis.UniversalClient) *NodeProbe {
 				p.mu.Lock()
 				p.pings[i][n].took = took
 				p.mu.Unlock()
-				if err != nil {
+				var ne net.Error
+				if err != nil && !(errors.As(err, &ne) && ne.Timeout()) {
 					return // the node went away: nothing more to measure
 				}
+				// A PING that ran out of its client's read timeout is
+				// recorded as taking that long (its answer took longer).
 			}
 		})
 	}
@@ -104,6 +110,39 @@ func (p *NodeProbe) Worst(from, to time.Time) (worst time.Duration, pings int) {
 		}
 	}
 	return worst, pings
+}
+
+// Late returns, for the watched node with the largest share of its PINGs
+// sent in [from, to] that took longer than over (one still unanswered
+// counts from its sending until now), which node that is (its index in
+// StartNodeProbe's clients), how many of its PINGs were late and how many
+// it was sent: when every watched node is needed, the node a request
+// could least often have had an answer from within over.
+func (p *NodeProbe) Late(from, to time.Time, over time.Duration) (node, late, sent int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	now := time.Now()
+	node = -1
+	for i, pings := range p.pings {
+		var l, n int
+		for _, pg := range pings {
+			if pg.sent.Before(from) || pg.sent.After(to) {
+				continue
+			}
+			took := pg.took
+			if took < 0 {
+				took = now.Sub(pg.sent)
+			}
+			n++
+			if took > over {
+				l++
+			}
+		}
+		if node < 0 || l*sent > late*n || (sent == 0 && n > 0) {
+			node, late, sent = i, l, n
+		}
+	}
+	return node, late, sent
 }
 
 // Allowance is bound plus multiple times (what stall measured this process

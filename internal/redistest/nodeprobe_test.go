@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 )
 
@@ -36,4 +37,32 @@ func TestNodeProbeSeesAStoppedNode(t *testing.T) {
 	require.Contains(t, why, "PINGs to the live nodes took")
 	ok, why = nodes.Within(stall, took, time.Millisecond, 0, start)
 	require.False(t, ok, "no allowance: %s", why)
+	node, late, sent := nodes.Late(start, start.Add(took), 80*time.Millisecond)
+	require.Equal(t, 0, node)
+	require.Positive(t, late, "the PING that waited out the pause is late (of %d)", sent)
+}
+
+// A PING that runs out of its client's read timeout is recorded as that
+// long, and the watch goes on: the node is slow, not gone.
+func TestNodeProbeKeepsWatchingThroughATimeout(t *testing.T) {
+	srv := Start(t, Config{})
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, ReadTimeout: 20 * time.Millisecond, MaxRetries: -1})
+	t.Cleanup(func() { _ = c.Close() })
+	stall := StartStallProbe(t)
+	nodes := StartNodeProbe(t, c)
+	time.Sleep(20 * time.Millisecond)
+	start := time.Now()
+	srv.Pause()
+	time.Sleep(100 * time.Millisecond)
+	srv.Resume()
+	resumed := time.Now()
+	// PINGs are sent again after the resume: awaited within 5 s plus
+	// 3 × what this process was measured stalled meanwhile.
+	stall.WaitFor(t, 5*time.Second, 3, 5*time.Millisecond, func() bool {
+		_, sent := nodes.Worst(resumed.Add(time.Millisecond), time.Now())
+		return sent > 0
+	}, "a PING sent after the resume")
+	nodes.Stop()
+	_, late, _ := nodes.Late(start, resumed, 15*time.Millisecond)
+	require.Positive(t, late, "PINGs that timed out during the pause count as late")
 }
