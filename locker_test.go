@@ -674,7 +674,9 @@ func TestRevokedGrantsAreLostAtOnce(t *testing.T) {
 // redis-server, the single strategy, the default keeper, a client without
 // ContextTimeoutEnabled: each call to Redis then runs in a goroutine that
 // ends with its reply (internal/bounded), so the count is taken once
-// those have ended, the callers all still inside fn.
+// those have ended, the callers all still inside fn. A Do that gives up
+// at the outage limit fails the test unless the same run measured the
+// process or the node too slow for its attempts (outageExcused).
 func TestDoHoldsNoGoroutineOfItsOwn(t *testing.T) {
 	const extra = 100
 	calls := 10_000
@@ -682,7 +684,13 @@ func TestDoHoldsNoGoroutineOfItsOwn(t *testing.T) {
 		calls = 1_000
 	}
 	probe := redistest.StartStallProbe(t)
-	l := newLocker(t, singleNode(t))
+	srv := redistest.Start(t, redistest.Config{})
+	s, err := single.New(srv.Client())
+	require.NoError(t, err)
+	l := newLocker(t, s)
+	// How the node answers, on a client of the probe's own (the callers'
+	// pool is theirs to wait on): what excuses a Do's outage (outageExcused).
+	node := redistest.StartNodeProbe(t, srv.Client())
 	ctx := t.Context()
 	base := runtime.NumGoroutine()
 	var callers sync.WaitGroup
@@ -714,16 +722,46 @@ func TestDoHoldsNoGoroutineOfItsOwn(t *testing.T) {
 		}
 		waitNoWatchGoroutines(t)
 	}()
+	inside := calls // callers inside fn
 	for i := range calls {
 		err := redistest.Await(t, probe, entered, time.Minute, 3, "%d of %d Do calls got their locks", i, calls)
+		if errors.Is(err, redlease.ErrUnavailable) {
+			// Do gave up after the outage limit: a window of the library's
+			// (DefaultOutageLimit), judged by what the same run measured.
+			why, ok := outageExcused(probe, node, time.Now())
+			require.True(t, ok, "Do gave up for want of its node: %s: %v", why, err)
+			t.Logf("a Do gave up for want of its node (excused, not counted inside fn): %s: %v", why, err)
+			inside--
+			continue
+		}
 		require.NoError(t, err, "Do")
 	}
 	held := 0
 	probe.WaitFor(t, 5*time.Second, 3, 10*time.Millisecond, func() bool {
-		held = runtime.NumGoroutine() - base - calls
+		held = runtime.NumGoroutine() - base - inside
 		return held <= extra
-	}, "%d Do calls inside fn hold more than %d goroutines beyond the callers'", calls, extra)
-	t.Logf("%d Do calls inside fn: %d goroutines beyond the callers'", calls, held)
+	}, "%d Do calls inside fn hold more than %d goroutines beyond the callers'", inside, extra)
+	t.Logf("%d Do calls inside fn: %d goroutines beyond the callers'", inside, held)
+}
+
+// outageMultiple: a Do's outage is excused when this process was measured
+// stalled for 1/outageMultiple of the outage limit before it gave up, or
+// that share of the PINGs to its node meanwhile took longer than a call
+// bound (its attempts' bound): the machine did not run the test or the
+// node.
+const outageMultiple = 2
+
+// outageExcused judges a Do that gave up at at for want of nodes: its
+// attempts failed for the outage limit before at. A node that stopped
+// answering PINGs altogether (a refused connection ends the probe's
+// watch: the server went away) is not excused. why gives the figures.
+func outageExcused(probe *redistest.StallProbe, node *redistest.NodeProbe, at time.Time) (why string, ok bool) {
+	from := at.Add(-redlease.DefaultOutageLimit)
+	stalled := probe.Stalled(from, at)
+	_, late, sent := node.Late(from, at, redlease.DefaultCallBound)
+	why = fmt.Sprintf("in the outage limit %v before it gave up, this process was measured stalled %v, %d of the %d PINGs sent to the node took longer than the call bound %v; excused only when %d × either reaches the whole",
+		redlease.DefaultOutageLimit, stalled.Round(time.Millisecond), late, sent, redlease.DefaultCallBound, outageMultiple)
+	return why, outageMultiple*stalled >= redlease.DefaultOutageLimit || (sent > 0 && outageMultiple*late >= sent)
 }
 
 // goroutineCreators counts the process's goroutines by the function that
