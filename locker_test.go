@@ -958,6 +958,9 @@ func holdLong(t *testing.T, l, other *redlease.Locker, key string, ttl time.Dura
 				return context.Cause(ctx)
 			case <-time.After(ttl / 4):
 			}
+			if ctx.Err() != nil { // both were ready: the select chose at random
+				return context.Cause(ctx)
+			}
 			checks++
 			if _, err := other.TryLock(ctx, key); assert.ErrorIs(t, err, redlease.ErrNotObtained, "the key is held while fn runs") {
 				refused++
