@@ -971,7 +971,7 @@ func holdLong(t *testing.T, l, other *redlease.Locker, key string, ttl time.Dura
 				// because this process was not run at the deadline (the
 				// documented limit), and the loss is judged below.
 				valid := lk.Valid()
-				require.NoError(t, got.Release(ctx))
+				require.NoError(t, got.Release(t.Context())) // not fn's ctx, whose cancel is due
 				if valid {
 					t.Errorf("another locker got the key while the lock is Valid (Until %s, now %s)", lk.Until().Format("15:04:05.000"), time.Now().Format("15:04:05.000"))
 					return nil
