@@ -674,7 +674,9 @@ func TestRevokedGrantsAreLostAtOnce(t *testing.T) {
 // redis-server, the single strategy, the default keeper, a client without
 // ContextTimeoutEnabled: each call to Redis then runs in a goroutine that
 // ends with its reply (internal/bounded), so the count is taken once
-// those have ended, the callers all still inside fn.
+// those have ended, the callers all still inside fn. A Do that gives up
+// at the outage limit fails the test unless the same run measured the
+// process or the node too slow for its attempts (outageExcused).
 func TestDoHoldsNoGoroutineOfItsOwn(t *testing.T) {
 	const extra = 100
 	calls := 10_000
@@ -682,7 +684,13 @@ func TestDoHoldsNoGoroutineOfItsOwn(t *testing.T) {
 		calls = 1_000
 	}
 	probe := redistest.StartStallProbe(t)
-	l := newLocker(t, singleNode(t))
+	srv := redistest.Start(t, redistest.Config{})
+	s, err := single.New(srv.Client())
+	require.NoError(t, err)
+	l := newLocker(t, s)
+	// How the node answers, on a client of the probe's own (the callers'
+	// pool is theirs to wait on): what excuses a Do's outage (outageExcused).
+	node := redistest.StartNodeProbe(t, srv.Client())
 	ctx := t.Context()
 	base := runtime.NumGoroutine()
 	var callers sync.WaitGroup
@@ -710,20 +718,53 @@ func TestDoHoldsNoGoroutineOfItsOwn(t *testing.T) {
 		callers.Wait()
 		close(errs)
 		for err := range errs {
+			if errors.Is(err, redlease.ErrUnavailable) {
+				continue // judged when it came (outageExcused)
+			}
 			require.NoError(t, err)
 		}
 		waitNoWatchGoroutines(t)
 	}()
+	inside := calls // callers inside fn
 	for i := range calls {
 		err := redistest.Await(t, probe, entered, time.Minute, 3, "%d of %d Do calls got their locks", i, calls)
+		if errors.Is(err, redlease.ErrUnavailable) {
+			// Do gave up after the outage limit: a window of the library's
+			// (DefaultOutageLimit), judged by what the same run measured.
+			why, ok := outageExcused(probe, node, time.Now())
+			require.True(t, ok, "Do gave up for want of its node: %s: %v", why, err)
+			t.Logf("a Do gave up for want of its node (excused, not counted inside fn): %s: %v", why, err)
+			inside--
+			continue
+		}
 		require.NoError(t, err, "Do")
 	}
 	held := 0
 	probe.WaitFor(t, 5*time.Second, 3, 10*time.Millisecond, func() bool {
-		held = runtime.NumGoroutine() - base - calls
+		held = runtime.NumGoroutine() - base - inside
 		return held <= extra
-	}, "%d Do calls inside fn hold more than %d goroutines beyond the callers'", calls, extra)
-	t.Logf("%d Do calls inside fn: %d goroutines beyond the callers'", calls, held)
+	}, "%d Do calls inside fn hold more than %d goroutines beyond the callers'", inside, extra)
+	t.Logf("%d Do calls inside fn: %d goroutines beyond the callers'", inside, held)
+}
+
+// outageMultiple: a Do's outage is excused when this process was measured
+// stalled for 1/outageMultiple of the outage limit before it gave up, or
+// that share of the PINGs to its node meanwhile took longer than a call
+// bound (its attempts' bound): the machine did not run the test or the
+// node.
+const outageMultiple = 2
+
+// outageExcused judges a Do that gave up at at for want of nodes: its
+// attempts failed for the outage limit before at. A node that stopped
+// answering PINGs altogether (a refused connection ends the probe's
+// watch: the server went away) is not excused. why gives the figures.
+func outageExcused(probe *redistest.StallProbe, node *redistest.NodeProbe, at time.Time) (why string, ok bool) {
+	from := at.Add(-redlease.DefaultOutageLimit)
+	stalled := probe.Stalled(from, at)
+	_, late, sent := node.Late(from, at, redlease.DefaultCallBound)
+	why = fmt.Sprintf("in the outage limit %v before it gave up, this process was measured stalled %v, %d of the %d PINGs sent to the node took longer than the call bound %v; excused only when %d × either reaches the whole",
+		redlease.DefaultOutageLimit, stalled.Round(time.Millisecond), late, sent, redlease.DefaultCallBound, outageMultiple)
+	return why, outageMultiple*stalled >= redlease.DefaultOutageLimit || (sent > 0 && outageMultiple*late >= sent)
 }
 
 // goroutineCreators counts the process's goroutines by the function that
@@ -896,12 +937,20 @@ func TestDoReleaseIsBoundedByTheCallBound(t *testing.T) {
 // holdLong runs one Do with fn longer than 3×ttl on l, and checks on the
 // way that the lock stays held: fn's ctx is not cancelled, another locker
 // is refused, Until moves. It returns once Do has.
-func holdLong(t *testing.T, l, other *redlease.Locker, key string, ttl time.Duration, opts ...redlease.LockOption) {
+//
+// Keeping the lock is liveness: each renewal needs this process to run
+// and the node to answer within the stretch it has. A loss is judged by
+// keptLockLoss with what the probes measured in that stretch: a failure
+// unless excused, and an excused loss ends the checks that need the lock.
+// That nobody else gets the key while the lock is Valid stays exact.
+func holdLong(t *testing.T, l, other *redlease.Locker, key string, ttl time.Duration, probe *redistest.StallProbe, node *redistest.NodeProbe, opts ...redlease.LockOption) {
 	t.Helper()
 	ctx := t.Context()
 	var refused, checks int
 	var firstUntil, lastUntil time.Time
+	var held *redlease.Lock
 	err := l.Do(ctx, key, func(ctx context.Context, lk *redlease.Lock) error {
+		held = lk
 		firstUntil = lk.Until()
 		end := time.Now().Add(3*ttl + ttl/2)
 		for time.Now().Before(end) {
@@ -910,8 +959,31 @@ func holdLong(t *testing.T, l, other *redlease.Locker, key string, ttl time.Dura
 				return context.Cause(ctx)
 			case <-time.After(ttl / 4):
 			}
+			if ctx.Err() != nil { // both were ready: the select chose at random
+				return context.Cause(ctx)
+			}
 			checks++
-			if _, err := other.TryLock(ctx, key); assert.ErrorIs(t, err, redlease.ErrNotObtained, "the key is held while fn runs") {
+			got, err := other.TryLock(ctx, key)
+			if err == nil {
+				// The key had expired. Exact: the lock must no longer be
+				// Valid (its deadline comes before its key's expiry), or
+				// two hold it; fn's ctx is then cancelled late only
+				// because this process was not run at the deadline (the
+				// documented limit), and the loss is judged below.
+				valid := lk.Valid()
+				require.NoError(t, got.Release(t.Context())) // not fn's ctx, whose cancel is due
+				if valid {
+					t.Errorf("another locker got the key while the lock is Valid (Until %s, now %s)", lk.Until().Format("15:04:05.000"), time.Now().Format("15:04:05.000"))
+					return nil
+				}
+				soft := &redistest.SoftTB{TB: t}
+				redistest.Await(soft, probe, ctx.Done(), ttl, 3, "fn's ctx is cancelled once its lock is past its deadline")
+				if soft.Failed() != "" {
+					t.Error(soft.Failed())
+				}
+				return context.Cause(ctx)
+			}
+			if assert.ErrorIs(t, err, redlease.ErrNotObtained, "the key is held while fn runs") {
 				refused++
 			}
 		}
@@ -920,13 +992,47 @@ func holdLong(t *testing.T, l, other *redlease.Locker, key string, ttl time.Dura
 		assert.True(t, lk.Valid())
 		return nil
 	}, opts...)
-	require.NoError(t, err, "Do keeps its lock past 3×TTL without any option")
-	assert.Equal(t, checks, refused)
-	assert.Greater(t, lastUntil.Sub(firstUntil), 2*ttl, "the lock was extended several times")
+	if errors.Is(err, redlease.ErrLost) && held != nil {
+		why, excused := keptLockLoss(probe, node, held)
+		if !excused {
+			t.Errorf("Do keeps its lock past 3×TTL without any option, unless its renewal could not run: %s", why)
+			return
+		}
+		t.Logf("lock lost while this process or its node was measured too slow for its renewal (excused): %s", why)
+	} else {
+		require.NoError(t, err, "Do keeps its lock past 3×TTL without any option")
+		assert.Equal(t, checks, refused)
+		assert.Greater(t, lastUntil.Sub(firstUntil), 2*ttl, "the lock was extended several times")
+	}
 
 	lk, err := other.TryLock(ctx, key)
 	require.NoError(t, err, "released after Do")
 	require.NoError(t, lk.Release(ctx))
+}
+
+// keptLockMultiple is the multiple of the measured slowness (this
+// process's stall plus the node's worst PING) that excuses a kept lock's
+// loss: slow for half the stretch its last renewal had.
+const keptLockMultiple = 2
+
+// keptLockLoss judges a kept lock that was lost. Its last renewal had the
+// stretch from when it fell due (a third of its TTL after the grant or
+// extension that set its Until, the default watchdog's fraction) to its
+// deadline (Until less the loss margin). The loss is excused (ok) only if
+// keptLockMultiple × (what the stall probe measured this process stalled
+// + the worst round trip of a PING to the node) in that stretch reaches
+// the stretch: a renewal needs both the process and the node. why gives
+// the figures.
+func keptLockLoss(probe *redistest.StallProbe, node *redistest.NodeProbe, lk *redlease.Lock) (why string, ok bool) {
+	ttl := lk.TTL()
+	from, to := lk.Until().Add(-ttl+ttl/3), lk.Deadline()
+	stretch := to.Sub(from)
+	stalled := probe.Stalled(from, to)
+	worst, pings := node.Worst(from, to)
+	slow := time.Duration(keptLockMultiple) * (stalled + worst)
+	return fmt.Sprintf("its last renewal had %v (%s to %s); this process was measured stalled %v of it (worst single stall %v), the worst of %d PINGs to its node took %v; excused only at %d × (stall + PING) = %v ≥ the stretch: %v",
+		stretch.Round(time.Millisecond), from.Format("15:04:05.000"), to.Format("15:04:05.000"), stalled.Round(time.Millisecond),
+		probe.Worst(from, to).Round(time.Millisecond), pings, worst.Round(time.Millisecond), keptLockMultiple, slow.Round(time.Millisecond), lk.Err()), slow >= stretch
 }
 
 // Do with no option renews its lock: a function three and a half TTLs long
@@ -934,7 +1040,11 @@ func holdLong(t *testing.T, l, other *redlease.Locker, key string, ttl time.Dura
 // watchdog's goroutines exist while it runs and are gone once Do returned,
 // and a later Do starts them again.
 func TestDoKeepsLockByDefault(t *testing.T) {
-	s := singleNode(t)
+	probe := redistest.StartStallProbe(t)
+	c := redistest.Start(t, redistest.Config{}).Client()
+	s, err := single.New(c)
+	require.NoError(t, err)
+	node := redistest.StartNodeProbe(t, c) // the strategy's own client
 	const ttl = time.Second
 	l, err := redlease.New(s, redlease.WithTTL(ttl))
 	require.NoError(t, err)
@@ -957,12 +1067,15 @@ func TestDoKeepsLockByDefault(t *testing.T) {
 				}
 			}
 		})
-		holdLong(t, l, other, t.Name(), ttl)
+		holdLong(t, l, other, t.Name(), ttl, probe, node)
 		close(stop)
 		wg.Wait()
 		assert.Positive(t, during, "round %d: the default watchdog ran", round)
+		// The watchdog's goroutines end on their own once no Do runs:
+		// awaited in a window derived from this run, then nothing else
+		// may be left.
+		waitNoWatchGoroutines(t)
 		goleak.VerifyNone(t, baseline)
-		assert.Zero(t, watchGoroutines(), "round %d", round)
 	}
 }
 

@@ -20,6 +20,9 @@ import (
 // "Keeps granting" is counted, not timed: the holders are granted
 // s01Before times before the kill and s01After times after it (Lock calls
 // that started after it), each count within the liveness window (guard).
+// A shortfall is a violation unless the same stretch was measured unable
+// to serve rounds (roundsUnserved): this process stalled, or the live
+// nodes answering PINGs slower than the node timeout, for half of it.
 func TestScenario01QuorumKillMinorityMidAcquisition(t *testing.T) {
 	run(t, scenario{name: "01 quorum: kill minority mid-acquisition", strategy: "quorum/5", faults: "latency 30ms + SIGKILL nodes 3,4", fast: true},
 		func(t *testing.T, rec *Recorder) facts {
@@ -30,7 +33,11 @@ func TestScenario01QuorumKillMinorityMidAcquisition(t *testing.T) {
 			// The wide node timeout and Lock calls of scenario 10: with
 			// 150 ms and 300 ms a loaded machine left the holders without a
 			// grant for 90 s (0 in 771 Lock calls, stalled 78% of the time).
-			_, la := quorumLocker(t, ns.Clients("a"), ttl, quorum.WithNodeTimeout(wideNodeTimeout))
+			ca := ns.Clients("a")
+			_, la := quorumLocker(t, ca, ttl, quorum.WithNodeTimeout(wideNodeTimeout))
+			// How long the nodes live throughout (0-2) take to answer, through
+			// group a's proxies: every round needs all three after the kill.
+			live := redistest.StartNodeProbe(t, ca[0], ca[1], ca[2])
 			_, lb := quorumLocker(t, ns.Clients("b"), ttl, quorum.WithNodeTimeout(wideNodeTimeout))
 			for _, i := range []int{3, 4} {
 				ns.Group("a")[i].Latency("slow", 30, 10)
@@ -57,7 +64,12 @@ func TestScenario01QuorumKillMinorityMidAcquisition(t *testing.T) {
 				c := w.Counts(phase, holders...)
 				notes = append(notes, fmt.Sprintf("%s the kill: %d grants in %d Lock calls, in %v", phase, c.Grants, c.Attempts, time.Since(from).Round(time.Millisecond)))
 				if c.Grants < want {
-					violations = append(violations, fmt.Sprintf("%s the kill: %d of %d grants: %s", phase, c.Grants, want, explain()))
+					msg := fmt.Sprintf("%s the kill: %d of %d grants: %s; %s", phase, c.Grants, want, explain(), unservedRounds(probe, live, from, time.Now()))
+					if roundsUnserved(probe, live, from, time.Now()) {
+						notes = append(notes, "excused: "+msg)
+					} else {
+						violations = append(violations, msg)
+					}
 				}
 			}
 			stop()
@@ -67,6 +79,27 @@ func TestScenario01QuorumKillMinorityMidAcquisition(t *testing.T) {
 
 // The grants scenario 1 counts before and after its kill.
 const s01Before, s01After = 5, 5
+
+// unservedMultiple: a stretch in which this process was measured stalled
+// for 1/unservedMultiple of it or more, or in which that share or more of
+// the PINGs to one needed node took longer than the node timeout, could
+// not serve the rounds a count of grants needs.
+const unservedMultiple = 2
+
+// roundsUnserved reports whether from..to was such a stretch: a shortfall
+// of grants in it is the machine's (this process or the nodes not run),
+// not the library's. Every node live watches is needed by every round.
+func roundsUnserved(probe *redistest.StallProbe, live *redistest.NodeProbe, from, to time.Time) bool {
+	_, late, sent := live.Late(from, to, wideNodeTimeout)
+	return unservedMultiple*probe.Stalled(from, to) >= to.Sub(from) || (sent > 0 && unservedMultiple*late >= sent)
+}
+
+// unservedRounds gives roundsUnserved's figures, for the verdict.
+func unservedRounds(probe *redistest.StallProbe, live *redistest.NodeProbe, from, to time.Time) string {
+	node, late, sent := live.Late(from, to, wideNodeTimeout)
+	return fmt.Sprintf("in those %v this process was measured stalled %v, and %d of the %d PINGs to node %d (the slowest to answer) took longer than the node timeout %v; excused only when %d × either reaches the whole",
+		to.Sub(from).Round(time.Millisecond), probe.Stalled(from, to).Round(time.Millisecond), late, sent, node, wideNodeTimeout, unservedMultiple)
+}
 
 // 2. A holder's link to a majority goes silent (timeout toxic: connections
 // open, nothing answers) while it holds. Its renewals cannot reach a quorum,
