@@ -114,6 +114,11 @@
 //     +switch-master of both moves lost, polls still answered): INSIDE.
 //   - lostpub, subcut, subslow (Wake scenarios: pushes lost with the
 //     connection up, subscription connections cut, pushes delayed): INSIDE.
+//   - latejoin (fair-quorum3, half the seeds; heads.go): for a window,
+//     each Acquire of a fair client's Lock attempt reaches one node of a
+//     majority, chosen by the attempt's token, up to 20-150 ms late, so
+//     that a join may land after its Lock call was granted and released
+//     (a leftover entry, ahead of every later waiter): INSIDE.
 //
 // A violation is a HAZARD only within the scope of an outside fault that
 // began before it (scope.go): the locks a clock jump, skew or excess rate
@@ -184,7 +189,8 @@
 //     quarter of the seeds).
 //   - fair-quorum5: quorum5-restart in fair mode (three clients in the
 //     keys' lines, one outside them), under the general faults.
-//   - fair-single, fair-quorum3: the Wake scenarios in fair mode.
+//   - fair-single, fair-quorum3: the Wake scenarios in fair mode;
+//     fair-quorum3 also draws latejoin.
 //   - ops-single, ops-quorum, ops-failover (opswork.go): every public
 //     lock operation in random sequences (TryLock, Lock, Do kept by a
 //     Watchdog or by the engine Do's default keeper is built from, Keep
@@ -397,7 +403,9 @@
 //     that returned nil while another client was inside Lock (and still
 //     is at the bound), some client is granted the key by the holder's
 //     grant + TTL + 208.5 ms (wakeSlack; in fair mode plus the 100 ms max
-//     retry delay). Examined: such handoffs.
+//     retry delay). Examined: such handoffs; handoff-late/heads-differ
+//     (fair-quorum3): those during which a node refused a fair attempt as
+//     not the head (Queued) while another node's head differed.
 //   - wake-slow (the same scenarios): with no pub/sub fault from the first
 //     waiter's Lock call to that bound, some client is granted the key
 //     within 248 ms of the release (wakeFast): the notice ended the wait.

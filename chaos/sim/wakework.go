@@ -134,6 +134,10 @@ type WakeStats struct {
 	Failed    int           // Lock calls that returned an error
 	Grants    int
 	Fallbacks int // handoffs longer than 5 ms
+
+	// HeadsDiffer: handoffs during which a node refused a fair attempt
+	// as not the head while another node's head differed (heads.go).
+	HeadsDiffer int
 }
 
 func (s *WakeStats) add(o WakeStats) {
@@ -149,6 +153,7 @@ func (s *WakeStats) add(o WakeStats) {
 	s.Failed += o.Failed
 	s.Grants += o.Grants
 	s.Fallbacks += o.Fallbacks
+	s.HeadsDiffer += o.HeadsDiffer
 }
 
 // wakeClient is one Wake client (see above).
@@ -266,6 +271,9 @@ func (w *World) checkWake() ([]Violation, WakeStats) {
 		// resubscription, within a few round trips.
 		faulted := false
 		for _, f := range w.faults {
+			if f.Kind == FaultLateJoin {
+				continue // not a pub/sub fault (heads.go)
+			}
 			if f.At <= max(end, deadline) && f.At+f.For+4*maxOneWay >= earliest {
 				faulted = true
 			}
@@ -283,6 +291,9 @@ func (w *World) checkWake() ([]Violation, WakeStats) {
 			if took <= 5*time.Millisecond {
 				st.QuickNF++
 			}
+		}
+		if w.headsDiffered(rel.key, rel.sent, end) {
+			st.HeadsDiffer++
 		}
 		stillWaiting := false
 		for _, wt := range waiting {
