@@ -410,6 +410,22 @@
 //     waiter's Lock call to that bound, some client is granted the key
 //     within 248 ms of the release (wakeFast): the notice ended the wait.
 //     Examined: handoffs with no pub/sub fault.
+//
+// One case excuses handoff-late and wake-slow, the one docs/fair-mode.md
+// documents for quorum nodes with different heads: leftover entries
+// (heads.go, leftoverBound). It applies to that key and the window from
+// the release to the later of the next grant and the bound, and only to
+// nodes that refused a fair attempt as not the head (Queued) while
+// another node's head differed, when that head was a waiter whose Lock
+// call had ended before the refusal (a join that landed after it, never
+// refreshed nor removed). Per node, take the latest expiry of such a head
+// (its last refresh plus LineLifetime, 1 s here); once the majority-th
+// earliest of those has passed, a majority holds no leftover, and the
+// next grant must come within 308.5 ms more (the new head's Queued wait,
+// at most the 100 ms max retry delay, and one acquisition). A live head,
+// heads that did not differ, leftovers on a minority, or a grant later
+// than that excuse nothing. Excused verdicts are counted ("excused by a
+// leftover entry" in the report) and logged, not failed.
 //   - fifo (fair-quorum5, fair-single, fair-quorum3; fifo.go): just
 //     before a node applies a fair attempt's Acquire, the check reads the
 //     key and the line's live entries from that node; if it grants a free

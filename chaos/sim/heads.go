@@ -1,8 +1,13 @@
 package sim
 
 import (
+	"cmp"
+	"fmt"
 	"math/rand/v2"
+	"slices"
 	"time"
+
+	"github.com/redlease/redlease"
 )
 
 // Quorum nodes whose lines have different heads (fair-quorum3).
@@ -146,4 +151,62 @@ func (w *World) headsDiffered(key string, from, to time.Duration) bool {
 		}
 	}
 	return false
+}
+
+// leftoverBound is how late the next grant of key after a release at
+// from may come when what held it back were leftovers (see above). Take
+// the Queued refusals of key from from to to made while another node's
+// head differed, whose head was a waiter whose Lock call had ended
+// before the refusal (it left: it will neither refresh nor remove that
+// entry); per node, the latest expiry of such a head. The key is free of
+// leftovers on a majority once the majority-th earliest of those expiries
+// (a node with none: 0) has passed; the bound adds wakeLateBound (the new
+// head's Queued wait, at most the max retry delay, and one acquisition).
+// ok is false when there was no such refusal: a head that is a live
+// waiter, or heads that did not differ, excuse nothing.
+func (w *World) leftoverBound(key string, from, to time.Duration) (bound time.Duration, why string, ok bool) {
+	w.mu.Lock()
+	waits := w.wakeWaits
+	w.mu.Unlock()
+	w.fifo.mu.Lock()
+	defer w.fifo.mu.Unlock()
+	expiry := make([]time.Duration, w.sc.Nodes)
+	whys := make([]string, w.sc.Nodes)
+	for _, q := range w.fifo.queued {
+		if q.key != key || !q.differ || q.at < from || q.at > to {
+			continue
+		}
+		fw := w.fifo.attempts[q.head.id]
+		if fw == nil || len(fw.ats) == 0 {
+			continue
+		}
+		ended := time.Duration(-1)
+		for _, wt := range waits {
+			if wt.client == fw.client && wt.from <= fw.ats[0] && fw.ats[0] <= wt.to {
+				ended = wt.to
+			}
+		}
+		if ended < 0 || ended >= q.at {
+			continue // a live waiter (or one the simulator cannot place)
+		}
+		ok = true
+		if q.expiry > expiry[q.node] {
+			expiry[q.node] = q.expiry
+			whys[q.node] = fmt.Sprintf("node%d refused at %.3fms as not the head: waiter %s of c%d, whose Lock call ended at %.3fms, its entry (last refreshed at %.3fms) expiring at %.3fms",
+				q.node, msf(q.at), q.head.id, fw.client, msf(ended), msf(q.expiry-redlease.LineLifetime(wakeFairDelay[1])), msf(q.expiry))
+		}
+	}
+	if !ok {
+		return 0, "", false
+	}
+	nodes := make([]int, w.sc.Nodes)
+	for i := range nodes {
+		nodes[i] = i
+	}
+	slices.SortStableFunc(nodes, func(a, b int) int { return cmp.Compare(expiry[a], expiry[b]) })
+	clear := nodes[w.sc.Nodes/2] // the majority-th earliest
+	if expiry[clear] == 0 {
+		return 0, "", false // leftovers on a minority only: they held nothing back
+	}
+	return expiry[clear] + w.wakeLateBound(), whys[clear], true
 }
