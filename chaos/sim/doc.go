@@ -417,8 +417,10 @@
 // the release to the later of the next grant and the bound, and only to
 // nodes that refused a fair attempt as not the head (Queued) while
 // another node's head differed, when that head was a waiter whose Lock
-// call had ended before the refusal (a join that landed after it, never
-// refreshed nor removed). Per node, take the latest expiry of such a head
+// call had ended before the refusal and whose entry was last refreshed
+// after that end (a join that landed after it, never refreshed nor
+// removed again; an entry the call's own grant, release or leave left
+// behind excuses nothing). Per node, take the latest expiry of such a head
 // (its last refresh plus LineLifetime, 1 s here); once the majority-th
 // earliest of those has passed, a majority holds no leftover, and the
 // next grant must come within 308.5 ms more (the new head's Queued wait,

@@ -158,7 +158,11 @@ func (w *World) headsDiffered(key string, from, to time.Duration) bool {
 // the Queued refusals of key from from to to made while another node's
 // head differed, whose head was a waiter whose Lock call had ended
 // before the refusal (it left: it will neither refresh nor remove that
-// entry); per node, the latest expiry of such a head. The key is free of
+// entry) and whose entry was last refreshed after that end (a late join
+// put it back: an entry its Lock call's own grant, release or leave
+// should have removed excuses nothing; the Wake scenarios lose no
+// command, so those always arrive); per node, the latest expiry of such
+// a head. The key is free of
 // leftovers on a majority once the majority-th earliest of those expiries
 // (a node with none: 0) has passed; the bound adds wakeLateBound (the new
 // head's Queued wait, at most the max retry delay, and one acquisition).
@@ -188,6 +192,9 @@ func (w *World) leftoverBound(key string, from, to time.Duration) (bound time.Du
 		}
 		if ended < 0 || ended >= q.at {
 			continue // a live waiter (or one the simulator cannot place)
+		}
+		if refreshed := q.expiry - redlease.LineLifetime(wakeFairDelay[1]); refreshed <= ended {
+			continue // left in line by its Lock call itself, not put back by a late join
 		}
 		ok = true
 		if q.expiry > expiry[q.node] {
