@@ -74,8 +74,12 @@
 //     a node restarted without its data) can have different heads for a
 //     while: someone may then be served out of turn, but a line keeps a
 //     free key from every waiter at most as long as its head's entry lives
-//     without a refresh. A waiter that reaches too few nodes stops
-//     keeping its place until it reaches a majority again.
+//     without a refresh. A join that reaches a node after its Lock call
+//     ended (a delayed request) puts back an entry only expiry removes:
+//     on a majority, such entries hold a free key back from every waiter
+//     for up to LineLifetime after they landed (docs/fair-mode.md). A
+//     waiter that reaches too few nodes stops keeping its place until it
+//     reaches a majority again.
 //   - The ACL user needs the line's sorted-set commands
 //     (docs/redis-acl.conf lists them).
 //

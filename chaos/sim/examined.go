@@ -73,6 +73,9 @@ var examinedIn = map[string]func(sc *Scenario) bool{
 	InvHandoffLate: func(sc *Scenario) bool { return sc.Wake },
 	// Of those, the ones with no pub/sub fault around them.
 	InvWakeSlow: func(sc *Scenario) bool { return sc.Wake },
+	// Of those, the ones during which a node refused a fair attempt as
+	// not the head while another node's head differed (heads.go).
+	ExWakeHeads: func(sc *Scenario) bool { return sc.Wake && sc.Fair && sc.Nodes >= 3 },
 	// Holds the old primary granted (FailoverStats.examined).
 	InvFailoverKept: func(sc *Scenario) bool { return sc.Strategy == Failover && sc.Idem == "" },
 	// Of those, the ones checked against the watcher bound.
@@ -124,6 +127,7 @@ func (w *World) examined(res *Result) map[string]int {
 	add(InvHealthyLost, res.Watch.Protected)
 	add(InvHandoffLate, res.Wake.Handoffs)
 	add(InvWakeSlow, res.Wake.NoFault)
+	add(ExWakeHeads, res.Wake.HeadsDiffer)
 	add(InvFailoverKept, res.Failover.examined())
 	add(ExFailoverBound, res.Failover.Revoked)
 	st := w.stateResult()

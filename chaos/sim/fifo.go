@@ -106,6 +106,10 @@ type fifoRecs struct {
 	// attempts: per waiter id in line (a fair Lock's), its client, ticket
 	// and the times its attempts reached a node.
 	attempts map[string]*fifoWaiter
+	// heads: per key and node, the head a fair Acquire last read there;
+	// queued: the Queued refusals of fair attempts (heads.go).
+	heads  map[string]map[int]nodeHead
+	queued []queuedRefusal
 }
 
 type fifoGrant struct {
@@ -187,9 +191,11 @@ func (w *World) fifoAfter(n *Node, ac *acquireCall, reply []byte) {
 		}
 		fw.ats = append(fw.ats, at)
 	}
-	if len(reply) > 1 && string(reply[1:len(reply)-2]) == strconv.FormatInt(script.Queued, 10) {
+	queued := len(reply) > 1 && string(reply[1:len(reply)-2]) == strconv.FormatInt(script.Queued, 10)
+	if queued {
 		r.stats.Queued++
 	}
+	w.noteHeads(n.id, ac, at, queued)
 	if !ok {
 		return
 	}

@@ -223,6 +223,9 @@ func (c *conn) sendRequestLocked(args []string) {
 	id := c.w.requestID(c, args)
 	c.settle = settleOf(id)
 	delay, lost := c.w.fate(c, true, i, id, now)
+	if !lost && c.w.sc.Fair && c.w.sc.Wake {
+		delay += c.w.lateJoinDelay(c, args, now.Sub(c.w.start), mix(c.w.seed, id))
+	}
 	c.w.noteMessage(c, now, delay, lost)
 	if c.w.sc.Watchdog {
 		c.w.noteRenewRequest(c, args, now, delay, lost)

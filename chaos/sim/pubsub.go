@@ -175,8 +175,9 @@ func (w *World) cutSubscribers(node int) {
 
 // wakeSchedule draws a Wake scenario's faults: none to three pub/sub
 // faults (lost publishes, cut subscription connections, slow pushes) on
-// random nodes within the horizon; nothing else, so that every grant a
-// waiter misses is the pub/sub path's doing. A quarter of the seeds have
+// random nodes within the horizon, and in fair-quorum3 a late join
+// (heads.go); nothing else, so that every grant a waiter misses is the
+// pub/sub path's doing, or a leftover entry's. A quarter of the seeds have
 // none, so that wake-slow has handoffs to judge. Like makeSchedule, it
 // depends only on the seed and the scenario.
 func wakeSchedule(r *rand.Rand, sc *Scenario, horizon time.Duration) []Fault {
@@ -193,5 +194,5 @@ func wakeSchedule(r *rand.Rand, sc *Scenario, horizon time.Duration) []Fault {
 		}
 		fs = append(fs, f)
 	}
-	return fs
+	return append(fs, lateJoinFaults(r, sc, horizon)...)
 }

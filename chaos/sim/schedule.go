@@ -73,7 +73,7 @@ func (f Fault) String() string {
 	if f.Key != "" {
 		fmt.Fprintf(&b, " key=%s", f.Key)
 	}
-	if f.Client >= 0 && (f.Kind == FaultPartition || f.Kind == FaultCut || f.Kind == FaultDrift) {
+	if f.Client >= 0 && (f.Kind == FaultPartition || f.Kind == FaultCut || f.Kind == FaultDrift || f.Kind == FaultLateJoin) {
 		fmt.Fprintf(&b, " client=%d", f.Client)
 	}
 	if f.For > 0 {
