@@ -131,8 +131,46 @@ func (n *Node) clusterID() string { return fmt.Sprintf("%040x", mix(0xc1, uint64
 // which no simulated master answers). DisableRoutingPolicies: go-redis
 // would otherwise fetch COMMAND, for Redis 7's command tips, from a master
 // it picks the same way; miniredis's COMMAND has no tips, so every command
-// of the library routes by its key's slot either way.
+// of the library routes by its key's slot either way. (freshClusterClient
+// keeps them on, for the fresh-client construction.)
 func (w *World) clusterClient(ci int, ctxTimeouts bool) *redis.ClusterClient {
+	c := w.newClusterClient(ci, ctxTimeouts, true)
+	// Warm up: the client's first command loads the topology (CLUSTER
+	// SLOTS), here while the run sets up on a quiet network (World.quiet).
+	// (go-redis fetches COMMAND, with routing policies on, holding a mutex
+	// every other command of the client waits for; a goroutine waiting on
+	// a mutex is not durably blocked, so synctest's clock stopped while the
+	// fetch waited for a reply only the clock could bring, a paused or
+	// black-holed master: seed 100 hung in real time.) A command on a key
+	// of the first master, not PING: go-redis sends a keyless command to a
+	// master it picks at random.
+	if err := c.Exists(context.Background(), clusterKeys[0]).Err(); err != nil {
+		w.hist.logf("c%d cluster client warm-up: %v", ci, err)
+	}
+	return c
+}
+
+// freshClusterClient is clusterClient with go-redis's default routing
+// policies (DisableRoutingPolicies false), as a Cluster user's client has
+// them, warmed up without a routed command: ForEachMaster loads the
+// topology and PINGs every master on the master's own connection, so the
+// client knows every master and has a connection to each, but has not
+// fetched COMMAND yet. Its first routed command fetches it (go-redis
+// asks up to three masters in math/rand's order, each with a ctx of its
+// own, see clusterbound.go).
+func (w *World) freshClusterClient(ci int, ctxTimeouts bool) *redis.ClusterClient {
+	c := w.newClusterClient(ci, ctxTimeouts, false)
+	if err := c.ForEachMaster(context.Background(), func(ctx context.Context, m *redis.Client) error {
+		return m.Ping(ctx).Err()
+	}); err != nil {
+		w.hist.logf("c%d fresh cluster client warm-up: %v", ci, err)
+	}
+	return c
+}
+
+// newClusterClient is the ClusterClient of clusterClient and
+// freshClusterClient, not yet warmed up.
+func (w *World) newClusterClient(ci int, ctxTimeouts, disableRouting bool) *redis.ClusterClient {
 	first := w.clusterNodes()[0]
 	backoff := w.retryBackoff(ci, uint64(first.id))
 	c := redis.NewClusterClient(&redis.ClusterOptions{
@@ -149,7 +187,7 @@ func (w *World) clusterClient(ci int, ctxTimeouts bool) *redis.ClusterClient {
 		MinRetryBackoff:          backoff, // see redisClient
 		MaxRetryBackoff:          backoff,
 		DialerRetryTimeout:       w.dialRetry(ci, uint64(first.id)),
-		DisableRoutingPolicies:   true,
+		DisableRoutingPolicies:   disableRouting,
 		PoolSize:                 64, // see redisClient
 		Protocol:                 2,
 		ReadBufferSize:           1024,
@@ -162,18 +200,6 @@ func (w *World) clusterClient(ci int, ctxTimeouts bool) *redis.ClusterClient {
 	w.mu.Lock()
 	w.clients = append(w.clients, c)
 	w.mu.Unlock()
-	// Warm up: the client's first command loads the topology (CLUSTER
-	// SLOTS), here while the run sets up on a quiet network (World.quiet).
-	// (go-redis fetches COMMAND, with routing policies on, holding a mutex
-	// every other command of the client waits for; a goroutine waiting on
-	// a mutex is not durably blocked, so synctest's clock stopped while the
-	// fetch waited for a reply only the clock could bring, a paused or
-	// black-holed master: seed 100 hung in real time.) A command on a key
-	// of the first master, not PING: go-redis sends a keyless command to a
-	// master it picks at random.
-	if err := c.Exists(context.Background(), clusterKeys[0]).Err(); err != nil {
-		w.hist.logf("c%d cluster client warm-up: %v", ci, err)
-	}
 	return c
 }
 

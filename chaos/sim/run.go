@@ -97,6 +97,7 @@ func Run(sc Scenario, seed uint64, opts Options) *Result {
 
 	var clients sync.WaitGroup
 	var lockers [][]doLocker
+	var fresh *clusterFresh
 	if sc.Watchdog {
 		// Every client's strategies first, while the network is quiet
 		// (warming: see clusterClient), then the workload.
@@ -104,7 +105,11 @@ func Run(sc Scenario, seed uint64, opts Options) *Result {
 		for ci := range sc.Clients {
 			lockers = append(lockers, w.doLockers(ci, rand.New(rand.NewPCG(seed, uint64(ci)+1))))
 		}
+		fresh = w.clusterFreshSetup()
 		w.quiet.Store(false)
+	}
+	if fresh != nil {
+		clients.Go(func() { fresh.run(w) })
 	}
 	for ci := range sc.Clients {
 		r := rand.New(rand.NewPCG(seed, uint64(ci)+1))

@@ -261,6 +261,7 @@ const (
 	jitBarrier
 	jitWatch
 	jitTokens
+	jitClusterFresh
 )
 
 // jitterCtx returns ctx seeded for the library's jitter (internal/backoff:
