@@ -73,3 +73,56 @@ func TestCallsAreBoundedByTheirContextWithDefaultClientOptions(t *testing.T) {
 	require.NoError(t, err, "the abandoned acquisition's key was never undone")
 	require.NoError(t, lk.Release(ctx))
 }
+
+// A Cluster user's go-redis ClusterClient (routing policies on, as by
+// default) fetches COMMAND at its first routed command, and with
+// ContextTimeoutEnabled it does so on a ctx of its own (5 s), not the
+// caller's. Forced order: the client knows the topology and has a
+// connection to every master (ForEachMaster), has not fetched COMMAND
+// yet, and every master is paused. TryLock and Do with a 300 ms ctx
+// return near it, unavailable, with ContextTimeoutEnabled on and off
+// (found by the simulator: watchdog-mixed seed 2, the fresh-client
+// construction; before the fix, 5.05 s).
+func TestFreshClusterClientKeepsTheDeadlineWithPausedMasters(t *testing.T) {
+	probe := redistest.StartStallProbe(t)
+	servers := redistest.StartCluster(t, 3)
+	addrs := make([]string, len(servers))
+	for i, s := range servers {
+		addrs[i] = s.Addr
+		t.Cleanup(s.Resume)
+	}
+	for _, cte := range []bool{true, false} {
+		c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, ContextTimeoutEnabled: cte})
+		t.Cleanup(func() { _ = c.Close() })
+		require.NoError(t, c.ForEachMaster(t.Context(), func(ctx context.Context, m *redis.Client) error {
+			return m.Ping(ctx).Err()
+		}))
+		strategy, err := single.New(c)
+		require.NoError(t, err)
+		l, err := redlease.New(strategy, redlease.WithPolling())
+		require.NoError(t, err)
+		for _, s := range servers {
+			s.Pause()
+		}
+		const bound, slack = 300 * time.Millisecond, 400 * time.Millisecond
+		for _, op := range []string{"TryLock", "Do"} {
+			ctx, cancel := context.WithTimeout(t.Context(), bound)
+			start := time.Now()
+			if op == "TryLock" {
+				_, err = l.TryLock(ctx, "fresh:cluster")
+			} else {
+				err = l.Do(ctx, "fresh:cluster", func(context.Context, *redlease.Lock) error { return nil })
+			}
+			took := time.Since(start)
+			cancel()
+			t.Logf("ContextTimeoutEnabled=%v %s with every master paused: %v after %v", cte, op, err, took.Round(time.Millisecond))
+			assert.ErrorIs(t, err, redlease.ErrUnavailable, "%s (ContextTimeoutEnabled %v)", op, cte)
+			if ok, why := probe.Within(took, bound+slack, 3, start); !ok {
+				assert.Failf(t, "outside the window derived from this run", "%s (ContextTimeoutEnabled %v) must return near its ctx's deadline: %s", op, cte, why)
+			}
+		}
+		for _, s := range servers {
+			s.Resume()
+		}
+	}
+}
