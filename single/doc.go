@@ -24,7 +24,10 @@
 // # Bounds
 //
 // Every call returns by its ctx deadline, with or without go-redis's
-// ContextTimeoutEnabled. A call whose ctx has no deadline waits at most
+// ContextTimeoutEnabled. On a ClusterClient a call runs on a goroutine
+// of its own whatever its options (go-redis fetches COMMAND, at a
+// ClusterClient's first routed command, on a 5 s context of its own, not
+// the caller's). A call whose ctx has no deadline waits at most
 // redlease.DefaultCallBound (1 s). The clean-up after a
 // failed acquisition (the release of what it may have written, by its
 // token) runs in the background, at most a DefaultCallBound; Close ends
