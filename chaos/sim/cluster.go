@@ -95,7 +95,16 @@ func (sc *Scenario) clusterBase() int { return sc.Nodes + 1 }
 
 // master returns the Cluster node serving key.
 func (w *World) master(key string) *Node {
-	return w.nodes[w.sc.clusterBase()+masterOfSlot(keySlot(key))]
+	return w.masterNode(masterOfSlot(keySlot(key)))
+}
+
+// masterNode is the master of the i-th third of the slots: the node it
+// started as, or the replica the failover construction promoted.
+func (w *World) masterNode(i int) *Node {
+	if n := w.cmaster[i].Load(); n != nil {
+		return n
+	}
+	return w.nodes[w.sc.clusterBase()+i]
 }
 
 // clusterNodes are the Cluster's masters.
@@ -103,13 +112,24 @@ func (w *World) clusterNodes() []*Node {
 	if !w.sc.Cluster {
 		return nil
 	}
-	b := w.sc.clusterBase()
-	return w.nodes[b : b+ClusterMasters]
+	ms := make([]*Node, ClusterMasters)
+	for i := range ms {
+		ms[i] = w.masterNode(i)
+	}
+	return ms
 }
 
-// nodeByAddr is the node that announces addr (a Cluster node), or nil.
+// spareReplica is the Cluster's spare replica (clusterfail.go): the node
+// after the masters.
+func (w *World) spareReplica() *Node { return w.nodes[w.sc.clusterBase()+ClusterMasters] }
+
+// nodeByAddr is the node that announces addr (a Cluster node: a master or
+// the spare replica), or nil.
 func (w *World) nodeByAddr(addr string) *Node {
-	for _, n := range w.clusterNodes() {
+	if !w.sc.Cluster {
+		return nil
+	}
+	for _, n := range w.nodes[w.sc.clusterBase():] {
 		if n.addr == addr {
 			return n
 		}
@@ -232,7 +252,7 @@ func (n *Node) clusterHook(p *server.Peer, cmd string, args []string) bool {
 	if slot < 0 {
 		return false
 	}
-	if owner := n.w.nodes[n.w.sc.clusterBase()+masterOfSlot(slot)]; owner != n {
+	if owner := n.w.masterNode(masterOfSlot(slot)); owner != n {
 		n.w.mu.Lock()
 		n.w.moved++
 		n.w.mu.Unlock()
