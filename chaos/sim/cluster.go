@@ -3,9 +3,12 @@ package sim
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/alicebob/miniredis/v2/server"
 	"github.com/redis/go-redis/v9"
@@ -202,6 +205,7 @@ func (w *World) newClusterClient(ci int, ctxTimeouts, disableRouting bool) *redi
 			}
 			return n.dial(ci)
 		},
+		ClusterSlots:             w.clusterSlotsLoader(ci, ctxTimeouts),
 		ContextTimeoutEnabled:    ctxTimeouts,
 		DisableIdentity:          true,
 		MinRetryBackoff:          backoff, // see redisClient
@@ -374,5 +378,60 @@ func (n *Node) clusterCommand(p *server.Peer, args []string) {
 			clusterSlots, clusterSlots, len(masters), len(masters)))
 	default:
 		p.WriteError("ERR unknown subcommand '" + args[0] + "'. Try CLUSTER HELP.")
+	}
+}
+
+// clusterSlotsLoader is a ClusterClient's topology source (its
+// ClusterSlots option). go-redis would ask the nodes it knows for CLUSTER
+// SLOTS in math/rand's order, which no seed controls: a reload (the
+// library asks for one when a master leaves a call unanswered) would ask a
+// dead master first in some runs and not in others, and take longer when
+// it does. This asks them the same way, over the simulated network through
+// a plain go-redis client of client ci to each (created on first use, with
+// the ClusterClient's ContextTimeoutEnabled), in an order drawn from the
+// seed per load, and returns the first answer. The nodes it knows: the
+// first master, then every master an answer named.
+func (w *World) clusterSlotsLoader(ci int, ctxTimeouts bool) func(context.Context) ([]redis.ClusterSlot, error) {
+	var (
+		mu      sync.Mutex
+		loads   uint64
+		known   = []*Node{w.clusterNodes()[0]}
+		clients = map[*Node]*redis.Client{}
+	)
+	return func(ctx context.Context) ([]redis.ClusterSlot, error) {
+		mu.Lock()
+		loads++
+		ask := slices.Clone(known)
+		r := rand.New(rand.NewPCG(mix(w.seed, 0x5107), uint64(ci+2)<<32|loads))
+		r.Shuffle(len(ask), func(i, j int) { ask[i], ask[j] = ask[j], ask[i] })
+		cs := make([]*redis.Client, len(ask))
+		for i, n := range ask {
+			if clients[n] == nil {
+				clients[n] = w.redisClientAs(ci, n, ctxTimeouts, n.addr)
+			}
+			cs[i] = clients[n]
+		}
+		mu.Unlock()
+		var first error
+		for _, c := range cs {
+			slots, err := c.ClusterSlots(ctx).Result()
+			if err != nil {
+				if first == nil {
+					first = err
+				}
+				continue
+			}
+			mu.Lock()
+			for _, sl := range slots {
+				for _, nd := range sl.Nodes {
+					if n := w.nodeByAddr(nd.Addr); n != nil && !slices.Contains(known, n) {
+						known = append(known, n)
+					}
+				}
+			}
+			mu.Unlock()
+			return slots, nil
+		}
+		return nil, first
 	}
 }
