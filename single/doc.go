@@ -24,7 +24,10 @@
 // # Bounds
 //
 // Every call returns by its ctx deadline, with or without go-redis's
-// ContextTimeoutEnabled. A call whose ctx has no deadline waits at most
+// ContextTimeoutEnabled. On a ClusterClient a call runs on a goroutine
+// of its own whatever its options (go-redis fetches COMMAND, at a
+// ClusterClient's first routed command, on a 5 s context of its own, not
+// the caller's). A call whose ctx has no deadline waits at most
 // redlease.DefaultCallBound (1 s). The clean-up after a
 // failed acquisition (the release of what it may have written, by its
 // token) runs in the background, at most a DefaultCallBound; Close ends
@@ -39,6 +42,24 @@
 // "redlease:fence:{"+key+"}" otherwise ("order:7" →
 // "redlease:fence:{order:7}"). Keys that contain '}' without a valid hash
 // tag are rejected, since no same-slot companion can be built for them.
+//
+// A master's failover: go-redis reloads a ClusterClient's topology by
+// itself only on MOVED, ASK and READONLY, which a dead master never
+// sends, and every ClusterStateReloadInterval (60 s by default). So a
+// call that a master leaves without a reply asks go-redis for a reload
+// and marks that master silent until it answers again; a batch of
+// renewals whose keys the topology still places on a silent master waits
+// for a reload to place them elsewhere, at most 500 ms and half of its
+// own wait, and then sends them where the topology says. A lock whose
+// master fails over to a replica that had replicated it is kept if that
+// leaves time before its Deadline: the first renewal to the dead master
+// fails (it waits, like any silent master's, up to nine tenths of the
+// time its call has), the reload finds the new master (go-redis asks the
+// nodes it knows in a random order, and spends its dial retries on the
+// dead one when it asks it first; on a host that does not answer at all,
+// its dial timeouts), and the next renewal goes there. A failover before
+// the replica had the lock can grant it twice (see the package doc's
+// guarantee).
 //
 // # Fair mode (redlease.WithFairness)
 //

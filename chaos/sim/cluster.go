@@ -3,9 +3,12 @@ package sim
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/alicebob/miniredis/v2/server"
 	"github.com/redis/go-redis/v9"
@@ -95,7 +98,16 @@ func (sc *Scenario) clusterBase() int { return sc.Nodes + 1 }
 
 // master returns the Cluster node serving key.
 func (w *World) master(key string) *Node {
-	return w.nodes[w.sc.clusterBase()+masterOfSlot(keySlot(key))]
+	return w.masterNode(masterOfSlot(keySlot(key)))
+}
+
+// masterNode is the master of the i-th third of the slots: the node it
+// started as, or the replica the failover construction promoted.
+func (w *World) masterNode(i int) *Node {
+	if n := w.cmaster[i].Load(); n != nil {
+		return n
+	}
+	return w.nodes[w.sc.clusterBase()+i]
 }
 
 // clusterNodes are the Cluster's masters.
@@ -103,13 +115,24 @@ func (w *World) clusterNodes() []*Node {
 	if !w.sc.Cluster {
 		return nil
 	}
-	b := w.sc.clusterBase()
-	return w.nodes[b : b+ClusterMasters]
+	ms := make([]*Node, ClusterMasters)
+	for i := range ms {
+		ms[i] = w.masterNode(i)
+	}
+	return ms
 }
 
-// nodeByAddr is the node that announces addr (a Cluster node), or nil.
+// spareReplica is the Cluster's spare replica (clusterfail.go): the node
+// after the masters.
+func (w *World) spareReplica() *Node { return w.nodes[w.sc.clusterBase()+ClusterMasters] }
+
+// nodeByAddr is the node that announces addr (a Cluster node: a master or
+// the spare replica), or nil.
 func (w *World) nodeByAddr(addr string) *Node {
-	for _, n := range w.clusterNodes() {
+	if !w.sc.Cluster {
+		return nil
+	}
+	for _, n := range w.nodes[w.sc.clusterBase():] {
 		if n.addr == addr {
 			return n
 		}
@@ -131,37 +154,10 @@ func (n *Node) clusterID() string { return fmt.Sprintf("%040x", mix(0xc1, uint64
 // which no simulated master answers). DisableRoutingPolicies: go-redis
 // would otherwise fetch COMMAND, for Redis 7's command tips, from a master
 // it picks the same way; miniredis's COMMAND has no tips, so every command
-// of the library routes by its key's slot either way.
+// of the library routes by its key's slot either way. (freshClusterClient
+// keeps them on, for the fresh-client construction.)
 func (w *World) clusterClient(ci int, ctxTimeouts bool) *redis.ClusterClient {
-	first := w.clusterNodes()[0]
-	backoff := w.retryBackoff(ci, uint64(first.id))
-	c := redis.NewClusterClient(&redis.ClusterOptions{
-		Addrs: []string{first.addr},
-		Dialer: func(ctx context.Context, _, addr string) (net.Conn, error) {
-			n := w.nodeByAddr(addr)
-			if n == nil {
-				return nil, fmt.Errorf("dial %s: no such simulated node", addr)
-			}
-			return n.dial(ci)
-		},
-		ContextTimeoutEnabled:    ctxTimeouts,
-		DisableIdentity:          true,
-		MinRetryBackoff:          backoff, // see redisClient
-		MaxRetryBackoff:          backoff,
-		DialerRetryTimeout:       w.dialRetry(ci, uint64(first.id)),
-		DisableRoutingPolicies:   true,
-		PoolSize:                 64, // see redisClient
-		Protocol:                 2,
-		ReadBufferSize:           1024,
-		WriteBufferSize:          1024,
-		PipelineReadBufferSize:   1024,
-		PipelineWriteBufferSize:  1024,
-		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
-	})
-	c.AddHook(w.orderHookFor(ci, 1<<17))
-	w.mu.Lock()
-	w.clients = append(w.clients, c)
-	w.mu.Unlock()
+	c := w.newClusterClient(ci, ctxTimeouts, true)
 	// Warm up: the client's first command loads the topology (CLUSTER
 	// SLOTS), here while the run sets up on a quiet network (World.quiet).
 	// (go-redis fetches COMMAND, with routing policies on, holding a mutex
@@ -174,6 +170,60 @@ func (w *World) clusterClient(ci int, ctxTimeouts bool) *redis.ClusterClient {
 	if err := c.Exists(context.Background(), clusterKeys[0]).Err(); err != nil {
 		w.hist.logf("c%d cluster client warm-up: %v", ci, err)
 	}
+	return c
+}
+
+// freshClusterClient is clusterClient with go-redis's default routing
+// policies (DisableRoutingPolicies false), as a Cluster user's client has
+// them, warmed up without a routed command: ForEachMaster loads the
+// topology and PINGs every master on the master's own connection, so the
+// client knows every master and has a connection to each, but has not
+// fetched COMMAND yet. Its first routed command fetches it (go-redis
+// asks up to three masters in math/rand's order, each with a ctx of its
+// own, see clusterbound.go).
+func (w *World) freshClusterClient(ci int, ctxTimeouts bool) *redis.ClusterClient {
+	c := w.newClusterClient(ci, ctxTimeouts, false)
+	if err := c.ForEachMaster(context.Background(), func(ctx context.Context, m *redis.Client) error {
+		return m.Ping(ctx).Err()
+	}); err != nil {
+		w.hist.logf("c%d fresh cluster client warm-up: %v", ci, err)
+	}
+	return c
+}
+
+// newClusterClient is the ClusterClient of clusterClient and
+// freshClusterClient, not yet warmed up.
+func (w *World) newClusterClient(ci int, ctxTimeouts, disableRouting bool) *redis.ClusterClient {
+	first := w.clusterNodes()[0]
+	backoff := w.retryBackoff(ci, uint64(first.id))
+	c := redis.NewClusterClient(&redis.ClusterOptions{
+		Addrs: []string{first.addr},
+		Dialer: func(ctx context.Context, _, addr string) (net.Conn, error) {
+			n := w.nodeByAddr(addr)
+			if n == nil {
+				return nil, fmt.Errorf("dial %s: no such simulated node", addr)
+			}
+			return n.dial(ci)
+		},
+		ClusterSlots:             w.clusterSlotsLoader(ci, ctxTimeouts),
+		ContextTimeoutEnabled:    ctxTimeouts,
+		DisableIdentity:          true,
+		MinRetryBackoff:          backoff, // see redisClient
+		MaxRetryBackoff:          backoff,
+		DialerRetryTimeout:       w.dialRetry(ci, uint64(first.id)),
+		DisableRoutingPolicies:   disableRouting,
+		PoolSize:                 64, // see redisClient
+		Protocol:                 2,
+		ReadBufferSize:           1024,
+		WriteBufferSize:          1024,
+		PipelineReadBufferSize:   1024,
+		PipelineWriteBufferSize:  1024,
+		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
+	})
+	c.AddHook(w.orderHookFor(ci, 1<<17))
+	w.mu.Lock()
+	w.clients = append(w.clients, c)
+	w.mu.Unlock()
 	return c
 }
 
@@ -206,7 +256,7 @@ func (n *Node) clusterHook(p *server.Peer, cmd string, args []string) bool {
 	if slot < 0 {
 		return false
 	}
-	if owner := n.w.nodes[n.w.sc.clusterBase()+masterOfSlot(slot)]; owner != n {
+	if owner := n.w.masterNode(masterOfSlot(slot)); owner != n {
 		n.w.mu.Lock()
 		n.w.moved++
 		n.w.mu.Unlock()
@@ -328,5 +378,60 @@ func (n *Node) clusterCommand(p *server.Peer, args []string) {
 			clusterSlots, clusterSlots, len(masters), len(masters)))
 	default:
 		p.WriteError("ERR unknown subcommand '" + args[0] + "'. Try CLUSTER HELP.")
+	}
+}
+
+// clusterSlotsLoader is a ClusterClient's topology source (its
+// ClusterSlots option). go-redis would ask the nodes it knows for CLUSTER
+// SLOTS in math/rand's order, which no seed controls: a reload (the
+// library asks for one when a master leaves a call unanswered) would ask a
+// dead master first in some runs and not in others, and take longer when
+// it does. This asks them the same way, over the simulated network through
+// a plain go-redis client of client ci to each (created on first use, with
+// the ClusterClient's ContextTimeoutEnabled), in an order drawn from the
+// seed per load, and returns the first answer. The nodes it knows: the
+// first master, then every master an answer named.
+func (w *World) clusterSlotsLoader(ci int, ctxTimeouts bool) func(context.Context) ([]redis.ClusterSlot, error) {
+	var (
+		mu      sync.Mutex
+		loads   uint64
+		known   = []*Node{w.clusterNodes()[0]}
+		clients = map[*Node]*redis.Client{}
+	)
+	return func(ctx context.Context) ([]redis.ClusterSlot, error) {
+		mu.Lock()
+		loads++
+		ask := slices.Clone(known)
+		r := rand.New(rand.NewPCG(mix(w.seed, 0x5107), uint64(ci+2)<<32|loads))
+		r.Shuffle(len(ask), func(i, j int) { ask[i], ask[j] = ask[j], ask[i] })
+		cs := make([]*redis.Client, len(ask))
+		for i, n := range ask {
+			if clients[n] == nil {
+				clients[n] = w.redisClientAs(ci, n, ctxTimeouts, n.addr)
+			}
+			cs[i] = clients[n]
+		}
+		mu.Unlock()
+		var first error
+		for _, c := range cs {
+			slots, err := c.ClusterSlots(ctx).Result()
+			if err != nil {
+				if first == nil {
+					first = err
+				}
+				continue
+			}
+			mu.Lock()
+			for _, sl := range slots {
+				for _, nd := range sl.Nodes {
+					if n := w.nodeByAddr(nd.Addr); n != nil && !slices.Contains(known, n) {
+						known = append(known, n)
+					}
+				}
+			}
+			mu.Unlock()
+			return slots, nil
+		}
+		return nil, first
 	}
 }

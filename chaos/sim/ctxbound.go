@@ -16,7 +16,7 @@ const ExCtxAcquire = InvCtxBound + "/acquire"
 
 func init() {
 	examinedIn[InvCtxBound] = func(sc *Scenario) bool {
-		return !sc.Barrier && !sc.Watchdog && sc.Client == nil || sc.Wake
+		return !sc.Barrier && !sc.Watchdog && sc.Client == nil || sc.Wake || sc.Watchdog && sc.Cluster
 	}
 }
 

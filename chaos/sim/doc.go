@@ -68,7 +68,9 @@
 // slots split as redis-cli --cluster create splits them. A go-redis
 // ClusterClient seeded with the first master's address learns the
 // topology from CLUSTER SLOTS (the simulator also answers SHARDS, NODES,
-// MYID, KEYSLOT and INFO) and runs without routing policies. A master
+// MYID, KEYSLOT and INFO) and runs without routing policies (but the
+// fresh-client construction's, clusterbound.go, which has go-redis's
+// default ones and fetches COMMAND on its first routed command). A master
 // refuses, as Redis 7 does, a key of another master's slot (MOVED), keys
 // of several slots (CROSSSLOT) and a script touching a key outside its
 // declared slot; nothing moves, so any refusal (counted) is a misrouted key.
@@ -460,11 +462,14 @@
 //     primary.CloseWait). Examined: Closes; close-bound/dialing (Closes
 //     during a held handshake) must be non-zero in ops-single and
 //     ops-quorum, so a dial-close that cannot arrange its stall fails.
-//   - ctx-bound (every scenario but barrier, watchdog-mixed and
-//     quorum3-pastmax): TryLock, Lock, Lock.Extend, redlease.ExtendAll and
-//     Lock.Release called with a ctx deadline return by it, with and
-//     without ContextTimeoutEnabled (drawn per client). Examined: calls
-//     checked (ctx-bound/acquire: TryLock and Lock among them).
+//   - ctx-bound (every scenario but barrier and quorum3-pastmax): TryLock,
+//     Lock, Lock.Extend, redlease.ExtendAll and Lock.Release called with a
+//     ctx deadline return by it, with and without ContextTimeoutEnabled
+//     (drawn per client). In watchdog-mixed only the fresh-client
+//     construction's TryLock (clusterbound.go: a Cluster client with
+//     go-redis's routing policies whose links fall silent before its first
+//     routed command). Examined: calls checked (ctx-bound/acquire: TryLock
+//     and Lock among them; ctx-bound/cluster-fresh: the construction's).
 //   - outage-bound (ops-*; outagework.go): a Lock or Do without a deadline
 //     whose client's data links are silent ends with ErrUnavailable within
 //     its outage limit (50-400 ms, drawn), or its first attempt's bound if

@@ -56,7 +56,9 @@ func (w *World) holdNodes(strat, key string) ([]int, int) {
 	case "s":
 		return []int{w.sc.Nodes}, 1
 	case "c":
-		return []int{w.master(key).id}, 1
+		// The master the key started on: the lanes' holds all end
+		// before the failover construction moves one (clusterfail.go).
+		return []int{w.nodes[w.sc.clusterBase()+masterOfSlot(keySlot(key))].id}, 1
 	}
 	ids := make([]int, w.sc.Nodes)
 	for i := range ids {

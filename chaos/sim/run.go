@@ -97,6 +97,8 @@ func Run(sc Scenario, seed uint64, opts Options) *Result {
 
 	var clients sync.WaitGroup
 	var lockers [][]doLocker
+	var fresh *clusterFresh
+	var cfail *clusterFail
 	if sc.Watchdog {
 		// Every client's strategies first, while the network is quiet
 		// (warming: see clusterClient), then the workload.
@@ -104,7 +106,17 @@ func Run(sc Scenario, seed uint64, opts Options) *Result {
 		for ci := range sc.Clients {
 			lockers = append(lockers, w.doLockers(ci, rand.New(rand.NewPCG(seed, uint64(ci)+1))))
 		}
+		fresh = w.clusterFreshSetup()
+		cfail = w.clusterFailSetup()
 		w.quiet.Store(false)
+	}
+	if fresh != nil {
+		clients.Go(func() { fresh.run(w) })
+	}
+	var lanes sync.WaitGroup
+	lanesDone := make(chan struct{})
+	if cfail != nil {
+		clients.Go(func() { cfail.run(w, lanesDone) })
 	}
 	for ci := range sc.Clients {
 		r := rand.New(rand.NewPCG(seed, uint64(ci)+1))
@@ -125,7 +137,11 @@ func Run(sc Scenario, seed uint64, opts Options) *Result {
 			continue
 		}
 		if sc.Watchdog {
-			clients.Go(func() { w.doClient(ci, lockers[ci]) })
+			lanes.Add(1)
+			clients.Go(func() {
+				defer lanes.Done()
+				w.doClient(ci, lockers[ci])
+			})
 			continue
 		}
 		locker := w.locker(ci, r)
@@ -135,6 +151,7 @@ func Run(sc Scenario, seed uint64, opts Options) *Result {
 		}
 		clients.Go(func() { w.lockClient(ci, locker, r) })
 	}
+	go func() { lanes.Wait(); close(lanesDone) }()
 	finished := make(chan struct{})
 	go func() { clients.Wait(); close(finished) }()
 	var vs []Violation

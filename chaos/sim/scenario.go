@@ -277,7 +277,7 @@ func (sc *Scenario) restartable() bool { return true }
 // masters after it.
 func (sc *Scenario) allNodes() int {
 	if sc.Cluster {
-		return sc.Nodes + 1 + ClusterMasters
+		return sc.Nodes + 1 + ClusterMasters + 1 // and the spare replica (clusterfail.go)
 	}
 	if sc.Strategy == Failover {
 		return sc.Nodes + sc.Sentinels + sc.plainStore() + sc.secondMaster()

@@ -24,6 +24,11 @@ import (
 // the seed's fault schedule, and the history the checker reads. Run makes
 // one; its fields are the simulator's own.
 type World struct {
+	// cmaster: the Cluster's master of each third of the slots once the
+	// failover construction promoted a replica (clusterfail.go); nil: the
+	// node it started as.
+	cmaster [ClusterMasters]atomic.Pointer[Node]
+
 	seed   uint64
 	sc     Scenario
 	opts   Options
@@ -261,6 +266,8 @@ const (
 	jitBarrier
 	jitWatch
 	jitTokens
+	jitClusterFresh
+	jitClusterFail
 )
 
 // jitterCtx returns ctx seeded for the library's jitter (internal/backoff:

@@ -14,14 +14,16 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// HonorsContext reports whether go-redis applies a context's deadline to
-// the client's socket reads and writes (ContextTimeoutEnabled); for a
-// client it cannot tell, it says no.
+// HonorsContext reports whether a call through c returns by its
+// context's end: a *redis.Client with ContextTimeoutEnabled (go-redis then
+// applies the deadline to its socket reads and writes). A ClusterClient
+// does not, whatever its options: with ContextTimeoutEnabled and its
+// routing policies on (go-redis's default) its first routed command
+// fetches COMMAND on a context of its own with a 5 s timeout, not the
+// caller's, and with a master that does not answer the call returns only
+// then. For a client it cannot tell, it says no.
 func HonorsContext(c redis.UniversalClient) bool {
-	switch c := c.(type) {
-	case *redis.Client:
-		return c.Options().ContextTimeoutEnabled
-	case *redis.ClusterClient:
+	if c, ok := c.(*redis.Client); ok {
 		return c.Options().ContextTimeoutEnabled
 	}
 	return false

@@ -2,6 +2,7 @@ package primary
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"strings"
@@ -158,6 +159,7 @@ func (p *Primary) judge(ctx context.Context, addr string, items []redlease.Exten
 	for k, c := range calls {
 		r := replies[k]
 		if r.err != nil {
+			p.markSilent(addr, r.err)
 			err := failAt(ctx, addr, redlease.ErrUnavailable, r.err) // one error, and one report, per failed call
 			for _, i := range c.idx {
 				out[i].Err = err
@@ -216,6 +218,9 @@ func (p *Primary) extendShards(ctx context.Context, items []redlease.Extension, 
 		shards  []shard
 		byAddr  = map[string]int{}
 	)
+	if d := time.Until(p.shardDeadline(ctx, items, valid)); d > 0 {
+		p.awaitMoves(ctx, items, valid, min(maxAwaitMove, d/2))
+	}
 	for _, i := range valid {
 		sl := keySlot(items[i].Key)
 		k, ok := slotIdx[sl]
@@ -263,6 +268,9 @@ func (p *Primary) extendShards(ctx context.Context, items []redlease.Extension, 
 	take := func(d shardDone) {
 		answered[d.shard] = true
 		remaining--
+		if !silentReplies(d.replies) {
+			p.answered(shards[d.shard].addr)
+		}
 		p.judge(ctx, shards[d.shard].addr, items, shards[d.shard].calls, d.replies, start, out)
 	}
 	timer := time.NewTimer(time.Until(deadline))
@@ -294,6 +302,7 @@ func (p *Primary) extendShards(ctx context.Context, items []redlease.Extension, 
 		if answered[k] {
 			continue
 		}
+		p.markSilent(sh.addr, cause)
 		err := failAt(ctx, sh.addr, redlease.ErrUnavailable, cause)
 		for _, call := range sh.calls {
 			for _, i := range call.idx {
@@ -375,3 +384,15 @@ var crc16Table = func() (t [256]uint16) {
 	}
 	return t
 }()
+
+// silentReplies reports whether every reply of a shard is an error no
+// server answered (judge marks the master silent then).
+func silentReplies(rs []reply) bool {
+	for _, r := range rs {
+		var answered redis.Error
+		if r.err == nil || errors.As(r.err, &answered) {
+			return false
+		}
+	}
+	return len(rs) > 0
+}

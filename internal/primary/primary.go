@@ -67,6 +67,11 @@ type Primary struct {
 	undoMu  sync.Mutex
 	closed  bool
 	undos   sync.WaitGroup
+
+	// silent: the Cluster masters that left a call without a reply, and
+	// when (topology.go).
+	silentMu sync.Mutex
+	silent   map[string]time.Time
 }
 
 // ErrNotReplicated is failover.ErrNotReplicated, defined here because
@@ -607,6 +612,7 @@ func (acquireUnavailable) Unwrap() error { return redlease.ErrUnavailable }
 // fail wraps a node failure under sentinel, and reports it to ctx's
 // observer.
 func (p *Primary) fail(ctx context.Context, sentinel, err error) error {
+	p.reloadOnSilence(err)
 	return failAt(ctx, p.addr, sentinel, err)
 }
 
