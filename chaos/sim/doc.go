@@ -73,7 +73,12 @@
 // default ones and fetches COMMAND on its first routed command). A master
 // refuses, as Redis 7 does, a key of another master's slot (MOVED), keys
 // of several slots (CROSSSLOT) and a script touching a key outside its
-// declared slot; nothing moves, so any refusal (counted) is a misrouted key.
+// declared slot; nothing moves, so any refusal (counted) is a misrouted key,
+// but in the failover construction (clusterfail.go), where a spare replica
+// follows one master and takes its slots over when it crashes. A
+// ClusterClient learns the topology through a loader (ClusterSlots
+// option) that asks the masters it knows over the simulated network in an
+// order drawn from the seed, where go-redis would use math/rand's.
 //
 // A client whose clock drifts reads a redlease.Clock (simClock) in its
 // Locker, strategy and keepers; the others read the bubble's clock.
@@ -324,6 +329,15 @@
 //     watchdog's retry delay, min(interval/4, 250 ms), apart (on quorum
 //     nodes counted only: the fan-out queue may send them bunched).
 //     Examined: renewals answered by errnode.
+//   - cluster-kept (watchdog-mixed; clusterfail.go): in the failover
+//     construction (one seed in two, after the lanes end: a kept lock on
+//     a Cluster master whose spare replica follows it; the master crashes
+//     and the replica is promoted 20-150 ms later), a protected lock is not
+//     lost by its Until at the promotion plus a TTL. Protected: the replica
+//     held its token and it was valid at the promotion, the first renewal
+//     that failed after it ended at least 500 ms plus five of the client's
+//     dial backoffs before the lock's Deadline, and none of the client's
+//     messages was lost. Examined: protected constructions.
 //   - healthy-lost (watchdog-mixed; health.go): a protected hold is never
 //     lost. Protected: no badkey on its key, faults on at most a minority
 //     of its strategy's nodes, a quorum of its granting nodes untouched and
