@@ -218,9 +218,6 @@ func (p *Primary) extendShards(ctx context.Context, items []redlease.Extension, 
 		shards  []shard
 		byAddr  = map[string]int{}
 	)
-	if d := time.Until(p.shardDeadline(ctx, items, valid)); d > 0 {
-		p.awaitMoves(ctx, items, valid, min(maxAwaitMove, d/2))
-	}
 	for _, i := range valid {
 		sl := keySlot(items[i].Key)
 		k, ok := slotIdx[sl]
@@ -255,11 +252,18 @@ func (p *Primary) extendShards(ctx context.Context, items []redlease.Extension, 
 
 	deadline := p.shardDeadline(ctx, items, valid)
 	sent := time.Now()
+	silent := p.silentMasters()
 	done := make(chan shardDone, len(shards)) // room for every shard: a straggler never blocks
 	for k := range shards {
 		go func() {
 			sctx, cancel := context.WithDeadline(ctx, deadline)
 			defer cancel()
+			if sh := shards[k]; silent[sh.addr] {
+				// A master that left a call unanswered: wait for the
+				// topology to move its keys (topology.go); the pipeline
+				// then goes where the Cluster client routes them.
+				p.awaitMove(sctx, items[sh.calls[0].idx[0]].Key, sh.addr, min(maxAwaitMove, time.Until(deadline)/2))
+			}
 			done <- shardDone{shard: k, replies: p.send(sctx, p.cluster, shards[k].calls)}
 		}()
 	}

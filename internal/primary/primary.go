@@ -72,6 +72,7 @@ type Primary struct {
 	// when (topology.go).
 	silentMu sync.Mutex
 	silent   map[string]time.Time
+	silentN  atomic.Int32 // len(silent), read without the mutex
 }
 
 // ErrNotReplicated is failover.ErrNotReplicated, defined here because
@@ -320,6 +321,7 @@ func (p *Primary) acquire(ctx context.Context, key, token string, ttl time.Durat
 		c.line = p.appendAcquire(c.line, key, token, ta, place)
 		v, err = p.call(ctx, c)
 	}
+	p.heard(ctx, key, err)
 	// Every undo below compares this attempt's token (the Locker gives each
 	// attempt its own), so however late it lands it removes only what this
 	// attempt wrote, never a key a later attempt holds. It runs in the
@@ -406,6 +408,7 @@ func (p *Primary) Extend(ctx context.Context, key, token string, ttl time.Durati
 	c.replicated = true
 	c.line = script.Extend.AppendArgs(c.line, key, token, p.boxedTTL(ttl).millis)
 	v, err := p.call(ctx, c)
+	p.heard(ctx, key, err)
 	switch {
 	case err == nil && v != 1, errors.Is(err, ErrNotReplicated) && v != 1:
 		return redlease.Grant{}, redlease.ErrNotHeld
@@ -431,6 +434,7 @@ func (p *Primary) Release(ctx context.Context, key, token string) error {
 	c := p.newCall(script.Release)
 	c.line = script.AppendReleaseArgs(c.line, key, token)
 	v, err := p.call(ctx, c)
+	p.heard(ctx, key, err)
 	switch {
 	case err != nil:
 		return p.fail(ctx, redlease.ErrUnavailable, err)

@@ -6,8 +6,6 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-
-	"github.com/redlease/redlease"
 )
 
 // A Cluster master that fails over. go-redis reloads a ClusterClient's
@@ -17,12 +15,13 @@ import (
 // promoted replica holds would be lost for want of a renewal sent there.
 // So a call that a master left without a reply (a dead, silent or paused
 // master, not an error it answered) asks go-redis for a reload, and marks
-// the master silent until it answers again. A later batch of renewals
-// whose keys the topology still places on a silent master waits, at most
-// maxAwaitMove and half of its own wait, for a reload to place them
-// elsewhere, asking again every awaitMoveStep; then it sends them where
-// the topology says. A master that was only paused keeps its keys, and
-// their renewals are that much later.
+// the master silent until a call on one of its keys is answered. In a
+// batch of renewals, the pipeline of a master marked silent waits, at most
+// maxAwaitMove and half of its own wait, for a reload to place its keys
+// elsewhere, asking again every awaitMoveStep; then it is sent where the
+// topology says. The other masters' pipelines do not wait for it. A master
+// that was only paused keeps its keys, and their first renewal after it
+// is that much later.
 
 // maxAwaitMove is the longest a batch waits for the topology to move keys
 // off a silent master; awaitMoveStep how often it looks.
@@ -64,20 +63,43 @@ func (p *Primary) markSilent(addr string, err error) {
 		p.silent = map[string]time.Time{}
 	}
 	p.silent[addr] = time.Now()
+	p.silentN.Store(int32(len(p.silent)))
 	p.silentMu.Unlock()
 	p.cluster.ReloadState(context.Background())
 }
 
 // answered clears master addr's silence.
 func (p *Primary) answered(addr string) {
+	if p.silentN.Load() == 0 {
+		return
+	}
 	p.silentMu.Lock()
 	delete(p.silent, addr)
+	p.silentN.Store(int32(len(p.silent)))
 	p.silentMu.Unlock()
+}
+
+// heard clears the silence of key's master when a call on key was
+// answered (err is nil or an error the server sent).
+func (p *Primary) heard(ctx context.Context, key string, err error) {
+	if p.cluster == nil || p.silentN.Load() == 0 {
+		return
+	}
+	var reply redis.Error
+	if err != nil && !errors.As(err, &reply) {
+		return
+	}
+	if m, merr := p.cluster.MasterForKey(ctx, key); merr == nil {
+		p.answered(m.Options().Addr)
+	}
 }
 
 // silentMasters returns the masters marked silent within silentMemory, or
 // nil.
 func (p *Primary) silentMasters() map[string]bool {
+	if p.silentN.Load() == 0 {
+		return nil
+	}
 	p.silentMu.Lock()
 	defer p.silentMu.Unlock()
 	var out map[string]bool
@@ -91,42 +113,32 @@ func (p *Primary) silentMasters() map[string]bool {
 		}
 		out[addr] = true
 	}
+	p.silentN.Store(int32(len(p.silent)))
 	return out
 }
 
-// awaitMoves waits, at most limit, until the topology places none of
-// items' valid keys on a silent master, asking go-redis for a reload
-// every awaitMoveStep meanwhile. It returns at once when no key is on a
-// silent master, and when ctx ends.
-func (p *Primary) awaitMoves(ctx context.Context, items []redlease.Extension, valid []int, limit time.Duration) {
-	silent := p.silentMasters()
-	if len(silent) == 0 || limit <= 0 {
-		return
-	}
-	onSilent := func() bool {
-		for _, i := range valid {
-			m, err := p.cluster.MasterForKey(ctx, items[i].Key)
-			if err == nil && silent[m.Options().Addr] {
-				return true
-			}
-		}
-		return false
-	}
-	if !onSilent() {
+// awaitMove waits, at most limit, until the topology places key on
+// another master than addr, asking go-redis for a reload every
+// awaitMoveStep meanwhile. It returns when ctx ends too.
+func (p *Primary) awaitMove(ctx context.Context, key, addr string, limit time.Duration) {
+	if limit <= 0 {
 		return
 	}
 	end := time.Now().Add(limit)
 	t := time.NewTicker(awaitMoveStep)
 	defer t.Stop()
 	for {
+		if m, err := p.cluster.MasterForKey(ctx, key); err != nil || m.Options().Addr != addr {
+			return
+		}
+		if !time.Now().Before(end) {
+			return
+		}
 		p.cluster.ReloadState(context.Background())
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-		}
-		if !onSilent() || !time.Now().Before(end) {
-			return
 		}
 	}
 }
