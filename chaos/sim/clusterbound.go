@@ -6,6 +6,8 @@ import (
 	"math/rand/v2"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/redlease/redlease"
 	"github.com/redlease/redlease/single"
 )
@@ -23,9 +25,14 @@ import (
 // the run sets up, a single strategy on a freshClusterClient
 // (ContextTimeoutEnabled in two of three), polling (no subscription: one
 // call at a time on its client). During the workload, at a drawn instant,
-// its links fall silent (World.silence) and it calls TryLock on a key of
+// its links fall silent (World.silence, for longer than go-redis's COMMAND
+// fetch) and it calls TryLock on a key of
 // its own with a ctx deadline of 50–300 ms: ctx-bound checks that call.
 // Examined: ExCtxClusterFresh, such calls.
+
+// commandFetchTimeout is how long go-redis's ClusterClient, with
+// ContextTimeoutEnabled, gives its COMMAND fetch (osscluster.go, cmdInfo).
+const commandFetchTimeout = 5 * time.Second
 
 // ExCtxClusterFresh: ctx-bound checks of the fresh-client construction.
 const ExCtxClusterFresh = InvCtxBound + "/cluster-fresh"
@@ -38,6 +45,7 @@ func init() {
 type clusterFresh struct {
 	ci     int
 	cte    bool
+	client *redis.ClusterClient
 	locker *redlease.Locker
 	r      *rand.Rand
 }
@@ -55,7 +63,8 @@ func (w *World) clusterFreshSetup() *clusterFresh {
 	cf := &clusterFresh{ci: w.sc.Clients, cte: r.IntN(3) != 0, r: r}
 	w.noteCTE(cf.ci, cf.cte)
 	w.hist.logf("c%d fresh cluster client ContextTimeoutEnabled=%v", cf.ci, cf.cte)
-	cf.locker = must(redlease.New(must(single.New(w.freshClusterClient(cf.ci, cf.cte))), redlease.WithPolling()))
+	cf.client = w.freshClusterClient(cf.ci, cf.cte)
+	cf.locker = must(redlease.New(must(single.New(cf.client)), redlease.WithPolling()))
 	return cf
 }
 
@@ -66,7 +75,10 @@ func (cf *clusterFresh) run(w *World) {
 	sleep(ms(r, 0, 400))
 	d := ms(r, 50, 300)
 	key := fmt.Sprintf("f%d", r.IntN(ClusterMasters))
-	w.silence(cf.ci, d+50*time.Millisecond)
+	// Silent past go-redis's own 5 s for the COMMAND fetch: every
+	// request of it is lost, whichever masters go-redis picks (with
+	// math/rand) and in whatever order, so the seed's history is one.
+	w.silence(cf.ci, commandFetchTimeout+time.Second)
 	ctx, cancel := context.WithTimeout(w.jitterCtx(context.Background(), cf.ci, jitClusterFresh, seq), d)
 	start := w.hist.now()
 	lk, err := cf.locker.TryLock(ctx, key)
@@ -74,6 +86,11 @@ func (cf *clusterFresh) run(w *World) {
 	w.hist.ex.count(ExCtxClusterFresh, 1)
 	w.hist.logf("c%d#%d fresh cluster client TryLock %s (deadline %v, its links silent): returned after %.3fms: %v", cf.ci, seq, key, d, msf(w.hist.now()-start), short(err))
 	w.checkCtx(cf.ci, "TryLock (fresh cluster client, links silent)", key, start, d, true)
+	// Closed at once: what the abandoned call and its undo do next on
+	// silent links (go-redis retries the fetch on masters it picks with
+	// math/rand, dials again) is not the construction's business, and
+	// would make the seed's history differ from run to run.
+	_ = cf.client.Close()
 	if lk != nil {
 		w.hist.logf("c%d#%d fresh cluster client granted %s through silent links", cf.ci, seq, key)
 	}
