@@ -1,6 +1,7 @@
 package chaos
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"testing"
@@ -119,5 +120,115 @@ func TestScenario17SingleClusterFailoverBeforeReplication(t *testing.T) {
 			t.Log(figures)
 			return facts{violations: violations, notes: []string{
 				fmt.Sprintf("K's master %s, promoted replica %s", m.Addr, r.Addr), figures}}
+		})
+}
+
+// 18. single on a Redis Cluster of 3 masters with a replica each, a master
+// killed after replication: the replica has A's lock when the cluster
+// promotes it on its own (cluster-node-timeout set to 2 s on every node,
+// so that it does within seconds). A's client is told nothing (the dead
+// master answers no MOVED); the library marks the silent master, asks
+// go-redis to reload its topology, and renews on the new master: A keeps
+// the lock past the Until it had at the promotion plus half a TTL, renewed
+// there, and B, trying the key meanwhile, is never granted it.
+//
+// The attack must have run: the scenario fails (FAIL) when the replica did
+// not hold A's token before the kill or was not promoted within 30 s.
+func TestScenario18SingleClusterFailoverAfterReplication(t *testing.T) {
+	run(t, scenario{name: "18 single: Cluster master killed after replication", strategy: "single + Cluster (3 masters, 3 replicas)",
+		faults: "SIGKILL master, automatic failover", exp: Expectation{}},
+		func(t *testing.T, rec *Recorder) facts {
+			ctx := t.Context()
+			cl := redistest.StartClusterWithReplicas(t, 3, 1)
+			for _, s := range cl.Servers() {
+				if err := s.Client().ConfigSet(ctx, "cluster-node-timeout", "2000").Err(); err != nil {
+					t.Fatalf("CONFIG SET cluster-node-timeout on %s: %v", s.Addr, err)
+				}
+			}
+			ca, cb := cl.Client(), cl.Client()
+			reg := storage(t, rec, "s18")
+			w := watchdog(t)
+			const ttl = 10 * time.Second
+			la := sentinelLocker(t, ca, ttl, redlease.WithKeeper(w))
+			lb := sentinelLocker(t, cb, ttl)
+			const key, lockKey = "s18", "chaos:s18"
+			probe := redistest.StartStallProbe(t)
+			var violations []string
+
+			a, err := la.TryLock(ctx, key)
+			if err != nil {
+				t.Fatalf("A's lock: %v", err)
+			}
+			stop := w.Keep(a)
+			defer stop()
+			aFrom := rec.Now()
+			aLost := make(chan time.Duration, 1)
+			go func() {
+				select {
+				case <-a.Lost():
+					aLost <- rec.Now()
+				case <-ctx.Done():
+				}
+			}()
+			_, _ = reg.Write(ctx, "a", a.Fence(), 1)
+			m := cl.MasterOf(ctx, ca, lockKey)
+			r := cl.ReplicaOf(m)
+			probe.WaitFor(t, 5*time.Second, 3, 5*time.Millisecond, func() bool { return cl.Lag(m, r) == 0 },
+				"replica %s to catch up with %s", r.Addr, m.Addr)
+			if got, err := r.ReadOnlyGet(ctx, lockKey); err != nil || got != a.Token() {
+				violations = append(violations, fmt.Sprintf("the replica did not hold A's token before the kill (%q, %v): the attack did not run", got, err))
+			}
+
+			endKill := fault(rec, "SIGKILL master, automatic failover")
+			killed := rec.Now()
+			m.Kill()
+			rc := r.Client()
+			probe.WaitFor(t, 30*time.Second, 3, 50*time.Millisecond, func() bool {
+				role, err := rc.Do(ctx, "ROLE").Slice()
+				return err == nil && len(role) > 0 && role[0] == "master"
+			}, "replica %s to be promoted after its master %s was killed", r.Addr, m.Addr)
+			promoted := rec.Now()
+			endKill()
+			untilAtPromotion := a.Until()
+
+			// B tries the key until past A's Until at the promotion plus half
+			// a TTL: never granted while A holds it.
+			end := untilAtPromotion.Add(ttl / 2)
+			bTries := 0
+			for time.Now().Before(end) {
+				bTries++
+				tctx, cancel := context.WithTimeout(ctx, time.Second)
+				b, err := lb.TryLock(tctx, key)
+				cancel()
+				if err == nil {
+					rec.AddHold(Hold{Holder: "b", Fence: b.Fence(), From: rec.Now(), To: rec.Now(), Until: rec.At(b.Until()), LostAt: NeverLost})
+					_, _ = reg.Write(ctx, "b", b.Fence(), 1)
+					_ = b.Release(ctx)
+				}
+				time.Sleep(200 * time.Millisecond)
+			}
+			lost, lostAt := false, NeverLost
+			select {
+			case lostAt = <-aLost:
+				lost = true
+			default:
+			}
+			if lost || !a.Valid() {
+				violations = append(violations, fmt.Sprintf("A lost the lock although the promoted replica held it: %v", a.Err()))
+			}
+			if !a.Until().After(untilAtPromotion) {
+				violations = append(violations, "A's lock was not renewed on the new master")
+			}
+			aTo := min(rec.Now(), rec.At(a.Until()))
+			if lost {
+				aTo = min(aTo, lostAt)
+			}
+			rec.AddHold(Hold{Holder: "a", Fence: a.Fence(), From: aFrom, To: aTo, Until: rec.At(a.Until()), LostAt: lostAt})
+			stop()
+			_ = a.Release(ctx)
+			figures := fmt.Sprintf("figures: promoted %s after the kill; A's Until at the promotion %s later, renewed to %s past it; lost %v; B tried %d times",
+				fmtMS(promoted-killed), fmtMS(rec.At(untilAtPromotion)-promoted), fmtMS(rec.At(a.Until())-rec.At(untilAtPromotion)), lost, bTries)
+			t.Log(figures)
+			return facts{violations: violations, notes: []string{fmt.Sprintf("K's master %s, promoted replica %s", m.Addr, r.Addr), figures}}
 		})
 }
