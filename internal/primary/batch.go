@@ -2,7 +2,6 @@ package primary
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math"
 	"strings"
@@ -393,8 +392,7 @@ var crc16Table = func() (t [256]uint16) {
 // server answered (judge marks the master silent then).
 func silentReplies(rs []reply) bool {
 	for _, r := range rs {
-		var answered redis.Error
-		if r.err == nil || errors.As(r.err, &answered) {
+		if !unanswered(r.err) {
 			return false
 		}
 	}

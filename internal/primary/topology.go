@@ -38,24 +38,23 @@ const silentMemory = time.Minute
 // background, one reload at a time, 200 ms apart: go-redis's LazyReload)
 // when a call failed without a reply from a server.
 func (p *Primary) reloadOnSilence(err error) {
-	if p.cluster == nil || err == nil {
-		return
-	}
-	var reply redis.Error
-	if errors.As(err, &reply) {
+	if p.cluster == nil || !unanswered(err) {
 		return
 	}
 	p.cluster.ReloadState(context.Background())
 }
 
+// unanswered reports whether err is a call's failure that no server
+// answered (not nil, not an error reply such as NOPERM or BUSY).
+func unanswered(err error) bool {
+	var reply redis.Error
+	return err != nil && !errors.As(err, &reply)
+}
+
 // markSilent records that master addr left a call without a reply (err),
 // and asks for a reload. An error the master answered marks nothing.
 func (p *Primary) markSilent(addr string, err error) {
-	if p.cluster == nil || err == nil {
-		return
-	}
-	var reply redis.Error
-	if errors.As(err, &reply) {
+	if p.cluster == nil || !unanswered(err) {
 		return
 	}
 	p.silentMu.Lock()
@@ -82,11 +81,7 @@ func (p *Primary) answered(addr string) {
 // heard clears the silence of key's master when a call on key was
 // answered (err is nil or an error the server sent).
 func (p *Primary) heard(ctx context.Context, key string, err error) {
-	if p.cluster == nil || p.silentN.Load() == 0 {
-		return
-	}
-	var reply redis.Error
-	if err != nil && !errors.As(err, &reply) {
+	if p.cluster == nil || p.silentN.Load() == 0 || unanswered(err) {
 		return
 	}
 	if m, merr := p.cluster.MasterForKey(ctx, key); merr == nil {
