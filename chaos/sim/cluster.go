@@ -94,7 +94,12 @@ func masterOfSlot(slot int) int {
 
 // clusterBase is the id of the Cluster's first master: after the quorum's
 // nodes and the single strategy's.
-func (sc *Scenario) clusterBase() int { return sc.Nodes + 1 }
+func (sc *Scenario) clusterBase() int {
+	if sc.Strategy == FailoverCluster {
+		return 0 // the run's only nodes: the masters, then their replicas
+	}
+	return sc.Nodes + 1
+}
 
 // master returns the Cluster node serving key.
 func (w *World) master(key string) *Node {
@@ -108,6 +113,17 @@ func (w *World) masterNode(i int) *Node {
 		return n
 	}
 	return w.nodes[w.sc.clusterBase()+i]
+}
+
+// viewMaster is the master of the i-th third of the slots as node n sees
+// it (n may be nil: the Cluster's): n itself while it serves on after a
+// takeover it has not learnt of (Node.staleShard), else the Cluster's.
+// Called with n.mu held.
+func (w *World) viewMaster(n *Node, i int) *Node {
+	if n != nil && n.staleShard == i+1 {
+		return n
+	}
+	return w.masterNode(i)
 }
 
 // clusterNodes are the Cluster's masters.
@@ -256,7 +272,7 @@ func (n *Node) clusterHook(p *server.Peer, cmd string, args []string) bool {
 	if slot < 0 {
 		return false
 	}
-	if owner := n.w.masterNode(masterOfSlot(slot)); owner != n {
+	if owner := n.w.viewMaster(n, masterOfSlot(slot)); owner != n {
 		n.w.mu.Lock()
 		n.w.moved++
 		n.w.mu.Unlock()
@@ -313,46 +329,58 @@ func commandKeys(cmd string, args []string) (keys []string, script bool) {
 }
 
 // clusterCommand answers CLUSTER SLOTS (what go-redis's ClusterClient asks
-// to learn the topology), SHARDS, NODES, MYID, KEYSLOT and INFO.
+// to learn the topology), SHARDS, NODES, MYID, KEYSLOT and INFO, as node n
+// sees the Cluster (viewMaster, shardMembers). Called with n.mu held.
 func (n *Node) clusterCommand(p *server.Peer, args []string) {
 	if len(args) == 0 {
 		p.WriteError("ERR wrong number of arguments for 'cluster' command")
 		return
 	}
-	masters := n.w.clusterNodes()
+	masters := make([]*Node, ClusterMasters)
+	for i := range masters {
+		masters[i] = n.w.viewMaster(n, i)
+	}
 	switch strings.ToUpper(args[0]) {
 	case "SLOTS":
 		p.WriteLen(len(masters))
-		for i, m := range masters {
+		for i := range masters {
 			r := masterSlots(i)
-			p.WriteLen(3)
+			ms := n.w.slotNodes(n, i)
+			p.WriteLen(2 + len(ms))
 			p.WriteInt(r[0])
 			p.WriteInt(r[1])
-			p.WriteLen(3)
-			p.WriteBulk(m.name)
-			p.WriteInt(clusterPort)
-			p.WriteBulk(m.clusterID())
+			for _, m := range ms {
+				p.WriteLen(3)
+				p.WriteBulk(m.name)
+				p.WriteInt(clusterPort)
+				p.WriteBulk(m.clusterID())
+			}
 		}
 	case "SHARDS":
+		// Redis 7's shape in RESP2: per shard a flat map of "slots" (start
+		// and end of each range) and "nodes" (each a flat map).
 		p.WriteLen(len(masters))
-		for i, m := range masters {
+		for i := range masters {
 			r := masterSlots(i)
+			ms := n.w.shardMembers(n, i)
 			p.WriteLen(4)
 			p.WriteBulk("slots")
 			p.WriteLen(2)
 			p.WriteInt(r[0])
 			p.WriteInt(r[1])
 			p.WriteBulk("nodes")
-			p.WriteLen(1)
-			p.WriteLen(14)
-			for _, kv := range [][2]string{{"id", m.clusterID()}, {"ip", m.name}, {"endpoint", m.name}, {"role", "master"}, {"health", "online"}} {
-				p.WriteBulk(kv[0])
-				p.WriteBulk(kv[1])
+			p.WriteLen(len(ms))
+			for _, m := range ms {
+				p.WriteLen(14)
+				for _, kv := range [][2]string{{"id", m.node.clusterID()}, {"ip", m.node.name}, {"endpoint", m.node.name}, {"role", m.role}, {"health", m.health}} {
+					p.WriteBulk(kv[0])
+					p.WriteBulk(kv[1])
+				}
+				p.WriteBulk("port")
+				p.WriteInt(clusterPort)
+				p.WriteBulk("replication-offset")
+				p.WriteInt(0)
 			}
-			p.WriteBulk("port")
-			p.WriteInt(clusterPort)
-			p.WriteBulk("replication-offset")
-			p.WriteInt(0)
 		}
 	case "NODES":
 		var b strings.Builder
@@ -380,6 +408,58 @@ func (n *Node) clusterCommand(p *server.Peer, args []string) {
 		p.WriteError("ERR unknown subcommand '" + args[0] + "'. Try CLUSTER HELP.")
 	}
 }
+
+// shardMember is one node of a shard as CLUSTER SHARDS lists it.
+type shardMember struct {
+	node         *Node
+	role, health string
+}
+
+// shardMembers are the nodes of the i-th shard as node n (nil: the
+// Cluster) sees them: its master, then (cluster-failover) the shard's
+// other node as World.shardRole says, or, in the view of a master serving
+// on after a takeover it has not learnt of, as its replica. Called with
+// n.mu held, if n is not nil.
+func (w *World) shardMembers(n *Node, i int) []shardMember {
+	m := w.viewMaster(n, i)
+	out := []shardMember{{node: m, role: "master", health: "online"}}
+	if w.sc.Strategy != FailoverCluster {
+		return out
+	}
+	other := w.nodes[i]
+	if other == m {
+		other = w.nodes[ClusterMasters+i]
+	}
+	if n != nil && n.staleShard == i+1 {
+		return append(out, shardMember{node: other, role: "replica", health: "online"})
+	}
+	w.mu.Lock()
+	st := w.shardRole[i]
+	w.mu.Unlock()
+	if st.role == "" {
+		st = shardState{role: "replica", health: "online"}
+	}
+	return append(out, shardMember{node: other, role: st.role, health: st.health})
+}
+
+// slotNodes are the nodes CLUSTER SLOTS lists for the i-th third of the
+// slots, as node n sees them: its master, then its replicas that are
+// online (as Redis 7 leaves failed replicas out).
+func (w *World) slotNodes(n *Node, i int) []*Node {
+	var out []*Node
+	for _, m := range w.shardMembers(n, i) {
+		if m.role == "master" && len(out) == 0 || m.role == "replica" && m.health == "online" {
+			out = append(out, m.node)
+		}
+	}
+	return out
+}
+
+// shardState is what CLUSTER SHARDS says of a shard's node that is not
+// its master (cluster-failover): "replica" while it follows the master,
+// "master" (no slots) from the promotion that replaced it until it
+// follows the new master, "failed" while it is down.
+type shardState struct{ role, health string }
 
 // clusterSlotsLoader is a ClusterClient's topology source (its
 // ClusterSlots option). go-redis would ask the nodes it knows for CLUSTER
@@ -450,9 +530,12 @@ func (w *World) clusterSlotsLoader(ci int, ctxTimeouts bool) func(context.Contex
 func (w *World) clusterSlots() []redis.ClusterSlot {
 	ms := w.clusterNodes()
 	out := make([]redis.ClusterSlot, len(ms))
-	for i, m := range ms {
+	for i := range ms {
 		r := masterSlots(i)
-		out[i] = redis.ClusterSlot{Start: r[0], End: r[1], Nodes: []redis.ClusterNode{{ID: m.clusterID(), Addr: m.addr}}}
+		out[i] = redis.ClusterSlot{Start: r[0], End: r[1]}
+		for _, m := range w.slotNodes(nil, i) {
+			out[i].Nodes = append(out[i].Nodes, redis.ClusterNode{ID: m.clusterID(), Addr: m.addr})
+		}
 	}
 	return out
 }

@@ -56,7 +56,7 @@ const (
 )
 
 func init() {
-	examinedIn[InvClusterKept] = func(sc *Scenario) bool { return sc.Watchdog && sc.Cluster }
+	examinedIn[InvClusterKept] = func(sc *Scenario) bool { return sc.Watchdog && sc.Cluster || sc.Strategy == FailoverCluster }
 }
 
 // clusterFail is one seed's failover construction.

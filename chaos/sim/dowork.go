@@ -52,6 +52,9 @@ func (w *World) doLockers(ci int, r *rand.Rand) []doLocker {
 // majority, the single strategy's node, or the Cluster master serving
 // the key.
 func (w *World) holdNodes(strat, key string) ([]int, int) {
+	if w.sc.Strategy == FailoverCluster {
+		return []int{w.master(key).id}, 1 // the master serving it now
+	}
 	switch strat {
 	case "s":
 		return []int{w.sc.Nodes}, 1
@@ -90,7 +93,11 @@ func (w *World) doClient(ci int, ls []doLocker) {
 func (w *World) doLane(ci, li, lanes int, dl doLocker, r *rand.Rand) {
 	for op := range w.sc.Ops {
 		seq := op*lanes + li // unique per client
-		key := fmt.Sprintf("%s%d", dl.name, r.IntN(w.sc.Keys))
+		ki := r.IntN(w.sc.Keys)
+		key := fmt.Sprintf("%s%d", dl.name, ki)
+		if w.sc.Strategy == FailoverCluster {
+			key = w.cfKey(ki)
+		}
 		if dl.name == "c" {
 			key = clusterKeys[r.IntN(ClusterMasters)]
 		}
@@ -179,8 +186,8 @@ func (w *World) doHold(ci, seq int, key string, dl doLocker, lk *redlease.Lock, 
 // passes). A node that is down counts as holding it (a durable restart
 // brings it back; a restart that loses it is outside the assumptions).
 func (w *World) checkHeld(ci, seq int, key string, dl doLocker, lk *redlease.Lock) {
-	if w.sc.Strategy == Failover {
-		return // which node must hold it depends on the failover (see checkFailover)
+	if w.sc.Strategy == Failover || w.sc.Strategy == FailoverCluster {
+		return // which node must hold it depends on the failover (see checkFailover; state-valid on the Cluster)
 	}
 	tok := lk.Token()
 	ids, quorum := w.holdNodes(dl.name, key)

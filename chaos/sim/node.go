@@ -31,6 +31,10 @@ type Node struct {
 	cluster    bool
 	addr       string
 	scriptSlot int
+	// staleShard (cluster-failover): i+1 while this node, a master whose
+	// replica took its shard i over, serves on as its master, not having
+	// learnt of the takeover; 0 otherwise. Guarded by mu.
+	staleShard int
 
 	mu        sync.Mutex
 	m         *miniredis.Miniredis
@@ -164,11 +168,14 @@ func (n *Node) hook(p *server.Peer, cmd string, args ...string) bool {
 	if n.sent != nil {
 		return n.sentinelHook(p, cmd, args)
 	}
-	if n.master != nil && (cmd == "EVAL" || cmd == "EVALSHA") && n.cur != nil && p == n.cur.peer {
-		p.WriteError("READONLY You can't write against a read only replica.")
+	// A Cluster node redirects first: a replica answers a key of its
+	// master's slots with MOVED, as Redis 7 does (READONLY only after the
+	// READONLY command, which no client here sends).
+	if n.cluster && n.clusterHook(p, cmd, args) {
 		return true
 	}
-	if n.cluster && n.clusterHook(p, cmd, args) {
+	if n.master != nil && (cmd == "EVAL" || cmd == "EVALSHA") && n.cur != nil && p == n.cur.peer {
+		p.WriteError("READONLY You can't write against a read only replica.")
 		return true
 	}
 	if n.w.sc.Wake && n.pubsubHook(p, cmd, args) {

@@ -99,6 +99,20 @@ func Run(sc Scenario, seed uint64, opts Options) *Result {
 	var lockers [][]doLocker
 	var fresh *clusterFresh
 	var cfail *clusterFail
+	var cfo *clusterFailover
+	var cfLockers []*redlease.Locker
+	if sc.Strategy == FailoverCluster {
+		// As for Watchdog: the clients' Cluster clients warm up on a quiet
+		// network (clusterrepl.go).
+		w.quiet.Store(true)
+		cfo = w.clusterFailoverSetup()
+		for ci := range sc.Clients {
+			lk, _ := w.clusterFailoverLocker(ci, ci%2 == 1, rand.New(rand.NewPCG(seed, 0xcf00|uint64(ci))))
+			cfLockers = append(cfLockers, lk)
+		}
+		w.quiet.Store(false)
+		clients.Go(func() { cfo.run(w) })
+	}
 	if sc.Watchdog {
 		// Every client's strategies first, while the network is quiet
 		// (warming: see clusterClient), then the workload.
@@ -130,6 +144,10 @@ func Run(sc Scenario, seed uint64, opts Options) *Result {
 		}
 		if sc.Strategy == Failover {
 			clients.Go(func() { w.failoverClient(ci, r) })
+			continue
+		}
+		if sc.Strategy == FailoverCluster {
+			clients.Go(func() { w.clusterFailoverClient(ci, cfLockers[ci], r) })
 			continue
 		}
 		if w.ops != nil {
@@ -223,6 +241,10 @@ func Run(sc Scenario, seed uint64, opts Options) *Result {
 		Wake:       kst,
 		Fair:       w.fairStats(),
 	}
+	if cfo != nil {
+		w.countFencePromotion()
+		res.Violations = append(res.Violations, w.checkClusterFailover(w.examined(res))...)
+	}
 	res.Scopes = w.scopes()
 	excuse(res.Violations, res.Scopes, w.votesByToken())
 	res.Verdict = grade(res.Violations)
@@ -268,7 +290,7 @@ func must[T any](v T, err error) T {
 
 // fenced reports whether the scenario's strategy hands out rising fences.
 func (sc *Scenario) fenced() bool {
-	return sc.Fencing || sc.Strategy == Single || sc.Strategy == Failover
+	return sc.Fencing || sc.Strategy == Single || sc.Strategy == Failover || sc.Strategy == FailoverCluster
 }
 
 // locker builds client ci's strategy and Locker: its own go-redis clients

@@ -10,6 +10,10 @@ const (
 	Quorum   = "quorum"
 	Single   = "single"
 	Failover = "failover"
+	// FailoverCluster: the failover strategy on a go-redis ClusterClient
+	// (failover.New(cc)), over the simulated Cluster with a replica behind
+	// every master (clusterrepl.go).
+	FailoverCluster = "failover-cluster"
 )
 
 // Scenario is one kind of run: a strategy with its options, a workload, and
@@ -17,8 +21,8 @@ const (
 // workload's choices.
 type Scenario struct {
 	Name     string
-	Strategy string // Quorum, Single or Failover
-	Nodes    int    // quorum: lock nodes; single: 1; failover: 2 (a primary and its replica)
+	Strategy string // Quorum, Single, Failover or FailoverCluster
+	Nodes    int    // quorum: lock nodes; single: 1; failover: 2 (a primary and its replica); FailoverCluster: 0 (its nodes are the Cluster's)
 	// Sentinels: failover only, the emulated Sentinels (nodes after the
 	// primary and replica).
 	Sentinels int
@@ -36,7 +40,9 @@ type Scenario struct {
 	// Cluster (with Watchdog): a third strategy, single on a go-redis
 	// ClusterClient to ClusterMasters simulated Cluster masters (after the
 	// single strategy's node), kept by the same watchdog; one master per
-	// seed gets pauses, black holes, errnode and badkey faults.
+	// seed gets pauses, black holes, errnode and badkey faults. With
+	// FailoverCluster: the run's only nodes, ClusterMasters masters and a
+	// replica following each.
 	Cluster bool
 	// Barrier: the clients send idempotent requests through an
 	// idempotency.Barrier on node 0 (the store), with client timeouts.
@@ -183,6 +189,18 @@ var Scenarios = []Scenario{
 	// quorum seeds: waiters woken by notices, under the Wake faults);
 	// ops-failover on the failover scenario's primary, replica,
 	// Sentinels and Watchers.
+	// cluster-failover: the failover strategy on the simulated Cluster,
+	// three masters each followed by a replica (clusterrepl.go): even
+	// clients run Lock/TryLock/Extend/Release, odd ones Locker.Do kept by
+	// a renew.Watchdog, on a key of the failing shard and a key of
+	// another. One shard fails over per run: its replica falls behind (the
+	// replication link cut) and is promoted while the old master serves
+	// on a little (TAKEOVER) or after it crashed, or the master crashes
+	// with replication healthy; a construction client holds, probes and
+	// keeps keys of that shard across it. Around it, delays, loss, cuts
+	// and pauses on the Cluster's nodes.
+	{Name: "cluster-failover", Strategy: FailoverCluster, Clients: 3, Keys: 2, Ops: 4, TTL: [2]time.Duration{60 * time.Millisecond, 300 * time.Millisecond}, Cluster: true,
+		Faults: true, Horizon: 800 * time.Millisecond, Schedule: clusterFailoverSchedule},
 	{Name: "ops-single", Strategy: Single, Nodes: 1, Clients: 3, Keys: 2, Ops: 4, OpsWork: true, Faults: true, Horizon: 700 * time.Millisecond},
 	{Name: "ops-quorum", Strategy: Quorum, Nodes: 3, Clients: 3, Keys: 2, Ops: 4, OpsWork: true, Faults: true, Horizon: 550 * time.Millisecond},
 	{Name: "ops-failover", Strategy: Failover, Nodes: 2, Sentinels: 3, Clients: 3, Keys: 2, Ops: 4, OpsWork: true,
@@ -276,6 +294,9 @@ func (sc *Scenario) restartable() bool { return true }
 // strategy's node after the quorum's, and with Cluster the Cluster's
 // masters after it.
 func (sc *Scenario) allNodes() int {
+	if sc.Strategy == FailoverCluster {
+		return 2 * ClusterMasters // the masters, then a replica of each
+	}
 	if sc.Cluster {
 		return sc.Nodes + 1 + ClusterMasters + 1 // and the spare replica (clusterfail.go)
 	}
@@ -292,6 +313,9 @@ func (sc *Scenario) allNodes() int {
 func (sc *Scenario) faultNodes() int {
 	if sc.Strategy == Failover {
 		return sc.Nodes // the Sentinels' faults are drawn apart
+	}
+	if sc.Strategy == FailoverCluster {
+		return 2 * ClusterMasters
 	}
 	if sc.Watchdog {
 		return sc.Nodes + 1

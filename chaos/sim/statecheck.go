@@ -50,6 +50,7 @@ type liveLock struct {
 	nodes    []int         // the nodes that make it valid (failover: none, see grantor)
 	need     int           // how many of them
 	failover bool          // the failover primary that granted it makes it valid
+	cluster  bool          // the Cluster master serving key now makes it valid (lockPlace)
 	from     time.Duration // when the workload saw the grant (virtual)
 	// reported: the nodes (bits by index in nodes) a violation already
 	// named; a lock is reported again only when another node falls short,
@@ -126,6 +127,10 @@ type lockPlace struct {
 	nodes    []int
 	need     int
 	failover bool
+	// cluster (cluster-failover): the master serving the key now makes
+	// it valid, whichever node that is (a promoted replica must hold what
+	// it acknowledged).
+	cluster bool
 }
 
 // placeOf is where a lock of strategy strat on key lives: "q", "s", "c"
@@ -138,6 +143,8 @@ func (w *World) placeOf(strat, key string) lockPlace {
 		return lockPlace{nodes: ids, need: q}
 	case w.sc.Strategy == Failover:
 		return lockPlace{failover: true}
+	case w.sc.Strategy == FailoverCluster:
+		return lockPlace{cluster: true, need: 1}
 	case w.sc.Strategy == Single:
 		return lockPlace{nodes: []int{0}, need: 1}
 	}
@@ -151,7 +158,7 @@ func (w *World) placeOf(strat, key string) lockPlace {
 // track starts checking lk (granted to client ci, on key as sent to the
 // nodes) and checks it once: a grant the client saw return.
 func (w *World) track(ci int, name, key string, lk *redlease.Lock, pl lockPlace) *liveLock {
-	e := &liveLock{ci: ci, name: name, lk: lk, lost: lk.Lost(), key: key, token: lk.Token(), nodes: pl.nodes, need: pl.need, failover: pl.failover, from: time.Since(w.start)}
+	e := &liveLock{ci: ci, name: name, lk: lk, lost: lk.Lost(), key: key, token: lk.Token(), nodes: pl.nodes, need: pl.need, failover: pl.failover, cluster: pl.cluster, from: time.Since(w.start)}
 	st := &w.state
 	st.mu.Lock()
 	if st.live == nil {
@@ -428,6 +435,10 @@ func (w *World) checkLockLocked(e *liveLock, node int) {
 		}
 		nodes, need = []int{g.node}, 1
 		node = -1
+	}
+	if e.cluster {
+		nodes, need = []int{w.master(e.key).id}, 1
+		node = readAll // the master may have changed since the last reading
 	}
 	st.stats.Examined++
 	untilV := w.clientVirtual(e.ci, e.lk.Until())

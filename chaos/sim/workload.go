@@ -16,7 +16,11 @@ import (
 // sometimes with a ctx too short for the reply, sometimes not at all.
 func (w *World) lockClient(ci int, locker *redlease.Locker, r *rand.Rand) {
 	for seq := range w.sc.Ops {
-		key := fmt.Sprintf("k%d", r.IntN(w.sc.Keys))
+		ki := r.IntN(w.sc.Keys)
+		key := fmt.Sprintf("k%d", ki)
+		if w.sc.Strategy == FailoverCluster {
+			key = w.cfKey(ki)
+		}
 		ttl := w.drawTTL(r)
 		via := "lock"
 		cd := ms(r, 20, 400)

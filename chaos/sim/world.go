@@ -53,6 +53,10 @@ type World struct {
 	renews   []renewCall    // renewal script calls answered by an errnode fault
 	errCalls map[[2]int]int // (node, virtual second) → script calls answered with a fast error
 	moved    int            // commands a Cluster node refused as another master's (MOVED, non-local key)
+	// shardRole (cluster-failover): what CLUSTER SHARDS says of each
+	// shard's node that is not its master (zero: a replica, online).
+	shardRole [ClusterMasters]shardState
+	cfo       *clusterFailover // cluster-failover's construction (clusterrepl.go), nil elsewhere
 	// quiet: while the run sets its clients up (Cluster clients warm up),
 	// messages get their base delay only: no spike, loss or fault.
 	quiet atomic.Bool
@@ -158,7 +162,7 @@ func (w *World) fate(c *conn, toNode bool, i, id uint64, now time.Time) (time.Du
 		// HELLO reply still due (see the package doc's gaps).
 		return 0, false
 	}
-	if !w.sc.Faults || c.client < 0 || w.quiet.Load() {
+	if !w.sc.Faults || c.client < 0 || w.quiet.Load() || w.sheltered(c.client) {
 		return delay, false
 	}
 	if u(1) < 0.02 { // a spike: a reply can arrive after the next attempt started
@@ -268,6 +272,7 @@ const (
 	jitTokens
 	jitClusterFresh
 	jitClusterFail
+	jitClusterRepl
 )
 
 // jitterCtx returns ctx seeded for the library's jitter (internal/backoff:
@@ -403,6 +408,10 @@ func (w *World) actions() []action {
 	r := rand.New(rand.NewPCG(w.seed, 0xac7))
 	for _, f := range w.faults {
 		f := f
+		if fa := w.clusterFailoverActions(f); fa != nil {
+			as = append(as, fa...)
+			continue
+		}
 		if fa := w.failoverActions(f); fa != nil {
 			as = append(as, fa...)
 			continue
@@ -543,6 +552,9 @@ func (w *World) cutWith(node, client int, cut func(*conn)) {
 		n.mu.Lock()
 		var cs []*conn
 		for c := range n.conns {
+			if client < 0 && w.sheltered(c.client) {
+				continue // its links meet no fault (clusterrepl.go)
+			}
 			if client < 0 || c.client == client {
 				cs = append(cs, c)
 			}
