@@ -55,8 +55,9 @@ import (
 //  1. K, TTL 3-4 s, kept by a renew.Watchdog from the start to its Until at
 //     the promotion plus a TTL (cluster-kept);
 //  2. P, held 1-10 ms and released well before At;
-//  3. (behind modes) K2, TTL 60-150 ms, taken 5-30 ms before the cut and
-//     kept: its renewals during the cut are acknowledged by no replica;
+//  3. (behind modes) K2, TTL 250-400 ms, taken 5-30 ms before the cut and
+//     kept: its first renewal comes during the cut, acknowledged by no
+//     replica;
 //  4. (behind modes) P again 1 ms after the cut: too few replicas can
 //     acknowledge it (refused-left); a grant is held across the promotion;
 //  5. P again after the promotion (and the old master's rejoin), with
@@ -391,7 +392,11 @@ func (cf *clusterFailover) run(w *World) {
 		// 3. K2, kept into the cut.
 		cf.sleepUntil(w, cf.f.At-ms(cf.r, 5, 30))
 		ctx, cancel := ctxFor(time.Second)
-		k2, err := cf.locker.TryLock(ctx, cf.short, redlease.WithTTL(ms(cf.r, 60, 150)))
+		// A TTL long enough that a renewal's WAIT (100 ms) ends before the
+		// watchdog's batch gives up on it (nine tenths of the validity
+		// left): a short one's batches all end undecided, acknowledged or
+		// not.
+		k2, err := cf.locker.TryLock(ctx, cf.short, redlease.WithTTL(ms(cf.r, 250, 400)))
 		cancel()
 		if err != nil {
 			w.hist.logf("c%d construction: TryLock %s: %v", cf.ci, cf.short, short(err))

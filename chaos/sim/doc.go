@@ -78,7 +78,15 @@
 // follows one master and takes its slots over when it crashes. A
 // ClusterClient learns the topology through a loader (ClusterSlots
 // option) that asks the masters it knows over the simulated network in an
-// order drawn from the seed, where go-redis would use math/rand's.
+// order drawn from the seed, where go-redis would use math/rand's. In
+// cluster-failover (clusterrepl.go) every master has a replica (nodes 3-5
+// follow masters 0-2, replica.go's replication and WAIT): CLUSTER SLOTS
+// lists each master and its online replicas, CLUSTER SHARDS each shard's
+// two nodes with role and health as Redis 7 sends them (RESP2 flat maps),
+// a replica answers a key of its master's slots with MOVED, and a master
+// that a TAKEOVER replaced may serve on in its old view for a while
+// (Node.staleShard: it accepts its old slots and answers CLUSTER from that
+// view).
 //
 // A client whose clock drifts reads a redlease.Clock (simClock) in its
 // Locker, strategy and keepers; the others read the bubble's clock.
@@ -121,6 +129,17 @@
 //     +switch-master of both moves lost, polls still answered): INSIDE.
 //   - lostpub, subcut, subslow (Wake scenarios: pushes lost with the
 //     connection up, subscription connections cut, pushes delayed): INSIDE.
+//   - cluster-failover (cluster-failover; clusterrepl.go): one shard of
+//     the Cluster fails over. behind+takeover: its replica's link is cut,
+//     the replica promoted 150-350 ms later while the old master serves on
+//     0-100 ms in its old view (WAIT there answering 0), then follows the
+//     new master; behind+crash: the link cut, the master killed 20-150 ms
+//     before the promotion 300-450 ms later, back empty as a replica
+//     50-300 ms after it; healthy: the master killed, the replica (caught
+//     up) promoted 20-150 ms later, the old one back as above. Until it
+//     follows, CLUSTER SHARDS lists the old master in the shard as a
+//     master without slots (failed while down), as Redis 7 lists a failed
+//     primary. INSIDE: WAIT-acknowledged grants survive it.
 //   - latejoin (fair-quorum3, half the seeds; heads.go): for a window,
 //     each Acquire of a fair client's Lock attempt reaches one node of a
 //     majority, chosen by the attempt's token, up to 20-150 ms late, so
@@ -198,6 +217,17 @@
 //     keys' lines, one outside them), under the general faults.
 //   - fair-single, fair-quorum3: the Wake scenarios in fair mode;
 //     fair-quorum3 also draws latejoin.
+//   - cluster-failover (clusterrepl.go): failover.New on a go-redis
+//     ClusterClient over three masters with a replica each (a quarter of
+//     the clients WithReplicas(1)); even clients lockClient, odd ones
+//     doClient kept by a Watchdog, on a key of the failing shard and one
+//     of the next. One shard fails over per run (cluster-failover, below);
+//     a construction client (its links meet no fault, no random loss)
+//     keeps a key K (TTL 3-4 s) across it, holds and releases a key P
+//     before it, in the behind modes keeps a key K2 (TTL 250-400 ms)
+//     whose first renewal falls in the cut and tries P during the cut, and
+//     takes P again after the old master rejoined. Delays, loss, cuts, and
+//     pauses of the other shards' nodes.
 //   - ops-single, ops-quorum, ops-failover (opswork.go): every public
 //     lock operation in random sequences (TryLock, Lock, Do kept by a
 //     Watchdog or by the engine Do's default keeper is built from, Keep
@@ -308,7 +338,9 @@
 //   - state-valid (every scenario; statecheck.go): while a holder believes
 //     its lock valid (Lost open, its clock before the Deadline), the nodes
 //     that make it valid (a majority of the quorum's nodes, the single
-//     node, the Cluster master of its key, the primary that granted it)
+//     node, the Cluster master of its key (in cluster-failover the one
+//     serving its slot at the moment: a promoted replica must hold what
+//     it acknowledged), the primary that granted it)
 //     hold its token until its Until less drift.Fixed, expiries and Until
 //     read through the node's and the client's rate windows. Checked after
 //     every command a node applied (for the keys it touched), after every
@@ -338,6 +370,22 @@
 //     that failed after it ended at least 500 ms plus five of the client's
 //     dial backoffs before the lock's Deadline, and none of the client's
 //     messages was lost. Examined: protected constructions.
+//     In cluster-failover the construction's K (failover on the Cluster,
+//     TTL 3-4 s, in every mode) is protected when the promoted replica
+//     held its token and it was valid at the promotion; it must not be
+//     lost by its Until at the promotion plus its TTL.
+//   - refused-left (cluster-failover; clusterrepl.go): a TryLock refused
+//     for too few acknowledgements (failover.ErrNotReplicated) leaves no
+//     key behind on the master that refused it when it returns (the
+//     construction's P during the cut). Examined: such refusals, while
+//     that node is still an up master.
+//   - fence-order/promotion (cluster-failover): the fence-order pairs
+//     whose first hold was granted before the promotion and second after
+//     (P before the cut and after the rejoin, in every run).
+//   - examined-run (cluster-failover): a run in which overlap,
+//     fence-order/promotion, cluster-kept, state-valid or, in the behind
+//     modes, refused-left examined nothing fails: the construction could
+//     not make its case.
 //   - healthy-lost (watchdog-mixed; health.go): a protected hold is never
 //     lost. Protected: no badkey on its key, faults on at most a minority
 //     of its strategy's nodes, a quorum of its granting nodes untouched and
@@ -669,8 +717,13 @@
 //     wake hub's other goroutine waits on; for the same reason they lose
 //     no command and pause no node. The dial-close construction holds one
 //     handshake only once nobody waits on that mutex (boundwork.go).
-//   - The Cluster has no replicas, no resharding (no ASK or TRYAGAIN), no
-//     gossip or failure detection; its clients warm up on a quiet network.
+//   - The Cluster has no resharding (no ASK or TRYAGAIN), no CLUSTERDOWN,
+//     no gossip or failure detection (the schedule decides each promotion
+//     and when an old master learns of it); replicas only in
+//     cluster-failover (CLUSTER SLOTS lists them there only, so that
+//     watchdog-mixed's histories stay as they were), and there every
+//     replication-offset in CLUSTER SHARDS reads 0. Its clients warm up on
+//     a quiet network.
 //   - Process-wide objects cannot cross bubbles: every keeper is made in
 //     its run, so Locker.Do's default keeper is exercised through the same
 //     engine built per client (ops scenarios), not itself.
