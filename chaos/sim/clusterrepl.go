@@ -61,7 +61,10 @@ import (
 //  4. (behind modes) P again 1 ms after the cut: too few replicas can
 //     acknowledge it (refused-left); a grant is held across the promotion;
 //  5. P again after the promotion (and the old master's rejoin), with
-//     retries: its fence must be above the first P's (fence-order).
+//     retries: its fence must be above the first P's (fence-order);
+//  6. (behind modes, from the promotion on, beside 5) K2 with retries until
+//     a little after its Until: not before its holder stops believing
+//     (overlap).
 //
 // The workload clients (even: lockClient, odd: doClient kept by a
 // watchdog) contend for k0 (the failing shard's) and k1 (the next shard's)
@@ -388,6 +391,8 @@ func (cf *clusterFailover) run(w *World) {
 	sleep(ms(cf.r, 1, 20))
 	cf.probe(w, 1, "before", time.Second, ms(cf.r, 1, 10))
 	var mid *probeHold
+	var contender sync.WaitGroup
+	defer contender.Wait()
 	if cf.behind() {
 		// 3. K2, kept into the cut.
 		cf.sleepUntil(w, cf.f.At-ms(cf.r, 5, 30))
@@ -401,10 +406,9 @@ func (cf *clusterFailover) run(w *World) {
 		if err != nil {
 			w.hist.logf("c%d construction: TryLock %s: %v", cf.ci, cf.short, short(err))
 		} else {
-			live := w.track(cf.ci, "c"+strconv.Itoa(cf.ci)+"#short", cf.short, k2, w.placeOf("", cf.short))
-			defer w.untrack(live)
+			h := cf.startHold(w, 4, "K2", cf.short, k2)
 			stop := cf.wd.Keep(k2)
-			defer stop()
+			contender.Go(func() { cf.contend(w, h, stop) })
 		}
 		// 4. P during the cut: no replica can acknowledge it.
 		cf.sleepUntil(w, cf.f.At+time.Millisecond)
@@ -419,7 +423,7 @@ func (cf *clusterFailover) run(w *World) {
 	if err != nil {
 		w.hist.logf("c%d construction: Lock %s after the promotion (%.3fms): %v", cf.ci, cf.prb, msf(w.hist.now()-start), short(err))
 	} else {
-		h := cf.startHold(w, 3, "after", p)
+		h := cf.startHold(w, 3, "after", cf.prb, p)
 		sleep(ms(cf.r, 1, 10))
 		h.end(w)
 	}
@@ -427,6 +431,28 @@ func (cf *clusterFailover) run(w *World) {
 		mid.end(w)
 	}
 	cf.checkKept(w)
+}
+
+// contend is step 6, beside the others from the promotion on: Lock K2 with
+// retries until a little after K2's Until then, while K2's holder (h)
+// still keeps it. A renewal counted as extended that the promoted replica
+// never received lets the key expire there while its holder believes it
+// held: a double grant (overlap). Then it stops keeping K2 and releases it.
+func (cf *clusterFailover) contend(w *World, h *probeHold, stop func()) {
+	r := rand.New(rand.NewPCG(w.seed, 0xcf5e8)) // not cf.r: run draws from it meanwhile
+	sleep(cf.promoteAt() + time.Duration(1+r.IntN(999)) - w.hist.now())
+	ctx, cancel := context.WithDeadline(w.jitterCtx(context.Background(), cf.ci, jitClusterRepl, 200), h.lk.Until().Add(30*time.Millisecond))
+	lk, err := cf.locker.Lock(ctx, cf.short, redlease.WithTTL(100*time.Millisecond), redlease.WithRetryDelay(5*time.Millisecond, 10*time.Millisecond), redlease.WithMaxAttempts(200))
+	cancel()
+	if err != nil {
+		w.hist.logf("c%d construction: contender's Lock %s: %v", cf.ci, cf.short, short(err))
+	} else {
+		c := cf.startHold(w, 5, "contender", cf.short, lk)
+		sleep(ms(r, 1, 5))
+		c.end(w)
+	}
+	stop()
+	h.end(w)
 }
 
 // probe takes P with TryLock (TTL ttl), holds it for d and releases it.
@@ -438,7 +464,7 @@ func (cf *clusterFailover) probe(w *World, seq int, what string, ttl, d time.Dur
 		w.hist.logf("c%d construction: TryLock %s (%s): %v", cf.ci, cf.prb, what, short(err))
 		return
 	}
-	h := cf.startHold(w, seq, what, lk)
+	h := cf.startHold(w, seq, what, cf.prb, lk)
 	sleep(d)
 	h.end(w)
 }
@@ -455,7 +481,7 @@ func (cf *clusterFailover) refusedProbe(w *World, ctxFor func(time.Duration) (co
 	cancel()
 	if err == nil {
 		w.hist.logf("c%d construction: TryLock %s granted during the cut (fence %d): held across the promotion", cf.ci, cf.prb, lk.Fence())
-		return cf.startHold(w, 2, "cut", lk)
+		return cf.startHold(w, 2, "cut", cf.prb, lk)
 	}
 	w.hist.logf("c%d construction: TryLock %s during the cut, %.3fms: %v", cf.ci, cf.prb, msf(w.hist.now()-start), short(err))
 	if !errors.Is(err, failover.ErrNotReplicated) {
@@ -477,7 +503,7 @@ func (cf *clusterFailover) refusedProbe(w *World, ctxFor func(time.Duration) (co
 	return nil
 }
 
-// probeHold is one of the construction's holds of P, recorded for
+// probeHold is one of the construction's holds (of P, K2), recorded for
 // overlap and fence-order.
 type probeHold struct {
 	hd   *Hold
@@ -487,10 +513,12 @@ type probeHold struct {
 	mu   sync.Mutex
 }
 
-func (cf *clusterFailover) startHold(w *World, seq int, what string, lk *redlease.Lock) *probeHold {
-	h := &probeHold{lk: lk, done: make(chan struct{}), hd: &Hold{Client: cf.ci, Seq: seq, Key: cf.prb, Via: "probe-" + what, Fence: lk.Fence(), From: w.hist.now(), LostAt: -1, RelSent: -1, Token: lk.Token()}}
-	w.hist.logf("c%d construction: %s granted (%s) fence=%d until=+%.3fms", cf.ci, cf.prb, what, lk.Fence(), msf(time.Until(lk.Until())))
-	h.live = w.track(cf.ci, fmt.Sprintf("c%d#%d", cf.ci, seq), cf.prb, lk, w.placeOf("", cf.prb))
+// startHold records the construction's grant lk of key (seq: its number
+// among the construction's holds) from now on.
+func (cf *clusterFailover) startHold(w *World, seq int, what, key string, lk *redlease.Lock) *probeHold {
+	h := &probeHold{lk: lk, done: make(chan struct{}), hd: &Hold{Client: cf.ci, Seq: seq, Key: key, Via: "probe-" + what, Fence: lk.Fence(), From: w.hist.now(), LostAt: -1, RelSent: -1, Token: lk.Token()}}
+	w.hist.logf("c%d construction: %s granted (%s) fence=%d until=+%.3fms", cf.ci, key, what, lk.Fence(), msf(time.Until(lk.Until())))
+	h.live = w.track(cf.ci, fmt.Sprintf("c%d#%d", cf.ci, seq), key, lk, w.placeOf("", key))
 	lost := lk.Lost()
 	go func() {
 		select {
