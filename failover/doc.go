@@ -84,8 +84,10 @@
 //   - The client follows MOVED (reloading the topology), ASK (with
 //     ASKING) and TRYAGAIN (waiting 10 ms, doubling) itself, at most five
 //     times per call and within its ctx. Renewals of many keys send one
-//     pipeline per master with one WAIT; scripts touch one slot each, so
-//     a master's pipeline holds one call per slot.
+//     pipeline per master, one script call per 500 keys whatever their
+//     slots, with one WAIT (see single's package doc, Redis Cluster); a
+//     key that call cannot reach is renewed on its own, following the
+//     redirection.
 //   - The Watcher is for Sentinel; on Cluster no failover revokes a lock,
 //     since every promoted replica acknowledged it.
 //

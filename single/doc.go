@@ -43,6 +43,18 @@
 // "redlease:fence:{order:7}"). Keys that contain '}' without a valid hash
 // tag are rejected, since no same-slot companion can be built for them.
 //
+// Renewals of many keys (ExtendBatch: the watchdog) send one pipeline per
+// master, with one script call per 500 keys whatever their slots: the call
+// declares no key (a script without a shebang may touch keys of several
+// slots that its node serves, Redis 7.0 and later). A key the master no
+// longer serves, or has already handed over because its slot is
+// migrating, fails alone there and is sent again on its own, so that the
+// Cluster client follows MOVED or ASK: a slot left half migrated costs no
+// lock. CLUSTERDOWN (a master down, with cluster-require-full-coverage on,
+// the default) refuses every write on every master, renewals included:
+// locks on healthy masters are lost at their Deadline unless the cluster
+// recovers first; set cluster-require-full-coverage no to keep them.
+//
 // A master's failover: go-redis reloads a ClusterClient's topology by
 // itself only on MOVED, ASK and READONLY, which a dead master never
 // sends, and every ClusterStateReloadInterval (60 s by default). So a

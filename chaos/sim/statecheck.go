@@ -243,6 +243,18 @@ func (w *World) touch(node int, args []string) {
 	st.flag.Store(true)
 }
 
+// touchKeys records keys a script on node wrote without declaring them
+// (see Node.scriptKeys), as touch does for a command's keys.
+func (w *World) touchKeys(node int, keys []string) {
+	st := &w.state
+	st.dmu.Lock()
+	for _, k := range keys {
+		st.dirty = append(st.dirty, touched{node, k})
+	}
+	st.dmu.Unlock()
+	st.flag.Store(true)
+}
+
 // flushState checks the locks on every key a command touched since the
 // last flush. The scheduler runs it after each event (every delivery,
 // so after every command a node applied), with no node's mutex held.

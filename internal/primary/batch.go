@@ -28,13 +28,13 @@ import (
 //
 // On one primary every call goes out in one pipelined round trip (and one
 // WAIT behind them, which covers them all, when replicas are required). On
-// a Cluster client, whose scripts may only touch keys of one slot, keys are
-// grouped by slot (one call per slot and script.MaxBatch keys) and the
-// calls by the master that serves the slot; each master gets its own
-// pipeline, sent at the same time as the others and bounded by its own
-// deadline (see shardDeadline), so a master that is down or paused costs
-// its own keys only (ErrUnavailable, undecided; the *NodeError names that
-// master) and the others' replies come back in time to count.
+// a Cluster client keys are grouped by the master that serves their slot,
+// one call per script.MaxBatch keys in ExtendMany's local layout (see
+// extendShards); each master gets its own pipeline, sent at the same time
+// as the others and bounded by its own deadline (see shardDeadline), so a
+// master that is down or paused costs its own keys only (ErrUnavailable,
+// undecided; the *NodeError names that master) and the others' replies
+// come back in time to count.
 func (p *Primary) ExtendBatch(ctx context.Context, items []redlease.Extension) []redlease.Extended {
 	out := make([]redlease.Extended, len(items))
 	var valid []int
@@ -167,6 +167,7 @@ func (p *Primary) judge(ctx context.Context, addr string, items []redlease.Exten
 		}
 		for j, i := range c.idx {
 			switch v := r.vals[j]; v {
+			case resent:
 			case script.Extended:
 				if r.repl != nil { // extended, but not acknowledged by enough replicas
 					out[i].Err = redlease.Wrap(redlease.ErrUnavailable, r.repl)
@@ -194,22 +195,28 @@ func (p *Primary) judge(ctx context.Context, addr string, items []redlease.Exten
 // shard is one Cluster master's share of a batch.
 type shard struct {
 	addr  string
+	idx   []int // its items
 	calls []batchCall
 }
 
 // shardDone is a shard's replies, sent by its goroutine.
 type shardDone struct {
 	shard   int
+	calls   []batchCall // the shard's calls, and those sent again key by key
 	replies []reply
 }
 
-// extendShards runs ExtendBatch on a Cluster client: items grouped by slot,
-// the slots by master, one pipeline per master, each in its own goroutine
-// under its own deadline. The results of a shard are judged as they
-// arrive. A shard that has not answered by its deadline (or by the end of
-// ctx) leaves its items undecided; its goroutine ends on its own, at the
-// deadline on a client with ContextTimeoutEnabled, after go-redis's
-// ReadTimeout otherwise, and nobody reads what it brings.
+// extendShards runs ExtendBatch on a Cluster client: items grouped by the
+// master that serves their slot, one pipeline per master of ExtendMany
+// calls in its local layout (keys of any slot the master serves, one call
+// per script.MaxBatch keys), each master's in its own goroutine under its
+// own deadline; a key the call could not reach there (its slot moved or is
+// migrating) is sent again on its own, following the redirection
+// (sendShard). The results of a shard are judged as they arrive. A shard
+// that has not answered by its deadline (or by the end of ctx) leaves its
+// items undecided; its goroutine ends on its own, at the deadline on a
+// client with ContextTimeoutEnabled, after go-redis's ReadTimeout
+// otherwise, and nobody reads what it brings.
 func (p *Primary) extendShards(ctx context.Context, items []redlease.Extension, valid []int, start time.Time, out []redlease.Extended) {
 	var (
 		slots   [][]int // items per slot, in the order the slots first appear
@@ -243,10 +250,13 @@ func (p *Primary) extendShards(ctx context.Context, items []redlease.Extension, 
 			byAddr[addr] = k
 			shards = append(shards, shard{addr: addr})
 		}
-		shards[k].calls = chunk(items, idx, shards[k].calls)
+		shards[k].idx = append(shards[k].idx, idx...)
 	}
 	if len(shards) == 0 {
 		return
+	}
+	for k := range shards {
+		shards[k].calls = chunkLocal(items, shards[k].idx)
 	}
 
 	deadline := p.shardDeadline(ctx, items, valid)
@@ -257,17 +267,15 @@ func (p *Primary) extendShards(ctx context.Context, items []redlease.Extension, 
 		go func() {
 			sctx, cancel := context.WithDeadline(ctx, deadline)
 			defer cancel()
-			if sh := shards[k]; silent[sh.addr] {
+			sh := shards[k]
+			if silent[sh.addr] {
 				// A master that left a call unanswered: wait for the
 				// topology to move its keys (topology.go); the pipeline
 				// then goes where the Cluster client routes them.
-				p.awaitMove(sctx, items[sh.calls[0].idx[0]].Key, sh.addr, min(maxAwaitMove, time.Until(deadline)/2))
+				p.awaitMove(sctx, items[sh.idx[0]].Key, sh.addr, min(maxAwaitMove, time.Until(deadline)/2))
 			}
-			if p.waits() {
-				done <- shardDone{shard: k, replies: p.sendToMaster(sctx, items, shards[k].calls)}
-				return
-			}
-			done <- shardDone{shard: k, replies: p.send(sctx, p.cluster, shards[k].calls, 0)}
+			calls, replies := p.sendShard(sctx, items, sh.calls)
+			done <- shardDone{shard: k, calls: calls, replies: replies}
 		}()
 	}
 	answered := make([]bool, len(shards))
@@ -278,7 +286,7 @@ func (p *Primary) extendShards(ctx context.Context, items []redlease.Extension, 
 		if !silentReplies(d.replies) {
 			p.answered(shards[d.shard].addr)
 		}
-		p.judge(ctx, shards[d.shard].addr, items, shards[d.shard].calls, d.replies, start, out)
+		p.judge(ctx, shards[d.shard].addr, items, d.calls, d.replies, start, out)
 	}
 	timer := time.NewTimer(time.Until(deadline))
 	defer timer.Stop()
@@ -319,47 +327,90 @@ func (p *Primary) extendShards(ctx context.Context, items []redlease.Extension, 
 	}
 }
 
-// sendToMaster sends one master's calls (replicated writes on a Cluster:
-// see clusterwait.go) as one pipeline on the master's own client with one
-// WAIT behind them, and each call that a redirection answered once more
-// on its own, following it (onMaster). The master is the one the
-// topology names now for the calls' first key.
-func (p *Primary) sendToMaster(ctx context.Context, items []redlease.Extension, calls []batchCall) []reply {
-	fail := func(err error) []reply {
+// resent marks, in a reply, a key that sendShard sent again on its own:
+// judge leaves it to that call's reply.
+const resent = math.MinInt64
+
+// chunkLocal returns ExtendMany calls in the local layout for items idx
+// (all on one master), script.MaxBatch keys per call.
+func chunkLocal(items []redlease.Extension, idx []int) []batchCall {
+	var calls []batchCall
+	for rest := idx; len(rest) > 0; {
+		n := min(len(rest), script.MaxBatch)
+		triples := make([]any, 0, 3*n)
+		for _, i := range rest[:n] {
+			triples = append(triples, items[i].Key, items[i].Token, items[i].TTL.Milliseconds())
+		}
+		calls = append(calls, batchCall{idx: rest[:n:n], line: script.ExtendMany.LineLocal(triples)})
+		rest = rest[n:]
+	}
+	return calls
+}
+
+// sendShard sends one master's calls as one pipeline on the master's own
+// client (the one the topology names now for their first key), followed,
+// for replicated writes (clusterwait.go), by one WAIT for the master's
+// replicas. Each key the master could not reach (KeyFailed: its slot
+// moved or is migrating, the cluster is down) is sent again on its own,
+// with its key declared, so that the redirection is followed: by the
+// Cluster client, or by onMaster for replicated writes. A call that failed
+// whole (BUSY, a timeout) leaves its keys undecided: the renewal after
+// the retry delay sends them again. It returns the calls it judged by, those sent again
+// after the first ones, and their replies.
+func (p *Primary) sendShard(ctx context.Context, items []redlease.Extension, calls []batchCall) ([]batchCall, []reply) {
+	fail := func(err error) ([]batchCall, []reply) {
 		rs := make([]reply, len(calls))
 		for k := range rs {
 			rs[k].err = err
 		}
-		return rs
+		return calls, rs
 	}
 	node, err := p.cluster.MasterForKey(ctx, items[calls[0].idx[0]].Key)
 	if err != nil {
 		return fail(err)
 	}
-	n, err := p.replicasOf(ctx, node)
-	if err != nil {
-		return fail(err)
+	need := 0
+	if p.waits() {
+		if need, err = p.replicasOf(ctx, node); err != nil {
+			return fail(err)
+		}
 	}
-	replies := p.send(ctx, node, calls, n)
+	replies := p.send(ctx, node, calls, need)
+	var again []int
 	for k, r := range replies {
 		if r.repl != nil {
 			p.forgetReplicaCounts()
 		}
-		if _, ok := redirected(r.err); !ok {
-			continue
+		if r.err != nil {
+			continue // the whole call failed (BUSY, a timeout): its keys are undecided, retried at the next renewal
 		}
-		cmd, repl, err := p.onMaster(ctx, script.ExtendMany, items[calls[k].idx[0]].Key, calls[k].line)
-		if err != nil {
-			replies[k] = reply{err: err}
-			continue
+		for j, v := range r.vals {
+			if v == script.KeyFailed {
+				again = append(again, calls[k].idx[j])
+				r.vals[j] = resent
+			}
 		}
-		vals, err := cmd.Int64Slice()
-		if err == nil && len(vals) != len(calls[k].idx) {
-			err = fmt.Errorf("extend batch: %d replies for %d keys", len(vals), len(calls[k].idx))
-		}
-		replies[k] = reply{vals: vals, err: err, repl: repl}
 	}
-	return replies
+	for _, i := range again {
+		it := items[i]
+		c := batchCall{idx: []int{i}, line: script.ExtendMany.LineMany([]any{it.Key}, []any{it.Token, it.TTL.Milliseconds()})}
+		var r reply
+		if p.waits() {
+			cmd, repl, err := p.onMaster(ctx, script.ExtendMany, it.Key, c.line)
+			if err == nil {
+				r.vals, err = cmd.Int64Slice()
+			}
+			r.err, r.repl = err, repl
+		} else {
+			r.vals, r.err = script.ExtendMany.RunInts(ctx, p.cluster, c.line)
+		}
+		if r.err == nil && len(r.vals) != 1 {
+			r.err = fmt.Errorf("extend batch: %d replies for 1 key", len(r.vals))
+		}
+		calls = append(calls, c)
+		replies = append(replies, r)
+	}
+	return calls, replies
 }
 
 // shardDeadline is when ExtendBatch stops waiting for a Cluster master:

@@ -345,3 +345,33 @@ func replOffset(ctx context.Context, tb TB, s *Server) int64 {
 	}
 	return off
 }
+
+// HalfMigrate leaves slot half migrated from src to dst, as a resharding
+// interrupted midway does: dst IMPORTING it, src MIGRATING it, keys moved
+// to dst (MIGRATE), and the slot's other keys left on src. Clients asking
+// src for a moved key get ASK; a command on several of the slot's keys,
+// some moved, gets TRYAGAIN. It fails tb if a step is refused.
+func HalfMigrate(tb TB, src, dst *Server, slot int, keys ...string) {
+	tb.Helper()
+	ctx := context.Background()
+	srcID, dstID := nodeID(tb, src), nodeID(tb, dst)
+	s, d := redis.NewClient(&redis.Options{Addr: src.Addr}), redis.NewClient(&redis.Options{Addr: dst.Addr})
+	defer s.Close()
+	defer d.Close()
+	if err := d.Do(ctx, "CLUSTER", "SETSLOT", slot, "IMPORTING", srcID).Err(); err != nil {
+		tb.Fatalf("redistest: CLUSTER SETSLOT %d IMPORTING on %s: %v", slot, dst.Addr, err)
+	}
+	if err := s.Do(ctx, "CLUSTER", "SETSLOT", slot, "MIGRATING", dstID).Err(); err != nil {
+		tb.Fatalf("redistest: CLUSTER SETSLOT %d MIGRATING on %s: %v", slot, src.Addr, err)
+	}
+	if len(keys) == 0 {
+		return
+	}
+	args := []any{"MIGRATE", "127.0.0.1", dst.Port, "", 0, 5000, "KEYS"}
+	for _, k := range keys {
+		args = append(args, k)
+	}
+	if err := s.Do(ctx, args...).Err(); err != nil {
+		tb.Fatalf("redistest: MIGRATE %v from %s to %s: %v", keys, src.Addr, dst.Addr, err)
+	}
+}
