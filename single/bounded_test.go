@@ -169,6 +169,10 @@ func TestClusterCallsAreBoundedByTheirContext(t *testing.T) {
 				timed := boundedCalls(ctx, t, probe)
 				err = timed("TryLock", func(c context.Context) error { _, err := l.TryLock(c, "{bounded}:new"); return err })
 				assert.ErrorIs(t, err, redlease.ErrUnavailable)
+				var ne *redlease.NodeError
+				if assert.ErrorAs(t, err, &ne) {
+					assert.Equal(t, victim.Addr, ne.Addr, "the failure names the key's master, not the client's first address")
+				}
 				err = timed("Lock", func(c context.Context) error { _, err := l.Lock(c, "{bounded}:new"); return err })
 				assert.ErrorIs(t, err, redlease.ErrUnavailable)
 				err = timed("Do", func(c context.Context) error {

@@ -237,7 +237,7 @@ func (p *Primary) extendShards(ctx context.Context, items []redlease.Extension, 
 	for _, idx := range slots {
 		m, err := p.cluster.MasterForKey(ctx, items[idx[0]].Key)
 		if err != nil {
-			err := p.fail(ctx, redlease.ErrUnavailable, err)
+			err := p.fail(ctx, items[idx[0]].Key, redlease.ErrUnavailable, err)
 			for _, i := range idx {
 				out[i].Err = err
 			}

@@ -296,7 +296,7 @@ func (p *Primary) LeaveLine(ctx context.Context, key, id string) error {
 	c.line = script.AppendLeaveArgs(c.line, key, id)
 	_, err := p.call(ctx, c)
 	if err != nil {
-		return p.fail(ctx, redlease.ErrUnavailable, err)
+		return p.fail(ctx, key, redlease.ErrUnavailable, err)
 	}
 	return nil
 }
@@ -357,7 +357,7 @@ func (p *Primary) acquire(ctx context.Context, key, token string, ttl time.Durat
 			p.undoFailed(ctx, nil, f, key, token, ttl)
 		}
 		// Down is not held: the node failed, nobody refused.
-		return redlease.Grant{}, p.fail(ctx, ErrAcquireUnavailable, err)
+		return redlease.Grant{}, p.fail(ctx, key, ErrAcquireUnavailable, err)
 	case v == script.Queued:
 		return redlease.Grant{}, redlease.Wrap(redlease.ErrNotObtained, redlease.ErrQueued)
 	case script.IsTaken(v):
@@ -423,7 +423,7 @@ func (p *Primary) Extend(ctx context.Context, key, token string, ttl time.Durati
 	case errors.Is(err, ErrNotReplicated):
 		return redlease.Grant{}, redlease.Wrap(redlease.ErrUnavailable, err)
 	case err != nil:
-		return redlease.Grant{}, p.fail(ctx, redlease.ErrUnavailable, err)
+		return redlease.Grant{}, p.fail(ctx, key, redlease.ErrUnavailable, err)
 	}
 	until := start.Add(ttl - p.DriftAllowance(ttl))
 	if !p.cfg.Clock.Now().Before(until) {
@@ -445,7 +445,7 @@ func (p *Primary) Release(ctx context.Context, key, token string) error {
 	p.heard(ctx, key, err)
 	switch {
 	case err != nil:
-		return p.fail(ctx, redlease.ErrUnavailable, err)
+		return p.fail(ctx, key, redlease.ErrUnavailable, err)
 	case v != 1:
 		return redlease.ErrNotHeld
 	}
@@ -633,11 +633,23 @@ func (acquireUnavailable) Error() string {
 
 func (acquireUnavailable) Unwrap() error { return redlease.ErrUnavailable }
 
-// fail wraps a node failure under sentinel, and reports it to ctx's
-// observer.
-func (p *Primary) fail(ctx context.Context, sentinel, err error) error {
+// fail wraps a node failure of a call on key under sentinel, naming the
+// node that serves key (addrOf), and reports it to ctx's observer.
+func (p *Primary) fail(ctx context.Context, key string, sentinel, err error) error {
 	p.reloadOnSilence(err)
-	return failAt(ctx, p.addr, sentinel, err)
+	return failAt(ctx, p.addrOf(ctx, key), sentinel, err)
+}
+
+// addrOf names the node that serves key: the client's address, or on a
+// Cluster client the master its topology names for key (the client's
+// seed addresses if it names none).
+func (p *Primary) addrOf(ctx context.Context, key string) string {
+	if p.cluster != nil && key != "" {
+		if m, err := p.cluster.MasterForKey(ctx, key); err == nil {
+			return m.Options().Addr
+		}
+	}
+	return p.addr
 }
 
 // failAt is fail naming addr as the node: one master of a Cluster client
