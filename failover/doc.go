@@ -54,6 +54,41 @@
 // redis.NewFailoverClient, which follows the primary on its own, and start
 // it before taking locks: those held when it starts are revoked.
 //
+// # Redis Cluster
+//
+// New takes a Cluster client too. Every acquisition and extension then
+// runs on its key's master (go-redis's MasterForKey), followed in the
+// same pipeline on that master's connection by WAIT for every replica the
+// master's shard lists in CLUSTER SHARDS, whatever their health, and at
+// least WithReplicas's n (0 by default on Cluster). A Cluster promotes
+// whichever replica of a failed master wins its election, so only a grant
+// that all of them acknowledged survives any failover; a replica that
+// joins later copies the data set, locks included, before it can be
+// promoted. The counts are asked of the master, at most once a second
+// and again after a WAIT that fell short. Consequences:
+//
+//   - A failover never grants a held lock again while the promoted replica
+//     keeps what it acknowledged: the new master has the key, with the
+//     expiry of the last extension its replicas acknowledged, which is at
+//     or after the holder's Until. An extension the replicas did not
+//     acknowledge leaves Until where it was.
+//   - A healthy failover keeps the lock: renewals follow the new master
+//     (a master that leaves a call unanswered makes the library ask
+//     go-redis for a new topology; see single's package doc, Redis
+//     Cluster), which has the key. The lock must outlive that: size the
+//     TTL to cluster-node-timeout.
+//   - A shard whose replica is down, or whose replication is behind,
+//     grants and extends nothing (ErrUnavailable and ErrNotReplicated)
+//     until the replica is back or removed (CLUSTER FORGET). A shard that
+//     lists no replica cannot fail over and waits for none.
+//   - The client follows MOVED (reloading the topology), ASK (with
+//     ASKING) and TRYAGAIN (waiting 10 ms, doubling) itself, at most five
+//     times per call and within its ctx. Renewals of many keys send one
+//     pipeline per master with one WAIT; scripts touch one slot each, so
+//     a master's pipeline holds one call per slot.
+//   - The Watcher is for Sentinel; on Cluster no failover revokes a lock,
+//     since every promoted replica acknowledged it.
+//
 // # Naming the master
 //
 // go-redis gives every redis.NewFailoverClient the address
@@ -70,6 +105,7 @@
 //
 // Mutual exclusion holds while the primary keeps its data, its clock runs at
 // the client's rate within the drift factor, and any promoted replica had
-// acknowledged the locks it inherits. Use quorum where that last assumption
+// acknowledged the locks it inherits (on Cluster, every replica has: see
+// above; a replica that restarts without its data breaks it). Use quorum where that last assumption
 // is not good enough.
 package failover

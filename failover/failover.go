@@ -54,7 +54,10 @@ type optionFunc func(*primary.Config) error
 func (f optionFunc) apply(c *primary.Config) error { return f(c) }
 
 // WithReplicas sets how many replicas must acknowledge every acquisition
-// and extension. Default DefaultReplicas (1). Must be at least 1.
+// and extension. Default DefaultReplicas (1). Must be at least 1. On a
+// Cluster client every replica of the key's shard must acknowledge, and n
+// is the least that suffices: a shard that lists fewer grants nothing
+// (the default there is none).
 func WithReplicas(n int) Option {
 	return optionFunc(func(c *primary.Config) error {
 		if n < 1 {
@@ -108,17 +111,20 @@ func WithoutFencing() Option { return optionFunc(primary.NoFencing) }
 // differences. Default 0.01. Must be in [0, 1).
 func WithDriftFactor(factor float64) Option { return optionFunc(primary.DriftFactor(factor)) }
 
-// New returns a Strategy on client: a standalone client or, usually, one
-// from redis.NewFailoverClient. A Cluster client is rejected, since WAIT
-// must run on the connection that wrote. A nil or Cluster client, or a
+// New returns a Strategy on client: a standalone client, usually one from
+// redis.NewFailoverClient, or a Cluster client. On a Cluster client every
+// acquisition and extension runs on its key's master, followed in the
+// same pipeline by WAIT for every replica that the master's shard lists
+// in CLUSTER SHARDS (see the package doc, "Redis Cluster"); WithReplicas
+// then sets a minimum, which is 0 by default there. A nil client, or a
 // rejected option, is returned as an error that errors.Is
 // redlease.ErrInvalid.
 func New(client redis.UniversalClient, opts ...Option) (*Strategy, error) {
-	if cc, ok := client.(*redis.ClusterClient); ok && cc != nil {
-		return nil, redlease.Invalid("failover: a Cluster client cannot WAIT on the connection that wrote; use single")
-	}
 	cfg := primary.Defaults()
 	cfg.Replicas, cfg.WaitTimeout = DefaultReplicas, DefaultWaitTimeout
+	if cc, ok := client.(*redis.ClusterClient); ok && cc != nil {
+		cfg.Replicas, cfg.AllReplicas = 0, true
+	}
 	p, err := primary.New(client, cfg, opts, Option.apply)
 	if err != nil {
 		return nil, err

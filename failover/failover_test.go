@@ -78,7 +78,6 @@ func TestRejectsBadInput(t *testing.T) {
 		"typed nil":       {(*redis.Client)(nil), nil},
 		"zero replicas":   {c, []failover.Option{failover.WithReplicas(0)}},
 		"zero wait":       {c, []failover.Option{failover.WithWaitTimeout(0)}},
-		"cluster client":  {cc, nil},
 		"drift factor -1": {c, []failover.Option{failover.WithDriftFactor(-1)}},
 		"empty master":    {c, []failover.Option{failover.WithMaster("")}},
 		"master w/ space": {c, []failover.Option{failover.WithMaster("my master")}},

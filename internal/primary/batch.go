@@ -59,7 +59,7 @@ func (p *Primary) ExtendBatch(ctx context.Context, items []redlease.Extension) [
 	// a lost message, holding the watchdog's call slot): an abandoned
 	// batch leaves every item undecided; it may still be applied.
 	replies, err := bounded.Call(ctx, p.bound, func(ctx context.Context) ([]reply, error) {
-		return p.send(ctx, p.client, calls), nil
+		return p.send(ctx, p.client, calls, p.cfg.Replicas), nil
 	}, nil)
 	if err != nil {
 		replies = make([]reply, len(calls))
@@ -101,11 +101,11 @@ func chunk(items []redlease.Extension, idx []int, calls []batchCall) []batchCall
 	return calls
 }
 
-// send pipelines calls on c (followed by WAIT when replicas are required)
+// send pipelines calls on c (followed by WAIT for n replicas when n > 0)
 // and returns one reply per call. Calls that find the script missing on
 // the node (NOSCRIPT: first use, a restart, SCRIPT FLUSH) are sent once
 // more as EVAL, which caches it, in a second pipeline with its own WAIT.
-func (p *Primary) send(ctx context.Context, c redis.UniversalClient, calls []batchCall) []reply {
+func (p *Primary) send(ctx context.Context, c redis.UniversalClient, calls []batchCall, n int) []reply {
 	replies := make([]reply, len(calls))
 	pending := make([]int, len(calls))
 	for k := range pending {
@@ -122,8 +122,8 @@ func (p *Primary) send(ctx context.Context, c redis.UniversalClient, calls []bat
 			cmds[n] = pipe.Do(ctx, line...)
 		}
 		var wait *redis.Cmd
-		if p.cfg.Replicas > 0 {
-			wait = pipe.Do(ctx, "WAIT", p.cfg.Replicas, p.cfg.WaitTimeout.Milliseconds())
+		if n > 0 {
+			wait = pipe.Do(ctx, "WAIT", n, p.cfg.WaitTimeout.Milliseconds())
 		}
 		_, _ = pipe.Exec(ctx) // errors are read per command
 		var retry []int
@@ -141,7 +141,7 @@ func (p *Primary) send(ctx context.Context, c redis.UniversalClient, calls []bat
 			replies[k] = reply{vals: vals, err: err}
 			if err == nil && wait != nil {
 				if !replChecked {
-					repl, replChecked = p.replicated(wait), true
+					repl, replChecked = p.replicatedN(wait, n), true
 				}
 				replies[k].repl = repl
 			}
@@ -263,7 +263,11 @@ func (p *Primary) extendShards(ctx context.Context, items []redlease.Extension, 
 				// then goes where the Cluster client routes them.
 				p.awaitMove(sctx, items[sh.calls[0].idx[0]].Key, sh.addr, min(maxAwaitMove, time.Until(deadline)/2))
 			}
-			done <- shardDone{shard: k, replies: p.send(sctx, p.cluster, shards[k].calls)}
+			if p.waits() {
+				done <- shardDone{shard: k, replies: p.sendToMaster(sctx, items, shards[k].calls)}
+				return
+			}
+			done <- shardDone{shard: k, replies: p.send(sctx, p.cluster, shards[k].calls, 0)}
 		}()
 	}
 	answered := make([]bool, len(shards))
@@ -313,6 +317,49 @@ func (p *Primary) extendShards(ctx context.Context, items []redlease.Extension, 
 			}
 		}
 	}
+}
+
+// sendToMaster sends one master's calls (replicated writes on a Cluster:
+// see clusterwait.go) as one pipeline on the master's own client with one
+// WAIT behind them, and each call that a redirection answered once more
+// on its own, following it (onMaster). The master is the one the
+// topology names now for the calls' first key.
+func (p *Primary) sendToMaster(ctx context.Context, items []redlease.Extension, calls []batchCall) []reply {
+	fail := func(err error) []reply {
+		rs := make([]reply, len(calls))
+		for k := range rs {
+			rs[k].err = err
+		}
+		return rs
+	}
+	node, err := p.cluster.MasterForKey(ctx, items[calls[0].idx[0]].Key)
+	if err != nil {
+		return fail(err)
+	}
+	n, err := p.replicasOf(ctx, node)
+	if err != nil {
+		return fail(err)
+	}
+	replies := p.send(ctx, node, calls, n)
+	for k, r := range replies {
+		if r.repl != nil {
+			p.forgetReplicaCounts()
+		}
+		if _, ok := redirected(r.err); !ok {
+			continue
+		}
+		cmd, repl, err := p.onMaster(ctx, script.ExtendMany, items[calls[k].idx[0]].Key, calls[k].line)
+		if err != nil {
+			replies[k] = reply{err: err}
+			continue
+		}
+		vals, err := cmd.Int64Slice()
+		if err == nil && len(vals) != len(calls[k].idx) {
+			err = fmt.Errorf("extend batch: %d replies for %d keys", len(vals), len(calls[k].idx))
+		}
+		replies[k] = reply{vals: vals, err: err, repl: repl}
+	}
+	return replies
 }
 
 // shardDeadline is when ExtendBatch stops waiting for a Cluster master:

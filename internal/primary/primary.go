@@ -29,7 +29,12 @@ type Config struct {
 	DriftFactor float64
 	// Replicas > 0: every acquire and extend is followed, in the same
 	// pipeline on the same connection, by WAIT Replicas WaitTimeout.
-	Replicas    int
+	Replicas int
+	// AllReplicas, on a Cluster client: every acquire and extend runs on
+	// the key's master, followed in the same pipeline by WAIT for every
+	// replica its shard lists, and at least Replicas (clusterwait.go).
+	// Ignored on other clients.
+	AllReplicas bool
 	WaitTimeout time.Duration
 	// Clock judges validity (nil: the system clock).
 	Clock redlease.Clock
@@ -73,6 +78,9 @@ type Primary struct {
 	silentMu sync.Mutex
 	silent   map[string]time.Time
 	silentN  atomic.Int32 // len(silent), read without the mutex
+
+	// replicas: the Cluster masters' replica counts (AllReplicas).
+	replicas replicaCounts
 }
 
 // ErrNotReplicated is failover.ErrNotReplicated, defined here because
@@ -178,7 +186,7 @@ func (p *Primary) newCall(sc *script.Script) *scriptCall {
 // Do sends the call (see bounded.Job).
 func (c *scriptCall) Do(ctx context.Context) (int64, error) {
 	if c.replicated {
-		return c.p.run(ctx, c.sc, c.line)
+		return c.p.run(ctx, c.sc, c.key, c.line)
 	}
 	return c.sc.Run(ctx, c.p.client, c.line)
 }
@@ -405,7 +413,7 @@ func (p *Primary) Extend(ctx context.Context, key, token string, ttl time.Durati
 	}
 	start := p.cfg.Clock.Now()
 	c := p.newCall(script.Extend)
-	c.replicated = true
+	c.replicated, c.key = true, key
 	c.line = script.Extend.AppendArgs(c.line, key, token, p.boxedTTL(ttl).millis)
 	v, err := p.call(ctx, c)
 	p.heard(ctx, key, err)
@@ -542,12 +550,24 @@ func (p *Primary) Close() error {
 	return nil
 }
 
-// run sends one script call, followed by WAIT when replicas are required.
-// A reply that too few replicas acknowledged comes back with its value and
-// an error that errors.Is ErrNotReplicated.
-func (p *Primary) run(ctx context.Context, sc *script.Script, line []any) (int64, error) {
-	if p.cfg.Replicas == 0 {
+// run sends one script call on key, followed by WAIT when replicas are
+// required (on a Cluster client, on key's master: see onMaster). A reply
+// that too few replicas acknowledged comes back with its value and an
+// error that errors.Is ErrNotReplicated.
+func (p *Primary) run(ctx context.Context, sc *script.Script, key string, line []any) (int64, error) {
+	if !p.waits() {
 		return sc.Run(ctx, p.client, line)
+	}
+	if p.cluster != nil {
+		cmd, repl, err := p.onMaster(ctx, sc, key, line)
+		if err != nil {
+			return 0, err
+		}
+		v, err := cmd.Int64()
+		if err != nil {
+			return 0, err
+		}
+		return v, repl
 	}
 	for attempt := 0; ; attempt++ {
 		pipe := p.client.Pipeline()
@@ -570,18 +590,18 @@ func (p *Primary) run(ctx context.Context, sc *script.Script, line []any) (int64
 		if err != nil {
 			return 0, err
 		}
-		return v, p.replicated(wait)
+		return v, p.replicatedN(wait, p.cfg.Replicas)
 	}
 }
 
-// replicated checks a WAIT reply.
-func (p *Primary) replicated(wait *redis.Cmd) error {
+// replicatedN checks a WAIT reply against the n replicas required.
+func (p *Primary) replicatedN(wait *redis.Cmd, n int) error {
 	acked, err := wait.Int64()
 	if err != nil {
 		return fmt.Errorf("%w: WAIT failed: %w", ErrNotReplicated, err)
 	}
-	if int(acked) < p.cfg.Replicas {
-		return fmt.Errorf("%w: %d of %d replicas acknowledged within %v", ErrNotReplicated, acked, p.cfg.Replicas, p.cfg.WaitTimeout)
+	if int(acked) < n {
+		return fmt.Errorf("%w: %d of %d replicas acknowledged within %v", ErrNotReplicated, acked, n, p.cfg.WaitTimeout)
 	}
 	return nil
 }

@@ -1,0 +1,171 @@
+package failover_test
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/redlease/redlease"
+	"github.com/redlease/redlease/failover"
+	"github.com/redlease/redlease/internal/contract"
+	"github.com/redlease/redlease/internal/redistest"
+	"github.com/redlease/redlease/renew"
+)
+
+// The failover strategy on a real Redis Cluster of three masters with a
+// replica each: the contract, and every grant on the replica of its key's
+// master by the time it is returned (WAIT ran in the grant's pipeline on
+// the master's connection; reading the replica at once is exact).
+func TestOnClusterWithReplicas(t *testing.T) {
+	cl := redistest.StartClusterWithReplicas(t, 3, 1)
+	c := cl.Client()
+	contract.Run(t, func(t *testing.T) contract.Setup {
+		s, err := failover.New(c)
+		require.NoError(t, err)
+		return contract.Setup{Strategy: s, Nodes: []redis.UniversalClient{c}, Quorum: 1, Fencing: true}
+	})
+
+	t.Run("every grant is on the replica when returned", func(t *testing.T) {
+		ctx := t.Context()
+		s, err := failover.New(c)
+		require.NoError(t, err)
+		masters := map[string]bool{}
+		for i := range 30 {
+			key := fmt.Sprintf("acked:%d", i)
+			tok := fmt.Sprintf("tok%d", i)
+			_, err := s.Acquire(ctx, key, tok, 10*time.Second)
+			require.NoError(t, err)
+			m := cl.MasterOf(ctx, c, key)
+			masters[m.Addr] = true
+			got, err := cl.ReplicaOf(m).ReadOnlyGet(ctx, key)
+			require.NoError(t, err, key)
+			assert.Equal(t, tok, got, key)
+		}
+		assert.Len(t, masters, 3, "locks live on every master")
+	})
+
+	t.Run("renewals of keys on every master", func(t *testing.T) {
+		ctx := t.Context()
+		s, err := failover.New(c)
+		require.NoError(t, err)
+		var items []redlease.Extension
+		for i := range 200 {
+			key := fmt.Sprintf("batch:%d", i)
+			_, err := s.Acquire(ctx, key, "tok", 5*time.Second)
+			require.NoError(t, err)
+			items = append(items, redlease.Extension{Key: key, Token: "tok", TTL: 20 * time.Second})
+		}
+		items = append(items, redlease.Extension{Key: "batch:not-held", Token: "tok", TTL: 20 * time.Second})
+		out := s.ExtendBatch(ctx, items)
+		for i, o := range out[:200] {
+			require.NoError(t, o.Err, items[i].Key)
+			assert.True(t, o.Grant.Until.After(time.Now().Add(15*time.Second)), items[i].Key)
+		}
+		assert.ErrorIs(t, out[200].Err, redlease.ErrNotHeld)
+		for _, it := range items[:200:200] {
+			m := cl.MasterOf(ctx, c, it.Key)
+			ms, err := m.Client().PTTL(ctx, it.Key).Result()
+			require.NoError(t, err)
+			assert.Greater(t, ms, 15*time.Second, it.Key)
+		}
+	})
+}
+
+// A grant whose shard's replica is behind is refused as an outage, not
+// granted: the replica could be promoted without it. Forced order: the
+// replica's link is cut first (redistest.StopReplication), then the
+// acquisition. The key is not left on the master, and once the link is
+// back the same key is granted.
+func TestOnClusterAGrantTheReplicaMissedIsRefused(t *testing.T) {
+	cl := redistest.StartClusterWithReplicas(t, 3, 1)
+	c := cl.Client()
+	ctx := t.Context()
+	s, err := failover.New(c, failover.WithWaitTimeout(50*time.Millisecond))
+	require.NoError(t, err)
+	const key = "behind"
+	m := cl.MasterOf(ctx, c, key)
+	r := cl.ReplicaOf(m)
+	cl.StopReplication(m, r)
+
+	_, err = s.Acquire(ctx, key, "tok", 10*time.Second)
+	require.Error(t, err)
+	assert.ErrorIs(t, err, failover.ErrNotReplicated)
+	assert.ErrorIs(t, err, redlease.ErrUnavailable)
+	assert.NotErrorIs(t, err, redlease.ErrNotObtained)
+	n, err := m.Client().Exists(ctx, key).Result()
+	require.NoError(t, err)
+	assert.Zero(t, n, "the refused grant's key is undone on the master before Acquire returns")
+
+	cl.ResumeReplication(m, r)
+	_, err = s.Acquire(ctx, key, "tok2", 10*time.Second)
+	require.NoError(t, err)
+}
+
+// A shard without a replica cannot fail over: its grants wait for none.
+func TestOnClusterWithoutReplicas(t *testing.T) {
+	servers := redistest.StartCluster(t, 3)
+	c := redistest.ClusterClient(t, servers)
+	s, err := failover.New(c)
+	require.NoError(t, err)
+	ctx := t.Context()
+	for i := range 10 {
+		_, err := s.Acquire(ctx, fmt.Sprintf("lone:%d", i), "tok", 5*time.Second)
+		require.NoError(t, err)
+	}
+	// A minimum the shards cannot meet is refused as not replicated.
+	strict, err := failover.New(c, failover.WithReplicas(1), failover.WithWaitTimeout(20*time.Millisecond))
+	require.NoError(t, err)
+	_, err = strict.Acquire(ctx, "lone:strict", "tok", 5*time.Second)
+	assert.ErrorIs(t, err, failover.ErrNotReplicated)
+}
+
+// A Cluster master killed once its replica acknowledged the lock, and the
+// replica promoted (CLUSTER FAILOVER TAKEOVER seen through another
+// client): the holder keeps the lock, renewed on the new master, past the
+// Until it had at the promotion by half a TTL.
+func TestOnClusterAFailoverKeepsAnAcknowledgedLock(t *testing.T) {
+	cl := redistest.StartClusterWithReplicas(t, 3, 1)
+	c, other := cl.Client(), cl.Client()
+	wd, err := renew.New()
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = wd.Close() })
+	s, err := failover.New(c)
+	require.NoError(t, err)
+	const ttl = 6 * time.Second
+	l, err := redlease.New(s, redlease.WithKeeper(wd), redlease.WithTTL(ttl), redlease.WithPolling())
+	require.NoError(t, err)
+	ctx := t.Context()
+	const key = "failover:acked"
+	lk, err := l.TryLock(ctx, key)
+	require.NoError(t, err)
+	stop := wd.Keep(lk)
+	defer stop()
+	m := cl.MasterOf(ctx, c, key)
+	r := cl.ReplicaOf(m)
+	got, err := r.ReadOnlyGet(ctx, key)
+	require.NoError(t, err)
+	require.Equal(t, lk.Token(), got, "the replica acknowledged the grant")
+
+	m.Kill()
+	promoted := cl.Takeover(r, other, key)
+	until := lk.Until()
+	t.Logf("master %s killed, %s promoted; the lock's Until %v after the promotion", m.Addr, r.Addr, until.Sub(promoted).Round(time.Millisecond))
+	time.Sleep(time.Until(until) + ttl/2)
+	select {
+	case <-lk.Lost():
+		t.Fatalf("the lock was lost although %s, promoted, held it: %v", r.Addr, lk.Err())
+	default:
+	}
+	assert.True(t, lk.Valid())
+	assert.True(t, lk.Until().After(until), "renewed on the new master")
+	other2, err := failover.New(other)
+	require.NoError(t, err)
+	_, err = other2.Acquire(ctx, key, "intruder", ttl)
+	var held *redlease.HeldError
+	assert.True(t, errors.As(err, &held) || errors.Is(err, redlease.ErrNotObtained), "another client is refused: %v", err)
+}
