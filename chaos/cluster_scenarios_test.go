@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -238,183 +240,227 @@ func TestScenario18SingleClusterFailoverAfterReplication(t *testing.T) {
 		})
 }
 
-// 19. The failover strategy under the attack of 17, on A's and B's own
-// Cluster clients: every grant and extension runs on the key's master as
-// one pipeline with WAIT for the replicas its shard lists in CLUSTER
-// SHARDS. First the replica is cut (redistest.Cluster.StopReplication)
-// and A tries K: the grant must be refused (errors.Is ErrNotReplicated and
-// redlease.ErrUnavailable, not ErrNotObtained) and leave no key on the
-// master. Replication resumes, A takes K (the replica must hold A's token
-// at once: WAIT said so), the replica is cut again, A's watchdog renews on
-// the master (the master's PTTL of K rises) without the replica's
-// acknowledgement, and the replica takes over (CLUSTER FAILOVER TAKEOVER).
-// B tries K every 20 ms until A's Until at the takeover plus half a TTL.
-// Required: no overlap (O2); at the takeover A's Until is no later than
-// K's expiry on the promoted replica (no extension the replica missed
-// moved it); A is kept, or told of its loss (Lost closed) before any grant
-// to B; B's fence, if B is granted, is above A's.
+// 19a and 19b. The failover strategy under the attack of 17, on A's and
+// B's own Cluster clients: every grant and extension runs on the key's
+// master as one pipeline with WAIT for the replicas its shard lists in
+// CLUSTER SHARDS. First the replica is cut (redistest.Cluster.
+// StopReplication) and A tries K: the grant must be refused (errors.Is
+// ErrNotReplicated and redlease.ErrUnavailable, not ErrNotObtained) and
+// leave no key on the master. Replication resumes, A takes K (the replica
+// must hold A's token at once: WAIT said so), the replica is cut again and
+// A's watchdog renews on the master (K's PTTL there rises) without the
+// replica's acknowledgement. Then the replica takes over (CLUSTER FAILOVER
+// TAKEOVER) and B tries K every 20 ms:
 //
-// The attack must have run: the scenario fails (FAIL) when the replica was
-// not behind at the takeover or did not hold A's token, when no renewal of
-// A reached the master after the cut, or (t.Fatal) when A was never
-// granted or the takeover did not happen.
+//   - 19a, after two renewals reached the master: the replica still has
+//     A's key, and A's Until at the takeover must be no later than K's
+//     expiry on it (no extension the replica missed moved it). A is kept,
+//     renewed on the new master, or told of its loss before any grant to B.
+//   - 19b, once the replica's copy of K has expired: A must no longer be
+//     valid then (its renewals were undecided, so its Until is the one the
+//     replica acknowledged), and B, granted on the new master, must be
+//     granted after A was told (Lost closed), with a fence above A's.
+//
+// Both require no overlap (O2). The attack must have run: the scenario
+// fails (FAIL) when the replica did not hold A's token or was not behind at
+// the takeover, when no renewal of A reached the master after the cut,
+// when (19b) B was never granted, or (t.Fatal) when A was never granted or
+// the takeover did not happen.
 func TestScenario19FailoverClusterFailoverBeforeReplication(t *testing.T) {
-	run(t, scenario{name: "19 failover: Cluster failover before replication", strategy: "failover + Cluster (3 masters, 3 replicas)",
-		faults: "replica's link cut, CLUSTER FAILOVER TAKEOVER", fast: true},
-		func(t *testing.T, rec *Recorder) facts {
-			ctx := t.Context()
-			cl := redistest.StartClusterWithReplicas(t, 3, 1)
-			ca, cb := cl.Client(), cl.Client() // two processes, two clients
-			reg := storage(t, rec, "s19")
-			w := watchdog(t)
-			const ttl = 6 * time.Second // renewed every 2 s
-			la := clusterFailoverLocker(t, ca, ttl, redlease.WithKeeper(w))
-			lb := clusterFailoverLocker(t, cb, ttl)
-			const key, lockKey = "s19", "chaos:s19"
-			m := cl.MasterOf(ctx, ca, lockKey)
-			r := cl.ReplicaOf(m)
-			cl.WaitRoute(cb, lockKey, m)
-			mc := m.Client()
-			probe := redistest.StartStallProbe(t)
-			var violations []string
-
-			// The replica cut before the grant: refused, nothing left behind.
-			endCut1 := fault(rec, "replica's link cut (grant tried after the cut)")
-			cl.StopReplication(m, r)
-			tried := time.Now()
-			refused, cutErr := la.TryLock(ctx, key)
-			refusedTook := time.Since(tried)
-			switch err := cutErr; {
-			case err == nil:
-				violations = append(violations, fmt.Sprintf("A was granted K (fence %d) with its master's only replica cut off", refused.Fence()))
-				_ = refused.Release(ctx)
-			case !errors.Is(err, failover.ErrNotReplicated) || !errors.Is(err, redlease.ErrUnavailable) || errors.Is(err, redlease.ErrNotObtained):
-				violations = append(violations, fmt.Sprintf("A's grant with the replica cut was refused, but not as unreplicated (want ErrNotReplicated and ErrUnavailable, not ErrNotObtained): %v", err))
-			default:
-				rec.Failure("a", err)
-			}
-			left, gerr := mc.Get(ctx, lockKey).Result()
-			pttl, perr := mc.Do(ctx, "PTTL", lockKey).Int64()
-			if !errors.Is(gerr, redis.Nil) || perr != nil || pttl != -2 {
-				violations = append(violations, fmt.Sprintf("the refused grant left K on the master: GET %q (%v), PTTL %d (%v)", left, gerr, pttl, perr))
-			}
-			cl.ResumeReplication(m, r)
-			endCut1()
-
-			// The replica healthy: A's grant is acknowledged, so the replica
-			// has it.
-			a := lockWithin(ctx, t, probe, la, key)
-			aFrom := rec.Now()
-			stopKeep := w.Keep(a)
-			defer stopKeep()
-			aLostAt, stopWatch := watchLost(rec, a)
-			defer stopWatch()
-			_, _ = reg.Write(ctx, "a", a.Fence(), 1)
-			if got, err := r.ReadOnlyGet(ctx, lockKey); err != nil || got != a.Token() {
-				violations = append(violations, fmt.Sprintf("the replica did not hold A's acknowledged grant (%q, %v): the attack did not run", got, err))
-			}
-
-			endCut := fault(rec, "replica's link cut")
-			cl.StopReplication(m, r)
-			cut := rec.Now()
-			untilAtCut := a.Until()
-			// A's watchdog renews on the master, which the replica cannot
-			// acknowledge: K's PTTL there rises while A's Until stays.
-			last, renewed := masterPTTL(ctx, mc, lockKey), false
-			soft := &redistest.SoftTB{TB: t}
-			probe.WaitFor(soft, ttl/3+time.Second, 3, 5*time.Millisecond, func() bool {
-				cur := masterPTTL(ctx, mc, lockKey)
-				renewed = renewed || cur > last
-				last = cur
-				return renewed || !a.Valid()
-			}, "a renewal of A to reach master %s after the cut", m.Addr)
-			if !renewed {
-				violations = append(violations, fmt.Sprintf("no renewal of A reached the master after the cut (A's error: %v; %s): the attack did not run", a.Err(), soft.Failed()))
-			}
-			renewedAt := rec.Now()
-
-			lag := cl.Lag(m, r)
-			untilAtTakeover := a.Until()
-			rTTL, rerr := readOnlyPTTL(ctx, r, lockKey)
-			readAt := time.Now()
-			if lag <= 0 {
-				violations = append(violations, fmt.Sprintf("the replica was not behind when promoted (lag %d bytes): the attack did not run", lag))
-			}
-			headroom := readAt.Add(rTTL).Sub(untilAtTakeover)
-			switch {
-			case rerr != nil || rTTL < 0:
-				violations = append(violations, fmt.Sprintf("the replica did not hold K before the takeover (PTTL %v, %v)", rTTL, rerr))
-			case headroom < -time.Millisecond:
-				violations = append(violations, fmt.Sprintf("A's Until at the takeover was %s past K's expiry on the replica: an extension the replica never received moved it", fmtMS(-headroom)))
-			}
-
-			endTake := fault(rec, "CLUSTER FAILOVER TAKEOVER")
-			promoted := rec.At(cl.Takeover(r, cb, lockKey))
-			endTake()
-
-			// B tries K until A's Until at the takeover plus half a TTL.
-			end := untilAtTakeover.Add(ttl / 2)
-			var (
-				b                 *redlease.Lock
-				bFrom             time.Duration
-				bTries, bHeld     int
-				aToldAtB, aValidB bool
-			)
-			for bTries < 5000 && time.Now().Before(end) {
-				bTries++
-				tctx, cancel := context.WithTimeout(ctx, time.Second)
-				lk, err := lb.TryLock(tctx, key)
-				cancel()
-				if err == nil {
-					b, bFrom = lk, rec.Now()
-					aToldAtB, aValidB = closed(a.Lost()), a.Valid()
-					break
-				}
-				if errors.Is(err, redlease.ErrNotObtained) {
-					bHeld++
-				}
-				sleep(ctx, 20*time.Millisecond)
-			}
-			if b != nil {
-				_, _ = reg.Write(ctx, "b", b.Fence(), 1)
-				sleep(ctx, 100*time.Millisecond)
-				bTo := rec.Now()
-				if err := b.Release(ctx); err != nil {
-					t.Logf("B's release: %v", err)
-				}
-				rec.AddHold(Hold{Holder: "b", Fence: b.Fence(), From: bFrom, To: min(bTo, rec.At(b.Until())), Until: rec.At(b.Until()), LostAt: NeverLost})
-				if !aToldAtB {
-					violations = append(violations, fmt.Sprintf("B was granted K %s after the takeover before A was told of its loss (A valid %t)", fmtMS(bFrom-promoted), aValidB))
-				}
-				if b.Fence() <= a.Fence() {
-					violations = append(violations, fmt.Sprintf("B's fence %d is not above A's %d", b.Fence(), a.Fence()))
-				}
-			}
-			stopWatch()
-			stopKeep()
-			lostAt := aLostAt()
-			aTo := min(rec.Now(), rec.At(a.Until()))
-			if lostAt != NeverLost {
-				aTo = min(aTo, lostAt)
-			}
-			rec.AddHold(Hold{Holder: "a", Fence: a.Fence(), From: aFrom, To: aTo, Until: rec.At(a.Until()), LostAt: lostAt})
-			_ = a.Release(ctx)
-			endCut()
-
-			outcome := fmt.Sprintf("A kept (Until moved %s past its Until at the takeover)", fmtMS(a.Until().Sub(untilAtTakeover)))
-			if lostAt != NeverLost {
-				outcome = fmt.Sprintf("A told of its loss %s after the takeover (%v)", fmtMS(lostAt-promoted), a.Err())
-			}
-			bNote := fmt.Sprintf("B never granted in %d tries (%d refused as held)", bTries, bHeld)
-			if b != nil {
-				bNote = fmt.Sprintf("B granted %s after the takeover, try %d, fence %d (A's %d)", fmtMS(bFrom-promoted), bTries, b.Fence(), a.Fence())
-			}
-			figures := fmt.Sprintf("figures: grant with the replica cut refused in %s (%v); A's renewal reached the master %s after the cut, A's Until moved %s since the cut; replica lag %d bytes at the takeover; A's Until then %s before K's expiry on the replica; %s; %s",
-				fmtMS(refusedTook), cutErr, fmtMS(renewedAt-cut), fmtMS(untilAtTakeover.Sub(untilAtCut)), lag, fmtMS(headroom), outcome, bNote)
-			t.Log(figures)
-			return facts{violations: violations, notes: []string{
-				fmt.Sprintf("K's master %s, promoted replica %s", m.Addr, r.Addr), figures}}
+	for _, expired := range []bool{false, true} {
+		name := map[bool]string{false: "19a failover: Cluster failover before replication, renewals unacknowledged",
+			true: "19b failover: Cluster failover before replication, the replica's copy expired"}[expired]
+		t.Run(map[bool]string{false: "renewals unacknowledged", true: "replica's copy expired"}[expired], func(t *testing.T) {
+			run(t, scenario{name: name, strategy: "failover + Cluster (3 masters, 3 replicas)",
+				faults: "replica's link cut, CLUSTER FAILOVER TAKEOVER", fast: expired},
+				func(t *testing.T, rec *Recorder) facts { return failoverBeforeReplication(t, rec, expired) })
 		})
+	}
+}
+
+// failoverBeforeReplication is scenario 19: 19b when expired, else 19a.
+func failoverBeforeReplication(t *testing.T, rec *Recorder, expired bool) facts {
+	ctx := t.Context()
+	cl := redistest.StartClusterWithReplicas(t, 3, 1)
+	ca, cb := cl.Client(), cl.Client() // two processes, two clients
+	reg := storage(t, rec, "s19")
+	w := watchdog(t)
+	const ttl = 6 * time.Second
+	la := clusterFailoverLocker(t, ca, ttl, redlease.WithKeeper(w))
+	lb := clusterFailoverLocker(t, cb, ttl)
+	const key, lockKey = "s19", "chaos:s19"
+	m := cl.MasterOf(ctx, ca, lockKey)
+	r := cl.ReplicaOf(m)
+	cl.WaitRoute(cb, lockKey, m)
+	mc := m.Client()
+	probe := redistest.StartStallProbe(t)
+	var violations []string
+
+	// The replica cut before the grant: refused, nothing left behind.
+	endCut1 := fault(rec, "replica's link cut (grant tried after the cut)")
+	cl.StopReplication(m, r)
+	tried := time.Now()
+	refused, cutErr := la.TryLock(ctx, key)
+	refusedTook := time.Since(tried)
+	switch err := cutErr; {
+	case err == nil:
+		violations = append(violations, fmt.Sprintf("A was granted K (fence %d) with its master's only replica cut off", refused.Fence()))
+		_ = refused.Release(ctx)
+	case !errors.Is(err, failover.ErrNotReplicated) || !errors.Is(err, redlease.ErrUnavailable) || errors.Is(err, redlease.ErrNotObtained):
+		violations = append(violations, fmt.Sprintf("A's grant with the replica cut was refused, but not as unreplicated (want ErrNotReplicated and ErrUnavailable, not ErrNotObtained): %v", err))
+	default:
+		rec.Failure("a", err)
+	}
+	left, gerr := mc.Get(ctx, lockKey).Result()
+	pttl, perr := mc.Do(ctx, "PTTL", lockKey).Int64()
+	if !errors.Is(gerr, redis.Nil) || perr != nil || pttl != -2 {
+		violations = append(violations, fmt.Sprintf("the refused grant left K on the master: GET %q (%v), PTTL %d (%v)", left, gerr, pttl, perr))
+	}
+	cl.ResumeReplication(m, r)
+	endCut1()
+
+	// The replica healthy: A's grant is acknowledged, so the replica has it.
+	a := lockWithin(ctx, t, probe, la, key)
+	aFrom := rec.Now()
+	stopKeep := w.Keep(a)
+	defer stopKeep()
+	aLostAt, stopWatch := watchLost(rec, a)
+	defer stopWatch()
+	_, _ = reg.Write(ctx, "a", a.Fence(), 1)
+	if got, err := r.ReadOnlyGet(ctx, lockKey); err != nil || got != a.Token() {
+		violations = append(violations, fmt.Sprintf("the replica did not hold A's acknowledged grant (%q, %v): the attack did not run", got, err))
+	}
+
+	endCut := fault(rec, "replica's link cut")
+	cl.StopReplication(m, r)
+	cut := rec.Now()
+	untilAtCut := a.Until()
+	// A's watchdog renews on the master, which the replica cannot
+	// acknowledge: K's PTTL there rises. The watchdog sends one batch at a
+	// time, so once a second renewal reached the master the first one's
+	// verdict is in.
+	last, renewals := masterPTTL(ctx, mc, lockKey), 0
+	soft := &redistest.SoftTB{TB: t}
+	probe.WaitFor(soft, 2*(ttl/3)+time.Second, 3, 5*time.Millisecond, func() bool {
+		cur := masterPTTL(ctx, mc, lockKey)
+		if cur > last {
+			renewals++
+		}
+		last = cur
+		return renewals >= 2 || !a.Valid()
+	}, "two renewals of A to reach master %s after the cut", m.Addr)
+	renewedAt := rec.Now()
+	if renewals == 0 {
+		violations = append(violations, fmt.Sprintf("no renewal of A reached the master after the cut (A's error: %v; %s): the attack did not run", a.Err(), soft.Failed()))
+	}
+	if expired {
+		// Until the replica's copy of K has expired: from then on only an
+		// extension the replica never saw can keep A valid.
+		soft := &redistest.SoftTB{TB: t}
+		probe.WaitFor(soft, time.Until(untilAtCut)+time.Second, 3, 10*time.Millisecond, func() bool {
+			ms, err := readOnlyPTTL(ctx, r, lockKey)
+			return err == nil && ms == -2
+		}, "the replica's copy of K to expire")
+		if soft.Failed() != "" {
+			violations = append(violations, "the replica's copy of K did not expire: "+soft.Failed())
+		}
+		if a.Valid() {
+			violations = append(violations, fmt.Sprintf("A still valid (%s left) with its key expired on the replica: an extension the replica never received moved its Until", fmtMS(time.Until(a.Until()))))
+		}
+	}
+
+	lag := cl.Lag(m, r)
+	untilAtTakeover := a.Until()
+	rTTL, rerr := readOnlyPTTL(ctx, r, lockKey)
+	readAt := time.Now()
+	if lag <= 0 {
+		violations = append(violations, fmt.Sprintf("the replica was not behind when promoted (lag %d bytes): the attack did not run", lag))
+	}
+	headroom := readAt.Add(rTTL).Sub(untilAtTakeover)
+	switch {
+	case expired:
+	case rerr != nil || rTTL < 0:
+		violations = append(violations, fmt.Sprintf("the replica did not hold K before the takeover (PTTL %v, %v)", rTTL, rerr))
+	case headroom < -time.Millisecond:
+		violations = append(violations, fmt.Sprintf("A's Until at the takeover was %s past K's expiry on the replica: an extension the replica never received moved it", fmtMS(-headroom)))
+	}
+
+	endTake := fault(rec, "CLUSTER FAILOVER TAKEOVER")
+	promoted := rec.At(cl.Takeover(r, cb, lockKey))
+	endTake()
+
+	// B tries K until A's Until at the takeover plus half a TTL (19a), or
+	// until granted, at most a TTL (19b).
+	end := untilAtTakeover.Add(ttl / 2)
+	if expired {
+		end = time.Now().Add(ttl)
+	}
+	var (
+		b                 *redlease.Lock
+		bFrom             time.Duration
+		bTries, bHeld     int
+		aToldAtB, aValidB bool
+	)
+	for bTries < 5000 && time.Now().Before(end) {
+		bTries++
+		tctx, cancel := context.WithTimeout(ctx, time.Second)
+		lk, err := lb.TryLock(tctx, key)
+		cancel()
+		if err == nil {
+			b, bFrom = lk, rec.Now()
+			aToldAtB, aValidB = closed(a.Lost()), a.Valid()
+			break
+		}
+		if errors.Is(err, redlease.ErrNotObtained) {
+			bHeld++
+		}
+		sleep(ctx, 20*time.Millisecond)
+	}
+	if b != nil {
+		_, _ = reg.Write(ctx, "b", b.Fence(), 1)
+		sleep(ctx, 100*time.Millisecond)
+		bTo := rec.Now()
+		if err := b.Release(ctx); err != nil {
+			t.Logf("B's release: %v", err)
+		}
+		rec.AddHold(Hold{Holder: "b", Fence: b.Fence(), From: bFrom, To: min(bTo, rec.At(b.Until())), Until: rec.At(b.Until()), LostAt: NeverLost})
+		if !aToldAtB {
+			violations = append(violations, fmt.Sprintf("B was granted K %s after the takeover before A was told of its loss (A valid %t)", fmtMS(bFrom-promoted), aValidB))
+		}
+		if b.Fence() <= a.Fence() {
+			violations = append(violations, fmt.Sprintf("B's fence %d is not above A's %d", b.Fence(), a.Fence()))
+		}
+	} else if expired {
+		violations = append(violations, fmt.Sprintf("B was never granted K in %d tries over a TTL after the takeover: the attack did not run", bTries))
+	}
+	stopWatch()
+	stopKeep()
+	lostAt := aLostAt()
+	aTo := min(rec.Now(), rec.At(a.Until()))
+	if lostAt != NeverLost {
+		aTo = min(aTo, lostAt)
+	}
+	rec.AddHold(Hold{Holder: "a", Fence: a.Fence(), From: aFrom, To: aTo, Until: rec.At(a.Until()), LostAt: lostAt})
+	_ = a.Release(ctx)
+	endCut()
+
+	outcome := fmt.Sprintf("A's Lost never closed (its Until moved %s past the one at the takeover)", fmtMS(a.Until().Sub(untilAtTakeover)))
+	if lostAt != NeverLost {
+		outcome = fmt.Sprintf("A told of its loss %s after the takeover (%v)", fmtMS(lostAt-promoted), a.Err())
+	}
+	bNote := fmt.Sprintf("B never granted in %d tries (%d refused as held)", bTries, bHeld)
+	if b != nil {
+		bNote = fmt.Sprintf("B granted %s after the takeover, try %d, fence %d (A's %d)", fmtMS(bFrom-promoted), bTries, b.Fence(), a.Fence())
+	}
+	replica := fmt.Sprintf("A's Until then %s before K's expiry on the replica", fmtMS(headroom))
+	if expired {
+		replica = fmt.Sprintf("K expired on the replica, A's Until then %s from now", fmtMS(time.Until(untilAtTakeover)))
+	}
+	figures := fmt.Sprintf("figures: grant with the replica cut refused in %s (%v); %d renewals of A reached the master in the %s after the cut, A's Until moved %s since the cut; replica lag %d bytes at the takeover, %s after the cut; %s; %s; %s",
+		fmtMS(refusedTook), cutErr, renewals, fmtMS(renewedAt-cut), fmtMS(untilAtTakeover.Sub(untilAtCut)), lag, fmtMS(promoted-cut), replica, outcome, bNote)
+	t.Log(figures)
+	return facts{violations: violations, notes: []string{
+		fmt.Sprintf("K's master %s, promoted replica %s", m.Addr, r.Addr), figures}}
 }
 
 // 20. The failover strategy under the fault of 18: A's grant is
@@ -625,17 +671,18 @@ func readOnlyPTTL(ctx context.Context, s *redistest.Server, key string) (time.Du
 }
 
 // shardsSeenBy is CLUSTER SHARDS as c answers it, one bracket per shard
-// (slots, then each node's port, role and health), and how many replicas
-// it lists in the shard of the node at self.
+// (slots, then each node's port, role and health; the shard of the node
+// at self marked), and how many replicas it lists in that shard.
 func shardsSeenBy(ctx context.Context, c *redis.Client, self string) (string, int) {
 	shards, err := c.ClusterShards(ctx).Result()
 	if err != nil {
 		return "CLUSTER SHARDS: " + err.Error(), 0
 	}
-	var b strings.Builder
+	var out []string
 	replicas := 0
 	for _, sh := range shards {
-		b.WriteString("[slots")
+		var b strings.Builder
+		b.WriteString("slots")
 		if len(sh.Slots) == 0 {
 			b.WriteString(" none")
 		}
@@ -645,16 +692,17 @@ func shardsSeenBy(ctx context.Context, c *redis.Client, self string) (string, in
 		mine, n := false, 0
 		for _, nd := range sh.Nodes {
 			fmt.Fprintf(&b, ", %d %s %s", nd.Port, nd.Role, nd.Health)
-			mine = mine || fmt.Sprintf("%s:%d", nd.IP, nd.Port) == self
+			mine = mine || net.JoinHostPort(nd.IP, strconv.FormatInt(nd.Port, 10)) == self
 			if nd.Role == "replica" {
 				n++
 			}
 		}
 		if mine {
 			replicas = n
-			b.WriteString(" (self)")
+			out = append(out, "[its own shard: "+b.String()+"]")
+		} else {
+			out = append(out, "["+b.String()+"]")
 		}
-		b.WriteString("] ")
 	}
-	return strings.TrimSpace(b.String()), replicas
+	return strings.Join(out, " "), replicas
 }
