@@ -2,6 +2,7 @@ package sim
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"testing/synctest"
@@ -33,7 +34,9 @@ func TestKeySlot(t *testing.T) {
 
 // TestClusterRefusesOtherMastersKeys: a Cluster node answers a key of
 // another master's slot with MOVED and applies nothing, a script touching
-// an undeclared key of another slot fails, and a go-redis ClusterClient
+// an undeclared key of another master's slot fails ("non local key"), one
+// touching an undeclared key of another slot of its own node succeeds, and
+// a go-redis ClusterClient
 // learns the topology and reaches every key.
 func TestClusterRefusesOtherMastersKeys(t *testing.T) {
 	sc, _ := ScenarioByName("watchdog-mixed")
@@ -66,6 +69,23 @@ func TestClusterRefusesOtherMastersKeys(t *testing.T) {
 		err = wrong.Eval(ctx, "return redis.call('SET', KEYS[1] .. '', ARGV[1]) and redis.call('SET', ARGV[2], 'x')", []string{k1}, "v", k0).Err()
 		if err == nil || !strings.Contains(err.Error(), "non local key") && !strings.Contains(err.Error(), "same slot") {
 			t.Fatalf("script touching %s on %s: %v, want a non-local-key error", k0, ms[1].name, err)
+		}
+		// An undeclared key of another slot that the node serves: allowed
+		// (Redis 7.0, a script without a shebang).
+		local := ""
+		for i := 0; local == "" && i < 1000; i++ {
+			if k := fmt.Sprintf("local%d", i); w.master(k) == ms[1] && keySlot(k) != keySlot(k1) {
+				local = k
+			}
+		}
+		if local == "" {
+			t.Fatalf("no key of another slot on %s among 1000", ms[1].name)
+		}
+		if err := wrong.Eval(ctx, "redis.call('SET', KEYS[1], ARGV[1]); return redis.call('SET', ARGV[2], 'x')", []string{k1}, "v", local).Err(); err != nil {
+			t.Fatalf("script touching %s (slot %d) declaring %s (slot %d), both on %s: %v", local, keySlot(local), k1, keySlot(k1), ms[1].name, err)
+		}
+		if got := ms[1].get(local); got != "x" {
+			t.Fatalf("the script's undeclared write on %s: %q", ms[1].name, got)
 		}
 		if err := wrong.Del(ctx, k0, k1).Err(); err == nil || !strings.HasPrefix(err.Error(), "CROSSSLOT") {
 			t.Fatalf("DEL %s %s: %v, want CROSSSLOT", k0, k1, err)

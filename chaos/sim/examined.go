@@ -28,6 +28,9 @@ const (
 	// ExStateLocks: locks state-valid tracked (every grant a workload
 	// saw, and the Barrier's locks while a keeper kept them).
 	ExStateLocks = InvStateValid + "/locks"
+	// ExStateReplicas: checks of a failover lock that read its primary's
+	// replica too.
+	ExStateReplicas = InvStateValid + "/replicas"
 	// exStateStood, exStateStoodWrong: with Options.verifyReadings
 	// (tests), node readings state-valid let stand, and those a fresh
 	// reading contradicted.
@@ -84,6 +87,8 @@ var examinedIn = map[string]func(sc *Scenario) bool{
 	// scenario's workload tracks its locks (the Barrier's through its
 	// keeper).
 	InvStateValid: func(*Scenario) bool { return true },
+	// Of those, checks of a failover lock that read its replica.
+	ExStateReplicas: func(sc *Scenario) bool { return sc.Strategy == Failover && sc.Idem == "" },
 	// Free-key grants a node applied to a fair attempt (fifo.go).
 	InvFIFO: func(sc *Scenario) bool { return sc.Fair },
 }
@@ -134,6 +139,7 @@ func (w *World) examined(res *Result) map[string]int {
 	add(InvStateValid, st.Examined)
 	add(ExStateExempt, st.Exempt)
 	add(ExStateLocks, st.Locks)
+	add(ExStateReplicas, st.Replicas)
 	add(exStateStood, st.Stood)
 	add(exStateStoodWrong, st.StoodWrong)
 	return out

@@ -55,6 +55,11 @@ func renewalItems(args []string) (keys, tokens []string) {
 				keys, tokens = append(keys, k), append(tokens, argv[2*i])
 			}
 		}
+		if len(ks) == 0 { // the local layout: key, token, ttl triples in ARGV
+			for i := 0; i+1 < len(argv); i += 3 {
+				keys, tokens = append(keys, argv[i]), append(tokens, argv[i+1])
+			}
+		}
 	}
 	return keys, tokens
 }

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -372,6 +373,7 @@ func (n *Node) luaCall(L *lua.LState, raise bool) int {
 		lc.peer = server.NewPeer(lc.w)
 	}
 	lc.buf.Reset()
+	n.noteScriptWrite(args)
 	n.m.Server().Dispatch(lc.peer, args)
 	_ = lc.w.Flush()
 	res, _, err := replyToLua(L, lc.buf.Bytes())
@@ -387,6 +389,21 @@ func (n *Node) luaCall(L *lua.LState, raise bool) int {
 	}
 	L.Push(res)
 	return 1
+}
+
+// noteScriptWrite records the keys a script's redis.call writes that the
+// script did not declare (see Node.scriptKeys), with their states before
+// the first such write when the node has a replica.
+func (n *Node) noteScriptWrite(args []string) {
+	for _, k := range writeKeys(args) {
+		if slices.Contains(n.declared, k) || slices.Contains(n.scriptKeys, k) {
+			continue
+		}
+		n.scriptKeys = append(n.scriptKeys, k)
+		if n.replica != nil {
+			n.scriptPre = append(n.scriptPre, n.keyStatesLocked([]string{k})...)
+		}
+	}
 }
 
 // numberArg is a.String() (what miniredis's binding sends for a number),

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -26,11 +27,9 @@ type Node struct {
 	id   int
 	name string
 	// cluster: a master of the simulated Cluster (cluster.go), announced
-	// as addr; scriptSlot is the slot of the script running on it (-1:
-	// none yet).
-	cluster    bool
-	addr       string
-	scriptSlot int
+	// as addr.
+	cluster bool
+	addr    string
 
 	mu        sync.Mutex
 	m         *miniredis.Miniredis
@@ -57,6 +56,13 @@ type Node struct {
 	scripts   map[string]*lua.FunctionProto // script cache: SHA → compiled source (lost on restart)
 	lua       *luaVM                        // the node's Lua state (see lua.go)
 	lcall     luaCallBufs                   // redis.call's peer and buffers (see lua.go)
+	// The running script's writes to keys it did not declare (a Cluster
+	// renewal in ExtendMany's local layout): the keys, and (with a
+	// replica) their states before the script's first write to them, for
+	// the state check and replication, as Redis replicates a script's
+	// effects on every key. declared: the script's declared keys.
+	scriptKeys, declared []string
+	scriptPre            []keyState
 	// gate, when set (hand-written tests), holds back the requests it
 	// returns true for until openGate, as redistest.Gate does with
 	// redis-server: the test decides the order in which they land.
@@ -315,9 +321,20 @@ func (n *Node) execLocked(c *conn, args []string, sent time.Time) {
 	}
 	ac := n.w.beforeApply(n, c, args)
 	n.cur = c
+	if isScript(args) {
+		n.declared = writeKeys(args)
+	}
 	n.m.Server().Dispatch(c.peer, args)
-	n.cur = nil
+	n.cur, n.declared = nil, nil
 	n.w.touch(n.id, args) // the state check runs once n.mu is released (flushState)
+	if len(n.scriptKeys) > 0 {
+		n.w.touchKeys(n.id, n.scriptKeys)
+		if n.replica != nil {
+			keys = append(slices.Clip(keys), n.scriptKeys...)
+			pre = append(pre, n.scriptPre...)
+		}
+		n.scriptKeys, n.scriptPre = n.scriptKeys[:0], n.scriptPre[:0]
+	}
 	if keys != nil && n.replica != nil {
 		n.replicateLocked(keys, pre)
 	}
@@ -627,4 +644,9 @@ func scriptName(shaOrSrc string) string {
 		return "<script>"
 	}
 	return shaOrSrc
+}
+
+// isScript reports whether args is EVAL or EVALSHA.
+func isScript(args []string) bool {
+	return len(args) > 0 && (strings.EqualFold(args[0], "evalsha") || strings.EqualFold(args[0], "eval"))
 }

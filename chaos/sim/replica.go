@@ -27,6 +27,13 @@ import (
 // the replica from the primary's data (what PSYNC from the backlog or a
 // full resync would leave).
 
+// replicaNode returns the replica n feeds, or nil.
+func (n *Node) replicaNode() *Node {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.replica
+}
+
 // replLink is a primary's replication stream to its replica.
 type replLink struct {
 	off     uint64    // offset: writes shipped (or, while down, backlogged)

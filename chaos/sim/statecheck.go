@@ -33,6 +33,9 @@ type stateStats struct {
 	// the promotion (failover-kept bounds those), or whose granting node
 	// the simulator did not see.
 	Exempt int
+	// Replicas: checks of a failover lock that read its primary's replica
+	// as well (failover: a replica holds what WAIT acknowledged).
+	Replicas int
 	// With World.verifyReadings: node readings a check took as they stood,
 	// and those a fresh reading contradicted (held long enough or not).
 	Stood, StoodWrong int
@@ -233,6 +236,18 @@ func (w *World) touch(node int, args []string) {
 	st.flag.Store(true)
 }
 
+// touchKeys records keys a script on node wrote without declaring them
+// (see Node.scriptKeys), as touch does for a command's keys.
+func (w *World) touchKeys(node int, keys []string) {
+	st := &w.state
+	st.dmu.Lock()
+	for _, k := range keys {
+		st.dirty = append(st.dirty, touched{node, k})
+	}
+	st.dmu.Unlock()
+	st.flag.Store(true)
+}
+
 // flushState checks the locks on every key a command touched since the
 // last flush. The scheduler runs it after each event (every delivery,
 // so after every command a node applied), with no node's mutex held.
@@ -427,6 +442,13 @@ func (w *World) checkLockLocked(e *liveLock, node int) {
 			return
 		}
 		nodes, need = []int{g.node}, 1
+		// Its replica too: the strategy moves Until only on a write WAIT
+		// says the replica acknowledged, and the replica is what a
+		// failover promotes.
+		if r := w.nodes[g.node].replicaNode(); r != nil {
+			nodes, need = []int{g.node, r.id}, 2
+			st.stats.Replicas++
+		}
 		node = -1
 	}
 	st.stats.Examined++
@@ -474,12 +496,19 @@ func (w *World) checkLockLocked(e *liveLock, node int) {
 	if bits&^e.reported == 0 {
 		return // no node short that a violation of this lock has not named
 	}
+	lacks := need - held
+	if e.failover && len(short) > 1 && short[0] == nodes[0] {
+		// The primary is short too: its replica follows it (a resync
+		// copies what the primary has), so the fault to blame, and the
+		// scope that may excuse it, is the primary's.
+		short, lacks = short[:1], 1
+	}
 	e.reported |= bits
 	w.hist.violation(Violation{Inv: InvStateValid, At: nowV, Detail: fmt.Sprintf(
 		"%s %s (token %s): believed valid (Deadline in %.3fms on its clock, Until at %.3fms), but %d of %d nodes hold it until Until−%v (%d needed): %s",
 		e.name, e.key, e.token, msf(e.lk.Deadline().Sub(clientNow)), msf(untilV), held, len(nodes), drift.Fixed, need, strings.Join(why, "; ")),
 		Holds: []*Hold{{Client: e.ci, Key: e.key, Via: "state", Token: e.token, From: e.from, LostAt: -1, RelSent: -1}},
-		Nodes: short, Short: need - held})
+		Nodes: short, Short: lacks})
 }
 
 // stateResult returns the run's state-valid figures.

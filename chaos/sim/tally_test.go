@@ -284,13 +284,14 @@ func TestOverCeiling(t *testing.T) {
 }
 
 func TestExaminedNothing(t *testing.T) {
-	full := map[string]int{InvOverlap: 1, InvFenceOrder: 1, InvStale: 1, InvReleaseKept: 1, InvFailoverKept: 3, ExFailoverBound: 1, InvStateValid: 9, InvDoBound: 2, InvCtxBound: 5, InvHeldKind: 4}
+	full := map[string]int{InvOverlap: 1, InvFenceOrder: 1, InvStale: 1, InvReleaseKept: 1, InvFailoverKept: 3, ExFailoverBound: 1, InvStateValid: 9, ExStateReplicas: 9, InvDoBound: 2, InvCtxBound: 5, InvHeldKind: 4}
 	assert.Empty(t, examinedNothing("failover", 50, full))
 	assert.Empty(t, examinedNothing("failover", 49, nil), "too few seeds to judge")
 	some := maps.Clone(full)
 	delete(some, ExFailoverBound)
 	delete(some, InvStateValid)
+	delete(some, ExStateReplicas)
 	some[ExStateExempt] = 4 // exemptions are not checks
-	assert.Equal(t, []string{ExFailoverBound, InvStateValid}, examinedNothing("failover", 50, some))
+	assert.Equal(t, []string{ExFailoverBound, InvStateValid, ExStateReplicas}, examinedNothing("failover", 50, some))
 	assert.Equal(t, []string{InvStateValid}, examinedNothing("barrier", 50, map[string]int{InvTwice: 1, InvHandlerOverlap: 1}))
 }

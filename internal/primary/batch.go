@@ -101,11 +101,11 @@ func chunk(items []redlease.Extension, idx []int, calls []batchCall) []batchCall
 	return calls
 }
 
-// send pipelines calls on c (followed by WAIT for n replicas when n > 0)
+// send pipelines calls on c (followed by WAIT for need replicas when need > 0)
 // and returns one reply per call. Calls that find the script missing on
 // the node (NOSCRIPT: first use, a restart, SCRIPT FLUSH) are sent once
 // more as EVAL, which caches it, in a second pipeline with its own WAIT.
-func (p *Primary) send(ctx context.Context, c redis.UniversalClient, calls []batchCall, n int) []reply {
+func (p *Primary) send(ctx context.Context, c redis.UniversalClient, calls []batchCall, need int) []reply {
 	replies := make([]reply, len(calls))
 	pending := make([]int, len(calls))
 	for k := range pending {
@@ -122,8 +122,8 @@ func (p *Primary) send(ctx context.Context, c redis.UniversalClient, calls []bat
 			cmds[n] = pipe.Do(ctx, line...)
 		}
 		var wait *redis.Cmd
-		if n > 0 {
-			wait = pipe.Do(ctx, "WAIT", n, p.cfg.WaitTimeout.Milliseconds())
+		if need > 0 {
+			wait = pipe.Do(ctx, "WAIT", need, p.cfg.WaitTimeout.Milliseconds())
 		}
 		_, _ = pipe.Exec(ctx) // errors are read per command
 		var retry []int
@@ -141,7 +141,7 @@ func (p *Primary) send(ctx context.Context, c redis.UniversalClient, calls []bat
 			replies[k] = reply{vals: vals, err: err}
 			if err == nil && wait != nil {
 				if !replChecked {
-					repl, replChecked = p.replicatedN(wait, n), true
+					repl, replChecked = p.replicatedN(wait, need), true
 				}
 				replies[k].repl = repl
 			}

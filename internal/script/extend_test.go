@@ -115,6 +115,28 @@ func checkNeverShorter(t *testing.T, client redis.UniversalClient) {
 	require.NoError(t, err)
 	assert.Greater(t, d, 50*time.Second, "ExtendMany: a hash's TTL untouched")
 
+	// The same in the local layout (keys in ARGV, none declared).
+	triples := make([]any, 0, 3*len(ttlCases)+3)
+	for i, c := range ttlCases {
+		key := "ttl:local:" + string(rune('a'+i))
+		c.setUp(t, client, key)
+		triples = append(triples, key, me, c.ask.Milliseconds())
+	}
+	triples = append(triples, "ttl:many:hash", me, int64(10))
+	vs, err = script.ExtendMany.RunInts(ctx, client, script.ExtendMany.LineLocal(triples))
+	require.NoError(t, err)
+	require.Len(t, vs, len(ttlCases)+1)
+	for i, c := range ttlCases {
+		want := int64(script.NotOurs)
+		if c.held {
+			want = script.Extended
+		}
+		assert.Equal(t, want, vs[i], "ExtendMany local: %s", c.name)
+		c.check(t, client, triples[3*i].(string), "ExtendMany local")
+		examined++
+	}
+	assert.Equal(t, int64(script.WrongType), vs[len(ttlCases)], "ExtendMany local: a hash")
+
 	for _, mode := range []string{script.NoFence, script.IncrFence} {
 		for _, c := range ttlCases {
 			if !c.held {
@@ -137,7 +159,7 @@ func checkNeverShorter(t *testing.T, client redis.UniversalClient) {
 			examined++
 		}
 	}
-	require.Equal(t, 2*len(ttlCases)+8, examined, "every case ran")
+	require.Equal(t, 3*len(ttlCases)+8, examined, "every case ran")
 }
 
 func TestNoScriptShortensAHeldKeyRedis(t *testing.T) {

@@ -638,6 +638,14 @@ func (s *Script) LineMany(keys []any, args []any) []any {
 	return append(line, args...)
 }
 
+// LineLocal returns ExtendMany's command line in its local layout (no
+// declared key): triples holds key, token and ttl in ms for each lock.
+func (s *Script) LineLocal(triples []any) []any {
+	line := make([]any, 0, 3+len(triples))
+	line = append(line, "evalsha", s.sha, 0)
+	return append(line, triples...)
+}
+
 // RunInts is Run for scripts that reply with an array of integers.
 func (s *Script) RunInts(ctx context.Context, c Doer, line []any) ([]int64, error) {
 	v, err := c.Do(ctx, line...).Int64Slice()
@@ -691,10 +699,19 @@ return tonumber(string.sub(run, 1, 13), 16)
 // ExtendMany raises the TTL of many locks we hold, in one call, each to
 // its own ttl as Extend does (never shortened), and answers for every key
 // on its own: a key the node cannot read as a string does not abort the
-// call (redis.pcall), so it costs no other key its extension.
+// call (redis.pcall), so it costs no other key its extension. Two layouts:
 //
-//	KEYS[i] lock key i; ARGV[2i-1] its token, ARGV[2i] its ttl in ms
+//	declared (LineMany): KEYS[i] lock key i; ARGV[2i-1] its token, ARGV[2i] its ttl in ms
+//	local (LineLocal):   no KEYS; ARGV[3i-2] lock key i, ARGV[3i-1] its token, ARGV[3i] its ttl
 //	reply: array, element i one of Extended, NotOurs, WrongType, KeyFailed
+//
+// The local layout is for a Redis Cluster master: a script that declares
+// no key may touch keys of several slots, as long as the node serves them
+// (Redis 7 refuses only scripts flagged otherwise), so one call renews a
+// master's keys whatever their slots. A key the node does not serve, or
+// no longer has because its slot is migrating (ASK), fails that key alone
+// with "non local key", which is KeyFailed: the caller sends it again on
+// its own, following the redirection.
 //
 // A key that holds a value of another type (a hash, a list: GET answers
 // WRONGTYPE) cannot hold our token, so WrongType means "not held" as
@@ -704,10 +721,20 @@ return tonumber(string.sub(run, 1, 13), 16)
 // treat that key as undecided.
 var ExtendMany = newScript(-1, `
 local out = {}
-for i, key in ipairs(KEYS) do
+local n, step = #KEYS, 2
+if n == 0 then
+  n, step = #ARGV / 3, 3
+end
+for i = 1, n do
+  local key, tok, ttl
+  if step == 2 then
+    key, tok, ttl = KEYS[i], ARGV[2*i-1], ARGV[2*i]
+  else
+    key, tok, ttl = ARGV[3*i-2], ARGV[3*i-1], ARGV[3*i]
+  end
   local v = redis.pcall('GET', key)
-  if v == ARGV[2*i-1] then
-    local ttl = tonumber(ARGV[2*i])
+  if v == tok then
+    ttl = tonumber(ttl)
     v = redis.pcall('PTTL', key)
     if type(v) == 'number' and v < ttl then
       v = redis.pcall('PEXPIRE', key, ttl)
