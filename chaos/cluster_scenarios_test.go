@@ -446,7 +446,7 @@ func failoverBeforeReplication(t *testing.T, rec *Recorder, expired bool) facts 
 
 	outcome := fmt.Sprintf("A's Lost never closed (its Until moved %s past the one at the takeover)", fmtMS(a.Until().Sub(untilAtTakeover)))
 	if lostAt != NeverLost {
-		outcome = fmt.Sprintf("A told of its loss %s after the takeover (%v)", fmtMS(lostAt-promoted), a.Err())
+		outcome = fmt.Sprintf("A told of its loss %s (%v)", relative(lostAt-promoted, "the takeover"), a.Err())
 	}
 	bNote := fmt.Sprintf("B never granted in %d tries (%d refused as held)", bTries, bHeld)
 	if b != nil {
@@ -454,7 +454,7 @@ func failoverBeforeReplication(t *testing.T, rec *Recorder, expired bool) facts 
 	}
 	replica := fmt.Sprintf("A's Until then %s before K's expiry on the replica", fmtMS(headroom))
 	if expired {
-		replica = fmt.Sprintf("K expired on the replica, A's Until then %s from now", fmtMS(time.Until(untilAtTakeover)))
+		replica = fmt.Sprintf("K expired on the replica, A's Until %s", relative(untilAtTakeover.Sub(readAt), "then"))
 	}
 	figures := fmt.Sprintf("figures: grant with the replica cut refused in %s (%v); %d renewals of A reached the master in the %s after the cut, A's Until moved %s since the cut; replica lag %d bytes at the takeover, %s after the cut; %s; %s; %s",
 		fmtMS(refusedTook), cutErr, renewals, fmtMS(renewedAt-cut), fmtMS(untilAtTakeover.Sub(untilAtCut)), lag, fmtMS(promoted-cut), replica, outcome, bNote)
@@ -630,6 +630,15 @@ func watchLost(rec *Recorder, lk *redlease.Lock) (at func() time.Duration, stop 
 	var once sync.Once
 	return func() time.Duration { return time.Duration(lostAt.Load()) },
 		func() { once.Do(func() { close(quit); <-done }) }
+}
+
+// relative says d from what: "1.5ms after the takeover" or, for a
+// negative d, "1.5ms before" it.
+func relative(d time.Duration, what string) string {
+	if d < 0 {
+		return fmtMS(-d) + " before " + what
+	}
+	return fmtMS(d) + " after " + what
 }
 
 // closed reports whether c is closed.
