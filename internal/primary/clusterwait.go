@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -52,12 +53,20 @@ const replicaCountAge = time.Second
 const tryAgainStep = 10 * time.Millisecond
 
 // replicaCounts caches, per master address, how many replicas its shard
-// lists.
+// lists, as that master itself says (its own view of its replicas, not
+// another node's gossip).
 type replicaCounts struct {
-	mu      sync.Mutex
-	at      time.Time // when n was read; zero: read again before use
-	n       map[string]int
-	loading chan struct{} // closed when the read under way ends; nil if none
+	mu sync.Mutex
+	n  map[string]replicaCount
+}
+
+// replicaCount is one master's count, when it was read, and the read
+// under way, if any (loading closes when it ends).
+type replicaCount struct {
+	n       int
+	read    bool      // n was read once
+	at      time.Time // zero: read again before use
+	loading chan struct{}
 }
 
 // waits reports whether writes wait for replicas: a required count
@@ -73,12 +82,16 @@ func (p *Primary) replicasOf(ctx context.Context, m *redis.Client) (int, error) 
 	rc := &p.replicas
 	for {
 		rc.mu.Lock()
-		n, known := rc.n[addr]
-		if known && time.Since(rc.at) < replicaCountAge {
-			rc.mu.Unlock()
-			return max(n, p.cfg.Replicas), nil
+		if rc.n == nil {
+			rc.n = map[string]replicaCount{}
 		}
-		if ch := rc.loading; ch != nil {
+		c := rc.n[addr]
+		known := c.read
+		if !c.at.IsZero() && time.Since(c.at) < replicaCountAge {
+			rc.mu.Unlock()
+			return max(c.n, p.cfg.Replicas), nil
+		}
+		if ch := c.loading; ch != nil {
 			rc.mu.Unlock()
 			select {
 			case <-ch:
@@ -88,60 +101,61 @@ func (p *Primary) replicasOf(ctx context.Context, m *redis.Client) (int, error) 
 			}
 		}
 		ch := make(chan struct{})
-		rc.loading = ch
+		c.loading = ch
+		rc.n[addr] = c
 		rc.mu.Unlock()
-		counts, err := shardReplicas(ctx, m)
+		n, err := shardReplicas(ctx, m, addr)
 		rc.mu.Lock()
-		rc.loading = nil
-		close(ch)
+		c = rc.n[addr]
+		c.loading = nil
 		if err == nil {
-			rc.n, rc.at = counts, time.Now()
+			c.n, c.read, c.at = n, true, time.Now()
 		}
+		rc.n[addr] = c
+		close(ch)
 		rc.mu.Unlock()
 		if err != nil {
 			if known { // the last count stands until one can be read
-				return max(n, p.cfg.Replicas), nil
+				return max(c.n, p.cfg.Replicas), nil
 			}
 			return 0, fmt.Errorf("replicas of %s: %w", addr, err)
 		}
-		if _, ok := counts[addr]; !ok {
-			return 0, fmt.Errorf("replicas of %s: CLUSTER SHARDS does not list it as a master", addr)
-		}
 	}
 }
 
-// forgetReplicaCounts makes the next write read the counts again (a WAIT
-// fell short: a replica may have been removed).
+// forgetReplicaCounts makes the next write on each master read its count
+// again (a WAIT fell short: a replica may have been removed).
 func (p *Primary) forgetReplicaCounts() {
 	p.replicas.mu.Lock()
-	p.replicas.at = time.Time{}
+	for addr, c := range p.replicas.n {
+		c.at = time.Time{}
+		p.replicas.n[addr] = c
+	}
 	p.replicas.mu.Unlock()
 }
 
-// shardReplicas asks m for CLUSTER SHARDS and returns, for each master it
-// lists, the number of replicas in its shard.
-func shardReplicas(ctx context.Context, m *redis.Client) (map[string]int, error) {
+// shardReplicas asks master m (at addr) for CLUSTER SHARDS and returns
+// the number of replicas in its own shard, whatever their health.
+func shardReplicas(ctx context.Context, m *redis.Client, addr string) (int, error) {
 	shards, err := m.ClusterShards(ctx).Result()
 	if err != nil {
-		return nil, err
+		return 0, err
 	}
-	out := map[string]int{}
 	for _, sh := range shards {
-		replicas := 0
-		var masters []string
+		replicas, mine := 0, false
 		for _, n := range sh.Nodes {
 			switch n.Role {
 			case "master":
-				masters = append(masters, nodeAddrs(n)...)
+				mine = mine || slices.Contains(nodeAddrs(n), addr)
 			case "replica":
 				replicas++
 			}
 		}
-		for _, a := range masters {
-			out[a] = replicas
+		if mine {
+			return replicas, nil
 		}
 	}
-	return out, nil
+	return 0, errors.New("CLUSTER SHARDS does not list it as a master")
 }
 
 // nodeAddrs is every address a client may know node n by: its IP, endpoint
