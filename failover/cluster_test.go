@@ -1,6 +1,7 @@
 package failover_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"testing"
@@ -213,4 +214,65 @@ func TestOnClusterAHalfMigratedSlotKeepsBothLocks(t *testing.T) {
 	_, err = pipe.Exec(ctx)
 	require.NoError(t, err)
 	assert.Greater(t, moved.Val(), 20*time.Second, "the moved key, renewed on the importing master")
+}
+
+// Every call of the failover strategy on a Cluster client returns by its
+// ctx deadline, with ContextTimeoutEnabled on and off, when the key's
+// master is paused and when it is killed: TryLock, Lock and Do on a new key
+// of that master, and Extend, ExtendAll and Release of a lock held there,
+// each with redistest.CallTimeout, on a client that has been in use. A
+// Cluster of three masters without replicas (WAIT for none), a new one per
+// case.
+func TestOnClusterCallsAreBoundedByTheirContext(t *testing.T) {
+	for _, fault := range []string{"paused", "killed"} {
+		for _, cte := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%s master, ContextTimeoutEnabled %v", fault, cte), func(t *testing.T) {
+				probe := redistest.StartStallProbe(t)
+				servers := redistest.StartCluster(t, 3)
+				addrs := make([]string, len(servers))
+				for i, s := range servers {
+					addrs[i] = s.Addr
+					t.Cleanup(s.Resume)
+				}
+				c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, ContextTimeoutEnabled: cte})
+				t.Cleanup(func() { _ = c.Close() })
+				s, err := failover.New(c)
+				require.NoError(t, err)
+				l, err := redlease.New(s, redlease.WithPolling(), redlease.WithTTL(10*time.Second))
+				require.NoError(t, err)
+				ctx := t.Context()
+				held, err := l.TryLock(ctx, "{bounded}:held")
+				require.NoError(t, err)
+				m, err := c.MasterForKey(ctx, "{bounded}:held")
+				require.NoError(t, err)
+				var victim *redistest.Server
+				for _, sv := range servers {
+					if sv.Addr == m.Options().Addr {
+						victim = sv
+					}
+				}
+				require.NotNil(t, victim)
+				if fault == "paused" {
+					victim.Pause()
+				} else {
+					victim.Kill()
+				}
+				timed := redistest.BoundedCalls(ctx, t, probe)
+				err = timed("TryLock", func(c context.Context) error { _, err := l.TryLock(c, "{bounded}:new"); return err })
+				assert.ErrorIs(t, err, redlease.ErrUnavailable)
+				err = timed("Lock", func(c context.Context) error { _, err := l.Lock(c, "{bounded}:new"); return err })
+				assert.ErrorIs(t, err, redlease.ErrUnavailable)
+				err = timed("Do", func(c context.Context) error {
+					return l.Do(c, "{bounded}:new", func(context.Context, *redlease.Lock) error { return nil })
+				})
+				assert.ErrorIs(t, err, redlease.ErrUnavailable)
+				err = timed("Extend", func(c context.Context) error { return held.Extend(c, 10*time.Second) })
+				assert.ErrorIs(t, err, redlease.ErrUnavailable)
+				err = timed("ExtendAll", func(c context.Context) error { return redlease.ExtendAll(c, []*redlease.Lock{held})[0] })
+				assert.ErrorIs(t, err, redlease.ErrUnavailable)
+				err = timed("Release", func(c context.Context) error { return held.Release(c) })
+				assert.Error(t, err)
+			})
+		}
+	}
 }

@@ -38,7 +38,7 @@ func TestCallsAreBoundedByTheirContextWithDefaultClientOptions(t *testing.T) {
 	require.NoError(t, err)
 
 	srv.Pause()
-	timed := boundedCalls(ctx, t, probe)
+	timed := redistest.BoundedCalls(ctx, t, probe)
 	err = timed("TryLock", func(c context.Context) error { _, err := l.TryLock(c, "bounded:new"); return err })
 	require.NotErrorIs(t, err, redlease.ErrNotObtained)
 	require.ErrorIs(t, err, redlease.ErrUnavailable)
@@ -166,7 +166,7 @@ func TestClusterCallsAreBoundedByTheirContext(t *testing.T) {
 						waitRedialsEnd(t, 3*time.Second)
 					})
 				}
-				timed := boundedCalls(ctx, t, probe)
+				timed := redistest.BoundedCalls(ctx, t, probe)
 				err = timed("TryLock", func(c context.Context) error { _, err := l.TryLock(c, "{bounded}:new"); return err })
 				assert.ErrorIs(t, err, redlease.ErrUnavailable)
 				var ne *redlease.NodeError
@@ -209,23 +209,3 @@ func waitRedialsEnd(tb testing.TB, limit time.Duration) {
 	}
 }
 
-// boundedCalls returns a function that runs a call what (f) with a 300 ms
-// ctx derived from ctx, logs its outcome, fails t unless it returned
-// within 300 + 400 ms plus 3 x what probe measured this process stalled
-// meanwhile, and returns its error.
-func boundedCalls(ctx context.Context, t *testing.T, probe *redistest.StallProbe) func(what string, f func(context.Context) error) error {
-	const bound, slack = 300 * time.Millisecond, 400 * time.Millisecond
-	return func(what string, f func(context.Context) error) error {
-		t.Helper()
-		cctx, cancel := context.WithTimeout(ctx, bound)
-		defer cancel()
-		start := time.Now()
-		err := f(cctx)
-		took := time.Since(start)
-		t.Logf("%s: %v after %v", what, err, took.Round(time.Millisecond))
-		if ok, why := probe.Within(took, bound+slack, 3, start); !ok {
-			assert.Failf(t, "outside the window derived from this run", "%s must return near its ctx's deadline: %s", what, why)
-		}
-		return err
-	}
-}

@@ -1,6 +1,7 @@
 package redistest
 
 import (
+	"context"
 	"fmt"
 	"time"
 )
@@ -158,3 +159,36 @@ func (s *SoftTB) Fatalf(format string, args ...any) { s.failed = fmt.Sprintf(for
 
 // Failed returns the failure recorded, "" if none.
 func (s *SoftTB) Failed() string { return s.failed }
+
+// BoundedCalls returns a runner of calls that must return by their ctx's
+// deadline: it runs f with a ctx of CallTimeout (under ctx) and fails tb
+// (Errorf) unless f returned within CallTimeout plus CallSlack, widened by
+// what probe measured of this machine's stalls meanwhile (Within, three
+// times the stall). It logs what each call returned and how long it took,
+// and returns f's error for the caller's own checks.
+func BoundedCalls(ctx context.Context, tb interface {
+	Helper()
+	Logf(string, ...any)
+	Errorf(string, ...any)
+}, probe *StallProbe) func(what string, f func(context.Context) error) error {
+	return func(what string, f func(context.Context) error) error {
+		tb.Helper()
+		cctx, cancel := context.WithTimeout(ctx, CallTimeout)
+		defer cancel()
+		start := time.Now()
+		err := f(cctx)
+		took := time.Since(start)
+		tb.Logf("%s: %v after %v", what, err, took.Round(time.Millisecond))
+		if ok, why := probe.Within(took, CallTimeout+CallSlack, 3, start); !ok {
+			tb.Errorf("%s must return near its ctx's deadline (outside the window derived from this run): %s", what, why)
+		}
+		return err
+	}
+}
+
+// CallTimeout is the ctx BoundedCalls gives each call; CallSlack what it
+// allows past it before the machine's measured stalls.
+const (
+	CallTimeout = 300 * time.Millisecond
+	CallSlack   = 400 * time.Millisecond
+)
