@@ -194,7 +194,14 @@ func Run(sc Scenario, seed uint64, opts Options) *Result {
 	for _, c := range w.closers {
 		c.f()
 	}
-	for _, c := range w.clients {
+	// Under w.mu: a Cluster client's background reload (go-redis's
+	// LazyReload) may be making a client of its own meanwhile; one made
+	// after this is closed as it is made (redisClientAs).
+	w.mu.Lock()
+	made := w.clients
+	w.clientsClosed = true
+	w.mu.Unlock()
+	for _, c := range made {
 		_ = c.Close()
 	}
 	for _, n := range w.nodes {

@@ -41,18 +41,21 @@ type World struct {
 	// it lets stand with a fresh one (checkLockLocked).
 	verifyReadings bool
 
-	mu       sync.Mutex
-	msgs     int // messages sent (both directions)
-	lost     int // messages lost
-	clients  []redis.UniversalClient
-	closers  []closer
-	verbose  bool
-	schedLog []string
-	badHits  []badHit       // badkey faults that replaced a token
-	hashes   []hashWin      // badkey faults: where and while a hash stood in a lock key
-	renews   []renewCall    // renewal script calls answered by an errnode fault
-	errCalls map[[2]int]int // (node, virtual second) → script calls answered with a fast error
-	moved    int            // commands a Cluster node refused as another master's (MOVED, non-local key)
+	mu      sync.Mutex
+	msgs    int // messages sent (both directions)
+	lost    int // messages lost
+	clients []redis.UniversalClient
+	// clientsClosed: Run closed clients; a client made later is closed as
+	// it is made (redisClientAs).
+	clientsClosed bool
+	closers       []closer
+	verbose       bool
+	schedLog      []string
+	badHits       []badHit       // badkey faults that replaced a token
+	hashes        []hashWin      // badkey faults: where and while a hash stood in a lock key
+	renews        []renewCall    // renewal script calls answered by an errnode fault
+	errCalls      map[[2]int]int // (node, virtual second) → script calls answered with a fast error
+	moved         int            // commands a Cluster node refused as another master's (MOVED, non-local key)
 	// shardRole (cluster-failover): what CLUSTER SHARDS says of each
 	// shard's node that is not its master (zero: a replica, online).
 	shardRole [ClusterMasters]shardState
@@ -349,8 +352,17 @@ func (w *World) redisClientAs(ci int, n *Node, ctxTimeouts bool, addr string) *r
 	})
 	c.AddHook(w.orderHookFor(ci, uint64(n.id)))
 	w.mu.Lock()
-	w.clients = append(w.clients, c)
+	ended := w.clientsClosed
+	if !ended {
+		w.clients = append(w.clients, c)
+	}
 	w.mu.Unlock()
+	if ended {
+		// Made by a go-redis goroutine (a Cluster client's background
+		// topology reload) after Run closed the clients: closed at once,
+		// so that nothing of it outlives the run.
+		_ = c.Close()
+	}
 	return c
 }
 
