@@ -320,6 +320,28 @@ type wakerFake struct {
 	// listening: Listen finds the key's subscription live.
 	listening bool
 	watches   int // Watch calls
+	// sent: a notice was sent with notify; sentAtStop: whether one had
+	// been when stop was called (both under mu).
+	sent, sentAtStop bool
+}
+
+// notify sends a notice and records that it was sent, in one step under
+// mu, so that stop, which reads the record under mu, tells whether the
+// waiter could have had it.
+func (w *wakerFake) notify() {
+	w.mu.Lock()
+	w.notices <- struct{}{}
+	w.sent = true
+	w.mu.Unlock()
+}
+
+// stop is the stop function of a watch: it records whether a notice had
+// been sent, then reports handOn.
+func (w *wakerFake) stop(handOn bool) {
+	w.mu.Lock()
+	w.sentAtStop = w.sent
+	w.mu.Unlock()
+	w.stops <- handOn
 }
 
 func (w *wakerFake) Acquire(ctx context.Context, key, token string, ttl time.Duration) (redlease.Grant, error) {
@@ -343,7 +365,7 @@ func (w *wakerFake) Listen(key, waiter string) (<-chan struct{}, func(bool), boo
 		return nil, nil, false
 	}
 	w.waiters <- waiter
-	return w.notices, func(handOn bool) { w.stops <- handOn }, true
+	return w.notices, w.stop, true
 }
 
 func (w *wakerFake) Watch(ctx context.Context, key, waiter string) (<-chan struct{}, func(bool), error) {
@@ -351,7 +373,7 @@ func (w *wakerFake) Watch(ctx context.Context, key, waiter string) (<-chan struc
 	w.watches++
 	w.mu.Unlock()
 	w.waiters <- waiter
-	return w.notices, func(handOn bool) { w.stops <- handOn }, nil
+	return w.notices, w.stop, nil
 }
 
 // A release wakes one waiter of the process (Waker); a waiter that leaves
@@ -387,9 +409,13 @@ func TestAWaiterLeavingWithAnUnansweredNoticeHandsItOn(t *testing.T) {
 			w.mu.Unlock()
 			w.notices <- struct{}{}
 		}, true},
-		{"gives up with the notice arriving: unanswered", func(w *wakerFake, cancel context.CancelFunc) {
+		// The waiter runs in parallel with the test (synctest's bubble
+		// keeps GOMAXPROCS): it may leave before the notice is sent, and
+		// then has none to hand on. Which came first is read from the
+		// fake (arriving: want is whether it had been sent at stop).
+		{"gives up with the notice arriving: unanswered if it came before the stop", func(w *wakerFake, cancel context.CancelFunc) {
 			cancel()
-			w.notices <- struct{}{}
+			w.notify()
 		}, true},
 		{"woken and granted: nothing to hand on", func(w *wakerFake, cancel context.CancelFunc) {
 			w.mu.Lock()
@@ -428,7 +454,14 @@ func TestAWaiterLeavingWithAnUnansweredNoticeHandsItOn(t *testing.T) {
 						// are retried, neither is a grant.
 						require.True(t, errors.Is(err, redlease.ErrNotObtained) || errors.Is(err, redlease.ErrUnavailable), "%v", err)
 					}
-					require.Equal(t, tc.want, <-w.stops, "stop's handOn")
+					handOn := <-w.stops
+					want := tc.want
+					if strings.HasPrefix(tc.name, "gives up with the notice arriving") {
+						w.mu.Lock()
+						want = w.sentAtStop
+						w.mu.Unlock()
+					}
+					require.Equal(t, want, handOn, "stop's handOn")
 				})
 			}
 		})

@@ -100,6 +100,21 @@ func TestAnUnansweredNoticeIsHandedOn(t *testing.T) {
 	require.Empty(t, w.e.subs, "the last waiter leaves")
 }
 
+// A notice that reached a waiter after it last looked, as it leaves
+// (stop without handOn: it saw none), is handed on: it sits unread in the
+// waiter's channel, so nobody answered it. Found by the root package's
+// TestAWaiterLeavingWithAnUnansweredNoticeHandsItOn, which failed once
+// under load (1 of 200 runs with -race beside two busy loops) when the
+// notice came in that window.
+func TestANoticeThatArrivedAsTheWaiterLeftIsHandedOn(t *testing.T) {
+	w := newPickWorld("", "")
+	w.deliver("")
+	mu.Lock()
+	w.subs[0].removeLocked(false) // it looked before the notice came
+	mu.Unlock()
+	require.Equal(t, []int{1}, w.woken(), "the unread notice goes to the next waiter")
+}
+
 // An undo's paced notice goes to one waiter; if that waiter leaves before
 // the pause ends, the next waiter gets it (paced), rather than nobody.
 func TestAnUndoNoticeOnItsWayIsHandedOn(t *testing.T) {

@@ -322,13 +322,21 @@ func (sub *Sub) undoneLocked() {
 }
 
 // removeLocked takes sub off every entry; an entry left without waiters
-// is unsubscribed by its hub's writer. With handOn, the longest waiting
-// of those left on each entry is woken in its place.
+// is unsubscribed by its hub's writer. With handOn, or with a notice
+// still unread in sub's channel, the longest waiting of those left on
+// each entry is woken in its place.
 func (sub *Sub) removeLocked(handOn bool) {
 	if sub.removed {
 		return
 	}
 	sub.removed = true
+	select {
+	case <-sub.notify:
+		// A notice that came after the waiter last looked: nobody
+		// answered it, whatever the waiter said.
+		handOn = true
+	default:
+	}
 	undoOwed := sub.pause != nil // an undo's notice on its way to sub
 	if undoOwed {
 		sub.pause.Stop()
