@@ -208,4 +208,3 @@ func waitRedialsEnd(tb testing.TB, limit time.Duration) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
-
