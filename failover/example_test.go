@@ -45,3 +45,30 @@ func Example() {
 	// not replicated: true
 	// keys left behind: 0
 }
+
+// On a Redis Cluster, every grant and renewal waits for all the replicas
+// of the key's shard (as CLUSTER SHARDS lists them), so a failover cannot
+// promote a replica that lacks the lock. The addresses are placeholders:
+// this example is compiled, not run.
+func ExampleNew_cluster() {
+	ctx := context.Background()
+	cc := redis.NewClusterClient(&redis.ClusterOptions{
+		Addrs: []string{"127.0.0.1:7000", "127.0.0.1:7001", "127.0.0.1:7002"},
+	})
+	defer cc.Close()
+	s, err := failover.New(cc, failover.WithWaitTimeout(100*time.Millisecond))
+	if err != nil {
+		panic(err)
+	}
+	locker, err := redlease.New(s, redlease.WithTTL(10*time.Second))
+	if err != nil {
+		panic(err)
+	}
+	err = locker.Do(ctx, "settlement:2026-12-03", func(ctx context.Context, lk *redlease.Lock) error {
+		fmt.Println("fence", lk.Fence()) // storage refuses writes below it
+		return nil
+	})
+	if errors.Is(err, failover.ErrNotReplicated) {
+		fmt.Println("a replica of the shard is down or behind: try later")
+	}
+}
