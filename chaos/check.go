@@ -41,8 +41,8 @@ type Result struct {
 	Grants   int // holds recorded
 	Failures int // lock attempts that failed (expected under faults)
 
-	// Overlaps (O2) counts pairs of holds by different holders whose
-	// [From, To) intervals intersect.
+	// Overlaps (O2) counts pairs of holds of one key by different holders
+	// whose [From, To) intervals intersect.
 	Overlaps int
 	// StaleAccepted (O1) counts accepted writes that overwrote a value
 	// written by a holder granted later than the writer: the harm fences
@@ -228,8 +228,8 @@ type overlap struct {
 	from, to time.Duration
 }
 
-// findOverlaps returns every pair of holds by different holders whose
-// [From, To) intervals intersect. Half-open intervals make a hand-over at
+// findOverlaps returns every pair of holds of one key by different holders
+// whose [From, To) intervals intersect. Half-open intervals make a hand-over at
 // the same instant legal, and a holder's own re-grant is not an overlap: it
 // cannot harm itself.
 func findOverlaps(holds []Hold) []overlap {
@@ -251,7 +251,7 @@ func findOverlaps(holds []Hold) []overlap {
 			if hj.From >= hi.To {
 				break
 			}
-			if hj.To <= hj.From || hj.Holder == hi.Holder {
+			if hj.To <= hj.From || hj.Holder == hi.Holder || hj.Key != hi.Key {
 				continue
 			}
 			out = append(out, overlap{a: i, b: j, from: hj.From, to: min(hi.To, hj.To)})

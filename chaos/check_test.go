@@ -17,6 +17,12 @@ func mkHold(holder string, fence uint64, from, to int) Hold {
 	return Hold{Holder: holder, Fence: fence, From: msec(from), To: msec(to), Until: msec(to), LostAt: NeverLost}
 }
 
+// keyed is h on key.
+func keyed(key string, h Hold) Hold {
+	h.Key = key
+	return h
+}
+
 // mkWrite is a completed write on key "k" of value fence (so states are
 // easy to read), that saw the given outcome: the new state if accepted,
 // else the refusing state at seenFence.
@@ -55,6 +61,8 @@ func TestFindOverlaps(t *testing.T) {
 		{"three at once are three pairs", []Hold{mkHold("a", 1, 0, 10), mkHold("b", 2, 1, 11), mkHold("c", 3, 2, 12)}, 3},
 		{"empty and inverted holds overlap nothing", []Hold{mkHold("a", 1, 0, 10), mkHold("b", 2, 5, 5), mkHold("c", 3, 7, 3)}, 0},
 		{"same start", []Hold{mkHold("a", 1, 5, 10), mkHold("b", 2, 5, 6)}, 1},
+		{"holds of different keys do not overlap", []Hold{keyed("k1", mkHold("a", 1, 0, 10)), keyed("k2", mkHold("b", 1, 5, 15)), keyed("k1", mkHold("b", 2, 12, 20))}, 0},
+		{"holds of one key among others", []Hold{keyed("k1", mkHold("a", 1, 0, 10)), keyed("k2", mkHold("b", 1, 5, 15)), keyed("k2", mkHold("a", 2, 12, 20))}, 1},
 		{"none", nil, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

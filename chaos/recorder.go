@@ -32,9 +32,13 @@ type Recorder struct {
 type failure struct{ holder, err string }
 
 // Hold is one holder's belief interval: from the grant to the earliest of
-// Until, loss and release. Overlap (O2) is judged on [From, To).
+// Until, loss and release. Overlap (O2) is judged on [From, To), between
+// holds of one Key.
 type Hold struct {
 	Holder string
+	// Key is the lock's key in a scenario that holds several: holds of
+	// different keys never overlap. Empty for a scenario of one key.
+	Key    string
 	Fence  uint64
 	From   time.Duration // when the grant returned
 	To     time.Duration // min(Until, LostAt if lost, ReleasedAt if released)
