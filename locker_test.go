@@ -321,8 +321,9 @@ type wakerFake struct {
 	listening bool
 	watches   int // Watch calls
 	// sent: a notice was sent with notify; sentAtStop: whether one had
-	// been when stop was called (both under mu).
-	sent, sentAtStop bool
+	// been when stop was called, unreadAtStop: whether it was still in
+	// notices then (all under mu).
+	sent, sentAtStop, unreadAtStop bool
 }
 
 // notify sends a notice and records that it was sent, in one step under
@@ -339,7 +340,7 @@ func (w *wakerFake) notify() {
 // been sent, then reports handOn.
 func (w *wakerFake) stop(handOn bool) {
 	w.mu.Lock()
-	w.sentAtStop = w.sent
+	w.sentAtStop, w.unreadAtStop = w.sent, len(w.notices) > 0
 	w.mu.Unlock()
 	w.stops <- handOn
 }
@@ -411,8 +412,9 @@ func TestAWaiterLeavingWithAnUnansweredNoticeHandsItOn(t *testing.T) {
 		}, true},
 		// The waiter runs in parallel with the test (synctest's bubble
 		// keeps GOMAXPROCS): it may leave before the notice is sent, and
-		// then has none to hand on. Which came first is read from the
-		// fake (arriving: want is whether it had been sent at stop).
+		// then has none to hand on; the notice may also come between its
+		// last look and stop, still unread, which the Waker hands on
+		// (see Waker.Watch). Which happened is read from the fake.
 		{"gives up with the notice arriving: unanswered if it came before the stop", func(w *wakerFake, cancel context.CancelFunc) {
 			cancel()
 			w.notify()
@@ -455,13 +457,19 @@ func TestAWaiterLeavingWithAnUnansweredNoticeHandsItOn(t *testing.T) {
 						require.True(t, errors.Is(err, redlease.ErrNotObtained) || errors.Is(err, redlease.ErrUnavailable), "%v", err)
 					}
 					handOn := <-w.stops
-					want := tc.want
 					if strings.HasPrefix(tc.name, "gives up with the notice arriving") {
 						w.mu.Lock()
-						want = w.sentAtStop
+						sent, unread := w.sentAtStop, w.unreadAtStop
 						w.mu.Unlock()
+						switch {
+						case !sent:
+							require.False(t, handOn, "no notice had come: nothing to hand on")
+						case !handOn:
+							require.True(t, unread, "a notice came and the waiter did not hand it on: it must be unread, for the Waker to hand on")
+						}
+						return
 					}
-					require.Equal(t, want, handOn, "stop's handOn")
+					require.Equal(t, tc.want, handOn, "stop's handOn")
 				})
 			}
 		})

@@ -92,7 +92,10 @@ type Waker interface {
 	// among those without fairness when the named head is elsewhere).
 	// stop(true) says the waiter took a notice that no attempt of its own
 	// answered (it gives up, or its attempt failed on the way): the
-	// notice goes to the next waiter, so that it is not lost.
+	// notice goes to the next waiter, so that it is not lost. A notice
+	// still unread in notices when stop runs (one that came after the
+	// waiter last looked) goes to the next waiter too, whatever handOn
+	// says: the Waker, not the waiter, can tell that without a gap.
 	Watch(ctx context.Context, key, waiter string) (notices <-chan struct{}, stop func(handOn bool), err error)
 	// Listen is Watch without I/O and without waiting, for a key whose
 	// releases the process already hears: if enough nodes (as for Watch)
