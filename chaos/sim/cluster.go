@@ -26,8 +26,8 @@ import (
 // serve (Redis 7's "non local key"). A script without a shebang (all of
 // the library's) may touch keys of several slots the node serves, declared
 // or not, as Redis 7.0 allows (checked against redis-server 7.0.15): only
-// its declared keys must share a slot. Nothing moves: see the package
-// doc's gaps.
+// its declared keys must share a slot. Slots move only in
+// cluster-failover's reshard (reshard.go; Node.redirect).
 
 // ClusterMasters is the number of masters of the simulated Cluster.
 const ClusterMasters = 3
@@ -254,6 +254,13 @@ func (n *Node) clusterHook(p *server.Peer, cmd string, args []string) bool {
 		n.clusterCommand(p, args)
 		return true
 	}
+	if cmd == "ASKING" {
+		if n.cur != nil && p == n.cur.peer {
+			n.cur.asking = true // for the connection's next command (execLocked)
+		}
+		p.WriteOK()
+		return true
+	}
 	keys, _ := commandKeys(cmd, args)
 	fromScript := p == n.lcall.peer
 	slot := -1
@@ -272,21 +279,95 @@ func (n *Node) clusterHook(p *server.Peer, cmd string, args []string) bool {
 	if slot < 0 {
 		return false
 	}
-	if owner := n.w.viewMaster(n, masterOfSlot(slot)); owner != n {
-		n.w.mu.Lock()
-		n.w.moved++
-		n.w.mu.Unlock()
-		if n.w.opts.Log {
-			n.w.hist.logf("%s refused %s: slot %d is %s's", n.name, describe(append([]string{cmd}, args...)), slot, owner.name)
-		}
-		if fromScript {
-			p.WriteError("ERR Script attempted to access a non local key in a cluster node")
-		} else {
-			p.WriteError(fmt.Sprintf("MOVED %d %s", slot, owner.addr))
-		}
-		return true
+	refusal, why := n.redirect(slot, keys)
+	if refusal == "" {
+		return false
 	}
-	return false
+	n.w.mu.Lock()
+	n.w.moved++
+	n.w.mu.Unlock()
+	if n.w.opts.Log {
+		n.w.hist.logf("%s refused %s: slot %d %s", n.name, describe(append([]string{cmd}, args...)), slot, why)
+	}
+	if fromScript {
+		// Redis 7.0's scriptVerifyClusterState: any redirection of a
+		// call inside a script (MOVED, ASK, TRYAGAIN) fails that call.
+		p.WriteError("ERR Script attempted to access a non local key in a cluster node")
+	} else {
+		p.WriteError(refusal)
+	}
+	return true
+}
+
+// redirect is what node n answers instead of running a command on keys of
+// slot (all of that slot), as Redis 7.0's getNodeByQuery decides it:
+// "" to run it; otherwise the error, and why (for the log). A command
+// from a script is judged alike, with the ASKING of the command that ran
+// the script (Node.asking), as Redis copies it to the script's client.
+// While slot migrates (reshard.go): on the source, a command whose keys
+// are all present runs, one whose keys are all absent gets ASK to the
+// target, one with some of each TRYAGAIN; on the target, a command right
+// after ASKING runs (TRYAGAIN if it names several keys and one is
+// absent), any other gets MOVED to the source, the slot's owner until
+// SETSLOT NODE. A key that expired counts as absent, as lookupKeyRead
+// finds it. Checked against redis-server 7.0.15 (two cluster-enabled
+// nodes, one slot IMPORTING and MIGRATING, a key moved with MIGRATE):
+// GET, MGET and EVAL with declared keys on the source (present: runs;
+// absent: ASK; mixed: TRYAGAIN), GET with and without ASKING on the
+// target (ASKING lets one command through; the next gets MOVED), MGET of
+// a present and an absent key after ASKING (TRYAGAIN), EVAL without
+// declared keys on the source and on the target without ASKING
+// (redis.call and redis.pcall of an absent key: "non local key"; of a
+// present key on the source: runs; after ASKING on the target: runs), an
+// expired key on the source (ASK), and, after SETSLOT NODE, MOVED from
+// the source.
+func (n *Node) redirect(slot int, keys []string) (refusal, why string) {
+	rt := n.w.route(n, slot)
+	tryAgain := "TRYAGAIN Multiple keys request during rehashing of slot"
+	switch {
+	case rt.migratingTo != nil:
+		present, absent := n.presence(keys)
+		switch {
+		case absent == 0:
+			return "", ""
+		case present > 0:
+			return tryAgain, fmt.Sprintf("migrating to %s: %d keys present, %d absent", rt.migratingTo.name, present, absent)
+		}
+		return fmt.Sprintf("ASK %d %s", slot, rt.migratingTo.addr), "migrating to " + rt.migratingTo.name + ": absent"
+	case rt.importingFrom != nil && n.asking:
+		if _, absent := n.presence(keys); absent > 0 && distinct(keys) > 1 {
+			return tryAgain, fmt.Sprintf("importing from %s, after ASKING: %d of several keys absent", rt.importingFrom.name, absent)
+		}
+		return "", ""
+	case rt.owner != n:
+		return fmt.Sprintf("MOVED %d %s", slot, rt.owner.addr), "is " + rt.owner.name + "'s"
+	}
+	return "", ""
+}
+
+// presence counts keys present on n now (an expired key is absent) and
+// absent. Called with n.mu held.
+func (n *Node) presence(keys []string) (present, absent int) {
+	n.m.SetTime(n.clockLocked())
+	for _, k := range keys {
+		if n.m.Exists(k) {
+			present++
+		} else {
+			absent++
+		}
+	}
+	return present, absent
+}
+
+// distinct is the number of distinct keys.
+func distinct(keys []string) int {
+	d := 0
+	for i, k := range keys {
+		if !slices.Contains(keys[:i], k) {
+			d++
+		}
+	}
+	return d
 }
 
 // commandKeys are the keys of a command (cmd upper case, args without it)
@@ -335,18 +416,23 @@ func (n *Node) clusterCommand(p *server.Peer, args []string) {
 	}
 	switch strings.ToUpper(args[0]) {
 	case "SLOTS":
-		p.WriteLen(len(masters))
+		entries := 0
 		for i := range masters {
-			r := masterSlots(i)
+			entries += len(n.w.shardRanges(i))
+		}
+		p.WriteLen(entries)
+		for i := range masters {
 			ms := n.w.slotNodes(n, i)
-			p.WriteLen(2 + len(ms))
-			p.WriteInt(r[0])
-			p.WriteInt(r[1])
-			for _, m := range ms {
-				p.WriteLen(3)
-				p.WriteBulk(m.name)
-				p.WriteInt(clusterPort)
-				p.WriteBulk(m.clusterID())
+			for _, r := range n.w.shardRanges(i) {
+				p.WriteLen(2 + len(ms))
+				p.WriteInt(r[0])
+				p.WriteInt(r[1])
+				for _, m := range ms {
+					p.WriteLen(3)
+					p.WriteBulk(m.name)
+					p.WriteInt(clusterPort)
+					p.WriteBulk(m.clusterID())
+				}
 			}
 		}
 	case "SHARDS":
@@ -354,13 +440,15 @@ func (n *Node) clusterCommand(p *server.Peer, args []string) {
 		// and end of each range) and "nodes" (each a flat map).
 		p.WriteLen(len(masters))
 		for i := range masters {
-			r := masterSlots(i)
+			rs := n.w.shardRanges(i)
 			ms := n.w.shardMembers(n, i)
 			p.WriteLen(4)
 			p.WriteBulk("slots")
-			p.WriteLen(2)
-			p.WriteInt(r[0])
-			p.WriteInt(r[1])
+			p.WriteLen(2 * len(rs))
+			for _, r := range rs {
+				p.WriteInt(r[0])
+				p.WriteInt(r[1])
+			}
 			p.WriteBulk("nodes")
 			p.WriteLen(len(ms))
 			for _, m := range ms {
@@ -382,8 +470,11 @@ func (n *Node) clusterCommand(p *server.Peer, args []string) {
 			if m == n {
 				flags = "myself,master"
 			}
-			r := masterSlots(i)
-			fmt.Fprintf(&b, "%s %s@%d %s - 0 0 %d connected %d-%d\n", m.clusterID(), m.addr, clusterPort+10000, flags, i+1, r[0], r[1])
+			fmt.Fprintf(&b, "%s %s@%d %s - 0 0 %d connected", m.clusterID(), m.addr, clusterPort+10000, flags, i+1)
+			for _, r := range n.w.shardRanges(i) {
+				fmt.Fprintf(&b, " %d-%d", r[0], r[1])
+			}
+			b.WriteByte('\n')
 		}
 		p.WriteBulk(b.String())
 	case "MYID":
@@ -522,12 +613,14 @@ func (w *World) clusterSlotsLoader(ci int, ctxTimeouts bool) func(context.Contex
 // clusterSlots is CLUSTER SLOTS as the masters answer it now.
 func (w *World) clusterSlots() []redis.ClusterSlot {
 	ms := w.clusterNodes()
-	out := make([]redis.ClusterSlot, len(ms))
+	var out []redis.ClusterSlot
 	for i := range ms {
-		r := masterSlots(i)
-		out[i] = redis.ClusterSlot{Start: r[0], End: r[1]}
+		var nodes []redis.ClusterNode
 		for _, m := range w.slotNodes(nil, i) {
-			out[i].Nodes = append(out[i].Nodes, redis.ClusterNode{ID: m.clusterID(), Addr: m.addr})
+			nodes = append(nodes, redis.ClusterNode{ID: m.clusterID(), Addr: m.addr})
+		}
+		for _, r := range w.shardRanges(i) {
+			out = append(out, redis.ClusterSlot{Start: r[0], End: r[1], Nodes: nodes})
 		}
 	}
 	return out

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -86,7 +87,9 @@ import (
 //     first hold was granted before the promotion and second after.
 //
 // Every run must examine each of them (and refused-left in the behind
-// modes): one that examined nothing fails the run (InvExaminedRun).
+// modes, reshard-kept with a reshard): one that examined nothing fails the
+// run (InvExaminedRun). In two runs in three a slot range of the other two
+// shards migrates (FaultReshard, reshard.go).
 
 // FaultClusterFailover is cluster-failover's failover of one shard
 // (Node: the shard's index, also its first master's node id; Mode: one of
@@ -156,6 +159,16 @@ func clusterFailoverSchedule(r *rand.Rand, sc *Scenario, horizon time.Duration) 
 			}
 		}
 		fs = append(fs, g)
+	}
+	if r.IntN(3) != 0 {
+		rs := reshardFault(r, shard, horizon)
+		if f.Mode != cfBehindTakeover && !sc.reshardOverlap {
+			// A master is down from its crash until it rejoins: the
+			// reshard comes after (reshard.go, healthy).
+			rs.At = f.At + f.Amount + f.For + ms(r, 110, 200)
+		}
+		fs = slices.DeleteFunc(fs, func(g Fault) bool { return pausesReshard(g, rs) })
+		fs = append(fs, rs)
 	}
 	sortFaults(fs)
 	return fs
@@ -371,6 +384,11 @@ func (cf *clusterFailover) run(w *World) {
 	ctxFor := func(d time.Duration) (context.Context, context.CancelFunc) {
 		seq++
 		return context.WithTimeout(w.jitterCtx(context.Background(), cf.ci, jitClusterRepl, seq), d)
+	}
+	if w.resh != nil {
+		var resharding sync.WaitGroup
+		defer resharding.Wait()
+		resharding.Go(func() { cf.reshardHold(w) })
 	}
 	// 1. K, kept past the promotion.
 	ctx, cancel := ctxFor(time.Second)
@@ -597,6 +615,9 @@ func (w *World) checkClusterFailover(counts map[string]int) []Violation {
 	need := []string{InvOverlap, ExFencePromotion, InvClusterKept, InvStateValid}
 	if cf.behind() {
 		need = append(need, InvRefusedLeft)
+	}
+	if w.resh != nil {
+		need = append(need, InvReshardKept)
 	}
 	var vs []Violation
 	for _, inv := range need {

@@ -75,7 +75,17 @@
 // of several slots (CROSSSLOT) and a script touching a key outside its
 // declared slot; nothing moves, so any refusal (counted) is a misrouted key,
 // but in the failover construction (clusterfail.go), where a spare replica
-// follows one master and takes its slots over when it crashes. A
+// follows one master and takes its slots over when it crashes, and in
+// cluster-failover's reshard (reshard.go), where a slot range migrates
+// from one master to another as Redis 7.0 migrates it: MIGRATING on the
+// source, IMPORTING on the target (Node.redirect: on the source a command
+// whose keys are all present runs, all absent gets ASK, some of each
+// TRYAGAIN; on the target a command runs right after ASKING on its
+// connection, else gets MOVED to the source; a call inside a script that
+// any of these would redirect fails with "non local key"; checked against
+// redis-server 7.0.15), keys moved with their TTL by MIGRATE steps, and
+// SETSLOT NODE at the end (CLUSTER SLOTS, SHARDS and NODES then list the
+// range with the target). A
 // ClusterClient learns the topology through a loader (ClusterSlots
 // option) that asks the masters it knows over the simulated network in an
 // order drawn from the seed, where go-redis would use math/rand's. In
@@ -140,6 +150,17 @@
 //     follows, CLUSTER SHARDS lists the old master in the shard as a
 //     master without slots (failed while down), as Redis 7 lists a failed
 //     primary. INSIDE: WAIT-acknowledged grants survive it.
+//   - reshard (cluster-failover, two runs in three; reshard.go): slots
+//     around k1's (0-200 either side) migrate from the shard after the
+//     failing one to the next: MIGRATING/IMPORTING, 5-40 ms later a
+//     MIGRATE of some of the range's keys (of the construction's three,
+//     the first, the second in half the runs, never the third), and in
+//     half the runs (complete) 20-200 ms later the rest and SETSLOT NODE;
+//     otherwise (half) the range stays half migrated for the rest of the
+//     run. In the crash modes it starts 110-200 ms after the failing
+//     master rejoined (past the Horizon's first three quarters); no pause
+//     touches the two shards from 100 ms before it. INSIDE: a migration
+//     is routine operation.
 //   - latejoin (fair-quorum3, half the seeds; heads.go): for a window,
 //     each Acquire of a fair client's Lock attempt reaches one node of a
 //     majority, chosen by the attempt's token, up to 20-150 ms late, so
@@ -374,6 +395,19 @@
 //     TTL 3-4 s, in every mode) is protected when the promoted replica
 //     held its token and it was valid at the promotion; it must not be
 //     lost by its Until at the promotion plus its TTL.
+//   - reshard-kept (cluster-failover with a reshard; reshard.go): a lock
+//     kept on a healthy Cluster through a migration is not lost. The
+//     construction's client (sheltered) takes three keys of k1's slot
+//     ({k1's name}m0-m2, TTL 400-800 ms) 20-60 ms before the migration,
+//     keeps them with a renew.Watchdog of their own, and reads them three
+//     TTLs after the migration's last step. Protected: valid and held on
+//     the source as the migration began; healthy: no pause of the source's
+//     or the target's shard (master or replica) from 100 ms before the
+//     migration to the check, and no Cluster node down meanwhile. A
+//     protected lock must be neither lost nor invalid then. Examined:
+//     protected locks; a run with a reshard that examined none fails
+//     (examined-run). state-valid reads a Cluster lock where its key
+//     lives: the source while it has the key, else the target.
 //   - refused-left (cluster-failover; clusterrepl.go): a TryLock refused
 //     for too few acknowledgements (failover.ErrNotReplicated) leaves no
 //     key behind on the master that refused it when it returns (the
@@ -383,9 +417,9 @@
 //     whose first hold was granted before the promotion and second after
 //     (P before the cut and after the rejoin, in every run).
 //   - examined-run (cluster-failover): a run in which overlap,
-//     fence-order/promotion, cluster-kept, state-valid or, in the behind
-//     modes, refused-left examined nothing fails: the construction could
-//     not make its case.
+//     fence-order/promotion, cluster-kept, state-valid, in the behind
+//     modes refused-left, or with a reshard reshard-kept examined nothing
+//     fails: the construction could not make its case.
 //   - healthy-lost (watchdog-mixed; health.go): a protected hold is never
 //     lost. Protected: no badkey on its key, faults on at most a minority
 //     of its strategy's nodes, a quorum of its granting nodes untouched and
@@ -717,7 +751,11 @@
 //     wake hub's other goroutine waits on; for the same reason they lose
 //     no command and pause no node. The dial-close construction holds one
 //     handshake only once nobody waits on that mutex (boundwork.go).
-//   - The Cluster has no resharding (no ASK or TRYAGAIN), no CLUSTERDOWN,
+//   - Resharding only in cluster-failover, one range per run, moved by
+//     the simulator (no MIGRATE command, no CLUSTER SETSLOT or GETKEYSINSLOT
+//     from clients; CLUSTER NODES does not show the migrating state); every
+//     node learns SETSLOT NODE at once; the source keeps no copy of a moved
+//     key. The Cluster has no CLUSTERDOWN,
 //     no gossip or failure detection (the schedule decides each promotion
 //     and when an old master learns of it); replicas only in
 //     cluster-failover (CLUSTER SLOTS lists them there only, so that

@@ -53,7 +53,7 @@ func (w *World) doLockers(ci int, r *rand.Rand) []doLocker {
 // the key.
 func (w *World) holdNodes(strat, key string) ([]int, int) {
 	if w.sc.Strategy == FailoverCluster {
-		return []int{w.master(key).id}, 1 // the master serving it now
+		return []int{w.keyHome(key).id}, 1 // the master serving it now (reshard.go: where it lives)
 	}
 	switch strat {
 	case "s":

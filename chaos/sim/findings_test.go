@@ -319,3 +319,48 @@ func TestFindingUndoPublishStorm(t *testing.T) {
 		}
 	})
 }
+
+// reshardFinding runs cluster-failover seed with opts (and overlap: the
+// reshard may come while a master is down) and fails t for each
+// reshard-kept violation.
+func reshardFinding(t *testing.T, seed uint64, overlap bool, opts Options) {
+	t.Helper()
+	sc, _ := ScenarioByName("cluster-failover")
+	sc.reshardOverlap = overlap
+	var res *Result
+	synctest.Test(t, func(t *testing.T) { res = Run(sc, seed, opts) })
+	for _, v := range res.Violations {
+		if v.Inv == InvReshardKept {
+			t.Errorf("seed %d: %s", seed, v.Detail)
+		}
+	}
+}
+
+// TestFindingSlowMasterHoldsBackBatch: a Watchdog's batch on a Cluster
+// returns no verdict before its slowest master answered (or its wait for
+// that master ended, nine tenths of the smallest TTL from the batch's
+// start), so a master whose replica is cut off (each renewal there
+// waits out WAIT's timeout, twice with a NOSCRIPT reload) holds back the
+// verdicts of the other masters' keys past their deadline: locks their
+// healthy masters renewed are lost. renew's doc promises that one sick
+// neighbour costs only its own locks. Found by cluster-failover's reshard
+// construction kept by the construction's watchdog beside K2 (on the
+// failing shard, cut off), TTL 100-250 ms; no migration is needed for it.
+func TestFindingSlowMasterHoldsBackBatch(t *testing.T) {
+	findingsOnly(t, "a slow Cluster master holds back the renewal verdicts of the other masters' keys")
+	reshardFinding(t, 3, false, Options{reshardSharedWatchdog: true, reshardShortTTL: true})
+}
+
+// TestFindingMovedWaitsForReload: after a migration completes (SETSLOT
+// NODE), the failover strategy follows MOVED only once its ClusterClient's
+// topology names the new master (masterAt waits up to maxAwaitMove,
+// asking go-redis for a reload); go-redis's lazy reload runs at most once
+// per 200 ms, and a reload some other call asked for within the last
+// 200 ms delays it: a renewal of a moved key waits past its batch's wait
+// although the MOVED reply named the master, and locks of TTL 100-250 ms
+// are lost on a healthy Cluster. Found by the reshard construction with
+// short TTLs (the rotation's are 400-800 ms).
+func TestFindingMovedWaitsForReload(t *testing.T) {
+	findingsOnly(t, "a renewal following MOVED waits for go-redis's rate-limited topology reload")
+	reshardFinding(t, 44, false, Options{reshardShortTTL: true})
+}

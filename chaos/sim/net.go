@@ -66,6 +66,10 @@ type conn struct {
 	// since: a reply's fate is drawn from both (see World.fate).
 	replyTo, sinceReq uint64
 	closed            bool
+	// asking (a Cluster node's connection): the last command was ASKING,
+	// which lets the next one reach a slot the node imports (reshard.go).
+	// Guarded by the node's mu.
+	asking bool
 	// closing: the client closed its end while requests were in flight;
 	// they still reach the node (TCP delivers data before the FIN, and
 	// Redis runs what it read before it sees the close), their replies

@@ -67,6 +67,10 @@ type Node struct {
 	// effects on every key. declared: the script's declared keys.
 	scriptKeys, declared []string
 	scriptPre            []keyState
+	// asking: the command being dispatched came right after ASKING on
+	// its connection (a Cluster node: it, and its script's calls, may
+	// reach a slot the node imports; reshard.go).
+	asking bool
 	// gate, when set (hand-written tests), holds back the requests it
 	// returns true for until openGate, as redistest.Gate does with
 	// redis-server: the test decides the order in which they land.
@@ -315,6 +319,9 @@ func (n *Node) execLocked(c *conn, args []string, sent time.Time) {
 		n.blocked[c] = append(q, queued{c, args, sent})
 		return
 	}
+	// ASKING holds for the next command on the connection only.
+	asking := c.asking
+	c.asking = false
 	if n.w.scriptCall(n, c, args, sent) {
 		return
 	}
@@ -327,12 +334,12 @@ func (n *Node) execLocked(c *conn, args []string, sent time.Time) {
 		}
 	}
 	ac := n.w.beforeApply(n, c, args)
-	n.cur = c
+	n.cur, n.asking = c, asking
 	if isScript(args) {
 		n.declared = writeKeys(args)
 	}
 	n.m.Server().Dispatch(c.peer, args)
-	n.cur, n.declared = nil, nil
+	n.cur, n.declared, n.asking = nil, nil, false
 	n.w.touch(n.id, args) // the state check runs once n.mu is released (flushState)
 	if len(n.scriptKeys) > 0 {
 		n.w.touchKeys(n.id, n.scriptKeys)

@@ -74,6 +74,14 @@ type Options struct {
 	LostFirst bool
 	// verifyReadings (tests): see World.verifyReadings.
 	verifyReadings bool
+	// reshardSharedWatchdog (TestFindingSlowMasterHoldsBackBatch): the
+	// reshard construction keeps its locks with the construction's
+	// watchdog, beside K and K2 on the failing shard, not with one of
+	// their own (reshard.go).
+	reshardSharedWatchdog bool
+	// reshardShortTTL (the findings tests of reshard.go): the reshard
+	// construction's locks get a TTL of 100-250 ms, not 400-800 ms.
+	reshardShortTTL bool
 }
 
 // Run runs scenario sc under seed and checks its history. Call it inside a
@@ -270,6 +278,7 @@ func newWorld(sc Scenario, seed uint64, opts Options) *World {
 	w := &World{seed: seed, sc: sc, opts: opts, start: start, hist: newHistory(start, opts.Log), ops: ops, verifyReadings: opts.verifyReadings}
 	w.net = newSched(w.flushState)
 	w.faults = makeSchedule(seed, &sc, sc.horizon())
+	w.resh = newReshard(w.faults)
 	w.afterSchedule() // clock-rate faults, the state check's windows
 	if sc.Strategy == Failover {
 		w.watchers = map[int]watchInfo{}

@@ -59,6 +59,8 @@ type Fault struct {
 	Why          string // for Outside or FenceOutside: which assumption it breaks
 	// Rate: clock-drift, the clock's rate excess (drift.go).
 	Rate float64
+	// Slots: reshard, the slot range [lo, hi] it moves (reshard.go).
+	Slots [2]int
 }
 
 func (f Fault) String() string {
@@ -90,6 +92,9 @@ func (f Fault) String() string {
 	}
 	if f.Rate != 0 {
 		fmt.Fprintf(&b, " rate=%+.3f%%", 100*f.Rate)
+	}
+	if f.Slots != [2]int{} {
+		fmt.Fprintf(&b, " slots=%d-%d", f.Slots[0], f.Slots[1])
 	}
 	switch {
 	case f.Outside:

@@ -459,8 +459,8 @@ func (w *World) checkLockLocked(e *liveLock, node int) {
 		node = -1
 	}
 	if e.cluster {
-		nodes, need = []int{w.master(e.key).id}, 1
-		node = readAll // the master may have changed since the last reading
+		nodes, need = []int{w.keyHome(e.key).id}, 1
+		node = readAll // the master (or, in a migrating slot, the node with the key) may have changed since the last reading
 	}
 	st.stats.Examined++
 	untilV := w.clientVirtual(e.ci, e.lk.Until())

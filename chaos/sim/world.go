@@ -60,6 +60,7 @@ type World struct {
 	// shard's node that is not its master (zero: a replica, online).
 	shardRole [ClusterMasters]shardState
 	cfo       *clusterFailover // cluster-failover's construction (clusterrepl.go), nil elsewhere
+	resh      *reshard         // cluster-failover's slot migration (reshard.go), nil if none drawn
 	// quiet: while the run sets its clients up (Cluster clients warm up),
 	// messages get their base delay only: no spike, loss or fault.
 	quiet atomic.Bool
@@ -421,6 +422,10 @@ func (w *World) actions() []action {
 	for _, f := range w.faults {
 		f := f
 		if fa := w.clusterFailoverActions(f); fa != nil {
+			as = append(as, fa...)
+			continue
+		}
+		if fa := w.reshardActions(f); fa != nil {
 			as = append(as, fa...)
 			continue
 		}
