@@ -1,8 +1,6 @@
 package failover_test
 
 import (
-	"context"
-	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -15,7 +13,6 @@ import (
 	"github.com/redlease/redlease/failover"
 	"github.com/redlease/redlease/internal/contract"
 	"github.com/redlease/redlease/internal/redistest"
-	"github.com/redlease/redlease/renew"
 )
 
 // The failover strategy on a real Redis Cluster of three masters with a
@@ -126,49 +123,11 @@ func TestOnClusterWithoutReplicas(t *testing.T) {
 }
 
 // A Cluster master killed once its replica acknowledged the lock, and the
-// replica promoted (CLUSTER FAILOVER TAKEOVER seen through another
-// client): the holder keeps the lock, renewed on the new master, past the
-// Until it had at the promotion by half a TTL.
+// replica promoted: the holder keeps the lock, renewed on the new master
+// (contract.ClusterFailoverKeeps). The new master lists no replica while
+// the old one is dead, so its renewals wait for none.
 func TestOnClusterAFailoverKeepsAnAcknowledgedLock(t *testing.T) {
-	cl := redistest.StartClusterWithReplicas(t, 3, 1)
-	c, other := cl.Client(), cl.Client()
-	wd, err := renew.New()
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = wd.Close() })
-	s, err := failover.New(c)
-	require.NoError(t, err)
-	const ttl = 6 * time.Second
-	l, err := redlease.New(s, redlease.WithKeeper(wd), redlease.WithTTL(ttl), redlease.WithPolling())
-	require.NoError(t, err)
-	ctx := t.Context()
-	const key = "failover:acked"
-	lk, err := l.TryLock(ctx, key)
-	require.NoError(t, err)
-	stop := wd.Keep(lk)
-	defer stop()
-	m := cl.MasterOf(ctx, c, key)
-	r := cl.ReplicaOf(m)
-	got, err := r.ReadOnlyGet(ctx, key)
-	require.NoError(t, err)
-	require.Equal(t, lk.Token(), got, "the replica acknowledged the grant")
-
-	m.Kill()
-	promoted := cl.Takeover(r, other, key)
-	until := lk.Until()
-	t.Logf("master %s killed, %s promoted; the lock's Until %v after the promotion", m.Addr, r.Addr, until.Sub(promoted).Round(time.Millisecond))
-	time.Sleep(time.Until(until) + ttl/2)
-	select {
-	case <-lk.Lost():
-		t.Fatalf("the lock was lost although %s, promoted, held it: %v", r.Addr, lk.Err())
-	default:
-	}
-	assert.True(t, lk.Valid())
-	assert.True(t, lk.Until().After(until), "renewed on the new master")
-	other2, err := failover.New(other)
-	require.NoError(t, err)
-	_, err = other2.Acquire(ctx, key, "intruder", ttl)
-	var held *redlease.HeldError
-	assert.True(t, errors.As(err, &held) || errors.Is(err, redlease.ErrNotObtained), "another client is refused: %v", err)
+	contract.ClusterFailoverKeeps(t, func(c *redis.ClusterClient) (redlease.Strategy, error) { return failover.New(c) })
 }
 
 // A slot left half migrated, on the failover strategy: the key still on
@@ -218,61 +177,9 @@ func TestOnClusterAHalfMigratedSlotKeepsBothLocks(t *testing.T) {
 
 // Every call of the failover strategy on a Cluster client returns by its
 // ctx deadline, with ContextTimeoutEnabled on and off, when the key's
-// master is paused and when it is killed: TryLock, Lock and Do on a new key
-// of that master, and Extend, ExtendAll and Release of a lock held there,
-// each with redistest.CallTimeout, on a client that has been in use. A
-// Cluster of three masters without replicas (WAIT for none), a new one per
-// case.
+// master is paused and when it is killed, and a failure names the key's
+// master (contract.ClusterCallsBounded; three masters without replicas:
+// WAIT for none).
 func TestOnClusterCallsAreBoundedByTheirContext(t *testing.T) {
-	for _, fault := range []string{"paused", "killed"} {
-		for _, cte := range []bool{true, false} {
-			t.Run(fmt.Sprintf("%s master, ContextTimeoutEnabled %v", fault, cte), func(t *testing.T) {
-				probe := redistest.StartStallProbe(t)
-				servers := redistest.StartCluster(t, 3)
-				addrs := make([]string, len(servers))
-				for i, s := range servers {
-					addrs[i] = s.Addr
-					t.Cleanup(s.Resume)
-				}
-				c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, ContextTimeoutEnabled: cte})
-				t.Cleanup(func() { _ = c.Close() })
-				s, err := failover.New(c)
-				require.NoError(t, err)
-				l, err := redlease.New(s, redlease.WithPolling(), redlease.WithTTL(10*time.Second))
-				require.NoError(t, err)
-				ctx := t.Context()
-				held, err := l.TryLock(ctx, "{bounded}:held")
-				require.NoError(t, err)
-				m, err := c.MasterForKey(ctx, "{bounded}:held")
-				require.NoError(t, err)
-				var victim *redistest.Server
-				for _, sv := range servers {
-					if sv.Addr == m.Options().Addr {
-						victim = sv
-					}
-				}
-				require.NotNil(t, victim)
-				if fault == "paused" {
-					victim.Pause()
-				} else {
-					victim.Kill()
-				}
-				timed := redistest.BoundedCalls(ctx, t, probe)
-				err = timed("TryLock", func(c context.Context) error { _, err := l.TryLock(c, "{bounded}:new"); return err })
-				assert.ErrorIs(t, err, redlease.ErrUnavailable)
-				err = timed("Lock", func(c context.Context) error { _, err := l.Lock(c, "{bounded}:new"); return err })
-				assert.ErrorIs(t, err, redlease.ErrUnavailable)
-				err = timed("Do", func(c context.Context) error {
-					return l.Do(c, "{bounded}:new", func(context.Context, *redlease.Lock) error { return nil })
-				})
-				assert.ErrorIs(t, err, redlease.ErrUnavailable)
-				err = timed("Extend", func(c context.Context) error { return held.Extend(c, 10*time.Second) })
-				assert.ErrorIs(t, err, redlease.ErrUnavailable)
-				err = timed("ExtendAll", func(c context.Context) error { return redlease.ExtendAll(c, []*redlease.Lock{held})[0] })
-				assert.ErrorIs(t, err, redlease.ErrUnavailable)
-				err = timed("Release", func(c context.Context) error { return held.Release(c) })
-				assert.Error(t, err)
-			})
-		}
-	}
+	contract.ClusterCallsBounded(t, func(c *redis.ClusterClient) (redlease.Strategy, error) { return failover.New(c) })
 }

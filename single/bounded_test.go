@@ -2,9 +2,6 @@ package single_test
 
 import (
 	"context"
-	"fmt"
-	"runtime"
-	"strings"
 	"testing"
 	"time"
 
@@ -13,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/redlease/redlease"
+	"github.com/redlease/redlease/internal/contract"
 	"github.com/redlease/redlease/internal/redistest"
 	"github.com/redlease/redlease/single"
 )
@@ -120,91 +118,8 @@ func TestFreshClusterClientKeepsTheDeadlineWithPausedMasters(t *testing.T) {
 
 // Every call on a Cluster client returns by its ctx deadline, with
 // ContextTimeoutEnabled on and off, when the key's master is paused and
-// when it is killed: TryLock, Lock and Do on a new key of that master, and
-// Extend, ExtendAll and Release of a lock held there, each with a 300 ms
-// ctx, on a client that has been in use (topology and COMMAND known). A
-// new Cluster per case.
+// when it is killed, and a failure names the key's master
+// (contract.ClusterCallsBounded).
 func TestClusterCallsAreBoundedByTheirContext(t *testing.T) {
-	for _, fault := range []string{"paused", "killed"} {
-		for _, cte := range []bool{true, false} {
-			t.Run(fmt.Sprintf("%s master, ContextTimeoutEnabled %v", fault, cte), func(t *testing.T) {
-				probe := redistest.StartStallProbe(t)
-				servers := redistest.StartCluster(t, 3)
-				addrs := make([]string, len(servers))
-				for i, s := range servers {
-					addrs[i] = s.Addr
-					t.Cleanup(s.Resume)
-				}
-				c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, ContextTimeoutEnabled: cte})
-				t.Cleanup(func() { _ = c.Close() })
-				strategy, err := single.New(c)
-				require.NoError(t, err)
-				l, err := redlease.New(strategy, redlease.WithPolling(), redlease.WithTTL(10*time.Second))
-				require.NoError(t, err)
-				ctx := t.Context()
-				held, err := l.TryLock(ctx, "{bounded}:held")
-				require.NoError(t, err)
-				m, err := c.MasterForKey(ctx, "{bounded}:held")
-				require.NoError(t, err)
-				var victim *redistest.Server
-				for _, s := range servers {
-					if s.Addr == m.Options().Addr {
-						victim = s
-					}
-				}
-				require.NotNil(t, victim, "the key's master %s", m.Options().Addr)
-				if fault == "paused" {
-					victim.Pause()
-				} else {
-					victim.Kill()
-					// go-redis redials a dead address from a goroutine of
-					// its own (pool.tryDial), which sleeps 1 s between
-					// dials and ends at the first one after its client
-					// closed: close it, then wait, bounded.
-					t.Cleanup(func() {
-						_ = c.Close()
-						waitRedialsEnd(t, 3*time.Second)
-					})
-				}
-				timed := redistest.BoundedCalls(ctx, t, probe)
-				err = timed("TryLock", func(c context.Context) error { _, err := l.TryLock(c, "{bounded}:new"); return err })
-				assert.ErrorIs(t, err, redlease.ErrUnavailable)
-				var ne *redlease.NodeError
-				if assert.ErrorAs(t, err, &ne) {
-					assert.Equal(t, victim.Addr, ne.Addr, "the failure names the key's master, not the client's first address")
-				}
-				err = timed("Lock", func(c context.Context) error { _, err := l.Lock(c, "{bounded}:new"); return err })
-				assert.ErrorIs(t, err, redlease.ErrUnavailable)
-				err = timed("Do", func(c context.Context) error {
-					return l.Do(c, "{bounded}:new", func(context.Context, *redlease.Lock) error { return nil })
-				})
-				assert.ErrorIs(t, err, redlease.ErrUnavailable)
-				err = timed("Extend", func(c context.Context) error { return held.Extend(c, 10*time.Second) })
-				assert.ErrorIs(t, err, redlease.ErrUnavailable)
-				err = timed("ExtendAll", func(c context.Context) error { return redlease.ExtendAll(c, []*redlease.Lock{held})[0] })
-				assert.ErrorIs(t, err, redlease.ErrUnavailable)
-				err = timed("Release", func(c context.Context) error { return held.Release(c) })
-				assert.Error(t, err)
-			})
-		}
-	}
-}
-
-// waitRedialsEnd waits at most limit for every goroutine of go-redis's
-// redial probe (pool.(*ConnPool).tryDial) to end, and fails tb if one is
-// left: a closed client's probe ends at its next wake, a second at most.
-func waitRedialsEnd(tb testing.TB, limit time.Duration) {
-	tb.Helper()
-	buf := make([]byte, 1<<20)
-	for end := time.Now().Add(limit); ; {
-		n := runtime.Stack(buf, true)
-		if !strings.Contains(string(buf[:n]), "(*ConnPool).tryDial") {
-			return
-		}
-		if time.Now().After(end) {
-			tb.Errorf("a go-redis redial probe still runs %v after its client closed", limit)
-			return
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	contract.ClusterCallsBounded(t, func(c *redis.ClusterClient) (redlease.Strategy, error) { return single.New(c) })
 }

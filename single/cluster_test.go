@@ -15,7 +15,6 @@ import (
 	"github.com/redlease/redlease/internal/contract"
 	"github.com/redlease/redlease/internal/redistest"
 	"github.com/redlease/redlease/internal/script"
-	"github.com/redlease/redlease/renew"
 	"github.com/redlease/redlease/single"
 )
 
@@ -136,44 +135,7 @@ func TestClusterReleaseWakesWaiters(t *testing.T) {
 // seed 2, the failover construction); before the fix the lock was lost
 // at its Until.
 func TestClusterFailoverKeepsAReplicatedLock(t *testing.T) {
-	probe := redistest.StartStallProbe(t)
-	cl := redistest.StartClusterWithReplicas(t, 3, 1)
-	c, other := cl.Client(), cl.Client()
-	wd, err := renew.New()
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = wd.Close() })
-	s, err := single.New(c)
-	require.NoError(t, err)
-	const ttl = 6 * time.Second
-	l, err := redlease.New(s, redlease.WithKeeper(wd), redlease.WithTTL(ttl), redlease.WithPolling())
-	require.NoError(t, err)
-	ctx := t.Context()
-	const key = "failover:kept"
-	lk, err := l.TryLock(ctx, key)
-	require.NoError(t, err)
-	stop := wd.Keep(lk)
-	defer stop()
-	m := cl.MasterOf(ctx, c, key)
-	r := cl.ReplicaOf(m)
-	probe.WaitFor(t, 5*time.Second, 3, 5*time.Millisecond, func() bool { return cl.Lag(m, r) == 0 }, "replica %s to catch up with %s", r.Addr, m.Addr)
-	got, err := r.ReadOnlyGet(ctx, key)
-	require.NoError(t, err)
-	require.Equal(t, lk.Token(), got, "the replica holds the lock before the failover")
-
-	m.Kill()
-	promoted := cl.Takeover(r, other, key)
-	until := lk.Until()
-	t.Logf("master %s killed, %s promoted; the lock's Until %v after the promotion", m.Addr, r.Addr, until.Sub(promoted).Round(time.Millisecond))
-	// Past the Until the lock had at the promotion, by half a TTL: a lock
-	// nobody renewed on the new master is over by then.
-	time.Sleep(time.Until(until) + ttl/2)
-	select {
-	case <-lk.Lost():
-		t.Fatalf("the lock was lost although %s, promoted, held it: %v", r.Addr, lk.Err())
-	default:
-	}
-	assert.True(t, lk.Valid(), "the lock is still valid %v after its Until at the promotion", time.Since(until).Round(time.Millisecond))
-	assert.True(t, lk.Until().After(until), "renewed on the new master")
+	contract.ClusterFailoverKeeps(t, func(c *redis.ClusterClient) (redlease.Strategy, error) { return single.New(c) })
 }
 
 // A slot left half migrated (an interrupted resharding: one of its two
