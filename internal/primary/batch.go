@@ -354,9 +354,9 @@ func chunkLocal(items []redlease.Extension, idx []int) []batchCall {
 // moved or is migrating, the cluster is down) is sent again on its own,
 // with its key declared, so that the redirection is followed: by the
 // Cluster client, or by onMaster for replicated writes. A call that failed
-// whole (BUSY, a timeout) leaves its keys undecided: the renewal after
-// the retry delay sends them again. It returns the calls it judged by, those sent again
-// after the first ones, and their replies.
+// whole (BUSY, a timeout) leaves its keys undecided: the renewal after the
+// retry delay sends them again. It returns the calls to judge (the
+// master's, then those sent again) and their replies.
 func (p *Primary) sendShard(ctx context.Context, items []redlease.Extension, calls []batchCall) ([]batchCall, []reply) {
 	fail := func(err error) ([]batchCall, []reply) {
 		rs := make([]reply, len(calls))
