@@ -92,6 +92,19 @@ func (lk *Lock) Key() string {
 	return lk.key
 }
 
+// Shard names the server that serves the lock's key now, for a strategy
+// whose keys live on several independent servers (see Sharder: a Cluster
+// client's master), and "" otherwise. The watchdogs group renewals by it.
+func (lk *Lock) Shard() string {
+	if lk == nil {
+		return ""
+	}
+	if s, ok := lk.strategy.(Sharder); ok {
+		return s.Shard(lk.fullKey)
+	}
+	return ""
+}
+
 // Token returns the random token (128 bits from crypto/rand) that identifies
 // this holder in Redis.
 func (lk *Lock) Token() string {

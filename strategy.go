@@ -109,6 +109,19 @@ type Waker interface {
 	Listen(key, waiter string) (notices <-chan struct{}, stop func(handOn bool), ok bool)
 }
 
+// Sharder is a Strategy whose keys live on several servers that answer
+// independently of each other: the masters of a Redis Cluster. Shard names
+// the server that serves key now, by the client's last known topology
+// ("" if it cannot say). The watchdogs (Locker.Do's default keeper and
+// renew.Watchdog) renew each shard's locks in calls of their own, so that a
+// slow server (paused, or waiting for its replicas) holds back only the
+// verdicts of its own locks, not those of locks whose servers answered.
+// single and failover implement it; Shard is "" on a client that is not a
+// Cluster client.
+type Sharder interface {
+	Shard(key string) string
+}
+
 // Queuer is a Strategy that can serve the waiters of a key in arrival
 // order: fair mode (WithFairness; what it guarantees and how it fails is
 // in the package documentation, how the line works in docs/fair-mode.md).

@@ -42,18 +42,20 @@
 //
 // # One sick neighbour costs only its own locks
 //
-// Locks are renewed per strategy: each strategy's due locks go out in
-// their own call, on their own goroutine, under their own deadline (the
-// renewal timeout, WithTimeout, never past the latest of its locks'
-// Until less the loss margin: a lock near its deadline does not cut the
-// call short for the others), and at most WithMaxCalls calls per strategy
-// are in flight, counting calls the Watchdog stopped waiting for. A paused
-// node, a hung Cluster master or a strategy whose client ignores its
-// context therefore delays only its own strategy's locks. Within a batch
-// every key has its own outcome (single, failover and quorum answer per
-// key, per node and per Cluster master): a key overwritten by a value of
-// another type is lost alone, a master that does not answer costs only its
-// own keys.
+// Locks are renewed per strategy, and on a Redis Cluster per master
+// (redlease.Sharder: the master that served the key when it was kept):
+// each such group's due locks go out in their own call, on their own
+// goroutine, under their own deadline (the renewal timeout, WithTimeout,
+// never past the latest of its locks' Until less the loss margin: a lock
+// near its deadline does not cut the call short for the others), and at
+// most WithMaxCalls calls per group are in flight, counting calls the
+// Watchdog stopped waiting for. A paused node or a strategy whose client
+// ignores its context therefore delays only its own strategy's locks, and
+// a hung or slow Cluster master (one waiting out WAIT for a replica that
+// is behind) only its own. Within a batch every key has its own outcome
+// (single, failover and quorum answer per key, per node and per Cluster
+// master): a key overwritten by a value of another type is lost alone, a
+// master that does not answer costs only its own keys.
 //
 // A renewal that fails without a verdict (a timeout, an error reply such
 // as READONLY, LOADING, NOPERM or BUSY) is retried after min(interval/4,

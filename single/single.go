@@ -26,6 +26,7 @@ var (
 	_ redlease.Placer          = (*Strategy)(nil)
 	_ redlease.Waker           = (*Strategy)(nil)
 	_ redlease.Namer           = (*Strategy)(nil)
+	_ redlease.Sharder         = (*Strategy)(nil)
 )
 
 // Option configures a Strategy in New.
@@ -160,3 +161,8 @@ func (s *Strategy) AcquireInLine(ctx context.Context, key, token string, ttl tim
 func (s *Strategy) LeaveLine(ctx context.Context, key, id string) error {
 	return s.p.LeaveLine(ctx, key, id)
 }
+
+// Shard names the Cluster master that serves key now, by the client's last
+// known topology; "" on a client that is not a Cluster client (see
+// redlease.Sharder: the watchdogs renew each master's locks apart).
+func (s *Strategy) Shard(key string) string { return s.p.Shard(key) }

@@ -137,3 +137,23 @@ func (p *Primary) awaitMove(ctx context.Context, key, addr string, limit time.Du
 		}
 	}
 }
+
+// shardLookup bounds Shard's look at the topology: go-redis answers from
+// its last topology, and loads one only if it never did.
+const shardLookup = 100 * time.Millisecond
+
+// Shard names the Cluster master that serves key by the client's last
+// known topology, or "" (not a Cluster client, or no topology within
+// shardLookup). See redlease.Sharder.
+func (p *Primary) Shard(key string) string {
+	if p.cluster == nil {
+		return ""
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), shardLookup)
+	defer cancel()
+	m, err := p.cluster.MasterForKey(ctx, key)
+	if err != nil {
+		return ""
+	}
+	return m.Options().Addr
+}

@@ -95,14 +95,41 @@ func (w *Engine[T]) laneTimeout(key any) time.Duration {
 	return w.timeout
 }
 
-// LaneKey is the lane of an item of strategy s: s itself, or the item for
-// a strategy that cannot be a map key (== on an incomparable dynamic value
-// panics).
+// LaneKey is the lane of an item of strategy s: s itself (with the item's
+// shard, for a Sharded item that names one), or the item for a strategy
+// that cannot be a map key (== on an incomparable dynamic value panics).
 func LaneKey(s, item any) any {
 	if s == nil || reflect.TypeOf(s).Kind() == reflect.Pointer || reflect.ValueOf(s).Comparable() {
+		if sh, ok := item.(Sharded); ok {
+			if id := sh.Shard(); id != "" {
+				return shardLane{s: s, shard: id}
+			}
+		}
 		return s
 	}
 	return item
+}
+
+// Sharded is an item whose strategy keeps keys on several independent
+// servers (redlease.Sharder): Shard names the item's ("" if none). Items of
+// one strategy on different shards go in lanes, and so calls, of their
+// own: a slow server holds back only its own items' verdicts.
+type Sharded interface {
+	Shard() string
+}
+
+// shardLane is the lane of a strategy's items on one shard.
+type shardLane struct {
+	s     any
+	shard string
+}
+
+// CallBound is the strategy's (see CallBounder), or 0.
+func (l shardLane) CallBound() time.Duration {
+	if b, ok := l.s.(CallBounder); ok {
+		return b.CallBound()
+	}
+	return 0
 }
 
 // Engine keeps any number of items alive. See renew.Watchdog for the

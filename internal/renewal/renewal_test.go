@@ -218,3 +218,34 @@ func TestLaneWaitsForItsStrategysCallBound(t *testing.T) {
 		synctest.Wait()
 	})
 }
+
+// shardedItem is an item that names its shard (renewal.Sharded).
+type shardedItem struct {
+	*item
+	shard string
+}
+
+func (i shardedItem) Shard() string { return i.shard }
+
+// boundedStrategy is a lane key with a call bound of its own.
+type boundedStrategy struct{ bound time.Duration }
+
+func (b *boundedStrategy) CallBound() time.Duration { return b.bound }
+
+// Items of one strategy on different shards go in different lanes (calls
+// of their own); on one shard, or naming none, in the same lane; the
+// strategy's call bound still applies to each shard's lane.
+func TestLaneKeyPerShard(t *testing.T) {
+	s := &boundedStrategy{bound: 3 * time.Second}
+	a := renewal.LaneKey(s, shardedItem{newItem(time.Second), "10.0.0.1:7000"})
+	a2 := renewal.LaneKey(s, shardedItem{newItem(time.Second), "10.0.0.1:7000"})
+	b := renewal.LaneKey(s, shardedItem{newItem(time.Second), "10.0.0.2:7000"})
+	none := renewal.LaneKey(s, shardedItem{newItem(time.Second), ""})
+	assert.Equal(t, a, a2, "one shard, one lane")
+	assert.NotEqual(t, a, b, "two shards, two lanes")
+	assert.Equal(t, any(s), none, "no shard: the strategy's lane")
+	cb, ok := a.(renewal.CallBounder)
+	if assert.True(t, ok, "a shard's lane keeps the strategy's call bound") {
+		assert.Equal(t, 3*time.Second, cb.CallBound())
+	}
+}
