@@ -369,6 +369,7 @@ func (p *Primary) sendShard(ctx context.Context, items []redlease.Extension, cal
 	if err != nil {
 		return fail(err)
 	}
+	p.remember(node)
 	need := 0
 	if p.waits() {
 		if need, err = p.replicasOf(ctx, node); err != nil {

@@ -208,6 +208,7 @@ func (p *Primary) onMaster(ctx context.Context, sc *script.Script, key string, l
 	if err != nil {
 		return nil, nil, err
 	}
+	p.remember(node)
 	asking, loaded := false, false
 	for attempt := 0; ; attempt++ {
 		n, err := p.replicasOf(ctx, node)
@@ -271,14 +272,22 @@ func (p *Primary) onMaster(ctx context.Context, sc *script.Script, key string, l
 	}
 }
 
-// masterAt returns the Cluster client's client of the master at addr. If
-// key is set (MOVED), it first waits, at most maxAwaitMove, for the
-// reloaded topology to route key there.
+// masterAt returns the Cluster client's client of the master at addr: the
+// node client go-redis made for addr, if this Primary saw it (remember;
+// go-redis makes a client for every node its topology names, replicas
+// included, so a promoted replica's is usually known). Else, if key is
+// set (MOVED), the one the reloaded topology routes key to once it routes
+// it to addr, waiting at most maxAwaitMove; else the master of that
+// address among the topology's.
 func (p *Primary) masterAt(ctx context.Context, key, addr string) (*redis.Client, error) {
+	if c, ok := p.nodes.Load(addr); ok {
+		return c.(*redis.Client), nil
+	}
 	if key != "" {
 		end := time.Now().Add(maxAwaitMove)
 		for {
 			if m, err := p.cluster.MasterForKey(ctx, key); err == nil && m.Options().Addr == addr {
+				p.remember(m)
 				return m, nil
 			}
 			if !time.Now().Before(end) {
@@ -299,6 +308,7 @@ func (p *Primary) masterAt(ctx context.Context, key, addr string) (*redis.Client
 		found *redis.Client
 	)
 	err := p.cluster.ForEachMaster(ctx, func(_ context.Context, c *redis.Client) error {
+		p.remember(c)
 		if c.Options().Addr == addr {
 			mu.Lock()
 			found = c
@@ -313,4 +323,9 @@ func (p *Primary) masterAt(ctx context.Context, key, addr string) (*redis.Client
 		err = fmt.Errorf("redirected to %s, which the Cluster client does not know as a master", addr)
 	}
 	return nil, err
+}
+
+// remember records node client c by its address, for masterAt.
+func (p *Primary) remember(c *redis.Client) {
+	p.nodes.Store(c.Options().Addr, c)
 }

@@ -81,6 +81,11 @@ type Primary struct {
 
 	// replicas: the Cluster masters' replica counts (AllReplicas).
 	replicas replicaCounts
+	// nodes: the Cluster client's node clients this Primary saw (those it
+	// made after New, by its OnNewNode, and those calls were routed to), by
+	// address, for a redirection to a node the topology does not name yet
+	// (masterAt).
+	nodes sync.Map
 }
 
 // ErrNotReplicated is failover.ErrNotReplicated, defined here because
@@ -141,6 +146,10 @@ func New[O any](client redis.UniversalClient, cfg Config, opts []O, apply func(O
 	p.addr = nodes.Addr(client)
 	p.wake = wake.NewSet(client)
 	p.cluster, _ = client.(*redis.ClusterClient)
+	if p.cluster != nil {
+		// Called under go-redis's node-table lock: a store, nothing else.
+		p.cluster.OnNewNode(p.remember)
+	}
 	p.bound = !bounded.HonorsContext(client)
 	p.deadlines = bounded.NewDeadlines(p.CallBound())
 	p.life, p.endLife = context.WithCancel(context.Background())
