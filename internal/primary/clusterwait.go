@@ -284,23 +284,13 @@ func (p *Primary) masterAt(ctx context.Context, key, addr string) (*redis.Client
 		return c.(*redis.Client), nil
 	}
 	if key != "" {
-		end := time.Now().Add(maxAwaitMove)
-		for {
-			if m, err := p.cluster.MasterForKey(ctx, key); err == nil && m.Options().Addr == addr {
-				p.remember(m)
-				return m, nil
-			}
-			if !time.Now().Before(end) {
-				break
-			}
-			t := time.NewTimer(awaitMoveStep)
-			select {
-			case <-t.C:
-			case <-ctx.Done():
-				t.Stop()
-				return nil, context.Cause(ctx)
-			}
-			p.cluster.ReloadState(ctx)
+		routed := p.awaitRoute(ctx, key, maxAwaitMove, func(m *redis.Client, err error) bool { return err == nil && m.Options().Addr == addr })
+		if routed != nil {
+			p.remember(routed)
+			return routed, nil
+		}
+		if err := ctx.Err(); err != nil {
+			return nil, context.Cause(ctx)
 		}
 	}
 	var (

@@ -119,20 +119,32 @@ func (p *Primary) awaitMove(ctx context.Context, key, addr string, limit time.Du
 	if limit <= 0 {
 		return
 	}
+	p.awaitRoute(ctx, key, limit, func(m *redis.Client, err error) bool { return err != nil || m.Options().Addr != addr })
+}
+
+// awaitRoute waits, at most limit and while ctx lasts, until done accepts
+// the route the topology gives key (its master, or the error), asking
+// go-redis for a reload every awaitMoveStep meanwhile. It returns the
+// master done accepted, nil if it accepted an error or the wait ended.
+func (p *Primary) awaitRoute(ctx context.Context, key string, limit time.Duration, done func(*redis.Client, error) bool) *redis.Client {
 	end := time.Now().Add(limit)
 	t := time.NewTicker(awaitMoveStep)
 	defer t.Stop()
 	for {
-		if m, err := p.cluster.MasterForKey(ctx, key); err != nil || m.Options().Addr != addr {
-			return
+		m, err := p.cluster.MasterForKey(ctx, key)
+		if done(m, err) {
+			if err != nil {
+				return nil
+			}
+			return m
 		}
 		if !time.Now().Before(end) {
-			return
+			return nil
 		}
 		p.cluster.ReloadState(context.Background())
 		select {
 		case <-ctx.Done():
-			return
+			return nil
 		case <-t.C:
 		}
 	}
