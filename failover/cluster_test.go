@@ -135,44 +135,7 @@ func TestOnClusterAFailoverKeepsAnAcknowledgedLock(t *testing.T) {
 // the moved key fails there alone and is renewed on the importing master
 // (ASKING), acknowledged by that master's replica.
 func TestOnClusterAHalfMigratedSlotKeepsBothLocks(t *testing.T) {
-	cl := redistest.StartClusterWithReplicas(t, 3, 1)
-	c := cl.Client()
-	ctx := t.Context()
-	s, err := failover.New(c)
-	require.NoError(t, err)
-	const stay, move = "{half}stay", "{half}move"
-	for _, k := range []string{stay, move} {
-		_, err := s.Acquire(ctx, k, "tok-"+k, 5*time.Second)
-		require.NoError(t, err)
-	}
-	slot, err := c.ClusterKeySlot(ctx, stay).Result()
-	require.NoError(t, err)
-	src := cl.MasterOf(ctx, c, stay)
-	var dst *redistest.Server
-	for _, m := range cl.Masters {
-		if m != src {
-			dst = m
-			break
-		}
-	}
-	redistest.HalfMigrate(t, src, dst, int(slot), move)
-
-	out := s.ExtendBatch(ctx, []redlease.Extension{
-		{Key: stay, Token: "tok-" + stay, TTL: 30 * time.Second},
-		{Key: move, Token: "tok-" + move, TTL: 30 * time.Second},
-	})
-	for i, o := range out {
-		require.NoError(t, o.Err, "item %d", i)
-	}
-	ttl, err := src.Client().PTTL(ctx, stay).Result()
-	require.NoError(t, err)
-	assert.Greater(t, ttl, 20*time.Second, "the key that stayed, renewed on the migrating master")
-	pipe := dst.Client().Pipeline()
-	pipe.Do(ctx, "ASKING")
-	moved := pipe.PTTL(ctx, move)
-	_, err = pipe.Exec(ctx)
-	require.NoError(t, err)
-	assert.Greater(t, moved.Val(), 20*time.Second, "the moved key, renewed on the importing master")
+	contract.ClusterHalfMigratedKeeps(t, 1, func(c *redis.ClusterClient) (redlease.Strategy, error) { return failover.New(c) })
 }
 
 // Every call of the failover strategy on a Cluster client returns by its

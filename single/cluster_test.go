@@ -145,45 +145,5 @@ func TestClusterFailoverKeepsAReplicatedLock(t *testing.T) {
 // local key") and is sent again on its own, following ASK. A call that
 // declared both keys would get TRYAGAIN for both, whatever the retries.
 func TestClusterHalfMigratedSlotKeepsBothLocks(t *testing.T) {
-	servers := redistest.StartCluster(t, 3)
-	c := redistest.ClusterClient(t, servers)
-	ctx := t.Context()
-	s, err := single.New(c)
-	require.NoError(t, err)
-	const stay, move = "{half}stay", "{half}move"
-	for _, k := range []string{stay, move} {
-		_, err := s.Acquire(ctx, k, "tok-"+k, 5*time.Second)
-		require.NoError(t, err)
-	}
-	slot, err := c.ClusterKeySlot(ctx, stay).Result()
-	require.NoError(t, err)
-	m, err := c.MasterForKey(ctx, stay)
-	require.NoError(t, err)
-	var src, dst *redistest.Server
-	for _, sv := range servers {
-		if sv.Addr == m.Options().Addr {
-			src = sv
-		} else if dst == nil {
-			dst = sv
-		}
-	}
-	require.NotNil(t, src)
-	redistest.HalfMigrate(t, src, dst, int(slot), move)
-
-	out := s.ExtendBatch(ctx, []redlease.Extension{
-		{Key: stay, Token: "tok-" + stay, TTL: 30 * time.Second},
-		{Key: move, Token: "tok-" + move, TTL: 30 * time.Second},
-	})
-	for i, o := range out {
-		require.NoError(t, o.Err, "item %d", i)
-	}
-	ttl, err := src.Client().PTTL(ctx, stay).Result()
-	require.NoError(t, err)
-	assert.Greater(t, ttl, 20*time.Second, "the key that stayed, renewed on the migrating master")
-	pipe := dst.Client().Pipeline()
-	pipe.Do(ctx, "ASKING")
-	moved := pipe.PTTL(ctx, move)
-	_, err = pipe.Exec(ctx)
-	require.NoError(t, err)
-	assert.Greater(t, moved.Val(), 20*time.Second, "the moved key, renewed on the importing master")
+	contract.ClusterHalfMigratedKeeps(t, 0, func(c *redis.ClusterClient) (redlease.Strategy, error) { return single.New(c) })
 }

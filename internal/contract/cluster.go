@@ -195,3 +195,61 @@ func waitRedialsEnd(tb testing.TB, limit time.Duration) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// ClusterHalfMigratedKeeps checks that a slot left half migrated (an
+// interrupted resharding: one of two locks' keys in the slot moved to the
+// importing master, the other still on the migrating one) costs neither
+// lock: one batch renewal of both extends both, the one that stayed on the
+// migrating master and the moved one on the importing master (ASKING). A
+// Cluster of three masters with replicas replicas each.
+func ClusterHalfMigratedKeeps(t *testing.T, replicas int, newStrategy NewOnCluster) {
+	cl := redistest.StartClusterWithReplicas(t, 3, replicas)
+	c := cl.Client()
+	ctx := t.Context()
+	s, err := newStrategy(c)
+	if err != nil {
+		t.Fatalf("strategy: %v", err)
+	}
+	b, ok := s.(redlease.BatchExtender)
+	if !ok {
+		t.Fatalf("%T renews no batch", s)
+	}
+	const stay, move = "{half}stay", "{half}move"
+	for _, k := range []string{stay, move} {
+		if _, err := s.Acquire(ctx, k, "tok-"+k, 5*time.Second); err != nil {
+			t.Fatalf("Acquire %s: %v", k, err)
+		}
+	}
+	slot, err := c.ClusterKeySlot(ctx, stay).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := cl.MasterOf(ctx, c, stay)
+	var dst *redistest.Server
+	for _, m := range cl.Masters {
+		if m != src {
+			dst = m
+			break
+		}
+	}
+	redistest.HalfMigrate(t, src, dst, int(slot), move)
+
+	out := b.ExtendBatch(ctx, []redlease.Extension{
+		{Key: stay, Token: "tok-" + stay, TTL: 30 * time.Second},
+		{Key: move, Token: "tok-" + move, TTL: 30 * time.Second},
+	})
+	for i, o := range out {
+		if o.Err != nil {
+			t.Fatalf("item %d: %v", i, o.Err)
+		}
+	}
+	if ttl, err := src.Client().PTTL(ctx, stay).Result(); err != nil || ttl <= 20*time.Second {
+		t.Errorf("the key that stayed, on the migrating master: PTTL %v (%v), want it renewed past 20s", ttl, err)
+	}
+	pipe := dst.Client().Pipeline()
+	pipe.Do(ctx, "ASKING")
+	moved := pipe.PTTL(ctx, move)
+	if _, err := pipe.Exec(ctx); err != nil || moved.Val() <= 20*time.Second {
+		t.Errorf("the moved key, on the importing master: PTTL %v (%v), want it renewed past 20s", moved.Val(), err)
+	}
+}
