@@ -120,11 +120,21 @@ func Run(t *testing.T, setup func(t *testing.T) Setup) {
 	t.Run("ExpiresAtTTL", func(t *testing.T) {
 		s := setup(t)
 		ctx, key := t.Context(), Key(t)
-		g, err := s.Strategy.Acquire(ctx, key, "tok-a", 100*time.Millisecond)
+		const ttl = 100 * time.Millisecond
+		start := time.Now()
+		g, err := s.Strategy.Acquire(ctx, key, "tok-a", ttl)
 		must(t, err, "Acquire")
-		time.Sleep(time.Until(g.Until) + 50*time.Millisecond)
+		// Every node set the key with PX ttl before the reply, so it is gone
+		// by the reply's arrival + ttl (+ 5 ms for the millisecond rounding
+		// of expiry). Until is only a lower bound (taken from the start of
+		// the call, less the drift allowance): on a loaded machine the
+		// script can run 50 ms or more after the start.
+		replied := time.Now()
+		time.Sleep(time.Until(replied.Add(ttl + 5*time.Millisecond)))
 		_, err = s.Strategy.Acquire(ctx, key, "tok-b", time.Second)
-		check(t, err == nil, "the key must be free once the first holder's TTL passed: %v", err)
+		check(t, err == nil, "the key must be free once the first holder's TTL passed "+
+			"(the Acquire took %v, Until was %v after its start; tried %v after its reply): %v",
+			replied.Sub(start), g.Until.Sub(start), time.Since(replied), err)
 	})
 
 	t.Run("FencesRise", func(t *testing.T) {
