@@ -170,7 +170,7 @@ func clusterFailoverSchedule(r *rand.Rand, sc *Scenario, horizon time.Duration) 
 		fs = slices.DeleteFunc(fs, func(g Fault) bool { return pausesReshard(g, rs) })
 		fs = append(fs, rs)
 	}
-	if r.IntN(2) == 0 {
+	if !sc.noClusterDown && r.IntN(2) == 0 {
 		fs = downWindowFault(r, f, fs) // clusterdown.go
 	}
 	sortFaults(fs)
