@@ -314,7 +314,7 @@ func (cf *clusterFailover) downHold(w *World) {
 	for _, c := range checks {
 		sleep(time.Until(c.at) + jitter())
 		l, lk := c.l, c.l.h.lk
-		lost := isClosed(lk.Lost())
+		lost := closed(lk.Lost())
 		valid := lk.Valid()
 		from := d.f.At - 100*time.Millisecond
 		healthy := w.downHealthy(l.shard, from, w.hist.now())
@@ -335,7 +335,7 @@ func (cf *clusterFailover) downHold(w *World) {
 // during it: it must read lost (down-kept/lost).
 func (cf *clusterFailover) checkDownLost(w *World, l *downLock) {
 	lk := l.h.lk
-	lost := isClosed(lk.Lost())
+	lost := closed(lk.Lost())
 	valid := lk.Valid()
 	w.hist.logf("c%d construction: %s (TTL %v) as the Cluster comes up: Deadline %.3fms ago: lost=%v valid=%v: %v", cf.ci, l.h.hd.Key, l.ttl, msf(-time.Until(lk.Deadline())), lost, valid, short(lk.Err()))
 	w.hist.ex.count(ExDownLost, 1)
@@ -343,16 +343,6 @@ func (cf *clusterFailover) checkDownLost(w *World, l *downLock) {
 		w.hist.violation(Violation{Inv: InvDownKept, At: w.hist.now(), Detail: fmt.Sprintf(
 			"c%d's lock on %s (TTL %v), its Deadline %.3fms past during a CLUSTERDOWN window, reads lost=%v valid=%v",
 			cf.ci, l.h.hd.Key, l.ttl, msf(-time.Until(lk.Deadline())), lost, valid)})
-	}
-}
-
-// isClosed reports whether ch is closed.
-func isClosed(ch <-chan struct{}) bool {
-	select {
-	case <-ch:
-		return true
-	default:
-		return false
 	}
 }
 
