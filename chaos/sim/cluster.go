@@ -279,6 +279,16 @@ func (n *Node) clusterHook(p *server.Peer, cmd string, args []string) bool {
 	if slot < 0 {
 		return false
 	}
+	if n.w.clusterIsDown() {
+		// Redis 7's getNodeByQuery: the cluster's state is checked after
+		// CROSSSLOT, before any redirection (clusterdown.go).
+		if fromScript {
+			p.WriteError("ERR Script attempted to execute a command while the cluster is down")
+		} else {
+			p.WriteError("CLUSTERDOWN The cluster is down")
+		}
+		return true
+	}
 	refusal, why := n.redirect(slot, keys)
 	if refusal == "" {
 		return false

@@ -170,6 +170,9 @@ func clusterFailoverSchedule(r *rand.Rand, sc *Scenario, horizon time.Duration) 
 		fs = slices.DeleteFunc(fs, func(g Fault) bool { return pausesReshard(g, rs) })
 		fs = append(fs, rs)
 	}
+	if !sc.noClusterDown && r.IntN(2) == 0 {
+		fs = downWindowFault(r, f, fs) // clusterdown.go
+	}
 	sortFaults(fs)
 	return fs
 }
@@ -177,6 +180,9 @@ func clusterFailoverSchedule(r *rand.Rand, sc *Scenario, horizon time.Duration) 
 // clusterFailoverActions are the steps of a FaultClusterFailover (nil for
 // any other fault).
 func (w *World) clusterFailoverActions(f Fault) []action {
+	if f.Kind == FaultClusterDown {
+		return w.clusterDownActions(f)
+	}
 	if f.Kind != FaultClusterFailover {
 		return nil
 	}
@@ -324,6 +330,8 @@ type clusterFailover struct {
 	protected bool          // K: the promoted replica held its token, valid, at the promotion
 	untilAt   time.Time     // K's Until at the promotion
 	promoted  time.Duration // virtual; 0 until the promotion
+
+	down *clusterDown // the run's CLUSTERDOWN window (clusterdown.go), nil if none drawn
 }
 
 // clusterFailoverSetup builds the construction (the schedule's
@@ -340,6 +348,7 @@ func (w *World) clusterFailoverSetup() *clusterFailover {
 		}
 	}
 	cf.shard = cf.f.Node
+	cf.down = newClusterDown(w.faults)
 	cf.keep, cf.short, cf.prb = shardKey("K.", cf.shard), shardKey("K2.", cf.shard), shardKey("P.", cf.shard)
 	cf.keepTTL = ms(cf.r, 3000, 4000)
 	w.cfo = cf
@@ -389,6 +398,11 @@ func (cf *clusterFailover) run(w *World) {
 		var resharding sync.WaitGroup
 		defer resharding.Wait()
 		resharding.Go(func() { cf.reshardHold(w) })
+	}
+	if cf.down != nil {
+		var down sync.WaitGroup
+		defer down.Wait()
+		down.Go(func() { cf.downHold(w) })
 	}
 	// 1. K, kept past the promotion.
 	ctx, cancel := ctxFor(time.Second)
@@ -616,8 +630,11 @@ func (w *World) checkClusterFailover(counts map[string]int) []Violation {
 	if cf.behind() {
 		need = append(need, InvRefusedLeft)
 	}
-	if w.resh != nil {
+	if w.resh != nil && !cf.down.overlaps(w.resh.f.At-100*time.Millisecond, w.reshardCheckEnd()) {
 		need = append(need, InvReshardKept)
+	}
+	if cf.down != nil {
+		need = append(need, InvDownKept, ExHeldDown)
 	}
 	var vs []Violation
 	for _, inv := range need {

@@ -96,7 +96,13 @@
 // a replica answers a key of its master's slots with MOVED, and a master
 // that a TAKEOVER replaced may serve on in its old view for a while
 // (Node.staleShard: it accepts its old slots and answers CLUSTER from that
-// view).
+// view). While a clusterdown window lasts (clusterdown.go) every Cluster
+// node answers a command naming a key "CLUSTERDOWN The cluster is down"
+// (after CROSSSLOT, before MOVED, ASK and TRYAGAIN, as Redis 7's
+// getNodeByQuery), and a key's call inside a script that declares none
+// fails with "ERR Script attempted to execute a command while the
+// cluster is down"; keyless commands (WAIT, CLUSTER SHARDS and SLOTS)
+// answer as always, as Redis answers them while down.
 //
 // A client whose clock drifts reads a redlease.Clock (simClock) in its
 // Locker, strategy and keepers; the others read the bubble's clock.
@@ -161,6 +167,17 @@
 //     master rejoined (past the Horizon's first three quarters); no pause
 //     touches the two shards from 100 ms before it. INSIDE: a migration
 //     is routine operation.
+//   - clusterdown (cluster-failover, one run in two; clusterdown.go):
+//     every Cluster node, master or replica, answers every keyed command
+//     CLUSTERDOWN for 10-60 ms (short: well under every TTL) or 200-600 ms
+//     (long: past the workload's TTLs), as a Cluster with
+//     cluster-require-full-coverage does while a master is unreachable
+//     (the window is drawn, not caused: no master goes down for it). Half
+//     the time during the workload, ending 150 ms before the failover's
+//     cut or crash where there is room, else 0-300 ms after the
+//     failover's span (its promotion plus the later of the old master's
+//     rejoin and 450 ms, plus 150 ms). INSIDE: an outage, which costs
+//     only the locks whose Deadline it outlasts.
 //   - latejoin (fair-quorum3, half the seeds; heads.go): for a window,
 //     each Acquire of a fair client's Lock attempt reaches one node of a
 //     majority, chosen by the attempt's token, up to 20-150 ms late, so
@@ -247,8 +264,10 @@
 //     keeps a key K (TTL 3-4 s) across it, holds and releases a key P
 //     before it, in the behind modes keeps a key K2 (TTL 250-400 ms)
 //     whose first renewal falls in the cut and tries P during the cut, and
-//     takes P again after the old master rejoined. Delays, loss, cuts, and
-//     pauses of the other shards' nodes.
+//     takes P again after the old master rejoined; with a clusterdown
+//     window, it keeps three keys (one per shard) through it and tries a
+//     fourth inside it (down-kept, held-kind/down). Delays, loss, cuts,
+//     and pauses of the other shards' nodes.
 //   - ops-single, ops-quorum, ops-failover (opswork.go): every public
 //     lock operation in random sequences (TryLock, Lock, Do kept by a
 //     Watchdog or by the engine Do's default keeper is built from, Keep
@@ -407,7 +426,32 @@
 //     protected lock must be neither lost nor invalid then. Examined:
 //     protected locks; a run with a reshard that examined none fails
 //     (examined-run). state-valid reads a Cluster lock where its key
-//     lives: the source while it has the key, else the target.
+//     lives: the source while it has the key, else the target. A run
+//     whose clusterdown window meets the reshard's locks (from 100 ms
+//     before the migration to their check) judges none of them.
+//   - down-kept (cluster-failover with a clusterdown window;
+//     clusterdown.go): a lock kept through CLUSTERDOWN is lost only if it
+//     must be. The construction's client (sheltered) takes three keys,
+//     one per shard, 20-60 ms before the window (TTLs: one long enough
+//     that the window cannot outlast it, (window + 600 ms)/0.89 plus 0-200
+//     ms, on a shard other than the failing one whose pauses near the
+//     window the schedule drops; one of 60-150 ms; one of 100-1500 ms),
+//     kept by a renew.Watchdog of its own (default options). As the
+//     window ends it reads each lock's Deadline D. Protected: valid and
+//     held on its master as the window began, window end + downMargin <=
+//     D, and its shard healthy from 100 ms before the window to D (no
+//     pause of its master or replica; for the failing shard no part of
+//     its failover). downMargin, from the library's code: the retry
+//     delay after a failed renewal (renewal.RetryDelay: a quarter of the
+//     renewal interval, ttl/3, at most 250 ms) plus two calls (the refused
+//     one in flight at the window's end and the one that succeeds), each
+//     a few round trips on sheltered links and one WAIT, at most
+//     failover.DefaultWaitTimeout + 5 ms. A protected lock must be Valid
+//     and not lost at D + 1 ms: its renewals resumed. Examined: protected
+//     locks. down-kept/lost: a lock whose Deadline passed (by more than
+//     boundSlack) during the window must read lost (Lost closed, Valid
+//     false) as the window ends: it could not be renewed, and is reported
+//     lost by its Deadline. Examined: such locks.
 //   - refused-left (cluster-failover; clusterrepl.go): a TryLock refused
 //     for too few acknowledgements (failover.ErrNotReplicated) leaves no
 //     key behind on the master that refused it when it returns (the
@@ -418,8 +462,10 @@
 //     (P before the cut and after the rejoin, in every run).
 //   - examined-run (cluster-failover): a run in which overlap,
 //     fence-order/promotion, cluster-kept, state-valid, in the behind
-//     modes refused-left, or with a reshard reshard-kept examined nothing
-//     fails: the construction could not make its case.
+//     modes refused-left, with a reshard (and no clusterdown window over
+//     its locks) reshard-kept, or with a clusterdown window down-kept or
+//     held-kind/down examined nothing fails: the construction could not
+//     make its case.
 //   - healthy-lost (watchdog-mixed; health.go): a protected hold is never
 //     lost. Protected: no badkey on its key, faults on at most a minority
 //     of its strategy's nodes, a quorum of its granting nodes untouched and
@@ -482,12 +528,18 @@
 //     ErrTokenUsed), exactly one did.
 //   - handler-overlap (barrier): two handlers of one key never run at once
 //     with live contexts. Examined: pairs of handler spans.
-//   - held-kind (failover, ops-failover; heldkind.go): an acquisition
-//     the Locker's observer saw answered "held" (ErrNotObtained and not
-//     ErrUnavailable) carries a refusal: *redlease.HeldError, a
-//     *redlease.QuorumError, ErrQueued, "no validity left", or the
-//     attempt's ctx ending; a failed node or an unacknowledged write is
-//     an outage (ErrUnavailable). Examined: acquisitions answered "held".
+//   - held-kind (failover, ops-failover, cluster-failover; heldkind.go):
+//     an acquisition the Locker's observer saw answered "held"
+//     (ErrNotObtained and not ErrUnavailable) carries a refusal:
+//     *redlease.HeldError, a *redlease.QuorumError, ErrQueued, "no
+//     validity left", or the attempt's ctx ending; a failed node or an
+//     unacknowledged write is an outage (ErrUnavailable). Examined:
+//     acquisitions answered "held" (required in failover and
+//     ops-failover). held-kind/down (cluster-failover; clusterdown.go): an
+//     attempt that started and ended inside a clusterdown window is
+//     answered ErrUnavailable and not ErrNotObtained (nor granted), unless
+//     its ctx ended. Examined: such attempts (the construction's TryLock
+//     1 ms into the window, and the workload's in a window during it).
 //   - failover-kept (failover, ops-failover): let S be the first moment a
 //     healthy Sentinel (never hung, neither down nor lossy near its
 //     switch) names the run's last move (the failback, else the
@@ -755,8 +807,10 @@
 //     the simulator (no MIGRATE command, no CLUSTER SETSLOT or GETKEYSINSLOT
 //     from clients; CLUSTER NODES does not show the migrating state); every
 //     node learns SETSLOT NODE at once; the source keeps no copy of a moved
-//     key. The Cluster has no CLUSTERDOWN,
-//     no gossip or failure detection (the schedule decides each promotion
+//     key. CLUSTERDOWN only as clusterdown's drawn window: a crashed
+//     master does not take the Cluster down, and every node enters and
+//     leaves the state at the same instant; reads are refused as writes
+//     (cluster-allow-reads-when-down no). No gossip or failure detection (the schedule decides each promotion
 //     and when an old master learns of it); replicas only in
 //     cluster-failover (CLUSTER SLOTS lists them there only, so that
 //     watchdog-mixed's histories stay as they were), and there every

@@ -321,12 +321,14 @@ func TestFindingUndoPublishStorm(t *testing.T) {
 }
 
 // reshardFinding runs cluster-failover seed with opts (and overlap: the
-// reshard may come while a master is down) and fails t for each
+// reshard may come while a master is down), without a clusterdown window
+// (the schedule the seed had when it was found), and fails t for each
 // reshard-kept violation.
 func reshardFinding(t *testing.T, seed uint64, overlap bool, opts Options) {
 	t.Helper()
 	sc, _ := ScenarioByName("cluster-failover")
 	sc.reshardOverlap = overlap
+	sc.noClusterDown = true
 	var res *Result
 	synctest.Test(t, func(t *testing.T) { res = Run(sc, seed, opts) })
 	if res.Examined[InvReshardKept] == 0 {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/redlease/redlease"
 )
@@ -30,8 +31,12 @@ func init() {
 }
 
 // heldKind checks held-kind for one acquisition of client ci on key,
-// answered err under ctx.
-func (w *World) heldKind(ctx context.Context, ci int, key string, err error) {
+// started at t0 (virtual), answered err under ctx; one inside a
+// CLUSTERDOWN window must be an outage (downAttempt, clusterdown.go).
+func (w *World) heldKind(ctx context.Context, ci int, key string, t0 time.Duration, err error) {
+	if w.downAttempt(ctx, ci, key, t0, err) {
+		return
+	}
 	if !errors.Is(err, redlease.ErrNotObtained) || errors.Is(err, redlease.ErrUnavailable) {
 		return
 	}

@@ -370,11 +370,17 @@ func (cf *clusterFailover) reshardHold(w *World) {
 	}
 }
 
+// reshardCheckEnd is the latest moment reshardHold checks its locks
+// (virtual): the last step plus three of the longest TTL it draws.
+func (w *World) reshardCheckEnd() time.Duration {
+	return w.resh.lastStep() + 3*800*time.Millisecond + time.Millisecond
+}
+
 // reshardHealthy reports whether the Cluster was healthy for the
 // reshard's locks from 'from' to 'to' (virtual): no pause of the source's
 // or the target's shard (master or replica) from 100 ms before the
-// reshard on (the schedule draws none: pausesReshard), and no node of the
-// Cluster down (the failing shard's master is down from its crash until
+// reshard on (the schedule draws none: pausesReshard), no CLUSTERDOWN
+// window, and no node of the Cluster down (the failing shard's master is down from its crash until
 // it rejoins; the schedule puts the reshard after that, unless
 // Scenario.reshardOverlap). With the construction's client sheltered
 // (none of its messages lost or delayed by a fault), nothing stands
@@ -384,6 +390,9 @@ func (w *World) reshardHealthy(from, to time.Duration) bool {
 		if pausesReshard(g, w.resh.f) {
 			return false
 		}
+	}
+	if w.cfo.down.overlaps(from, to) {
+		return false // every node answered CLUSTERDOWN meanwhile (clusterdown.go)
 	}
 	f := w.cfo.f
 	if f.Mode == cfBehindTakeover {

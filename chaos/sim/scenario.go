@@ -109,6 +109,10 @@ type Scenario struct {
 	// reshard may come while the failing shard's master is down (by
 	// default it comes after that master rejoined: reshard.go).
 	reshardOverlap bool
+	// noClusterDown (reshardFinding): cluster-failover draws no
+	// clusterdown window, so that a seed keeps the schedule it had before
+	// the window existed (clusterdown.go).
+	noClusterDown bool
 }
 
 // Scenarios is every scenario: the lock rotation's (Rotation) first,

@@ -546,7 +546,8 @@ func (o stateObserver) Start(ctx context.Context, op redlease.Op) (context.Conte
 	case "extend":
 		return ctx, func(error) { o.w.checkClientKey(o.ci, op.Key) }
 	case "acquire":
-		return ctx, func(err error) { o.w.heldKind(ctx, o.ci, op.Key, err) }
+		t0 := o.w.hist.now()
+		return ctx, func(err error) { o.w.heldKind(ctx, o.ci, op.Key, t0, err) }
 	}
 	return ctx, noDone
 }
