@@ -113,6 +113,9 @@ func newConn(w *World, n *Node, client int, key uint64, name string) *conn {
 	return c
 }
 
+// maxWbuf bounds the write buffer a connection keeps between commands.
+const maxWbuf = 16 << 10
+
 // maxSettle bounds conn.settle (4 µs).
 const maxSettle = 4096
 
@@ -212,8 +215,11 @@ func (c *conn) Write(b []byte) (int, error) {
 		buf = buf[n:]
 		c.sendRequestLocked(args)
 	}
+	// The tail moves to wbuf's front; wbuf's array is kept for the next
+	// command split across writes (an EVAL's source spans several of
+	// go-redis's 1 KiB flushes), unless it grew past maxWbuf.
 	c.wbuf = append(c.wbuf[:0], buf...)
-	if len(c.wbuf) == 0 {
+	if len(c.wbuf) == 0 && cap(c.wbuf) > maxWbuf {
 		c.wbuf = nil
 	}
 	return len(b), nil
@@ -249,6 +255,18 @@ func (c *conn) sendRequestLocked(args []string) {
 	c.w.after(at.Sub(now), c.deliverReqs)
 }
 
+// popFront removes q's first n messages, moving the rest to the front of
+// its array (a queue holds a message or two): the array is kept for the
+// messages that follow, where q[n:] would leave each append a new one.
+func popFront(q []message, n int) []message {
+	if n == 0 {
+		return q
+	}
+	k := copy(q, q[n:])
+	clear(q[k:])
+	return q[:k]
+}
+
 // deliverRequests hands every request that is due to the node, in order.
 func (c *conn) deliverRequests() {
 	c.deliverMu.Lock()
@@ -257,10 +275,13 @@ func (c *conn) deliverRequests() {
 	c.mu.Lock()
 	var buf [2]message // usually one is due: no slice to allocate
 	due := buf[:0]
-	for len(c.reqs) > 0 && !c.reqs[0].at.After(now) {
-		due = append(due, c.reqs[0])
-		c.reqs = c.reqs[1:]
+	for _, m := range c.reqs {
+		if m.at.After(now) {
+			break
+		}
+		due = append(due, m)
 	}
+	c.reqs = popFront(c.reqs, len(due))
 	closed, closing, last := c.closed, c.closing, len(c.reqs) == 0
 	c.mu.Unlock()
 	if closed && !closing {
@@ -326,15 +347,19 @@ func (c *conn) deliverReplies() {
 	now := time.Now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	grew := false
-	for len(c.reps) > 0 && !c.reps[0].at.After(now) {
+	grew, due := false, 0
+	for _, m := range c.reps {
+		if m.at.After(now) {
+			break
+		}
+		due++
 		if !c.closed {
-			c.rbuf = append(c.rbuf, c.reps[0].reply...)
-			c.segs = append(c.segs, segment{n: len(c.reps[0].reply), push: c.reps[0].push})
+			c.rbuf = append(c.rbuf, m.reply...)
+			c.segs = append(c.segs, segment{n: len(m.reply), push: m.push})
 			grew = true
 		}
-		c.reps = c.reps[1:]
 	}
+	c.reps = popFront(c.reps, due)
 	if grew {
 		select {
 		case c.notify <- struct{}{}:
