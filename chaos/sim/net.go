@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -431,7 +432,8 @@ func (c *conn) SetWriteDeadline(time.Time) error { return nil }
 // parseCommand parses one RESP array of bulk strings (what go-redis sends)
 // from the front of b. ok is false until a whole command is there. The
 // arguments share one string, the command's bytes (one allocation per
-// command, not per argument).
+// command, not per argument), but for an argument of longLen bytes or more
+// (an EVAL's script source), which is interned (see intern).
 func parseCommand(b []byte) (args []string, n int, ok bool) {
 	line, rest, ok := cutLine(b)
 	if !ok || len(line) < 2 || line[0] != '*' {
@@ -461,12 +463,68 @@ func parseCommand(b []byte) (args []string, n int, ok bool) {
 		at = append(at, [2]int{start, start + size})
 		pos = start + size + 2
 	}
-	whole := string(b[:pos])
 	args = make([]string, len(at))
+	if len(at) < 2 || at[1][1]-at[1][0] < longLen || !bytes.EqualFold(b[at[0][0]:at[0][1]], []byte("eval")) {
+		whole := string(b[:pos])
+		for i, sp := range at {
+			args[i] = whole[sp[0]:sp[1]]
+		}
+		return args, pos, true
+	}
+	// An EVAL's script source is interned; the other arguments share one
+	// string of their bytes alone.
+	var sb strings.Builder
+	sb.Grow(pos - (at[1][1] - at[1][0]))
 	for i, sp := range at {
-		args[i] = whole[sp[0]:sp[1]]
+		if i != 1 {
+			sb.Write(b[sp[0]:sp[1]])
+		}
+	}
+	others := sb.String()
+	for i, sp := range at {
+		if i == 1 {
+			args[i] = intern(b[sp[0]:sp[1]])
+			continue
+		}
+		size := sp[1] - sp[0]
+		args[i], others = others[:size], others[size:]
 	}
 	return args, pos, true
+}
+
+// longLen is the length from which parseCommand interns an EVAL's source.
+const longLen = 256
+
+// interned holds the script sources parseCommand has seen (the library's
+// scripts, sent with every EVAL after a NOSCRIPT), at most maxInterned of
+// them (tests may EVAL sources of their own): each EVAL's source is then
+// the same string, not a copy of a few KiB.
+var interned struct {
+	sync.RWMutex
+	m map[string]string
+}
+
+const maxInterned = 256
+
+// intern is b as a string, the same one for equal bytes while interned
+// has room.
+func intern(b []byte) string {
+	interned.RLock()
+	s, ok := interned.m[string(b)]
+	interned.RUnlock()
+	if ok {
+		return s
+	}
+	s = string(b)
+	interned.Lock()
+	if interned.m == nil {
+		interned.m = map[string]string{}
+	}
+	if len(interned.m) < maxInterned {
+		interned.m[s] = s
+	}
+	interned.Unlock()
+	return s
 }
 
 func cutLine(b []byte) (line, rest []byte, ok bool) {
