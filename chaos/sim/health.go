@@ -50,13 +50,6 @@ func renewalItems(args []string) (keys, tokens []string) {
 			return ks, argv[:1]
 		}
 	case "extendmany":
-		// One lock (the usual call): slices of args, nothing to allocate.
-		if len(ks) == 1 && len(argv) >= 1 {
-			return ks[:1:1], argv[:1:1]
-		}
-		if len(ks) == 0 && len(argv) >= 2 && len(argv) < 5 {
-			return argv[:1:1], argv[1:2:2]
-		}
 		for i, k := range ks {
 			if 2*i < len(argv) {
 				keys, tokens = append(keys, k), append(tokens, argv[2*i])

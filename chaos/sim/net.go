@@ -8,7 +8,6 @@ import (
 	"net"
 	"os"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -114,9 +113,6 @@ func newConn(w *World, n *Node, client int, key uint64, name string) *conn {
 	return c
 }
 
-// maxWbuf bounds the write buffer a connection keeps between commands.
-const maxWbuf = 16 << 10
-
 // maxSettle bounds conn.settle (4 µs).
 const maxSettle = 4096
 
@@ -216,11 +212,8 @@ func (c *conn) Write(b []byte) (int, error) {
 		buf = buf[n:]
 		c.sendRequestLocked(args)
 	}
-	// The tail moves to wbuf's front; wbuf's array is kept for the next
-	// command split across writes (an EVAL's source spans several of
-	// go-redis's 1 KiB flushes), unless it grew past maxWbuf.
 	c.wbuf = append(c.wbuf[:0], buf...)
-	if len(c.wbuf) == 0 && cap(c.wbuf) > maxWbuf {
+	if len(c.wbuf) == 0 {
 		c.wbuf = nil
 	}
 	return len(b), nil
@@ -256,18 +249,6 @@ func (c *conn) sendRequestLocked(args []string) {
 	c.w.after(at.Sub(now), c.deliverReqs)
 }
 
-// popFront removes q's first n messages, moving the rest to the front of
-// its array (a queue holds a message or two): the array is kept for the
-// messages that follow, where q[n:] would leave each append a new one.
-func popFront(q []message, n int) []message {
-	if n == 0 {
-		return q
-	}
-	k := copy(q, q[n:])
-	clear(q[k:])
-	return q[:k]
-}
-
 // deliverRequests hands every request that is due to the node, in order.
 func (c *conn) deliverRequests() {
 	c.deliverMu.Lock()
@@ -276,13 +257,10 @@ func (c *conn) deliverRequests() {
 	c.mu.Lock()
 	var buf [2]message // usually one is due: no slice to allocate
 	due := buf[:0]
-	for _, m := range c.reqs {
-		if m.at.After(now) {
-			break
-		}
-		due = append(due, m)
+	for len(c.reqs) > 0 && !c.reqs[0].at.After(now) {
+		due = append(due, c.reqs[0])
+		c.reqs = c.reqs[1:]
 	}
-	c.reqs = popFront(c.reqs, len(due))
 	closed, closing, last := c.closed, c.closing, len(c.reqs) == 0
 	c.mu.Unlock()
 	if closed && !closing {
@@ -348,19 +326,15 @@ func (c *conn) deliverReplies() {
 	now := time.Now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	grew, due := false, 0
-	for _, m := range c.reps {
-		if m.at.After(now) {
-			break
-		}
-		due++
+	grew := false
+	for len(c.reps) > 0 && !c.reps[0].at.After(now) {
 		if !c.closed {
-			c.rbuf = append(c.rbuf, m.reply...)
-			c.segs = append(c.segs, segment{n: len(m.reply), push: m.push})
+			c.rbuf = append(c.rbuf, c.reps[0].reply...)
+			c.segs = append(c.segs, segment{n: len(c.reps[0].reply), push: c.reps[0].push})
 			grew = true
 		}
+		c.reps = c.reps[1:]
 	}
-	c.reps = popFront(c.reps, due)
 	if grew {
 		select {
 		case c.notify <- struct{}{}:
@@ -432,8 +406,7 @@ func (c *conn) SetWriteDeadline(time.Time) error { return nil }
 // parseCommand parses one RESP array of bulk strings (what go-redis sends)
 // from the front of b. ok is false until a whole command is there. The
 // arguments share one string, the command's bytes (one allocation per
-// command, not per argument), but for an argument of longLen bytes or more
-// (an EVAL's script source), which is interned (see intern).
+// command, not per argument).
 func parseCommand(b []byte) (args []string, n int, ok bool) {
 	line, rest, ok := cutLine(b)
 	if !ok || len(line) < 2 || line[0] != '*' {
@@ -463,68 +436,12 @@ func parseCommand(b []byte) (args []string, n int, ok bool) {
 		at = append(at, [2]int{start, start + size})
 		pos = start + size + 2
 	}
+	whole := string(b[:pos])
 	args = make([]string, len(at))
-	if len(at) < 2 || at[1][1]-at[1][0] < longLen || !bytes.EqualFold(b[at[0][0]:at[0][1]], []byte("eval")) {
-		whole := string(b[:pos])
-		for i, sp := range at {
-			args[i] = whole[sp[0]:sp[1]]
-		}
-		return args, pos, true
-	}
-	// An EVAL's script source is interned; the other arguments share one
-	// string of their bytes alone.
-	var sb strings.Builder
-	sb.Grow(pos - (at[1][1] - at[1][0]))
 	for i, sp := range at {
-		if i != 1 {
-			sb.Write(b[sp[0]:sp[1]])
-		}
-	}
-	others := sb.String()
-	for i, sp := range at {
-		if i == 1 {
-			args[i] = intern(b[sp[0]:sp[1]])
-			continue
-		}
-		size := sp[1] - sp[0]
-		args[i], others = others[:size], others[size:]
+		args[i] = whole[sp[0]:sp[1]]
 	}
 	return args, pos, true
-}
-
-// longLen is the length from which parseCommand interns an EVAL's source.
-const longLen = 256
-
-// interned holds the script sources parseCommand has seen (the library's
-// scripts, sent with every EVAL after a NOSCRIPT), at most maxInterned of
-// them (tests may EVAL sources of their own): each EVAL's source is then
-// the same string, not a copy of a few KiB.
-var interned struct {
-	sync.RWMutex
-	m map[string]string
-}
-
-const maxInterned = 256
-
-// intern is b as a string, the same one for equal bytes while interned
-// has room.
-func intern(b []byte) string {
-	interned.RLock()
-	s, ok := interned.m[string(b)]
-	interned.RUnlock()
-	if ok {
-		return s
-	}
-	s = string(b)
-	interned.Lock()
-	if interned.m == nil {
-		interned.m = map[string]string{}
-	}
-	if len(interned.m) < maxInterned {
-		interned.m[s] = s
-	}
-	interned.Unlock()
-	return s
 }
 
 func cutLine(b []byte) (line, rest []byte, ok bool) {

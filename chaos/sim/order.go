@@ -147,21 +147,16 @@ func (w *World) settleInstant(ci int) { w.net.turn.pass(1<<63|uint64(ci), 0) }
 type turnstile struct {
 	mu      sync.Mutex
 	waiting []ticket
-	// free holds channels of tickets let through, for the next ones: a
-	// ticket's channel gets one send and one receive, so it is empty
-	// again once its command has passed. The channels are the run's (a
-	// channel made in one bubble cannot be used in another).
-	free   []chan struct{}
-	closed bool
-	kick   chan struct{} // cap 1: a command arrived
-	stop   chan struct{}
-	done   chan struct{}
+	closed  bool
+	kick    chan struct{} // cap 1: a command arrived
+	stop    chan struct{}
+	done    chan struct{}
 }
 
 // ticket is one command waiting at a turnstile.
 type ticket struct {
 	group, order uint64
-	ch           chan struct{} // cap 1: sent on to let it through
+	ch           chan struct{} // closed to let it through
 }
 
 // newTurnstile starts a run's turnstile (inside its bubble).
@@ -174,16 +169,11 @@ func newTurnstile() *turnstile {
 // pass returns when the turnstile lets a command of group with order key
 // order through (at once once the turnstile is closed).
 func (t *turnstile) pass(group, order uint64) {
+	ch := make(chan struct{})
 	t.mu.Lock()
 	if t.closed {
 		t.mu.Unlock()
 		return
-	}
-	var ch chan struct{}
-	if n := len(t.free); n > 0 {
-		ch, t.free = t.free[n-1], t.free[:n-1]
-	} else {
-		ch = make(chan struct{}, 1)
 	}
 	t.waiting = append(t.waiting, ticket{group, order, ch})
 	t.mu.Unlock()
@@ -192,9 +182,6 @@ func (t *turnstile) pass(group, order uint64) {
 	default:
 	}
 	<-ch
-	t.mu.Lock()
-	t.free = append(t.free, ch)
-	t.mu.Unlock()
 }
 
 // loop lets the waiting commands through, round by round, until close.
@@ -218,7 +205,7 @@ func (t *turnstile) loop() {
 			more := len(t.waiting) > 0
 			t.mu.Unlock()
 			for _, ch := range round {
-				ch <- struct{}{}
+				close(ch)
 			}
 			if !more {
 				// A command that arrives from now on kicks.
@@ -272,7 +259,7 @@ func (t *turnstile) close() {
 	t.mu.Lock()
 	t.closed = true
 	for _, tk := range t.waiting {
-		tk.ch <- struct{}{}
+		close(tk.ch)
 	}
 	t.waiting = nil
 	t.mu.Unlock()

@@ -68,21 +68,6 @@ func TestScriptLineLayouts(t *testing.T) {
 		assert.Equal(t, []string{"a", "b"}, keys)
 		assert.Equal(t, []string{"ta.1", "tb.1"}, toks)
 	}
-	one := script.ExtendMany.LineMany([]any{"a"}, []any{"ta.1", int64(100)})
-	local := script.ExtendMany.LineLocal([]any{"a", "ta.1", int64(100)})
-	localTwo := script.ExtendMany.LineLocal([]any{"a", "ta.1", int64(100), "b", "tb.1", int64(200)})
-	for _, c := range []struct {
-		line       []any
-		keys, toks []string
-	}{
-		{one, []string{"a"}, []string{"ta.1"}}, {script.ExtendMany.Eval(one), []string{"a"}, []string{"ta.1"}},
-		{local, []string{"a"}, []string{"ta.1"}}, {script.ExtendMany.Eval(local), []string{"a"}, []string{"ta.1"}},
-		{localTwo, []string{"a", "b"}, []string{"ta.1", "tb.1"}},
-	} {
-		keys, toks := renewalItems(wire(c.line))
-		assert.Equal(t, c.keys, keys)
-		assert.Equal(t, c.toks, toks)
-	}
 	keys, toks := renewalItems(wire(script.ReleaseArgs("k", "tok.1")))
 	assert.Nil(t, keys)
 	assert.Nil(t, toks)
