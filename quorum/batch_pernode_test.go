@@ -49,6 +49,7 @@ func TestExtendBatchCountsEachKeyOnEachNode(t *testing.T) {
 	hash(3, 9)
 	servers[2].Kill()
 
+	start := time.Now()
 	out := s.ExtendBatch(ctx, items)
 	require.Len(t, out, len(items))
 	for i, r := range out {
@@ -56,13 +57,16 @@ func TestExtendBatchCountsEachKeyOnEachNode(t *testing.T) {
 			continue
 		}
 		if assert.NoError(t, r.Err, "item %d: three nodes still hold it", i) {
-			assert.True(t, r.Grant.Until.After(time.Now().Add(10*time.Second)), "item %d", i)
+			// Until is the call's start plus 20 s less the drift allowance.
+			assert.True(t, r.Grant.Until.After(start.Add(10*time.Second)), "item %d: Until %v after the call's start", i, r.Grant.Until.Sub(start))
 		}
 	}
 	for _, node := range []int{3, 4} {
-		ttl, err := clients[node].PTTL(ctx, items[7].Key).Result()
+		// Set with 5 s before start: extended, the key outlives item 7's Until.
+		at, ok, err := redistest.Expiry(ctx, clients[node], items[7].Key)
 		require.NoError(t, err)
-		assert.Greater(t, ttl, 10*time.Second, "node %d extended item 7", node)
+		require.True(t, ok, "node %d: item 7 has a TTL", node)
+		assert.False(t, at.Add(redistest.Precision).Before(out[7].Grant.Until), "node %d extended item 7: its key outlives the Until (by %v)", node, at.Sub(out[7].Grant.Until))
 	}
 
 	err = out[9].Err

@@ -49,6 +49,9 @@ func TestExtendAllWrongTypeKeyCostsOnlyItsLock(t *testing.T) {
 			require.NoError(t, c.PExpire(ctx, fmt.Sprintf("wrongtype:%d", i), 3*time.Second).Err())
 		}
 	}
+	// Every key now expires before shortened: 3 s after a PEXPIRE sent
+	// before this instant.
+	shortened := time.Now().Add(3 * time.Second)
 
 	errs := redlease.ExtendAll(ctx, locks)
 	require.Len(t, errs, len(locks))
@@ -58,9 +61,11 @@ func TestExtendAllWrongTypeKeyCostsOnlyItsLock(t *testing.T) {
 		}
 		assert.NoError(t, err, "lock %d: its key holds its token", i)
 		assert.True(t, locks[i].Valid(), "lock %d", i)
-		ttl, terr := c.PTTL(ctx, fmt.Sprintf("wrongtype:%d", i)).Result()
+		at, ok, terr := redistest.Expiry(ctx, c, fmt.Sprintf("wrongtype:%d", i))
 		require.NoError(t, terr)
-		assert.Greater(t, ttl, 5*time.Second, "lock %d: the batch reset its TTL", i)
+		require.True(t, ok, "lock %d: its key has a TTL", i)
+		assert.True(t, at.After(shortened), "lock %d: the batch moved its key's expiry (%v after the PEXPIRE's 3 s)", i, at.Sub(shortened))
+		assert.False(t, at.Add(redistest.Precision).Before(locks[i].Until()), "lock %d: its key outlives its Until (by %v)", i, at.Sub(locks[i].Until()))
 	}
 	err = errs[bad]
 	require.ErrorIs(t, err, redlease.ErrNotHeld, "a key of another type is not held under our token")
@@ -103,11 +108,13 @@ func TestExtendBatchCommandErrorStaysWithItsKeys(t *testing.T) {
 
 	strategy, err := single.New(c)
 	require.NoError(t, err)
+	start := time.Now()
 	out := strategy.ExtendBatch(ctx, items)
 	require.Len(t, out, n)
 	for i := range 500 {
 		require.NoError(t, out[i].Err, "item %d: its call went through", i)
-		assert.True(t, out[i].Grant.Until.After(time.Now().Add(10*time.Second)), "item %d", i)
+		// Until is the call's start plus 20 s less the drift allowance.
+		assert.True(t, out[i].Grant.Until.After(start.Add(10*time.Second)), "item %d: Until %v after the call's start", i, out[i].Grant.Until.Sub(start))
 	}
 	for i := 500; i < n; i++ {
 		err := out[i].Err
@@ -118,9 +125,10 @@ func TestExtendBatchCommandErrorStaysWithItsKeys(t *testing.T) {
 		require.ErrorAs(t, err, &ne, "item %d", i)
 		assert.True(t, redis.HasErrorPrefix(ne.Err, "NOPERM"), "item %d: %v", i, ne.Err)
 	}
-	ttl, err := admin.PTTL(ctx, "ok:0").Result()
+	at, ok, err := redistest.Expiry(ctx, admin, "ok:0")
 	require.NoError(t, err)
-	assert.Greater(t, ttl, 10*time.Second)
+	require.True(t, ok)
+	assert.False(t, at.Add(redistest.Precision).Before(out[0].Grant.Until), "the extended key outlives its Until (by %v)", at.Sub(out[0].Grant.Until))
 }
 
 // lostNow reports whether lk's Lost channel is closed now.
