@@ -75,17 +75,19 @@ func TestLateShorterExtendDoesNotShortenTheKey(t *testing.T) {
 
 	gates[nodeB].BlackHole() // B misses the long extension
 	require.NoError(t, a.Extend(ctx, long), "A and C answer: a quorum")
-	pttlC, err := servers[nodeC].Client().PTTL(ctx, key).Result()
+	until := a.Until()
+	atC, ok, err := redistest.Expiry(ctx, servers[nodeC].Client(), key)
 	require.NoError(t, err)
-	require.Greater(t, pttlC, short, "the long extension landed on C")
+	require.True(t, ok)
+	require.False(t, atC.Add(redistest.Precision).Before(until), "the long extension landed on C: its key expires %v after A's Until", atC.Sub(until))
 
 	require.NoError(t, gates[nodeC].Step(matchS, stepFor), "the short extension lands on C, last")
-	until := a.Until()
-	pttlC, err = servers[nodeC].Client().PTTL(ctx, key).Result()
+	until = a.Until()
+	atC, ok, err = redistest.Expiry(ctx, servers[nodeC].Client(), key)
 	require.NoError(t, err)
-	left := time.Until(until)
-	assert.GreaterOrEqual(t, pttlC, left-2*time.Millisecond,
-		"node C's PTTL %v after the late short extension: below what A's Until needs (%v left)", pttlC, left.Round(time.Millisecond))
+	require.True(t, ok)
+	assert.False(t, atC.Add(redistest.Precision).Before(until),
+		"node C's key after the late short extension expires %v before A's Until", until.Sub(atC))
 
 	// Wait until B's key has expired and C's has either expired too or
 	// outlives A's Until (at most 10 s: both expire 1234 ms after they
@@ -198,6 +200,7 @@ func TestUndecidedExtendUsesTheStrategysDriftAllowance(t *testing.T) {
 	la := newLocker(t, sa, redlease.WithTTL(20*time.Second), redlease.WithLossMargin(10*time.Millisecond), redlease.WithClock(clock))
 	lb := singleLocker(t, srv.Client(), redlease.WithTTL(20*time.Second))
 	const key = "attack:undecided-drift"
+	asked := time.Now()
 	a, err := la.TryLock(ctx, key)
 	require.NoError(t, err)
 	require.Equal(t, clock.at.Add(20*time.Second-sa.DriftAllowance(20*time.Second)), a.Until())
@@ -212,9 +215,13 @@ func TestUndecidedExtendUsesTheStrategysDriftAllowance(t *testing.T) {
 	require.Equal(t, 402*time.Millisecond, sa.DriftAllowance(4*time.Second))
 	require.Equal(t, clock.at.Add(4*time.Second-402*time.Millisecond), a.Until(),
 		"the undecided extension bounds the lock by the strategy's allowance")
-	pttl, err := srv.Client().PTTL(ctx, key).Result()
+	// The key keeps the life the acquisition gave it (20 s from a moment
+	// after asked), not the 4 s the Extend asked for.
+	at, ok, err := redistest.Expiry(ctx, srv.Client(), key)
 	require.NoError(t, err)
-	require.Greater(t, pttl, 15*time.Second, "the Extend reached the server and left the key's longer life")
+	require.True(t, ok)
+	require.False(t, at.Add(redistest.Precision).Before(asked.Add(20*time.Second)),
+		"the Extend reached the server and left the key's longer life: it expires %v after the acquisition's start", at.Sub(asked))
 
 	require.True(t, a.Valid())
 	_, err = lb.TryLock(ctx, key)

@@ -442,6 +442,7 @@ func TestUndecidedShorterExtendShortensValidity(t *testing.T) {
 	la := singleLocker(t, c, redlease.WithTTL(20*time.Second), redlease.WithLossMargin(50*time.Millisecond))
 	lb := singleLocker(t, srv.Client(), redlease.WithTTL(20*time.Second))
 	const key = "attack:shortextend"
+	asked := time.Now()
 	a, err := la.TryLock(ctx, key)
 	require.NoError(t, err)
 	lost := a.Lost()
@@ -461,9 +462,11 @@ func TestUndecidedShorterExtendShortensValidity(t *testing.T) {
 		"Until %v from now: past the undecided extension's start plus its 300 ms", time.Until(a.Until()))
 	require.NoError(t, gate.Step("", 5*time.Second)) // the extension lands after all
 	gate.Open()
-	pttl, err := srv.Client().PTTL(ctx, key).Result()
+	at, ok, err := redistest.Expiry(ctx, srv.Client(), key)
 	require.NoError(t, err)
-	require.Greater(t, pttl, 10*time.Second, "the late shorter extension left the key's longer life")
+	require.True(t, ok)
+	require.False(t, at.Add(redistest.Precision).Before(asked.Add(20*time.Second)),
+		"the late shorter extension left the key's longer life: it expires %v after the acquisition's start, not 20 s", at.Sub(asked))
 	redistest.Await(t, probe, lost, 5*time.Second, 3, "Lost not closed after the 300 ms extension was sent")
 	require.False(t, a.Valid())
 	_, err = lb.TryLock(ctx, key)
@@ -501,16 +504,19 @@ func TestSuccessfulExtendAfterAnUndecidedShorterOne(t *testing.T) {
 	cancel()
 	require.Error(t, shortErr)
 	require.NotErrorIs(t, shortErr, redlease.ErrNotHeld, "undecided, not refused")
+	longAsked := time.Now()
 	require.NoError(t, a.Extend(ctx, 10*time.Second), "the long extension goes through")
 	require.False(t, a.Until().After(time.Now().Add(1333*time.Millisecond)),
 		"Until %v from now: past the long extension's start plus the undecided 1333 ms", time.Until(a.Until()))
 	require.NoError(t, gate.Step("", 5*time.Second)) // the short one lands last
 	gate.Open()
 	until := a.Until()
-	pttl, err := srv.Client().PTTL(ctx, key).Result()
+	at, ok, err := redistest.Expiry(ctx, srv.Client(), key)
 	require.NoError(t, err)
-	require.Greater(t, pttl, 5*time.Second, "the late short extension left the long one's life")
-	require.GreaterOrEqual(t, pttl, time.Until(until)-2*time.Millisecond, "the key outlives A's Until")
+	require.True(t, ok)
+	require.False(t, at.Add(redistest.Precision).Before(longAsked.Add(10*time.Second)),
+		"the late short extension left the long one's life: the key expires %v after the long extension's start, not 10 s", at.Sub(longAsked))
+	require.False(t, at.Add(redistest.Precision).Before(until), "the key outlives A's Until (expires %v before it)", until.Sub(at))
 	_, err = lb.TryLock(ctx, key)
 	require.ErrorIs(t, err, redlease.ErrNotObtained, "the key keeps the long extension's life: B waits for it, or for A's release")
 	require.NoError(t, a.Release(ctx))
