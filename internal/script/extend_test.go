@@ -21,8 +21,10 @@ type ttlCase struct {
 	ttl    time.Duration // the key's TTL before; 0: none
 	ask    time.Duration // the TTL the script is sent
 	held   bool          // the script must report the key as ours
-	// the key's PTTL after: within [min, max]; -1 ns: no expiry, -2 ns: absent
-	min, max time.Duration
+	// the key's life after, from the moment set up or extended: its TTL
+	// before (kept) or the one asked (raised); -1 ns: no expiry, -2 ns:
+	// absent
+	want time.Duration
 }
 
 const me = "tok_M.1"
@@ -32,14 +34,14 @@ const me = "tok_M.1"
 // the TTL asked; another token's key is untouched, with or without a TTL;
 // an absent key is not created.
 var ttlCases = []ttlCase{
-	{name: "ours, longer left: kept", holder: me, ttl: time.Minute, ask: 10 * time.Second, held: true, min: 50 * time.Second, max: time.Minute},
-	{name: "ours, shorter left: raised", holder: me, ttl: 10 * time.Second, ask: time.Minute, held: true, min: 50 * time.Second, max: time.Minute},
-	{name: "ours, the same: kept", holder: me, ttl: time.Minute, ask: time.Minute, held: true, min: 50 * time.Second, max: time.Minute},
-	{name: "ours, no expiry: given the TTL", holder: me, ask: 10 * time.Second, held: true, min: 5 * time.Second, max: 10 * time.Second},
-	{name: "another's: untouched", holder: "tok_X.1", ttl: time.Minute, ask: 2 * time.Minute, min: 50 * time.Second, max: time.Minute},
-	{name: "another's, shorter: untouched", holder: "tok_X.1", ttl: 10 * time.Second, ask: time.Minute, min: 5 * time.Second, max: 10 * time.Second},
-	{name: "another's, no expiry: untouched", holder: "tok_X.1", ask: 10 * time.Second, min: -1, max: -1},
-	{name: "absent: not created", ask: 10 * time.Second, min: -2, max: -2},
+	{name: "ours, longer left: kept", holder: me, ttl: time.Minute, ask: 10 * time.Second, held: true, want: time.Minute},
+	{name: "ours, shorter left: raised", holder: me, ttl: 10 * time.Second, ask: time.Minute, held: true, want: time.Minute},
+	{name: "ours, the same: kept", holder: me, ttl: time.Minute, ask: time.Minute, held: true, want: time.Minute},
+	{name: "ours, no expiry: given the TTL", holder: me, ask: 10 * time.Second, held: true, want: 10 * time.Second},
+	{name: "another's: untouched", holder: "tok_X.1", ttl: time.Minute, ask: 2 * time.Minute, want: time.Minute},
+	{name: "another's, shorter: untouched", holder: "tok_X.1", ttl: 10 * time.Second, ask: time.Minute, want: 10 * time.Second},
+	{name: "another's, no expiry: untouched", holder: "tok_X.1", ask: 10 * time.Second, want: -1},
+	{name: "absent: not created", ask: 10 * time.Second, want: -2},
 }
 
 // setUp writes c's key state under key.
@@ -53,8 +55,10 @@ func (c ttlCase) setUp(t *testing.T, client redis.UniversalClient, key string) {
 }
 
 // check asserts the key's state after the script: its value unchanged,
-// its PTTL within the case's bounds.
-func (c ttlCase) check(t *testing.T, client redis.UniversalClient, key, what string) {
+// and its expiry, by the server's clock, want after a moment between
+// since (taken before the case was set up) and now: so the TTL it kept
+// or the one it was given, whatever the machine's speed.
+func (c ttlCase) check(t *testing.T, client redis.UniversalClient, key, what string, since time.Time) {
 	t.Helper()
 	ctx := t.Context()
 	v, err := client.Get(ctx, key).Result()
@@ -64,9 +68,19 @@ func (c ttlCase) check(t *testing.T, client redis.UniversalClient, key, what str
 		require.NoError(t, err)
 		assert.Equal(t, c.holder, v, "%s: %s: the key's value", what, c.name)
 	}
-	d, err := client.PTTL(ctx, key).Result()
+	if c.want < 0 {
+		d, err := client.PTTL(ctx, key).Result()
+		require.NoError(t, err)
+		assert.Equal(t, c.want, d, "%s: %s: PTTL", what, c.name)
+		return
+	}
+	at, ok, err := redistest.Expiry(ctx, client, key)
+	now := time.Now()
 	require.NoError(t, err)
-	assert.True(t, d >= c.min && d <= c.max, "%s: %s: PTTL %v, want [%v, %v]", what, c.name, d, c.min, c.max)
+	require.True(t, ok, "%s: %s: the key has a TTL", what, c.name)
+	lo, hi := since.Add(c.want-redistest.Precision), now.Add(c.want+redistest.Precision)
+	assert.True(t, !at.Before(lo) && !at.After(hi), "%s: %s: the key expires %v after the case began, want %v (the case took %v)",
+		what, c.name, at.Sub(since), c.want, now.Sub(since))
 }
 
 // checkNeverShorter runs every script that extends or refreshes a lock key
@@ -78,16 +92,18 @@ func checkNeverShorter(t *testing.T, client redis.UniversalClient) {
 	examined := 0
 	for _, c := range ttlCases {
 		const key = "ttl:extend"
+		since := time.Now()
 		c.setUp(t, client, key)
 		v, err := script.Extend.Run(ctx, client, script.Extend.Args(key, me, c.ask.Milliseconds()))
 		require.NoError(t, err)
 		assert.Equal(t, c.held, v == 1, "Extend: %s: reply %d", c.name, v)
-		c.check(t, client, key, "Extend")
+		c.check(t, client, key, "Extend", since)
 		examined++
 	}
 
 	keys := make([]any, 0, len(ttlCases)+1)
 	args := make([]any, 0, 2*len(ttlCases)+2)
+	since := time.Now()
 	for i, c := range ttlCases {
 		key := "ttl:many:" + string(rune('a'+i))
 		c.setUp(t, client, key)
@@ -107,16 +123,18 @@ func checkNeverShorter(t *testing.T, client redis.UniversalClient) {
 			want = script.Extended
 		}
 		assert.Equal(t, want, vs[i], "ExtendMany: %s", c.name)
-		c.check(t, client, keys[i].(string), "ExtendMany")
+		c.check(t, client, keys[i].(string), "ExtendMany", since)
 		examined++
 	}
 	assert.Equal(t, int64(script.WrongType), vs[len(ttlCases)], "ExtendMany: a hash")
-	d, err := client.PTTL(ctx, "ttl:many:hash").Result()
+	at, ok, err := redistest.Expiry(ctx, client, "ttl:many:hash")
 	require.NoError(t, err)
-	assert.Greater(t, d, 50*time.Second, "ExtendMany: a hash's TTL untouched")
+	require.True(t, ok)
+	assert.False(t, at.Add(redistest.Precision).Before(since.Add(time.Minute)), "ExtendMany: a hash's TTL untouched: it expires %v after the cases began", at.Sub(since))
 
 	// The same in the local layout (keys in ARGV, none declared).
 	triples := make([]any, 0, 3*len(ttlCases)+3)
+	since = time.Now()
 	for i, c := range ttlCases {
 		key := "ttl:local:" + string(rune('a'+i))
 		c.setUp(t, client, key)
@@ -132,7 +150,7 @@ func checkNeverShorter(t *testing.T, client redis.UniversalClient) {
 			want = script.Extended
 		}
 		assert.Equal(t, want, vs[i], "ExtendMany local: %s", c.name)
-		c.check(t, client, triples[3*i].(string), "ExtendMany local")
+		c.check(t, client, triples[3*i].(string), "ExtendMany local", since)
 		examined++
 	}
 	assert.Equal(t, int64(script.WrongType), vs[len(ttlCases)], "ExtendMany local: a hash")
@@ -144,6 +162,7 @@ func checkNeverShorter(t *testing.T, client redis.UniversalClient) {
 			}
 			const key = "ttl:acquire"
 			fk := script.MustFenceKey(key)
+			since := time.Now()
 			c.setUp(t, client, key)
 			require.NoError(t, client.Set(ctx, fk, "7", 0).Err())
 			k := any(key)
@@ -155,7 +174,7 @@ func checkNeverShorter(t *testing.T, client redis.UniversalClient) {
 				want = 7 // our own key: the fence it was granted, not a new one
 			}
 			assert.Equal(t, want, v, "Acquire (mode %s): %s", mode, c.name)
-			c.check(t, client, key, "Acquire")
+			c.check(t, client, key, "Acquire", since)
 			examined++
 		}
 	}

@@ -296,9 +296,12 @@ func TestLineRulesRedis(t *testing.T) {
 
 	// An idle line vanishes: its key carries the lifetime (E joins while
 	// B holds).
+	joined := time.Now()
 	require.True(t, script.IsTaken(run("E.1", "E", 40, true, 60_000)))
-	pttl, err := client.PTTL(ctx, q).Result()
+	at, ok, err := redistest.Expiry(ctx, client, q)
+	now := time.Now()
 	require.NoError(t, err)
-	require.Greater(t, pttl, 50*time.Second)
-	require.LessOrEqual(t, pttl, 60*time.Second)
+	require.True(t, ok, "the line has a TTL")
+	require.False(t, at.Before(joined.Add(60*time.Second-redistest.Precision)), "the line lives an entry's lifetime from E's join: it expires %v after it", at.Sub(joined))
+	require.False(t, at.After(now.Add(60*time.Second+redistest.Precision)), "the line expires %v after E's join, which took %v", at.Sub(joined), now.Sub(joined))
 }
