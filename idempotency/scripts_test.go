@@ -74,15 +74,21 @@ func (st equivState) apply(t *testing.T, c *redis.Client, k equivKeys) {
 	}
 }
 
-// snapshot is everything a script may have changed. TTLs are kept apart
-// (see sameState): the two copies run milliseconds apart.
-func snapshot(t *testing.T, c *redis.Client, k equivKeys) (state map[string]any, ttls [3]time.Duration) {
+// snapshot is everything a script may have changed. Expiries are kept
+// apart (see sameState): the two copies are set up and run apart.
+func snapshot(t *testing.T, c *redis.Client, k equivKeys) (state map[string]any, lives [3]expiry) {
 	t.Helper()
 	ctx := t.Context()
-	ttl := func(key string) time.Duration {
+	life := func(key string) expiry {
+		at, ok, err := redistest.Expiry(ctx, c, key)
+		require.NoError(t, err)
+		if ok {
+			return expiry{at: at}
+		}
 		d, err := c.PTTL(ctx, key).Result()
 		require.NoError(t, err)
-		return d
+		require.Negative(t, d, "%s: Expiry found no TTL", key)
+		return expiry{code: d}
 	}
 	rec, err := c.HGetAll(ctx, k.rec).Result()
 	require.NoError(t, err)
@@ -101,7 +107,14 @@ func snapshot(t *testing.T, c *redis.Client, k equivKeys) (state map[string]any,
 	if f, ok := rec["fence"]; ok {
 		rec["fence"] = clockFence(f)
 	}
-	return map[string]any{"rec": rec, "lock": lock, "fence": clockFence(fence)}, [3]time.Duration{ttl(k.rec), ttl(k.lock), ttl(k.fence)}
+	return map[string]any{"rec": rec, "lock": lock, "fence": clockFence(fence)}, [3]expiry{life(k.rec), life(k.lock), life(k.fence)}
+}
+
+// expiry is when a key expires by the server's clock (at), or, for a key
+// without one, PTTL's code (code: -1 ns no TTL, -2 ns no key).
+type expiry struct {
+	at   time.Time
+	code time.Duration
 }
 
 // clockFence replaces a fence read from the server's clock (a counter
@@ -116,19 +129,22 @@ func clockFence(v string) string {
 }
 
 // sameState asserts that the keys of ref and got hold the same values,
-// and the same TTLs: both none (or both no key), or both within a second
-// of each other.
-func sameState(t *testing.T, c *redis.Client, ref, got equivKeys, name string) {
+// and the same lives: both none (or both no key), or expiring at most
+// span apart, span being how long the two copies took from the first
+// one's set-up to the second one's script (each TTL was set in that
+// stretch, by the set-up or the script).
+func sameState(t *testing.T, c *redis.Client, ref, got equivKeys, name string, span time.Duration) {
 	t.Helper()
 	rs, rt := snapshot(t, c, ref)
 	gs, gt := snapshot(t, c, got)
 	assert.Equal(t, rs, gs, name)
 	for i, what := range []string{"record", "lock", "fence counter"} {
-		if rt[i] < 0 || gt[i] < 0 {
-			assert.Equal(t, rt[i], gt[i], "%s: the %s's TTL", name, what)
+		if rt[i].code != 0 || gt[i].code != 0 {
+			assert.Equal(t, rt[i].code, gt[i].code, "%s: the %s's TTL", name, what)
 			continue
 		}
-		assert.InDelta(t, rt[i].Seconds(), gt[i].Seconds(), 1, "%s: the %s's TTL", name, what)
+		d := rt[i].at.Sub(gt[i].at).Abs()
+		assert.LessOrEqual(t, d, span+2*redistest.Precision, "%s: the %s's expiries are %v apart; both copies were set up and run within %v", name, what, d, span)
 	}
 }
 
@@ -200,6 +216,7 @@ func TestHandWrittenClaimDoesWhatTheComposedOneDoes(t *testing.T) {
 					name := fmt.Sprintf("claim/rec=%s/lock=%s/fence=%s/fp=%q", rn, ln, fn, fp)
 					st := equivState{rec: rec, recTTL: time.Hour, lock: lock.v, lockTTL: lock.ttl, fence: fence.v, fenceTTL: fence.ttl}
 					ref, got := newEquivKeys("ref", n), newEquivKeys("got", n)
+					began := time.Now()
 					st.apply(t, c, ref)
 					st.apply(t, c, got)
 					args := func(k equivKeys, s *script.Script) []any {
@@ -207,9 +224,10 @@ func TestHandWrittenClaimDoesWhatTheComposedOneDoes(t *testing.T) {
 					}
 					refReply, refErr := refClaimLock.RunValue(ctx, c, args(ref, refClaimLock))
 					gotReply, gotErr := claimLockScript.RunValue(ctx, c, args(got, claimLockScript))
+					span := time.Since(began)
 					assert.Equal(t, fmt.Sprint(refErr), fmt.Sprint(gotErr), name)
 					sameReply(t, refReply, gotReply, name)
-					sameState(t, c, ref, got, name)
+					sameState(t, c, ref, got, name, span)
 				}
 			}
 		}
@@ -258,20 +276,21 @@ func TestClaimNeverShortensItsOwnLock(t *testing.T) {
 	ctx := t.Context()
 	const token = "tok_A.2"
 	cases := []struct {
-		name     string
-		holder   string
-		ttl      time.Duration
-		granted  bool
-		min, max time.Duration
+		name    string
+		holder  string
+		ttl     time.Duration
+		granted bool
+		want    time.Duration // the lock's life after, from its set-up or the claim
 	}{
-		{"mine, longer left: kept", token, time.Minute, true, 50 * time.Second, time.Minute},
-		{"mine, shorter left: raised", token, 10 * time.Second, true, 25 * time.Second, 30 * time.Second},
-		{"mine, no expiry: given the lease", token, 0, true, 25 * time.Second, 30 * time.Second},
-		{"another's, longer: untouched", "other.1", time.Minute, false, 50 * time.Second, time.Minute},
-		{"another's, shorter: untouched", "other.1", 10 * time.Second, false, 5 * time.Second, 10 * time.Second},
+		{"mine, longer left: kept", token, time.Minute, true, time.Minute},
+		{"mine, shorter left: raised", token, 10 * time.Second, true, 30 * time.Second},
+		{"mine, no expiry: given the lease", token, 0, true, 30 * time.Second},
+		{"another's, longer: untouched", "other.1", time.Minute, false, time.Minute},
+		{"another's, shorter: untouched", "other.1", 10 * time.Second, false, 10 * time.Second},
 	}
 	for i, tc := range cases {
 		k := newEquivKeys("own", i)
+		since := time.Now()
 		equivState{lock: tc.holder, lockTTL: tc.ttl, fence: "7", fenceTTL: time.Hour}.apply(t, c, k)
 		reply, err := claimLockScript.RunValue(ctx, c, claimLockScript.Args(k.rec, k.lock, k.fence, token, int64(30_000), int64(60_000), "", int64(120_000), "store"))
 		require.NoError(t, err, tc.name)
@@ -281,8 +300,13 @@ func TestClaimNeverShortensItsOwnLock(t *testing.T) {
 		held, err := c.Get(ctx, k.lock).Result()
 		require.NoError(t, err)
 		assert.Equal(t, tc.holder, held, tc.name)
-		d, err := c.PTTL(ctx, k.lock).Result()
+		// By the server's clock, whatever the machine's speed: tc.want
+		// after a moment between since and now.
+		at, ok, err := redistest.Expiry(ctx, c, k.lock)
+		now := time.Now()
 		require.NoError(t, err)
-		assert.True(t, d >= tc.min && d <= tc.max, "%s: the lock's PTTL %v, want [%v, %v]", tc.name, d, tc.min, tc.max)
+		require.True(t, ok, "%s: the lock has a TTL", tc.name)
+		assert.True(t, !at.Before(since.Add(tc.want-redistest.Precision)) && !at.After(now.Add(tc.want+redistest.Precision)),
+			"%s: the lock expires %v after the case began, want %v (the case took %v)", tc.name, at.Sub(since), tc.want, now.Sub(since))
 	}
 }
