@@ -8,33 +8,29 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Precision is how far Expiry's answer may be from the key's expiry.
+// Precision is how far Expiry's answer may be from an instant of this
+// process's clock that the key's expiry was computed from: the server
+// keeps expiries in whole milliseconds.
 const Precision = time.Millisecond
 
-// Expiry reads when key expires on the node c reaches, by the node's own
-// clock: TIME and PTTL in one MULTI, so both are read at one instant of the
-// server's and the answer does not depend on how long the read took to
-// come back (a test that compares PTTL with a fixed threshold fails on a
-// machine slow enough between its write and its read). at is the key's
-// expiry to within a millisecond (PTTL counts whole milliseconds): compare
-// it allowing Precision. The server's clock is this process's: every
-// server here runs on this host.
-// ok is false for a key that is absent or has no TTL. c must reach one
-// node (a node's own client, not a ClusterClient).
+// Expiry reads when key expires on the node c reaches, as the node keeps
+// it: PEXPIRETIME, the absolute instant in milliseconds (Redis 7.0 and
+// later, and miniredis). No clock is read, so the answer depends neither
+// on how long the read took (as a PTTL compared with a fixed threshold
+// does) nor on the server being descheduled between two reads of its
+// clock: TIME then PTTL in one MULTI are two reads (with DEBUG SLEEP 0.05
+// between them the pair placed the expiry 51 ms early, and a run beside
+// yes > /dev/null x2 and make test once 56 ms). The server's clock is
+// this process's: every server here runs on this host. ok is false for a
+// key that is absent or has no TTL. c must reach one node (a node's own
+// client, not a ClusterClient).
 func Expiry(ctx context.Context, c redis.Cmdable, key string) (at time.Time, ok bool, err error) {
-	var now *redis.TimeCmd
-	var left *redis.DurationCmd
-	_, err = c.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		now = p.Time(ctx)
-		left = p.PTTL(ctx, key)
-		return nil
-	})
+	d, err := c.PExpireTime(ctx, key).Result()
 	if err != nil {
-		return time.Time{}, false, fmt.Errorf("redistest: TIME and PTTL of %q: %w", key, err)
+		return time.Time{}, false, fmt.Errorf("redistest: PEXPIRETIME %q: %w", key, err)
 	}
-	d := left.Val()
 	if d < 0 { // -1 ns: no TTL, -2 ns: absent (go-redis keeps Redis's codes)
 		return time.Time{}, false, nil
 	}
-	return now.Val().Truncate(time.Millisecond).Add(d), true, nil
+	return time.UnixMilli(d.Milliseconds()), true, nil
 }
