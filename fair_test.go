@@ -38,6 +38,9 @@ func waitLine(t *testing.T, clients []*redis.Client, key string, n int) {
 	}
 }
 
+// fairMaxDelay is TestFairLockServesInArrivalOrder's longest retry delay.
+const fairMaxDelay = 20 * time.Millisecond
+
 // Waiters that arrive one after the other (each joined the line on every
 // node before the next calls Lock) are served in that order, on every
 // strategy, whatever order their retries and wake-ups come in. Each
@@ -45,13 +48,14 @@ func waitLine(t *testing.T, clients []*redis.Client, key string, n int) {
 // by the release, or by backoff) race it.
 func TestFairLockServesInArrivalOrder(t *testing.T) {
 	t.Parallel()
+	probe := redistest.StartStallProbe(t)
 	for _, setup := range wakeSetups(t) {
 		ws := setup(t)
 		t.Run(ws.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 			defer cancel()
 			key := "fair:order:" + ws.name
-			locker, err := redlease.New(ws.strategy, redlease.WithFairness(true), redlease.WithTTL(5*time.Second), redlease.WithRetryDelay(time.Millisecond, 20*time.Millisecond))
+			locker, err := redlease.New(ws.strategy, redlease.WithFairness(true), redlease.WithTTL(5*time.Second), redlease.WithRetryDelay(time.Millisecond, fairMaxDelay))
 			require.NoError(t, err)
 			holder, err := locker.TryLock(ctx, key)
 			require.NoError(t, err)
@@ -79,8 +83,26 @@ func TestFairLockServesInArrivalOrder(t *testing.T) {
 			require.NoError(t, holder.Release(ctx))
 			wg.Wait()
 			require.Equal(t, []int{0, 1, 2, 3, 4, 5}, order, "grants out of arrival order")
-			for _, c := range ws.clients {
-				assert.Empty(t, lineMembers(t, c, key), "entries left behind")
+			if len(ws.clients) == 1 {
+				// One node: each grant and release took the winner's entry
+				// out before it returned.
+				assert.Empty(t, lineMembers(t, ws.clients[0], key), "entries left behind")
+				return
+			}
+			// A quorum's grant and release return at a majority: a node's
+			// leave may still be on its way (within the node timeout), and
+			// a join that lands after its Lock call ended stays until its
+			// entry expires (LineLifetime after it landed: docs/fair-mode.md).
+			// Beside yes > /dev/null x2 and a make test, a check made at
+			// once found one entry left (1 of 30 runs).
+			bound := quorumNodeTimeout + redlease.LineLifetime(fairMaxDelay)
+			for i, c := range ws.clients {
+				left, since := lineMembers(t, c, key), time.Now()
+				probe.WaitFor(t, bound, 3, 5*time.Millisecond, func() bool { return len(lineMembers(t, c, key)) == 0 },
+					"node %d: entries left behind past a join's lifetime (%v; in line when the last waiter returned: %v)", i, bound, left)
+				if len(left) > 0 {
+					t.Logf("node %d: %v in line when the last waiter returned, gone %v later", i, left, time.Since(since))
+				}
 			}
 		})
 	}

@@ -59,7 +59,7 @@ func wakeSetups(t *testing.T) []func(t *testing.T) wakeSetup {
 				require.NoError(t, err)
 				ws.strategy = s
 			default:
-				q, err := quorum.New(us, quorum.WithNodeTimeout(500*time.Millisecond))
+				q, err := quorum.New(us, quorum.WithNodeTimeout(quorumNodeTimeout))
 				require.NoError(t, err)
 				t.Cleanup(func() { _ = q.Close() })
 				ws.strategy = q
@@ -72,6 +72,9 @@ func wakeSetups(t *testing.T) []func(t *testing.T) wakeSetup {
 	}
 	return []func(t *testing.T) wakeSetup{mk("single", 1), mk("failover", 1), mk("quorum", 3)}
 }
+
+// quorumNodeTimeout is the node timeout of wakeSetups' quorum.
+const quorumNodeTimeout = 500 * time.Millisecond
 
 // A holder that never releases (it crashed: its key expires, nothing is
 // published) costs a waiter the holder's remaining TTL, not the backoff:
