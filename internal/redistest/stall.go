@@ -23,11 +23,15 @@ type StallProbe struct {
 	wakes []stallWake // in order of their time
 	stop  chan struct{}
 	done  chan struct{}
+	// betweenWakes, if set (by tests, before the probe starts), runs in
+	// the probe's goroutine after each wake is recorded, before its next
+	// sleep.
+	betweenWakes func()
 }
 
 type stallWake struct {
 	at   time.Time     // when the probe ran again
-	late time.Duration // how much later than its millisecond
+	late time.Duration // how much later than a millisecond after the wake before
 }
 
 // stallMaxWakes bounds the probe's record (and its loop): a wake a
@@ -36,21 +40,38 @@ const stallMaxWakes = 200_000
 
 // StartStallProbe starts a probe, stopped by tb.Cleanup (or Stop).
 func StartStallProbe(tb TB) *StallProbe {
-	p := &StallProbe{stop: make(chan struct{}), done: make(chan struct{})}
+	return startStallProbe(tb, nil)
+}
+
+// startStallProbe is StartStallProbe with a betweenWakes hook.
+//
+// Each wake's lateness is measured from the wake before it, not from the
+// start of its own sleep: the probe's goroutine can be kept from running
+// between recording a wake and its next sleep too (preempted after the
+// record's unlock, which may hand the mutex to a waiter and yield), and a
+// stop of the process then was counted nowhere. Beside make test and
+// yes > /dev/null x2, TestWaitForDerivesItsWindow saw a 69 ms stop
+// widen its window by 3 × 95 µs.
+func startStallProbe(tb TB, betweenWakes func()) *StallProbe {
+	p := &StallProbe{stop: make(chan struct{}), done: make(chan struct{}), betweenWakes: betweenWakes}
 	go func() {
 		defer close(p.done)
+		prev := time.Now()
 		for range stallMaxWakes {
 			select {
 			case <-p.stop:
 				return
 			default:
 			}
-			start := time.Now()
 			time.Sleep(time.Millisecond)
 			now := time.Now()
 			p.mu.Lock()
-			p.wakes = append(p.wakes, stallWake{at: now, late: max(0, now.Sub(start)-time.Millisecond)})
+			p.wakes = append(p.wakes, stallWake{at: now, late: max(0, now.Sub(prev)-time.Millisecond)})
 			p.mu.Unlock()
+			prev = now
+			if p.betweenWakes != nil {
+				p.betweenWakes()
+			}
 		}
 	}()
 	tb.Cleanup(p.Stop)

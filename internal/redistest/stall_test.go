@@ -3,6 +3,7 @@ package redistest
 import (
 	"fmt"
 	"os/exec"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -35,6 +36,39 @@ func TestStallProbeSeesAStarvedProcess(t *testing.T) {
 	require.GreaterOrEqual(t, p.Allowance(time.Second, 2, start, end), time.Second+80*time.Millisecond)
 	require.Contains(t, p.Explain(time.Second, 2, start, end), "measured stalled")
 	require.Equal(t, stalledBefore, p.Stalled(time.Time{}, before), "a stretch before the stop does not count it")
+}
+
+// A stop of the process while the probe's goroutine is between two wakes
+// (one recorded, its next sleep not begun) counts in the stretch that
+// covers it, as a stop during a sleep does. Forced order: the probe's own
+// goroutine has the process stopped from that point. Exact: the wake after
+// the stop is late by at least the time from before the stop to after it.
+func TestStallProbeCountsAStopBetweenItsWakes(t *testing.T) {
+	type stop struct {
+		from, to time.Time
+		err      error
+	}
+	var armed atomic.Bool
+	stopped := make(chan stop, 1)
+	p := startStallProbe(t, func() {
+		if !armed.CompareAndSwap(true, false) {
+			return
+		}
+		from := time.Now()
+		err := exec.Command("sh", "-c", "kill -STOP $PPID; sleep 0.060; kill -CONT $PPID").Run()
+		stopped <- stop{from, time.Now(), err}
+	})
+	armed.Store(true)
+	var s stop
+	select {
+	case s = <-stopped:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the probe never ran its hook")
+	}
+	require.NoError(t, s.err)
+	p.settle(s.to)
+	require.GreaterOrEqual(t, p.Stalled(s.from, s.to), s.to.Sub(s.from),
+		"a stop between the probe's wakes counts: %s", p.Explain(0, 1, s.from, s.to))
 }
 
 // stopTheWorldFor has a child shell stop this process with SIGSTOP and
