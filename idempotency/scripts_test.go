@@ -306,7 +306,7 @@ func TestClaimNeverShortensItsOwnLock(t *testing.T) {
 		now := time.Now()
 		require.NoError(t, err)
 		require.True(t, ok, "%s: the lock has a TTL", tc.name)
-		assert.True(t, !at.Before(since.Add(tc.want-redistest.Precision)) && !at.After(now.Add(tc.want+redistest.Precision)),
+		assert.True(t, redistest.GivenBetween(at, since, now, tc.want),
 			"%s: the lock expires %v after the case began, want %v (the case took %v)", tc.name, at.Sub(since), tc.want, now.Sub(since))
 	}
 }

@@ -567,7 +567,7 @@ func TestCombinedClaimLeavesARecordOfAHigherFence(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, ok, "the fence counter has a TTL")
 	want := idempotency.DefaultRetention + lease
-	assert.True(t, !at.Before(asked.Add(want-redistest.Precision)) && !at.After(now.Add(want+redistest.Precision)),
+	assert.True(t, redistest.GivenBetween(at, asked, now, want),
 		"the fence counter expires retention+lease after the grant, as the default strategy's: %v after the Do began, want %v (the Do took %v)", at.Sub(asked), want, now.Sub(asked))
 	assert.Zero(t, c.Exists(ctx, lock).Val(), "and released when the claim found the record taken")
 }

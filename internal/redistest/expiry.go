@@ -34,3 +34,10 @@ func Expiry(ctx context.Context, c redis.Cmdable, key string) (at time.Time, ok 
 	}
 	return time.UnixMilli(d.Milliseconds()), true, nil
 }
+
+// GivenBetween reports whether at, a key's expiry (Expiry), is ttl after
+// an instant in [from, to], to within Precision: what a key given ttl by
+// a write made between from and to has.
+func GivenBetween(at, from, to time.Time, ttl time.Duration) bool {
+	return !at.Before(from.Add(ttl-Precision)) && !at.After(to.Add(ttl+Precision))
+}

@@ -78,8 +78,7 @@ func (c ttlCase) check(t *testing.T, client redis.UniversalClient, key, what str
 	now := time.Now()
 	require.NoError(t, err)
 	require.True(t, ok, "%s: %s: the key has a TTL", what, c.name)
-	lo, hi := since.Add(c.want-redistest.Precision), now.Add(c.want+redistest.Precision)
-	assert.True(t, !at.Before(lo) && !at.After(hi), "%s: %s: the key expires %v after the case began, want %v (the case took %v)",
+	assert.True(t, redistest.GivenBetween(at, since, now, c.want), "%s: %s: the key expires %v after the case began, want %v (the case took %v)",
 		what, c.name, at.Sub(since), c.want, now.Sub(since))
 }
 
