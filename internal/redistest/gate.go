@@ -48,6 +48,7 @@ type Gate struct {
 	replMatch []byte // nil: hold no replies
 	dropMatch []byte // nil: drop nothing the server sends
 	dropped   int    // chunks dropped for dropMatch
+	epoch     uint64 // bumped by Open: a reply hold decided before it is void
 	queue     []*held
 	changed   chan struct{} // closed and replaced whenever queue changes
 	conns     map[net.Conn]struct{}
@@ -76,7 +77,7 @@ func NewGate(tb TB, upstream string) *Gate {
 		tb.Fatalf("redistest: gate listen: %v", err)
 	}
 	g := &Gate{Addr: ln.Addr().String(), tb: tb, upstream: upstream, ln: ln, done: make(chan struct{}),
-		changed: make(chan struct{}), conns: map[net.Conn]struct{}{}}
+		changed: make(chan struct{}), conns: map[net.Conn]struct{}{}, epoch: 1}
 	g.wg.Go(g.accept)
 	tb.Cleanup(g.Close)
 	return g
@@ -367,10 +368,13 @@ func (g *Gate) Step(s string, d time.Duration) error {
 	return fmt.Errorf("gate %s: released chunk not answered after %d waits", g.Addr, waitMaxPolls)
 }
 
-// Open stops holding and forwards everything held, oldest first.
+// Open stops holding and forwards everything held, oldest first. A reply
+// still on its way (its request went through while a reply match held it,
+// the server has not answered yet) is not held either when it comes.
 func (g *Gate) Open() {
 	g.mu.Lock()
 	g.reqMatch, g.replMatch = nil, nil
+	g.epoch++
 	q := g.queue
 	g.queue = nil
 	g.changedLocked()
@@ -404,6 +408,15 @@ func (g *Gate) Close() {
 	}
 	_ = g.ln.Close()
 	g.wg.Wait()
+}
+
+// replyHoldLocked returns the epoch under which the reply to a request
+// chunk data is to be held, or 0 if it is not.
+func (g *Gate) replyHoldLocked(data []byte) uint64 {
+	if g.replMatch != nil && bytes.Contains(data, g.replMatch) {
+		return g.epoch
+	}
+	return 0
 }
 
 func (g *Gate) changedLocked() {
@@ -459,8 +472,9 @@ type pipe struct {
 	// ends) after a held request was forwarded; nil when nobody waits.
 	answered chan struct{}
 	ended    bool // the reply side has stopped: answered is closed at once
-	// holdReply: the next reply chunk is to be held.
-	holdReply bool
+	// holdReply: the next reply chunk is to be held, if the gate's epoch
+	// is still this one when it comes (0: hold nothing).
+	holdReply uint64
 }
 
 func (g *Gate) serve(client net.Conn) {
@@ -498,7 +512,7 @@ func (g *Gate) copyRequests(p *pipe, client, server net.Conn) {
 			data := append([]byte(nil), buf[:n]...)
 			g.mu.Lock()
 			hold := !g.closed && g.reqMatch != nil && bytes.Contains(data, g.reqMatch)
-			holdReply := g.replMatch != nil && bytes.Contains(data, g.replMatch)
+			holdReply := g.replyHoldLocked(data)
 			var h *held
 			if hold {
 				h = &held{data: data, release: make(chan struct{}), sent: make(chan struct{})}
@@ -512,11 +526,13 @@ func (g *Gate) copyRequests(p *pipe, client, server net.Conn) {
 				answered = make(chan struct{})
 				// Whether its reply is held is decided when it is forwarded.
 				g.mu.Lock()
-				holdReply = g.replMatch != nil && bytes.Contains(data, g.replMatch)
+				holdReply = g.replyHoldLocked(data)
 				g.mu.Unlock()
 			}
 			p.mu.Lock()
-			p.holdReply = p.holdReply || holdReply
+			if holdReply != 0 {
+				p.holdReply = holdReply
+			}
 			if answered != nil {
 				if p.ended {
 					close(answered)
@@ -566,9 +582,9 @@ func (g *Gate) copyReplies(p *pipe, server, client net.Conn) {
 			close(p.answered)
 			p.answered = nil
 		}
-		holdReply := p.holdReply && n > 0
-		if holdReply {
-			p.holdReply = false
+		holdEpoch := p.holdReply
+		if n > 0 {
+			p.holdReply = 0
 		}
 		p.mu.Unlock()
 		if n > 0 {
@@ -585,10 +601,10 @@ func (g *Gate) copyReplies(p *pipe, server, client net.Conn) {
 				}
 				continue
 			}
-			if holdReply {
+			if holdEpoch != 0 {
 				h := &held{data: data, reply: true, release: make(chan struct{}), sent: make(chan struct{})}
 				g.mu.Lock()
-				if g.closed {
+				if g.closed || g.epoch != holdEpoch { // closed, or opened since its request went through
 					close(h.release)
 				} else {
 					g.queue = append(g.queue, h)

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"runtime"
@@ -219,4 +220,34 @@ func TestGateWaitHeldDerivesItsWindow(t *testing.T) {
 	require.Error(t, err)
 	require.GreaterOrEqual(t, time.Since(start), 30*time.Millisecond, "waited its bound")
 	require.Contains(t, err.Error(), "measured stalled", "the error says how the window was derived")
+}
+
+// Open lets go every reply, also one whose request went through while a
+// reply match held it and whose reply comes only after Open: Open ends
+// holding, it does not only empty the queue. Forced order: a BLPOP goes
+// through while its reply is to be held, the server blocks it, Open, and
+// only then does an LPUSH (on another connection) make the server answer.
+func TestGateOpenLetsGoARepliesStillOnTheirWay(t *testing.T) {
+	probe := StartStallProbe(t)
+	srv := Start(t, Config{})
+	g := NewGate(t, srv.Addr)
+	c := redis.NewClient(&redis.Options{Addr: g.Addr, ReadTimeout: -1}) // BLPOP 0 waits as long as it takes
+	t.Cleanup(func() { _ = c.Close() })
+	ctx := t.Context()
+	require.NoError(t, c.Ping(ctx).Err())
+
+	const key = "open-while-on-its-way"
+	g.HoldReplies(key)
+	done := make(chan error, 1)
+	go func() { done <- c.BLPop(context.Background(), 0, key).Err() }()
+	direct := srv.Client()
+	probe.WaitFor(t, 5*time.Second, 3, time.Millisecond, func() bool {
+		info, err := direct.Info(ctx, "clients").Result()
+		return err == nil && strings.Contains(info, "blocked_clients:1\r\n")
+	}, "the server never blocked the BLPOP sent through the gate")
+	require.Equal(t, 0, g.Held(), "nothing to hold yet: the server has not answered")
+	g.Open()
+	require.NoError(t, direct.LPush(ctx, key, "v").Err())
+	require.NoError(t, Await(t, probe, done, 5*time.Second, 3,
+		"the reply to a request that went through before Open was held after Open (%s held)", Lazy(func() string { return fmt.Sprint(g.Held()) })))
 }
