@@ -49,8 +49,15 @@ func TestLateReplyNeverReachesALaterCall(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = q.Close() })
 	ctx := t.Context()
-	_, err = q.Acquire(ctx, contract.Key(t)+":warm", "warm", time.Second) // first contact: run_ids asked
+	warm := contract.Key(t) + ":warm"
+	_, err = q.Acquire(ctx, warm, "warm", time.Minute) // first contact: run_ids asked
 	require.NoError(t, err)
+	// The warm-up returned at a majority: its request to node 4 may not
+	// have reached the gate yet. Sent after HoldReplies, its reply would be
+	// held too, and be the oldest that step 3 lets through, not A's.
+	probe.WaitFor(t, 5*time.Second, 3, time.Millisecond, func() bool {
+		return servers[4].Client().Exists(ctx, warm).Val() == 1
+	}, "the warm-up never reached node 4")
 
 	keyA, keyB := contract.Key(t)+":a", contract.Key(t)+":b"
 	gate.HoldReplies(script.Acquire.Hash())
