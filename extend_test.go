@@ -42,6 +42,7 @@ import (
 func TestLateShorterExtendDoesNotShortenTheKey(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
+	probe := redistest.StartStallProbe(t)
 	servers := redistest.StartN(t, 3, redistest.Config{})
 	gates := make([]*redistest.Gate, len(servers))
 	ac := make([]redis.UniversalClient, len(servers))
@@ -90,14 +91,15 @@ func TestLateShorterExtendDoesNotShortenTheKey(t *testing.T) {
 		"node C's key after the late short extension expires %v before A's Until", until.Sub(atC))
 
 	// Wait until B's key has expired and C's has either expired too or
-	// outlives A's Until (at most 10 s: both expire 1234 ms after they
-	// took the short extension, or C's lives 20 s).
+	// outlives A's Until (within 10 s: both expire 1234 ms after they
+	// took the short extension, or C's lives 20 s; widened by 3 × the
+	// stall this run measured meanwhile, probe.WaitFor). Polled every
+	// 5 ms: polling for the keys' expiry, not racing it.
 	settled := func(d time.Duration) bool {
 		return d == -2*time.Nanosecond || d >= time.Until(a.Until())-2*time.Millisecond
 	}
-	deadline := time.Now().Add(10 * time.Second)
 	var report []string
-	for {
+	probe.WaitFor(t, 10*time.Second, 3, 5*time.Millisecond, func() bool {
 		report = report[:0]
 		done := true
 		for _, i := range []int{nodeB, nodeC} {
@@ -106,12 +108,8 @@ func TestLateShorterExtendDoesNotShortenTheKey(t *testing.T) {
 			done = done && settled(d)
 			report = append(report, fmt.Sprintf("node %c: PTTL %v", 'A'+i, d))
 		}
-		if done {
-			break
-		}
-		require.True(t, time.Now().Before(deadline), "the keys on B and C never settled: %s", strings.Join(report, ", "))
-		time.Sleep(5 * time.Millisecond) // polling for the keys' expiry, not racing it
-	}
+		return done
+	}, "the keys on B and C never settled: %s", redistest.Lazy(func() string { return strings.Join(report, ", ") }))
 
 	require.True(t, a.Valid(), "A's lock must still be valid for the check to mean anything")
 	b, err := lb.TryLock(ctx, key)
