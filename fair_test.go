@@ -26,16 +26,20 @@ func lineMembers(t *testing.T, client *redis.Client, key string) []string {
 	return ids
 }
 
-// waitLine waits (bounded) until key's line on every client has n waiters.
-func waitLine(t *testing.T, clients []*redis.Client, key string, n int) {
+// waitLine waits until key's line on every client has n waiters, the
+// clients in turn, all within 10 s widened by 3 × the stall probe measured
+// meanwhile (probe.WaitFor).
+func waitLine(t *testing.T, probe *redistest.StallProbe, clients []*redis.Client, key string, n int) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for _, c := range clients {
-		for len(lineMembers(t, c, key)) != n {
-			require.True(t, time.Now().Before(deadline), "line of %s never reached %d waiters: %v", key, n, lineMembers(t, c, key))
-			time.Sleep(2 * time.Millisecond)
+	i := 0 // clients[:i] have had n waiters
+	probe.WaitFor(t, 10*time.Second, 3, 2*time.Millisecond, func() bool {
+		for i < len(clients) && len(lineMembers(t, clients[i], key)) == n {
+			i++
 		}
-	}
+		return i == len(clients)
+	}, "line of %s never reached %d waiters: %s", key, n, redistest.Lazy(func() string {
+		return fmt.Sprintf("client %d has %v", i, lineMembers(t, clients[i], key))
+	}))
 }
 
 // fairMaxDelay is TestFairLockServesInArrivalOrder's longest retry delay.
@@ -77,8 +81,8 @@ func TestFairLockServesInArrivalOrder(t *testing.T) {
 					time.Sleep(5 * time.Millisecond) // the others retry meanwhile
 					assert.NoError(t, lk.Release(context.WithoutCancel(ctx)))
 				})
-				waitLine(t, ws.clients[:1], key, i+1) // joined (the quorum: node 0; every node is asked at once)
-				time.Sleep(2 * time.Millisecond)      // the next ticket is a later millisecond
+				waitLine(t, probe, ws.clients[:1], key, i+1) // joined (the quorum: node 0; every node is asked at once)
+				time.Sleep(2 * time.Millisecond)             // the next ticket is a later millisecond
 			}
 			require.NoError(t, holder.Release(ctx))
 			wg.Wait()
@@ -169,10 +173,14 @@ func TestFairLockThatGivesUpLeavesTheLineAndTryLockNeverJoins(t *testing.T) {
 // behind it is refused until then, and granted soon after.
 func TestFairDeadHeadIsSkippedAfterItsLifetime(t *testing.T) {
 	t.Parallel()
+	probe := redistest.StartStallProbe(t)
 	for _, setup := range wakeSetups(t) {
 		ws := setup(t)
 		t.Run(ws.name, func(t *testing.T) {
-			ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+			// A hang guard, not the bound (judged below by probe.Within):
+			// the window there reaches a minute only after 18 s measured
+			// stalled.
+			ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 			defer cancel()
 			key := "fair:dead:" + ws.name
 			locker, err := redlease.New(ws.strategy, redlease.WithFairness(true), redlease.WithTTL(10*time.Second))
@@ -193,8 +201,11 @@ func TestFairDeadHeadIsSkippedAfterItsLifetime(t *testing.T) {
 			require.NoError(t, lk.Release(ctx))
 			require.GreaterOrEqual(t, waited, life-10*time.Millisecond, "granted past a live head")
 			// The bound: the lifetime, plus one backoff (≤ 320 ms) after
-			// the expiry, plus slack for a loaded machine.
-			require.Less(t, waited, life+5*time.Second, "a dead head stalled the key past its lifetime")
+			// the expiry, plus 5 s slack, widened by 3 × the stall this
+			// run measured since the dead head joined.
+			if ok, why := probe.Within(waited, life+5*time.Second, 3, start); !ok {
+				t.Fatalf("a dead head (lifetime %v) stalled the key past its lifetime: %s", life, why)
+			}
 			t.Logf("granted %v after the dead head joined (lifetime %v)", waited, life)
 		})
 	}
@@ -223,30 +234,21 @@ func TestFairQuorumNodesWithDifferentLinesConverge(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = q.Close() })
 	ctx := t.Context()
-	key := "fair:converge"
-	now := time.Now()
-	a := redlease.Place{ID: "A", Ticket: now.Add(-3 * time.Second), Join: true, Lifetime: 5 * time.Second}
-	b := redlease.Place{ID: "B", Ticket: now.Add(-2 * time.Second), Join: true, Lifetime: 5 * time.Second}
+	var (
+		key  string    // the try's key
+		now  time.Time // when the try's lines were seeded
+		a, b redlease.Place
+	)
 	seed := func(node int, p redlease.Place, life time.Duration) {
 		deadline := now.Add(life).UnixMilli() // the servers share this machine's clock
 		require.NoError(t, clients[node].ZAdd(ctx, script.QueueKey(key),
 			redis.Z{Score: float64(p.Ticket.UnixMilli()), Member: p.ID},
 			redis.Z{Score: -float64(deadline), Member: "@" + p.ID}).Err())
 	}
-	for _, n := range []int{0, 1} {
-		seed(n, a, 5*time.Second)
-	}
-	for _, n := range []int{2, 3, 4} {
-		seed(n, b, 5*time.Second)
-	}
 	// The ghosts must outlive B's first attempt below: with 700 ms, at
 	// load 15-30 (two make tests at once) they had expired by then, nodes
 	// 2 to 4 had B at their head, and B was granted.
 	const ghostLife = 4 * time.Second
-	ghost := redlease.Place{ID: "Ghost", Ticket: now.Add(-4 * time.Second)}
-	for _, n := range []int{2, 3} {
-		seed(n, ghost, ghostLife)
-	}
 
 	// B goes first: nodes 2 and 3 have the ghost at their head, node 4
 	// grants, nodes 0 and 1 refuse (A is ahead): no majority, only a
@@ -256,23 +258,62 @@ func TestFairQuorumNodesWithDifferentLinesConverge(t *testing.T) {
 	// round decided on four refusals before node 4's reply, and undoes it
 	// in the background — so A is granted within a few attempts, not
 	// necessarily the first.)
-	_, err = q.AcquireInLine(ctx, key, "B.1", 10*time.Second, b)
-	require.Less(t, time.Since(now), ghostLife, "B's first attempt came after the ghosts expired: the seeding took that long")
-	require.ErrorIs(t, err, redlease.ErrQueued)
-	deadline := time.Now().Add(5 * time.Second)
-	var token string
-	for attempt := 1; ; attempt++ {
+	//
+	// The precondition (B's first attempt comes while the ghosts live) is
+	// the test's own work, a few calls: a try that took longer than the
+	// ghosts' lifetime is made again on a fresh key, and a try in time
+	// must come within ghostLife widened by 3 × the stall this run
+	// measured meanwhile (probe.WaitFor).
+	tries, took := 0, time.Duration(0)
+	probe.WaitFor(t, ghostLife, 3, time.Millisecond, func() bool {
+		tries++
+		key = fmt.Sprintf("fair:converge:%d", tries)
+		now = time.Now()
+		a = redlease.Place{ID: "A", Ticket: now.Add(-3 * time.Second), Join: true, Lifetime: 5 * time.Second}
+		b = redlease.Place{ID: "B", Ticket: now.Add(-2 * time.Second), Join: true, Lifetime: 5 * time.Second}
+		for _, n := range []int{0, 1} {
+			seed(n, a, 5*time.Second)
+		}
+		for _, n := range []int{2, 3, 4} {
+			seed(n, b, 5*time.Second)
+		}
+		ghost := redlease.Place{ID: "Ghost", Ticket: now.Add(-4 * time.Second)}
+		for _, n := range []int{2, 3} {
+			seed(n, ghost, ghostLife)
+		}
+		_, err := q.AcquireInLine(ctx, key, "B.1", 10*time.Second, b)
+		if took = time.Since(now); took >= ghostLife {
+			t.Logf("try %d: B's first attempt came %v after the seeding, after the ghosts expired (%v): seeding again on a fresh key", tries, took.Round(time.Millisecond), ghostLife)
+			return false
+		}
+		require.ErrorIs(t, err, redlease.ErrQueued)
+		return true
+	}, "B's first attempt never came while the ghosts lived (%v after the seeding): %s", ghostLife, redistest.Lazy(func() string {
+		return fmt.Sprintf("%d tries, the last one's first attempt %v after its seeding", tries, took.Round(time.Millisecond))
+	}))
+
+	// A is served within 5 s, widened by 3 × the stall this run measured
+	// meanwhile (probe.WaitFor); every refusal must be ErrNotObtained.
+	var (
+		token   string
+		attempt int
+		lastErr error
+	)
+	probe.WaitFor(t, 5*time.Second, 3, 5*time.Millisecond, func() bool {
+		attempt++
 		token = fmt.Sprintf("A.%d", attempt)
 		g, err := q.AcquireInLine(ctx, key, token, 10*time.Second, a)
 		if err == nil {
 			require.True(t, g.Until.After(time.Now()))
-			t.Logf("A served at attempt %d", attempt)
-			break
+			return true
 		}
 		require.ErrorIs(t, err, redlease.ErrNotObtained)
-		require.True(t, time.Now().Before(deadline), "the oldest waiter not served within 5 s although it is the head of a majority: %v", err)
-		time.Sleep(5 * time.Millisecond)
-	}
+		lastErr = err
+		return false
+	}, "the oldest waiter not served although it is the head of a majority: %s", redistest.Lazy(func() string {
+		return fmt.Sprintf("%d attempts, the last refused: %v", attempt, lastErr)
+	}))
+	t.Logf("A served at attempt %d", attempt)
 	require.NoError(t, q.Release(ctx, key, token))
 	// Release returns at a quorum; the other nodes' requests land within
 	// the node timeout (1 s).
@@ -284,15 +325,21 @@ func TestFairQuorumNodesWithDifferentLinesConverge(t *testing.T) {
 	}
 
 	// B is now the live head wherever the ghost has expired; within the
-	// ghost's lifetime plus a bounded number of attempts B is served.
-	deadline = now.Add(ghostLife + 10*time.Second)
-	for attempt := 2; ; attempt++ {
+	// ghost's lifetime plus a bounded number of attempts B is served:
+	// within 10 s of the ghosts' expiry (or of this wait's start, if they
+	// had expired by then: B tries only from here), widened by 3 × the
+	// stall this run measured meanwhile (probe.WaitFor).
+	attempt, lastErr = 1, nil
+	probe.WaitFor(t, max(time.Until(now.Add(ghostLife)), 0)+10*time.Second, 3, 5*time.Millisecond, func() bool {
+		attempt++
 		_, err := q.AcquireInLine(ctx, key, fmt.Sprintf("B.%d", attempt), 10*time.Second, b)
 		if err == nil {
-			break
+			return true
 		}
 		require.ErrorIs(t, err, redlease.ErrNotObtained)
-		require.True(t, time.Now().Before(deadline), "B not served 10 s after the ghosts expired: %v", err)
-		time.Sleep(5 * time.Millisecond)
-	}
+		lastErr = err
+		return false
+	}, "B not served 10 s after the ghosts expired: %s", redistest.Lazy(func() string {
+		return fmt.Sprintf("attempt %d refused: %v", attempt, lastErr)
+	}))
 }
