@@ -2,6 +2,8 @@ package redlease_test
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -104,6 +106,7 @@ func (s *fencedStore) write(who string, fence uint64) bool {
 func TestPausedHolderPastItsFenceCounterIsRefused(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
+	probe := redistest.StartStallProbe(t)
 	const ttl, keep = time.Second, time.Second
 	for _, c := range fenceTTLCases(t, keep) {
 		t.Run(c.name, func(t *testing.T) {
@@ -123,27 +126,24 @@ func TestPausedHolderPastItsFenceCounterIsRefused(t *testing.T) {
 			old, err := lockWithin(ctx, l, key)
 			require.NoError(t, err)
 			require.NotZero(t, old.Fence())
-			// The holder pauses. Wait (bounded) until its lock and the
-			// fence counter are gone from every node.
+			// The holder pauses. Wait until its lock and the fence counter
+			// are gone from every node: within 10 s, widened by 3 × the
+			// stall this run measured meanwhile (probe.WaitFor).
 			fk := script.MustFenceKey(key)
-			deadline := time.Now().Add(10 * time.Second)
 			checked := 0
-			for {
-				gone := 0
-				for _, n := range c.nodes {
+			var left []string // the nodes that still had either key at the last look
+			probe.WaitFor(t, 10*time.Second, 3, 5*time.Millisecond, func() bool {
+				left = left[:0]
+				for i, n := range c.nodes {
 					nk, err := n.Client().Exists(ctx, key, fk).Result()
 					require.NoError(t, err)
 					checked++
-					if nk == 0 {
-						gone++
+					if nk != 0 {
+						left = append(left, fmt.Sprintf("node %d: %d of the 2 keys", i, nk))
 					}
 				}
-				if gone == len(c.nodes) {
-					break
-				}
-				require.True(t, time.Now().Before(deadline), "the lock and the fence counter still exist after 10s")
-				time.Sleep(5 * time.Millisecond)
-			}
+				return len(left) == 0
+			}, "the lock and the fence counter (TTLs %v and %v) still exist: %s", ttl, keep, redistest.Lazy(func() string { return strings.Join(left, ", ") }))
 			require.Positive(t, checked)
 
 			store := &fencedStore{}
