@@ -172,35 +172,42 @@ func TestUnreplicatedGrantUndoCannotDeleteALaterAttemptsKey(t *testing.T) {
 	require.NoError(t, a.Release(ctx))
 }
 
-// ageMarkers waits (at most 10 s) until every server votes under the
-// delayed-restart rule with maxTTL: each is asked on its own (a quorum of
-// one), since a round that reaches a majority says nothing about the
-// others, whose requests may not even have been sent.
+// ageMarkers waits until every server votes under the delayed-restart
+// rule with maxTTL: within 10 s, widened by 3 × the stall this run
+// measured meanwhile (probe.WaitFor, polling a server-side rule every
+// 20 ms, not racing it). Each is asked on its own (a quorum of one), since
+// a round that reaches a majority says nothing about the others, whose
+// requests may not even have been sent.
 func ageMarkers(t *testing.T, servers []*redistest.Server, maxTTL time.Duration) {
 	t.Helper()
+	probe := redistest.StartStallProbe(t)
+	defer probe.Stop()
 	errs := make([]error, len(servers))
+	late := make([]string, len(servers)) // a wait's failure (SoftTB: off the test's goroutine)
 	var wg sync.WaitGroup
 	for i, s := range servers {
 		l, err := redlease.New(quorumOver(t, []redis.UniversalClient{s.Client()}, quorum.WithDelayedRestart(maxTTL)), redlease.WithTTL(maxTTL))
 		require.NoError(t, err)
 		wg.Go(func() {
-			deadline := time.Now().Add(10 * time.Second)
-			for {
+			soft := &redistest.SoftTB{TB: t}
+			var last error
+			probe.WaitFor(soft, 10*time.Second, 3, 20*time.Millisecond, func() bool {
 				lk, err := l.TryLock(t.Context(), "attack:age")
-				if err == nil {
-					errs[i] = lk.Release(t.Context())
-					return
+				if err != nil {
+					last = err
+					return false
 				}
-				if time.Now().After(deadline) {
-					errs[i] = fmt.Errorf("node %d never started voting: %w", i, err)
-					return
-				}
-				time.Sleep(20 * time.Millisecond) // polling a server-side rule, not racing
-			}
+				errs[i] = lk.Release(t.Context())
+				return true
+			}, "node %d never started voting (delayed restart, max TTL %v): the last TryLock: %s", i, maxTTL, redistest.Lazy(func() string { return fmt.Sprint(last) }))
+			late[i] = soft.Failed()
 		})
 	}
 	wg.Wait()
-	for _, err := range errs {
+	for i, err := range errs {
+		if late[i] != "" {
+			t.Fatal(late[i])
+		}
 		require.NoError(t, err)
 	}
 }
