@@ -23,6 +23,7 @@ import (
 // acquisition is granted by nodes 1–4 while its request to node 0 waits in
 // the queue; then the gate opens.
 func TestGrantStillWritesQueuedCopies(t *testing.T) {
+	probe := redistest.StartStallProbe(t)
 	servers := redistest.StartN(t, 5, redistest.Config{})
 	gate := redistest.NewGate(t, servers[0].Addr)
 	node0 := redis.NewClient(&redis.Options{Addr: gate.Addr, ReadTimeout: 30 * time.Second})
@@ -50,19 +51,14 @@ func TestGrantStillWritesQueuedCopies(t *testing.T) {
 	require.NoError(t, err)
 	gate.Open()
 
+	// B's key reaches node 0 within 5 s, widened by 3 × the stall this
+	// run measured meanwhile (probe.WaitFor).
 	direct := servers[0].Client()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	probe.WaitFor(t, 5*time.Second, 3, 20*time.Millisecond, func() bool {
 		n, err := direct.Exists(context.Background(), "copies:b").Result()
 		require.NoError(t, err)
-		if n == 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("B's key never reached node 0: the grant left it on four of five nodes, and its queued request was dropped")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return n == 1
+	}, "B's key never reached node 0: the grant left it on four of five nodes, and its queued request was dropped")
 	require.NoError(t, a.Release(ctx))
 	require.NoError(t, b.Release(ctx))
 }
