@@ -199,6 +199,7 @@ func TestFairOnlyAddsRefusalsRedis(t *testing.T) {
 // entry, and a release that removes the holder's entry where it was
 // refused and publishes the next head.
 func TestLineRulesRedis(t *testing.T) {
+	probe := redistest.StartStallProbe(t)
 	srv := redistest.Start(t, redistest.Config{})
 	client := srv.Client()
 	ctx := t.Context()
@@ -285,12 +286,18 @@ func TestLineRulesRedis(t *testing.T) {
 	if time.Since(start) < 250*time.Millisecond { // else the machine was too slow to see D's turn
 		require.Equal(t, int64(script.Queued), first, "B passed a live head")
 	}
-	deadline := start.Add(5 * time.Second)
-	for v := first; script.IsTaken(v); v = run("B.3", "B", 30, true, 60_000) {
+	// B is granted within 5 s, widened by 3 × the stall this run measured
+	// meanwhile (probe.WaitFor; the wait starts a few calls after D
+	// joined), and is only ever refused as queued until then.
+	v := first
+	probe.WaitFor(t, 5*time.Second, 3, time.Millisecond, func() bool {
+		if !script.IsTaken(v) {
+			return true
+		}
 		require.Equal(t, int64(script.Queued), v)
-		require.True(t, time.Now().Before(deadline), "B still queued behind a dead head after 5 s")
-		time.Sleep(time.Millisecond)
-	}
+		v = run("B.3", "B", 30, true, 60_000)
+		return !script.IsTaken(v)
+	}, "B still queued behind a dead head (lifetime 300 ms): the last reply %s, the line %s", redistest.Lazy(func() string { return fmt.Sprint(v) }), redistest.Lazy(func() string { return fmt.Sprint(members()) }))
 	require.GreaterOrEqual(t, time.Since(start), 290*time.Millisecond, "B passed D before D's entry expired")
 	require.Empty(t, members(), "the expired head was purged and B left on its grant")
 
