@@ -1,6 +1,7 @@
 package fanout
 
 import (
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -60,8 +61,8 @@ func warm(t *testing.T, ns *Nodes, probe *redistest.StallProbe) {
 	redistest.Await(t, probe, r.Arrived(), 10*time.Second, 3, "the warm-up round never arrived")
 	require.NoError(t, r.Result(0).Err)
 	nd := ns.nodes[0]
-	require.Eventually(t, func() bool { return nd.idle.Load() == 1 }, 10*time.Second, time.Millisecond,
-		"the warm-up worker is idle again")
+	probe.WaitFor(t, 10*time.Second, 3, time.Millisecond, func() bool { return nd.idle.Load() == 1 },
+		"the warm-up worker never became idle again (idle workers: %s)", redistest.Lazy(func() string { return fmt.Sprint(nd.idle.Load()) }))
 	require.EqualValues(t, 1, nd.total.Load())
 }
 
