@@ -75,6 +75,7 @@ func TestClusterRenewalScriptCallsPerMaster(t *testing.T) {
 		t.Skip("measurement: runs in `make chaos` (go test -chaos.full)")
 	}
 	ctx := t.Context()
+	probe := redistest.StartStallProbe(t)
 	const locks, ttl, measured = 1000, 3 * time.Second, 5
 	masters := redistest.StartCluster(t, 3)
 	cc := redistest.ClusterClient(t, masters)
@@ -119,13 +120,14 @@ func TestClusterRenewalScriptCallsPerMaster(t *testing.T) {
 		}
 	}
 
-	// waitTicks returns once n ticks more than seen have returned.
+	// waitTicks returns once n ticks more than seen have returned: within
+	// 20 TTLs a tick, widened by 3 × the stall this run measured meanwhile
+	// (probe.WaitFor).
 	waitTicks := func(seen, n int64) {
-		deadline := time.Now().Add(20 * ttl * time.Duration(n))
-		for cs.ticks.Load() < seen+n {
-			require.True(t, time.Now().Before(deadline), "fewer than %d watchdog ticks in %v after tick %d", n, 20*ttl*time.Duration(n), seen)
-			time.Sleep(time.Millisecond)
-		}
+		probe.WaitFor(t, 20*ttl*time.Duration(n), 3, time.Millisecond, func() bool { return cs.ticks.Load() >= seen+n },
+			"fewer than %d watchdog ticks after tick %d: %s", n, seen, redistest.Lazy(func() string {
+				return fmt.Sprintf("%d returned", cs.ticks.Load()-seen)
+			}))
 	}
 	// snapshot reads every master's script calls between two ticks: with
 	// no tick in flight, and none begun or ended during the reads.
