@@ -137,6 +137,7 @@ func TestScenario07CoordinatedFailoverKeepsTheLock(t *testing.T) {
 	run(t, scenario{name: "07 single: coordinated FAILOVER (control)", strategy: "single", faults: "FAILOVER (coordinated)", fast: true},
 		func(t *testing.T, rec *Recorder) facts {
 			ctx := t.Context()
+			probe := redistest.StartStallProbe(t)
 			primary := redistest.Start(t, redistest.Config{})
 			replica := redistest.StartReplica(t, primary, redistest.Config{})
 			reg := storage(t, rec, "s07")
@@ -151,13 +152,27 @@ func TestScenario07CoordinatedFailoverKeepsTheLock(t *testing.T) {
 			if err := primary.Client().Do(ctx, "FAILOVER", "TIMEOUT", 2000).Err(); err != nil {
 				t.Fatal(err)
 			}
-			deadline := time.Now().Add(5 * time.Second)
-			for time.Now().Before(deadline) {
-				if role, _ := replica.Client().Do(ctx, "ROLE").Slice(); len(role) > 0 && role[0] == "master" {
-					break
+			// The replica is promoted within 5 s, widened by 3 × the stall
+			// this run measured meanwhile (probe.WaitFor): without the
+			// failover the control would check nothing.
+			var (
+				role    []any
+				roleErr error
+			)
+			probe.WaitFor(t, 5*time.Second, 3, 10*time.Millisecond, func() bool {
+				role, roleErr = replica.Client().Do(ctx, "ROLE").Slice()
+				return len(role) > 0 && role[0] == "master"
+			}, "the coordinated FAILOVER never promoted the replica: its ROLE %s; the old primary's %s", redistest.Lazy(func() string {
+				return fmt.Sprintf("%v (error %v)", role, roleErr)
+			}), redistest.Lazy(func() string {
+				info, err := primary.Client().Info(context.WithoutCancel(ctx), "replication").Result()
+				for _, line := range strings.Split(info, "\n") {
+					if strings.HasPrefix(line, "master_failover_state:") {
+						return strings.TrimSpace(line)
+					}
 				}
-				time.Sleep(10 * time.Millisecond)
-			}
+				return fmt.Sprintf("failover state unknown (INFO replication: %v)", err)
+			}))
 			end()
 			var violations []string
 			if v, _ := replica.Client().Get(ctx, "chaos:s07").Result(); v != a.Token() {
