@@ -228,15 +228,25 @@ func boundsEnv(t *testing.T, st string, opts func(string) *redis.Options) *bound
 		rep := redistest.Start(t, redistest.Config{Args: []string{"--replicaof", "127.0.0.1", fmt.Sprint(e.servers[0].Port)}})
 		rc := rep.Client()
 		t.Cleanup(func() { _ = rc.Close() })
-		deadline := time.Now().Add(10 * time.Second)
-		for {
-			info, _ := rc.Info(context.Background(), "replication").Result()
-			if strings.Contains(info, "master_link_status:up") {
-				break
+		// Linked within 10 s, widened by 3 × the stall this run measured
+		// meanwhile (probe.WaitFor).
+		probe := redistest.StartStallProbe(t)
+		var (
+			info    string
+			infoErr error
+		)
+		probe.WaitFor(t, 10*time.Second, 3, 20*time.Millisecond, func() bool {
+			info, infoErr = rc.Info(context.Background(), "replication").Result()
+			return strings.Contains(info, "master_link_status:up")
+		}, "replica never linked: %s", redistest.Lazy(func() string {
+			for _, line := range strings.Split(info, "\n") {
+				if strings.HasPrefix(line, "master_link_status:") {
+					return strings.TrimSpace(line)
+				}
 			}
-			require.True(t, time.Now().Before(deadline), "replica never linked")
-			time.Sleep(20 * time.Millisecond)
-		}
+			return fmt.Sprintf("no master_link_status (INFO replication: %v)", infoErr)
+		}))
+		probe.Stop()
 		s, err = failover.New(cs[0])
 	}
 	require.NoError(t, err)
