@@ -109,13 +109,16 @@ func TestNothingLeftWithoutATTL(t *testing.T) {
 	t.Logf("%d keys scanned on %d nodes, %d without a TTL", scanned, len(all), without)
 }
 
-// scanTTLs scans every key of c (bounded) and returns how many it saw and
-// those without a TTL (PTTL -1).
+// scanTTLs scans every key of c and returns how many it saw and those
+// without a TTL (PTTL -1). The scan is bounded: it ends within a minute,
+// widened by 3 × the stall this run measured meanwhile (probe.WaitFor,
+// one SCAN step a poll).
 func scanTTLs(ctx context.Context, t *testing.T, c *redis.Client) (n int, noTTL []string) {
 	t.Helper()
-	deadline := time.Now().Add(time.Minute)
+	probe := redistest.StartStallProbe(t)
+	defer probe.Stop()
 	var cursor uint64
-	for {
+	probe.WaitFor(t, time.Minute, 3, 0, func() bool {
 		keys, next, err := c.Scan(ctx, cursor, "*", 1000).Result()
 		require.NoError(t, err)
 		pipe := c.Pipeline()
@@ -134,9 +137,9 @@ func scanTTLs(ctx context.Context, t *testing.T, c *redis.Client) (n int, noTTL 
 		}
 		n += len(keys)
 		cursor = next
-		if cursor == 0 {
-			return n, noTTL
-		}
-		require.True(t, time.Now().Before(deadline), "SCAN still going after a minute")
-	}
+		return cursor == 0
+	}, "SCAN of %s still going: %s", c.Options().Addr, redistest.Lazy(func() string {
+		return fmt.Sprintf("%d keys scanned, cursor %d", n, cursor)
+	}))
+	return n, noTTL
 }
