@@ -3,6 +3,7 @@ package bench_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"runtime"
 	"slices"
 	"strconv"
@@ -15,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/redlease/redlease"
+	"github.com/redlease/redlease/internal/redistest"
 	"github.com/redlease/redlease/quorum"
 )
 
@@ -150,22 +152,25 @@ func BenchmarkQuorum(b *testing.B) {
 	}
 }
 
-// awaitPing waits, up to 10 s, until every client answers a PING.
+// awaitPing waits until every client answers a PING, the clients in turn:
+// within 10 s, widened by 3 × the stall this run measured meanwhile
+// (probe.WaitFor).
 func awaitPing(b *testing.B, cs []*redis.Client) {
 	b.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for i, c := range cs {
-		for {
-			err := c.Ping(background).Err()
-			if err == nil {
-				break
+	probe := redistest.StartStallProbe(b)
+	defer probe.Stop()
+	i := 0 // cs[:i] have answered
+	var last error
+	probe.WaitFor(b, 10*time.Second, 3, 20*time.Millisecond, func() bool {
+		for ; i < len(cs); i++ {
+			if last = cs[i].Ping(background).Err(); last != nil {
+				return false
 			}
-			if time.Now().After(deadline) {
-				b.Fatalf("client %d still fails its PING 10 s after a heal: %v", i, err)
-			}
-			time.Sleep(20 * time.Millisecond)
 		}
-	}
+		return true
+	}, "a client still fails its PING after a heal: %s", redistest.Lazy(func() string {
+		return fmt.Sprintf("client %d: %v", i, last)
+	}))
 }
 
 // settle reports how many requests a run left in flight when its last op
