@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -169,6 +170,11 @@ func anonymousPlacement(p string) bool {
 	return false
 }
 
+// closeAfterStop, if set (by tests), runs in Close after it cancelled the
+// handlers of b's runs in flight, with the channel that closes once they
+// have all finished.
+var closeAfterStop atomic.Pointer[func(b *Barrier, idle <-chan struct{})]
+
 // enter counts a run in flight, or refuses it once the Barrier is closed.
 func (b *Barrier) enter() error {
 	b.mu.Lock()
@@ -214,11 +220,20 @@ func (b *Barrier) Close(ctx context.Context) error {
 		return nil
 	case <-ctx.Done():
 	}
-	b.stopAll(ErrClosed)
-	select {
-	case <-idle:
+	// Whether a handler is cut short is decided here, once: a run leaves
+	// under b.mu, so none finishes between the count and the cancel, and
+	// the error says exactly that runs were in flight when the grace ended.
+	b.mu.Lock()
+	cut := b.active > 0
+	if cut {
+		b.stopAll(ErrClosed)
+	}
+	b.mu.Unlock()
+	if !cut {
 		return nil
-	default:
+	}
+	if f := closeAfterStop.Load(); f != nil {
+		(*f)(b, idle)
 	}
 	return fmt.Errorf("idempotency: Barrier closed with runs in flight, their handlers' contexts cancelled: %w", context.Cause(ctx))
 }

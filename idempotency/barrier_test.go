@@ -156,6 +156,41 @@ func sentinelMaster(t *testing.T, master string) *redis.Client {
 	return c
 }
 
+// A Close whose grace ended with runs in flight says so, also when the
+// runs it cancelled finish before it returns: the error is the caller's
+// only word that handlers were cut short. Forced order: Close cancels the
+// handler, and (a hook in Close) the run returns, releases and leaves
+// before Close decides what to return.
+func TestCloseThatCancelledAHandlerSaysSoEvenIfTheRunFinishedFirst(t *testing.T) {
+	probe := redistest.StartStallProbe(t)
+	b := barrier(t, store(t))
+	finished := false
+	idempotency.SetCloseAfterStop(t, b, func(idle <-chan struct{}) {
+		redistest.Await(t, probe, idle, 5*time.Second, 3, "the cancelled run never finished")
+		finished = true
+	})
+	started := make(chan struct{})
+	cctx, cancel := context.WithCancel(t.Context())
+	left := make(chan error, 1)
+	go func() {
+		_, err := b.Do(cctx, idempotency.Request{Key: "cut-short"}, func(ctx context.Context, _ uint64) ([]byte, error) {
+			close(started)
+			<-ctx.Done()
+			return nil, errors.New("stopped half-way")
+		})
+		left <- err
+	}()
+	redistest.Await(t, probe, started, 5*time.Second, 3, "the handler never started")
+	cancel() // the caller leaves; the run goes on
+	require.ErrorIs(t, redistest.Await(t, probe, left, 5*time.Second, 3, "the caller never returned"), context.Canceled)
+
+	grace, end := context.WithCancel(t.Context())
+	end() // no grace at all
+	err := b.Close(grace)
+	require.True(t, finished, "the hook ran: the run had finished when Close decided")
+	require.ErrorIs(t, err, context.Canceled, "Close cancelled a handler and must say so")
+}
+
 // Two Barriers on one store and prefix whose locks live on two different
 // Sentinel masters, each through a failover strategy over a
 // redis.NewFailoverClient: their locks exclude nothing between them, and

@@ -30,3 +30,16 @@ func LoadScripts(ctx context.Context, c redis.Scripter) error {
 // takes its lock and claims it in one step (the default strategy on a
 // one-Redis store), as EVALSHA sends it: a test's hook tells a claim by it.
 func ClaimLockHash() string { return claimLockScript.Hash() }
+
+// SetCloseAfterStop makes b's Close, after it cancelled the handlers of
+// the runs in flight, call f with the channel that closes once those runs
+// have finished, until tb's cleanup.
+func SetCloseAfterStop(tb interface{ Cleanup(func()) }, b *Barrier, f func(idle <-chan struct{})) {
+	hook := func(of *Barrier, idle <-chan struct{}) {
+		if of == b {
+			f(idle)
+		}
+	}
+	closeAfterStop.Store(&hook)
+	tb.Cleanup(func() { closeAfterStop.Store(nil) })
+}
