@@ -127,13 +127,13 @@ func Run(t *testing.T, setup func(t *testing.T) Setup) {
 		// 151 ms against 100 ms). Such a try is made again on a fresh key
 		// with a TTL derived from it: at least twice the last TTL and four
 		// times what the try took. Bounded at five tries.
+		const maxAttempt = 5
 		ttl := 100 * time.Millisecond
 		var (
-			key        string
-			start      time.Time
-			g          redlease.Grant
-			err        error
-			maxAttempt = 5
+			key   string
+			start time.Time
+			g     redlease.Grant
+			err   error
 		)
 		for attempt := 1; ; attempt++ {
 			key = fmt.Sprintf("%s:%d", Key(t), attempt)
