@@ -1,0 +1,5 @@
+//go:build !race
+
+package gobuild_test
+
+const raceBuild = false
