@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/redlease/redlease/internal/gobuild"
 )
 
 // Every Go block in README.md is a complete program, and compiles: each is
@@ -63,7 +65,12 @@ func TestREADMESnippetsCompile(t *testing.T) {
 	require.NoError(t, os.WriteFile(ovl, js, 0o644))
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute) // bounded; a warm cache takes a second or two
 	defer cancel()
-	cmd := exec.CommandContext(ctx, "go", append([]string{"list", "-export", "-f", "{{.ImportPath}} {{.Export}}", "-overlay=" + ovl}, pkgs...)...)
+	// Compiled as this test binary was (-race, -trimpath), so that the
+	// packages the blocks import come from the build cache.
+	flags, err := gobuild.Flags()
+	require.NoError(t, err)
+	args := append(append([]string{"list"}, flags...), "-export", "-f", "{{.ImportPath}} {{.Export}}", "-overlay="+ovl)
+	cmd := exec.CommandContext(ctx, "go", append(args, pkgs...)...)
 	out, err := cmd.CombinedOutput()
 	require.NoError(t, err, "README.md's Go blocks do not compile:\n%s", out)
 	compiled := 0

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -22,6 +23,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/redlease/redlease"
+	"github.com/redlease/redlease/internal/gobuild"
 	"github.com/redlease/redlease/internal/redistest"
 	"github.com/redlease/redlease/quorum"
 )
@@ -35,8 +37,22 @@ func TestMain(m *testing.M) {
 		panic(err)
 	}
 	bin = filepath.Join(dir, "redlease")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+	// Built as this test binary was (-race, -trimpath): the race detector
+	// watches the CLI too, and its dependencies come from the build cache.
+	flags, err := gobuild.Flags()
+	if err != nil {
+		panic(err)
+	}
+	if out, err := exec.Command("go", append(append([]string{"build"}, flags...), "-o", bin, ".")...).CombinedOutput(); err != nil {
 		panic(string(out))
+	}
+	if slices.Contains(flags, "-race") {
+		// A race-built program sleeps a second before it exits (GORACE's
+		// atexit_sleep_ms, 1000 by default); the CLI's processes exit as
+		// the plain build's do, and options set from outside are kept.
+		if err := os.Setenv("GORACE", strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0")); err != nil {
+			panic(err)
+		}
 	}
 	redistest.QuietClientLogs()
 	code := m.Run()

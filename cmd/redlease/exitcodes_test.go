@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/redlease/redlease/internal/gobuild"
 	"github.com/redlease/redlease/internal/redistest"
 )
 
@@ -239,7 +240,9 @@ func TestInternalErrorExitCode(t *testing.T) {
 	t.Parallel()
 	env := nodesEnv(redistest.StartN(t, 1, redistest.Config{}))
 	seam := filepath.Join(t.TempDir(), "redlease-seam")
-	out, err := exec.Command("go", "build", "-tags", "redlease_testseam_panic", "-o", seam, ".").CombinedOutput()
+	flags, err := gobuild.Flags()
+	require.NoError(t, err)
+	out, err := exec.Command("go", append(append([]string{"build"}, flags...), "-tags", "redlease_testseam_panic", "-o", seam, ".")...).CombinedOutput()
 	require.NoError(t, err, "%s", out)
 
 	cmd := exec.Command(seam, "--node-timeout", cliNodeTimeout.String(), "run", "--key", "bug", "--ttl", "2s", "--", "sh", "-c", "exec sleep 30")
