@@ -31,22 +31,30 @@ import (
 // bin is the CLI, built once for the tests and run as a real process.
 var bin string
 
+// buildFlags are the -race and -trimpath this test binary was built with
+// (gobuild.Flags), set by TestMain: goBuild builds the CLI with them.
+var buildFlags []string
+
+// goBuild is the go build of the CLI into out, as this test binary was
+// built (buildFlags: the race detector watches the CLI too, and its
+// dependencies come from the build cache), then extra.
+func goBuild(out string, extra ...string) *exec.Cmd {
+	return exec.Command("go", slices.Concat([]string{"build"}, buildFlags, extra, []string{"-o", out, "."})...)
+}
+
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "redlease-cli")
 	if err != nil {
 		panic(err)
 	}
 	bin = filepath.Join(dir, "redlease")
-	// Built as this test binary was (-race, -trimpath): the race detector
-	// watches the CLI too, and its dependencies come from the build cache.
-	flags, err := gobuild.Flags()
-	if err != nil {
+	if buildFlags, err = gobuild.Flags(); err != nil {
 		panic(err)
 	}
-	if out, err := exec.Command("go", append(append([]string{"build"}, flags...), "-o", bin, ".")...).CombinedOutput(); err != nil {
+	if out, err := goBuild(bin).CombinedOutput(); err != nil {
 		panic(string(out))
 	}
-	if slices.Contains(flags, "-race") {
+	if slices.Contains(buildFlags, "-race") {
 		// A race-built program sleeps a second before it exits (GORACE's
 		// atexit_sleep_ms, 1000 by default); the CLI's processes exit as
 		// the plain build's do, and options set from outside are kept.

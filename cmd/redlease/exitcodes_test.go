@@ -14,7 +14,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/redlease/redlease/internal/gobuild"
 	"github.com/redlease/redlease/internal/redistest"
 )
 
@@ -240,9 +239,7 @@ func TestInternalErrorExitCode(t *testing.T) {
 	t.Parallel()
 	env := nodesEnv(redistest.StartN(t, 1, redistest.Config{}))
 	seam := filepath.Join(t.TempDir(), "redlease-seam")
-	flags, err := gobuild.Flags()
-	require.NoError(t, err)
-	out, err := exec.Command("go", append(append([]string{"build"}, flags...), "-tags", "redlease_testseam_panic", "-o", seam, ".")...).CombinedOutput()
+	out, err := goBuild(seam, "-tags", "redlease_testseam_panic").CombinedOutput()
 	require.NoError(t, err, "%s", out)
 
 	cmd := exec.Command(seam, "--node-timeout", cliNodeTimeout.String(), "run", "--key", "bug", "--ttl", "2s", "--", "sh", "-c", "exec sleep 30")
