@@ -115,6 +115,9 @@ func (n *Node) start() {
 	m.Server().SetPreHook(n.hook)
 	n.m = m
 	n.scripts = map[string]*lua.FunctionProto{}
+	if n.boots == 0 && n.w.warm(n.id) {
+		n.loadLibraryScripts() // warm.go
+	}
 	n.dropLua()
 	n.boots++
 	n.runID = fmt.Sprintf("%040x", mix(n.w.seed, uint64(n.id)<<32|uint64(n.boots)))

@@ -23,6 +23,7 @@ type Result struct {
 	Verdict    string // Pass, Hazard or Fail
 	Violations []Violation
 	Schedule   []Fault
+	Warm       []int           // the nodes that started with the library's scripts cached (warm.go)
 	Log        []string        // with Run's log on: what happened, in virtual time
 	LogAt      []time.Duration // each Log line's exact virtual time (-1: a check's line)
 	Grants     int
@@ -241,6 +242,7 @@ func Run(sc Scenario, seed uint64, opts Options) *Result {
 		Scenario:   sc.Name,
 		Violations: vs,
 		Schedule:   w.faults,
+		Warm:       w.warmNodes(),
 		Log:        w.hist.lines,
 		LogAt:      w.hist.ats,
 		Grants:     len(w.hist.holds),
@@ -275,7 +277,7 @@ func Run(sc Scenario, seed uint64, opts Options) *Result {
 func newWorld(sc Scenario, seed uint64, opts Options) *World {
 	start := time.Now()
 	ops := drawOps(seed, &sc) // the ops scenarios' options (nil elsewhere); may adjust sc
-	w := &World{seed: seed, sc: sc, opts: opts, start: start, hist: newHistory(start, opts.Log), ops: ops, verifyReadings: opts.verifyReadings}
+	w := &World{seed: seed, sc: sc, opts: opts, start: start, hist: newHistory(start, opts.Log), ops: ops, verifyReadings: opts.verifyReadings, warmDraw: true}
 	w.net = newSched(w.flushState)
 	w.faults = makeSchedule(seed, &sc, sc.horizon())
 	w.resh = newReshard(w.faults)

@@ -106,6 +106,7 @@ func TestSim(t *testing.T) {
 			res = Run(scenarioOf(s), s, Options{Log: true, LostFirst: *flagLostFirst})
 		})
 		t.Logf("scenario %s seed %d: %s", res.Scenario, res.Seed, res.Verdict)
+		t.Logf("warm nodes (the library's scripts cached from the start): %v", res.Warm)
 		t.Log("schedule:\n" + joinFaults(res.Schedule))
 		for _, sc := range res.Scopes {
 			t.Logf("scope of fault %d: %s", sc.Fault, sc)

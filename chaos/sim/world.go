@@ -29,14 +29,17 @@ type World struct {
 	// node it started as.
 	cmaster [ClusterMasters]atomic.Pointer[Node]
 
-	seed   uint64
-	sc     Scenario
-	opts   Options
-	start  time.Time
-	nodes  []*Node
-	faults []Fault
-	hist   *history
-	net    *sched // delivers messages, runs the nodes' commands
+	seed uint64
+	sc   Scenario
+	// warmDraw: nodes are drawn warm (warm.go); a generated run's world
+	// only.
+	warmDraw bool
+	opts     Options
+	start    time.Time
+	nodes    []*Node
+	faults   []Fault
+	hist     *history
+	net      *sched // delivers messages, runs the nodes' commands
 	// verifyReadings (tests): the state check compares every node reading
 	// it lets stand with a fresh one (checkLockLocked).
 	verifyReadings bool
