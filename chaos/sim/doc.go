@@ -51,6 +51,11 @@
 // on the subscriber's own link), CLUSTER on Cluster masters. A node can
 // pause (it queues everything, then serves the queue in order), crash, and
 // restart empty, from a snapshot taken 5-200 ms before, or with its data.
+// A node's script cache is lost on every restart; a generated run draws
+// each node warm (three in four) or cold for its first process: a warm
+// one has the library's lock scripts cached, as a server has once any
+// client ran them, and a cold one answers their first EVALSHA with
+// NOSCRIPT (warm.go). The idempotency scripts always start cold.
 //
 // Failover (replica.go, sentinel.go, failoverwork.go): a primary and one
 // replica. The primary ships each write's effects (the keys a script
