@@ -396,14 +396,28 @@ func (w *waiting) sleep(ctx context.Context, d time.Duration) bool {
 
 // end stops the timer and ends the subscription; a call that gave up
 // hands on a notice it owes. A notice still waiting in notices came after
-// the last attempt, which did not answer it.
+// the last attempt, which did not answer it: a call that gave up hands it
+// on, and a granted call drops it. Such a notice came while the granted
+// attempt was on its way (on a quorum, another node's push of the release
+// that freed the key for this call), and nobody else can take the key
+// before this call's release, which wakes the next waiter: handed on, it
+// would wake a waiter only to be refused. One that comes between this
+// look and stop is still handed on by the Waker (a needless wake, never a
+// lost one).
 func (w *waiting) end(gaveUp bool) {
 	if w.timer != nil {
 		w.timer.Stop()
 	}
-	if w.stopWatch != nil {
-		w.stopWatch(gaveUp && (w.owed || len(w.notices) > 0))
+	if w.stopWatch == nil {
+		return
 	}
+	if !gaveUp {
+		select {
+		case <-w.notices:
+		default:
+		}
+	}
+	w.stopWatch(gaveUp && (w.owed || len(w.notices) > 0))
 }
 
 // outage is a Lock call's accounting of its runs of attempts that no node

@@ -4,6 +4,8 @@ import (
 	"context"
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/require"
 )
 
 func TestBackoffDoublesWithinJitterBounds(t *testing.T) {
@@ -51,5 +53,46 @@ func TestBackoffIsBoundedByTheHoldersRemainingTTL(t *testing.T) {
 				t.Fatalf("%s: got %v, want within [%v, %v]", c.name, got, c.min, c.max)
 			}
 		}
+	}
+}
+
+// A Lock call granted the key leaves its subscription without a notice
+// unread: one that came while its granted attempt was on its way (another
+// node's push of the same release, on a quorum) announced a release that
+// freed the key for this call, and nobody else can take the key until
+// this call releases it, which wakes the next waiter. Left unread, the
+// Waker hands it on, and the waiter it wakes is refused: measured in
+// BenchmarkContentionOneKey as about one refused attempt per grant.
+// A call that gives up still hands on what it owes or left unread.
+func TestAGrantedWaiterHandsOnNoNotice(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		gaveUp bool
+		owed   bool
+		unread bool
+		// wantUnread: a notice still in the channel when stop runs (the
+		// Waker hands it on); wantHandOn: stop's argument.
+		wantUnread, wantHandOn bool
+	}{
+		{name: "granted, a notice unread", unread: true},
+		{name: "granted, owing", owed: true},
+		{name: "gave up, a notice unread", gaveUp: true, unread: true, wantUnread: true, wantHandOn: true},
+		{name: "gave up, owing", gaveUp: true, owed: true, wantHandOn: true},
+		{name: "gave up, nothing owed", gaveUp: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			notices := make(chan struct{}, 1)
+			if tc.unread {
+				notices <- struct{}{}
+			}
+			var stopped, handOn, unread bool
+			w := waiting{notices: notices, owed: tc.owed, stopWatch: func(h bool) {
+				stopped, handOn, unread = true, h, len(notices) > 0
+			}}
+			w.end(tc.gaveUp)
+			require.True(t, stopped)
+			require.Equal(t, tc.wantUnread, unread, "a notice unread when stop ran")
+			require.Equal(t, tc.wantHandOn, handOn, "stop's handOn")
+		})
 	}
 }

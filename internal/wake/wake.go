@@ -370,9 +370,14 @@ func (sub *Sub) removeLocked(handOn bool) {
 // on every node, and all but one are refused, so waking all of a hot
 // key's waiters would spend the nodes' time on refusals
 // (BenchmarkContention measures it).
-// Every hub of a Set picks the same waiter (the order is the process's),
-// so a release on five nodes wakes one waiter, not five. A waiter that
-// does not answer its notice hands it on (Watch's stop).
+// Every hub of a Set picks the same waiter (the order is the process's):
+// the pushes of one release from five nodes that reach the process while
+// that waiter still waits wake it alone (its channel holds one notice). A
+// waiter that does not answer its notice hands it on (Watch's stop); one
+// granted the key drops a notice left unread (the Locker does, before
+// stop). Pushes of the same release that arrive after the granted waiter
+// left wake the next one, who is refused: a message does not say which
+// release it announces.
 func (e *entry) pickLocked(payload string) *Sub {
 	if payload == "" || payload == UndoNotice {
 		return e.oldestLocked(false)
