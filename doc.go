@@ -28,8 +28,11 @@
 // ctx. A notice only decides when a waiter tries; every grant still goes
 // through the strategy's Acquire. A notice wakes one waiter per process
 // (fair mode: the line's head; otherwise the longest-waiting one), and a
-// waiter that leaves without using it hands it to the next. One
-// subscription connection per node client serves the whole process.
+// waiter that leaves without using it hands it to the next; one granted
+// the key drops a notice it has not read. On a quorum a release reaches
+// the process once per node: the pushes that arrive after the woken
+// waiter was granted wake the next one, who is refused.
+// One subscription connection per node client serves the whole process.
 //
 // A notice can be lost: the subscription connection broke (the waiters on
 // it are woken when it breaks and again when it is back, in case a
