@@ -18,11 +18,12 @@ import (
 // node of a hand-written world (findings_test, the tests that build a
 // World themselves), whose orders were written against cold nodes.
 //
-// Why: NOSCRIPT round trips, each followed by an EVAL carrying a script's
-// whole source, were 17 % of watchdog-mixed's commands with every node
-// cold, and warm nodes cut its CPU per seed by about a fifth (docs/simulator.md,
-// Speed). The idempotency scripts are not preloaded: the rotation of
-// idempotency scenarios keeps every node cold for them.
+// Why: a run with every node cold explores the first use of a server
+// more than production meets it, and pays for it: each NOSCRIPT is a
+// round trip plus an EVAL carrying the script's source (about one command
+// in ten of watchdog-mixed's). Warm nodes save a few per cent of the CPU
+// per seed (docs/simulator.md, Speed). The idempotency scripts are not
+// preloaded: the idempotency rotation keeps every node cold for them.
 const warmShare = 0.75
 
 // warmSalt separates the warm draw from the seed's other draws.
