@@ -1,7 +1,11 @@
 package sim
 
 import (
+	"maps"
 	"sort"
+	"sync"
+
+	lua "github.com/yuin/gopher-lua"
 
 	"github.com/redlease/redlease/internal/script"
 )
@@ -54,13 +58,19 @@ func (w *World) warmNodes() []int {
 	return ids
 }
 
-// loadLibraryScripts puts libraryScripts in n's script cache.
-func (n *Node) loadLibraryScripts() {
+// warmCache is libraryScripts compiled, by SHA: made once per process,
+// copied into each warm node's cache.
+var warmCache = sync.OnceValue(func() map[string]*lua.FunctionProto {
+	m := make(map[string]*lua.FunctionProto, len(libraryScripts))
 	for _, s := range libraryScripts {
 		p, err := compileScript(s.Source())
 		if err != nil {
 			panic("sim: a library script does not compile: " + err.Error())
 		}
-		n.scripts[sha1hex(s.Source())] = p
+		m[sha1hex(s.Source())] = p
 	}
-}
+	return m
+})
+
+// loadLibraryScripts puts libraryScripts in n's script cache.
+func (n *Node) loadLibraryScripts() { maps.Copy(n.scripts, warmCache()) }
