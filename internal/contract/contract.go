@@ -310,16 +310,11 @@ func Run(t *testing.T, setup func(t *testing.T) Setup) {
 }
 
 // extendedOn counts the nodes where key holds token with more than ttl
-// left on it.
+// left on it (holdersKept's second count).
 func extendedOn(t *testing.T, s Setup, key, token string, ttl time.Duration) int {
 	t.Helper()
-	k := 0
-	for _, n := range s.Nodes {
-		if v, _ := n.Get(context.Background(), key).Result(); v == token && n.PTTL(context.Background(), key).Val() > ttl {
-			k++
-		}
-	}
-	return k
+	_, kept := holdersKept(t, s, key, token, ttl)
+	return kept
 }
 
 // holdersKept counts the nodes where key holds token, and those of them
