@@ -92,7 +92,14 @@ type World struct {
 	// reqSeen: requests sent per (client, node, content), for their
 	// identities (requestID).
 	reqMu   sync.Mutex
-	reqSeen map[uint64]uint64
+	reqSeen map[uint64]reqSeen
+}
+
+// reqSeen counts the requests of one content a client sent one node: the
+// instant of the last, how many were sent before that instant, and in all.
+type reqSeen struct {
+	at           time.Time
+	before, sent uint64
 }
 
 // badHit is one node on which a badkey fault replaced a lock's token.
@@ -209,18 +216,33 @@ func (w *World) fate(c *conn, toNode bool, i, id uint64, now time.Time) (time.Du
 
 // requestID is the identity of a request of c's client to c's node: its
 // content (args, see contentHash) and how many requests with that content
-// the client sent to the node before. Two requests with different
-// contents keep their identities whatever order they are sent in.
+// the client sent to the node at earlier instants. Two requests with
+// different contents keep their identities whatever order they are sent
+// in, and requests with one content sent at one instant share one
+// identity, so one fate: which of them is written first is the
+// scheduler's choice when each waited for a connection of its own. Two
+// dials at one instant (go-redis retries each failed dial after the same
+// DialerRetryTimeout, in a goroutine that serves one command) handshake
+// alike and hand their commands on at one instant; were alike requests
+// counted one by one, the first written would take the first fate, and
+// which command got which timing would follow the scheduler
+// (cluster-failover 26: a release and an undo, both waiting for node2 to
+// come back; 37: the WAITs of two pipelines).
 func (w *World) requestID(c *conn, args []string) uint64 {
 	k := mix(mix(uint64(c.client+2)<<32|uint64(c.node.id+1), 0x7e9), contentHash(args))
+	now := time.Now()
 	w.reqMu.Lock()
 	if w.reqSeen == nil {
-		w.reqSeen = map[uint64]uint64{}
+		w.reqSeen = map[uint64]reqSeen{}
 	}
-	n := w.reqSeen[k]
-	w.reqSeen[k] = n + 1
+	rs := w.reqSeen[k]
+	if !rs.at.Equal(now) {
+		rs.at, rs.before = now, rs.sent
+	}
+	rs.sent++
+	w.reqSeen[k] = rs
 	w.reqMu.Unlock()
-	return mix(k, n)
+	return mix(k, rs.before)
 }
 
 // contentHash is FNV-1a over a command's arguments, each prefixed by its
