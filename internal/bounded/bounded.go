@@ -8,6 +8,7 @@ package bounded
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"sync/atomic"
 
@@ -126,23 +127,40 @@ func newCell[T any](pool *sync.Pool) *cell[T] {
 }
 
 // run starts c's goroutine on j and waits for it or ctx, whichever ends
-// first.
+// first. A job that returns an error of ctx's end (it gave up waiting as
+// ctx ended) is abandoned too, its Late run with that outcome: ctx's end
+// wakes the job and the caller at one instant, and the call reports the
+// same whichever of the two runs first.
 func run[T any](ctx context.Context, c *cell[T], j Job[T]) (T, error) {
 	c.ctx, c.job = ctx, j
 	c.state.Store(running)
 	go c.exec() // a func value made once: the go statement allocates nothing
+	var zero T
 	select {
 	case <-c.done:
 	case <-ctx.Done():
 		if c.state.CompareAndSwap(running, abandoned) {
-			var zero T
 			return zero, Abandoned{Cause: context.Cause(ctx)}
 		}
 		<-c.done // it returned meanwhile: not abandoned
 	}
 	v, err := c.v, c.err
 	c.free()
+	if err != nil && endedBy(ctx, err) {
+		go j.Late(v, err) // as the cell's goroutine runs it for an abandoned call
+		return zero, Abandoned{Cause: context.Cause(ctx)}
+	}
 	return v, err
+}
+
+// endedBy reports whether err is ctx's end: ctx ended, and err is its
+// error or its cause.
+func endedBy(ctx context.Context, err error) bool {
+	cerr := ctx.Err()
+	if cerr == nil {
+		return false
+	}
+	return errors.Is(err, cerr) || errors.Is(err, context.Cause(ctx))
 }
 
 // do is the goroutine of a call: it runs the job and hands the outcome to

@@ -232,3 +232,74 @@ func TestDeadlinesBoundCalls(t *testing.T) {
 		assert.Len(t, late, 8)
 	})
 }
+
+// endingCtx is a ctx whose end the test orders by hand: end makes Err
+// (and Cause) report DeadlineExceeded before Done is closed, as a ctx
+// that ends while both the job and the caller wait on it is seen by the
+// one the scheduler runs first.
+type endingCtx struct {
+	context.Context
+	done  chan struct{}
+	ended atomic.Bool
+}
+
+func newEndingCtx() *endingCtx {
+	return &endingCtx{Context: context.Background(), done: make(chan struct{})}
+}
+
+func (c *endingCtx) Done() <-chan struct{} { return c.done }
+
+func (c *endingCtx) Err() error {
+	if c.ended.Load() {
+		return context.DeadlineExceeded
+	}
+	return nil
+}
+
+// endsCtxJob ends its ctx (Err only) and returns the ctx's error, as a
+// job does whose wait on the same ctx saw its end before the caller did.
+type endsCtxJob struct {
+	ctx  *endingCtx
+	late chan lateOutcome
+}
+
+func (j *endsCtxJob) Do(ctx context.Context) (int64, error) {
+	j.ctx.ended.Store(true)
+	return 5, ctx.Err()
+}
+
+func (j *endsCtxJob) Late(v int64, err error) { j.late <- lateOutcome{0, v, err} }
+
+// A call whose job gave up because its ctx ended is abandoned, whichever
+// of the two saw the end first: the caller gets Abandoned and the job's
+// Late runs with its outcome, as when the caller's wait saw the end
+// first. Forced order: the job returns, ctx's error, before Done is
+// closed, so the caller's wait takes the job's outcome. Before, the
+// caller returned that plain error and Late never ran: which of the two
+// outcomes a call at its deadline reported followed the scheduler
+// (cluster-failover 19, 26 and 67 in chaos/sim, replayed).
+func TestCellsAJobEndedByItsCtxIsAbandoned(t *testing.T) {
+	for _, name := range []string{"Cells", "Call"} {
+		t.Run(name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				ctx := newEndingCtx()
+				late := make(chan lateOutcome, 1)
+				j := &endsCtxJob{ctx: ctx, late: late}
+				var err error
+				if name == "Cells" {
+					var cells bounded.Cells[int64]
+					_, err = cells.Call(ctx, true, j)
+				} else {
+					_, err = bounded.Call(ctx, true, j.Do, j.Late)
+				}
+				close(ctx.done)
+				var ab bounded.Abandoned
+				require.ErrorAs(t, err, &ab)
+				assert.ErrorIs(t, err, context.DeadlineExceeded)
+				synctest.Wait()
+				require.Len(t, late, 1, "the abandoned call's Late ran")
+				assert.Equal(t, lateOutcome{0, 5, context.DeadlineExceeded}, <-late)
+			})
+		})
+	}
+}

@@ -265,8 +265,11 @@ func (p *Primary) onMaster(ctx context.Context, sc *script.Script, key string, l
 			select {
 			case <-t.C:
 			case <-ctx.Done():
+				// ctx's end, with the last reply: a bounded call
+				// reports it as abandoned, as when the caller saw
+				// the end first (bounded.Call).
 				t.Stop()
-				return cmd, nil, err
+				return cmd, nil, fmt.Errorf("%w (the last reply: %w)", context.Cause(ctx), err)
 			}
 		}
 	}
