@@ -719,12 +719,7 @@
 // then; since, one history in 1,790 replays of it alone, two in one
 // det.sh run of 10), fan-out workers all waiting on a paused node taking
 // the jobs queued behind them as go-redis hands them the connections it
-// dialled meanwhile; a Cluster client's call whose ctx ends while it waits
-// for a master's replica count another call is loading (internal/primary,
-// replicasOf): the library's bounded call and that wait both see the end
-// at one instant, and the attempt reports either that it was abandoned or
-// the ctx's error (cluster-failover 19, 26 and 67 of seeds 1-100, about
-// one run in 20 each). Requests of one content that a client sends a node
+// dialled meanwhile. Requests of one content that a client sends a node
 // at one instant share one identity, so one fate (World.requestID): two
 // dials go-redis retries at one instant, each for one command, handshake
 // alike, whichever the scheduler runs first. docs/simulator.md has the

@@ -31,7 +31,9 @@ func HonorsContext(c redis.UniversalClient) bool {
 }
 
 // Abandoned is the error of a call that ctx ended before the client
-// returned: the call goes on in the background, and may still be applied.
+// returned, or whose client returned ctx's end (its error or cause): the
+// call goes on in the background, or is over, and may still be applied;
+// its Job's Late runs with its outcome either way.
 type Abandoned struct{ Cause error }
 
 func (e Abandoned) Error() string {
