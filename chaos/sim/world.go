@@ -216,33 +216,42 @@ func (w *World) fate(c *conn, toNode bool, i, id uint64, now time.Time) (time.Du
 
 // requestID is the identity of a request of c's client to c's node: its
 // content (args, see contentHash) and how many requests with that content
-// the client sent to the node at earlier instants. Two requests with
-// different contents keep their identities whatever order they are sent
-// in, and requests with one content sent at one instant share one
-// identity, so one fate: which of them is written first is the
-// scheduler's choice when each waited for a connection of its own. Two
-// dials at one instant (go-redis retries each failed dial after the same
-// DialerRetryTimeout, in a goroutine that serves one command) handshake
-// alike and hand their commands on at one instant; were alike requests
-// counted one by one, the first written would take the first fate, and
-// which command got which timing would follow the scheduler
-// (cluster-failover 26: a release and an undo, both waiting for node2 to
-// come back; 37: the WAITs of two pipelines).
+// the client sent to the node before. Two requests with different
+// contents keep their identities whatever order they are sent in.
+//
+// A connection's handshake (HELLO, its first request) counts only the
+// handshakes of earlier instants: those sent at one instant share one
+// identity, so one fate. go-redis retries each failed dial after the same
+// DialerRetryTimeout, in a goroutine that serves one command; two such
+// dials at one instant handshake in the scheduler's order, and counted one
+// by one the first would take the first fate, and with it which command
+// got the faster connection (cluster-failover 26: a release and an undo,
+// both waiting for node2 to come back). The commands then written on
+// connections that finished their handshakes together pass the turnstile
+// first (conn.Write). Other requests count one by one: sharing the fate
+// of alike requests on two connections (the WAITs behind an Extend and a
+// renewal) makes their replies arrive together, and the callers they wake
+// race (fence-expiry-failover 2).
 func (w *World) requestID(c *conn, args []string) uint64 {
 	k := mix(mix(uint64(c.client+2)<<32|uint64(c.node.id+1), 0x7e9), contentHash(args))
 	now := time.Now()
 	w.reqMu.Lock()
+	defer w.reqMu.Unlock()
 	if w.reqSeen == nil {
 		w.reqSeen = map[uint64]reqSeen{}
 	}
 	rs := w.reqSeen[k]
+	n := rs.sent
 	if !rs.at.Equal(now) {
 		rs.at, rs.before = now, rs.sent
 	}
 	rs.sent++
 	w.reqSeen[k] = rs
-	w.reqMu.Unlock()
-	return mix(k, rs.before)
+	if c.nreq == 1 && len(args) > 0 && strings.EqualFold(args[0], "hello") {
+		n = rs.before
+		c.helloOnly = true
+	}
+	return mix(k, n)
 }
 
 // contentHash is FNV-1a over a command's arguments, each prefixed by its
