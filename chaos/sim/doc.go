@@ -719,11 +719,14 @@
 // then; since, one history in 1,790 replays of it alone, two in one
 // det.sh run of 10), fan-out workers all waiting on a paused node taking
 // the jobs queued behind them as go-redis hands them the connections it
-// dialled meanwhile. Requests of one content that a client sends a node
-// at one instant share one identity, so one fate (World.requestID): two
-// dials go-redis retries at one instant, each for one command, handshake
-// alike, whichever the scheduler runs first. docs/simulator.md has the
-// measured share of exact replays.
+// dialled meanwhile. The handshakes a client sends a node at one instant
+// share one identity, so one fate (World.requestID): two dials go-redis
+// retries at one instant, each for one command, handshake alike,
+// whichever the scheduler runs first; the first write after a handshake
+// (but a subscriber's) passes the turnstile in the order of its content
+// (conn.Write), so the commands those connections were dialled for go out
+// in an order of the seed. docs/simulator.md has the measured share of
+// exact replays.
 //
 // -replays N (with -seed) runs the seed N times in turn and compares
 // canonical histories: every line, node-level ones included, each lock
