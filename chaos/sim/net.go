@@ -75,24 +75,24 @@ type conn struct {
 	// they still reach the node (TCP delivers data before the FIN, and
 	// Redis runs what it read before it sees the close), their replies
 	// are dropped, and the node forgets the connection after the last.
-	closing  bool
-	done     chan struct{} // closed on cut/close
-	wbuf     []byte        // bytes written, not yet a full command
-	reqs     []message     // requests in flight to the node
-	reps     []message     // replies in flight to the client
-	rbuf     []byte        // replies delivered, not yet read
-	segs     []segment     // rbuf's replies, in order (see Read)
-	lastRead time.Time     // when Read last returned a reply's last byte
-	notify   chan struct{} // cap 1: rbuf grew
-	rtimer   *time.Timer   // Read's deadline timer (used by the one reader)
-	deadline time.Time     // read deadline
-	nreq     uint64        // requests sent
-	// helloOnly: the connection's only request so far is its handshake
-	// (see conn.Write). Guarded by mu.
-	helloOnly bool
-	nrep      uint64 // replies sent
+	closing   bool
+	done      chan struct{} // closed on cut/close
+	wbuf      []byte        // bytes written, not yet a full command
+	reqs      []message     // requests in flight to the node
+	reps      []message     // replies in flight to the client
+	rbuf      []byte        // replies delivered, not yet read
+	segs      []segment     // rbuf's replies, in order (see Read)
+	lastRead  time.Time     // when Read last returned a reply's last byte
+	notify    chan struct{} // cap 1: rbuf grew
+	rtimer    *time.Timer   // Read's deadline timer (used by the one reader)
+	deadline  time.Time     // read deadline
+	nreq      uint64        // requests sent
+	nrep      uint64        // replies sent
 	lastReqAt time.Time
 	lastRepAt time.Time
+	// helloOnly: the connection's only request so far is its handshake
+	// (see Write).
+	helloOnly bool
 
 	// deliverReqs and deliverReps are c.deliverRequests and
 	// c.deliverReplies, made once (a method value passed to World.after
@@ -245,6 +245,7 @@ func (c *conn) Write(b []byte) (int, error) {
 func (c *conn) sendRequestLocked(args []string) {
 	i := c.nreq
 	c.nreq++
+	c.helloOnly = i == 0 && isHello(args)
 	now := time.Now()
 	id := c.w.requestID(c, args)
 	c.settle = settleOf(id)
@@ -473,6 +474,9 @@ func cutLine(b []byte) (line, rest []byte, ok bool) {
 	}
 	return b[:i], b[i+2:], true
 }
+
+// isHello reports whether args is a HELLO, a connection's handshake.
+func isHello(args []string) bool { return len(args) > 0 && strings.EqualFold(args[0], "hello") }
 
 // pubsubWrite reports whether b starts with a pub/sub command (a
 // subscriber's).

@@ -92,12 +92,12 @@ type World struct {
 	// reqSeen: requests sent per (client, node, content), for their
 	// identities (requestID).
 	reqMu   sync.Mutex
-	reqSeen map[uint64]reqSeen
+	reqSeen map[uint64]seenCount
 }
 
-// reqSeen counts the requests of one content a client sent one node: the
+// seenCount counts the requests of one content a client sent one node: the
 // instant of the last, how many were sent before that instant, and in all.
-type reqSeen struct {
+type seenCount struct {
 	at           time.Time
 	before, sent uint64
 }
@@ -238,7 +238,7 @@ func (w *World) requestID(c *conn, args []string) uint64 {
 	w.reqMu.Lock()
 	defer w.reqMu.Unlock()
 	if w.reqSeen == nil {
-		w.reqSeen = map[uint64]reqSeen{}
+		w.reqSeen = map[uint64]seenCount{}
 	}
 	rs := w.reqSeen[k]
 	n := rs.sent
@@ -247,9 +247,8 @@ func (w *World) requestID(c *conn, args []string) uint64 {
 	}
 	rs.sent++
 	w.reqSeen[k] = rs
-	if c.nreq == 1 && len(args) > 0 && strings.EqualFold(args[0], "hello") {
+	if c.nreq == 1 && isHello(args) {
 		n = rs.before
-		c.helloOnly = true
 	}
 	return mix(k, n)
 }
