@@ -652,14 +652,23 @@ func (nd *node) pop() job {
 	return j
 }
 
-// work takes jobs until Close.
+// work takes jobs until Close. Once Close was called it takes no more,
+// though one be ready: a select between the two would draw which one at
+// random, and whether a closed node sends its queued requests would follow
+// the draw.
 func (nd *node) work(ns *Nodes) {
 	defer ns.workers.Done()
 	for {
+		if ns.closed.Load() {
+			return
+		}
 		select {
 		case <-ns.stop:
 			return
 		case <-nd.ready:
+			if ns.closed.Load() {
+				return // Close came with the job: its token stays taken, and so does the job
+			}
 			if ns.beforeTake != nil {
 				ns.beforeTake()
 			}
