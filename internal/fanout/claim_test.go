@@ -37,13 +37,19 @@ func newTakeGate(t *testing.T, ns *Nodes) *takeGate {
 
 func (g *takeGate) open() { g.once.Do(func() { close(g.release) }) }
 
-// claimNode is one node behind a gate, with ns over it and the Extend
-// script loaded (a held chunk is then the EVALSHA).
-func claimNode(t *testing.T, workers int) (*Nodes, *redistest.Gate, *redistest.StallProbe, *takeGate) {
+// gatedServer is a redis-server behind a gate, with the Extend script
+// loaded (a held chunk is then the EVALSHA), and a stall probe.
+func gatedServer(t *testing.T) (*redistest.Gate, *redistest.StallProbe) {
 	probe := redistest.StartStallProbe(t)
 	srv := redistest.Start(t, redistest.Config{})
 	gate := redistest.NewGate(t, srv.Addr)
 	require.NoError(t, script.Extend.Load(t.Context(), srv.Client()))
+	return gate, probe
+}
+
+// claimNode is one node behind a gate (gatedServer), with ns over it.
+func claimNode(t *testing.T, workers int) (*Nodes, *redistest.Gate, *redistest.StallProbe, *takeGate) {
+	gate, probe := gatedServer(t)
 	ns := New([]redis.UniversalClient{gate.Client()}, workers, 30*time.Second)
 	tg := newTakeGate(t, ns) // before any round: workers read beforeTake
 	t.Cleanup(ns.Close)

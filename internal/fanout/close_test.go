@@ -9,7 +9,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/redlease/redlease/internal/redistest"
-	"github.com/redlease/redlease/internal/script"
 )
 
 // A worker that finishes its request after Close was called stops: it does
@@ -23,10 +22,7 @@ import (
 // second request must never reach the server. Ten tries: the old select
 // took the queued job in one try of two.
 func TestCloseStopsWorkersBeforeQueuedJobs(t *testing.T) {
-	probe := redistest.StartStallProbe(t)
-	srv := redistest.Start(t, redistest.Config{})
-	gate := redistest.NewGate(t, srv.Addr)
-	require.NoError(t, script.Extend.Load(t.Context(), srv.Client()))
+	gate, probe := gatedServer(t)
 	t.Cleanup(gate.Open)
 	for try := range 10 {
 		first, second := fmt.Sprintf("close:first:%d", try), fmt.Sprintf("close:second:%d", try)

@@ -17,11 +17,8 @@ import (
 // workers are free. Forced order: the node's one worker is busy
 // with a request held in a gate while the queue fills.
 func TestQueueHoldsQueueLenThenRefuses(t *testing.T) {
-	probe := redistest.StartStallProbe(t)
-	srv := redistest.Start(t, redistest.Config{})
-	gate := redistest.NewGate(t, srv.Addr)
+	gate, probe := gatedServer(t)
 	client := gate.Client()
-	require.NoError(t, script.Extend.Load(t.Context(), srv.Client())) // the held chunk is the EVALSHA
 	ns := New([]redis.UniversalClient{client}, 1, 30*time.Second)
 	t.Cleanup(ns.Close)
 	ctx := t.Context()
