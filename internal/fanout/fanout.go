@@ -653,9 +653,10 @@ func (nd *node) pop() job {
 }
 
 // work takes jobs until Close. Once Close was called it takes no more,
-// though one be ready: a select between the two would draw which one at
+// even when one is ready: a select between the two would draw one at
 // random, and whether a closed node sends its queued requests would follow
-// the draw.
+// the draw. A job left in the queue is never sent; its round ends at its
+// deadline.
 func (nd *node) work(ns *Nodes) {
 	defer ns.workers.Done()
 	for {
@@ -667,7 +668,7 @@ func (nd *node) work(ns *Nodes) {
 			return
 		case <-nd.ready:
 			if ns.closed.Load() {
-				return // Close came with the job: its token stays taken, and so does the job
+				return // Close came with the job, which stays queued, unsent
 			}
 			if ns.beforeTake != nil {
 				ns.beforeTake()
