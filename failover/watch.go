@@ -268,13 +268,7 @@ func (w *Watcher) Close() error {
 func (w *Watcher) poll() {
 	t := time.NewTicker(w.interval)
 	defer t.Stop()
-	for {
-		select {
-		case <-t.C:
-		case <-w.askNow:
-		case <-w.ctx.Done():
-			return
-		}
+	for w.next(t.C) {
 		ctx, cancel := context.WithTimeout(w.ctx, w.askTimeout)
 		reports, _ := w.ask(ctx)
 		cancel()
@@ -282,6 +276,31 @@ func (w *Watcher) poll() {
 			w.observe(reports)
 		}
 	}
+}
+
+// next waits for the next poll: a tick, or a +switch-master (askNow). It
+// reports false once the Watcher is closing. One poll serves a tick and a
+// +switch-master that are both pending (a poll that outlasted an interval
+// and heard a message meanwhile): a select picks one of them at random, and
+// the other would start a second poll at once, or not, as the runtime drew.
+func (w *Watcher) next(tick <-chan time.Time) bool {
+	select {
+	case <-tick:
+	case <-w.askNow:
+	case <-w.ctx.Done():
+	}
+	if w.ctx.Err() != nil {
+		return false
+	}
+	select {
+	case <-tick:
+	default:
+	}
+	select {
+	case <-w.askNow:
+	default:
+	}
+	return true
 }
 
 // ask puts the question to every Sentinel that has none outstanding, each in

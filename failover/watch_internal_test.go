@@ -1,10 +1,12 @@
 package failover
 
 import (
+	"context"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // A poll's questions time out before the next poll is due, so that a
@@ -25,4 +27,43 @@ func TestAskTimeoutEndsBeforeTheNextPoll(t *testing.T) {
 		checked++
 	}
 	assert.Equal(t, 12, checked)
+}
+
+// A tick and a +switch-master pending together start one poll, not one and
+// then another at once: before, next's select picked one of the two at
+// random and left the other pending (chaos/sim failover 48: c0's Watcher
+// polled once more at 992 ms in half the replays). Forced order: both are
+// pending before next is called; after it, neither is. A closing Watcher
+// starts no poll, whatever is pending.
+func TestOnePollServesATickAndASwitchTogether(t *testing.T) {
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	w := &Watcher{ctx: ctx, askNow: make(chan struct{}, 1)}
+	tick := make(chan time.Time, 1)
+	for try := range 20 {
+		// Both pending: a leftover from the try before counts as pending.
+		select {
+		case tick <- time.Now():
+		default:
+		}
+		select {
+		case w.askNow <- struct{}{}:
+		default:
+		}
+		require.True(t, w.next(tick), "try %d", try)
+		assert.Empty(t, tick, "try %d: a tick left pending starts a second poll at once", try)
+		assert.Empty(t, w.askNow, "try %d: a +switch-master left pending starts a second poll at once", try)
+	}
+	select {
+	case tick <- time.Now():
+	default:
+	}
+	select {
+	case w.askNow <- struct{}{}:
+	default:
+	}
+	cancel()
+	for try := range 20 {
+		require.False(t, w.next(tick), "try %d: a closing Watcher polled", try)
+	}
 }
