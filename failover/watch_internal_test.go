@@ -41,19 +41,21 @@ func TestOnePollServesATickAndASwitchTogether(t *testing.T) {
 	w := &Watcher{ctx: ctx, askNow: make(chan struct{}, 1)}
 	tick := make(chan time.Time, 1)
 	for try := range 20 {
-		// Both pending: a leftover from the try before counts as pending.
-		select {
-		case tick <- time.Now():
-		default:
-		}
-		select {
-		case w.askNow <- struct{}{}:
-		default:
-		}
+		bothPending(w, tick)
 		require.True(t, w.next(tick), "try %d", try)
 		assert.Empty(t, tick, "try %d: a tick left pending starts a second poll at once", try)
 		assert.Empty(t, w.askNow, "try %d: a +switch-master left pending starts a second poll at once", try)
 	}
+	bothPending(w, tick)
+	cancel()
+	for try := range 20 {
+		require.False(t, w.next(tick), "try %d: a closing Watcher polled", try)
+	}
+}
+
+// bothPending leaves a tick and a +switch-master pending for w.next (one
+// left from before counts).
+func bothPending(w *Watcher, tick chan time.Time) {
 	select {
 	case tick <- time.Now():
 	default:
@@ -61,9 +63,5 @@ func TestOnePollServesATickAndASwitchTogether(t *testing.T) {
 	select {
 	case w.askNow <- struct{}{}:
 	default:
-	}
-	cancel()
-	for try := range 20 {
-		require.False(t, w.next(tick), "try %d: a closing Watcher polled", try)
 	}
 }
