@@ -247,7 +247,7 @@ func (c *conn) sendRequestLocked(args []string) {
 	c.nreq++
 	c.helloOnly = i == 0 && isHello(args)
 	now := time.Now()
-	id := c.w.requestID(c, args)
+	id := c.w.requestID(c, args, now)
 	c.settle = settleOf(id)
 	delay, lost := c.w.fate(c, true, i, id, now)
 	if !lost && c.w.sc.Fair && c.w.sc.Wake {

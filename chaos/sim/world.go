@@ -214,9 +214,9 @@ func (w *World) fate(c *conn, toNode bool, i, id uint64, now time.Time) (time.Du
 	return delay, false
 }
 
-// requestID is the identity of a request of c's client to c's node: its
-// content (args, see contentHash) and how many requests with that content
-// the client sent to the node before. Two requests with different
+// requestID is the identity of a request of c's client to c's node, sent
+// at now: its content (args, see contentHash) and how many requests with
+// that content the client sent to the node before. Two requests with different
 // contents keep their identities whatever order they are sent in.
 //
 // A connection's handshake (HELLO, its first request) counts only the
@@ -232,9 +232,8 @@ func (w *World) fate(c *conn, toNode bool, i, id uint64, now time.Time) (time.Du
 // of alike requests on two connections (the WAITs behind an Extend and a
 // renewal) makes their replies arrive together, and the callers they wake
 // race (fence-expiry-failover 2).
-func (w *World) requestID(c *conn, args []string) uint64 {
+func (w *World) requestID(c *conn, args []string, now time.Time) uint64 {
 	k := mix(mix(uint64(c.client+2)<<32|uint64(c.node.id+1), 0x7e9), contentHash(args))
-	now := time.Now()
 	w.reqMu.Lock()
 	defer w.reqMu.Unlock()
 	if w.reqSeen == nil {
@@ -247,7 +246,7 @@ func (w *World) requestID(c *conn, args []string) uint64 {
 	}
 	rs.sent++
 	w.reqSeen[k] = rs
-	if c.nreq == 1 && isHello(args) {
+	if c.helloOnly {
 		n = rs.before
 	}
 	return mix(k, n)
