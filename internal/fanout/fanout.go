@@ -660,15 +660,12 @@ func (nd *node) pop() job {
 func (nd *node) work(ns *Nodes) {
 	defer ns.workers.Done()
 	for {
-		if ns.closed.Load() {
-			return
-		}
 		select {
 		case <-ns.stop:
 			return
 		case <-nd.ready:
 			if ns.closed.Load() {
-				return // Close came with the job, which stays queued, unsent
+				return // the select drew the job over the stop, or Close came with it: it stays queued, unsent
 			}
 			if ns.beforeTake != nil {
 				ns.beforeTake()
