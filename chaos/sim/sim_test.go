@@ -96,7 +96,7 @@ func TestSim(t *testing.T) {
 		return
 	}
 	if *flagSeed >= 0 && *flagReplays > 1 {
-		replays(t, uint64(*flagSeed), *flagReplays)
+		replays(t, scenarioOf(uint64(*flagSeed)), uint64(*flagSeed), *flagReplays)
 		return
 	}
 	if *flagSeed >= 0 {
@@ -235,13 +235,14 @@ func onlyInvariants(res *Result) {
 	res.Verdict = grade(vs)
 }
 
-// replays runs one seed n times and reports how often each verdict came
-// back and how many distinct histories the runs produced: canonical
+// replays runs seed s of scenario sc n times, reports how often each
+// verdict came back and how many distinct histories the runs produced,
+// and returns that number: canonical
 // histories (canonicalHistory: every line, node-level ones included,
 // tokens numbered, the lines of one virtual instant as a set), and beside
 // them the same with the lines in the order they were logged. With
 // -replaydump, each distinct canonical history is written to a file there.
-func replays(t *testing.T, s uint64, n int) {
+func replays(t *testing.T, sc Scenario, s uint64, n int) int {
 	verdicts := map[string]int{}
 	histories := map[[32]byte]int{}
 	ordered := map[[32]byte]bool{}
@@ -249,7 +250,7 @@ func replays(t *testing.T, s uint64, n int) {
 	for range n {
 		var res *Result
 		synctest.Test(t, func(t *testing.T) {
-			res = Run(scenarioOf(s), s, Options{Log: true, LostFirst: *flagLostFirst})
+			res = Run(sc, s, Options{Log: true, LostFirst: *flagLostFirst})
 		})
 		onlyInvariants(res)
 		verdicts[res.Verdict]++
@@ -271,7 +272,8 @@ func replays(t *testing.T, s uint64, n int) {
 	for i, h := range first {
 		counts[i] = histories[h]
 	}
-	t.Logf("seed %d (%s) run %d times: verdicts %v; %d distinct histories %v (%d in logged order)", s, scenarioOf(s).Name, n, verdicts, len(histories), counts, len(ordered))
+	t.Logf("seed %d (%s) run %d times: verdicts %v; %d distinct histories %v (%d in logged order)", s, sc.Name, n, verdicts, len(histories), counts, len(ordered))
+	return len(histories)
 }
 
 // Per scenario and per fault kind: seeds run, seeds with the fault, and
