@@ -256,6 +256,9 @@
 //   - wake-single, wake-quorum3 (wakework.go): waiters woken by release
 //     notices on one hot key, under the pub/sub faults only (none in a
 //     quarter of the seeds).
+//   - wake-herd: wake-quorum3 with two waiters per client on one Locker,
+//     so that a release's pushes from three nodes reach a process while
+//     one of its waiters was woken and another waits.
 //   - fair-quorum5: quorum5-restart in fair mode (three clients in the
 //     keys' lines, one outside them), under the general faults.
 //   - fair-single, fair-quorum3: the Wake scenarios in fair mode;

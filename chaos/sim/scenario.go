@@ -101,6 +101,11 @@ type Scenario struct {
 	// grants within the run while holders paused past Valid still write
 	// to the fenced register with their old fences.
 	FenceExpiry bool
+	// Waiters (Wake scenarios): Lock loops per client sharing its Locker
+	// (0: one), so that several waiters of one process wait on one key
+	// and a release's pushes from each node reach one process's hubs
+	// while more than one of its waiters waits (wake-herd).
+	Waiters int
 	// Group: the rotation the scenario belongs to: "" the lock rotation
 	// (Rotation), "idem" the idempotency rotation (IdemRotation), "fence"
 	// the fence-expiry rotation (FenceRotation).
@@ -181,6 +186,13 @@ var Scenarios = []Scenario{
 	// exclusion), lose requests and are partitioned, so that nodes hold
 	// different lines; the Lockers poll, as in quorum5-restart.
 	{Name: "fair-quorum5", Strategy: Quorum, Nodes: 5, Clients: 4, Keys: 2, Ops: 4, TTL: [2]time.Duration{60 * time.Millisecond, 300 * time.Millisecond}, Fencing: true, DelayedRestart: 400 * time.Millisecond, Fair: true, Faults: true, Horizon: 600 * time.Millisecond},
+	// wake-herd: wake-quorum3 with two waiters per process (Waiters), so
+	// that the later pushes of a release come while the waiter the first
+	// woke still waits, or after it was granted and left, with another of
+	// its process's waiters waiting: what a release that names itself
+	// decides (internal/wake, ReleaseMark).
+	{Name: "wake-herd", Strategy: Quorum, Nodes: 3, Clients: 2, Waiters: 2, Keys: 1, Ops: 2, TTL: [2]time.Duration{60 * time.Millisecond, 300 * time.Millisecond}, Wake: true,
+		Faults: true, Horizon: 600 * time.Millisecond, Schedule: wakeSchedule, Client: (*World).wakeClient},
 	// fair-single, fair-quorum3: wake-single and wake-quorum3 with Fair
 	// (the lines of fair mode, and a client outside them), under the same
 	// pub/sub faults.

@@ -163,6 +163,9 @@ type scopeRecs struct {
 	jumps   []jumpRec
 	drifts  []jumpRec
 	snaps   []snapRec
+	// applied counts the Acquire calls the nodes applied (each node's
+	// once per attempt that reached it): the Wake figures' cost per grant.
+	applied int
 }
 
 // acquireLine splits args if they call the Acquire script: its KEYS and
@@ -225,11 +228,12 @@ func (w *World) afterApply(n *Node, ac *acquireCall, reply []byte) {
 	if ac == nil {
 		return
 	}
+	w.scope.mu.Lock()
+	w.scope.applied++
 	if granted(reply) {
-		w.scope.mu.Lock()
 		w.scope.votes = append(w.scope.votes, vote{node: n.id, client: ac.client, key: ac.key, token: ac.token, at: time.Since(w.start)})
-		w.scope.mu.Unlock()
 	}
+	w.scope.mu.Unlock()
 	if w.sc.Fair {
 		w.fifoAfter(n, ac, reply)
 	}

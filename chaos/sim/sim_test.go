@@ -367,8 +367,12 @@ func tallyReport() string {
 	}
 	for _, k := range slices.Sorted(maps.Keys(wakeBy)) {
 		s := wakeBy[k]
-		fmt.Fprintf(&b, "  %s wake: grants %d, failed Lock calls %d, confirmed releases %d; handoffs (a client waiting) %d: next grant within 5 ms %d, later %d, late (handoff-late) %d, slow (wake-slow) %d; while heads differed %d, excused by a leftover entry %d; with no pub/sub fault %d (within 5 ms %d, longest %v), with one the longest %v\n",
-			k, s.Grants, s.Failed, s.Released, s.Handoffs, s.Quick, s.Fallbacks, s.Late, s.Slow, s.HeadsDiffer, s.Leftover, s.NoFault, s.QuickNF, s.MaxNF.Round(time.Microsecond), s.MaxFault.Round(time.Microsecond))
+		perGrant := 0.0
+		if s.Grants > 0 {
+			perGrant = float64(s.Applied) / float64(s.Grants)
+		}
+		fmt.Fprintf(&b, "  %s wake: grants %d (Acquire calls applied per grant %.2f), failed Lock calls %d, confirmed releases %d; handoffs (a client waiting) %d: next grant within 5 ms %d, later %d, late (handoff-late) %d, slow (wake-slow) %d; while heads differed %d, excused by a leftover entry %d; with no pub/sub fault %d (within 5 ms %d, longest %v), with one the longest %v\n",
+			k, s.Grants, perGrant, s.Failed, s.Released, s.Handoffs, s.Quick, s.Fallbacks, s.Late, s.Slow, s.HeadsDiffer, s.Leftover, s.NoFault, s.QuickNF, s.MaxNF.Round(time.Microsecond), s.MaxFault.Round(time.Microsecond))
 	}
 	for _, k := range slices.Sorted(maps.Keys(failoverBy)) {
 		s := failoverBy[k]

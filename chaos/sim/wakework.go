@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/redlease/redlease"
@@ -104,6 +105,7 @@ const wakeFast = 6*maxOneWay + 5*time.Millisecond
 // wakeWait is one Lock call of a Wake client.
 type wakeWait struct {
 	client   int
+	waiter   int // the client's Lock loop (Waiters): client*lanes + lane
 	key      string
 	from, to time.Duration
 	granted  bool
@@ -112,6 +114,7 @@ type wakeWait struct {
 // wakeRelease is one release by a Wake client.
 type wakeRelease struct {
 	client    int
+	waiter    int // as wakeWait's
 	key       string
 	grant     time.Duration // the hold's grant (Lock returned)
 	ttl       time.Duration
@@ -134,6 +137,10 @@ type WakeStats struct {
 	Failed    int           // Lock calls that returned an error
 	Grants    int
 	Fallbacks int // handoffs longer than 5 ms
+	// Applied: the Acquire calls the nodes applied (scopeRecs.applied),
+	// over Grants the cost of a grant, which waking more waiters than a
+	// release frees raises.
+	Applied int
 
 	// HeadsDiffer: handoffs during which a node refused a fair attempt
 	// as not the head while another node's head differed (heads.go).
@@ -156,14 +163,36 @@ func (s *WakeStats) add(o WakeStats) {
 	s.Failed += o.Failed
 	s.Grants += o.Grants
 	s.Fallbacks += o.Fallbacks
+	s.Applied += o.Applied
 	s.HeadsDiffer += o.HeadsDiffer
 	s.Leftover += o.Leftover
 }
 
 // wakeClient is one Wake client (see above).
 func (w *World) wakeClient(ci int, locker *redlease.Locker, r *rand.Rand) {
+	lanes := max(1, w.sc.Waiters)
+	if lanes == 1 {
+		w.wakeLane(ci, 0, locker, r)
+		return
+	}
+	rs := make([]*rand.Rand, lanes) // drawn before any lane runs: the seed alone decides them
+	for i := range rs {
+		rs[i] = rand.New(rand.NewPCG(r.Uint64(), r.Uint64()))
+	}
+	var wg sync.WaitGroup
+	for lane, lr := range rs {
+		wg.Go(func() { w.wakeLane(ci, lane, locker, lr) })
+	}
+	wg.Wait()
+}
+
+// wakeLane is one Lock loop of Wake client ci (lane of Waiters): its
+// holds are numbered from lane*Ops.
+func (w *World) wakeLane(ci, lane int, locker *redlease.Locker, r *rand.Rand) {
+	waiter := ci*max(1, w.sc.Waiters) + lane
 	sleep(ms(r, 0, 20))
-	for seq := range w.sc.Ops {
+	for op := range w.sc.Ops {
+		seq := lane*w.sc.Ops + op
 		key := fmt.Sprintf("k%d", r.IntN(w.sc.Keys))
 		ttl := w.drawTTL(r)
 		from := w.hist.now()
@@ -172,7 +201,7 @@ func (w *World) wakeClient(ci int, locker *redlease.Locker, r *rand.Rand) {
 		cancel()
 		w.checkCtx(ci, "lock", key, from, wakeLockTimeout, true)
 		w.mu.Lock()
-		w.wakeWaits = append(w.wakeWaits, wakeWait{client: ci, key: key, from: from, to: w.hist.now(), granted: err == nil})
+		w.wakeWaits = append(w.wakeWaits, wakeWait{client: ci, waiter: waiter, key: key, from: from, to: w.hist.now(), granted: err == nil})
 		w.mu.Unlock()
 		if err != nil {
 			w.hist.failed()
@@ -193,7 +222,7 @@ func (w *World) wakeClient(ci int, locker *redlease.Locker, r *rand.Rand) {
 		if lk.Valid() {
 			w.hist.write(ci, seq, key, lk.Fence())
 		}
-		rel := wakeRelease{client: ci, key: key, grant: hd.From, ttl: ttl, sent: w.hist.now()}
+		rel := wakeRelease{client: ci, waiter: waiter, key: key, grant: hd.From, ttl: ttl, sent: w.hist.now()}
 		hd.RelSent = rel.sent
 		ctx, cancel = context.WithTimeout(context.Background(), 500*time.Millisecond)
 		rel.err = lk.Release(ctx)
@@ -231,6 +260,9 @@ func (w *World) checkWake() ([]Violation, WakeStats) {
 	for k := range byKey {
 		slices.Sort(byKey[k])
 	}
+	w.scope.mu.Lock()
+	st.Applied = w.scope.applied
+	w.scope.mu.Unlock()
 	for _, wt := range waits {
 		if wt.granted {
 			st.Grants++
@@ -253,7 +285,7 @@ func (w *World) checkWake() ([]Violation, WakeStats) {
 		deadline := rel.grant + rel.ttl + w.wakeLateBound()
 		var waiting []wakeWait
 		for _, wt := range waits {
-			if wt.key == rel.key && wt.client != rel.client && wt.from < rel.sent && wt.to > rel.sent {
+			if wt.key == rel.key && wt.waiter != rel.waiter && wt.from < rel.sent && wt.to > rel.sent {
 				waiting = append(waiting, wt)
 			}
 		}
