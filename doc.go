@@ -30,8 +30,9 @@
 // (fair mode: the line's head; otherwise the longest-waiting one), and a
 // waiter that leaves without using it hands it to the next; one granted
 // the key drops a notice it has not read. On a quorum a release reaches
-// the process once per node: the pushes that arrive after the woken
-// waiter was granted wake the next one, who is refused.
+// the process once per node; a release with an empty line names itself,
+// so its later pushes tell the waiter it woke again while that waiter
+// waits, and wake nobody once it has left.
 // One subscription connection per node client serves the whole process.
 //
 // A notice can be lost: the subscription connection broke (the waiters on

@@ -62,5 +62,5 @@ func TestUndoPublishesTheUndoNotice(t *testing.T) {
 	n, err = script.Release.Run(ctx, c, script.ReleaseArgs(key, "holder.1"))
 	require.NoError(t, err)
 	require.Equal(t, int64(1), n)
-	require.NotEqual(t, wake.UndoNotice, next(), "a release's message")
+	require.Equal(t, wake.ReleaseMark+"holder.1", next(), "a release's message, the line empty: the released token")
 }

@@ -385,11 +385,14 @@ return 0
 // tries again at once. The channel is named after the line's key (KEYS[2],
 // QueueKey: the same suffix after "redlease:queue:" as the channel's after
 // "redlease:wake:"), so one string serves both. The message is the id of
-// the line's head (after entries past their deadline are purged), or
-// empty when the line is empty; an undo (ARGV[2] = "0") publishes "!"
-// (and does not read the line for a head it would not name)
-// (wake.UndoNotice), which waiters answer after a pause that grows with
-// each undo, not at once: a failed attempt's undo is not a release. With ARGV[2] = "1" (a holder's release,
+// the line's head (after entries past their deadline are purged), or,
+// when the line is empty, "~" and the released token (wake.ReleaseMark): on a
+// quorum every node publishes the same release, and a process that hears
+// it from five nodes wakes one waiter for it (wake's pick). An undo
+// (ARGV[2] = "0") publishes "!" (wake.UndoNotice; it does not read the
+// line for a head it would not name), which waiters answer after a pause
+// that grows with each undo, not at once: a failed attempt's undo is not
+// a release. With ARGV[2] = "1" (a holder's release,
 // not the undo of a failed attempt) it also removes the entry of the
 // token's base from the line, whether or not the key was ours here: the
 // nodes that refused the holder's grant still had it in line. Everything
@@ -433,6 +436,8 @@ end
 if n == 1 then
   if ARGV[2] ~= '1' then
     head = '!'
+  elseif head == '' then
+    head = '~' .. ARGV[1]
   end
   redis.pcall('PUBLISH', 'redlease:wake:' .. string.sub(q, 16), head)
 end

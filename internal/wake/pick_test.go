@@ -9,39 +9,61 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// pickWorld is a hub driven by hand (handleLocked), no connection, with
-// one entry and the waiters given (in arrival order: id "" waits without
-// fairness).
+// pickWorld is hubs driven by hand (handleLocked), no connection, each
+// with one entry on one channel, and the waiters given on every hub (in
+// arrival order: id "" waits without fairness), as a Set over one client
+// per node makes them.
 type pickWorld struct {
-	h    *hub
-	e    *entry
+	hubs []*hub
+	e    *entry // the first hub's
 	subs []*Sub
 }
 
 const pickChannel = "redlease:wake:{k}"
 
-func newPickWorld(ids ...string) *pickWorld {
+// newPickWorld is newPickWorldOn one hub.
+func newPickWorld(ids ...string) *pickWorld { return newPickWorldOn(1, ids...) }
+
+func newPickWorldOn(hubs int, ids ...string) *pickWorld {
 	set := &Set{subs: map[*Sub]struct{}{}}
-	e := &entry{channel: pickChannel, subs: map[*Sub]struct{}{}, confirmed: true}
-	h := &hub{chans: map[string]*entry{pickChannel: e}, kick: make(chan struct{}, 1)}
-	w := &pickWorld{h: h, e: e}
+	w := &pickWorld{}
+	var entries []*entry
+	for range hubs {
+		e := &entry{channel: pickChannel, subs: map[*Sub]struct{}{}, confirmed: true}
+		w.hubs = append(w.hubs, &hub{chans: map[string]*entry{pickChannel: e}, kick: make(chan struct{}, 1)})
+		entries = append(entries, e)
+	}
+	w.e = entries[0]
 	mu.Lock()
 	defer mu.Unlock()
 	for _, id := range ids {
 		seq++
 		sub := &Sub{set: set, id: id, seq: seq, notify: make(chan struct{}, 1), progress: make(chan struct{}, 1),
-			hubs: []*hub{h}, entries: []*entry{e}}
-		e.subs[sub] = struct{}{}
+			hubs: w.hubs, entries: entries}
+		for _, e := range entries {
+			e.subs[sub] = struct{}{}
+		}
 		set.subs[sub] = struct{}{}
 		w.subs = append(w.subs, sub)
 	}
 	return w
 }
 
-func (w *pickWorld) deliver(payload string) {
+// deliver is deliverOn the first hub.
+func (w *pickWorld) deliver(payload string) { w.deliverOn(0, payload) }
+
+// deliverOn hands payload to hub i, as a push from its node.
+func (w *pickWorld) deliverOn(i int, payload string) {
 	mu.Lock()
 	defer mu.Unlock()
-	w.h.handleLocked(&redis.Message{Channel: pickChannel, Payload: payload})
+	w.hubs[i].handleLocked(&redis.Message{Channel: pickChannel, Payload: payload})
+}
+
+// leave removes waiter i (Watch's stop).
+func (w *pickWorld) leave(i int, handOn bool) {
+	mu.Lock()
+	defer mu.Unlock()
+	w.subs[i].removeLocked(handOn)
 }
 
 // woken returns the indexes of the waiters holding a notice, and takes
@@ -78,6 +100,32 @@ func TestAReleaseWakesOneWaiter(t *testing.T) {
 	require.Empty(t, fairOnly.woken(), "head in another process, only fair waiters here: nobody (they would be refused)")
 	fairOnly.deliver("")
 	require.Equal(t, []int{0}, fairOnly.woken())
+}
+
+// The pushes of one release from the nodes of a quorum (a hub each) wake
+// one waiter: the first wakes the longest waiting, the later ones tell it
+// again while it waits, and nobody once it has left. Before a release named
+// itself, every push picked again: one that came after the woken waiter
+// was granted woke the next, who was refused (0.6-0.8 refused attempts a
+// grant on BenchmarkContentionOneKey, s43).
+func TestThePushesOfOneReleaseWakeOneWaiter(t *testing.T) {
+	w := newPickWorldOn(3, "", "")
+	w.deliverOn(0, ReleaseMark+"h1.1")
+	require.Equal(t, []int{0}, w.woken(), "the first push: the longest waiting")
+	w.deliverOn(1, ReleaseMark+"h1.1")
+	require.Equal(t, []int{0}, w.woken(), "a later push while it waits: the same waiter again")
+	w.leave(0, false) // granted: it answered the notice
+	w.deliverOn(2, ReleaseMark+"h1.1")
+	require.Empty(t, w.woken(), "a later push after it left: nobody (it holds the key)")
+	w.deliverOn(2, ReleaseMark+"h2.1")
+	require.Equal(t, []int{1}, w.woken(), "the next release wakes the next waiter")
+
+	unnamed := newPickWorldOn(2, "", "")
+	unnamed.deliverOn(0, "")
+	require.Equal(t, []int{0}, unnamed.woken())
+	unnamed.leave(0, false)
+	unnamed.deliverOn(1, "")
+	require.Equal(t, []int{1}, unnamed.woken(), "a release without a name (an older version's) is picked for at every push")
 }
 
 // A waiter that leaves without answering its notice (handOn) passes it to
@@ -137,9 +185,9 @@ func TestAnUndoNoticeOnItsWayIsHandedOn(t *testing.T) {
 func TestABrokenConnectionWakesEveryWaiter(t *testing.T) {
 	w := newPickWorld("", "B", "")
 	mu.Lock()
-	w.h.pending = nil
-	w.h.unsubs = map[string]int{}
-	w.h.brokenLocked(redis.ErrClosed)
+	w.hubs[0].pending = nil
+	w.hubs[0].unsubs = map[string]int{}
+	w.hubs[0].brokenLocked(redis.ErrClosed)
 	mu.Unlock()
 	require.Equal(t, []int{0, 1, 2}, w.woken())
 }

@@ -13,7 +13,11 @@
 // A message wakes one waiter of the process, not all (see entry.pickLocked):
 // fair mode's release names the line's head, which is woken if it is
 // here; otherwise the process's longest-waiting waiter is. A waiter that
-// leaves without answering its notice hands it to the next.
+// leaves without answering its notice hands it to the next. A release
+// with an empty line names itself (ReleaseMark and its token), so that
+// the pushes of one release from every node of a quorum wake one waiter:
+// the later ones tell that waiter again while it waits, and nobody once it
+// has left.
 //
 // Every waiter of the process on one client shares one go-redis PubSub
 // (one connection), whatever the key and whatever strategy asked: a hub.
@@ -39,6 +43,7 @@ import (
 	"net"
 	"reflect"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -111,6 +116,12 @@ type entry struct {
 	confirmed   bool  // the server confirmed it, and the connection has not broken since
 	err         error // why it is not confirmed, once something failed
 	interrupted bool  // it was confirmed, then the connection broke
+	// heard are the last releases heard on the channel that woke a
+	// waiter, recorded on every entry of that waiter (one per hub), so
+	// that another node's push of the same release finds it on any of
+	// them; next is where the next one goes.
+	heard     [heardKept]heardRelease
+	heardNext int
 }
 
 // Sub is one waiter's subscription to one channel on every client of a
@@ -291,8 +302,27 @@ func (sub *Sub) ready(need int) bool {
 // passed on after a jittered pause, undoBase at first and doubling with
 // each undo notice since the last release notice, up to undoMax: a split
 // vote is retried within milliseconds, staggered, and a storm dies down.
-// No waiter id (base64url) or empty release message is "!".
+// No waiter id (base64url) or release message is "!".
 const UndoNotice = "!"
+
+// ReleaseMark starts the message of a holder's release whose line is
+// empty (script.Release): "~" and the released token. No waiter id
+// (base64url) starts with it. A message with it names one release, so a
+// hub tells the pushes of one release from several nodes apart from the
+// next release (entry.heard).
+const ReleaseMark = "~"
+
+// heardKept is how many releases an entry remembers: the pushes of one
+// release from the nodes of a quorum arrive within a few round trips of
+// each other, before a few more releases of the key can have been heard.
+const heardKept = 4
+
+// heardRelease is a release a hub heard (by its token) and the waiter it
+// woke.
+type heardRelease struct {
+	token string
+	woke  *Sub
+}
 
 // Pacing of undo notices (see UndoNotice). A waiter's pauses draw their
 // jitter from its Watch context (backoff.NewStream, undoTag: the Lock
@@ -363,8 +393,8 @@ func (sub *Sub) removeLocked(handOn bool) {
 //     without fairness (only the head can take the key, and this
 //     process's fair waiters would be refused; a waiter without fairness
 //     ignores the line);
-//   - a release with an empty line, and an undo (UndoNotice), wake the
-//     longest waiting.
+//   - a release with an empty line (ReleaseMark, or an older version's
+//     empty message), and an undo (UndoNotice), wake the longest waiting.
 //
 // One waiter per message, not all: every waiter woken takes a script call
 // on every node, and all but one are refused, so waking all of a hot
@@ -375,11 +405,16 @@ func (sub *Sub) removeLocked(handOn bool) {
 // that waiter still waits wake it alone (its channel holds one notice). A
 // waiter that does not answer its notice hands it on (Watch's stop); one
 // granted the key drops a notice left unread (the Locker does, before
-// stop). Pushes of the same release that arrive after the granted waiter
-// left wake the next one, who is refused: a message does not say which
-// release it announces.
+// stop). A release that names itself (ReleaseMark) is not picked for
+// again: its later pushes go to the waiter its first woke, while that
+// waiter waits (its attempt may have met a node that had not applied the
+// release yet), and to nobody once it has left (granted, or refused by a
+// later holder, whose release wakes the next; handOn passes on a notice
+// it did not answer). A release without a name (an older version's, or
+// Leave's) is picked for at every push, and its pushes after the woken
+// waiter left wake the next one, who is refused.
 func (e *entry) pickLocked(payload string) *Sub {
-	if payload == "" || payload == UndoNotice {
+	if payload == "" || payload == UndoNotice || strings.HasPrefix(payload, ReleaseMark) {
 		return e.oldestLocked(false)
 	}
 	for sub := range e.subs {
@@ -388,6 +423,27 @@ func (e *entry) pickLocked(payload string) *Sub {
 		}
 	}
 	return e.oldestLocked(true)
+}
+
+// heardLocked returns the release token names if e heard it among its
+// last heardKept.
+func (e *entry) heardLocked(token string) (heardRelease, bool) {
+	for i := range heardKept {
+		r := e.heard[(e.heardNext+heardKept-1-i)%heardKept]
+		if r.woke != nil && r.token == token {
+			return r, true
+		}
+	}
+	return heardRelease{}, false
+}
+
+// heardLocked records on every entry of sub that the release token woke
+// it.
+func (sub *Sub) heardLocked(token string) {
+	for _, e := range sub.entries {
+		e.heard[e.heardNext] = heardRelease{token: token, woke: sub}
+		e.heardNext = (e.heardNext + 1) % heardKept
+	}
 }
 
 // oldestLocked returns the entry's longest-waiting waiter (only among
@@ -659,6 +715,16 @@ func (h *hub) handleLocked(msg any) {
 		if e == nil {
 			return
 		}
+		token, named := strings.CutPrefix(m.Payload, ReleaseMark)
+		if named {
+			if heard, ok := e.heardLocked(token); ok {
+				// Another node's push of a release already heard.
+				if !heard.woke.removed {
+					signal(heard.woke.notify)
+				}
+				return
+			}
+		}
 		woken := e.pickLocked(m.Payload)
 		if m.Payload == UndoNotice {
 			if woken != nil {
@@ -675,6 +741,9 @@ func (h *hub) handleLocked(msg any) {
 			}
 		}
 		if woken != nil {
+			if named {
+				woken.heardLocked(token)
+			}
 			signal(woken.notify)
 		}
 	case *redis.Subscription:
