@@ -197,7 +197,7 @@ func (l *Locker) retry(ctx context.Context, c lockConfig, key string) (lk *Lock,
 		}()
 	}
 	defer func() { w.end(lk == nil) }()
-	w.listen(c, l.prefix+key, id)
+	w.listen(ctx, c, l.prefix+key, id)
 	for attempt := 1; ; attempt++ {
 		w.takeNotice()
 		if attempt > 1 && ctx.Err() != nil {
@@ -327,9 +327,9 @@ type waiting struct {
 // releases, if the strategy is a Waker and c does not poll: a hot key's
 // waiter then subscribes before its first check, which then is the check
 // after subscribing (see Waker.Listen).
-func (w *waiting) listen(c lockConfig, key, id string) {
+func (w *waiting) listen(ctx context.Context, c lockConfig, key, id string) {
 	if wk, ok := c.strategy.(Waker); ok && !c.polling {
-		if ch, stop, ok := wk.Listen(key, id); ok {
+		if ch, stop, ok := wk.Listen(ctx, key, id); ok {
 			w.notices, w.stopWatch = ch, stop
 		}
 	}

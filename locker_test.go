@@ -361,7 +361,7 @@ func newWakerFake() *wakerFake {
 }
 
 // Listen reports the subscription live only if listening is set.
-func (w *wakerFake) Listen(key, waiter string) (<-chan struct{}, func(bool), bool) {
+func (w *wakerFake) Listen(_ context.Context, key, waiter string) (<-chan struct{}, func(bool), bool) {
 	if !w.listening {
 		return nil, nil, false
 	}

@@ -105,8 +105,10 @@ type Waker interface {
 	// waiter as Watch's notices do). Otherwise it subscribes nothing and
 	// returns ok false. Locker.Lock calls it before its first attempt, so
 	// that on a hot key that attempt is already the check after
-	// subscribing and the second check Watch needs is saved.
-	Listen(key, waiter string) (notices <-chan struct{}, stop func(handOn bool), ok bool)
+	// subscribing and the second check Watch needs is saved. ctx is the
+	// Lock call's: Listen neither waits on it nor does I/O with it; it
+	// carries the call's values, as Watch's does.
+	Listen(ctx context.Context, key, waiter string) (notices <-chan struct{}, stop func(handOn bool), ok bool)
 }
 
 // Sharder is a Strategy whose keys live on several servers that answer

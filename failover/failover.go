@@ -210,8 +210,8 @@ func (s *Strategy) Watch(ctx context.Context, key, waiter string) (<-chan struct
 
 // Listen subscribes waiter to releases of key without I/O if the process
 // already hears them (see redlease.Waker).
-func (s *Strategy) Listen(key, waiter string) (<-chan struct{}, func(bool), bool) {
-	return s.p.Listen(key, waiter)
+func (s *Strategy) Listen(ctx context.Context, key, waiter string) (<-chan struct{}, func(bool), bool) {
+	return s.p.Listen(ctx, key, waiter)
 }
 
 // Close ends the release subscriptions of this strategy's waiters (they

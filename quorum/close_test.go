@@ -51,7 +51,7 @@ func TestCloseIsBoundedWithWaitersOnPausedNodes(t *testing.T) {
 			defer stop(false)
 			// Listen registers only where enough nodes confirmed the
 			// subscription: nodes 1 and 2 did.
-			_, stopListen, ok := q.Listen(key, "")
+			_, stopListen, ok := q.Listen(t.Context(), key, "")
 			require.True(t, ok, "nodes 1 and 2 never confirmed the subscription")
 			defer stopListen(false)
 			var queued int

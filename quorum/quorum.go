@@ -208,11 +208,11 @@ func (s *Strategy) Watch(ctx context.Context, key, waiter string) (<-chan struct
 // Listen subscribes waiter to releases of key without I/O if enough nodes
 // (as for Watch) already carry the process's confirmed subscription to
 // them (see redlease.Waker).
-func (s *Strategy) Listen(key, waiter string) (<-chan struct{}, func(bool), bool) {
+func (s *Strategy) Listen(ctx context.Context, key, waiter string) (<-chan struct{}, func(bool), bool) {
 	if key == "" {
 		return nil, nil, false
 	}
-	return s.wake.Listen(script.Channel(key), waiter, len(s.nodes)-s.quorum+1)
+	return s.wake.Listen(ctx, script.Channel(key), waiter, len(s.nodes)-s.quorum+1)
 }
 
 // Acquire makes one attempt to take key on a quorum of the nodes:

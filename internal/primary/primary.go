@@ -517,11 +517,11 @@ func (p *Primary) Watch(ctx context.Context, key, waiter string) (<-chan struct{
 
 // Listen subscribes waiter to releases of key without I/O if the process
 // already hears them (see redlease.Waker).
-func (p *Primary) Listen(key, waiter string) (<-chan struct{}, func(bool), bool) {
+func (p *Primary) Listen(ctx context.Context, key, waiter string) (<-chan struct{}, func(bool), bool) {
 	if key == "" || wake.Idle() { // nothing heard: no channel name to build
 		return nil, nil, false
 	}
-	return p.wake.Listen(script.Channel(key), waiter, 1)
+	return p.wake.Listen(ctx, script.Channel(key), waiter, 1)
 }
 
 // Placement is "failover " and the Sentinel master name when the config

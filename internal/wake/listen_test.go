@@ -1,12 +1,14 @@
 package wake
 
 import (
+	"context"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/redlease/redlease/internal/backoff"
 	"github.com/redlease/redlease/internal/redistest"
 )
 
@@ -25,7 +27,7 @@ func TestListenJoinsOnlyAConfirmedSubscription(t *testing.T) {
 	t.Cleanup(func() { s.Close(time.Second) })
 	const ch = "redlease:wake:{k}"
 
-	_, _, ok := s.Listen(ch, "", 1)
+	_, _, ok := s.Listen(t.Context(), ch, "", 1)
 	require.False(t, ok, "nobody subscribed")
 
 	g.HoldRequests("subscribe")
@@ -43,15 +45,17 @@ func TestListenJoinsOnlyAConfirmedSubscription(t *testing.T) {
 		}
 	}()
 	require.NoError(t, g.WaitHeld(1, "subscribe", 10*time.Second))
-	_, _, ok = s.Listen(ch, "", 1)
+	_, _, ok = s.Listen(t.Context(), ch, "", 1)
 	require.False(t, ok, "SUBSCRIBE not confirmed yet")
 	g.HoldRequests("")
 	g.Open()
 	w1 := redistest.Await(t, probe, first, 10*time.Second, 3, "Watch not confirmed: %s", redistest.Lazy(func() string { return hubState(c) }))
 
-	n2, stop2, ok := s.Listen(ch, "", 1)
+	seeded := backoff.WithSeed(t.Context(), 7)
+	n2, stop2, ok := s.Listen(seeded, ch, "", 1)
 	require.True(t, ok, "confirmed by the first waiter: %s", hubState(c))
-	_, _, ok = s.Listen("redlease:wake:{other}", "", 1)
+	requireJitterFrom(t, seeded, s, n2)
+	_, _, ok = s.Listen(t.Context(), "redlease:wake:{other}", "", 1)
 	require.False(t, ok, "another channel")
 
 	admin := srv.Client()
@@ -62,4 +66,25 @@ func TestListenJoinsOnlyAConfirmedSubscription(t *testing.T) {
 	w1.stop(true) // leaves without answering: hand on
 	redistest.Await(t, probe, n2, 10*time.Second, 3, "the hand-on did not reach the listener")
 	stop2(false)
+}
+
+// requireJitterFrom checks that the waiter of s whose notices are n draws
+// its undo pauses from ctx (its seed), as a Watch's waiter does: a
+// listener's used to come from math/rand/v2's global source, which no
+// seed decides (chaos/sim's wake-herd replays differed run to run).
+func requireJitterFrom(t *testing.T, ctx context.Context, s *Set, n <-chan struct{}) {
+	t.Helper()
+	mu.Lock()
+	defer mu.Unlock()
+	want := backoff.NewStream(ctx, undoTag)
+	for sub := range s.subs {
+		if sub.notify == n {
+			for i := 1; i <= 3; i++ {
+				require.Equal(t, backoff.Jittered(want, i, undoBase, undoMax), backoff.Jittered(sub.jitter, i, undoBase, undoMax),
+					"pause %d of a listener's undo notices: not drawn from its context's seed", i)
+			}
+			return
+		}
+	}
+	t.Fatal("the listener is not among the Set's waiters")
 }

@@ -223,7 +223,8 @@ func (s *Set) Watch(ctx context.Context, channel, waiter string, need int, bound
 // Otherwise it registers nothing and ok is false. On a hot key this lets a
 // new waiter's first check already be the check after subscribing, which
 // saves the second check (an attempt on every node) that Watch needs.
-func (s *Set) Listen(channel, waiter string, need int) (notices <-chan struct{}, stop func(handOn bool), ok bool) {
+// Nothing waits on ctx; the waiter's jitter is drawn from it, as Watch's.
+func (s *Set) Listen(ctx context.Context, channel, waiter string, need int) (notices <-chan struct{}, stop func(handOn bool), ok bool) {
 	if Idle() {
 		return nil, nil, false
 	}
@@ -243,7 +244,7 @@ func (s *Set) Listen(channel, waiter string, need int) (notices <-chan struct{},
 	if live < need {
 		return nil, nil, false
 	}
-	sub := s.registerLocked(channel, waiter, nil)
+	sub := s.registerLocked(channel, waiter, backoff.NewStream(ctx, undoTag))
 	return sub.notify, sub.stop, true
 }
 
@@ -325,9 +326,8 @@ type heardRelease struct {
 }
 
 // Pacing of undo notices (see UndoNotice). A waiter's pauses draw their
-// jitter from its Watch context (backoff.NewStream, undoTag: the Lock
-// call's retries draw apart under tag 0); one registered by Listen, which
-// has no context, from math/rand/v2's global source.
+// jitter from its Watch or Listen context (backoff.NewStream, undoTag: the
+// Lock call's retries draw apart under tag 0).
 const (
 	undoBase = 5 * time.Millisecond
 	undoMax  = time.Second
