@@ -21,6 +21,9 @@ import (
 // TTL + 1 ms, which the refusal carries: never at a jittered backoff),
 // holds it for up to 7/10 of its TTL,
 // writes its fence to the register, and releases it with a generous ctx.
+// In wake-herd (Waiters 2) each client runs two such loops on its one
+// Locker; the invariants below tell them apart (waiter), so a loop's
+// release with its sibling waiting counts as a handoff.
 //
 // Invariants handoff-late and wake-slow, besides overlap, fence-order,
 // stale-accepted and release-kept-valid. handoff-late: after a release that returned nil, sent while
