@@ -186,7 +186,15 @@ func (w *World) leftoverBound(key string, from, to time.Duration) (bound time.Du
 		}
 		ended := time.Duration(-1)
 		for _, wt := range waits {
-			if wt.client == fw.client && wt.from <= fw.ats[0] && fw.ats[0] <= wt.to {
+			if wt.base == q.head.id {
+				ended = wt.to // the head's own call, granted
+				break
+			}
+		}
+		for _, wt := range waits {
+			// Otherwise the client's call that spans the head's first
+			// attempt: one call at a time per client, but for Waiters.
+			if ended < 0 && wt.client == fw.client && wt.from <= fw.ats[0] && fw.ats[0] <= wt.to {
 				ended = wt.to
 			}
 		}
