@@ -262,7 +262,8 @@
 //   - fair-quorum5: quorum5-restart in fair mode (three clients in the
 //     keys' lines, one outside them), under the general faults.
 //   - fair-single, fair-quorum3: the Wake scenarios in fair mode;
-//     fair-quorum3 also draws latejoin.
+//     fair-quorum3 also draws latejoin. fair-herd: fair-quorum3 with two
+//     waiters per client, as wake-herd is wake-quorum3's.
 //   - cluster-failover (clusterrepl.go): failover.New on a go-redis
 //     ClusterClient over three masters with a replica each (a quarter of
 //     the clients WithReplicas(1)); even clients lockClient, odd ones

@@ -200,17 +200,11 @@ var Scenarios = []Scenario{
 		Faults: true, Horizon: 900 * time.Millisecond, Schedule: wakeSchedule, Client: (*World).wakeClient},
 	{Name: "fair-quorum3", Strategy: Quorum, Nodes: 3, Clients: 3, Keys: 1, Ops: 2, TTL: [2]time.Duration{60 * time.Millisecond, 300 * time.Millisecond}, Wake: true, Fair: true,
 		Faults: true, Horizon: 600 * time.Millisecond, Schedule: wakeSchedule, Client: (*World).wakeClient},
-	// fair-herd (Group "experiment": in no rotation, so make test does
-	// not run it): fair-quorum3 with two waiters per client (Waiters).
-	// Open: it fails handoff-late or wake-slow in about one seed in
-	// 7,500 (11673 and 12943 of seeds 1-15,000; 9236 on 755da1d), each
-	// with a latejoin on the fair client and the key idle for up to a
-	// line entry's lifetime. Not yet known whether heads.go's excuse
-	// (leftoverBound), which finds a head's Lock call by its client,
-	// misreads two waiters of one client, or fair mode leaves two fair
-	// waiters of one process stuck (docs/simulator.md, Findings).
+	// fair-herd: fair-quorum3 with two waiters per client (Waiters): a
+	// release names the head of the line, which may be one of two waiters
+	// of one process, the other waiting behind it or outside the line.
 	{Name: "fair-herd", Strategy: Quorum, Nodes: 3, Clients: 2, Waiters: 2, Keys: 1, Ops: 2, TTL: [2]time.Duration{60 * time.Millisecond, 300 * time.Millisecond}, Wake: true, Fair: true,
-		Faults: true, Horizon: 600 * time.Millisecond, Schedule: wakeSchedule, Client: (*World).wakeClient, Group: "experiment"},
+		Faults: true, Horizon: 600 * time.Millisecond, Schedule: wakeSchedule, Client: (*World).wakeClient},
 	// ops-single, ops-quorum, ops-failover: every public lock operation
 	// in random sequences (opswork.go) with options drawn per seed and
 	// client (TTLs, loss margins, drift factors 0.01–0.2, fences on or
