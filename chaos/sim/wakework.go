@@ -386,7 +386,8 @@ func (w *World) checkWake() ([]Violation, WakeStats) {
 }
 
 // lateJoinTouches reports whether late join f may hold back every
-// waiter of the handoff of rel: all of them are f's client. Its late
+// waiter of a handoff (waiting): all of them are f's client (the caller
+// checks f's window). Its late
 // Acquires then come up to f.Amount past maxOneWay, so wakeFast, which
 // counts round trips of maxOneWay, does not bound its next grant; a client
 // f leaves alone takes the key on the nodes that are on time. With
