@@ -58,7 +58,13 @@ func (b *boundsState) refresh() {
 // to a held handshake delayed until its time.
 func (w *World) boundsFate(c *conn, toNode bool, i uint64, now time.Time) (time.Duration, bool, bool) {
 	b := &w.bnd
-	if !b.on.Load() {
+	if !b.on.Load() || (w.sc.Wake && i == 0) {
+		// A handshake in a seed with wake mode is never held or
+		// silenced: go-redis's PubSub redials holding its mutex, and the
+		// wake hub's reader waits on that mutex, which synctest does not
+		// count as durably blocked, so a held HELLO stopped the clock
+		// (ops-quorum 36265; World.fate's Wake rule, which this decides
+		// before).
 		return 0, false, false
 	}
 	b.mu.Lock()
