@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -178,7 +177,7 @@ func (s *WakeStats) add(o WakeStats) {
 
 // wakeClient is one Wake client (see above).
 func (w *World) wakeClient(ci int, locker *redlease.Locker, r *rand.Rand) {
-	lanes := max(1, w.sc.Waiters)
+	lanes := w.wakeLanes()
 	if lanes == 1 {
 		w.wakeLane(ci, 0, locker, r)
 		return
@@ -194,10 +193,14 @@ func (w *World) wakeClient(ci int, locker *redlease.Locker, r *rand.Rand) {
 	wg.Wait()
 }
 
+// wakeLanes is how many Lock loops each Wake client runs (Waiters, at
+// least one).
+func (w *World) wakeLanes() int { return max(1, w.sc.Waiters) }
+
 // wakeLane is one Lock loop of Wake client ci (lane of Waiters): its
 // holds are numbered from lane*Ops.
 func (w *World) wakeLane(ci, lane int, locker *redlease.Locker, r *rand.Rand) {
-	waiter := ci*max(1, w.sc.Waiters) + lane
+	waiter := ci*w.wakeLanes() + lane
 	sleep(ms(r, 0, 20))
 	for op := range w.sc.Ops {
 		seq := lane*w.sc.Ops + op
@@ -211,7 +214,7 @@ func (w *World) wakeLane(ci, lane int, locker *redlease.Locker, r *rand.Rand) {
 		w.mu.Lock()
 		wt := wakeWait{client: ci, waiter: waiter, key: key, from: from, to: w.hist.now(), granted: err == nil}
 		if err == nil {
-			wt.base, _, _ = strings.Cut(lk.Token(), ".")
+			wt.base = base(lk.Token())
 		}
 		w.wakeWaits = append(w.wakeWaits, wt)
 		w.mu.Unlock()
@@ -387,14 +390,13 @@ func (w *World) checkWake() ([]Violation, WakeStats) {
 
 // lateJoinTouches reports whether late join f may hold back every
 // waiter of a handoff (waiting): all of them are f's client (the caller
-// checks f's window). Its late
-// Acquires then come up to f.Amount past maxOneWay, so wakeFast, which
-// counts round trips of maxOneWay, does not bound its next grant; a client
-// f leaves alone takes the key on the nodes that are on time. With
-// Waiters the only waiters may be the releaser's own (fair-herd 11673:
-// the release to a late node waited behind the late Acquires on their
-// connection, that node kept the releaser at the head of its line, and
-// the sibling's attempts each had one node late).
+// checks f's window). Its late Acquires then come up to f.Amount past
+// maxOneWay, so wakeFast, which counts round trips of maxOneWay, does not
+// bound its next grant; a client f leaves alone takes the key on the nodes
+// that are on time. With Waiters the only waiters may be the releaser's
+// own (fair-herd 11673: the release to a late node waited behind the late
+// Acquires on their connection, that node kept the releaser at the head of
+// its line, and the sibling's attempts each had one node late).
 func lateJoinTouches(f Fault, waiting []wakeWait) bool {
 	for _, wt := range waiting {
 		if wt.client != f.Client {

@@ -437,9 +437,9 @@ func (e *entry) heardLocked(token string) (heardRelease, bool) {
 	return heardRelease{}, false
 }
 
-// heardLocked records on every entry of sub that the release token woke
-// it.
-func (sub *Sub) heardLocked(token string) {
+// recordHeardLocked records on every entry of sub that the release token
+// woke it.
+func (sub *Sub) recordHeardLocked(token string) {
 	for _, e := range sub.entries {
 		e.heard[e.heardNext] = heardRelease{token: token, woke: sub}
 		e.heardNext = (e.heardNext + 1) % heardKept
@@ -742,7 +742,7 @@ func (h *hub) handleLocked(msg any) {
 		}
 		if woken != nil {
 			if named {
-				woken.heardLocked(token)
+				woken.recordHeardLocked(token)
 			}
 			signal(woken.notify)
 		}
