@@ -32,9 +32,9 @@ BENCH_MULTI_NODE = Quorum|Contention|ContentionOneKey|ContentionSingle|Watchdog
 # Handoff runs a fixed number of handoffs per round (each waits a random
 # 5–155 ms first), unpinned: a time-based benchtime gives too few for a p99.
 BENCH_HANDOFF = Handoff
-# IdempotencyPaired runs in both the unpinned and the pinned pass (its name
+# IdempotencyPaired and SinglePaired run in both the unpinned and the pinned pass (its name
 # says which: cpus=2 or cpus=1), never in the handoff pass's fixed count.
-BENCH_BOTH = IdempotencyPaired
+BENCH_BOTH = IdempotencyPaired|SinglePaired
 HANDOFFS ?= 40
 BENCH_PIN ?= taskset -c 0
 BENCHSTAT_VERSION ?= v0.0.0-20260908200009-22c9c6c9d4da
