@@ -169,7 +169,8 @@ func (s *LockSet) each(f func(lk *Lock) error) error {
 
 // TryLockAll makes one attempt at each key, in the set's order (see
 // LockSet), and returns them all held, or none: at the first key it
-// cannot take it releases the keys it took and returns that key's error
+// cannot take it releases the keys it took (as LockAll does) and returns
+// that key's error
 // (errors.Is as TryLock's: ErrNotObtained, ErrUnavailable, ...; the
 // message names the key). keys must not be empty nor name a key twice
 // (ErrInvalid). It never waits for a holder.
@@ -200,7 +201,9 @@ func (l *Locker) TryLockAll(ctx context.Context, keys []string, opts ...LockOpti
 // others and returns that loss (errors.Is ErrLost).
 //
 // On any failure it releases the keys it took, each within the
-// strategy's call bound (as Do's release), and returns the failing key's
+// strategy's call bound (as Do's release; in the background when ctx has
+// a deadline or is done, so that LockAll returns by ctx's deadline), and
+// returns the failing key's
 // error, as Lock would return it (ctx, ErrNotObtained, ErrUnavailable,
 // ...), naming the key. keys must not be empty nor name a key twice
 // (ErrInvalid). Options apply to every key (WithTTL, WithFairness, ...);
@@ -298,7 +301,13 @@ func (l *Locker) takeAll(ctx context.Context, keys []string, opts []LockOption, 
 	}
 	fail := func(key string, err error) (*LockSet, func(), error) {
 		stopAll()
-		releaseAll(ctx, locks)
+		if _, ok := ctx.Deadline(); ok || ctx.Err() != nil {
+			// The releases must not hold the caller past its deadline:
+			// they finish in the background, each within its bound.
+			go releaseAll(ctx, locks)
+		} else {
+			releaseAll(ctx, locks)
+		}
 		return nil, func() {}, fmt.Errorf("key %q of %d: %w", key, len(items), err)
 	}
 	for _, it := range items {
