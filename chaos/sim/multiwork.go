@@ -67,13 +67,11 @@ func (w *World) multiClient(ci int, locker *redlease.Locker, r *rand.Rand) {
 			}
 		case "lockall":
 			var set *redlease.LockSet
-			lopts := opts
-			if w.sc.Faults {
-				// As lockClient's Lock: at once, a few times. Without
-				// faults the call waits for its keys (set-wait).
-				lopts = append(lopts, retryAtOnce(), redlease.WithMaxAttempts(2+r.IntN(5)))
-			}
-			set, err = locker.LockAll(ctx, keys, lopts...)
+			// With the Locker's own backoff until ctx's deadline: a wait
+			// for the second key can outlast the first key's TTL (the
+			// keeper must keep it, and a key lost meanwhile must not be
+			// handed out).
+			set, err = locker.LockAll(ctx, keys, opts...)
 			w.checkCtx(ci, via, name, start, cd, true)
 			if err == nil {
 				w.holdSet(ci, seq, via, ttl, set, r, true)()

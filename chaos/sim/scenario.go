@@ -209,16 +209,17 @@ var Scenarios = []Scenario{
 	// of one process, the other waiting behind it or outside the line.
 	{Name: "fair-herd", Strategy: Quorum, Nodes: 3, Clients: 2, Waiters: 2, Keys: 1, Ops: 2, TTL: [2]time.Duration{60 * time.Millisecond, 300 * time.Millisecond}, Wake: true, Fair: true,
 		Faults: true, Horizon: 600 * time.Millisecond, Schedule: wakeSchedule, Client: (*World).wakeClient},
-	// multi-quorum3, multi-single: transfers between accounts under sets
-	// of two keys (Multi: TryLockAll, LockAll, DoAll; multiwork.go), the
-	// keys given in the transfer's direction. multi-quorum3 under the
-	// general faults, three accounts; multi-single without faults, two
-	// accounts, so that every LockAll and DoAll must be granted within
+	// multi-quorum3, multi-single: transfers between three accounts
+	// under sets of two keys (Multi: TryLockAll, LockAll, DoAll;
+	// multiwork.go), the keys given in the transfer's direction.
+	// multi-quorum3 under the general faults; multi-single without
+	// faults, so that every LockAll and DoAll must be granted within
 	// setWait (set-wait: no deadlock, no key left behind by a set that
-	// failed).
+	// failed). With two accounts every set would be both keys, and no set
+	// would wait for its second key while another holds only that one.
 	{Name: "multi-quorum3", Strategy: Quorum, Nodes: 3, Clients: 3, Keys: 3, Ops: 3, TTL: [2]time.Duration{60 * time.Millisecond, 300 * time.Millisecond}, Fencing: true, Multi: true,
 		Faults: true, Horizon: 450 * time.Millisecond, Client: (*World).multiClient},
-	{Name: "multi-single", Strategy: Single, Nodes: 1, Clients: 3, Keys: 2, Ops: 3, TTL: [2]time.Duration{60 * time.Millisecond, 300 * time.Millisecond}, Fencing: true, Multi: true,
+	{Name: "multi-single", Strategy: Single, Nodes: 1, Clients: 3, Keys: 3, Ops: 3, TTL: [2]time.Duration{60 * time.Millisecond, 300 * time.Millisecond}, Fencing: true, Multi: true,
 		Client: (*World).multiClient},
 	// ops-single, ops-quorum, ops-failover: every public lock operation
 	// in random sequences (opswork.go) with options drawn per seed and
