@@ -111,6 +111,30 @@
 // call bound (CallBounder: the quorum strategy's node timeout;
 // DefaultCallBound, 1 s, for the others), or the lock's TTL if shorter.
 //
+// # Several keys at once
+//
+// Locker.LockAll, TryLockAll and DoAll take a set of keys, all or none
+// (a LockSet). Each key is a lock of its own, with its own token, fence
+// and Until, taken through the same Acquire as Lock's: on a quorum each
+// key needs its own majority, and every guarantee of a single lock holds
+// for each key of a set. The keys are taken one after another in one
+// order shared by every caller, their names as sent to Redis, byte by
+// byte, so that sets that overlap never wait for each other in a cycle.
+// The keys already taken are kept alive by the Locker's keeper while a
+// later one is waited for (not with WithoutKeeper). A set is handed out
+// only if every key is still valid when the last was taken; otherwise,
+// and when a key cannot be taken, the keys taken are released (in the
+// background when the call has a deadline, so that it returns by it) and
+// the error names the failing key. A set is as held as its least held
+// lock: LockSet.Valid, Until, Lost and Context answer for the whole set,
+// and DoAll cancels its function's context when any key is lost.
+//
+// What it does not do: it takes the keys one round trip each, not in one
+// atomic script, so others may see a set's first keys held while it waits
+// for the rest; and a caller that holds a key by Lock while it asks
+// LockAll for another can still wait in a cycle with a set holding the
+// other.
+//
 // # Extending a lock
 //
 // Lock.Extend has the nodes keep the key at least its TTL from when they

@@ -105,6 +105,11 @@ func (l *Locker) TryLock(ctx context.Context, key string, opts ...LockOption) (*
 	if err != nil {
 		return nil, err
 	}
+	return l.try(ctx, c, key)
+}
+
+// try is TryLock with the call's config made.
+func (l *Locker) try(ctx context.Context, c lockConfig, key string) (*Lock, error) {
 	token := locktoken.New(ctx, l.prefix+key)
 	var place *Place
 	if c.fair {

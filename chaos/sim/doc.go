@@ -264,6 +264,14 @@
 //   - fair-single, fair-quorum3: the Wake scenarios in fair mode;
 //     fair-quorum3 also draws latejoin. fair-herd: fair-quorum3 with two
 //     waiters per client, as wake-herd is wake-quorum3's.
+//   - multi-quorum3, multi-single (multiwork.go): transfers between
+//     accounts under sets of two keys (Locker.TryLockAll, LockAll, DoAll,
+//     the keys in the transfer's direction), every client's Locker kept by
+//     a Watchdog of its own; each lock of a set is a hold of its key, and
+//     set-whole checks that a set is valid as a whole when handed out.
+//     Three accounts. multi-quorum3: the general faults. multi-single: no
+//     faults, and every LockAll and DoAll must be granted within 10 s
+//     (set-wait: no deadlock, no key left behind).
 //   - cluster-failover (clusterrepl.go): failover.New on a go-redis
 //     ClusterClient over three masters with a replica each (a quarter of
 //     the clients WithReplicas(1)); even clients lockClient, odd ones

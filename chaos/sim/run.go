@@ -13,6 +13,7 @@ import (
 	"github.com/redlease/redlease"
 	"github.com/redlease/redlease/internal/script"
 	"github.com/redlease/redlease/quorum"
+	"github.com/redlease/redlease/renew"
 	"github.com/redlease/redlease/single"
 )
 
@@ -339,6 +340,11 @@ func (w *World) lockerOptions(ci int) []redlease.Option {
 	opts := []redlease.Option{redlease.WithFairness(w.sc.Fair && ci < w.sc.Clients-1)}
 	if !w.sc.Wake {
 		opts = append(opts, redlease.WithPolling())
+	}
+	if w.sc.Multi {
+		wd := must(renew.New())
+		w.onClose(ci, func() { wd.Close() })
+		opts = append(opts, redlease.WithKeeper(wd))
 	}
 	// The state check hears every extension's outcome; a client whose
 	// clock drifts judges validity by it (drift.go).

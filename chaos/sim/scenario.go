@@ -106,6 +106,10 @@ type Scenario struct {
 	// and a release's pushes from each node reach one process's hubs
 	// while more than one of its waiters waits (wake-herd).
 	Waiters int
+	// Multi: the clients transfer between accounts under sets of two
+	// keys (multiwork.go), their Lockers kept by a renew.Watchdog of
+	// their own (LockAll keeps the keys it took while it waits).
+	Multi bool
 	// Group: the rotation the scenario belongs to: "" the lock rotation
 	// (Rotation), "idem" the idempotency rotation (IdemRotation), "fence"
 	// the fence-expiry rotation (FenceRotation).
@@ -205,6 +209,18 @@ var Scenarios = []Scenario{
 	// of one process, the other waiting behind it or outside the line.
 	{Name: "fair-herd", Strategy: Quorum, Nodes: 3, Clients: 2, Waiters: 2, Keys: 1, Ops: 2, TTL: [2]time.Duration{60 * time.Millisecond, 300 * time.Millisecond}, Wake: true, Fair: true,
 		Faults: true, Horizon: 600 * time.Millisecond, Schedule: wakeSchedule, Client: (*World).wakeClient},
+	// multi-quorum3, multi-single: transfers between three accounts
+	// under sets of two keys (Multi: TryLockAll, LockAll, DoAll;
+	// multiwork.go), the keys given in the transfer's direction.
+	// multi-quorum3 under the general faults; multi-single without
+	// faults, so that every LockAll and DoAll must be granted within
+	// setWait (set-wait: no deadlock, no key left behind by a set that
+	// failed). With two accounts every set would be both keys, and no set
+	// would wait for its second key while another holds only that one.
+	{Name: "multi-quorum3", Strategy: Quorum, Nodes: 3, Clients: 3, Keys: 3, Ops: 3, TTL: [2]time.Duration{60 * time.Millisecond, 300 * time.Millisecond}, Fencing: true, Multi: true,
+		Faults: true, Horizon: 450 * time.Millisecond, Client: (*World).multiClient},
+	{Name: "multi-single", Strategy: Single, Nodes: 1, Clients: 3, Keys: 3, Ops: 3, TTL: [2]time.Duration{60 * time.Millisecond, 300 * time.Millisecond}, Fencing: true, Multi: true,
+		Client: (*World).multiClient},
 	// ops-single, ops-quorum, ops-failover: every public lock operation
 	// in random sequences (opswork.go) with options drawn per seed and
 	// client (TTLs, loss margins, drift factors 0.01–0.2, fences on or

@@ -309,6 +309,7 @@ const (
 	jitClusterFresh
 	jitClusterFail
 	jitClusterRepl
+	jitMulti
 )
 
 // jitterCtx returns ctx seeded for the library's jitter (internal/backoff:
