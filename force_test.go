@@ -13,6 +13,7 @@ import (
 	"github.com/redlease/redlease"
 	"github.com/redlease/redlease/internal/redistest"
 	"github.com/redlease/redlease/internal/script"
+	"github.com/redlease/redlease/quorum"
 	"github.com/redlease/redlease/single"
 )
 
@@ -259,4 +260,50 @@ func TestOperatorCallsBoundedOnAPausedNode(t *testing.T) {
 		assert.True(t, ok, "%s: %s", call.name, why)
 		assert.GreaterOrEqual(t, took, redlease.DefaultCallBound-redlease.DefaultCallBound/32, "%s waited for the bound", call.name)
 	}
+}
+
+// On a quorum with go-redis's default client options, a paused node costs
+// Inspect and ForceRelease one node timeout, not the client's read
+// timeout: the others decide, and the paused node is reported.
+func TestOperatorCallsBoundedOnAPausedQuorumNode(t *testing.T) {
+	t.Parallel()
+	servers := redistest.StartN(t, 3, redistest.Config{})
+	var cs []redis.UniversalClient
+	for _, s := range servers {
+		c := redis.NewClient(&redis.Options{Addr: s.Addr}) // go-redis defaults
+		t.Cleanup(func() { _ = c.Close() })
+		cs = append(cs, c)
+	}
+	const nodeTimeout = 300 * time.Millisecond
+	l := newLocker(t, quorumOver(t, cs, quorum.WithNodeTimeout(nodeTimeout)))
+	ctx := context.Background()
+	lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	lk, err := l.Lock(lctx, "paused") // retried: a loaded machine may miss 300 ms once
+	require.NoError(t, err)
+	in, err := l.Inspect(ctx, "paused") // every node knows the script now
+	require.NoError(t, err)
+	require.Equal(t, 3, in.Holding)
+
+	servers[2].Pause()
+	defer servers[2].Resume()
+	probe := redistest.StartStallProbe(t)
+	start := time.Now()
+	in, err = l.Inspect(ctx, "paused")
+	took := time.Since(start)
+	require.NoError(t, err)
+	assert.Equal(t, redlease.KeyHeld, in.State)
+	assert.Equal(t, 2, in.Holding)
+	assert.ErrorIs(t, in.Nodes[2].Err, context.DeadlineExceeded)
+	ok, why := probe.Within(took, nodeTimeout, 3, start)
+	assert.True(t, ok, "Inspect: %s", why)
+
+	start = time.Now()
+	r, err := l.ForceRelease(ctx, "paused", lk.Token())
+	took = time.Since(start)
+	require.NoError(t, err, "deleted on the two that answer: a majority")
+	assert.Equal(t, 2, r.Deleted)
+	assert.ErrorIs(t, r.Nodes[2].Err, context.DeadlineExceeded)
+	ok, why = probe.Within(took, nodeTimeout, 3, start)
+	assert.True(t, ok, "ForceRelease: %s", why)
 }

@@ -12,12 +12,13 @@ import (
 
 // Inspect reads what the primary holds for key (script.Inspect, one round
 // trip that writes nothing) and judges it (see redlease.Inspector), within
-// CallBound or ctx, whichever ends first, whatever the client's options.
+// redlease.DefaultCallBound or ctx, whichever ends first, whatever the
+// client's options (it waits for no replica: no WAIT timeout to add).
 func (p *Primary) Inspect(ctx context.Context, key string) (redlease.Inspection, error) {
 	if err := script.CheckKey(key); err != nil {
 		return redlease.Inspection{}, err
 	}
-	views, errs := inspect.Survey(ctx, p.node(), p.CallBound(), func(ctx context.Context, c redis.UniversalClient) (redlease.NodeView, error) {
+	views, errs := inspect.Survey(ctx, p.node(), redlease.DefaultCallBound, func(ctx context.Context, c redis.UniversalClient) (redlease.NodeView, error) {
 		return inspect.Read(ctx, c, key)
 	})
 	p.heard(ctx, key, errs[0])
@@ -29,9 +30,10 @@ func (p *Primary) Inspect(ctx context.Context, key string) (redlease.Inspection,
 }
 
 // ForceRelease deletes key where it holds token and publishes its release
-// notice (script.Release, as a holder's release), within CallBound or ctx,
-// whichever ends first, whatever the client's options (see
-// redlease.ForceReleaser). Like Release, it does not wait for replicas.
+// notice (script.Release, as a holder's release), within
+// redlease.DefaultCallBound or ctx, whichever ends first, whatever the
+// client's options (see redlease.ForceReleaser). Like Release, it does
+// not wait for replicas.
 func (p *Primary) ForceRelease(ctx context.Context, key, token string) (redlease.ForceResult, error) {
 	if err := script.CheckKey(key); err != nil {
 		return redlease.ForceResult{}, err
@@ -40,7 +42,7 @@ func (p *Primary) ForceRelease(ctx context.Context, key, token string) (redlease
 		return redlease.ForceResult{}, redlease.Invalid("empty token")
 	}
 	line := script.ReleaseArgs(key, token)
-	vals, errs := inspect.Survey(ctx, p.node(), p.CallBound(), func(ctx context.Context, c redis.UniversalClient) (int64, error) {
+	vals, errs := inspect.Survey(ctx, p.node(), redlease.DefaultCallBound, func(ctx context.Context, c redis.UniversalClient) (int64, error) {
 		return script.Release.Run(ctx, c, line)
 	})
 	p.heard(ctx, key, errs[0])
