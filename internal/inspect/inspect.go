@@ -22,8 +22,12 @@ import (
 )
 
 // Read asks one node what it holds for key (script.Inspect: one atomic
-// read) and returns its view, without Node, Addr and Err.
+// read) and returns its view, without Node, Addr and Err; a key no lock
+// can have (script.CheckKey) is refused with redlease.ErrInvalid.
 func Read(ctx context.Context, c script.Doer, key string) (redlease.NodeView, error) {
+	if err := script.CheckKey(key); err != nil {
+		return redlease.NodeView{}, err
+	}
 	v, err := script.Inspect.RunValue(ctx, c, script.InspectArgs(key))
 	if err != nil {
 		return redlease.NodeView{}, err

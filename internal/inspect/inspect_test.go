@@ -156,3 +156,12 @@ func TestForced(t *testing.T) {
 }
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// A key no lock can have is refused before anything is sent (the command
+// line would need its fence key): ErrInvalid, never a panic.
+func TestReadRefusesBadKeys(t *testing.T) {
+	for _, key := range []string{"", "a}b", redlease.ReservedPrefix + "x"} {
+		_, err := Read(context.Background(), nil, key)
+		assert.ErrorIs(t, err, redlease.ErrInvalid, "%q", key)
+	}
+}
