@@ -201,7 +201,11 @@ func TestOperatorCallsBoundedOnAPausedNode(t *testing.T) {
 	require.NoError(t, err)
 	l := newLocker(t, s)
 	ctx := context.Background()
-	lk, err := l.TryLock(ctx, "paused")
+	// Retried: the first call (a dial, NOSCRIPT, then EVAL) missed the 1 s
+	// call bound once at load 9 with -race.
+	lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	lk, err := l.Lock(lctx, "paused")
 	require.NoError(t, err)
 	// Both scripts cached, so that the calls below are one round trip.
 	require.NoError(t, script.Inspect.Load(ctx, c))
@@ -239,22 +243,27 @@ func TestOperatorCallsBoundedOnAPausedQuorumNode(t *testing.T) {
 		t.Cleanup(func() { _ = c.Close() })
 		cs = append(cs, c)
 	}
-	const nodeTimeout = 300 * time.Millisecond
+	// A second, not go-redis's 3 s read timeout and retries; long enough
+	// that the live nodes answer within it on a loaded machine.
+	const nodeTimeout = time.Second
 	l := newLocker(t, quorumOver(t, cs, quorum.WithNodeTimeout(nodeTimeout)))
 	ctx := context.Background()
 	lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	lk, err := l.Lock(lctx, "paused") // retried: a loaded machine may miss 300 ms once
+	lk, err := l.Lock(lctx, "paused")
 	require.NoError(t, err)
-	in, err := l.Inspect(ctx, "paused") // every node knows the script now
-	require.NoError(t, err)
-	require.Equal(t, 3, in.Holding)
+	probe := redistest.StartStallProbe(t)
+	// The grant returns at a majority: wait for the third node's copy (and
+	// every node knows the inspect script from then on).
+	probe.WaitFor(t, 5*time.Second, 3, 10*time.Millisecond, func() bool {
+		in, err := l.Inspect(ctx, "paused")
+		return err == nil && in.Holding == 3
+	}, "every node holds the key")
 
 	servers[2].Pause()
 	defer servers[2].Resume()
-	probe := redistest.StartStallProbe(t)
 	start := time.Now()
-	in, err = l.Inspect(ctx, "paused")
+	in, err := l.Inspect(ctx, "paused")
 	took := time.Since(start)
 	require.NoError(t, err)
 	assert.Equal(t, redlease.KeyHeld, in.State)

@@ -61,7 +61,7 @@ func TestReleaseForceRevokesRun(t *testing.T) {
 	env := nodesEnv(servers)
 	done := filepath.Join(t.TempDir(), "done")
 	script := `echo started; i=0; while [ ! -e ` + done + ` ] && [ $i -lt 1500 ]; do sleep 0.02; i=$((i+1)); done`
-	p := startCLI(t, env, "run", "--key", "stuck", "--ttl", "3s", "--", "sh", "-c", script)
+	p := startCLI(t, env, "run", "--key", "stuck", "--ttl", "4s", "--", "sh", "-c", script)
 	require.Equal(t, "started", p.line(t, 10*time.Second))
 	t.Cleanup(func() { _ = os.WriteFile(done, nil, 0o600) })
 	before := inspectJSON(t, env, "stuck")
