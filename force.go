@@ -79,7 +79,9 @@ func (l *Locker) ForceRelease(ctx context.Context, key, token string) (ForceResu
 	if !ok {
 		return ForceResult{}, Invalid("strategy %T cannot force a release (it is not a redlease.ForceReleaser)", l.defaults.strategy)
 	}
+	ctx, done := observe(ctx, l.observer, Op{Name: "force_release", Strategy: strategyName(l.defaults.strategy), Key: key})
 	r, err := fr.ForceRelease(ctx, l.prefix+key, token)
+	done(err)
 	if r.Nodes != nil {
 		r.Key = key
 	}

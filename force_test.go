@@ -3,6 +3,8 @@ package redlease_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -280,4 +282,59 @@ func TestOperatorCallsBoundedOnAPausedQuorumNode(t *testing.T) {
 	assert.ErrorIs(t, r.Nodes[2].Err, context.DeadlineExceeded)
 	ok, why = probe.Within(took, nodeTimeout, 3, start)
 	assert.True(t, ok, "ForceRelease: %s", why)
+}
+
+// recorder is an Observer that records the operations it is told of, and
+// the nodes that failed in them.
+type recorder struct {
+	mu     sync.Mutex
+	ops    []string // "name key outcome"
+	failed []string // "name node"
+}
+
+func (r *recorder) Start(ctx context.Context, op redlease.Op) (context.Context, func(error)) {
+	return ctx, func(err error) {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		outcome := "ok"
+		if err != nil {
+			outcome = err.Error()
+		}
+		r.ops = append(r.ops, op.Name+" "+op.Key+" "+outcome)
+	}
+}
+func (r *recorder) Held(redlease.Op, time.Duration, error) {}
+func (r *recorder) NodeFailed(_ context.Context, op redlease.Op, ne *redlease.NodeError) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.failed = append(r.failed, fmt.Sprintf("%s %d", op.Name, ne.Node))
+}
+
+// An operator's calls reach the Locker's Observer: "inspect" and
+// "force_release", with the key as given and each node that failed.
+func TestOperatorCallsAreObserved(t *testing.T) {
+	t.Parallel()
+	servers := redistest.StartN(t, 3, redistest.Config{})
+	rec := &recorder{}
+	l := newLocker(t, quorumOver(t, directClients(t, servers)), redlease.WithPrefix("ops:"), redlease.WithObserver(rec))
+	ctx := t.Context()
+	lk, err := l.TryLock(ctx, "audit")
+	require.NoError(t, err)
+	// The grant returns at a majority: node 2's request must have landed
+	// before the kill, or its failure would be the acquisition's.
+	probe, c2 := redistest.StartStallProbe(t), servers[2].Client()
+	probe.WaitFor(t, 5*time.Second, 3, 5*time.Millisecond, func() bool {
+		v, _ := c2.Get(ctx, "ops:audit").Result()
+		return v == lk.Token()
+	}, "node 2 holds the key")
+	servers[2].Kill()
+	_, err = l.Inspect(ctx, "audit")
+	require.NoError(t, err)
+	_, err = l.ForceRelease(ctx, "audit", lk.Token())
+	require.NoError(t, err)
+
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	assert.Equal(t, []string{"acquire audit ok", "inspect audit ok", "force_release audit ok"}, rec.ops)
+	assert.Equal(t, []string{"inspect 2", "force_release 2"}, rec.failed)
 }

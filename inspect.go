@@ -147,7 +147,8 @@ type HolderRecord struct {
 // as Lock applies it, and Inspection.Key is key as given. It is bounded by
 // the strategy's call bound; errors are those of Inspector.Inspect. A
 // strategy that is not an Inspector is refused with ErrInvalid; so is a
-// nil Locker.
+// nil Locker. The Locker's Observer sees it as an "inspect" operation,
+// and each node that failed in it.
 func (l *Locker) Inspect(ctx context.Context, key string) (Inspection, error) {
 	if l == nil {
 		return Inspection{}, Invalid("nil Locker")
@@ -159,7 +160,9 @@ func (l *Locker) Inspect(ctx context.Context, key string) (Inspection, error) {
 	if !ok {
 		return Inspection{}, Invalid("strategy %T cannot inspect keys (it is not a redlease.Inspector)", l.defaults.strategy)
 	}
+	ctx, done := observe(ctx, l.observer, Op{Name: "inspect", Strategy: strategyName(l.defaults.strategy), Key: key})
 	v, err := in.Inspect(ctx, l.prefix+key)
+	done(err)
 	if v.State != "" {
 		v.Key = key
 	}

@@ -95,7 +95,8 @@ func Survey[T any](ctx context.Context, ns []Node, bound time.Duration, ask func
 }
 
 // Judge gives the verdict on key over views (one per node, in node order;
-// a view with Err did not answer), quorum being a majority of them; the
+// a view with Err did not answer, and is reported to ctx's Observer),
+// quorum being a majority of them; the
 // error is that of redlease.Inspector: ErrUnavailable (or ErrDenied) when
 // fewer than quorum answered, with ctx's cause if ctx had ended.
 func Judge(ctx context.Context, key string, views []redlease.NodeView, quorum int) (redlease.Inspection, error) {
@@ -105,7 +106,9 @@ func Judge(ctx context.Context, key string, views []redlease.NodeView, quorum in
 	for _, v := range views {
 		switch {
 		case v.Err != nil:
-			causes = append(causes, &redlease.NodeError{Node: v.Node, Addr: v.Addr, Err: v.Err})
+			ne := &redlease.NodeError{Node: v.Node, Addr: v.Addr, Err: v.Err}
+			redlease.ReportNodeFailure(ctx, ne)
+			causes = append(causes, ne)
 			continue
 		case v.Held:
 			counts[v.Token]++
@@ -152,8 +155,9 @@ func Judge(ctx context.Context, key string, views []redlease.NodeView, quorum in
 }
 
 // Forced gives the outcome of a forced release of token on key over each
-// node's answer (in node order: deleted[i] or errs[i]), quorum being a
-// majority of them; the error is that of redlease.ForceReleaser.
+// node's answer (in node order: deleted[i] or errs[i]; a failed node is
+// reported to ctx's Observer), quorum being a majority of them; the error
+// is that of redlease.ForceReleaser.
 func Forced(ctx context.Context, key, token string, addrs []string, deleted []bool, errs []error, quorum int) (redlease.ForceResult, error) {
 	r := redlease.ForceResult{Key: key, Token: token, Quorum: quorum, Nodes: make([]redlease.ForcedNode, len(errs))}
 	answered := 0
@@ -161,7 +165,9 @@ func Forced(ctx context.Context, key, token string, addrs []string, deleted []bo
 	for i, err := range errs {
 		r.Nodes[i] = redlease.ForcedNode{Node: i, Addr: addrs[i], Deleted: err == nil && deleted[i], Err: err}
 		if err != nil {
-			causes = append(causes, &redlease.NodeError{Node: i, Addr: addrs[i], Err: err})
+			ne := &redlease.NodeError{Node: i, Addr: addrs[i], Err: err}
+			redlease.ReportNodeFailure(ctx, ne)
+			causes = append(causes, ne)
 			continue
 		}
 		answered++
