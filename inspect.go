@@ -41,10 +41,12 @@ const (
 	KeyHeld KeyState = "held"
 	// KeyFree: a majority of the nodes have no such key.
 	KeyFree KeyState = "free"
-	// KeySplit: enough nodes answered, but no majority either way (a
-	// grant in progress, the remains of a failed attempt, or a lock that
-	// expired on some nodes and not on others). Nobody holds the key, and
-	// nobody can be granted it until the keys on the nodes expire or go.
+	// KeySplit: a majority of the nodes answered, but they show no
+	// majority either way: a grant or a release under way, the remains of
+	// a failed attempt, a lock that expired on some nodes before others,
+	// or the nodes that did not answer holding the rest. Nobody can be
+	// granted the key while too few nodes are free; whether someone holds
+	// it depends on the nodes that did not answer.
 	KeySplit KeyState = "split"
 	// KeyUnavailable: fewer than a majority of the nodes answered, so
 	// free cannot be told from held. Inspect returns ErrUnavailable (or
@@ -78,11 +80,13 @@ type Inspection struct {
 	// Token.
 	Remaining time.Duration
 	// Fence is the highest fence counter among the nodes that hold Token.
-	// While the holder's counters live it is at least the holder's fence,
-	// and on single and failover exactly it: no node that holds the key
-	// hands out another fence, and on a quorum some node that holds it
-	// kept the holder's (a quorum's node that granted after its round was
-	// decided counted from its own clock, maybe higher). 0 where the
+	// With KeyHeld, while the holder's counters live, it is at least the
+	// holder's fence, and on single and failover exactly it: no node that
+	// holds the key hands out another fence, and on a quorum the majority
+	// that answered holding it shares a node with the majority whose
+	// counters the grant left at its fence (a quorum's node that granted
+	// after its round was decided counted from its own clock, maybe
+	// higher). 0 where the
 	// nodes keep no counter: fencing off, or a counter that expired
 	// (DefaultFenceTTL after the holder's grant, unless the strategy's
 	// WithFenceTTL says otherwise) under a lock renewed for longer.
