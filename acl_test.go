@@ -216,3 +216,36 @@ func TestUserWithoutFairRightsIsServedUnfairly(t *testing.T) {
 	require.NoError(t, err)
 	assert.Zero(t, n, "no line without the rights")
 }
+
+// An operator's Inspect and ForceRelease work as the least-privilege user
+// of docs/redis-acl.conf: the line's waiters and the holder record are
+// read (their commands are granted, not skipped by the script's pcall),
+// and the forced release deletes the key.
+func TestLeastPrivilegeUserInspectsAndForces(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	srv := redistest.Start(t, redistest.Config{})
+	c := aclServer(t, srv)
+	admin := srv.Client()
+	s, err := single.New(c)
+	require.NoError(t, err)
+	l := newLocker(t, s, redlease.WithPrefix("lock:"))
+	lk, err := l.TryLock(ctx, "ops")
+	require.NoError(t, err)
+	_, err = s.AcquireInLine(ctx, "lock:ops", "w.1", time.Second, redlease.Place{ID: "w", Ticket: time.Now(), Join: true, Lifetime: 10 * time.Second})
+	require.ErrorIs(t, err, redlease.ErrNotObtained)
+	require.NoError(t, admin.HSet(ctx, script.HolderKey("lock:ops"), "token", lk.Token(), "host", "h", "pid", "7").Err())
+	require.NoError(t, admin.ScriptFlush(ctx).Err()) // loaded again, as this user
+
+	in, err := l.Inspect(ctx, "ops")
+	require.NoError(t, err)
+	assert.Equal(t, redlease.KeyHeld, in.State)
+	assert.Equal(t, 1, in.Waiters, "ZRANGEBYSCORE granted")
+	require.NotNil(t, in.Holder, "HMGET granted")
+	assert.Equal(t, 7, in.Holder.PID)
+
+	r, err := l.ForceRelease(ctx, "ops", in.Token)
+	require.NoError(t, err)
+	assert.Equal(t, 1, r.Deleted)
+	assert.ErrorIs(t, lk.Extend(ctx, time.Minute), redlease.ErrNotHeld)
+}

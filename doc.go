@@ -181,6 +181,44 @@
 // expiry, and for quorum that the nodes' clocks differ by less than it;
 // the argument is in internal/script's FenceTTL.
 //
+// # Inspection and revocation by an operator
+//
+// Locker.Inspect says who holds a key (its token), until when the nodes
+// keep it without a renewal, with which fence, and how many waiters keep
+// a place in its fair-mode line, node by node and as a verdict: held by
+// one token on a majority of the nodes, free on a majority, split (no
+// majority either way), or, when fewer than a majority answered,
+// ErrUnavailable: an outage is never reported as "held". It writes
+// nothing, reads each node in one script, asks every node at once and
+// returns within the strategy's call bound (CallBounder; DefaultCallBound
+// otherwise), whatever the go-redis client's options. It is a snapshot,
+// stale as soon as it is read. When the holder took the key is known only
+// where the holder left a record (`redlease run` does: host, pid, start
+// time, command); the library records no grant time, and Since is then
+// the zero time. Waiters without fairness keep no place and are not
+// counted.
+//
+// Locker.ForceRelease ends another holder's lock: it deletes the key on
+// every node where it still holds the token the operator saw, and nowhere
+// else (the release script's compare-and-delete), so that a key that
+// changed hands since the inspection is left to its new holder and the
+// call says ErrNotHeld. It publishes the release notice, so waiters try
+// at once, and leaves the fence counters alone, so the next holder's
+// fence is above the revoked holder's. On a quorum it waits for every
+// node within the call bound, reports each node's outcome, and succeeds
+// once the token can no longer hold a majority.
+//
+// A forced release ends mutual exclusion for the holder it revokes. The
+// holder is not told: it goes on believing it holds the lock until its
+// next renewal finds the key gone (Extend returns ErrNotHeld, Lost
+// closes, Do cancels its function's context: within one renewal
+// interval, a third of the TTL by default, plus a call) or until its
+// validity (Lock.Until) runs out, while a waiter may be granted the key at
+// once. Until then two holders can act, and fences are what keep storage
+// safe: the revoked holder's fence is below the new holder's, and storage
+// that checks fences refuses its writes. Force a holder that is stuck or
+// gone, never one that is working.
+//
 // # Errors
 //
 // Every failure is checkable with errors.Is against the sentinels

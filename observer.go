@@ -28,7 +28,7 @@ type Observer interface {
 
 // Op describes one lock operation for an Observer.
 type Op struct {
-	Name     string // "acquire" (one attempt), "wait" (Lock: every attempt), "extend", "release"
+	Name     string // "acquire" (one attempt), "wait" (Lock: every attempt), "extend", "release"; an operator's "inspect", "force_release"
 	Strategy string // the strategy's Name (see Namer), or its Go type
 	Key      string // as the caller gave it
 	// Began is when the operation began, if that was before the call to

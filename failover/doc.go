@@ -36,7 +36,8 @@
 // runs in the same round trip. The clean-up after a
 // failed acquisition (the release of what it may have written, by its
 // token) runs in the background, at most a DefaultCallBound; Close ends
-// it.
+// it. An operator's Inspect and ForceRelease wait for no replica and
+// return within DefaultCallBound.
 //
 // # Lock-loss signalling on failover
 //

@@ -71,7 +71,9 @@
 //   - redlease.strategy: the strategy's name: "single", "quorum",
 //     "failover", "idempotency" (an idempotency Barrier's default lock on
 //     its store), or its Go type.
-//   - redlease.operation: "acquire", "wait", "extend" or "release".
+//   - redlease.operation: "acquire", "wait", "extend" or "release", and
+//     an operator's "inspect" and "force_release" (Locker.Inspect and
+//     Locker.ForceRelease: spans, logs and node failures; no histogram).
 //   - redlease.outcome: see Outcome: ok, not_obtained, not_held,
 //     unavailable, canceled, invalid, error.
 //   - redlease.ended: how a hold ended: released or lost.

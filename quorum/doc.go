@@ -45,6 +45,18 @@
 // nodes is in docs/bench/PERFORMANCE.md). Release does not wait for every node, because a slow or dead minority
 // would then cost every release its timeout.
 //
+// # Inspect and ForceRelease (an operator's calls)
+//
+// Inspect asks every node at once, in one script per node that writes
+// nothing, and judges the answers against a majority (held, free, split;
+// redlease.ErrUnavailable when fewer than a majority answered, never
+// "held"). ForceRelease runs the release script with the token an
+// operator saw on every node at once; unlike Release it waits for every
+// node, within the node timeout, because an operator is told what each
+// node did, and it succeeds once the token can no longer hold a majority.
+// Both return within the node timeout (or ctx), whatever the clients'
+// options; a node that has not answered is reported with its timeout.
+//
 // # Fair mode (redlease.WithFairness)
 //
 // Strategy implements redlease.Queuer. Each node keeps its own line for a

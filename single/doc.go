@@ -31,7 +31,7 @@
 // redlease.DefaultCallBound (1 s). The clean-up after a
 // failed acquisition (the release of what it may have written, by its
 // token) runs in the background, at most a DefaultCallBound; Close ends
-// it.
+// it. An operator's Inspect and ForceRelease are bounded the same way.
 //
 // # Redis Cluster
 //

@@ -17,6 +17,7 @@ import (
 const (
 	exitOK          = 0
 	exitUnsafe      = 1   // doctor: at least one finding is unsafe for locking
+	exitNotReleased = 1   // release: nothing was released (declined, or not held by the token)
 	exitUsage       = 64  // EX_USAGE: bad flags, node list, TTL, grace, strategy
 	exitUnavailable = 69  // EX_UNAVAILABLE: too few nodes answered to decide
 	exitSoftware    = 70  // EX_SOFTWARE: an internal error (a bug in redlease)
@@ -40,13 +41,13 @@ type exitRow struct {
 // exitTable is the table printed in run's help and repeated, word for word,
 // in the package documentation (TestExitTableDocumented checks both).
 var exitTable = []exitRow{
-	{"0", "the command exited 0 (inspect: a majority answered; doctor: nothing unsafe)"},
-	{"1-125", "the command's own exit status (doctor: 1 when a finding is unsafe)"},
+	{"0", "the command exited 0 (inspect: a majority answered; doctor: nothing unsafe; release: the token was deleted)"},
+	{"1-125", "the command's own exit status (doctor: 1 when a finding is unsafe; release: 1 when nothing was released)"},
 	{"64", "usage: bad flags, node list, TTL, --grace or strategy (EX_USAGE)"},
 	{"69", "unavailable: too few nodes answered to tell free from held (EX_UNAVAILABLE)"},
 	{"70", "internal error: a bug in redlease; the command's group dies with run, the lock lapses at its TTL (EX_SOFTWARE)"},
 	{"71", "the command's process group could not be started: fork failed, or no /proc/self/exe (EX_OSERR)"},
-	{"74", "inspect, doctor: the output could not be written (EX_IOERR)"},
+	{"74", "inspect, doctor, release: the output could not be written (EX_IOERR)"},
 	{"75", "the lock is held by another holder, within --wait (EX_TEMPFAIL)"},
 	{"76", "the lock was lost while the command ran; its process group was stopped"},
 	{"77", "denied: the user lacks ACL rights redlease needs, NOPERM (EX_NOPERM)"},

@@ -11,33 +11,16 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/redlease/redlease"
+	"github.com/redlease/redlease/internal/script"
 )
-
-// holderPrefix starts every holder metadata key (see the package doc).
-const holderPrefix = redlease.ReservedPrefix + "holder:"
 
 // maxCommandLen bounds the command line stored in the metadata.
 const maxCommandLen = 4096
 
 // holderKey is the metadata key beside the lock key fullKey, in the same
-// Cluster slot (as the library's fence keys are).
-func holderKey(fullKey string) string {
-	if hasHashTag(fullKey) {
-		return holderPrefix + "tag:" + fullKey
-	}
-	return holderPrefix + "{" + fullKey + "}"
-}
-
-// hasHashTag applies Redis Cluster's rule: a '{' followed later by a '}'
-// with at least one byte between.
-func hasHashTag(key string) bool {
-	open := strings.IndexByte(key, '{')
-	if open < 0 {
-		return false
-	}
-	end := strings.IndexByte(key[open+1:], '}')
-	return end > 0
-}
+// Cluster slot (as the library's fence keys are), where the library's
+// Inspect reads it (redlease.HolderRecord).
+func holderKey(fullKey string) string { return script.HolderKey(fullKey) }
 
 // holder is who holds a lock: what run stores beside the grant.
 type holder struct {

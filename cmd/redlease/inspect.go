@@ -6,18 +6,20 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"strconv"
-	"sync"
 	"text/tabwriter"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
 
-	"github.com/redlease/redlease/internal/script"
+	"github.com/redlease/redlease"
+	"github.com/redlease/redlease/quorum"
+	"github.com/redlease/redlease/single"
 )
 
-// inspectTimeout bounds the question to each node.
+// inspectTimeout is how long inspect and release wait for each node at
+// least, on several nodes (the quorum's node timeout, unless
+// --node-timeout is longer); one node gets the single strategy's call
+// bound, redlease.DefaultCallBound.
 const inspectTimeout = 2 * time.Second
 
 // nodeView is what one node says about a key.
@@ -56,17 +58,15 @@ host, pid, start time and command beside its grant), free, or split. It exits
 69 (unavailable) when no majority of the nodes answered, 0 otherwise.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(c *cobra.Command, args []string) error {
-			addrs, err := nf.dataNodes(c.Context())
+			op, err := nf.operator(c.Context())
 			if err != nil {
 				return err
 			}
-			cs, closeAll, err := nf.connect(addrs)
+			defer op.stop()
+			v, err := op.inspect(c.Context(), args[0])
 			if err != nil {
 				return err
 			}
-			defer closeAll()
-			v := inspect(c.Context(), cs, addrs, nf.prefix+args[0])
-			v.Key = args[0]
 			out := &outWriter{w: c.OutOrStdout()}
 			if asJSON {
 				enc := json.NewEncoder(out)
@@ -79,100 +79,120 @@ host, pid, start time and command beside its grant), free, or split. It exits
 			if err := out.check(); err != nil {
 				return err
 			}
-			if v.State == "unavailable" {
-				return &exitError{exitUnavailable, fmt.Errorf("%s: only %d of %d nodes answered, %d needed to tell free from held",
-					v.Key, v.Answered, len(v.Nodes), v.Needed)}
-			}
-			return nil
+			return unavailable(v)
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
 }
 
-// inspect asks every node at once.
-func inspect(ctx context.Context, cs []redis.UniversalClient, addrs []string, key string) keyView {
+// unavailable is inspect's exit for a view too few nodes answered (69),
+// or nil.
+func unavailable(v keyView) error {
+	if v.State != string(redlease.KeyUnavailable) {
+		return nil
+	}
+	return &exitError{exitUnavailable, fmt.Errorf("%s: only %d of %d nodes answered, %d needed to tell free from held",
+		v.Key, v.Answered, len(v.Nodes), v.Needed)}
+}
+
+// operator is what inspect and release work through: a Locker with the
+// CLI's prefix on the data nodes (--nodes, or with --strategy failover
+// the primary the Sentinels name): the single strategy on one node, the
+// quorum strategy on several, whatever --strategy says, since a read or
+// a compare-and-delete is the same on every strategy of one node.
+type operator struct {
+	locker *redlease.Locker
+	prefix string
+	stop   func()
+}
+
+// operator connects to the data nodes.
+func (nf *nodeFlags) operator(ctx context.Context) (*operator, error) {
+	addrs, err := nf.dataNodes(ctx)
+	if err != nil {
+		return nil, err
+	}
+	cs, closeAll, err := nf.connect(addrs)
+	if err != nil {
+		return nil, err
+	}
+	var s redlease.Strategy
+	stop := closeAll
+	if len(cs) == 1 {
+		s, err = single.New(cs[0])
+	} else {
+		// Each node gets inspectTimeout at least: the default node
+		// timeout (100 ms) is a grant's, too short for an operator's look
+		// on a busy node.
+		var q *quorum.Strategy
+		q, err = quorum.New(cs, quorum.WithFencing(), quorum.WithNodeTimeout(max(nf.timeout, inspectTimeout)))
+		if q != nil {
+			s, stop = q, func() { _ = q.Close(); closeAll() }
+		}
+	}
+	if err != nil {
+		closeAll()
+		return nil, &exitError{exitUsage, err}
+	}
+	l, err := redlease.New(s, redlease.WithPrefix(nf.prefix))
+	if err != nil {
+		stop()
+		return nil, &exitError{exitUsage, err}
+	}
+	return &operator{locker: l, prefix: nf.prefix, stop: stop}, nil
+}
+
+// inspect asks every node at once (Locker.Inspect) and returns the view
+// inspect prints; an error is one no view shows (a bad key: 64).
+func (op *operator) inspect(ctx context.Context, key string) (keyView, error) {
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	fk, _ := script.FenceKey(key)
-	hk := holderKey(key)
-	v := keyView{RedisKey: key, Nodes: make([]nodeView, len(cs)), Needed: len(cs)/2 + 1}
-	var wg sync.WaitGroup
-	for i, c := range cs {
-		wg.Go(func() { v.Nodes[i] = inspectNode(ctx, c, addrs[i], key, fk, hk) })
-	}
-	wg.Wait()
-	counts := map[string]int{}
-	free := 0
-	for _, n := range v.Nodes {
-		switch n.State {
-		case "held":
-			v.Answered++
-			counts[n.Token]++
-		case "free":
-			v.Answered++
-			free++
+	in, err := op.locker.Inspect(ctx, key)
+	if in.State == "" { // no view: the call was refused
+		if errors.Is(err, redlease.ErrInvalid) {
+			return keyView{}, &exitError{exitUsage, err}
 		}
+		return keyView{}, err
 	}
-	for tok, n := range counts {
-		if n > v.Agreeing || (n == v.Agreeing && tok < v.Token) {
-			v.Token, v.Agreeing = tok, n
-		}
+	return viewOf(in, op.prefix+key), nil
+}
+
+// viewOf is inspect's view of an Inspection of redisKey.
+func viewOf(in redlease.Inspection, redisKey string) keyView {
+	v := keyView{
+		Key: in.Key, RedisKey: redisKey, State: string(in.State), Nodes: make([]nodeView, len(in.Nodes)),
+		Answered: in.Answered, Needed: in.Quorum, Token: in.Token, Holder: holderOf(in.Holder),
+		Agreeing: in.Holding, Majority: in.Holding >= in.Quorum,
 	}
-	for _, n := range v.Nodes {
-		if n.Token == v.Token && n.Holder != nil {
-			v.Holder = n.Holder
-			break
-		}
-	}
-	v.Majority = v.Agreeing >= v.Needed
-	switch {
-	case v.Majority:
-		v.State = "held"
-	case free >= v.Needed:
-		v.State = "free"
-	case v.Answered < v.Needed:
-		v.State = "unavailable"
-	default:
-		v.State = "split"
+	for i, n := range in.Nodes {
+		v.Nodes[i] = nodeViewOf(n)
 	}
 	return v
 }
 
-func inspectNode(ctx context.Context, c redis.UniversalClient, addr, key, fk, hk string) nodeView {
-	ctx, cancel := context.WithTimeout(ctx, inspectTimeout)
-	defer cancel()
-	nv := nodeView{Node: addr}
-	pipe := c.Pipeline()
-	get := pipe.Get(ctx, key)
-	pttl := pipe.PTTL(ctx, key)
-	fence := pipe.Get(ctx, fk)
-	meta := pipe.HMGet(ctx, hk, "token", "host", "pid", "start", "command", "fence") // HMGET: in docs/redis-acl.conf
-	_, _ = pipe.Exec(ctx)
-	switch tok, err := get.Result(); {
-	case errors.Is(err, redis.Nil):
-		nv.State = "free"
-	case err != nil:
-		nv.State, nv.Error = "error", err.Error()
-		return nv
-	default:
-		nv.State, nv.Token = "held", tok
-		nv.TTLms = pttl.Val().Milliseconds()
-		m := make([]string, 6)
-		for i, x := range meta.Val() {
-			m[i], _ = x.(string)
-		}
-		if m[0] == tok {
-			pid, _ := strconv.Atoi(m[2])
-			f, _ := strconv.ParseUint(m[5], 10, 64)
-			nv.Holder = &holder{Token: tok, Host: m[1], PID: pid, Start: m[3], Command: m[4], Fence: f}
-		}
+// nodeViewOf is inspect's view of one node's.
+func nodeViewOf(n redlease.NodeView) nodeView {
+	switch {
+	case n.Err != nil:
+		return nodeView{Node: n.Addr, State: "error", Error: n.Err.Error()}
+	case n.Held:
+		return nodeView{Node: n.Addr, State: "held", Token: n.Token, TTLms: n.TTL.Milliseconds(), Fence: int64(n.Fence), Holder: holderOf(n.Holder)}
 	}
-	if f, err := fence.Int64(); err == nil {
-		nv.Fence = f
+	return nodeView{Node: n.Addr, State: "free", Fence: int64(n.Fence)}
+}
+
+// holderOf is the CLI's holder of a record, or nil.
+func holderOf(r *redlease.HolderRecord) *holder {
+	if r == nil {
+		return nil
 	}
-	return nv
+	h := &holder{Token: r.Token, Host: r.Host, PID: r.PID, Command: r.Command, Fence: r.Fence}
+	if !r.Since.IsZero() {
+		h.Start = r.Since.UTC().Format(time.RFC3339Nano)
+	}
+	return h
 }
 
 // short abbreviates a token for the table.
@@ -197,6 +217,11 @@ func printView(w io.Writer, v keyView) {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\n", n.Node, n.State, tok, ttl, n.Fence, who, n.Error)
 	}
 	_ = tw.Flush()
+	printSummary(w, v)
+}
+
+// printSummary prints the verdict's line (and the holder's, when held).
+func printSummary(w io.Writer, v keyView) {
 	switch v.State {
 	case "held":
 		fmt.Fprintf(w, "%s: held by %s on %d of %d nodes (a majority)\n", v.Key, short(v.Token), v.Agreeing, len(v.Nodes))

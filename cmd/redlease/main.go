@@ -3,6 +3,7 @@
 //
 //	redlease run --key nightly-settlement -- ./settle.sh
 //	redlease inspect nightly-settlement
+//	redlease release --force nightly-settlement
 //	redlease doctor
 //
 // Nodes come from --nodes or REDLEASE_NODES (comma-separated host:port).
@@ -66,15 +67,25 @@
 // anything else a plain line every 30 s, never a carriage return. Exit 75
 // names the holder (host, pid, program) when it left a record.
 //
+// # Revoking a lock
+//
+// release --force KEY shows KEY as inspect does, asks for confirmation on
+// the terminal (unless --yes) and deletes KEY on every node where it still
+// holds the token shown (--token names another), and nowhere else: a key
+// that changed hands meanwhile is left alone, and release exits 1. The
+// revoked holder learns at its next renewal (run then stops its command
+// and exits 76); until then it may still act, and only fences
+// (REDLEASE_FENCE) keep its writes out of storage.
+//
 // # Exit codes
 //
-//	0      the command exited 0 (inspect: a majority answered; doctor: nothing unsafe)
-//	1-125  the command's own exit status (doctor: 1 when a finding is unsafe)
+//	0      the command exited 0 (inspect: a majority answered; doctor: nothing unsafe; release: the token was deleted)
+//	1-125  the command's own exit status (doctor: 1 when a finding is unsafe; release: 1 when nothing was released)
 //	64     usage: bad flags, node list, TTL, --grace or strategy (EX_USAGE)
 //	69     unavailable: too few nodes answered to tell free from held (EX_UNAVAILABLE)
 //	70     internal error: a bug in redlease; the command's group dies with run, the lock lapses at its TTL (EX_SOFTWARE)
 //	71     the command's process group could not be started: fork failed, or no /proc/self/exe (EX_OSERR)
-//	74     inspect, doctor: the output could not be written (EX_IOERR)
+//	74     inspect, doctor, release: the output could not be written (EX_IOERR)
 //	75     the lock is held by another holder, within --wait (EX_TEMPFAIL)
 //	76     the lock was lost while the command ran; its process group was stopped
 //	77     denied: the user lacks ACL rights redlease needs, NOPERM (EX_NOPERM)

@@ -70,7 +70,7 @@ func newRoot() *cobra.Command {
 	pf.IntVar(&nf.replicas, "replicas", failover.DefaultReplicas, "failover: replicas that must acknowledge each write")
 	pf.DurationVar(&nf.maxTTL, "max-ttl", 0, "quorum: enforce the delayed-restart rule for TTLs up to this (0: off): a restarted node sits out this long")
 	pf.BoolVar(&nf.durable, "durable", false, "quorum with --max-ttl: declare every node appendonly yes + appendfsync always, so a restart that kept its data keeps its vote (doctor checks it)")
-	root.AddCommand(newRun(&nf), newInspect(&nf), newDoctor(&nf))
+	root.AddCommand(newRun(&nf), newInspect(&nf), newRelease(&nf), newDoctor(&nf))
 	return root
 }
 

@@ -10,6 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/redlease/redlease/internal/inspect"
 	"github.com/redlease/redlease/internal/script"
 )
 
@@ -30,14 +31,18 @@ const (
 func describeHolder(ctx context.Context, clients []redis.UniversalClient, fullKey string) string {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), holderLookup)
 	defer cancel()
-	fk, _ := script.FenceKey(fullKey)
-	hk := holderKey(fullKey)
 	views := make([]nodeView, len(clients))
-	var wg sync.WaitGroup
-	for i, c := range clients {
-		wg.Go(func() { views[i] = inspectNode(ctx, c, "", fullKey, fk, hk) })
+	if script.CheckKey(fullKey) == nil { // run refuses the others before it waits
+		var wg sync.WaitGroup
+		for i, c := range clients {
+			wg.Go(func() {
+				nv, err := inspect.Read(ctx, c, fullKey)
+				nv.Err = err
+				views[i] = nodeViewOf(nv)
+			})
+		}
+		wg.Wait()
 	}
-	wg.Wait()
 	token, answered := "", 0
 	for _, v := range views {
 		switch {
@@ -47,7 +52,7 @@ func describeHolder(ctx context.Context, clients []redis.UniversalClient, fullKe
 		case v.State == "held" && token == "":
 			token = v.Token
 		}
-		if v.State != "error" {
+		if v.State == "held" || v.State == "free" {
 			answered++
 		}
 	}
