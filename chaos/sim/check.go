@@ -65,6 +65,9 @@ type Hold struct {
 	Cause     string        // lost: the lock's Err
 	HeldOn    []int         // the nodes that held its token at the grant
 	WrongType bool          // the lock's Err names WRONGTYPE
+	// Revoked (Revoke workload): > 0, an operator's forced release that
+	// may have deleted its token was sent then (revokework.go).
+	Revoked time.Duration
 }
 
 // Violation is one broken invariant. Hazard says a fault outside the
@@ -211,7 +214,12 @@ func (h *history) check(fenced bool) []Violation {
 		for i, a := range hs {
 			h.ex.count(InvOverlap, len(hs)-i-1)
 			for _, b := range hs[i+1:] {
-				if b.From >= a.To {
+				if a.Revoked > 0 && b.From >= a.Revoked && b.From < a.To {
+					// Mutual exclusion ended for a at the force, by
+					// design; fences must still rise.
+					h.ex.count(ExRevokeExcused, 1)
+				}
+				if b.From >= a.To || a.Revoked > 0 && b.From >= a.Revoked {
 					if fenced {
 						h.ex.count(InvFenceOrder, 1)
 					}

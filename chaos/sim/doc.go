@@ -272,6 +272,16 @@
 //     Three accounts. multi-quorum3: the general faults. multi-single: no
 //     faults, and every LockAll and DoAll must be granted within 10 s
 //     (set-wait: no deadlock, no key left behind).
+//   - revoke-single, revoke-quorum3 (revokework.go): locks kept by a
+//     Watchdog while their holders write to the fenced register, and an
+//     operator (the last client) who inspects keys (Locker.Inspect) and
+//     forces the release of those held by the token it saw
+//     (Locker.ForceRelease). A revoked hold is not in overlap with a hold
+//     granted after the force was sent, by design, and state-valid stops
+//     checking it; fences must still rise. inspect-true: a held key names
+//     a token some attempt sent for it (single: with its grant's fence).
+//     revoke-single has no faults, and a revoked holder must learn at its
+//     next renewal (revoke-lost); revoke-quorum3 has the general faults.
 //   - cluster-failover (clusterrepl.go): failover.New on a go-redis
 //     ClusterClient over three masters with a replica each (a quarter of
 //     the clients WithReplicas(1)); even clients lockClient, odd ones

@@ -229,7 +229,9 @@ func Run(sc Scenario, seed uint64, opts Options) *Result {
 	if w.ops != nil {
 		fenced = w.ops.fencing // single and failover with WithoutFencing
 	}
+	w.applyRevokes()
 	vs = append(vs, w.hist.check(fenced)...)
+	vs = append(vs, w.checkRevokes()...)
 	vs = append(vs, w.checkFIFO()...)
 	vs = append(vs, w.checkIdem()...)
 	wvs, wst := w.checkWatch()
@@ -279,6 +281,9 @@ func newWorld(sc Scenario, seed uint64, opts Options) *World {
 	start := time.Now()
 	ops := drawOps(seed, &sc) // the ops scenarios' options (nil elsewhere); may adjust sc
 	w := &World{seed: seed, sc: sc, opts: opts, start: start, hist: newHistory(start, opts.Log), ops: ops, verifyReadings: opts.verifyReadings, warmDraw: true}
+	if sc.Revoke {
+		w.revokeGrants, w.revokeSent = map[string]uint64{}, map[string]bool{}
+	}
 	w.net = newSched(w.flushState)
 	w.faults = makeSchedule(seed, &sc, sc.horizon())
 	w.resh = newReshard(w.faults)

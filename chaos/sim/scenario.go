@@ -106,6 +106,10 @@ type Scenario struct {
 	// and a release's pushes from each node reach one process's hubs
 	// while more than one of its waiters waits (wake-herd).
 	Waiters int
+	// Revoke: the clients keep their locks with a Watchdog and the last
+	// client is an operator who inspects keys and forces the release of
+	// those held (revokework.go).
+	Revoke bool
 	// Multi: the clients transfer between accounts under sets of two
 	// keys (multiwork.go), their Lockers kept by a renew.Watchdog of
 	// their own (LockAll keeps the keys it took while it waits).
@@ -221,6 +225,15 @@ var Scenarios = []Scenario{
 		Faults: true, Horizon: 450 * time.Millisecond, Client: (*World).multiClient},
 	{Name: "multi-single", Strategy: Single, Nodes: 1, Clients: 3, Keys: 3, Ops: 3, TTL: [2]time.Duration{60 * time.Millisecond, 300 * time.Millisecond}, Fencing: true, Multi: true,
 		Client: (*World).multiClient},
+	// revoke-single, revoke-quorum3: locks kept by a Watchdog, and an
+	// operator who inspects keys and forces the release of those held
+	// (Revoke; revokework.go). revoke-single without faults, so that a
+	// revoked holder must learn at its next renewal (revoke-lost);
+	// revoke-quorum3 under the general faults.
+	{Name: "revoke-single", Strategy: Single, Nodes: 1, Clients: 3, Keys: 2, Ops: 3, TTL: [2]time.Duration{60 * time.Millisecond, 300 * time.Millisecond}, Fencing: true, Revoke: true,
+		Client: (*World).revokeClient},
+	{Name: "revoke-quorum3", Strategy: Quorum, Nodes: 3, Clients: 3, Keys: 2, Ops: 3, TTL: [2]time.Duration{60 * time.Millisecond, 300 * time.Millisecond}, Fencing: true, Revoke: true,
+		Faults: true, Horizon: 600 * time.Millisecond, Client: (*World).revokeClient},
 	// ops-single, ops-quorum, ops-failover: every public lock operation
 	// in random sequences (opswork.go) with options drawn per seed and
 	// client (TTLs, loss margins, drift factors 0.01–0.2, fences on or

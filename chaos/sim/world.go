@@ -75,6 +75,12 @@ type World struct {
 	grants   map[string]grantRec // failover: acquisition token → its last grant
 	watchers map[int]watchInfo
 	closing  map[int]bool // failover: clients whose Watcher is closing (see failoverClient)
+	// Revoke scenarios (revokework.go): the forced releases sent, the
+	// fence of every kept grant by token, and every key+"\x00"+token
+	// some node was sent a script for.
+	revokes      []revocation
+	revokeGrants map[string]uint64
+	revokeSent   map[string]bool
 	// Wake scenarios (wakework.go): every Lock call and every release.
 	wakeWaits []wakeWait
 	wakeRels  []wakeRelease
@@ -310,6 +316,7 @@ const (
 	jitClusterFail
 	jitClusterRepl
 	jitMulti
+	jitRevoke
 )
 
 // jitterCtx returns ctx seeded for the library's jitter (internal/backoff:
