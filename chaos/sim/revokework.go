@@ -142,6 +142,12 @@ func (w *World) operator(ci int, locker *redlease.Locker, r *rand.Rand) {
 		if r.IntN(2) == 0 {
 			continue // looked only
 		}
+		if r.IntN(2) == 0 {
+			// The operator reads, then confirms (the CLI's prompt): the
+			// key may change hands meanwhile, and the force, by the
+			// token seen, must then delete nothing.
+			sleep(ms(r, 0, 150))
+		}
 		rv := revocation{key: key, token: in.Token, sent: w.hist.now()}
 		w.revokeIntent(in.Token)
 		ctx, cancel = context.WithTimeout(context.Background(), 300*time.Millisecond)
