@@ -37,6 +37,7 @@ func Key(t *testing.T) string {
 // Run runs the suite; setup is called once per subtest.
 func Run(t *testing.T, setup func(t *testing.T) Setup) {
 	runLockSet(t, setup)
+	runSemaphore(t, setup)
 	t.Run("AcquireExtendRelease", func(t *testing.T) {
 		s := setup(t)
 		ctx, key := t.Context(), Key(t)
