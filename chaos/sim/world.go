@@ -310,6 +310,7 @@ const (
 	jitClusterFail
 	jitClusterRepl
 	jitMulti
+	jitSem
 )
 
 // jitterCtx returns ctx seeded for the library's jitter (internal/backoff:
