@@ -2,6 +2,7 @@ package sim
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -31,6 +32,13 @@ const InvSemBound = "sem-bound"
 // expire.
 const InvSemWait = "sem-wait"
 
+// InvSemHeldKind: TryAcquire or Acquire answered "all held"
+// (ErrNotObtained, not ErrUnavailable) while a slot it tried was
+// undecided (its error ErrUnavailable) and the call's ctx had not ended:
+// an outage is never "all held". No fault excuses it. Examined: calls
+// answered "all held".
+const InvSemHeldKind = "sem-held-kind"
+
 // semName is the semaphore of the Sem workload.
 const semName = "s"
 
@@ -43,6 +51,7 @@ const semWait = 10 * time.Second
 func init() {
 	examinedIn[InvSemBound] = func(sc *Scenario) bool { return sc.Permits > 0 }
 	examinedIn[InvSemWait] = func(sc *Scenario) bool { return sc.Permits > 0 && !sc.Faults }
+	examinedIn[InvSemHeldKind] = func(sc *Scenario) bool { return sc.Permits > 0 }
 }
 
 // semClient is one Sem client (see above).
@@ -68,6 +77,7 @@ func (w *World) semClient(ci int, locker *redlease.Locker, r *rand.Rand) {
 				lk, err = sem.Acquire(ctx, opts...)
 			}
 			w.checkCtx(ci, via, semName, start, cd, true)
+			w.semHeldKind(ctx, ci, seq, via, err)
 			if err == nil {
 				var release func(context.Context) error
 				if via != "abandon" {
@@ -100,6 +110,31 @@ func (w *World) semClient(ci int, locker *redlease.Locker, r *rand.Rand) {
 			continue
 		}
 		sleep(ms(r, 0, 20))
+	}
+}
+
+// semHeldKind checks sem-held-kind for one TryAcquire or Acquire that
+// returned err under ctx.
+func (w *World) semHeldKind(ctx context.Context, ci, seq int, via string, err error) {
+	if !errors.Is(err, redlease.ErrNotObtained) || errors.Is(err, redlease.ErrUnavailable) {
+		return
+	}
+	w.hist.ex.count(InvSemHeldKind, 1)
+	if ctx.Err() != nil {
+		return // slots the deadline cut short decide nothing
+	}
+	var pe *redlease.PermitError
+	if !errors.As(err, &pe) {
+		w.hist.violation(Violation{Inv: InvSemHeldKind, At: w.hist.now(), Detail: fmt.Sprintf(
+			"c%d#%d %s: answered \"all held\" without the slots' errors (*redlease.PermitError): %v", ci, seq, via, err)})
+		return
+	}
+	for i, e := range pe.Slots {
+		if e != nil && errors.Is(e, redlease.ErrUnavailable) {
+			w.hist.violation(Violation{Inv: InvSemHeldKind, At: w.hist.now(), Detail: fmt.Sprintf(
+				"c%d#%d %s: answered \"all held\" (ErrNotObtained) with slot %d undecided: %v", ci, seq, via, i, err)})
+			return
+		}
 	}
 }
 
