@@ -2,7 +2,7 @@
 # table.sh: the simulator's power table. For each mutant (a library bug
 # put back by a go build overlay: NN-name.patch here), build the
 # chaos/sim test binary once with the overlay, run make test's simulator
-# command (the 21-scenario rotation, -seeds 10000) with -stopfail from each
+# command (the lock rotation, -seeds 10000) with -stopfail from each
 # starting seed, replay each first find, and print a markdown table.
 #
 #   chaos/mutants/table.sh                          # every mutant
