@@ -78,15 +78,30 @@ func (l *Locker) Semaphore(name string, n int) (*Semaphore, error) {
 	return &Semaphore{l: l, name: name, slots: slots}, nil
 }
 
-// Name returns the semaphore's name, as given.
-func (s *Semaphore) Name() string { return s.name }
+// Name returns the semaphore's name, as given ("" for a nil Semaphore).
+func (s *Semaphore) Name() string {
+	if s == nil {
+		return ""
+	}
+	return s.name
+}
 
-// Permits returns N, the number of permits.
-func (s *Semaphore) Permits() int { return len(s.slots) }
+// Permits returns N, the number of permits (0 for a nil Semaphore).
+func (s *Semaphore) Permits() int {
+	if s == nil {
+		return 0
+	}
+	return len(s.slots)
+}
 
 // Slots returns the slots' keys (without the Locker's prefix), slot i at
 // index i: a permit's Lock.Key is one of them.
-func (s *Semaphore) Slots() []string { return append([]string(nil), s.slots...) }
+func (s *Semaphore) Slots() []string {
+	if s == nil {
+		return nil
+	}
+	return append([]string(nil), s.slots...)
+}
 
 // TryAcquire tries each slot once, one after another from a slot drawn at
 // random, and returns the first permit granted. It never waits for a
@@ -94,8 +109,10 @@ func (s *Semaphore) Slots() []string { return append([]string(nil), s.slots...) 
 // ErrUnavailable if the nodes decided no answer for at least one slot (an
 // outage is never "all held"), and ErrNotObtained if every slot it tried
 // was refused as held; ErrDenied and ErrInvalid are returned at once. If
-// ctx ends first, the error also errors.Is ctx's error. Options apply to
-// the permit as to TryLock's lock (WithTTL, WithLossMargin, ...).
+// ctx ends first, the error also errors.Is ctx's error; TryAcquire
+// returns by ctx's deadline. Options apply to the permit as to TryLock's
+// lock (WithTTL, WithLossMargin, ...). A nil or zero Semaphore returns
+// ErrInvalid.
 func (s *Semaphore) TryAcquire(ctx context.Context, opts ...LockOption) (*Lock, error) {
 	c, err := s.config(opts)
 	if err != nil {
@@ -159,8 +176,8 @@ const (
 // config is the call's config (the Locker's defaults and opts), checked
 // as a lock's on the first slot.
 func (s *Semaphore) config(opts []LockOption) (lockConfig, error) {
-	if s == nil {
-		return lockConfig{}, Invalid("nil Semaphore")
+	if s == nil || len(s.slots) == 0 {
+		return lockConfig{}, Invalid("nil Semaphore, or not made by Locker.Semaphore")
 	}
 	return s.l.config(s.slots[0], opts)
 }
