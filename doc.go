@@ -135,6 +135,28 @@
 // LockAll for another can still wait in a cycle with a set holding the
 // other.
 //
+// # At most N holders: Semaphore
+//
+// Locker.Semaphore(name, n) hands out at most n permits at once. It is n
+// ordinary lock keys, its slots "<name>#0" to "<name>#<n-1>", and a permit
+// is the *Lock of one slot, taken through the strategy's Acquire: it has
+// its own token, fence and Until, is renewed by a Keeper (Semaphore.Do;
+// a renew.Watchdog) and lost or released exactly as a Lock. No script is
+// added. So "never more than n permits believed held" is each slot's
+// mutual exclusion, on every strategy and under its own assumptions (on a
+// quorum, each slot is a Redlock key with its own majority). TryAcquire
+// tries each slot once, from one drawn at random, and answers
+// ErrUnavailable, not ErrNotObtained, when a slot was undecided: an outage
+// is never "all held". Acquire polls the slots in rounds with the
+// Locker's backoff, each wait cut at the shortest remaining TTL a refusal
+// reported.
+//
+// What it does not do: fences rise per slot, not across slots (storage
+// keeps the highest fence per slot key); waiters are not served in order,
+// and a release wakes none of them; a holder paused past its TTL believes
+// in its permit as a Lock's holder does; and callers must agree on n (one
+// that opens the name with a larger n lets that many in).
+//
 // # Extending a lock
 //
 // Lock.Extend has the nodes keep the key at least its TTL from when they

@@ -683,6 +683,12 @@ func (l *Locker) Do(ctx context.Context, key string, fn func(ctx context.Context
 	if err != nil {
 		return err
 	}
+	return l.runKept(ctx, c, lk, fn)
+}
+
+// runKept is Do once lk is taken: fn runs under lk, kept alive by the
+// call's keeper, and lk is released after fn returned (see Do).
+func (l *Locker) runKept(ctx context.Context, c lockConfig, lk *Lock, fn func(ctx context.Context, lk *Lock) error) (err error) {
 	stopKeeping := func() {}
 	switch {
 	case c.noKeeper:

@@ -282,6 +282,15 @@
 //     a token some attempt sent for it (single: with its grant's fence).
 //     revoke-single has no faults, and a revoked holder must learn at its
 //     next renewal (revoke-lost); revoke-quorum3 has the general faults.
+//   - sem-quorum3, sem-single (semwork.go): four clients take permits of
+//     one semaphore of two (Locker.Semaphore: TryAcquire, Acquire, Do,
+//     and Acquire of a permit then abandoned as by a crashed holder),
+//     every client's Locker kept by a Watchdog of its own; each permit is
+//     a hold of its slot key, sem-bound counts the permits believed held
+//     at once (never more than two), and sem-held-kind checks that "all
+//     held" is never answered with a slot undecided. sem-quorum3: the
+//     general faults. sem-single: no faults, and every Acquire and Do
+//     must be granted within 10 s (sem-wait).
 //   - cluster-failover (clusterrepl.go): failover.New on a go-redis
 //     ClusterClient over three masters with a replica each (a quarter of
 //     the clients WithReplicas(1)); even clients lockClient, odd ones

@@ -104,18 +104,33 @@ func (w *World) multiClient(ci int, locker *redlease.Locker, r *rand.Rand) {
 	}
 }
 
-// holdSet runs a set's hold: a Hold per lock, writes to each key's fenced
-// register while the set says it is valid, and (release) the set's
-// release. It returns what ends the hold: waiting for every lock's Lost,
-// and recording the Holds (DoAll's release comes after fn returned, so
-// its caller runs it after DoAll).
+// holdSet runs a set's hold (holdLocks), after checking that the set was
+// handed out valid as a whole (set-whole); release: the set's release
+// ends it.
 func (w *World) holdSet(ci, seq int, via string, ttl time.Duration, set *redlease.LockSet, r *rand.Rand, release bool) (finish func()) {
 	w.hist.ex.count(InvSetWhole, 1)
 	if !set.Valid() {
 		w.hist.violation(Violation{Inv: InvSetWhole, At: w.hist.now(), Detail: fmt.Sprintf(
 			"c%d#%d %s %v handed out a set not valid as a whole: %v", ci, seq, via, set.Keys(), short(set.Err()))})
 	}
-	locks := set.Locks()
+	var rel func(context.Context) error
+	if release {
+		rel = set.Release
+	}
+	return w.holdLocks(ci, seq, via, ttl, set.Locks(), set.Valid, rel, r)
+}
+
+// holdLocks runs the hold of locks held together (a set's, or one
+// permit): a Hold per lock, writes to each key's fenced register while
+// valid says so, and (release not nil) the release. It returns what
+// ends the hold: waiting for every lock's Lost, and recording the Holds
+// (a release by DoAll or Do comes after fn returned, so its caller runs
+// it after that call).
+func (w *World) holdLocks(ci, seq int, via string, ttl time.Duration, locks []*redlease.Lock, valid func() bool, release func(context.Context) error, r *rand.Rand) (finish func()) {
+	keys := make([]string, len(locks))
+	for i, lk := range locks {
+		keys[i] = lk.Key()
+	}
 	holds := make([]*Hold, len(locks))
 	lives := make([]*liveLock, len(locks))
 	done := make(chan int, len(locks))
@@ -134,24 +149,24 @@ func (w *World) holdSet(ci, seq int, via string, ttl time.Duration, set *redleas
 	steps := r.IntN(min(3, w.sc.holdSteps()))
 	for step := range steps {
 		sleep(time.Duration(r.Int64N(int64(ttl * 7 / 10))))
-		if set.Valid() {
+		if valid() {
 			sleep(w.writePause(ci, seq, step, ttl))
 			for _, lk := range locks {
 				w.hist.write(ci, seq, lk.Key(), lk.Fence())
 			}
 		}
 	}
-	if release {
+	if release != nil {
 		d := ms(r, 20, 200)
 		ctx, cancel := context.WithTimeout(context.Background(), d)
 		at := w.hist.now()
 		for _, hd := range holds {
 			hd.RelSent = at
 		}
-		err := set.Release(ctx)
+		err := release(ctx)
 		cancel()
-		w.checkCtx(ci, "release", strings.Join(set.Keys(), "+"), at, d, false)
-		w.hist.logf("c%d#%d release %v: %v", ci, seq, set.Keys(), short(err))
+		w.checkCtx(ci, "release", strings.Join(keys, "+"), at, d, false)
+		w.hist.logf("c%d#%d release %v: %v", ci, seq, keys, short(err))
 	}
 	return func() {
 		for range locks {

@@ -114,6 +114,10 @@ type Scenario struct {
 	// keys (multiwork.go), their Lockers kept by a renew.Watchdog of
 	// their own (LockAll keeps the keys it took while it waits).
 	Multi bool
+	// Permits: the clients take permits of one semaphore of Permits
+	// permits (semwork.go), their Lockers kept by a renew.Watchdog of
+	// their own (Semaphore.Do renews its permit); 0: no semaphore.
+	Permits int
 	// Group: the rotation the scenario belongs to: "" the lock rotation
 	// (Rotation), "idem" the idempotency rotation (IdemRotation), "fence"
 	// the fence-expiry rotation (FenceRotation).
@@ -234,6 +238,16 @@ var Scenarios = []Scenario{
 		Client: (*World).revokeClient},
 	{Name: "revoke-quorum3", Strategy: Quorum, Nodes: 3, Clients: 3, Keys: 2, Ops: 3, TTL: [2]time.Duration{60 * time.Millisecond, 300 * time.Millisecond}, Fencing: true, Revoke: true,
 		Faults: true, Horizon: 600 * time.Millisecond, Client: (*World).revokeClient},
+	// sem-quorum3, sem-single: permits of a semaphore of two (Permits:
+	// TryAcquire, Acquire, Do, and Acquire of a permit then abandoned as
+	// by a crashed holder; semwork.go), four clients on its two slots.
+	// sem-quorum3 under the general faults; sem-single without faults,
+	// so that every Acquire and Do must be granted within semWait
+	// (sem-wait: permits released or expired come back to waiters).
+	{Name: "sem-quorum3", Strategy: Quorum, Nodes: 3, Clients: 4, Keys: 1, Ops: 3, TTL: [2]time.Duration{60 * time.Millisecond, 300 * time.Millisecond}, Fencing: true, Permits: 2,
+		Faults: true, Horizon: 450 * time.Millisecond, Client: (*World).semClient},
+	{Name: "sem-single", Strategy: Single, Nodes: 1, Clients: 4, Keys: 1, Ops: 3, TTL: [2]time.Duration{60 * time.Millisecond, 300 * time.Millisecond}, Fencing: true, Permits: 2,
+		Client: (*World).semClient},
 	// ops-single, ops-quorum, ops-failover: every public lock operation
 	// in random sequences (opswork.go) with options drawn per seed and
 	// client (TTLs, loss margins, drift factors 0.01–0.2, fences on or

@@ -317,6 +317,7 @@ const (
 	jitClusterRepl
 	jitMulti
 	jitRevoke
+	jitSem
 )
 
 // jitterCtx returns ctx seeded for the library's jitter (internal/backoff:
