@@ -708,17 +708,25 @@ func (l *Locker) runKept(ctx context.Context, c lockConfig, lk *Lock, fn func(ct
 		relCtx, relCancel := context.WithTimeout(context.WithoutCancel(ctx), releaseBound(lk))
 		_ = lk.Release(relCtx)
 		relCancel()
-		switch {
-		case lost == nil:
-		case err == nil:
-			err = lost
-		case errors.Is(err, lost):
-			// fn returned its ctx's cause: the loss itself.
-		default:
-			err = alsoLost{err, lost}
-		}
+		err = withLoss(err, lost)
 	}()
 	return fn(fnCtx, lk)
+}
+
+// withLoss is what Do and DoAll return: fn's error err, and the loss of
+// their lock (lost, nil if none) before fn returned: the loss alone when
+// fn returned nil or the loss itself (its ctx's cause), both otherwise.
+func withLoss(err, lost error) error {
+	switch {
+	case lost == nil:
+		return err
+	case err == nil:
+		return lost
+	case errors.Is(err, lost):
+		return err // fn returned its ctx's cause: the loss itself
+	default:
+		return alsoLost{err, lost}
+	}
 }
 
 // alsoLost is fn's error and the loss of Do's lock before fn returned, on

@@ -237,15 +237,7 @@ func (l *Locker) DoAll(ctx context.Context, keys []string, fn func(ctx context.C
 		stopKeeping()
 		lost := set.Err() // read before Release: a set released in time is not lost
 		releaseAll(ctx, set.locks)
-		switch {
-		case lost == nil:
-		case err == nil:
-			err = lost
-		case errors.Is(err, lost):
-			// fn returned its ctx's cause: the loss itself.
-		default:
-			err = alsoLost{err, lost}
-		}
+		err = withLoss(err, lost)
 	}()
 	return fn(fnCtx, set)
 }
