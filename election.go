@@ -125,10 +125,12 @@ func (e *Election) Campaign(ctx context.Context, value string, opts ...LockOptio
 	if err != nil {
 		return nil, err
 	}
-	el, ok := c.strategy.(Elector)
-	if !ok {
-		return nil, Invalid("strategy %T cannot hold an election", c.strategy)
+	if !comparableStrategy(c.strategy) || c.strategy != e.l.defaults.strategy {
+		// Leader and Observe read through the Locker's strategy: a
+		// campaign elsewhere would lead an election nobody sees.
+		return nil, Invalid("Campaign: WithStrategy %T: an election campaigns through its Locker's strategy", c.strategy)
 	}
+	el := e.el
 	lk, err := e.l.wait(ctx, c, e.key)
 	if err != nil {
 		return nil, err

@@ -217,3 +217,48 @@ func TestElectionRefusesQuorum(t *testing.T) {
 	_, err = redlease.NewElection(nil, "k")
 	require.ErrorIs(t, err, redlease.ErrInvalid)
 }
+
+// TestElectionBoundedOnPausedNode: with go-redis's default client options,
+// a paused node makes Leader return ErrUnavailable within the call bound
+// (never a leader), and an Observe whose ctx ends closes its channel
+// within its poll, while the node stays paused.
+func TestElectionBoundedOnPausedNode(t *testing.T) {
+	srv := redistest.Start(t, redistest.Config{})
+	strategy, err := single.New(srv.Client())
+	require.NoError(t, err)
+	probe := redistest.StartStallProbe(t)
+	l := newLocker(t, strategy, redlease.WithTTL(10*time.Second))
+	e, err := redlease.NewElection(l, "elect:paused")
+	require.NoError(t, err)
+	ld, err := e.Campaign(t.Context(), "A")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ld.Resign(context.Background()) })
+	obsCtx, stopObs := context.WithCancel(t.Context())
+	obs := e.Observe(obsCtx)
+	require.Equal(t, redlease.Leader{Term: ld.Term(), Value: "A"}, <-obs)
+
+	srv.Pause()
+	resumed := false
+	resume := func() {
+		if !resumed {
+			resumed = true
+			srv.Resume()
+		}
+	}
+	t.Cleanup(resume)
+	began := time.Now()
+	_, err = e.Leader(t.Context())
+	took := time.Since(began)
+	require.ErrorIs(t, err, redlease.ErrUnavailable)
+	require.NotErrorIs(t, err, redlease.ErrNoLeader)
+	ok, why := probe.Within(took, redlease.DefaultCallBound+50*time.Millisecond, 3, began)
+	assert.True(t, ok, "Leader on a paused node: %s", why)
+
+	began = time.Now()
+	stopObs()
+	for range obs { // drains, then ends when the goroutine closes it
+	}
+	ok, why = probe.Within(time.Since(began), redlease.DefaultCallBound+redlease.DefaultMaxRetryDelay+50*time.Millisecond, 3, began)
+	assert.True(t, ok, "Observe's channel closed after its ctx ended: %s", why)
+	resume()
+}

@@ -9,7 +9,9 @@ import (
 
 // Leadership is one term of an election won by Campaign: the lock on the
 // election's key, kept alive by the Locker's keeper, and the value
-// recorded beside it. Its methods are safe for concurrent use.
+// recorded beside it. Its methods are safe for concurrent use, and on a
+// nil *Leadership (which leads nothing: Proclaim and Resign return
+// ErrNotHeld, Lost is closed, Term is 0).
 //
 // A Leadership moves one way: leading → resigned, or leading → lost. Once
 // Lost is closed it never leads again; campaign anew for a new term.
@@ -31,10 +33,18 @@ type Leadership struct {
 // every earlier leader's term of the election (under the strategy's
 // assumptions). Pass it to storage that refuses writes with a term below
 // the highest it accepted: a deposed leader's writes are then refused.
-func (ld *Leadership) Term() uint64 { return ld.lk.Fence() }
+func (ld *Leadership) Term() uint64 {
+	if ld == nil {
+		return 0
+	}
+	return ld.lk.Fence()
+}
 
 // Value returns the value this leader last recorded.
 func (ld *Leadership) Value() string {
+	if ld == nil {
+		return ""
+	}
 	ld.mu.Lock()
 	defer ld.mu.Unlock()
 	return ld.value
@@ -42,22 +52,27 @@ func (ld *Leadership) Value() string {
 
 // Lock returns the lock behind the leadership: its Until, Deadline and
 // Token. Release it through Resign, not directly.
-func (ld *Leadership) Lock() *Lock { return ld.lk }
+func (ld *Leadership) Lock() *Lock {
+	if ld == nil {
+		return nil
+	}
+	return ld.lk
+}
 
 // Lost returns a channel that is closed once this process stops leading:
 // the lock is lost (a renewal found it gone, its validity ran out, a
 // Proclaim found another holder) or the leader resigned (see Lock.Lost).
-func (ld *Leadership) Lost() <-chan struct{} { return ld.lk.Lost() }
+func (ld *Leadership) Lost() <-chan struct{} { return ld.Lock().Lost() }
 
 // Err returns nil while leading (or after a clean Resign), and an error
 // that errors.Is ErrLost once the leadership is lost (see Lock.Err).
-func (ld *Leadership) Err() error { return ld.lk.Err() }
+func (ld *Leadership) Err() error { return ld.Lock().Err() }
 
 // Context returns a copy of parent that is cancelled once Lost closes,
 // with Err as its cause (see Lock.Context). Run the leader's work under
 // it; stop detaches it.
 func (ld *Leadership) Context(parent context.Context) (ctx context.Context, stop func()) {
-	return ld.lk.Context(parent)
+	return ld.Lock().Context(parent)
 }
 
 // Proclaim records value as the leader's, and publishes it to observers,
@@ -69,6 +84,9 @@ func (ld *Leadership) Context(parent context.Context) (ctx context.Context, stop
 // leader's, which also marks the leadership lost. It is bounded by the
 // strategy's call bound or ctx.
 func (ld *Leadership) Proclaim(ctx context.Context, value string) error {
+	if ld == nil {
+		return ErrNotHeld
+	}
 	if err := ld.proclaim(ctx, value, true); err != nil {
 		return err
 	}
@@ -123,6 +141,9 @@ func (ld *Leadership) refresh() {
 // reports no leader once the key is gone. It returns the release's error
 // (ErrNotHeld: the leadership had already been lost).
 func (ld *Leadership) Resign(ctx context.Context) error {
+	if ld == nil {
+		return ErrNotHeld
+	}
 	return ld.resign(ctx)
 }
 
