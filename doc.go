@@ -249,8 +249,8 @@
 // an equal term. failover: the same, except that grants and records
 // stand only once replicas acknowledged them (WAIT), which narrows that
 // window to a failover that promotes a replica that did not acknowledge
-// (see package failover); its Watcher revokes the leadership on a
-// failover (Lost closes). quorum: not supported. The record would have to be written on a majority under the
+// (see package failover); a failover.Watcher, where one runs, revokes
+// the leadership on a failover (Lost closes). quorum: not supported. The record would have to be written on a majority under the
 // token compare and read as a majority, and observers would have to
 // combine notices from every node; until that is built and tested,
 // NewElection refuses a quorum strategy (and any strategy without
