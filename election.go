@@ -116,6 +116,10 @@ func (e *Election) Key() string { return e.key }
 // WithoutKeeper is allowed: the leadership then ends within its first
 // TTL, less the loss margin, unless the caller extends its lock.
 //
+// The Leadership owns one goroutine, which keeps the leader's record alive
+// as long as its lock (a refresh under the token compare every third of
+// the lock's TTL); it ends with Resign (which waits for it) or the loss.
+//
 // Campaign returns the error of Lock if it was not elected (ctx's error
 // among it), and, if it was elected but could not record its value, that
 // error after releasing the key (the record is written only under the
