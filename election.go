@@ -122,8 +122,10 @@ func (e *Election) Key() string { return e.key }
 //
 // Campaign returns the error of Lock if it was not elected (ctx's error
 // among it), and, if it was elected but could not record its value, that
-// error after releasing the key (the record is written only under the
-// lock's token, so a failed record never names this caller).
+// error, and releases the key within the strategy's call bound (in the
+// background when ctx has a deadline or is done, so that Campaign returns
+// by ctx's deadline). A record that failed never names this caller once
+// the key is released: Leader reports a record only beside its holder.
 func (e *Election) Campaign(ctx context.Context, value string, opts ...LockOption) (*Leadership, error) {
 	c, err := e.l.config(e.key, opts)
 	if err != nil {
@@ -151,9 +153,18 @@ func (e *Election) Campaign(ctx context.Context, value string, opts ...LockOptio
 		stop: make(chan struct{}), done: make(chan struct{})}
 	if err := ld.proclaim(ctx, value, true); err != nil {
 		close(ld.done)
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseBound(lk))
-		_ = ld.resign(rctx)
-		cancel()
+		resign := func() {
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseBound(lk))
+			_ = ld.resign(rctx)
+			cancel()
+		}
+		if _, ok := ctx.Deadline(); ok || ctx.Err() != nil {
+			// The release must not hold the caller past its deadline:
+			// it finishes in the background, within its bound.
+			go resign()
+		} else {
+			resign()
+		}
 		return nil, fmt.Errorf("redlease: elected, but the leader's value was not recorded: %w", err)
 	}
 	go ld.refresh()
