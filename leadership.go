@@ -136,7 +136,9 @@ func (ld *Leadership) refresh() {
 }
 
 // Resign gives the leadership up: it stops renewing, and releases the
-// election's key (Lock.Release), which wakes the next campaigner. The
+// election's key (Lock.Release: the leadership ends, and Lost closes, as
+// the release is sent), which wakes the next campaigner; then it waits
+// for the record's refresh goroutine, which ends with the release. The
 // leader's record stays until it expires, but no longer counts: Leader
 // reports no leader once the key is gone. It returns the release's error
 // (ErrNotHeld: the leadership had already been lost).
@@ -149,7 +151,11 @@ func (ld *Leadership) Resign(ctx context.Context) error {
 
 func (ld *Leadership) resign(ctx context.Context) error {
 	ld.once.Do(func() { close(ld.stop) })
-	<-ld.done
 	ld.stopKeeping()
-	return ld.lk.Release(ctx)
+	// The hold ends as the release is sent (Lost closes then), not after
+	// a refresh still in flight: that one compares the token, and the
+	// refresh goroutine is joined after.
+	err := ld.lk.Release(ctx)
+	<-ld.done
+	return err
 }
