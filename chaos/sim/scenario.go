@@ -114,6 +114,10 @@ type Scenario struct {
 	// keys (multiwork.go), their Lockers kept by a renew.Watchdog of
 	// their own (LockAll keeps the keys it took while it waits).
 	Multi bool
+	// Elect: the clients campaign for the leadership of one election
+	// (electwork.go), their Lockers kept by a renew.Watchdog of their
+	// own.
+	Elect bool
 	// Group: the rotation the scenario belongs to: "" the lock rotation
 	// (Rotation), "idem" the idempotency rotation (IdemRotation), "fence"
 	// the fence-expiry rotation (FenceRotation).
@@ -234,6 +238,12 @@ var Scenarios = []Scenario{
 		Client: (*World).revokeClient},
 	{Name: "revoke-quorum3", Strategy: Quorum, Nodes: 3, Clients: 3, Keys: 2, Ops: 3, TTL: [2]time.Duration{60 * time.Millisecond, 300 * time.Millisecond}, Fencing: true, Revoke: true,
 		Faults: true, Horizon: 600 * time.Millisecond, Client: (*World).revokeClient},
+	// elect-single: leader election (Elect; electwork.go) on one
+	// primary without faults, so that a resigned leader's late
+	// proclamation must be refused (elect-late). The quorum strategy
+	// holds no election (redlease.NewElection refuses it).
+	{Name: "elect-single", Strategy: Single, Nodes: 1, Clients: 3, Keys: 1, Ops: 3, TTL: [2]time.Duration{60 * time.Millisecond, 300 * time.Millisecond}, Fencing: true, Elect: true,
+		Client: (*World).electClient},
 	// ops-single, ops-quorum, ops-failover: every public lock operation
 	// in random sequences (opswork.go) with options drawn per seed and
 	// client (TTLs, loss margins, drift factors 0.01–0.2, fences on or
