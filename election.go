@@ -65,15 +65,16 @@ var ErrNoLeader = errors.New("redlease: no leader")
 // time, each with a term (its lock's fence) strictly above every earlier
 // leader's, under the strategy's assumptions (see the package
 // documentation, Leader election). It is safe for concurrent use; one
-// Election serves any number of Campaign, Leader and Observe calls.
+// Election serves any number of Campaign, Leader and Observe calls. On a
+// nil *Election, Campaign and Leader return ErrInvalid and Observe a
+// closed channel.
 type Election struct {
-	l      *Locker
-	key    string // as given
-	full   string // with the Locker's prefix
-	el     Elector
-	poll   time.Duration // Observe's fallback poll
-	bound  time.Duration // each call to the strategy
-	margin time.Duration
+	l     *Locker
+	key   string // as given
+	full  string // with the Locker's prefix
+	el    Elector
+	poll  time.Duration // Observe's fallback poll
+	bound time.Duration // each call to the strategy
 }
 
 // NewElection returns the election on key of l's default strategy. The
@@ -104,7 +105,12 @@ func NewElection(l *Locker, key string) (*Election, error) {
 }
 
 // Key returns the election's key as given (without the Locker's prefix).
-func (e *Election) Key() string { return e.key }
+func (e *Election) Key() string {
+	if e == nil {
+		return ""
+	}
+	return e.key
+}
 
 // Campaign waits until this caller is elected, and records value as the
 // leader's: it takes the election's key as Locker.Lock does (retries,
@@ -127,6 +133,9 @@ func (e *Election) Key() string { return e.key }
 // by ctx's deadline). A record that failed never names this caller once
 // the key is released: Leader reports a record only beside its holder.
 func (e *Election) Campaign(ctx context.Context, value string, opts ...LockOption) (*Leadership, error) {
+	if e == nil {
+		return nil, Invalid("nil Election")
+	}
 	c, err := e.l.config(e.key, opts)
 	if err != nil {
 		return nil, err
@@ -178,6 +187,9 @@ func (e *Election) Campaign(ctx context.Context, value string, opts ...LockOptio
 // ctx. It returns an error that errors.Is ErrNoLeader when there is none
 // to report, ErrUnavailable when the node did not answer.
 func (e *Election) Leader(ctx context.Context) (Leader, error) {
+	if e == nil {
+		return Leader{}, Invalid("nil Election")
+	}
 	ctx, cancel := context.WithTimeout(ctx, e.bound)
 	defer cancel()
 	return e.el.Leader(ctx, e.full)
@@ -200,6 +212,10 @@ func (e *Election) Leader(ctx context.Context) (Leader, error) {
 // reader is away is reported once, at its latest.
 func (e *Election) Observe(ctx context.Context) <-chan Leader {
 	ch := make(chan Leader)
+	if e == nil {
+		close(ch)
+		return ch
+	}
 	go e.observe(ctx, ch)
 	return ch
 }

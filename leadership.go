@@ -119,7 +119,7 @@ func (ld *Leadership) proclaim(ctx context.Context, value string, write bool) er
 // of the lock's TTL at a time, until Resign or the loss.
 func (ld *Leadership) refresh() {
 	defer close(ld.done)
-	t := time.NewTimer(ld.lk.TTL() / 3)
+	t := time.NewTimer(refreshEvery(ld.lk))
 	defer t.Stop()
 	lost := ld.lk.Lost()
 	for {
@@ -131,9 +131,13 @@ func (ld *Leadership) refresh() {
 		case <-t.C:
 		}
 		_ = ld.proclaim(context.Background(), "", false)
-		t.Reset(ld.lk.TTL() / 3)
+		t.Reset(refreshEvery(ld.lk))
 	}
 }
+
+// refreshEvery is the interval of a leader's record refresh: a third of
+// its lock's TTL, at least a millisecond.
+func refreshEvery(lk *Lock) time.Duration { return max(lk.TTL()/3, time.Millisecond) }
 
 // Resign gives the leadership up: it stops renewing, and releases the
 // election's key (Lock.Release: the leadership ends, and Lost closes, as
