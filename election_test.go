@@ -107,7 +107,9 @@ func TestElectionDeposesPausedLeader(t *testing.T) {
 
 	// The round trip, measured: the worst of a few reads of the election.
 	const ttl = 500 * time.Millisecond
-	observer := newLocker(t, strategy, redlease.WithTTL(ttl))
+	// The observers poll only every 5 s (the max retry delay): within the
+	// window below, only the new leader's notice can tell them.
+	observer := newLocker(t, strategy, redlease.WithTTL(ttl), redlease.WithRetryDelay(time.Second, 5*time.Second))
 	eo, err := redlease.NewElection(observer, key)
 	require.NoError(t, err)
 	var rtt time.Duration
