@@ -146,4 +146,5 @@ func (w *leaderWatch) Wait(ctx context.Context, d time.Duration) (bool, error) {
 	return false, nil
 }
 
+// Close ends the subscription and closes its connection.
 func (w *leaderWatch) Close() error { return w.ps.Close() }
