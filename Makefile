@@ -124,7 +124,8 @@ test-small: vet-small
 test-sim:
 	@$(call timed,simulator budgets,$(GO) -C chaos vet $(TRIM) ./sim/ && $(GO) -C chaos test $(TRIM) -count=1 -timeout $(TEST_TIMEOUT) ./sim/ -run 'TestSim$$|TestMatchPatterns$$' -seeds 10000 && \
 	  $(GO) -C chaos test $(TRIM) -count=1 -timeout $(TEST_TIMEOUT) ./sim/ -run 'TestSim$$' -rotation idem -seeds 4000 && \
-	  $(GO) -C chaos test $(TRIM) -count=1 -timeout $(TEST_TIMEOUT) ./sim/ -run 'TestSim$$' -rotation fence -seeds 900)
+	  $(GO) -C chaos test $(TRIM) -count=1 -timeout $(TEST_TIMEOUT) ./sim/ -run 'TestSim$$' -rotation fence -seeds 900 && \
+	  $(GO) -C chaos test $(TRIM) -count=1 -timeout $(TEST_TIMEOUT) ./sim/ -run 'TestSim$$' -rotation elect -seeds 2000)
 
 # timed,NAME,COMMAND: runs COMMAND, then says how long NAME took (wall and
 # CPU, children included) and how it ended.

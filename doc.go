@@ -241,6 +241,54 @@
 // that checks fences refuses its writes. Force a holder that is stuck or
 // gone, never one that is working.
 //
+// # Leader election
+//
+// An Election (NewElection) is a leader election on one lock key, shaped
+// like etcd's concurrency.Election. The leader is the holder of the key,
+// and its term is its lock's fence: Leadership.Term is strictly above
+// every earlier leader's term, so storage that refuses writes with a term
+// below the highest it accepted refuses a deposed leader's writes.
+// Campaign waits for the key as Lock does (retries, wake on release),
+// keeps it alive with the Locker's keeper as Do does, and records the
+// leader's value beside it (redlease:leader:…, in the reserved namespace
+// and the key's cluster slot, living at least as long as the lock key),
+// written only in one atomic step with a compare of the lock's token: a
+// deposed leader's Proclaim is refused (ErrNotHeld), never written over a
+// newer leader's value, and Leader reads the holder and the record in one
+// step and reports a record only beside its own holder (otherwise
+// ErrNoLeader; ErrUnavailable on an outage, never another leader). Observe
+// subscribes to the election's proclamations and releases and reads the
+// leader on each notice, with a poll every max retry delay for notices
+// lost; it reports terms rising, and its goroutine ends with its ctx.
+//
+// What each strategy guarantees. single: one leader at a time and rising
+// terms under the assumptions of a grant (the primary keeps its data). A
+// failover of the primary before it replicated the grant can elect two
+// leaders at once, as it can grant a lock twice, and the second may get
+// the same term as the first (the new primary's fence counter predates
+// it): storage that must survive that keeps the writer of a term
+// (Leadership.Lock().Token()) beside it and refuses a second writer with
+// an equal term. failover: the same, except that grants and records
+// stand only once replicas acknowledged them (WAIT), which narrows that
+// window to a failover that promotes a replica that did not acknowledge
+// (see package failover); a failover.Watcher, where one runs, revokes
+// the leadership on a failover (Lost closes). quorum: not supported. The record would have to be written on a majority under the
+// token compare and read as a majority, and observers would have to
+// combine notices from every node; until that is built and tested,
+// NewElection refuses a quorum strategy (and any strategy without
+// fences) with ErrInvalid rather than elect with a weaker guarantee.
+//
+// Failure modes: a leader paused past its TTL (GC, SIGSTOP, a stuck
+// keeper) goes on believing it leads until it runs again: its Lost
+// closes at its own deadline, or at once when a Proclaim or a renewal
+// finds the key gone, and meanwhile the next leader may be elected: only
+// the term at the storage keeps the old leader's writes out. A leader's
+// value is recorded one round trip after its grant: in between Leader
+// reports ErrNoLeader. A leader whose key expires publishes nothing:
+// observers learn of the next leader from its record's notice, or of
+// none at their next poll. Each Observe holds one subscription
+// connection of its own while it runs.
+//
 // # Errors
 //
 // Every failure is checkable with errors.Is against the sentinels

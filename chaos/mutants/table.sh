@@ -78,10 +78,14 @@ for name in "${NAMES[@]}"; do
 		continue
 	fi
 	# A patch whose first line is "# rotation: idem" runs the idempotency
-	# rotation (IDEM_SEEDS seeds, default 4,000, as make test).
+	# rotation (IDEM_SEEDS seeds, default 4,000, as make test); "#
+	# rotation: elect" the election rotation (ELECT_SEEDS, default 2,000,
+	# as make test).
 	rot=() seeds=$SEEDS rottxt=""
 	if [ "$name" != 00-control ] && head -1 "$MUT/$name.patch" | grep -q '^# rotation: idem'; then
 		rot=(-rotation idem) seeds=${IDEM_SEEDS:-4000} rottxt=" -rotation idem"
+	elif [ "$name" != 00-control ] && head -1 "$MUT/$name.patch" | grep -q '^# rotation: elect'; then
+		rot=(-rotation elect) seeds=${ELECT_SEEDS:-2000} rottxt=" -rotation elect"
 	fi
 	ovflag=() ovtxt=""
 	if [ -n "$json" ]; then

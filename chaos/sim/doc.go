@@ -291,6 +291,20 @@
 //     held" is never answered with a slot undecided. sem-quorum3: the
 //     general faults. sem-single: no faults, and every Acquire and Do
 //     must be granted within 10 s (sem-wait).
+//   - elect-single (electwork.go; the election rotation, -rotation
+//     elect): leader election (redlease.Election) on one key and one
+//     primary, no faults, every client's Locker kept
+//     by a Watchdog of its own. A leader writes to the fenced register
+//     with its term, proclaims values and reads the leader back while it
+//     leads, then resigns; half of them then send a late proclamation
+//     under their old token and term. The leader's lock is a hold of the
+//     key. elect-term: no two Campaigns returned one term, and a Campaign
+//     called after another returned has a higher term; elect-value: a
+//     leader whose lock was valid across a read of the leader read its
+//     own term and a value it proclaimed; elect-late: a resigned leader's
+//     late proclamation is refused. Observe is not exercised (the
+//     simulator's pub/sub is the Wake scenarios'), nor is quorum, which
+//     holds no election.
 //   - cluster-failover (clusterrepl.go): failover.New on a go-redis
 //     ClusterClient over three masters with a replica each (a quarter of
 //     the clients WithReplicas(1)); even clients lockClient, odd ones

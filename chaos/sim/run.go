@@ -232,6 +232,7 @@ func Run(sc Scenario, seed uint64, opts Options) *Result {
 	w.applyRevokes()
 	vs = append(vs, w.hist.check(fenced)...)
 	vs = append(vs, w.checkRevokes()...)
+	vs = append(vs, w.checkElect()...)
 	vs = append(vs, w.checkFIFO()...)
 	vs = append(vs, w.checkSem()...)
 	vs = append(vs, w.checkIdem()...)
@@ -347,7 +348,7 @@ func (w *World) lockerOptions(ci int) []redlease.Option {
 	if !w.sc.Wake {
 		opts = append(opts, redlease.WithPolling())
 	}
-	if w.sc.Multi || w.sc.Permits > 0 {
+	if w.sc.Multi || w.sc.Permits > 0 || w.sc.Elect {
 		wd := must(renew.New())
 		w.onClose(ci, func() { wd.Close() })
 		opts = append(opts, redlease.WithKeeper(wd))

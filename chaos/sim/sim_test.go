@@ -25,7 +25,7 @@ var (
 	flagSeeds      = flag.Int("seeds", 0, "seeds to explore (0: the default budget)")
 	flagSeed       = flag.Int64("seed", -1, "replay one seed and print its schedule and history")
 	flagScenario   = flag.String("scenario", "", "only this scenario (default: the rotation)")
-	flagRotation   = flag.String("rotation", "", `the rotation without -scenario: "" the lock scenarios, "idem" the idempotency ones, "fence" the fence-expiry ones`)
+	flagRotation   = flag.String("rotation", "", `the rotation without -scenario: "" the lock scenarios, "idem" the idempotency ones, "fence" the fence-expiry ones, "elect" the election ones`)
 	flagFirst      = flag.Uint64("first", 1, "first seed explored")
 	flagInv        = flag.String("inv", "", "comma-separated invariants that count (default: all); power tests use it to show which check finds a defect")
 	flagReplays    = flag.Int("replays", 1, "with -seed: run it this many times and report how often each verdict and each history came back")
@@ -70,6 +70,8 @@ func rotationOf() []Scenario {
 		rot = IdemRotation
 	case "fence":
 		rot = FenceRotation
+	case "elect":
+		rot = ElectRotation
 	default:
 		panic("unknown rotation " + *flagRotation)
 	}

@@ -93,6 +93,7 @@ type World struct {
 	state stateCheck
 	ops   *opsPlan
 	bnd   boundsState // the bound invariants' constructions (bounds.go)
+	elect electState  // the Elect workload's records (electwork.go)
 	idem  idemState   // the idempotency workloads' records (idemwork.go)
 
 	// reqSeen: requests sent per (client, node, content), for their
@@ -318,6 +319,7 @@ const (
 	jitMulti
 	jitRevoke
 	jitSem
+	jitElect
 )
 
 // jitterCtx returns ctx seeded for the library's jitter (internal/backoff:

@@ -39,6 +39,7 @@ func Run(t *testing.T, setup func(t *testing.T) Setup) {
 	runLockSet(t, setup)
 	runInspect(t, setup)
 	runSemaphore(t, setup)
+	runElection(t, setup)
 	t.Run("AcquireExtendRelease", func(t *testing.T) {
 		s := setup(t)
 		ctx, key := t.Context(), Key(t)
