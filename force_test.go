@@ -138,12 +138,28 @@ func TestForceReleaseAfterTheKeyChangedHands(t *testing.T) {
 			require.NoError(t, err)
 			defer next.Release(context.Background())
 
+			// A quorum's release returns at a majority: a node it did not
+			// reach yet (or whose request it never sent, the round being
+			// decided) may still hold the old token, and the force then
+			// deletes that leftover, and nothing else. It failed once so
+			// (make test, s52): nil, where ErrNotHeld was expected.
+			stale := map[int]bool{}
+			for i, c := range cs {
+				if v, _ := c.Get(ctx, "ops:"+key).Result(); v == seen.Token {
+					stale[i] = true
+				}
+			}
 			r, err := l.ForceRelease(ctx, key, seen.Token)
-			require.ErrorIs(t, err, redlease.ErrNotHeld)
-			assert.Zero(t, r.Deleted)
-			for _, n := range r.Nodes {
-				assert.False(t, n.Deleted)
+			if len(stale) == 0 {
+				require.ErrorIs(t, err, redlease.ErrNotHeld)
+			}
+			assert.LessOrEqual(t, r.Deleted, len(stale), "only leftovers of the old token are deleted")
+			for i, n := range r.Nodes {
+				assert.False(t, n.Deleted && !stale[i], "node %d deleted a key it held for another token", i)
 				assert.NoError(t, n.Err)
+			}
+			if len(stale) > 0 {
+				t.Logf("%d node(s) still held the old token at the force: deleted %d", len(stale), r.Deleted)
 			}
 			held := 0
 			for _, c := range cs {
@@ -337,4 +353,47 @@ func TestOperatorCallsAreObserved(t *testing.T) {
 	defer rec.mu.Unlock()
 	assert.Equal(t, []string{"acquire audit ok", "inspect audit ok", "force_release audit ok"}, rec.ops)
 	assert.Equal(t, []string{"inspect 2", "force_release 2"}, rec.failed)
+}
+
+// The case TestForceReleaseAfterTheKeyChangedHands met once: a quorum's
+// release returned at a majority and one node still held the old token
+// when the new holder took the key on the others. Forced here: the old
+// token is put back on one node (one the new grant did not reach, if
+// any; else the new holder's copy there is overwritten). The force of
+// the old token deletes that leftover and nothing else; the new holder
+// keeps its majority and renews.
+func TestForceReleaseDeletesOnlyALeftoverOfTheOldToken(t *testing.T) {
+	t.Parallel()
+	s, cs := operatorSetups()["quorum"](t)
+	l := newLocker(t, s, redlease.WithPrefix("ops:"))
+	ctx, key := t.Context(), "pay:leftover"
+	// The old holder's token, made up: a real one's release may still
+	// be on its way to a node, and would delete the leftover first.
+	old := "0ldHolderToken0ldHolder.1"
+	next, err := l.TryLock(ctx, key)
+	require.NoError(t, err)
+	defer next.Release(context.Background())
+	// The leftover goes on a node the new grant did not reach (its
+	// round returned at a majority), or else on the last node.
+	left := len(cs) - 1
+	for i, c := range cs {
+		if v, _ := c.Get(ctx, "ops:"+key).Result(); v != next.Token() {
+			left = i
+			break
+		}
+	}
+	require.NoError(t, cs[left].Set(ctx, "ops:"+key, old, time.Minute).Err())
+
+	r, err := l.ForceRelease(ctx, key, old)
+	require.NoError(t, err, "the old token was deleted where it was left")
+	assert.Equal(t, 1, r.Deleted)
+	held := 0
+	for i, n := range r.Nodes {
+		assert.Equal(t, i == left, n.Deleted, "node %d", i)
+		if v, _ := cs[i].Get(ctx, "ops:"+key).Result(); v == next.Token() {
+			held++
+		}
+	}
+	assert.GreaterOrEqual(t, held, r.Quorum, "the new holder's key is left alone")
+	require.NoError(t, next.Extend(ctx, 5*time.Second), "the new holder renews on its majority")
 }
