@@ -151,12 +151,8 @@ func (e *Election) Campaign(ctx context.Context, value string, opts ...LockOptio
 		return nil, err
 	}
 	stopKeeping := func() {}
-	switch {
-	case c.noKeeper:
-	case e.l.keeper != nil:
-		stopKeeping = e.l.keeper.Keep(lk)
-	default:
-		stopKeeping = defaultKeeper().Keep(lk)
+	if k := e.l.keeperFor(c); k != nil {
+		stopKeeping = k.Keep(lk)
 	}
 	ld := &Leadership{e: e, el: el, lk: lk, stopKeeping: stopKeeping, value: value,
 		stop: make(chan struct{}), done: make(chan struct{})}
@@ -167,7 +163,7 @@ func (e *Election) Campaign(ctx context.Context, value string, opts ...LockOptio
 			_ = ld.resign(rctx)
 			cancel()
 		}
-		if _, ok := ctx.Deadline(); ok || ctx.Err() != nil {
+		if cleanupInBackground(ctx) {
 			// The release must not hold the caller past its deadline:
 			// it finishes in the background, within its bound.
 			go resign()

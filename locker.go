@@ -276,7 +276,7 @@ func (l *Locker) leaveLine(ctx context.Context, q Queuer, key, id string, err er
 		_ = q.LeaveLine(lctx, l.prefix+key, id)
 		cancel()
 	}
-	if _, ok := ctx.Deadline(); ok || ctx.Err() != nil || errors.Is(err, ErrUnavailable) {
+	if cleanupInBackground(ctx) || errors.Is(err, ErrUnavailable) {
 		go leave()
 	} else {
 		leave()
@@ -686,16 +686,34 @@ func (l *Locker) Do(ctx context.Context, key string, fn func(ctx context.Context
 	return l.runKept(ctx, c, lk, fn)
 }
 
+// keeperFor is the Keeper of a call with config c: none with
+// WithoutKeeper (nil), the Locker's (WithKeeper), or the process-wide
+// default watchdog.
+func (l *Locker) keeperFor(c lockConfig) Keeper {
+	switch {
+	case c.noKeeper:
+		return nil
+	case l.keeper != nil:
+		return l.keeper
+	default:
+		return defaultKeeper()
+	}
+}
+
+// cleanupInBackground reports whether cleanup after a failed call (a
+// release, leaving a line) must run in the background: the caller has a
+// deadline, which the cleanup must not hold it past, or its ctx ended.
+func cleanupInBackground(ctx context.Context) bool {
+	_, ok := ctx.Deadline()
+	return ok || ctx.Err() != nil
+}
+
 // runKept is Do once lk is taken: fn runs under lk, kept alive by the
 // call's keeper, and lk is released after fn returned (see Do).
 func (l *Locker) runKept(ctx context.Context, c lockConfig, lk *Lock, fn func(ctx context.Context, lk *Lock) error) (err error) {
 	stopKeeping := func() {}
-	switch {
-	case c.noKeeper:
-	case l.keeper != nil:
-		stopKeeping = l.keeper.Keep(lk)
-	default:
-		stopKeeping = defaultKeeper().Keep(lk)
+	if k := l.keeperFor(c); k != nil {
+		stopKeeping = k.Keep(lk)
 	}
 
 	// fn's ctx ends with the lock's loss; no goroutine waits for it (see

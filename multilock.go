@@ -276,13 +276,8 @@ func (l *Locker) takeAll(ctx context.Context, keys []string, opts []LockOption, 
 	}
 
 	var keeper Keeper
-	switch {
-	case !wait && !keepAfter:
-	case items[0].c.noKeeper:
-	case l.keeper != nil:
-		keeper = l.keeper
-	default:
-		keeper = defaultKeeper()
+	if wait || keepAfter {
+		keeper = l.keeperFor(items[0].c)
 	}
 	locks := make([]*Lock, 0, len(items))
 	stops := make([]func(), 0, len(items))
@@ -293,7 +288,7 @@ func (l *Locker) takeAll(ctx context.Context, keys []string, opts []LockOption, 
 	}
 	fail := func(key string, err error) (*LockSet, func(), error) {
 		stopAll()
-		if _, ok := ctx.Deadline(); ok || ctx.Err() != nil {
+		if cleanupInBackground(ctx) {
 			// The releases must not hold the caller past its deadline:
 			// they finish in the background, each within its bound.
 			go releaseAll(ctx, locks)
