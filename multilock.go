@@ -6,8 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
+
+	"github.com/redlease/redlease/internal/locktoken"
 )
 
 // LockSet is several keys held at once: one Lock per key, taken by
@@ -251,22 +254,18 @@ func (l *Locker) takeAll(ctx context.Context, keys []string, opts []LockOption, 
 	if len(keys) == 0 {
 		return nil, stop, Invalid("no keys")
 	}
-	type item struct {
-		key string
-		c   lockConfig
-	}
-	items := make([]item, len(keys))
+	items := make([]setItem, len(keys))
 	for i, key := range keys {
 		c, err := l.config(key, opts)
 		if err != nil {
 			return nil, stop, fmt.Errorf("key %q: %w", key, err)
 		}
-		items[i] = item{key, c}
+		items[i] = setItem{key, c}
 	}
 	// One order for every caller: the names as sent to Redis. (All keys
 	// of one call share the Locker's prefix; comparing the full names
 	// keeps the order that of another Locker whose prefix differs.)
-	slices.SortFunc(items, func(a, b item) int {
+	slices.SortFunc(items, func(a, b setItem) int {
 		return cmp.Compare(l.prefix+a.key, l.prefix+b.key)
 	})
 	for i := 1; i < len(items); i++ {
@@ -281,6 +280,35 @@ func (l *Locker) takeAll(ctx context.Context, keys []string, opts []LockOption, 
 	}
 	locks := make([]*Lock, 0, len(items))
 	stops := make([]func(), 0, len(items))
+	if sa, c := l.together(items[0].c, keys, items); sa != nil {
+		// One atomic step for the whole set: every key, or none.
+		together, err := l.attemptSet(ctx, c, sa, items)
+		switch {
+		case err == nil:
+			locks = together
+			if keeper != nil && keepAfter {
+				for _, lk := range locks {
+					stops = append(stops, keeper.Keep(lk))
+				}
+			}
+			set = &LockSet{locks: locks}
+			return set, func() {
+				for _, s := range stops {
+					s()
+				}
+			}, nil
+		case !wait || c.maxAttempts == 1 || !(errors.Is(err, ErrNotObtained) || errors.Is(err, ErrUnavailable)) || ctx.Err() != nil:
+			return nil, stop, err
+		}
+		// Refused (or nothing decided): the set's order from here, each
+		// key waited for as Lock waits; this attempt was each key's
+		// first.
+		if c.maxAttempts > 1 {
+			for i := range items {
+				items[i].c.maxAttempts--
+			}
+		}
+	}
 	stopAll := func() {
 		for _, s := range stops {
 			s()
@@ -329,6 +357,108 @@ func (l *Locker) takeAll(ctx context.Context, keys []string, opts []LockOption, 
 		return set, func() {}, nil
 	}
 	return set, stopAll, nil
+}
+
+// setItem is a key of a set being taken, with its call's config.
+type setItem struct {
+	key string
+	c   lockConfig
+}
+
+// together returns the strategy as a SetAcquirer, and the call's config,
+// if the set's keys (items, in the set's order) can be taken in one
+// atomic step: the strategy is a SetAcquirer whose Together accepts their
+// names, and the call is neither fair (one line per key; a set that jumps
+// them would be unfair) nor fused. Otherwise sa is nil.
+func (l *Locker) together(c lockConfig, keys []string, items []setItem) (sa SetAcquirer, _ lockConfig) {
+	sa, ok := c.strategy.(SetAcquirer)
+	if !ok || c.fair || c.fused != nil || len(items) < 2 {
+		return nil, c
+	}
+	full := make([]string, len(items))
+	for i, it := range items {
+		full[i] = l.prefix + it.key
+	}
+	if !sa.Together(full) {
+		return nil, c
+	}
+	return sa, c
+}
+
+// attemptSet makes one attempt at every key of items (in the set's order)
+// in one atomic step on sa, under one token, and returns their locks, or
+// the error: a refusal names the key refused (the first held, in the
+// set's order), as the set's order does. It is attempt for a set: every
+// lock is tracked by a Revoker from before the request, and a set that
+// came back with less validity than the loss margin is released and
+// counts as not obtained.
+func (l *Locker) attemptSet(ctx context.Context, c lockConfig, sa SetAcquirer, items []setItem) ([]*Lock, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("key %q of %d: %w", items[0].key, len(items), Wrap(ErrNotObtained, context.Cause(ctx)))
+	}
+	full := make([]string, len(items))
+	names := make([]string, len(items))
+	for i, it := range items {
+		full[i], names[i] = l.prefix+it.key, it.key
+	}
+	token := attemptToken(locktoken.New(ctx, full[0]), 1)
+	trs := make([]*tracking, len(items))
+	untrackAll := func() {
+		for _, tr := range trs {
+			if tr != nil {
+				tr.untrack()
+			}
+		}
+	}
+	if r, ok := c.strategy.(Revoker); ok {
+		for i := range items {
+			trs[i] = &tracking{}
+			trs[i].untrack = r.Track(full[i], token, trs[i].revoke)
+		}
+	}
+	actx, done := observe(ctx, l.observer, Op{Name: "acquire_set", Strategy: strategyName(c.strategy), Key: strings.Join(names, ","), Keys: names})
+	grants, at, err := sa.AcquireSet(actx, full, token, c.ttl)
+	done(err)
+	if err != nil {
+		untrackAll()
+		key := items[0].key
+		if at >= 0 && at < len(items) {
+			key = items[at].key
+		}
+		return nil, fmt.Errorf("key %q of %d: %w", key, len(items), err)
+	}
+	if len(grants) != len(items) {
+		untrackAll()
+		return nil, fmt.Errorf("%w: the strategy's AcquireSet returned %d grants for %d keys", ErrUnavailable, len(grants), len(items))
+	}
+	now := time.Now()
+	locks := make([]*Lock, len(items))
+	for i, it := range items {
+		lk := newLock(c.strategy, it.key, full[i], token, c.ttl, c.lossMargin(), grants[i])
+		lk.observer, lk.granted, lk.clock = l.observer, now, l.clock
+		if trs[i] != nil {
+			trs[i].attach(lk)
+		}
+		locks[i] = lk
+	}
+	for i, lk := range locks {
+		if !lk.Valid() {
+			// Born lost (see attempt): the set goes back, by this
+			// attempt's token, within the loss margin and the caller's
+			// deadline, and counts as not obtained.
+			cause := lk.Err()
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.lossMargin())
+			if dl, ok := ctx.Deadline(); ok {
+				var cancelAt context.CancelFunc
+				rctx, cancelAt = context.WithDeadline(rctx, dl)
+				defer cancelAt()
+			}
+			_ = (&LockSet{locks: locks}).each(func(lk *Lock) error { return lk.Release(rctx) })
+			cancel()
+			return nil, fmt.Errorf("key %q of %d: %w", items[i].key, len(items), Wrap(ErrNotObtained, cause))
+		}
+	}
+	return locks, nil
 }
 
 // releaseAll releases locks at once, each within Do's release bound

@@ -3,6 +3,8 @@ package redlease_test
 import (
 	"context"
 	"errors"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -13,6 +15,7 @@ import (
 	"github.com/redlease/redlease"
 	"github.com/redlease/redlease/internal/contract"
 	"github.com/redlease/redlease/internal/redistest"
+	"github.com/redlease/redlease/internal/script"
 	"github.com/redlease/redlease/renew"
 )
 
@@ -148,4 +151,95 @@ func watchdog(t *testing.T) *renew.Watchdog {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = w.Close() })
 	return w
+}
+
+// opNames records the name (and keys) of every operation an Observer is
+// told of.
+type opNames struct {
+	mu  sync.Mutex
+	ops []string
+}
+
+func (o *opNames) Start(ctx context.Context, op redlease.Op) (context.Context, func(error)) {
+	o.mu.Lock()
+	o.ops = append(o.ops, op.Name+" "+op.Key)
+	o.mu.Unlock()
+	return ctx, func(error) {}
+}
+func (o *opNames) Held(redlease.Op, time.Duration, error)                         {}
+func (o *opNames) NodeFailed(context.Context, redlease.Op, *redlease.NodeError) {}
+
+func (o *opNames) names() []string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return slices.Clone(o.ops)
+}
+
+// TestTryLockAllTakesASetTogetherInOneStep: on one primary, a set is
+// taken by one atomic step (one "acquire_set", no single "acquire"),
+// each key under the attempt's token with a fence of its own counter,
+// and released as a set.
+func TestTryLockAllTakesASetTogetherInOneStep(t *testing.T) {
+	c := redistest.Start(t, redistest.Config{}).Client()
+	ctx := t.Context()
+	require.NoError(t, c.Set(ctx, script.MustFenceKey("one:b"), 41, time.Hour).Err())
+	o := &opNames{}
+	l := singleLocker(t, c, redlease.WithObserver(o))
+	set, err := l.TryLockAll(ctx, []string{"one:b", "one:a"})
+	require.NoError(t, err)
+	assert.Equal(t, []string{"acquire_set one:a,one:b"}, o.names())
+	assert.Equal(t, []string{"one:a", "one:b"}, set.Keys())
+	assert.EqualValues(t, 42, set.Fence("one:b"), "b's own counter, incremented")
+	assert.Greater(t, set.Fence("one:a"), uint64(1e15), "a's counter, created from the server's clock")
+	for _, lk := range set.Locks() {
+		assert.Equal(t, lk.Token(), c.Get(ctx, lk.Key()).Val(), "%s held under its lock's token", lk.Key())
+	}
+	require.NoError(t, set.Release(ctx))
+	assert.Zero(t, c.Exists(ctx, "one:a", "one:b").Val(), "both released")
+}
+
+// TestTryLockAllRefusedWritesNothing: a set whose second key another
+// holds is refused at that key, and its first key was never written:
+// its fence counter was not even created (taken one by one, the first
+// key would have been granted, fenced and released again).
+func TestTryLockAllRefusedWritesNothing(t *testing.T) {
+	c := redistest.Start(t, redistest.Config{}).Client()
+	ctx := t.Context()
+	other := singleLocker(t, c, redlease.WithTTL(time.Minute))
+	_, err := other.TryLock(ctx, "none:b")
+	require.NoError(t, err)
+	l := singleLocker(t, c)
+	set, err := l.TryLockAll(ctx, []string{"none:a", "none:b"})
+	require.ErrorIs(t, err, redlease.ErrNotObtained)
+	assert.Nil(t, set)
+	assert.Contains(t, err.Error(), `"none:b"`)
+	assert.Zero(t, c.Exists(ctx, "none:a", script.MustFenceKey("none:a")).Val(), "none:a and its counter never written")
+}
+
+// TestLockAllWithOneAttemptIsOneStep: WithMaxAttempts(1) makes LockAll's
+// first attempt its only one: the set's one step, refused as a whole.
+func TestLockAllWithOneAttemptIsOneStep(t *testing.T) {
+	c := redistest.Start(t, redistest.Config{}).Client()
+	ctx := t.Context()
+	other := singleLocker(t, c, redlease.WithTTL(time.Minute))
+	_, err := other.TryLock(ctx, "max:b")
+	require.NoError(t, err)
+	o := &opNames{}
+	l := singleLocker(t, c, redlease.WithObserver(o), redlease.WithPolling())
+	_, err = l.LockAll(ctx, []string{"max:a", "max:b"}, redlease.WithMaxAttempts(1))
+	require.ErrorIs(t, err, redlease.ErrNotObtained)
+	assert.Equal(t, []string{"acquire_set max:a,max:b"}, o.names())
+}
+
+// TestLockAllFairTakesTheKeysInOrder: a fair LockAll takes each key
+// through its own line (one "wait" per key), never in one step that
+// would pass the lines by.
+func TestLockAllFairTakesTheKeysInOrder(t *testing.T) {
+	c := redistest.Start(t, redistest.Config{}).Client()
+	o := &opNames{}
+	l := singleLocker(t, c, redlease.WithObserver(o))
+	set, err := l.LockAll(t.Context(), []string{"fair:b", "fair:a"}, redlease.WithFairness(true))
+	require.NoError(t, err)
+	assert.Equal(t, []string{"wait fair:a", "acquire fair:a", "wait fair:b", "acquire fair:b"}, o.names())
+	require.NoError(t, set.Release(t.Context()))
 }

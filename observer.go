@@ -28,9 +28,13 @@ type Observer interface {
 
 // Op describes one lock operation for an Observer.
 type Op struct {
-	Name     string // "acquire" (one attempt), "wait" (Lock: every attempt), "extend", "release"; an operator's "inspect", "force_release"
+	Name     string // "acquire" (one attempt), "acquire_set" (one attempt at a set's keys in one step), "wait" (Lock: every attempt), "extend", "release"; an operator's "inspect", "force_release"
 	Strategy string // the strategy's Name (see Namer), or its Go type
-	Key      string // as the caller gave it
+	Key      string // as the caller gave it; for "acquire_set", the set's keys joined by ","
+	// Keys is, for "acquire_set", the set's keys in the order taken (as
+	// the caller gave them); a grant makes one Lock of each, and each
+	// reports its own Held. Nil for every other operation.
+	Keys []string
 	// Began is when the operation began, if that was before the call to
 	// Observer.Start: a keeper's renewal (ExtendAll) is reported once its
 	// round trip has ended, with Began set to when it was sent (by

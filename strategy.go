@@ -186,6 +186,35 @@ var ErrQueued = errors.New("redlease: other waiters are ahead in the key's line 
 // a counter or a marker, or the other way round.
 const ReservedPrefix = "redlease:"
 
+// SetAcquirer is a Strategy that can take several keys in one atomic step
+// when they live on one server (in a Redis Cluster, in one slot: give them
+// one hash tag). Locker.TryLockAll, LockAll and DoAll use it for a set of
+// keys that Together accepts, unless the call is fair (WithFairness) or
+// fused: one round trip takes every key or none. single and failover
+// implement it; the quorum strategy does not (each key needs its own
+// majority).
+type SetAcquirer interface {
+	// Together reports whether AcquireSet can take keys (as sent to
+	// Redis) in one atomic step: on one server, in one slot, and no more
+	// than the strategy takes at once. It does no I/O.
+	Together(keys []string) bool
+	// AcquireSet makes ONE attempt to place every key for ttl under
+	// token, in one atomic step: either every key is placed (each as
+	// Acquire would place it alone: a key already held under token, or
+	// under an earlier attempt "<base>.<m>" of the same base, is taken
+	// too, each fenced by its own counter) and the grants come back in
+	// keys' order, each with the same Until and its key's Fence; or none
+	// is written. A refusal names the first key in keys' order that
+	// another token holds: at is its index, and err is what Acquire
+	// would have returned for it (a *HeldError, or ErrNotObtained). Any
+	// other error (at is -1) is as Acquire's: ErrUnavailable (nothing
+	// decided, or a write not acknowledged: an outage, and whatever the
+	// step may have written is undone by token), ErrDenied, ErrInvalid
+	// (among others: keys empty, a key twice, or keys not Together), or
+	// the ctx error.
+	AcquireSet(ctx context.Context, keys []string, token string, ttl time.Duration) (grants []Grant, at int, err error)
+}
+
 // Grant is what a Strategy vouches for after a successful Acquire or Extend.
 type Grant struct {
 	// Until is the end of validity on the caller's monotonic clock, with the

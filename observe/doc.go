@@ -31,7 +31,9 @@
 // What each one measures:
 //
 //   - redlease.acquire.duration: one acquisition attempt (TryLock, or one
-//     attempt of Lock), from the call to the strategy's answer.
+//     attempt of Lock; or one attempt at a whole set's keys in one step,
+//     operation "acquire_set": see redlease.SetAcquirer), from the call
+//     to the strategy's answer.
 //   - redlease.wait.duration: Lock, from the call until the lock was
 //     obtained or Lock gave up (every attempt and the backoff between).
 //   - redlease.hold.duration: from the grant to the release, or to the loss.
@@ -71,7 +73,8 @@
 //   - redlease.strategy: the strategy's name: "single", "quorum",
 //     "failover", "idempotency" (an idempotency Barrier's default lock on
 //     its store), or its Go type.
-//   - redlease.operation: "acquire", "wait", "extend" or "release", and
+//   - redlease.operation: "acquire", "acquire_set", "wait", "extend" or
+//     "release", and
 //     an operator's "inspect" and "force_release" (Locker.Inspect and
 //     Locker.ForceRelease: spans, logs and node failures; no histogram).
 //   - redlease.outcome: see Outcome: ok, not_obtained, not_held,
@@ -115,8 +118,8 @@
 // # Traces
 //
 // One span per operation, named "redlease." + the operation
-// ("redlease.acquire", "redlease.wait", "redlease.extend",
-// "redlease.release"), with the attributes redlease.strategy,
+// ("redlease.acquire", "redlease.acquire_set", "redlease.wait",
+// "redlease.extend", "redlease.release"), with the attributes redlease.strategy,
 // redlease.operation, redlease.key (spans only) and redlease.outcome, and
 // error.type and an error status when the operation failed. Every node
 // that failed inside it adds a "redlease.node.failed" event with

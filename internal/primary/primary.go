@@ -567,39 +567,64 @@ func (p *Primary) run(ctx context.Context, sc *script.Script, key string, line [
 	if !p.waits() {
 		return sc.Run(ctx, p.client, line)
 	}
+	cmd, repl, err := p.runWaited(ctx, sc, key, line)
+	if err != nil {
+		return 0, err
+	}
+	v, err := cmd.Int64()
+	if err != nil {
+		return 0, err
+	}
+	return v, repl
+}
+
+// runInts is run for a script whose reply is an array of integers.
+func (p *Primary) runInts(ctx context.Context, sc *script.Script, key string, line []any) ([]int64, error) {
+	if !p.waits() {
+		return sc.RunInts(ctx, p.client, line)
+	}
+	cmd, repl, err := p.runWaited(ctx, sc, key, line)
+	if err != nil {
+		return nil, err
+	}
+	v, err := cmd.Int64Slice()
+	if err != nil {
+		return nil, err
+	}
+	return v, repl
+}
+
+// runWaited sends line, a call of sc on key, followed by WAIT in one
+// pipeline (on a Cluster client, to key's master: onMaster), loading sc
+// once if the server did not know it. It returns the script's command
+// with its reply, and repl, an error that errors.Is ErrNotReplicated if
+// too few replicas acknowledged; err is the command's own error.
+func (p *Primary) runWaited(ctx context.Context, sc *script.Script, key string, line []any) (cmd *redis.Cmd, repl, err error) {
 	if p.cluster != nil {
-		cmd, repl, err := p.onMaster(ctx, sc, key, line)
-		if err != nil {
-			return 0, err
-		}
-		v, err := cmd.Int64()
-		if err != nil {
-			return 0, err
-		}
-		return v, repl
+		return p.onMaster(ctx, sc, key, line)
 	}
 	for attempt := 0; ; attempt++ {
 		pipe := p.client.Pipeline()
-		cmd := pipe.Do(ctx, line...)
+		cmd = pipe.Do(ctx, line...)
 		wait := pipe.Do(ctx, "WAIT", p.cfg.Replicas, p.cfg.WaitTimeout.Milliseconds())
 		_, execErr := pipe.Exec(ctx) // errors are read per command
 		if cmd.Err() == nil && cmd.Val() == nil && execErr != nil {
 			// The pipeline failed before the command had a reply (a
 			// connection go-redis could not set up: a refused dial,
 			// WRONGPASS): the command itself carries no error.
-			return 0, execErr
+			return nil, nil, execErr
 		}
-		v, err := cmd.Int64()
+		err := cmd.Err()
 		if script.IsNoScript(err) && attempt == 0 {
 			if err := sc.Load(ctx, p.client); err != nil {
-				return 0, err
+				return nil, nil, err
 			}
 			continue
 		}
 		if err != nil {
-			return 0, err
+			return nil, nil, err
 		}
-		return v, p.replicatedN(wait, p.cfg.Replicas)
+		return cmd, p.replicatedN(wait, p.cfg.Replicas), nil
 	}
 }
 
