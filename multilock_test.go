@@ -166,7 +166,7 @@ func (o *opNames) Start(ctx context.Context, op redlease.Op) (context.Context, f
 	o.mu.Unlock()
 	return ctx, func(error) {}
 }
-func (o *opNames) Held(redlease.Op, time.Duration, error)                         {}
+func (o *opNames) Held(redlease.Op, time.Duration, error)                       {}
 func (o *opNames) NodeFailed(context.Context, redlease.Op, *redlease.NodeError) {}
 
 func (o *opNames) names() []string {
