@@ -114,26 +114,36 @@
 // # Several keys at once
 //
 // Locker.LockAll, TryLockAll and DoAll take a set of keys, all or none
-// (a LockSet). Each key is a lock of its own, with its own token, fence
-// and Until, taken through the same Acquire as Lock's: on a quorum each
-// key needs its own majority, and every guarantee of a single lock holds
-// for each key of a set. The keys are taken one after another in one
-// order shared by every caller, their names as sent to Redis, byte by
-// byte, so that sets that overlap never wait for each other in a cycle.
-// The keys already taken are kept alive by the Locker's keeper while a
-// later one is waited for (not with WithoutKeeper). A set is handed out
-// only if every key is still valid when the last was taken; otherwise,
-// and when a key cannot be taken, the keys taken are released (in the
-// background when the call has a deadline, so that it returns by it) and
-// the error names the failing key. A set is as held as its least held
-// lock: LockSet.Valid, Until, Lost and Context answer for the whole set,
-// and DoAll cancels its function's context when any key is lost.
+// (a LockSet). Each key is a lock of its own, with its own fence and
+// Until: on a quorum each key needs its own majority, and every guarantee
+// of a single lock holds for each key of a set.
 //
-// What it does not do: it takes the keys one round trip each, not in one
-// atomic script, so others may see a set's first keys held while it waits
-// for the rest; and a caller that holds a key by Lock while it asks
-// LockAll for another can still wait in a cycle with a set holding the
-// other.
+// Where the strategy can take the keys in one atomic step (a
+// SetAcquirer: single and failover, keys on one server; on a Cluster
+// client, keys in one hash slot, given one hash tag) and the call is not
+// fair, the first attempt takes every key in one script and one round
+// trip, or writes nothing: each key judged as Acquire judges it, each
+// fenced by its own counter (failover: followed by WAIT, and undone when
+// too few replicas acknowledged, as one key's grant is). A refused step
+// holds nothing, so it cannot wait in a cycle with anyone.
+//
+// Otherwise (quorum, keys in different slots, fair mode, or after the
+// step was refused) the keys are taken one after another in one order
+// shared by every caller, their names as sent to Redis, byte by byte, so
+// that sets that overlap never wait for each other in a cycle. The keys
+// already taken are kept alive by the Locker's keeper while a later one
+// is waited for (not with WithoutKeeper). A set is handed out only if
+// every key is still valid when the last was taken; otherwise, and when
+// a key cannot be taken, the keys taken are released (in the background
+// when the call has a deadline, so that it returns by it) and the error
+// names the failing key. A set is as held as its least held lock:
+// LockSet.Valid, Until, Lost and Context answer for the whole set, and
+// DoAll cancels its function's context when any key is lost.
+//
+// What it does not do: taken in order, others may see a set's first keys
+// held while it waits for the rest; and a caller that holds a key by
+// Lock while it asks LockAll for another can still wait in a cycle with a
+// set holding the other.
 //
 // # At most N holders: Semaphore
 //

@@ -14,7 +14,8 @@ import (
 )
 
 // LockSet is several keys held at once: one Lock per key, taken by
-// LockAll, TryLockAll or DoAll in one order that every caller shares (the
+// LockAll, TryLockAll or DoAll in one atomic step where the strategy can
+// (see LockAll), otherwise in one order that every caller shares (the
 // keys as sent to Redis, byte by byte), held together and released
 // together. Each key is a lock of its own on the strategy's nodes, with its
 // own fence and its own Until: on a quorum each key needs its own majority.
@@ -170,13 +171,16 @@ func (s *LockSet) each(f func(lk *Lock) error) error {
 	return errors.Join(errs...)
 }
 
-// TryLockAll makes one attempt at each key, in the set's order (see
-// LockSet), and returns them all held, or none: at the first key it
-// cannot take it releases the keys it took (as LockAll does) and returns
-// that key's error
-// (errors.Is as TryLock's: ErrNotObtained, ErrUnavailable, ...; the
-// message names the key). keys must not be empty nor name a key twice
-// (ErrInvalid). It never waits for a holder.
+// TryLockAll makes one attempt at the set and returns every key held, or
+// none. Where the strategy can take the keys in one atomic step (see
+// "One step" under LockAll) that step is the attempt, and nothing is
+// written unless every key is free. Otherwise it makes one attempt at
+// each key, in the set's order (see LockSet): at the first key it cannot
+// take it releases the keys it took (as LockAll does). Either way it
+// returns the error of the first key refused (errors.Is as TryLock's:
+// ErrNotObtained, ErrUnavailable, ...; the message names the key). keys
+// must not be empty nor name a key twice (ErrInvalid). It never waits
+// for a holder.
 func (l *Locker) TryLockAll(ctx context.Context, keys []string, opts ...LockOption) (*LockSet, error) {
 	set, stop, err := l.takeAll(ctx, keys, opts, false, false)
 	stop()
@@ -202,6 +206,19 @@ func (l *Locker) TryLockAll(ctx context.Context, keys []string, opts ...LockOpti
 // already taken is lost while LockAll waits for a later one (a renewal
 // found it not held, or none succeeded in time), LockAll releases the
 // others and returns that loss (errors.Is ErrLost).
+//
+// One step: where the strategy is a SetAcquirer whose Together accepts
+// the keys (single and failover, on one server; on a Cluster client,
+// keys in one hash slot: give them one hash tag, "{acct}:1",
+// "{acct}:2"), and the call is neither fair (WithFairness: each key's
+// line is honoured, one key at a time) nor fused, LockAll's first
+// attempt takes every key in one atomic step and one round trip, or
+// writes nothing: a set whose keys are free is held at once, without
+// holding one key while it asks for the next. If that step is refused
+// (or nothing decided it), LockAll goes on in the set's order as above;
+// the step counts as every key's first attempt (WithMaxAttempts(1): it
+// is the only one). The locks of a set taken in one step share one
+// token (Lock.Token) and one Until, each key with its own fence.
 //
 // On any failure it releases the keys it took, each within the
 // strategy's call bound (as Do's release; in the background when ctx has
