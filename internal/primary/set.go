@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/redlease/redlease"
@@ -146,13 +147,17 @@ func setWroteNothing(v []int64, err error) bool {
 
 // undoSet deletes, by token, what a failed AcquireSet may have written,
 // each key as undoLater does, all at once in the background; with wait
-// not nil it returns when the last key's clean-up ended or wait is done.
+// not nil it returns when every key's clean-up ended or wait is done.
 func (p *Primary) undoSet(wait context.Context, keys []string, token string) {
-	for i, k := range keys {
-		if i < len(keys)-1 {
+	if wait == nil {
+		for _, k := range keys {
 			p.undoLater(nil, k, token)
-		} else {
-			p.undoLater(wait, k, token)
 		}
+		return
 	}
+	var wg sync.WaitGroup
+	for _, k := range keys {
+		wg.Go(func() { p.undoLater(wait, k, token) })
+	}
+	wg.Wait()
 }
