@@ -29,7 +29,8 @@ func runLockSet(t *testing.T, setup func(t *testing.T) Setup) {
 		isErr(t, err, redlease.ErrNotObtained, "TryLockAll with b held")
 		check(t, set == nil, "a failed TryLockAll returns no set")
 		check(t, err != nil && strings.Contains(err.Error(), fmt.Sprintf("%q", b)), "the error names the key it could not take: %v", err)
-		// a was taken first, then released: nothing of it is left.
+		// a was taken first, then released, or (a SetAcquirer) never
+		// written: nothing of it is left.
 		check(t, eventually(func() bool { return keyFree(t, s, a) }, 2*time.Second), "a key taken for a set that failed must be released")
 		atLeast(t, holders(t, s, b, "tok-other"), s.Quorum, "the other holder keeps b")
 
@@ -52,6 +53,59 @@ func runLockSet(t *testing.T, setup func(t *testing.T) Setup) {
 		_, err = l.LockAll(ctx, []string{a, a})
 		isErr(t, err, redlease.ErrInvalid, "a key given twice")
 		_, err = l.LockAll(ctx, nil)
+		isErr(t, err, redlease.ErrInvalid, "no keys")
+	})
+
+	t.Run("SetAcquirerAllOrNone", func(t *testing.T) {
+		s := setup(t)
+		sa, ok := s.Strategy.(redlease.SetAcquirer)
+		if !ok {
+			t.Skipf("%T takes no set in one step (not a SetAcquirer)", s.Strategy)
+		}
+		ctx := t.Context()
+		const ttl = 5 * time.Second
+		// One hash tag: one slot on a Cluster client.
+		tag := "{" + Key(t) + "}"
+		keys := []string{tag + ":a", tag + ":b", tag + ":c"}
+		check(t, sa.Together(keys), "three keys of one hash tag are together on %T", s.Strategy)
+		_, err := s.Strategy.Acquire(ctx, keys[1], "tok-other", ttl)
+		must(t, err, "Acquire b for another holder")
+
+		_, at, err := sa.AcquireSet(ctx, keys, "base.1", ttl)
+		isErr(t, err, redlease.ErrNotObtained, "AcquireSet with b held")
+		check(t, at == 1, "the refusal names b (index 1), not %d", at)
+		check(t, keyFree(t, s, keys[0]) && keyFree(t, s, keys[2]), "a refused set writes none of its keys")
+
+		must(t, s.Strategy.Release(ctx, keys[1], "tok-other"), "Release b")
+		// An earlier attempt of the same call left a behind (its reply
+		// lost): the next attempt takes it over.
+		_, err = s.Strategy.Acquire(ctx, keys[0], "base.1", ttl)
+		must(t, err, "Acquire a under attempt 1")
+		grants, at, err := sa.AcquireSet(ctx, keys, "base.2", ttl)
+		must(t, err, "AcquireSet under attempt 2")
+		check(t, at == -1, "a grant names no key (%d)", at)
+		check(t, len(grants) == len(keys), "%d grants for %d keys", len(grants), len(keys))
+		for i, g := range grants {
+			atLeast(t, holders(t, s, keys[i], "base.2"), s.Quorum, "holders of "+keys[i])
+			check(t, g.Until.After(time.Now()) && g.Until.Equal(grants[0].Until), "key %d: Until %v, the set's %v", i, g.Until, grants[0].Until)
+			if s.Fencing {
+				check(t, g.Fence > 0, "key %d fenced", i)
+			}
+		}
+		// The same request again (a resent one) is granted, with no
+		// fence below the first.
+		again, _, err := sa.AcquireSet(ctx, keys, "base.2", ttl)
+		must(t, err, "AcquireSet resent")
+		for i := range again {
+			check(t, again[i].Fence >= grants[i].Fence, "key %d: fence %d fell below %d", i, again[i].Fence, grants[i].Fence)
+		}
+		for _, k := range keys {
+			must(t, s.Strategy.Release(ctx, k, "base.2"), "Release %s", k)
+		}
+		check(t, keyFree(t, s, keys[0]) && keyFree(t, s, keys[1]) && keyFree(t, s, keys[2]), "released")
+		_, _, err = sa.AcquireSet(ctx, []string{keys[0], keys[0]}, "base.3", ttl)
+		isErr(t, err, redlease.ErrInvalid, "a key given twice")
+		_, _, err = sa.AcquireSet(ctx, nil, "base.3", ttl)
 		isErr(t, err, redlease.ErrInvalid, "no keys")
 	})
 
