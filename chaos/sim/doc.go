@@ -789,7 +789,7 @@
 // chaos is a module of its own; from the repository's root:
 //
 //	go -C chaos test ./sim                                # 200 seeds, 30 under -race
-//	go -C chaos test ./sim -run 'TestSim$' -seeds 13500   # what make test adds,
+//	go -C chaos test ./sim -run 'TestSim$' -seeds 14000   # what make test adds,
 //	go -C chaos test ./sim -run 'TestSim$' -rotation idem -seeds 4000   # and this
 //	go -C chaos test ./sim -run 'TestSim$' -rotation fence -seeds 900
 //	go -C chaos test ./sim -run 'TestSim$' -scenario failover -seed 5 -replays 10
@@ -810,7 +810,7 @@
 // before Valid on every grant, as Locker.Do does); -findings
 // (the regression tests in findings_test.go of defects still open; the
 // others run always). TestSim sets the GC percent to 400 unless GOGC is
-// set. make test runs the package under -race, then 13,500 seeds of the
+// set. make test runs the package under -race, then 14,000 seeds of the
 // lock rotation (500 per scenario), 4,000 of the idempotency rotation
 // (444-445 per scenario), 900 of the fence rotation and 2,000 of the
 // election rotation without; make sim runs SIM_SEEDS (100,000) with

@@ -234,6 +234,12 @@ var Scenarios = []Scenario{
 		Faults: true, Horizon: 450 * time.Millisecond, Client: (*World).multiClient},
 	{Name: "multi-single", Strategy: Single, Nodes: 1, Clients: 3, Keys: 3, Ops: 3, TTL: [2]time.Duration{60 * time.Millisecond, 300 * time.Millisecond}, Fencing: true, Multi: true,
 		Client: (*World).multiClient},
+	// multi-single-faults: multi-single under the general faults, where
+	// sets are taken in one step (single: redlease.SetAcquirer): its
+	// replies lost, cut, delayed and paused, so that a step is abandoned,
+	// undone by token, resent and taken over.
+	{Name: "multi-single-faults", Strategy: Single, Nodes: 1, Clients: 3, Keys: 3, Ops: 3, TTL: [2]time.Duration{60 * time.Millisecond, 300 * time.Millisecond}, Fencing: true, Multi: true,
+		Faults: true, Horizon: 450 * time.Millisecond, Client: (*World).multiClient},
 	// revoke-single, revoke-quorum3: locks kept by a Watchdog, and an
 	// operator who inspects keys and forces the release of those held
 	// (Revoke; revokework.go). revoke-single without faults, so that a

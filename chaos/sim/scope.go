@@ -188,6 +188,33 @@ func acquireLine(args []string) (keys, argv []string, ok bool) {
 	return args[3 : 3+nk], args[3+nk:], true
 }
 
+// setLine splits args if they call the AcquireSet script (a set of keys
+// taken in one step): its lock keys (the first half of KEYS) and its
+// token (ARGV[1]).
+func setLine(args []string) (keys []string, token string, ok bool) {
+	if len(args) < 3 {
+		return nil, "", false
+	}
+	switch {
+	case strings.EqualFold(args[0], "evalsha"):
+		ok = args[1] == script.AcquireSet.Hash()
+	case strings.EqualFold(args[0], "eval"):
+		ok = sha1hex(args[1]) == script.AcquireSet.Hash()
+	}
+	nk, err := strconv.Atoi(args[2])
+	if !ok || err != nil || nk < 2 || nk%2 != 0 || len(args) < 3+nk+1 {
+		return nil, "", false
+	}
+	return args[3 : 3+nk/2], args[3+nk], true
+}
+
+// setGranted reports whether an AcquireSet reply is a grant: an array
+// whose first element is 1.
+func setGranted(reply []byte) bool {
+	_, rest, ok := strings.Cut(string(reply), "\r\n")
+	return ok && len(reply) > 0 && reply[0] == '*' && strings.HasPrefix(rest, ":1\r\n")
+}
+
 // granted reports whether an Acquire reply is a grant (a fence or 0).
 func granted(reply []byte) bool {
 	return len(reply) >= 3 && reply[0] == ':' && reply[1] != '-'
@@ -198,6 +225,9 @@ func granted(reply []byte) bool {
 type acquireCall struct {
 	key, token string
 	client     int
+	// set: an AcquireSet call's lock keys (key is the first); a grant is
+	// a vote for each.
+	set []string
 	fairCall
 }
 
@@ -211,6 +241,9 @@ func (w *World) beforeApply(n *Node, c *conn, args []string) *acquireCall {
 	}
 	keys, argv, ok := acquireLine(args)
 	if !ok {
+		if set, token, ok := setLine(args); ok {
+			return &acquireCall{key: set[0], token: token, client: c.client, set: set}
+		}
 		return nil
 	}
 	ac := &acquireCall{key: keys[0], token: argv[0], client: c.client}
@@ -230,7 +263,14 @@ func (w *World) afterApply(n *Node, ac *acquireCall, reply []byte) {
 	}
 	w.scope.mu.Lock()
 	w.scope.applied++
-	if granted(reply) {
+	switch {
+	case ac.set != nil:
+		if setGranted(reply) {
+			for _, k := range ac.set {
+				w.scope.votes = append(w.scope.votes, vote{node: n.id, client: ac.client, key: k, token: ac.token, at: time.Since(w.start)})
+			}
+		}
+	case granted(reply):
 		w.scope.votes = append(w.scope.votes, vote{node: n.id, client: ac.client, key: ac.key, token: ac.token, at: time.Since(w.start)})
 	}
 	w.scope.mu.Unlock()

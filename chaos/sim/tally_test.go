@@ -207,6 +207,14 @@ var hazardCeiling = map[string]float64{
 	"ops-single clock-jump state-valid":    0.559, // 163 of 324
 	"ops-single restart":                   0.436, // 216 of 549
 	"ops-single restart state-valid":       0.333, // 161 of 549
+	// multi-single-faults: seeds 1-5,000 of the scenario alone (-scenario
+	// multi-single-faults -seeds 5000 -v), at the commit that added it.
+	"multi-single-faults clock-drift":             0.054, // 11 of 325
+	"multi-single-faults clock-drift state-valid": 0.235, // 62 of 325
+	"multi-single-faults clock-jump":              0.212, // 167 of 902
+	"multi-single-faults clock-jump state-valid":  0.655, // 561 of 902
+	"multi-single-faults restart":                 0.138, // 172 of 1431
+	"multi-single-faults restart state-valid":     0.352, // 468 of 1431
 	// multi-quorum3: seeds 1-5,000 of the scenario alone (-scenario
 	// multi-quorum3 -seeds 5000 -v), at 0e4b99c.
 	"multi-quorum3 clock-drift":             0.028, // 5 of 339
