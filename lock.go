@@ -106,7 +106,8 @@ func (lk *Lock) Shard() string {
 }
 
 // Token returns the random token (128 bits from crypto/rand) that identifies
-// this holder in Redis.
+// this holder in Redis. The locks of a set taken in one step (see
+// Locker.LockAll) share one token, each on its own key.
 func (lk *Lock) Token() string {
 	if lk == nil {
 		return ""

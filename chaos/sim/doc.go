@@ -264,14 +264,20 @@
 //   - fair-single, fair-quorum3: the Wake scenarios in fair mode;
 //     fair-quorum3 also draws latejoin. fair-herd: fair-quorum3 with two
 //     waiters per client, as wake-herd is wake-quorum3's.
-//   - multi-quorum3, multi-single (multiwork.go): transfers between
-//     accounts under sets of two keys (Locker.TryLockAll, LockAll, DoAll,
-//     the keys in the transfer's direction), every client's Locker kept by
-//     a Watchdog of its own; each lock of a set is a hold of its key, and
-//     set-whole checks that a set is valid as a whole when handed out.
-//     Three accounts. multi-quorum3: the general faults. multi-single: no
-//     faults, and every LockAll and DoAll must be granted within 10 s
-//     (set-wait: no deadlock, no key left behind).
+//   - multi-quorum3, multi-single, multi-single-faults (multiwork.go):
+//     transfers between accounts under sets of two keys
+//     (Locker.TryLockAll, LockAll, DoAll, the keys in the transfer's
+//     direction), every client's Locker kept by a Watchdog of its own;
+//     each lock of a set is a hold of its key, and set-whole checks that a
+//     set is valid as a whole when handed out. Three accounts.
+//     multi-quorum3: the general faults, every set taken key by key.
+//     multi-single: no faults, and every LockAll and DoAll must be granted
+//     within 10 s (set-wait: no deadlock, no key left behind); on single a
+//     set's first attempt is one step (redlease.SetAcquirer), then the
+//     keys in order. multi-single-faults: multi-single under the general
+//     faults, so that steps are abandoned, undone by token, resent and
+//     taken over; the fault scopes count a step's grant as a vote for
+//     each of its keys (setLine).
 //   - revoke-single, revoke-quorum3 (revokework.go): locks kept by a
 //     Watchdog while their holders write to the fenced register, and an
 //     operator (the last client) who inspects keys (Locker.Inspect) and
