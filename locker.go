@@ -534,12 +534,7 @@ func (l *Locker) attempt(ctx context.Context, c lockConfig, key, token string, p
 		// The release waits at most the margin, and never past the
 		// caller's deadline.
 		cause := lk.Err()
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.lossMargin())
-		if dl, ok := ctx.Deadline(); ok {
-			var cancelAt context.CancelFunc
-			rctx, cancelAt = context.WithDeadline(rctx, dl)
-			defer cancelAt()
-		}
+		rctx, cancel := bornLostBound(ctx, c)
 		_ = lk.Release(rctx)
 		if c.fused != nil {
 			c.fused.Undo(rctx, full, token) // what its script wrote beside the key
@@ -548,6 +543,17 @@ func (l *Locker) attempt(ctx context.Context, c lockConfig, key, token string, p
 		return nil, Wrap(ErrNotObtained, cause)
 	}
 	return lk, nil
+}
+
+// bornLostBound is the context of the release of a grant born lost (see
+// attempt): at most the loss margin, and never past the caller's
+// deadline, whatever its cancellation says.
+func bornLostBound(ctx context.Context, c lockConfig) (context.Context, context.CancelFunc) {
+	end := time.Now().Add(c.lossMargin())
+	if dl, ok := ctx.Deadline(); ok && dl.Before(end) {
+		end = dl
+	}
+	return context.WithDeadline(context.WithoutCancel(ctx), end)
 }
 
 // acquireFused is Acquire running f on s (see internal/fused).

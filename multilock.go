@@ -297,7 +297,8 @@ func (l *Locker) takeAll(ctx context.Context, keys []string, opts []LockOption, 
 	}
 	locks := make([]*Lock, 0, len(items))
 	stops := make([]func(), 0, len(items))
-	if sa, c := l.together(items[0].c, keys, items); sa != nil {
+	if sa := l.together(items); sa != nil {
+		c := items[0].c
 		// One atomic step for the whole set: every key, or none.
 		together, err := l.attemptSet(ctx, c, sa, items)
 		switch {
@@ -382,24 +383,25 @@ type setItem struct {
 	c   lockConfig
 }
 
-// together returns the strategy as a SetAcquirer, and the call's config,
-// if the set's keys (items, in the set's order) can be taken in one
-// atomic step: the strategy is a SetAcquirer whose Together accepts their
-// names, and the call is neither fair (one line per key; a set that jumps
-// them would be unfair) nor fused. Otherwise sa is nil.
-func (l *Locker) together(c lockConfig, keys []string, items []setItem) (sa SetAcquirer, _ lockConfig) {
+// together returns the strategy as a SetAcquirer if the set's keys
+// (items, in the set's order) can be taken in one atomic step: the
+// strategy is a SetAcquirer whose Together accepts their names, and the
+// call is neither fair (one line per key; a set that jumps them would be
+// unfair) nor fused. Otherwise it returns nil.
+func (l *Locker) together(items []setItem) SetAcquirer {
+	c := items[0].c
 	sa, ok := c.strategy.(SetAcquirer)
 	if !ok || c.fair || c.fused != nil || len(items) < 2 {
-		return nil, c
+		return nil
 	}
 	full := make([]string, len(items))
 	for i, it := range items {
 		full[i] = l.prefix + it.key
 	}
 	if !sa.Together(full) {
-		return nil, c
+		return nil
 	}
-	return sa, c
+	return sa
 }
 
 // attemptSet makes one attempt at every key of items (in the set's order)
@@ -464,12 +466,7 @@ func (l *Locker) attemptSet(ctx context.Context, c lockConfig, sa SetAcquirer, i
 			// attempt's token, within the loss margin and the caller's
 			// deadline, and counts as not obtained.
 			cause := lk.Err()
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.lossMargin())
-			if dl, ok := ctx.Deadline(); ok {
-				var cancelAt context.CancelFunc
-				rctx, cancelAt = context.WithDeadline(rctx, dl)
-				defer cancelAt()
-			}
+			rctx, cancel := bornLostBound(ctx, c)
 			_ = (&LockSet{locks: locks}).each(func(lk *Lock) error { return lk.Release(rctx) })
 			cancel()
 			return nil, fmt.Errorf("key %q of %d: %w", items[i].key, len(items), Wrap(ErrNotObtained, cause))

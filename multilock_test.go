@@ -243,3 +243,43 @@ func TestLockAllFairTakesTheKeysInOrder(t *testing.T) {
 	assert.Equal(t, []string{"wait fair:a", "acquire fair:a", "wait fair:b", "acquire fair:b"}, o.names())
 	require.NoError(t, set.Release(t.Context()))
 }
+
+// bornLostSets is the fake as a SetAcquirer whose steps grant every key
+// (as its Acquire would) but come back with only left of validity: a
+// reply slowed past the loss margin.
+type bornLostSets struct {
+	*fake
+	left time.Duration
+}
+
+func (b bornLostSets) Together([]string) bool { return true }
+
+func (b bornLostSets) AcquireSet(ctx context.Context, keys []string, token string, ttl time.Duration) ([]redlease.Grant, int, error) {
+	grants := make([]redlease.Grant, len(keys))
+	for i, k := range keys {
+		g, err := b.Acquire(ctx, k, token, ttl)
+		if err != nil {
+			return nil, i, err
+		}
+		grants[i] = redlease.Grant{Until: time.Now().Add(b.left), Fence: g.Fence}
+	}
+	return grants, -1, nil
+}
+
+// TestTryLockAllRefusesASetBornLost: a step that came back with less
+// validity than the loss margin is not handed out (work started under it
+// could outlive it): TryLockAll answers not obtained, and every key of
+// the step is released by its token.
+func TestTryLockAllRefusesASetBornLost(t *testing.T) {
+	f := newFake()
+	const ttl = time.Second // loss margin: a tenth, 100 ms
+	l := newLocker(t, bornLostSets{f, 50 * time.Millisecond}, redlease.WithTTL(ttl))
+	set, err := l.TryLockAll(t.Context(), []string{"b", "a"})
+	require.ErrorIs(t, err, redlease.ErrNotObtained)
+	assert.Nil(t, set)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	assert.Equal(t, []string{"a", "b"}, f.keys, "one step, in the set's order")
+	assert.Empty(t, f.held, "both keys released")
+	assert.Equal(t, 2, f.releases)
+}
