@@ -23,18 +23,21 @@ COUNT ?= 8
 BENCH ?= .
 BENCH_OUT ?= docs/bench
 BENCHTIME ?= 1s
-BENCH_GROUPS = Quorum Single Contention Watchdog Idempotency Handoff LockSet Semaphore
+BENCH_GROUPS = Quorum Single Contention Watchdog Idempotency Handoff LockSet Semaphore Election
 # One-node groups run pinned to one CPU (client and server alike): on a small VM a
 # cross-CPU wakeup costs more than the libraries differ, and where the scheduler
 # puts the two processes changes from run to run. Empty BENCH_PIN: no pinning.
-BENCH_ONE_NODE = Single|Idempotency
+BENCH_ONE_NODE = Single|Idempotency|Election
+# A group in none of BENCH_ONE_NODE, BENCH_MULTI_NODE, BENCH_HANDOFF, BENCH_BOTH runs in
+# all three passes (the third at HANDOFFS iterations): list every new group in one of them.
 BENCH_MULTI_NODE = Quorum|Contention|ContentionOneKey|ContentionSingle|Watchdog|LockSet|Semaphore
 # Handoff runs a fixed number of handoffs per round (each waits a random
 # 5–155 ms first), unpinned: a time-based benchtime gives too few for a p99.
 BENCH_HANDOFF = Handoff
-# IdempotencyPaired and SinglePaired run in both the unpinned and the pinned pass (its name
-# says which: cpus=2 or cpus=1), never in the handoff pass's fixed count.
-BENCH_BOTH = IdempotencyPaired|SinglePaired
+# IdempotencyPaired, SinglePaired and ElectionPaired run in both the unpinned and the
+# pinned pass (each name says which: cpus=2 or cpus=1), never in the handoff pass's
+# fixed count.
+BENCH_BOTH = IdempotencyPaired|SinglePaired|ElectionPaired
 HANDOFFS ?= 40
 BENCH_PIN ?= taskset -c 0
 BENCHSTAT_VERSION ?= v0.0.0-20260908200009-22c9c6c9d4da

@@ -30,6 +30,9 @@
 //	BenchmarkIdempotency/lib=redlease/case=replay         the barrier; lib=raw is a SET NX GET floor
 //	BenchmarkIdempotencyPaired/cpus=1/case=first          the same two, interleaved op by op (ratio metrics)
 //	BenchmarkHandoff/lib=redlease/nodes=5                 Release returns → the waiting Lock returns (p50/p99-handoff-ns)
+//	BenchmarkElection/lib=redlease/op=term                Campaign, Proclaim, Resign on one node; peers: lock, INCR, SET, SET, unlock
+//	BenchmarkElection/lib=redlease/op=leader              Election.Leader; lib=raw is a GET of the peers' record
+//	BenchmarkElectionPaired/cpus=1/case=redlease/redsync  the same ops, interleaved op by op (ratio metrics)
 //
 // Libraries whose name starts with "redlease" are ours; the others are the
 // peers the ratios are taken against.
@@ -43,15 +46,17 @@
 // instead (the first one for the one-node benchmarks); keys are prefixed
 // with a random run id, and nothing is flushed.
 //
-// `make bench` runs the one-node groups (Single, Idempotency) pinned to one
-// CPU with taskset, client and server together: on a small VM a wakeup across
-// CPUs costs more per round trip (about 45 µs on the 2-core machine of the
-// committed run) than the libraries differ, and the scheduler's placement of
-// the two processes changes from run to run (±40 % between runs unpinned,
-// a few per cent pinned). The multi-node groups run unpinned on every core.
-// IdempotencyPaired runs in both passes, and says which in its name
-// (cpus=1 pinned, cpus=2 not): it times the barrier and its floor op by op
-// on the same moments, so its ratios hold still even unpinned.
+// `make bench` runs the one-node groups (Single, Idempotency, Election)
+// pinned to one CPU with taskset, client and server together: on a small VM
+// a wakeup across CPUs costs more per round trip (about 45 µs on the 2-core
+// machine of the committed run) than the libraries differ, and the
+// scheduler's placement of the two processes changes from run to run (±40 %
+// between runs unpinned, a few per cent pinned). The multi-node groups run
+// unpinned on every core.
+// IdempotencyPaired, SinglePaired and ElectionPaired run in both passes,
+// and say which in their names (cpus=1 pinned, cpus=2 not): each times
+// ours and the peer op by op on the same moments, so its ratios hold
+// still even unpinned.
 //
 // Proxied cases (slow=, down=) put every node behind a proxy (the
 // hand-written gate of internal/redistest) that runs in a child process (the
