@@ -20,7 +20,8 @@ import (
 // "held": the README's switch would take it for a holder, and the CLI
 // exits 75 for it (issue 29, defect 4). Checked where the workloads'
 // Lockers have the state observer (lockClient and doClient on failover,
-// the ops clients, doClient on single). No fault excuses it. Examined:
+// the ops clients, doClient on single, the Multi clients: a set's step,
+// "acquire_set", as well as each key's acquisition). No fault excuses it. Examined:
 // acquisitions answered "held".
 const InvHeldKind = "held-kind"
 

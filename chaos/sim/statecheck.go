@@ -560,7 +560,7 @@ func (o stateObserver) Start(ctx context.Context, op redlease.Op) (context.Conte
 	switch op.Name {
 	case "extend":
 		return ctx, func(error) { o.w.checkClientKey(o.ci, op.Key) }
-	case "acquire":
+	case "acquire", "acquire_set": // a set's step: op.Key names its keys
 		t0 := o.w.hist.now()
 		return ctx, func(err error) { o.w.heldKind(ctx, o.ci, op.Key, t0, err) }
 	}
