@@ -120,7 +120,8 @@ type Scenario struct {
 	Permits int
 	// Elect: the clients campaign for the leadership of one election
 	// (electwork.go), their Lockers kept by a renew.Watchdog of their
-	// own.
+	// own, and observe it (Election.Observe, electobserve.go): the nodes
+	// answer SUBSCRIBE, UNSUBSCRIBE and PUBLISH as in Wake (pubsub.go).
 	Elect bool
 	// Group: the rotation the scenario belongs to: "" the lock rotation
 	// (Rotation), "idem" the idempotency rotation (IdemRotation), "fence"
