@@ -18,8 +18,9 @@ import (
 // of them then send a late proclamation under their old token and term
 // (the request of a deposed leader that was still on its way). The
 // leader's lock is a Hold of k0, so overlap (one leader at a time),
-// fence-order and stale-accepted examine it as a lock; the election's own
-// invariants are these:
+// fence-order and stale-accepted examine it as a lock. Every client also
+// observes the election (electobserve.go, with invariants of its own). The
+// election's own invariants are these:
 
 // InvElectTerm: one leader per term, terms rising: no two Campaigns
 // returned the same term, and a Campaign called after another returned

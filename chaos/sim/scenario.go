@@ -256,7 +256,9 @@ var Scenarios = []Scenario{
 		Client: (*World).semClient},
 	// elect-single: leader election (Elect; electwork.go) on one
 	// primary without faults, so that a resigned leader's late
-	// proclamation must be refused (elect-late). The quorum strategy
+	// proclamation must be refused (elect-late), and an observer must
+	// see a kept proclamation by its notice (elect-observe-timely,
+	// electobserve.go). The quorum strategy
 	// holds no election (redlease.NewElection refuses it). A rotation of
 	// its own (Group "elect", -rotation elect): added to the lock
 	// rotation it gives every lock scenario other seeds (s % 26), and
