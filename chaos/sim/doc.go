@@ -47,14 +47,14 @@
 // what miniredis lacks: INFO server (with a run_id new at every restart,
 // which the delayed-restart rule reads), WAIT, EVAL, EVALSHA and SCRIPT
 // (one gopher-lua state per node process, redis.call dispatching into
-// miniredis), pub/sub in the Wake scenarios (pubsub.go: a push is a reply
-// on the subscriber's own link), CLUSTER on Cluster masters. A node can
-// pause (it queues everything, then serves the queue in order), crash, and
-// restart empty, from a snapshot taken 5-200 ms before, or with its data.
-// A node's script cache is lost on every restart; a generated run draws
-// each node warm (three in four) or cold for its first process: a warm
-// one has the library's lock scripts cached, as a server has once any
-// client ran them, and a cold one answers their first EVALSHA with
+// miniredis), pub/sub in the Wake and Elect scenarios (pubsub.go: a push
+// is a reply on the subscriber's own link), CLUSTER on Cluster masters. A
+// node can pause (it queues everything, then serves the queue in order),
+// crash, and restart empty, from a snapshot taken 5-200 ms before, or with
+// its data. A node's script cache is lost on every restart; a generated
+// run draws each node warm (three in four) or cold for its first process:
+// a warm one has the library's lock scripts cached, as a server has once
+// any client ran them, and a cold one answers their first EVALSHA with
 // NOSCRIPT (warm.go). The idempotency scripts always start cold.
 //
 // Failover (replica.go, sentinel.go, failoverwork.go): a primary and one
@@ -308,9 +308,23 @@
 //     called after another returned has a higher term; elect-value: a
 //     leader whose lock was valid across a read of the leader read its
 //     own term and a value it proclaimed; elect-late: a resigned leader's
-//     late proclamation is refused. Observe is not exercised (the
-//     simulator's pub/sub is the Wake scenarios'), nor is quorum, which
-//     holds no election.
+//     late proclamation is refused. Every client also observes the
+//     election (Election.Observe on its own Locker, electobserve.go) from
+//     before its first Campaign until every client's campaigns ended (at
+//     most 60 virtual seconds), the nodes answering pub/sub as in the
+//     Wake scenarios, and records each leader its channel sends.
+//     elect-observe-order: an observer's leaders never go back (a higher
+//     term, or the same term with another value); elect-observe-known:
+//     each is a term's leader with a value that leader proclaimed (a
+//     value of a Campaign that failed is excused: its term is unknown);
+//     elect-observe-timely: a value a Campaign or Proclaim recorded at t,
+//     kept by its leader (not lost, no Resign nor other Proclaim sent)
+//     until t + 10 ms (20 no-fault one-way delays), was seen by then by
+//     every observer observing across it. Observe's doc promises
+//     notices and a fallback read every max retry delay (320 ms here);
+//     without faults no notice is lost, so the bound is the notice's and
+//     the reads', not the fallback's. Quorum is not exercised: it holds
+//     no election.
 //   - cluster-failover (clusterrepl.go): failover.New on a go-redis
 //     ClusterClient over three masters with a replica each (a quarter of
 //     the clients WithReplicas(1)); even clients lockClient, odd ones

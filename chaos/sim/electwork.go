@@ -18,8 +18,9 @@ import (
 // of them then send a late proclamation under their old token and term
 // (the request of a deposed leader that was still on its way). The
 // leader's lock is a Hold of k0, so overlap (one leader at a time),
-// fence-order and stale-accepted examine it as a lock; the election's own
-// invariants are these:
+// fence-order and stale-accepted examine it as a lock. Every client also
+// observes the election (electobserve.go, with invariants of its own). The
+// election's own invariants are these:
 
 // InvElectTerm: one leader per term, terms rising: no two Campaigns
 // returned the same term, and a Campaign called after another returned
@@ -48,12 +49,18 @@ func init() {
 }
 
 // electState is what the Elect workload recorded: every Campaign that
-// returned a leadership, and the values each term proclaimed (or sent to
-// be).
+// returned a leadership, the values each term proclaimed (or sent to be),
+// those each leader recorded and kept, the values of Campaigns that
+// failed, and the observers (electobserve.go).
 type electState struct {
-	mu     sync.Mutex
-	terms  []electTerm
-	values map[uint64]map[string]bool
+	mu             sync.Mutex
+	terms          []electTerm
+	values         map[uint64]map[string]bool
+	records        []electRecord
+	campaignFailed map[string]bool
+	observers      []*electObserver
+	over           chan struct{} // closed once every client's campaigns ended
+	left           int           // clients whose campaigns have not ended
 }
 
 // electTerm is one Campaign that returned a leadership.
@@ -89,6 +96,10 @@ const electWait = 10 * time.Second
 // electClient is one Elect client (see above).
 func (w *World) electClient(ci int, locker *redlease.Locker, r *rand.Rand) {
 	e := must(redlease.NewElection(locker, electKey))
+	w.elect.startCampaigns(w.sc.Clients)
+	stop := w.observe(ci, e)
+	defer stop()
+	defer w.elect.endCampaigns()
 	for seq := range w.sc.Ops {
 		ttl := w.drawTTL(r)
 		cd := ms(r, 50, 400)
@@ -102,6 +113,14 @@ func (w *World) electClient(ci int, locker *redlease.Locker, r *rand.Rand) {
 		cancel()
 		w.checkCtx(ci, "campaign", electKey, called, cd, true)
 		if err != nil {
+			// Its value may have been recorded in a term it never learnt:
+			// an observer that saw it is excused (elect-observe-known).
+			w.elect.mu.Lock()
+			if w.elect.campaignFailed == nil {
+				w.elect.campaignFailed = map[string]bool{}
+			}
+			w.elect.campaignFailed[v] = true
+			w.elect.mu.Unlock()
 			w.hist.failed()
 			w.hist.logf("c%d#%d campaign ttl=%v: %v", ci, seq, ttl, short(err))
 			sleep(ms(r, 0, 30))
@@ -132,6 +151,9 @@ func (w *World) lead(ci, seq int, e *redlease.Election, ld *redlease.Leadership,
 		close(done)
 	}()
 	live := w.track(ci, fmt.Sprintf("c%d#%d", ci, seq), electKey, lk, w.placeOf("", electKey))
+	// The values this leader recorded, each kept until the next Proclaim
+	// sent (the last until the Resign sent or the loss: below).
+	recs := []electRecord{{client: ci, seq: seq, term: term, value: v, confirmed: hd.From, until: -1}}
 	for step := range 1 + r.IntN(3) {
 		sleep(time.Duration(r.Int64N(int64(ttl / 2))))
 		if !lk.Valid() {
@@ -143,9 +165,16 @@ func (w *World) lead(ci, seq int, e *redlease.Election, ld *redlease.Leadership,
 			nv := fmt.Sprintf("c%d#%d.%d", ci, seq, step)
 			st.proclaimed(term, nv) // before it is sent: a read may see it before Proclaim returns
 			ctx, cancel := context.WithTimeout(context.Background(), ms(r, 20, 200))
+			sent := w.hist.now()
+			if last := &recs[len(recs)-1]; last.until < 0 {
+				last.until = sent
+			}
 			err := ld.Proclaim(ctx, nv)
 			cancel()
 			w.hist.logf("c%d#%d proclaim %q term=%d: %v", ci, seq, nv, term, short(err))
+			if err == nil {
+				recs = append(recs, electRecord{client: ci, seq: seq, term: term, value: nv, confirmed: w.hist.now(), until: -1})
+			}
 		}
 		w.readLeader(ci, seq, e, lk, term)
 	}
@@ -162,6 +191,19 @@ func (w *World) lead(ci, seq int, e *redlease.Election, ld *redlease.Leadership,
 	hd.To = min(hd.LostAt, hd.Until)
 	w.hist.logf("c%d#%d end %s: %s (%v)", ci, seq, electKey, hd, short(lk.Err()))
 	w.hist.addHold(hd)
+	if last := &recs[len(recs)-1]; last.until < 0 {
+		last.until = hd.RelSent
+		if hd.LostAt >= 0 && hd.LostAt < last.until {
+			last.until = hd.LostAt
+		}
+	}
+	for _, rc := range recs {
+		if rc.until >= 0 {
+			st.mu.Lock()
+			st.records = append(st.records, rc)
+			st.mu.Unlock()
+		}
+	}
 	if err == nil && r.IntN(2) == 0 {
 		w.lateProclaim(ci, seq, lk, term, ttl, r)
 	}
@@ -208,7 +250,8 @@ func (w *World) lateProclaim(ci, seq int, lk *redlease.Lock, term uint64, ttl ti
 	}
 }
 
-// checkElect checks elect-term over every Campaign that returned.
+// checkElect checks elect-term over every Campaign that returned, and the
+// observers' invariants (checkObservers).
 func (w *World) checkElect() []Violation {
 	if !w.sc.Elect {
 		return nil
@@ -237,5 +280,5 @@ func (w *World) checkElect() []Violation {
 			}
 		}
 	}
-	return vs
+	return append(vs, w.checkObservers(st)...)
 }

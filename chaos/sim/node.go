@@ -76,7 +76,7 @@ type Node struct {
 	// redis-server: the test decides the order in which they land.
 	gate func(c *conn, args []string) bool
 	held []queued
-	// psubs (Wake scenarios): the connections subscribed to channels and
+	// psubs (Wake and Elect scenarios): the connections subscribed to channels and
 	// their channels; the simulator answers SUBSCRIBE, UNSUBSCRIBE, PING
 	// in subscribed mode and PUBLISH itself (pubsub.go).
 	psubs map[*conn]map[string]bool
@@ -191,7 +191,7 @@ func (n *Node) hook(p *server.Peer, cmd string, args ...string) bool {
 		p.WriteError("READONLY You can't write against a read only replica.")
 		return true
 	}
-	if n.w.sc.Wake && n.pubsubHook(p, cmd, args) {
+	if (n.w.sc.Wake || n.w.sc.Elect) && n.pubsubHook(p, cmd, args) {
 		return true
 	}
 	if n.evalHook(p, cmd, args) {

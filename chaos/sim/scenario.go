@@ -120,7 +120,8 @@ type Scenario struct {
 	Permits int
 	// Elect: the clients campaign for the leadership of one election
 	// (electwork.go), their Lockers kept by a renew.Watchdog of their
-	// own.
+	// own, and observe it (Election.Observe, electobserve.go): the nodes
+	// answer SUBSCRIBE, UNSUBSCRIBE and PUBLISH as in Wake (pubsub.go).
 	Elect bool
 	// Group: the rotation the scenario belongs to: "" the lock rotation
 	// (Rotation), "idem" the idempotency rotation (IdemRotation), "fence"
@@ -261,7 +262,9 @@ var Scenarios = []Scenario{
 		Client: (*World).semClient},
 	// elect-single: leader election (Elect; electwork.go) on one
 	// primary without faults, so that a resigned leader's late
-	// proclamation must be refused (elect-late). The quorum strategy
+	// proclamation must be refused (elect-late), and an observer must
+	// see a kept proclamation by its notice (elect-observe-timely,
+	// electobserve.go). The quorum strategy
 	// holds no election (redlease.NewElection refuses it). A rotation of
 	// its own (Group "elect", -rotation elect): added to the lock
 	// rotation it gives every lock scenario other seeds (s % 26), and
