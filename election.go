@@ -193,7 +193,9 @@ func (e *Election) Leader(ctx context.Context) (Leader, error) {
 
 // Observe returns a channel of the election's leaders, in rising terms:
 // the current one first (if any), then each new term, and each new value
-// a leader proclaims in its term. It learns of changes without polling
+// a leader proclaims in its term, as its reads find them: a value
+// replaced, or whose leader resigned, before the read that a notice
+// starts is not reported, only what came after it. It learns of changes without polling
 // where it can: it subscribes to the election's proclamations and
 // releases before its first read, and reads the leader on each notice.
 // Notices are hints (a broken connection, an ACL that denies SUBSCRIBE):
