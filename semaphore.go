@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -37,14 +38,18 @@ const MaxPermits = 1024
 //     the next, not across slots: storage that fences permits keeps the
 //     highest fence per slot key (Lock.Key) and compares a permit's fence
 //     with that slot's, never with another slot's.
-//   - No fairness: a waiting Acquire polls the slots with backoff, in
-//     rounds, and a release wakes nobody (no subscription to the slots'
-//     releases); a waiter may be passed by others that came later. A
-//     released permit is found at the next round of a waiter, within the
-//     Locker's max retry delay; a permit whose holder died, within the
-//     holder's remaining TTL (+1 ms) as the refusing nodes reported it.
-//     WithFairness has no effect on a permit: no waiter joins a slot's
-//     line.
+//   - No fairness: a waiting Acquire tries the slots in rounds, and a
+//     waiter may be passed by others that came later. On a Waker (single,
+//     failover, quorum) and without WithPolling, after its first round
+//     the nodes refused it subscribes to every slot's releases (up to
+//     MaxWatchedPermits slots; a larger semaphore polls), tries again at
+//     once, and then a release wakes it (one waiter per process and slot,
+//     as for Lock; a notice it did not use goes on to the next). Notices
+//     are hints: otherwise, and for a lost one, a released permit is found
+//     at the next round, within the Locker's max retry delay; a permit
+//     whose holder died, within the holder's remaining TTL (+1 ms) as the
+//     refusing nodes reported it. WithFairness has no effect on a permit:
+//     no waiter joins a slot's line.
 //   - A holder paused past its TTL still believes it holds its permit
 //     when it wakes, exactly as for a Lock: Valid, Lost and the fence are
 //     how it learns otherwise.
@@ -118,7 +123,7 @@ func (s *Semaphore) TryAcquire(ctx context.Context, opts ...LockOption) (*Lock, 
 	if err != nil {
 		return nil, err
 	}
-	lk, err := s.round(ctx, c, jittered.NewStream(ctx, semStartTag))
+	lk, err := s.round(ctx, c, jittered.NewStream(ctx, semStartTag), nil)
 	if err != nil && ctx.Err() != nil {
 		err = withCause(err, context.Cause(ctx))
 	}
@@ -132,7 +137,9 @@ func (s *Semaphore) TryAcquire(ctx context.Context, opts ...LockOption) (*Lock, 
 // granted, ctx is done, WithMaxAttempts rounds are spent, or rounds that
 // left a slot undecided (an outage) have lasted the outage limit
 // (WithOutageLimit; the error then errors.Is ErrUnavailable, not
-// ErrNotObtained). It polls: a release wakes no waiter (see Semaphore).
+// ErrNotObtained). After its first refused round it subscribes to the
+// slots' releases, where it can, and a release ends its wait (see
+// Semaphore).
 // When ctx ends the wait the error errors.Is ctx's error, and the last
 // round's ErrNotObtained or ErrUnavailable. ErrDenied and ErrInvalid are
 // returned at once. Acquire returns by ctx's deadline.
@@ -186,7 +193,7 @@ func (s *Semaphore) config(opts []LockOption) (lockConfig, error) {
 // returns the first permit granted, or a *PermitError (or at once the
 // error of a slot that no retry changes: ErrDenied, ErrInvalid). It stops
 // when ctx ends.
-func (s *Semaphore) round(ctx context.Context, c lockConfig, start *jittered.Stream) (*Lock, error) {
+func (s *Semaphore) round(ctx context.Context, c lockConfig, start *jittered.Stream, answered func(slot int)) (*Lock, error) {
 	n := len(s.slots)
 	first := int(start.N(time.Duration(n)))
 	pe := &PermitError{Name: s.name, Slots: make([]error, n)}
@@ -197,6 +204,9 @@ func (s *Semaphore) round(ctx context.Context, c lockConfig, start *jittered.Str
 		}
 		slot := (first + i) % n
 		lk, err := s.l.try(ctx, c, s.slots[slot])
+		if answered != nil && ctx.Err() == nil && (err == nil || errors.Is(err, ErrNotObtained) && !errors.Is(err, ErrUnavailable)) {
+			answered(slot) // the nodes decided this slot
+		}
 		if err == nil {
 			return lk, nil
 		}
@@ -238,21 +248,18 @@ func (s *Semaphore) retry(ctx context.Context, c lockConfig) (lk *Lock, err erro
 	jitter := jittered.NewStream(ctx, semWaitTag)
 	out := outage{limit: c.outageLimit}
 	var (
-		timer   *time.Timer
+		w       semWaiting
 		refused error // the last round that every slot refused
 	)
-	defer func() {
-		if timer != nil {
-			timer.Stop()
-		}
-	}()
+	defer func() { w.end(s.slotOf(lk)) }()
 	for round := 1; ; round++ {
+		w.takeNotices()
 		if round > 1 && ctx.Err() != nil {
 			return nil, withCause(err, context.Cause(ctx))
 		}
 		actx, cancelRound := out.bound(ctx)
 		began := time.Now()
-		lk, err = s.round(actx, c, start)
+		lk, err = s.round(actx, c, start, w.answered)
 		down := ctx.Err() == nil && err != nil && (errors.Is(err, ErrUnavailable) || actx.Err() != nil)
 		cancelRound()
 		if out.over(began, down, err) {
@@ -273,23 +280,43 @@ func (s *Semaphore) retry(ctx context.Context, c lockConfig) (lk *Lock, err erro
 		if c.maxAttempts > 0 && round >= c.maxAttempts {
 			return nil, err
 		}
-		d := backoff(jitter, round, c.minDelay, c.maxDelay)
+		if !down && !errors.Is(err, ErrUnavailable) && w.watch(ctx, c, s.fullSlots()) {
+			continue // subscribed: a release between the round and now was not heard
+		}
+		n := round
+		if w.subscribed() && !errors.Is(err, ErrUnavailable) {
+			// A release wakes this call (see Lock's wait): the backoff
+			// only covers a lost notice or a holder that never releases,
+			// whose remaining TTL cuts it.
+			n = fullDelay
+		}
+		d := backoff(jitter, n, c.minDelay, c.maxDelay)
 		var pe *PermitError
 		if errors.As(err, &pe) && pe.remains {
 			d = min(d, pe.remaining+time.Millisecond)
 		}
-		d = out.cap(d)
-		if timer == nil {
-			timer = time.NewTimer(d)
-		} else {
-			timer.Reset(d)
-		}
-		select {
-		case <-ctx.Done():
+		if !w.sleep(ctx, out.cap(d)) {
 			return nil, withCause(err, context.Cause(ctx))
-		case <-timer.C:
 		}
 	}
+}
+
+// fullSlots returns the slots' keys as sent to Redis (with the Locker's
+// prefix).
+func (s *Semaphore) fullSlots() []string {
+	keys := make([]string, len(s.slots))
+	for i, k := range s.slots {
+		keys[i] = s.l.prefix + k
+	}
+	return keys
+}
+
+// slotOf returns the index of lk's slot, -1 for a nil lk.
+func (s *Semaphore) slotOf(lk *Lock) int {
+	if lk == nil {
+		return -1
+	}
+	return slices.Index(s.slots, lk.Key())
 }
 
 // PermitError is a Semaphore's failure to get a permit in a round: the

@@ -1,0 +1,57 @@
+package redlease_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/redlease/redlease"
+	"github.com/redlease/redlease/internal/redistest"
+	"github.com/redlease/redlease/internal/script"
+)
+
+// TestSemaphoreAcquireWakesOnRelease: both permits of N = 2 held for a
+// minute; an Acquire whose backoff is an hour (so that only a wake can
+// end its wait before the holders' TTL) waits, subscribed to both slots.
+// Forced order: the release comes only once the node lists the waiter's
+// subscriptions. The waiter is granted the released slot within the
+// test's 30 s, not at the holders' expiry a minute on.
+func TestSemaphoreAcquireWakesOnRelease(t *testing.T) {
+	c := redistest.Start(t, redistest.Config{}).Client()
+	ctx := t.Context()
+	l := singleLocker(t, c, redlease.WithTTL(time.Minute), redlease.WithRetryDelay(time.Hour, time.Hour))
+	sem, err := l.Semaphore("wake", 2)
+	require.NoError(t, err)
+	var held []*redlease.Lock
+	for range 2 {
+		lk, err := sem.TryAcquire(ctx)
+		require.NoError(t, err)
+		held = append(held, lk)
+	}
+
+	type result struct {
+		lk  *redlease.Lock
+		err error
+	}
+	done := make(chan result, 1)
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	go func() {
+		lk, err := sem.Acquire(wctx)
+		done <- result{lk, err}
+	}()
+	channels := []string{script.Channel(sem.Slots()[0]), script.Channel(sem.Slots()[1])}
+	require.Eventually(t, func() bool {
+		n, err := c.PubSubNumSub(ctx, channels...).Result()
+		return err == nil && n[channels[0]] > 0 && n[channels[1]] > 0
+	}, 10*time.Second, time.Millisecond, "the waiter subscribes to both slots")
+	require.NoError(t, held[1].Release(ctx))
+	r := <-done
+	require.NoError(t, r.err, "woken by the release, not at the holders' TTL")
+	assert.Equal(t, held[1].Key(), r.lk.Key(), "the released slot")
+	require.NoError(t, r.lk.Release(ctx))
+	require.NoError(t, held[0].Release(ctx))
+}
