@@ -191,7 +191,7 @@ func (n *Node) hook(p *server.Peer, cmd string, args ...string) bool {
 		p.WriteError("READONLY You can't write against a read only replica.")
 		return true
 	}
-	if (n.w.sc.Wake || n.w.sc.Elect) && n.pubsubHook(p, cmd, args) {
+	if (n.w.sc.Wake || n.w.sc.Elect || n.w.sc.SemWake) && n.pubsubHook(p, cmd, args) {
 		return true
 	}
 	if n.evalHook(p, cmd, args) {

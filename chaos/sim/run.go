@@ -331,7 +331,7 @@ func (w *World) locker(ci int, r *rand.Rand) *redlease.Locker {
 		}
 		s := must(single.New(w.redisClient(ci, w.nodes[0], ctxTimeouts), sopts...))
 		w.noteCTE(ci, ctxTimeouts)
-		if w.sc.Wake {
+		if w.sc.Wake || w.sc.SemWake {
 			w.onClose(ci, func() { w.closeStrategy(ci, "end of run", s, s.Close) })
 		}
 		return must(redlease.New(s, w.lockerOptions(ci)...))
@@ -345,7 +345,7 @@ func (w *World) locker(ci int, r *rand.Rand) *redlease.Locker {
 // the scenario wakes waiters by release notices (Wake).
 func (w *World) lockerOptions(ci int) []redlease.Option {
 	opts := []redlease.Option{redlease.WithFairness(w.sc.Fair && ci < w.sc.Clients-1)}
-	if !w.sc.Wake {
+	if !w.sc.Wake && !w.sc.SemWake {
 		opts = append(opts, redlease.WithPolling())
 	}
 	if w.sc.Multi || w.sc.Permits > 0 || w.sc.Elect {

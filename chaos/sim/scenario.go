@@ -118,6 +118,11 @@ type Scenario struct {
 	// permits (semwork.go), their Lockers kept by a renew.Watchdog of
 	// their own (Semaphore.Do renews its permit); 0: no semaphore.
 	Permits int
+	// SemWake: the Sem clients' Lockers do not poll, so that a waiting
+	// Acquire subscribes to the slots' releases, and their retry delay is
+	// semWakeBackoff, longer than every TTL: only a notice ends a wait
+	// before a holder's expiry (sem-wake-slow).
+	SemWake bool
 	// Elect: the clients campaign for the leadership of one election
 	// (electwork.go), their Lockers kept by a renew.Watchdog of their
 	// own, and observe it (Election.Observe, electobserve.go): the nodes
@@ -259,6 +264,11 @@ var Scenarios = []Scenario{
 	{Name: "sem-quorum3", Strategy: Quorum, Nodes: 3, Clients: 4, Keys: 1, Ops: 3, TTL: [2]time.Duration{60 * time.Millisecond, 300 * time.Millisecond}, Fencing: true, Permits: 2,
 		Faults: true, Horizon: 450 * time.Millisecond, Client: (*World).semClient},
 	{Name: "sem-single", Strategy: Single, Nodes: 1, Clients: 4, Keys: 1, Ops: 3, TTL: [2]time.Duration{60 * time.Millisecond, 300 * time.Millisecond}, Fencing: true, Permits: 2,
+		Client: (*World).semClient},
+	// sem-wake-single: sem-single whose waiters are woken by release
+	// notices (SemWake), with TTLs long enough that a wait a notice did
+	// not end outlasts sem-wake-slow's bound.
+	{Name: "sem-wake-single", Strategy: Single, Nodes: 1, Clients: 4, Keys: 1, Ops: 3, TTL: [2]time.Duration{600 * time.Millisecond, time.Second}, Fencing: true, Permits: 2, SemWake: true,
 		Client: (*World).semClient},
 	// elect-single: leader election (Elect; electwork.go) on one
 	// primary without faults, so that a resigned leader's late

@@ -48,7 +48,35 @@ const semName = "s"
 // abandoned permit's TTL), whatever the order the waiters are served in.
 const semWait = 10 * time.Second
 
+// InvSemWakeSlow: in a SemWake scenario (no faults), a permit's release
+// was sent, while a client had been inside Acquire or Do since before it
+// and still was semWakeFast after it, and nobody was granted a permit
+// within semWakeFast of it: the release's notice did not end the wait.
+// (Without the notice, the wait ends at a holder's expiry: the held
+// slots' TTLs are 600 ms to 1 s, renewed every third of it.) Examined:
+// such releases.
+const InvSemWakeSlow = "sem-wake-slow"
+
+// semWakeFast is sem-wake-slow's bound: a waiter's round in flight when
+// the release lands (both slots, a round trip each: 4 maxOneWay), or its
+// first round, its subscription and the check after it (6 maxOneWay);
+// then the push (1) and the round it starts (4), and a few scheduler
+// instants. Below it, a holder's expiry is at least 2/3 of 600 ms away.
+const semWakeFast = 12*maxOneWay + 5*time.Millisecond
+
+// semWakeBackoff is a SemWake client's retry delay (min = max): longer
+// than every TTL, so that a wait ends at a notice or a holder's expiry.
+const semWakeBackoff = 5 * time.Second
+
+// semWaitRec is one Acquire or Do of a Sem client in a SemWake scenario:
+// from its call to its grant (or its return, if not granted).
+type semWaitRec struct {
+	client   int
+	from, to time.Duration
+}
+
 func init() {
+	examinedIn[InvSemWakeSlow] = func(sc *Scenario) bool { return sc.SemWake }
 	examinedIn[InvSemBound] = func(sc *Scenario) bool { return sc.Permits > 0 }
 	examinedIn[InvSemWait] = func(sc *Scenario) bool { return sc.Permits > 0 && !sc.Faults }
 	examinedIn[InvSemHeldKind] = func(sc *Scenario) bool { return sc.Permits > 0 }
@@ -68,6 +96,9 @@ func (w *World) semClient(ci int, locker *redlease.Locker, r *rand.Rand) {
 		var err error
 		via := [...]string{"tryacquire", "acquire", "do", "abandon"}[r.IntN(4)]
 		opts := []redlease.LockOption{redlease.WithTTL(ttl)}
+		if w.sc.SemWake {
+			opts = append(opts, redlease.WithRetryDelay(semWakeBackoff, semWakeBackoff))
+		}
 		switch via {
 		case "tryacquire", "acquire", "abandon":
 			var lk *redlease.Lock
@@ -75,6 +106,7 @@ func (w *World) semClient(ci int, locker *redlease.Locker, r *rand.Rand) {
 				lk, err = sem.TryAcquire(ctx, opts...)
 			} else {
 				lk, err = sem.Acquire(ctx, opts...)
+				w.semWaited(ci, start)
 			}
 			w.checkCtx(ci, via, semName, start, cd, true)
 			w.semHeldKind(ctx, ci, seq, via, err)
@@ -87,10 +119,16 @@ func (w *World) semClient(ci int, locker *redlease.Locker, r *rand.Rand) {
 			}
 		case "do":
 			var finish func()
+			granted := false
 			err = sem.Do(ctx, func(_ context.Context, lk *redlease.Lock) error {
+				granted = true
+				w.semWaited(ci, start)
 				finish = w.holdPermit(ci, seq, via, ttl, lk, r, nil)
 				return nil
 			}, opts...)
+			if !granted {
+				w.semWaited(ci, start)
+			}
 			if finish != nil {
 				finish()
 			}
@@ -144,8 +182,21 @@ func (w *World) holdPermit(ci, seq int, via string, ttl time.Duration, lk *redle
 	return w.holdLocks(ci, seq, via, ttl, []*redlease.Lock{lk}, lk.Valid, release, r)
 }
 
+// semWaited records, in a SemWake scenario, client ci's Acquire or Do
+// called at from, now granted or returned.
+func (w *World) semWaited(ci int, from time.Duration) {
+	if !w.sc.SemWake {
+		return
+	}
+	to := w.hist.now()
+	w.mu.Lock()
+	w.semWaits = append(w.semWaits, semWaitRec{client: ci, from: from, to: to})
+	w.mu.Unlock()
+}
+
 // checkSem finds the instants at which more than Permits permits of the
-// semaphore were believed held (InvSemBound).
+// semaphore were believed held (InvSemBound), and in a SemWake scenario
+// the releases whose notice ended no wait (InvSemWakeSlow).
 func (w *World) checkSem() []Violation {
 	if w.sc.Permits == 0 {
 		return nil
@@ -158,8 +209,8 @@ func (w *World) checkSem() []Violation {
 		}
 	}
 	w.hist.mu.Unlock()
+	vs := w.checkSemWake(hs)
 	slices.SortStableFunc(hs, func(a, b *Hold) int { return int(a.From - b.From) })
-	var vs []Violation
 	for i, hd := range hs {
 		w.hist.ex.count(InvSemBound, 1)
 		var in []*Hold
@@ -177,6 +228,50 @@ func (w *World) checkSem() []Violation {
 		}
 		vs = append(vs, Violation{Inv: InvSemBound, At: hd.From, Holds: in, Detail: fmt.Sprintf(
 			"%d permits of %d believed held at once: %s", len(in), w.sc.Permits, strings.Join(names, ", "))})
+	}
+	return vs
+}
+
+// checkSemWake checks sem-wake-slow (see InvSemWakeSlow) over hs, the
+// holds of the semaphore's slots.
+func (w *World) checkSemWake(hs []*Hold) []Violation {
+	if !w.sc.SemWake {
+		return nil
+	}
+	w.mu.Lock()
+	waits := slices.Clone(w.semWaits)
+	w.mu.Unlock()
+	var vs []Violation
+	for _, rel := range hs {
+		// A release sent while the lock was still valid: the slot was
+		// held, and its release publishes.
+		if rel.RelSent < 0 || rel.RelSent >= rel.Until {
+			continue
+		}
+		bound := rel.RelSent + semWakeFast
+		var waiting *semWaitRec
+		for i, wt := range waits {
+			if wt.client != rel.Client && wt.from < rel.RelSent && wt.to > bound {
+				waiting = &waits[i]
+				break
+			}
+		}
+		if waiting == nil {
+			continue
+		}
+		w.hist.ex.count(InvSemWakeSlow, 1)
+		served := false
+		for _, o := range hs {
+			if o.From > rel.RelSent && o.From <= bound {
+				served = true
+				break
+			}
+		}
+		if !served {
+			vs = append(vs, Violation{Inv: InvSemWakeSlow, At: bound, Holds: []*Hold{rel}, Detail: fmt.Sprintf(
+				"%s released by c%d at %.3fms while c%d waited (since %.3fms, until %.3fms): nobody granted a permit by %.3fms",
+				rel.Key, rel.Client, msf(rel.RelSent), waiting.client, msf(waiting.from), msf(waiting.to), msf(bound))})
+		}
 	}
 	return vs
 }

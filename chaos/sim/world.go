@@ -83,6 +83,7 @@ type World struct {
 	revokeSent   map[string]bool
 	// Wake scenarios (wakework.go): every Lock call and every release.
 	wakeWaits []wakeWait
+	semWaits  []semWaitRec // SemWake: the Acquire and Do calls of the Sem clients
 	wakeRels  []wakeRelease
 	scope     scopeRecs // what the nodes recorded for the hazard scopes (scope.go)
 	fifo      fifoRecs  // fair mode's line as the nodes applied grants (fifo.go)
@@ -174,9 +175,9 @@ func (w *World) fate(c *conn, toNode bool, i, id uint64, now time.Time) (time.Du
 	h := mix(mix(w.seed, id), d)
 	u := func(k uint64) float64 { return unit(mix(h, k)) }
 	delay := baseDelay + time.Duration(u(0)*float64(baseJitter))
-	if w.sc.Wake && i == 0 {
-		// A connection's handshake (HELLO and its reply) in a Wake
-		// scenario: no delay, no loss. go-redis's PubSub dials and
+	if (w.sc.Wake || w.sc.SemWake) && i == 0 {
+		// A connection's handshake (HELLO and its reply) in a Wake (or
+		// SemWake) scenario: no delay, no loss. go-redis's PubSub dials and
 		// handshakes holding its mutex, and the hub's other goroutine
 		// waits on that mutex: a goroutine blocked on a mutex is not
 		// durably blocked, so the bubble's clock would stop with the
