@@ -2,6 +2,7 @@ package redlease_test
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
@@ -11,6 +12,7 @@ import (
 	"github.com/redlease/redlease"
 	"github.com/redlease/redlease/internal/redistest"
 	"github.com/redlease/redlease/internal/script"
+	"github.com/redlease/redlease/single"
 )
 
 // TestSemaphoreAcquireWakesOnRelease: both permits of N = 2 held for a
@@ -54,4 +56,52 @@ func TestSemaphoreAcquireWakesOnRelease(t *testing.T) {
 	assert.Equal(t, held[1].Key(), r.lk.Key(), "the released slot")
 	require.NoError(t, r.lk.Release(ctx))
 	require.NoError(t, held[0].Release(ctx))
+}
+
+// gatedWatch is a single strategy whose first Watch runs before first,
+// once, before it subscribes: a release that lands between a waiter's
+// refused round and its subscription.
+type gatedWatch struct {
+	*single.Strategy
+	once  sync.Once
+	first func()
+}
+
+func (g *gatedWatch) Watch(ctx context.Context, key, waiter string) (<-chan struct{}, func(bool), error) {
+	g.once.Do(g.first)
+	return g.Strategy.Watch(ctx, key, waiter)
+}
+
+// TestSemaphoreAcquireHearsAReleaseBeforeItsSubscription: forced order,
+// a permit released after the waiter's first round was refused and
+// before its subscriptions (in the strategy's Watch, before it
+// subscribes): no notice will come for it, and the waiter's backoff is
+// an hour. The round Acquire makes right after subscribing finds the
+// slot free, within the test's 30 s, not at the other holder's expiry a
+// minute on.
+func TestSemaphoreAcquireHearsAReleaseBeforeItsSubscription(t *testing.T) {
+	c := redistest.Start(t, redistest.Config{}).Client()
+	ctx := t.Context()
+	holders := singleLocker(t, c, redlease.WithTTL(time.Minute))
+	hsem, err := holders.Semaphore("gate", 2)
+	require.NoError(t, err)
+	var held []*redlease.Lock
+	for range 2 {
+		lk, err := hsem.TryAcquire(ctx)
+		require.NoError(t, err)
+		held = append(held, lk)
+	}
+	s, err := single.New(c)
+	require.NoError(t, err)
+	g := &gatedWatch{Strategy: s, first: func() { require.NoError(t, held[0].Release(ctx)) }}
+	l := newLocker(t, g, redlease.WithTTL(time.Minute), redlease.WithRetryDelay(time.Hour, time.Hour))
+	sem, err := l.Semaphore("gate", 2)
+	require.NoError(t, err)
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	lk, err := sem.Acquire(wctx)
+	require.NoError(t, err, "the round after subscribing finds the slot released before it")
+	assert.Equal(t, held[0].Key(), lk.Key())
+	require.NoError(t, lk.Release(ctx))
+	require.NoError(t, held[1].Release(ctx))
 }
