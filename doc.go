@@ -157,13 +157,16 @@
 // quorum, each slot is a Redlock key with its own majority). TryAcquire
 // tries each slot once, from one drawn at random, and answers
 // ErrUnavailable, not ErrNotObtained, when a slot was undecided: an outage
-// is never "all held". Acquire polls the slots in rounds with the
-// Locker's backoff, each wait cut at the shortest remaining TTL a refusal
+// is never "all held". Acquire tries the slots in rounds: after its
+// first refused round it subscribes to every slot's releases (on a Waker,
+// without WithPolling, up to MaxWatchedPermits slots), and a release wakes
+// it; each wait is also cut at the shortest remaining TTL a refusal
 // reported.
 //
 // What it does not do: fences rise per slot, not across slots (storage
-// keeps the highest fence per slot key); waiters are not served in order,
-// and a release wakes none of them; a holder paused past its TTL believes
+// keeps the highest fence per slot key); waiters are not served in order
+// (a release wakes one waiter per process and slot, and a waiter that
+// came later may be served first); a holder paused past its TTL believes
 // in its permit as a Lock's holder does; and callers must agree on n (one
 // that opens the name with a larger n lets that many in).
 //

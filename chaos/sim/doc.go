@@ -296,7 +296,11 @@
 //     at once (never more than two), and sem-held-kind checks that "all
 //     held" is never answered with a slot undecided. sem-quorum3: the
 //     general faults. sem-single: no faults, and every Acquire and Do
-//     must be granted within 10 s (sem-wait).
+//     must be granted within 10 s (sem-wait); its Lockers poll.
+//     sem-wake-single: sem-single whose waiters are woken by release
+//     notices (SemWake: no polling, a 5 s retry delay, TTLs of 600 ms to
+//     1 s), and sem-wake-slow: a release sent while a client waits must
+//     see some permit granted within semWakeFast (12 one-way delays).
 //   - elect-single (electwork.go; the election rotation, -rotation
 //     elect): leader election (redlease.Election) on one key and one
 //     primary, no faults, every client's Locker kept
@@ -809,7 +813,7 @@
 // chaos is a module of its own; from the repository's root:
 //
 //	go -C chaos test ./sim                                # 200 seeds, 30 under -race
-//	go -C chaos test ./sim -run 'TestSim$' -seeds 14000   # what make test adds,
+//	go -C chaos test ./sim -run 'TestSim$' -seeds 14500   # what make test adds,
 //	go -C chaos test ./sim -run 'TestSim$' -rotation idem -seeds 4000   # and this
 //	go -C chaos test ./sim -run 'TestSim$' -rotation fence -seeds 900
 //	go -C chaos test ./sim -run 'TestSim$' -scenario failover -seed 5 -replays 10
@@ -830,7 +834,7 @@
 // before Valid on every grant, as Locker.Do does); -findings
 // (the regression tests in findings_test.go of defects still open; the
 // others run always). TestSim sets the GC percent to 400 unless GOGC is
-// set. make test runs the package under -race, then 14,000 seeds of the
+// set. make test runs the package under -race, then 14,500 seeds of the
 // lock rotation (500 per scenario), 4,000 of the idempotency rotation
 // (444-445 per scenario), 900 of the fence rotation and 2,000 of the
 // election rotation without; make sim runs SIM_SEEDS (100,000) with
