@@ -125,7 +125,7 @@ test-small: vet-small
 	@$(call timed,bench and examples modules -race,$(GO) -C bench test $(TRIM) -race -count=1 -timeout $(TEST_TIMEOUT) ./... && $(GO) -C examples test $(TRIM) -race -count=1 -timeout $(TEST_TIMEOUT) ./...)
 
 test-sim:
-	@$(call timed,simulator budgets,$(GO) -C chaos vet $(TRIM) ./sim/ && $(GO) -C chaos test $(TRIM) -count=1 -timeout $(TEST_TIMEOUT) ./sim/ -run 'TestSim$$|TestMatchPatterns$$' -seeds 14500 && \
+	@$(call timed,simulator budgets,$(GO) -C chaos vet $(TRIM) ./sim/ && $(GO) -C chaos test $(TRIM) -count=1 -timeout $(TEST_TIMEOUT) ./sim/ -run 'TestSim$$|TestMatchPatterns$$' -seeds 15000 && \
 	  $(GO) -C chaos test $(TRIM) -count=1 -timeout $(TEST_TIMEOUT) ./sim/ -run 'TestSim$$' -rotation idem -seeds 4000 && \
 	  $(GO) -C chaos test $(TRIM) -count=1 -timeout $(TEST_TIMEOUT) ./sim/ -run 'TestSim$$' -rotation fence -seeds 900 && \
 	  $(GO) -C chaos test $(TRIM) -count=1 -timeout $(TEST_TIMEOUT) ./sim/ -run 'TestSim$$' -rotation elect -seeds 2000)

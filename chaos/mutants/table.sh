@@ -2,7 +2,7 @@
 # table.sh: the simulator's power table. For each mutant (a library bug
 # put back by a go build overlay: NN-name.patch here), build the
 # chaos/sim test binary once with the overlay, run make test's simulator
-# command (the lock rotation, -seeds 14500) with -stopfail from each
+# command (the lock rotation, -seeds 15000) with -stopfail from each
 # starting seed, replay each first find, and print a markdown table.
 #
 #   chaos/mutants/table.sh                          # every mutant
@@ -15,7 +15,7 @@
 # 00-control has no patch: the tree as it is (it must not fail).
 #
 # Environment: ROOT (default: the git top level of the working directory),
-# SEEDS (14500), FIRSTS ("1 100001 200001"), WORKERS (2), REPLAYS (5),
+# SEEDS (15000), FIRSTS ("1 100001 200001"), WORKERS (2), REPLAYS (5),
 # OUT (raw logs; default a new directory under /tmp).
 set -uo pipefail
 export GOWORK=off
@@ -23,7 +23,7 @@ MUT=$(cd "$(dirname "$0")" && pwd)
 ROOT=${ROOT:-$(git rev-parse --show-toplevel 2>/dev/null)}
 [ -n "$ROOT" ] && [ -d "$ROOT/chaos/sim" ] || { echo "ROOT (the redlease tree) not found; set ROOT=" >&2; exit 2; }
 ROOT=$(cd "$ROOT" && pwd)
-SEEDS=${SEEDS:-14500}
+SEEDS=${SEEDS:-15000}
 FIRSTS=${FIRSTS:-"1 100001 200001"}
 WORKERS=${WORKERS:-2}
 REPLAYS=${REPLAYS:-5}

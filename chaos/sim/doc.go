@@ -233,6 +233,10 @@
 //   - quorum5-restart: the same with the delayed-restart rule.
 //   - quorum3-plain: three nodes, no fences, one key.
 //   - quorum3-restart: three nodes, the rule, no fences.
+//   - quorum3-snapshot: quorum3-restart whose only faults are restarts
+//     from a snapshot taken shortly before the crash (the boot marker
+//     kept, the locks since lost): the rule must tell the new process by
+//     its run_id.
 //   - quorum3-extend: the rule with long holds, every extension asking 1.5
 //     times its max TTL (to be refused), empty restarts, partitions, loss.
 //   - watchdog-mixed: doClient over quorum on nodes 0-4 (fenced), single
@@ -813,7 +817,7 @@
 // chaos is a module of its own; from the repository's root:
 //
 //	go -C chaos test ./sim                                # 200 seeds, 30 under -race
-//	go -C chaos test ./sim -run 'TestSim$' -seeds 14500   # what make test adds,
+//	go -C chaos test ./sim -run 'TestSim$' -seeds 15000   # what make test adds,
 //	go -C chaos test ./sim -run 'TestSim$' -rotation idem -seeds 4000   # and this
 //	go -C chaos test ./sim -run 'TestSim$' -rotation fence -seeds 900
 //	go -C chaos test ./sim -run 'TestSim$' -scenario failover -seed 5 -replays 10
@@ -834,7 +838,7 @@
 // before Valid on every grant, as Locker.Do does); -findings
 // (the regression tests in findings_test.go of defects still open; the
 // others run always). TestSim sets the GC percent to 400 unless GOGC is
-// set. make test runs the package under -race, then 14,500 seeds of the
+// set. make test runs the package under -race, then 15,000 seeds of the
 // lock rotation (500 per scenario), 4,000 of the idempotency rotation
 // (444-445 per scenario), 900 of the fence rotation and 2,000 of the
 // election rotation without; make sim runs SIM_SEEDS (100,000) with
