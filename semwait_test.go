@@ -93,7 +93,7 @@ func TestSemaphoreAcquireHearsAReleaseBeforeItsSubscription(t *testing.T) {
 	}
 	s, err := single.New(c)
 	require.NoError(t, err)
-	g := &gatedWatch{Strategy: s, first: func() { require.NoError(t, held[0].Release(ctx)) }}
+	g := &gatedWatch{Strategy: s, first: func() { assert.NoError(t, held[0].Release(ctx)) }} // on Watch's goroutine: no FailNow
 	l := newLocker(t, g, redlease.WithTTL(time.Minute), redlease.WithRetryDelay(time.Hour, time.Hour))
 	sem, err := l.Semaphore("gate", 2)
 	require.NoError(t, err)
