@@ -280,7 +280,7 @@ func (s *Semaphore) retry(ctx context.Context, c lockConfig) (lk *Lock, err erro
 		if c.maxAttempts > 0 && round >= c.maxAttempts {
 			return nil, err
 		}
-		if !down && !errors.Is(err, ErrUnavailable) && w.watch(ctx, c, s.fullSlots()) {
+		if !down && !errors.Is(err, ErrUnavailable) && w.watch(ctx, c, s.l.prefix, s.slots) {
 			continue // subscribed: a release between the round and now was not heard
 		}
 		n := round
@@ -299,16 +299,6 @@ func (s *Semaphore) retry(ctx context.Context, c lockConfig) (lk *Lock, err erro
 			return nil, withCause(err, context.Cause(ctx))
 		}
 	}
-}
-
-// fullSlots returns the slots' keys as sent to Redis (with the Locker's
-// prefix).
-func (s *Semaphore) fullSlots() []string {
-	keys := make([]string, len(s.slots))
-	for i, k := range s.slots {
-		keys[i] = s.l.prefix + k
-	}
-	return keys
 }
 
 // slotOf returns the index of lk's slot, -1 for a nil lk.

@@ -13,31 +13,30 @@ import (
 const MaxWatchedPermits = 64
 
 // semWaiting is a Semaphore Acquire's wait between rounds: its timer and,
-// on a Waker, its subscriptions to every slot's releases. It is waiting
-// (see Waker's contract) once per slot: a notice a round did not answer
-// (the round was granted another slot before it tried this one, or gave
-// up) goes on to the process's next waiter of that slot.
+// on a Waker, one Lock wait (waiting) per slot, subscribed to that slot's
+// releases. Each slot keeps Lock's rules for the notices it takes (see
+// waiting and Waker): a notice a round did not answer (the round was
+// granted another slot before it tried this one, or gave up) goes on to
+// the process's next waiter of that slot.
 type semWaiting struct {
-	timer   *time.Timer
-	notices []<-chan struct{} // slot i's; nil: not subscribed
-	stops   []func(handOn bool)
-	owed    []bool // slot i's notice taken, and no round the nodes decided has tried slot i since
-	tried   bool   // subscriptions were tried
-	cases   []reflect.SelectCase
+	timer *time.Timer
+	slots []waiting // nil: not subscribed
+	tried bool      // subscriptions were tried
+	cases []reflect.SelectCase
 }
 
 // subscribed reports whether releases of the slots wake this call.
-func (w *semWaiting) subscribed() bool { return w.notices != nil }
+func (w *semWaiting) subscribed() bool { return w.slots != nil }
 
-// watch subscribes to every slot's releases (keys, as sent to Redis),
-// confirmed, after the first round the nodes refused, once per call, and
-// reports whether it did: the caller then tries a round again at once,
-// since a release between the first round and the subscriptions was not
-// heard. It subscribes to nothing if the strategy is no Waker, the call
-// polls, the slots are more than MaxWatchedPermits, or any subscription
-// failed (those made are ended).
-func (w *semWaiting) watch(ctx context.Context, c lockConfig, keys []string) bool {
-	if w.tried || c.polling || len(keys) > MaxWatchedPermits {
+// watch subscribes to every slot's releases (slots, as given, under the
+// Locker's prefix), confirmed, after the first round the nodes refused,
+// once per call, and reports whether it did: the caller then tries a
+// round again at once, since a release between the first round and the
+// subscriptions was not heard. It subscribes to nothing if the strategy
+// is no Waker, the call polls, the slots are more than
+// MaxWatchedPermits, or any subscription failed (those made are ended).
+func (w *semWaiting) watch(ctx context.Context, c lockConfig, prefix string, slots []string) bool {
+	if w.tried || c.polling || len(slots) > MaxWatchedPermits {
 		return false
 	}
 	w.tried = true
@@ -45,12 +44,11 @@ func (w *semWaiting) watch(ctx context.Context, c lockConfig, keys []string) boo
 	if !ok {
 		return false
 	}
-	notices := make([]<-chan struct{}, len(keys))
-	stops := make([]func(bool), len(keys))
-	errs := make([]error, len(keys))
+	ws := make([]waiting, len(slots))
+	errs := make([]error, len(slots))
 	var wg sync.WaitGroup
-	for i, key := range keys {
-		wg.Go(func() { notices[i], stops[i], errs[i] = wk.Watch(ctx, key, "") })
+	for i, slot := range slots {
+		wg.Go(func() { ws[i].notices, ws[i].stopWatch, errs[i] = wk.Watch(ctx, prefix+slot, "") })
 	}
 	wg.Wait()
 	failed := false
@@ -58,26 +56,22 @@ func (w *semWaiting) watch(ctx context.Context, c lockConfig, keys []string) boo
 		failed = failed || err != nil
 	}
 	if failed {
-		for i, stop := range stops {
-			if errs[i] == nil && stop != nil {
-				stop(false)
+		for i := range ws {
+			if errs[i] == nil {
+				ws[i].stopWatch(false)
 			}
 		}
 		return false
 	}
-	w.notices, w.stops, w.owed = notices, stops, make([]bool, len(keys))
+	w.slots = ws
 	return true
 }
 
 // takeNotices takes the notices that came before the round about to be
 // sent: that round answers them (for each slot it tries).
 func (w *semWaiting) takeNotices() {
-	for i, ch := range w.notices {
-		select {
-		case <-ch:
-			w.owed[i] = true
-		default:
-		}
+	for i := range w.slots {
+		w.slots[i].takeNotice()
 	}
 }
 
@@ -85,8 +79,8 @@ func (w *semWaiting) takeNotices() {
 // (granted or refused): the notices of slot i this call took are
 // answered.
 func (w *semWaiting) answered(i int) {
-	if w.owed != nil {
-		w.owed[i] = false
+	if w.slots != nil {
+		w.slots[i].answered()
 	}
 }
 
@@ -98,7 +92,7 @@ func (w *semWaiting) sleep(ctx context.Context, d time.Duration) bool {
 	} else {
 		w.timer.Reset(d)
 	}
-	if w.notices == nil {
+	if w.slots == nil {
 		select {
 		case <-ctx.Done():
 			return false
@@ -107,9 +101,9 @@ func (w *semWaiting) sleep(ctx context.Context, d time.Duration) bool {
 		}
 	}
 	if w.cases == nil {
-		w.cases = make([]reflect.SelectCase, 2+len(w.notices))
-		for i, ch := range w.notices {
-			w.cases[2+i] = reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(ch)}
+		w.cases = make([]reflect.SelectCase, 2+len(w.slots))
+		for i := range w.slots {
+			w.cases[2+i] = reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(w.slots[i].notices)}
 		}
 	}
 	w.cases[0] = reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(ctx.Done())}
@@ -120,31 +114,24 @@ func (w *semWaiting) sleep(ctx context.Context, d time.Duration) bool {
 		return false
 	case 1:
 	default:
-		w.owed[chosen-2] = true
+		w.slots[chosen-2].owed = true
 	}
 	return true
 }
 
-// end stops the timer and ends every subscription. A slot's notice this
-// call owes, or one still waiting in its channel, goes on to the next
-// waiter of that slot (handOn), unless the call was granted that very
-// slot (granted: its index, -1 if none): nobody else can take it before
-// this call's release, which wakes the next waiter. Unlike a Lock's
-// wait, a granted call hands on the notices of the other slots: a slot
+// end stops the timer and ends every subscription, each slot as a Lock
+// wait ends (waiting.end): the slot the call was granted (granted: its
+// index, -1 if none) as a granted wait, which drops a notice still
+// waiting (nobody else can take the slot before this call's release,
+// which wakes the next waiter); every other slot as a wait that gave up,
+// which hands on a notice it owes or that still waits: unlike a Lock's
+// wait, a granted call hands on the other slots' notices, since a slot
 // released while this call took another is free for someone else.
 func (w *semWaiting) end(granted int) {
 	if w.timer != nil {
 		w.timer.Stop()
 	}
-	for i, stop := range w.stops {
-		if i == granted {
-			select {
-			case <-w.notices[i]:
-			default:
-			}
-			stop(false)
-			continue
-		}
-		stop(w.owed[i] || len(w.notices[i]) > 0)
+	for i := range w.slots {
+		w.slots[i].end(i != granted)
 	}
 }
