@@ -297,10 +297,15 @@ func (l *Locker) takeAll(ctx context.Context, keys []string, opts []LockOption, 
 	}
 	locks := make([]*Lock, 0, len(items))
 	stops := make([]func(), 0, len(items))
-	if sa := l.together(items); sa != nil {
+	stopAll := func() {
+		for _, s := range stops {
+			s()
+		}
+	}
+	if sa, full := l.together(items); sa != nil {
 		c := items[0].c
 		// One atomic step for the whole set: every key, or none.
-		together, err := l.attemptSet(ctx, c, sa, items)
+		together, err := l.attemptSet(ctx, c, sa, items, full)
 		switch {
 		case err == nil:
 			locks = together
@@ -309,12 +314,7 @@ func (l *Locker) takeAll(ctx context.Context, keys []string, opts []LockOption, 
 					stops = append(stops, keeper.Keep(lk))
 				}
 			}
-			set = &LockSet{locks: locks}
-			return set, func() {
-				for _, s := range stops {
-					s()
-				}
-			}, nil
+			return &LockSet{locks: locks}, stopAll, nil
 		case !wait || c.maxAttempts == 1 || !(errors.Is(err, ErrNotObtained) || errors.Is(err, ErrUnavailable)) || ctx.Err() != nil:
 			return nil, stop, err
 		}
@@ -325,11 +325,6 @@ func (l *Locker) takeAll(ctx context.Context, keys []string, opts []LockOption, 
 			for i := range items {
 				items[i].c.maxAttempts--
 			}
-		}
-	}
-	stopAll := func() {
-		for _, s := range stops {
-			s()
 		}
 	}
 	fail := func(key string, err error) (*LockSet, func(), error) {
@@ -383,42 +378,42 @@ type setItem struct {
 	c   lockConfig
 }
 
-// together returns the strategy as a SetAcquirer if the set's keys
-// (items, in the set's order) can be taken in one atomic step: the
-// strategy is a SetAcquirer whose Together accepts their names, and the
-// call is neither fair (one line per key; a set that jumps them would be
-// unfair) nor fused. Otherwise it returns nil.
-func (l *Locker) together(items []setItem) SetAcquirer {
+// together returns the strategy as a SetAcquirer, and the keys' names as
+// sent to Redis, if the set's keys (items, in the set's order) can be
+// taken in one atomic step: the strategy is a SetAcquirer whose Together
+// accepts those names, and the call is neither fair (one line per key; a
+// set that jumps them would be unfair) nor fused. Otherwise sa is nil.
+func (l *Locker) together(items []setItem) (sa SetAcquirer, full []string) {
 	c := items[0].c
 	sa, ok := c.strategy.(SetAcquirer)
 	if !ok || c.fair || c.fused != nil || len(items) < 2 {
-		return nil
+		return nil, nil
 	}
-	full := make([]string, len(items))
+	full = make([]string, len(items))
 	for i, it := range items {
 		full[i] = l.prefix + it.key
 	}
 	if !sa.Together(full) {
-		return nil
+		return nil, nil
 	}
-	return sa
+	return sa, full
 }
 
-// attemptSet makes one attempt at every key of items (in the set's order)
-// in one atomic step on sa, under one token, and returns their locks, or
+// attemptSet makes one attempt at every key of items (in the set's order;
+// full: their names as sent to Redis) in one atomic step on sa, under one
+// token, and returns their locks, or
 // the error: a refusal names the key refused (the first held, in the
 // set's order), as the set's order does. It is attempt for a set: every
 // lock is tracked by a Revoker from before the request, and a set that
 // came back with less validity than the loss margin is released and
 // counts as not obtained.
-func (l *Locker) attemptSet(ctx context.Context, c lockConfig, sa SetAcquirer, items []setItem) ([]*Lock, error) {
+func (l *Locker) attemptSet(ctx context.Context, c lockConfig, sa SetAcquirer, items []setItem, full []string) ([]*Lock, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("key %q of %d: %w", items[0].key, len(items), Wrap(ErrNotObtained, context.Cause(ctx)))
 	}
-	full := make([]string, len(items))
 	names := make([]string, len(items))
 	for i, it := range items {
-		full[i], names[i] = l.prefix+it.key, it.key
+		names[i] = it.key
 	}
 	token := attemptToken(locktoken.New(ctx, full[0]), 1)
 	trs := make([]*tracking, len(items))

@@ -154,15 +154,10 @@ func (o *Observer) Start(ctx context.Context, op redlease.Op) (context.Context, 
 			span.SetStatus(codes.Error, err.Error())
 		}
 		switch op.Name {
-		case "acquire":
+		case "acquire", "acquire_set":
 			o.acquire.Record(ctx, d.Seconds(), metric.WithAttributes(attrs...))
-			if err == nil { // a grant: held until Held reports its end
-				o.held.Add(ctx, 1, metric.WithAttributes(keyStrategy.String(op.Strategy)))
-			}
-		case "acquire_set":
-			o.acquire.Record(ctx, d.Seconds(), metric.WithAttributes(attrs...))
-			if err == nil { // a grant of every key: each held until its Held
-				o.held.Add(ctx, int64(len(op.Keys)), metric.WithAttributes(keyStrategy.String(op.Strategy)))
+			if err == nil { // a grant (of each key of a set): held until Held reports its end
+				o.held.Add(ctx, int64(max(1, len(op.Keys))), metric.WithAttributes(keyStrategy.String(op.Strategy)))
 			}
 		case "wait":
 			o.wait.Record(ctx, d.Seconds(), metric.WithAttributes(attrs...))
