@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -172,40 +171,22 @@ type scopeRecs struct {
 // ARGV, by the key count the line declares (KEYS[1] the lock key, KEYS[4]
 // the line; ARGV[1] the token, ARGV[7..10] a fair attempt's place).
 func acquireLine(args []string) (keys, argv []string, ok bool) {
-	if len(args) < 3 {
+	sha, keys, argv, ok := scriptLine(args)
+	if !ok || sha != script.Acquire.Hash() || len(keys) < 4 || len(argv) < 1 {
 		return nil, nil, false
 	}
-	switch {
-	case strings.EqualFold(args[0], "evalsha"):
-		ok = args[1] == script.Acquire.Hash()
-	case strings.EqualFold(args[0], "eval"):
-		ok = sha1hex(args[1]) == script.Acquire.Hash()
-	}
-	nk, err := strconv.Atoi(args[2])
-	if !ok || err != nil || nk < 4 || len(args) < 3+nk+1 {
-		return nil, nil, false
-	}
-	return args[3 : 3+nk], args[3+nk:], true
+	return keys, argv, true
 }
 
 // setLine splits args if they call the AcquireSet script (a set of keys
 // taken in one step): its lock keys (the first half of KEYS) and its
 // token (ARGV[1]).
 func setLine(args []string) (keys []string, token string, ok bool) {
-	if len(args) < 3 {
+	sha, keys, argv, ok := scriptLine(args)
+	if !ok || sha != script.AcquireSet.Hash() || len(keys) < 2 || len(keys)%2 != 0 || len(argv) < 1 {
 		return nil, "", false
 	}
-	switch {
-	case strings.EqualFold(args[0], "evalsha"):
-		ok = args[1] == script.AcquireSet.Hash()
-	case strings.EqualFold(args[0], "eval"):
-		ok = sha1hex(args[1]) == script.AcquireSet.Hash()
-	}
-	nk, err := strconv.Atoi(args[2])
-	if !ok || err != nil || nk < 2 || nk%2 != 0 || len(args) < 3+nk+1 {
-		return nil, "", false
-	}
-	return args[3 : 3+nk/2], args[3+nk], true
+	return keys[:len(keys)/2], argv[0], true
 }
 
 // setGranted reports whether an AcquireSet reply is a grant: an array
