@@ -27,12 +27,7 @@ func TestSemaphoreAcquireWakesOnRelease(t *testing.T) {
 	l := singleLocker(t, c, redlease.WithTTL(time.Minute), redlease.WithRetryDelay(time.Hour, time.Hour))
 	sem, err := l.Semaphore("wake", 2)
 	require.NoError(t, err)
-	var held []*redlease.Lock
-	for range 2 {
-		lk, err := sem.TryAcquire(ctx)
-		require.NoError(t, err)
-		held = append(held, lk)
-	}
+	held := takePermits(t, sem, 2)
 
 	type result struct {
 		lk  *redlease.Lock
@@ -85,12 +80,7 @@ func TestSemaphoreAcquireHearsAReleaseBeforeItsSubscription(t *testing.T) {
 	holders := singleLocker(t, c, redlease.WithTTL(time.Minute))
 	hsem, err := holders.Semaphore("gate", 2)
 	require.NoError(t, err)
-	var held []*redlease.Lock
-	for range 2 {
-		lk, err := hsem.TryAcquire(ctx)
-		require.NoError(t, err)
-		held = append(held, lk)
-	}
+	held := takePermits(t, hsem, 2)
 	s, err := single.New(c)
 	require.NoError(t, err)
 	g := &gatedWatch{Strategy: s, first: func() { assert.NoError(t, held[0].Release(ctx)) }} // on Watch's goroutine: no FailNow
@@ -104,4 +94,16 @@ func TestSemaphoreAcquireHearsAReleaseBeforeItsSubscription(t *testing.T) {
 	assert.Equal(t, held[0].Key(), lk.Key())
 	require.NoError(t, lk.Release(ctx))
 	require.NoError(t, held[1].Release(ctx))
+}
+
+// takePermits takes n permits of sem with TryAcquire; a refusal fails t.
+func takePermits(t *testing.T, sem *redlease.Semaphore, n int) []*redlease.Lock {
+	t.Helper()
+	held := make([]*redlease.Lock, n)
+	for i := range held {
+		lk, err := sem.TryAcquire(t.Context())
+		require.NoError(t, err)
+		held[i] = lk
+	}
+	return held
 }
